@@ -1,0 +1,50 @@
+"""The flat (varlen) batch one model step sees, and the KV cache it reads and writes.
+
+A step packs every scheduled request's new tokens into one token axis:
+
+    tokens:     [ r0 t0..t4 | r1 t0 | r2 t0..t2 ]      T = 9 new tokens
+    query_start_loc = [0, 5, 6, 9]                     (B + 1)
+    seq_lens        = [ctx0 + 5, ctx1 + 1, ctx2 + 3]   keys each request attends to after the store
+    block_tables    = [B, max_blocks] int32, -1 padded; block b of request i holds its
+                      positions [b * block_size, (b + 1) * block_size)
+    slot_mapping    = [T] int64, block_id * block_size + offset: where each new token's KV goes
+
+Positions are absolute (the request's token index), so RoPE, sampling noise and the causal
+mask never depend on how the request was chunked or batched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    slot_mapping: torch.Tensor  # [T] int64
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+    # Host copies: the reference path loops over requests and must not sync per request.
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+@dataclass
+class ForwardContext:
+    """Everything a model's forward needs beyond token ids and positions."""
+
+    attn: AttentionMetadata
+    # One entry per attention layer, indexed by the layer's global index. Dense layers hold
+    # (k_cache, v_cache), each [num_blocks, block_size, num_kv_heads, head_dim]; MLA layers
+    # hold one tensor [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim].
+    kv_caches: list[tuple[torch.Tensor, ...]]
+    batch_invariant: bool = True

@@ -1,0 +1,114 @@
+"""ModelConfig: the fields the engine needs, read once from a model directory's config.json.
+
+Accepts both spellings of RoPE settings: transformers < 5 (`rope_theta` + `rope_scaling`) and
+transformers >= 5 (`rope_parameters` with `rope_theta` and `rope_type` inside).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardinfer.engine.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    sliding_window: int | None
+    torch_dtype: str | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    hf: dict[str, Any] = field(repr=False, compare=False, hash=False, default_factory=dict)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"no config.json in model directory {str(model_dir)!r}: "
+                                 "pass a local Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        archs = raw.get("architectures") or []
+        model_type = raw.get("model_type", "")
+        arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(model_type, "")
+        if not arch:
+            raise ModelLoadError(f"config.json names no architecture (architectures={archs!r}, "
+                                 f"model_type={model_type!r})")
+
+        def need(key: str) -> Any:
+            if key not in raw or raw[key] is None:
+                raise ModelLoadError(f"config.json of {arch} lacks required key {key!r}")
+            return raw[key]
+
+        heads = int(need("num_attention_heads"))
+        hidden = int(need("hidden_size"))
+        rope_params = dict(raw.get("rope_parameters") or {})
+        rope_scaling = raw.get("rope_scaling")
+        if rope_scaling is None and rope_params.get("rope_type", "default") not in ("default", None):
+            rope_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        if rope_scaling is not None:
+            rope_scaling = dict(rope_scaling)
+            if "type" in rope_scaling and "rope_type" not in rope_scaling:
+                rope_scaling["rope_type"] = rope_scaling.pop("type")
+            if rope_scaling.get("rope_type") in ("default", None):
+                rope_scaling = None
+        theta = raw.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
+        sliding = raw.get("sliding_window")
+        if raw.get("use_sliding_window") is False:
+            sliding = None
+        head_dim = raw.get("head_dim") or hidden // heads
+        return cls(
+            architecture=arch,
+            model_type=model_type,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            num_hidden_layers=int(need("num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            intermediate_size=int(raw.get("intermediate_size") or 0),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            sliding_window=int(sliding) if sliding else None,
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            eos_token_ids=eos_ids,
+            bos_token_id=raw.get("bos_token_id"),
+            hf=raw,
+        )
+
+
+_ARCH_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+}

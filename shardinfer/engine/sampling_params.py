@@ -1,0 +1,100 @@
+"""Per-request sampling settings, validated once at construction.
+
+Every bad value raises ValueError naming the field, the value and the accepted range, so a
+job can turn it into an error record for that row and go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_TOP_LOGPROBS = 20
+SO_SCHEMA_TYPES = ("json", "regex", "ebnf", "lark")
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    n: int = 1
+    seed: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    so_args: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(name: str, value: Any, why: str) -> ValueError:
+            return ValueError(f"SamplingParams.{name}={value!r} is invalid: {why}")
+
+        if not (self.temperature >= 0.0):
+            raise bad("temperature", self.temperature, "must be >= 0 (0 means greedy)")
+        if not (0.0 < self.top_p <= 1.0):
+            raise bad("top_p", self.top_p, "must be in (0, 1]")
+        if self.top_k == 0 or self.top_k < -1:
+            raise bad("top_k", self.top_k, "must be -1 (off) or >= 1")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise bad("min_p", self.min_p, "must be in [0, 1]")
+        if not (self.repetition_penalty > 0.0):
+            raise bad("repetition_penalty", self.repetition_penalty, "must be > 0 (1 means off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (-2.0 <= value <= 2.0):
+                raise bad(name, value, "must be in [-2, 2]")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise bad("max_tokens", self.max_tokens, "must be >= 1 or None (up to max_model_len)")
+        if self.min_tokens < 0:
+            raise bad("min_tokens", self.min_tokens, "must be >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", self.min_tokens, f"must be <= max_tokens={self.max_tokens}")
+        if self.n < 1:
+            raise bad("n", self.n, "must be >= 1")
+        if self.seed is not None and not (0 <= int(self.seed) < 2**63):
+            raise bad("seed", self.seed, "must be in [0, 2**63)")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (0 <= value <= MAX_TOP_LOGPROBS):
+                raise bad(name, value, f"must be None or in [0, {MAX_TOP_LOGPROBS}]")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise bad("stop", self.stop, "must be a list of non-empty strings")
+        if self.so_args is not None:
+            if not isinstance(self.so_args, dict) or "schema_type" not in self.so_args:
+                raise bad("so_args", self.so_args, 'expected {"schema_type": "json"|"regex"|"ebnf", "schema": ...}')
+            if self.so_args["schema_type"] not in SO_SCHEMA_TYPES:
+                raise bad("so_args", self.so_args, f"schema_type must be one of {SO_SCHEMA_TYPES}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict (used in fingerprints and manifests)."""
+        return json.loads(json.dumps(dataclasses.asdict(self), sort_keys=True, default=str))
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
