@@ -1,0 +1,1 @@
+"""Helpers that build small local checkpoints for tests, benchmarks and the offline demo."""
