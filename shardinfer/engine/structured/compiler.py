@@ -1,0 +1,229 @@
+"""Turning a request's `so_args` into a grammar over the model's tokens, once per distinct schema.
+
+    so_args = {"schema_type": "json" | "regex" | "ebnf" | "lark", "schema": ...}
+        -> canonical text (cache key)  -> llguidance grammar  -> CompiledGrammar (template matcher)
+        -> GrammarMatcher per sample (a deep copy of the template: microseconds)
+
+llguidance reads the model's tokenizer.json itself (through the Rust `tokenizers` crate), so no
+Python tokenizer object is needed at run time. The tokenizer is built once per compiler, with
+the MODEL's logits width: ids past the tokenizer's own vocabulary exist in the logits but have no
+bytes, so llguidance never allows them.
+
+A job may carry one schema for every row or one per row; compiled grammars (and the errors of
+invalid ones, so a million rows with the same bad schema cost one compilation) sit in a bounded
+LRU cache keyed by (schema type, canonical schema text, tokenizer identity).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import torch
+
+from shardinfer.engine.structured.bitmask import bitmask_width
+from shardinfer.engine.structured.matcher import GrammarMatcher
+
+SCHEMA_TYPES = ("json", "regex", "ebnf", "lark")
+_SO_KEYS = {"schema_type", "schema"}
+_MAX_ERROR_CHARS = 1000
+
+
+class GrammarError(ValueError):
+    """An invalid schema or grammar; the job records the row with error_code "invalid_schema"."""
+
+    error_code = "invalid_schema"
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A validated grammar bound to one tokenizer; `new_matcher()` starts a sample at its beginning."""
+
+    schema_type: str
+    schema_text: str  # canonical text: the cache key together with the type and tokenizer
+    grammar: str  # llguidance's grammar definition (what LLMatcher consumes)
+    tokenizer_id: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    _template: llguidance.LLMatcher = field(repr=False, compare=False)
+
+    def new_matcher(self) -> GrammarMatcher:
+        return GrammarMatcher(self, self._template.deep_copy())
+
+
+def canonical_schema(so_args: Any) -> tuple[str, str]:
+    """(schema_type, canonical schema text) of `so_args`, or GrammarError naming what is wrong.
+
+    JSON schemas are re-serialised compactly WITHOUT sorting keys: the order of "properties"
+    is the order of the generated object's keys, so two schemas differing only in key order
+    are different grammars.
+    """
+    if not isinstance(so_args, dict):
+        raise GrammarError(f'so_args={so_args!r} must be a dict like {{"schema_type": "json", "schema": {{...}}}}')
+    unknown = sorted(set(so_args) - _SO_KEYS)
+    if unknown:
+        raise GrammarError(f"so_args has unknown keys {unknown}; expected only {sorted(_SO_KEYS)}")
+    schema_type = so_args.get("schema_type")
+    if schema_type not in SCHEMA_TYPES:
+        raise GrammarError(f"so_args schema_type={schema_type!r} is not one of {SCHEMA_TYPES}")
+    schema = so_args.get("schema")
+    if schema_type == "json":
+        if schema is None or (isinstance(schema, str) and not schema.strip()):
+            return "json", "{}"  # empty schema: any JSON value
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"json schema is not valid JSON ({e}); pass a dict or a JSON string") from e
+        if schema is True:
+            return "json", "{}"  # JSON Schema's `true` accepts everything, like {}
+        if not isinstance(schema, dict):
+            raise GrammarError(f"json schema must be a JSON object (a dict), got {schema!r:.200}")
+        return "json", json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if not isinstance(schema, str) or not schema.strip():
+        raise GrammarError(f"{schema_type} schema must be a non-empty string, got {schema!r}")
+    return schema_type, schema
+
+
+class StructuredOutputCompiler:
+    """Compiles so_args for one model's tokenizer; shared by every request of an engine."""
+
+    def __init__(self, tokenizer_json: str | os.PathLike[str], eos_token_ids: Sequence[int], vocab_size: int,
+                 cache_size: int = 256, num_threads: int | None = None) -> None:
+        """tokenizer_json: the text of tokenizer.json, or its path.
+        eos_token_ids: ids that end a sample; allowed exactly when the grammar may end.
+        vocab_size: the model's logits width (>= the tokenizer's vocabulary).
+        num_threads: threads for batched mask computation (llguidance's default when None).
+        """
+        text = _read_tokenizer_json(tokenizer_json)
+        eos = tuple(int(t) for t in eos_token_ids)
+        if not eos:
+            raise ValueError("StructuredOutputCompiler needs at least one eos token id (the grammar's end)")
+        if any(not 0 <= t < vocab_size for t in eos):
+            raise ValueError(f"eos_token_ids={list(eos)} must lie in [0, vocab_size={vocab_size})")
+        if cache_size < 1:
+            raise ValueError(f"cache_size={cache_size} must be >= 1")
+        try:
+            self.tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos))
+        except (ValueError, RuntimeError) as e:
+            raise ValueError(f"llguidance cannot build a tokenizer from tokenizer.json with vocab_size={vocab_size} "
+                             f"(vocab_size must be at least the tokenizer's vocabulary, added tokens included): "
+                             f"{e}") from e
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos
+        digest = hashlib.sha256(text.encode())
+        digest.update(json.dumps([list(eos), vocab_size]).encode())
+        self.tokenizer_id = digest.hexdigest()[:16]
+        self._cache: OrderedDict[tuple[str, str, str], CompiledGrammar | GrammarError] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        self._num_threads = num_threads
+        self._executor: llguidance.LLExecutor | None = None
+        self.num_compiles = 0  # distinct compilations done (cache misses), for tests and metrics
+
+    # ---- compiling -----------------------------------------------------------------------
+    def compile(self, so_args: dict[str, Any]) -> CompiledGrammar:
+        """The compiled grammar for so_args (cached); raises GrammarError when it is invalid."""
+        schema_type, text = canonical_schema(so_args)
+        key = (schema_type, text, self.tokenizer_id)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+        if hit is None:
+            # Compile outside the lock: a big grammar takes milliseconds, other schemas need not wait.
+            try:
+                hit = self._compile(schema_type, text)
+            except GrammarError as e:
+                hit = e
+            with self._lock:
+                hit = self._cache.setdefault(key, hit)
+                self._cache.move_to_end(key)
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        if isinstance(hit, GrammarError):
+            raise GrammarError(str(hit))
+        return hit
+
+    def matcher(self, so_args: dict[str, Any]) -> GrammarMatcher:
+        """A fresh matcher at the start of so_args' grammar; raises GrammarError when it is invalid."""
+        return self.compile(so_args).new_matcher()
+
+    def _compile(self, schema_type: str, text: str) -> CompiledGrammar:
+        self.num_compiles += 1
+        try:
+            if schema_type == "json":
+                # Compact JSON by default: no free whitespace between tokens, so a sample cannot
+                # spend its budget on blanks; a schema may opt back in with
+                # {"x-guidance": {"whitespace_flexible": true}} (llguidance applies it over these defaults).
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    text, defaults={"whitespace_flexible": False})
+            elif schema_type == "regex":
+                grammar = llguidance.LLMatcher.grammar_from_regex(text)
+            elif schema_type == "lark":
+                grammar = llguidance.LLMatcher.grammar_from_lark(text)
+            else:  # ebnf: GBNF (llama.cpp style) converted to Lark by llguidance; Lark text passes through
+                grammar = llguidance.grammar_from("ebnf", text)
+        except ValueError as e:
+            raise GrammarError(_reason(schema_type, str(e))) from e
+        template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise GrammarError(_reason(schema_type, template.get_error()))
+        return CompiledGrammar(schema_type, text, grammar, self.tokenizer_id, self.vocab_size,
+                               self.eos_token_ids, template)
+
+    # ---- batched masks -------------------------------------------------------------------
+    def fill_bitmasks(self, matchers: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor) -> None:
+        """Fill row `row` of `bitmask` for every (matcher, row), on llguidance's thread pool.
+
+        bitmask: contiguous CPU int32 [B, ceil(vocab_size/32)]; rows not named are left as they are.
+        One call for the whole batch releases the GIL once and spreads the matchers over threads.
+        """
+        width = bitmask_width(self.vocab_size)
+        if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[1] != width:
+            raise ValueError(f"bitmask must be int32 [batch, {width}] for vocab_size={self.vocab_size}, got "
+                             f"{bitmask.dtype} {tuple(bitmask.shape)}; use allocate_bitmask(batch, vocab_size)")
+        if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
+            raise ValueError("bitmask must be a contiguous CPU tensor (llguidance writes it from the CPU)")
+        pairs = []
+        for m, row in matchers:
+            if not 0 <= row < bitmask.shape[0]:
+                raise ValueError(f"row={row} is outside the bitmask's {bitmask.shape[0]} rows")
+            if m.vocab_size != self.vocab_size:
+                raise ValueError(f"a matcher for vocab_size={m.vocab_size} cannot fill a mask of {self.vocab_size}")
+            m._check_usable()
+            pairs.append((m.ll_matcher, row))
+        if not pairs:
+            return
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor(num_threads=self._num_threads)
+        self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), width * 4, bitmask.shape[0])
+
+    def cache_info(self) -> dict[str, int]:
+        with self._lock:
+            return {"entries": len(self._cache), "max_entries": self._cache_size, "compiles": self.num_compiles}
+
+
+def _read_tokenizer_json(source: str | os.PathLike[str]) -> str:
+    """tokenizer.json's text from either its text or its path."""
+    if isinstance(source, str) and source.lstrip().startswith("{"):
+        return source
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"tokenizer_json={str(source)[:200]!r} is neither tokenizer.json text nor a file path")
+    return path.read_text(encoding="utf-8")
+
+
+def _reason(schema_type: str, message: str) -> str:
+    message = message.strip()
+    if len(message) > _MAX_ERROR_CHARS:
+        message = message[:_MAX_ERROR_CHARS] + " ..."
+    return f"invalid {schema_type} schema: {message}"
