@@ -1,0 +1,19 @@
+"""Reader stage: input paths/globs on any fsspec filesystem -> deterministic splits -> Arrow batches."""
+
+from shardinfer.readers.errors import InputMissingError, InputQueryError, InputSchemaError, ReaderError
+from shardinfer.readers.spec import ROW_INDEX_COLUMN, InputSpec, Split
+from shardinfer.readers.splits import list_input_files, plan_splits, read_schema, read_split
+
+__all__ = [
+    "ROW_INDEX_COLUMN",
+    "InputMissingError",
+    "InputQueryError",
+    "InputSchemaError",
+    "InputSpec",
+    "ReaderError",
+    "Split",
+    "list_input_files",
+    "plan_splits",
+    "read_schema",
+    "read_split",
+]

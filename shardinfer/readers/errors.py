@@ -1,0 +1,21 @@
+"""Errors the readers raise; each message names the file, the value and the fix.
+
+The job maps `InputMissingError` to exit code 66 (no input) and `InputSchemaError` to a data error.
+Both are ValueErrors so that callers who only care about "bad input" can catch one type.
+"""
+
+
+class ReaderError(ValueError):
+    """Base of every reader error."""
+
+
+class InputMissingError(ReaderError):
+    """The input path does not exist, or matches no file of the expected format."""
+
+
+class InputSchemaError(ReaderError):
+    """A file whose content does not fit: a missing column, corrupt Parquet, a bad JSONL line."""
+
+
+class InputQueryError(ReaderError):
+    """An `input.query` that cannot run split by split (aggregation, join, ORDER BY, ...) or fails."""

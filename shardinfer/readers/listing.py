@@ -1,0 +1,110 @@
+"""Turning `input.path` (a file, a directory or a glob, on any fsspec filesystem) into a sorted file list.
+
+The order is the sort order of the full paths, never the order a store happens to list them in:
+a split's `file_index` and the derived row ids (`"{file_index}:{row_index}"`) depend on it.
+In a directory, files whose name starts with `_` or `.` (`_SUCCESS`, `.crc`, temporary files) are
+skipped, as Spark and Hive do.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from fsspec import AbstractFileSystem
+
+from shardinfer.readers.errors import InputMissingError, InputSchemaError
+from shardinfer.readers.spec import InputSpec
+from shardinfer.storage import RetryPolicy, filesystem, full_url, with_retries
+
+PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+
+_RETRY = RetryPolicy()
+
+
+def _strip_compression(name: str) -> str:
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def format_of(path: str) -> str | None:
+    """'parquet' or 'jsonl' by extension (a JSONL file may also end in .gz/.bz2/.xz/.zst), else None."""
+    name = path.lower()
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if _strip_compression(name).endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    return None
+
+
+def resolve_format(path: str, declared: str) -> str:
+    """The format to read `path` with: the declared one, or (for "auto") the one its extension implies."""
+    if declared != "auto":
+        return declared
+    detected = format_of(path)
+    if detected is None:
+        raise InputSchemaError(
+            f"cannot tell the format of {path!r} from its extension; name it *.parquet or *.jsonl, "
+            'or set input.format = "parquet" | "jsonl"'
+        )
+    return detected
+
+
+def is_compressed(path: str) -> bool:
+    return path.lower().endswith(COMPRESSION_SUFFIXES)
+
+
+def _has_glob(path: str) -> bool:
+    return any(ch in path for ch in "*?[")
+
+
+def _visible(path: str) -> bool:
+    return not posixpath.basename(path).startswith(("_", "."))
+
+
+def _files_under(fs: AbstractFileSystem, path: str, spec: InputSpec) -> list[str]:
+    if _has_glob(path):
+        found = with_retries(_RETRY, f"list {spec.path}", lambda: fs.glob(path, detail=True))
+        return [p for p, info in found.items() if info.get("type") == "file"]
+    fs.invalidate_cache(path)
+    if with_retries(_RETRY, f"stat {spec.path}", lambda: fs.isdir(path)):
+        found = with_retries(_RETRY, f"list {spec.path}", lambda: fs.find(path))
+        root = path.rstrip("/") + "/"
+        # Skip hidden names at every level below the given directory (e.g. `_temporary/`).
+        return [p for p in found if all(_visible(part) for part in p[len(root) :].split("/"))]
+    if with_retries(_RETRY, f"stat {spec.path}", lambda: fs.isfile(path)):
+        return [path]
+    raise InputMissingError(
+        f"input.path {spec.path!r} does not exist; check the path (and the storage credentials "
+        "or endpoint for object stores)"
+    )
+
+
+def list_input_files(spec: InputSpec) -> list[str]:
+    """The input files as full fsspec URLs, sorted; InputMissingError when nothing matches."""
+    fs, path = filesystem(spec.path, spec.storage_options)
+    candidates = _files_under(fs, path, spec)
+    explicit_file = not _has_glob(path) and candidates == [path]
+    if explicit_file:
+        chosen = candidates
+    elif spec.format == "auto":
+        chosen = [p for p in candidates if format_of(p) is not None]
+        formats = sorted({format_of(p) for p in chosen}, key=str)
+        if len(formats) > 1:
+            raise InputSchemaError(
+                f"input.path {spec.path!r} holds both Parquet and JSONL files; point it at one format "
+                "(a glob such as '*.parquet') or set input.format"
+            )
+    else:
+        # A glob names its files itself; a directory is filtered by the declared format's extensions.
+        chosen = candidates if _has_glob(path) else [p for p in candidates if format_of(p) == spec.format]
+    if not chosen:
+        seen = ", ".join(sorted(candidates)[:5]) or "no files at all"
+        raise InputMissingError(
+            f"input.path {spec.path!r} matches no {spec.format if spec.format != 'auto' else 'Parquet or JSONL'} "
+            f"file (found: {seen}); check the path, the glob or input.format"
+        )
+    return [full_url(fs, p) for p in sorted(chosen)]

@@ -1,0 +1,120 @@
+"""Planning and streaming Parquet splits.
+
+Planning reads only footers. Within one file, whole row groups are packed greedily into splits of
+at most `split_rows` rows; a row group larger than `split_rows` is cut into pieces of `split_rows`
+rows from its start (the last piece holds the rest). Splits never span files.
+
+Streaming uses `ParquetFile.iter_batches` over just the row groups that overlap the split, so the
+reader holds one row group's column chunks and one batch at a time, never the whole file. Peak
+memory therefore follows the input's row-group size; write inputs with modest row groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
+
+from shardinfer.readers.errors import InputSchemaError
+from shardinfer.readers.spec import ROW_INDEX_COLUMN
+from shardinfer.storage import RetryPolicy, filesystem, with_retries
+
+_RETRY = RetryPolicy()
+
+
+def _open_parquet(fs: AbstractFileSystem, path: str, url: str) -> pq.ParquetFile:
+    handle = with_retries(_RETRY, f"open {url}", lambda: fs.open(path, "rb"))
+    try:
+        return pq.ParquetFile(handle, pre_buffer=False)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        handle.close()
+        raise InputSchemaError(
+            f"{url} is not a readable Parquet file ({exc}); replace or remove it, "
+            "or narrow input.path to the good files"
+        ) from exc
+
+
+def parquet_layout(url: str, storage_options: dict) -> tuple[pa.Schema, list[int]]:
+    """The file's Arrow schema and the row count of each row group, from the footer alone."""
+    fs, path = filesystem(url, storage_options)
+    pf = _open_parquet(fs, path, url)
+    try:
+        meta = pf.metadata
+        return pf.schema_arrow, [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    finally:
+        pf.close()
+
+
+def plan_file_ranges(row_group_rows: list[int], split_rows: int) -> list[tuple[int, int]]:
+    """Row ranges [start, end) of the splits of one file, aligned to row groups where possible."""
+    ranges: list[tuple[int, int]] = []
+    start = 0  # first row of the split being built
+    end = 0  # end of the rows packed into it so far
+    for rows in row_group_rows:
+        if rows == 0:
+            continue
+        if end > start and end - start + rows > split_rows:
+            ranges.append((start, end))
+            start = end
+        if rows > split_rows:
+            # An oversized row group: cut it into pieces of split_rows rows, from its own start.
+            piece, group_end = end, end + rows
+            while group_end - piece > split_rows:
+                ranges.append((piece, piece + split_rows))
+                piece += split_rows
+            ranges.append((piece, group_end))
+            start = end = group_end
+        else:
+            end += rows
+    if end > start:
+        ranges.append((start, end))
+    return ranges
+
+
+def iter_parquet_rows(
+    url: str, storage_options: dict, row_start: int, row_end: int, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """Rows [row_start, row_end) of one file, in order, in batches of at most `batch_rows`,
+    each with the `__row_index` column (row index within the file) appended."""
+    fs, path = filesystem(url, storage_options)
+    pf = _open_parquet(fs, path, url)
+    try:
+        meta = pf.metadata
+        groups: list[int] = []
+        first_row = None  # file row index of the first row iter_batches will yield
+        offset = 0
+        for i in range(meta.num_row_groups):
+            rows = meta.row_group(i).num_rows
+            if offset < row_end and offset + rows > row_start:
+                groups.append(i)
+                if first_row is None:
+                    first_row = offset
+            offset += rows
+        if row_end > offset:
+            raise InputSchemaError(
+                f"{url} has {offset} rows but the split plan expects rows up to {row_end}; the input "
+                "changed after the job was planned; restore it or start the job over"
+            )
+        if not groups or first_row is None:
+            return
+        position = first_row
+        try:
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, use_threads=False):
+                lo = max(row_start - position, 0)
+                hi = min(row_end - position, batch.num_rows)
+                if hi > lo:
+                    part = batch.slice(lo, hi - lo)
+                    index = pa.array(range(position + lo, position + hi), type=pa.int64())
+                    yield part.append_column(ROW_INDEX_COLUMN, index)
+                position += batch.num_rows
+                if position >= row_end:
+                    break
+        except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
+            raise InputSchemaError(
+                f"{url}: cannot decode rows {row_start}..{row_end} ({exc}); the file is corrupt; "
+                "replace it and start the job over"
+            ) from exc
+    finally:
+        pf.close()

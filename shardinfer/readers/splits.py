@@ -1,0 +1,141 @@
+"""The reader stage's API: plan an input into splits once, then stream any split's rows.
+
+    files  = list_input_files(spec)            # sorted URLs
+    splits = plan_splits(spec, split_rows)     # stored in _job.json by the job, never re-planned on resume
+    for batch in read_split(split, spec):      # record batches with __row_index, in input order
+        ...
+
+Planning also checks what can be checked before any GPU time is spent: every file is readable,
+all files share one schema, the columns the job names exist, and the query is row-wise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from shardinfer.readers.errors import InputSchemaError
+from shardinfer.readers.jsonl_source import infer_jsonl_schema, iter_jsonl_rows, scan_jsonl
+from shardinfer.readers.listing import list_input_files, resolve_format
+from shardinfer.readers.parquet_source import iter_parquet_rows, parquet_layout, plan_file_ranges
+from shardinfer.readers.query import QueryRunner
+from shardinfer.readers.spec import ROW_INDEX_COLUMN, InputSpec, Split
+
+__all__ = ["InputSpec", "Split", "list_input_files", "plan_splits", "read_schema", "read_split"]
+
+
+def _file_schema(url: str, spec: InputSpec) -> pa.Schema:
+    if resolve_format(url, spec.format) == "parquet":
+        return parquet_layout(url, spec.storage_options)[0]
+    return infer_jsonl_schema(url, spec.storage_options)
+
+
+def _row_schema(file_schema: pa.Schema, url: str, spec: InputSpec) -> pa.Schema:
+    """The schema of the batches read_split yields for this file: __row_index added, query applied."""
+    if ROW_INDEX_COLUMN in file_schema.names:
+        raise InputSchemaError(
+            f"{url} has a column named {ROW_INDEX_COLUMN!r}, a name the reader reserves; rename it"
+        )
+    schema = file_schema.append(pa.field(ROW_INDEX_COLUMN, pa.int64()))
+    if spec.query:
+        runner = QueryRunner(spec.query, url)
+        try:
+            schema = runner.output_schema(schema)
+        finally:
+            runner.close()
+    missing = [c for c in spec.required_columns() if c not in schema.names]
+    if missing:
+        after = " after input.query" if spec.query else ""
+        available = [n for n in schema.names if n != ROW_INDEX_COLUMN]
+        raise InputSchemaError(
+            f"{url}: column(s) {missing} not found{after}; available columns: {available}; fix "
+            "input.id_column / input.prompt_column / input.messages_column or the query"
+        )
+    return schema
+
+
+def _check_same_schema(first: pa.Schema, first_url: str, other: pa.Schema, url: str) -> None:
+    if first.equals(other, check_metadata=False):
+        return
+    a = {f.name: str(f.type) for f in first}
+    b = {f.name: str(f.type) for f in other}
+    diff = sorted(
+        f"{name}: {a.get(name, 'absent')} vs {b.get(name, 'absent')}"
+        for name in set(a) | set(b)
+        if a.get(name) != b.get(name)
+    )
+    raise InputSchemaError(
+        f"{url} does not have the same columns as {first_url} ({'; '.join(diff) or 'column order differs'}); "
+        "every input file must share one schema: rewrite the odd files or select columns with input.query"
+    )
+
+
+def plan_splits(spec: InputSpec, split_rows: int) -> list[Split]:
+    """Cut the input into splits of at most `split_rows` rows, in file order, aligned to Parquet row groups.
+
+    For JSONL a split is a range of `split_rows` lines. Splits never span two files.
+    """
+    if split_rows < 1:
+        raise ValueError(f"job.split_rows={split_rows}: must be a positive number of rows (e.g. 10000)")
+    files = list_input_files(spec)
+    splits: list[Split] = []
+    first: tuple[pa.Schema, str] | None = None
+    for file_index, url in enumerate(files):
+        fmt = resolve_format(url, spec.format)
+        if fmt == "parquet":
+            schema, groups = parquet_layout(url, spec.storage_options)
+            ranges = plan_file_ranges(groups, split_rows)
+            offsets: list[int | None] = [None] * len(ranges)
+        else:
+            schema = infer_jsonl_schema(url, spec.storage_options)
+            lines, offsets = scan_jsonl(url, spec.storage_options, split_rows)
+            ranges = [(k * split_rows, min((k + 1) * split_rows, lines)) for k in range(len(offsets))]
+        if first is None:
+            first = (schema, url)
+            _row_schema(schema, url, spec)  # columns and query checked once, on the first file
+        elif schema.names or fmt == "parquet":  # an empty JSONL file has no schema to compare
+            _check_same_schema(first[0], first[1], schema, url)
+        for (start, end), offset in zip(ranges, offsets, strict=True):
+            splits.append(Split(len(splits), file_index, url, start, end, offset))
+    return splits
+
+
+def read_schema(spec: InputSpec, path: str | None = None) -> pa.Schema:
+    """The schema of the batches `read_split` yields (including __row_index, after the query).
+
+    `path` is any input file (e.g. a split's path, so a resumed job need not list the input again);
+    by default the first listed file.
+    """
+    url = path if path is not None else list_input_files(spec)[0]
+    return _row_schema(_file_schema(url, spec), url, spec)
+
+
+def read_split(split: Split, spec: InputSpec, batch_rows: int = 1024) -> Iterator[pa.RecordBatch]:
+    """Stream the split's rows in input order, at most `batch_rows` per batch, with `__row_index`.
+
+    Memory is bounded by one batch (plus one Parquet row group), never the whole file. With
+    `input.query`, each batch goes through the query; batches it filters to nothing are skipped.
+    """
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows={batch_rows}: must be a positive number of rows")
+    if resolve_format(split.path, spec.format) == "parquet":
+        source = iter_parquet_rows(
+            split.path, spec.storage_options, split.row_start, split.row_end, batch_rows
+        )
+    else:
+        source = iter_jsonl_rows(
+            split.path, spec.storage_options, split.row_start, split.row_end, split.byte_offset, batch_rows
+        )
+    if not spec.query:
+        yield from source
+        return
+    runner = QueryRunner(spec.query, split.path)
+    try:
+        for batch in source:
+            result = runner(batch)
+            for out in result.to_batches(max_chunksize=batch_rows):
+                if out.num_rows:
+                    yield out
+    finally:
+        runner.close()

@@ -1,0 +1,267 @@
+"""fsspec access shared by readers and writers: opening a URL, bounded retries, create-if-absent.
+
+Object stores fail transiently (throttling, 5xx, dropped connections). s3fs and botocore already
+retry a few times inside one call; this module adds one outer, bounded layer with exponential
+backoff so a job survives a longer blip, and then gives up with a `StorageError` (the job maps it
+to exit code 75, "retry later"). Errors that retrying cannot fix (a missing file, a denied
+permission, a marker that already exists) are re-raised at once.
+
+Create-if-absent (`create_exclusive`) is the primitive the commit protocol rests on:
+  - local disk: the content is written to a private temporary file which is then hard-linked to the
+    target; `link(2)` fails with EEXIST when the target exists, so the file appears atomically and
+    complete (a crash never leaves an empty marker). Without hard links, `O_EXCL` is used instead.
+  - `memory://`: the file object is built first and published with `dict.setdefault` on the
+    filesystem's store, which is atomic under the interpreter lock.
+  - anything else (s3://): `fs.open(path, "xb")`. s3fs sends `If-None-Match: *` on PutObject and
+    CompleteMultipartUpload, and maps the server's 412 to FileExistsError.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import fsspec
+from fsspec import AbstractFileSystem
+
+T = TypeVar("T")
+
+
+class StorageError(OSError):
+    """A storage call that still failed after the bounded retries (exit code 75: retry the job later)."""
+
+
+# Errors a retry cannot fix. FileExistsError matters most: it is how a lost commit race surfaces.
+_PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+_TRANSIENT_ERRNOS = {
+    errno.EBUSY,  # s3fs: 503 SlowDown / ServiceUnavailable, 409 ConditionalRequestConflict
+    errno.EIO,  # s3fs: an S3 error code it does not know (502, 504, ...)
+    getattr(errno, "EREMOTEIO", errno.EIO),  # s3fs: 500 InternalError
+    errno.EAGAIN,
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ECONNREFUSED,
+    errno.EPIPE,
+    errno.ENETUNREACH,
+    errno.EHOSTUNREACH,
+}
+_TRANSIENT_S3_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "ConditionalRequestConflict",
+    "500",
+    "502",
+    "503",
+    "504",
+}
+
+
+def _network_error_types() -> tuple[type[BaseException], ...]:
+    """Exception types of the HTTP stack under s3fs that mean 'the connection failed', if installed."""
+    found: list[type[BaseException]] = []
+    try:
+        from botocore.exceptions import HTTPClientError, IncompleteReadError, ResponseParserError
+
+        found += [HTTPClientError, IncompleteReadError, ResponseParserError]
+    except ImportError:
+        pass
+    try:
+        import aiohttp
+
+        found.append(aiohttp.ClientError)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+_NETWORK_ERRORS = _network_error_types()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: throttling, 5xx, timeouts, dropped or refused connections."""
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return True
+    if _NETWORK_ERRORS and isinstance(exc, _NETWORK_ERRORS):
+        return True
+    response = getattr(exc, "response", None)  # a botocore ClientError that escaped translation
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", ""))
+        return code in _TRANSIENT_S3_CODES
+    if isinstance(exc, OSError):
+        return exc.errno in _TRANSIENT_ERRNOS
+    return False
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry a transient storage failure.
+
+    The delay before retry k (1-based) is `min(max_delay, base_delay * 2**(k-1))`, scaled by a random
+    factor in [0.5, 1] so that many workers throttled together do not retry in lockstep.
+    """
+
+    attempts: int = 6
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"RetryPolicy.attempts={self.attempts}: must be at least 1 (1 = no retry)")
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError(f"RetryPolicy delays must be >= 0, got {self.base_delay}, {self.max_delay}")
+
+    def delay(self, retry_number: int) -> float:
+        raw = min(self.max_delay, self.base_delay * 2 ** (retry_number - 1))
+        return raw * (0.5 + 0.5 * random.random())
+
+
+def with_retries(policy: RetryPolicy, what: str, fn: Callable[[], T]) -> T:
+    """Call `fn`, retrying transient failures per `policy`; raise StorageError once they are exhausted.
+
+    `what` names the operation and path for the error message ("write s3://b/out/part-00001-a.parquet").
+    """
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if attempt == policy.attempts:
+                raise StorageError(
+                    errno.EAGAIN,
+                    f"{what}: still failing after {policy.attempts} attempts ({type(exc).__name__}: {exc}); "
+                    "the storage service is unavailable or throttling; re-run the job later "
+                    "(committed splits are kept)",
+                ) from exc
+            time.sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")  # the loop always returns or raises
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem for `url` and the path within it (protocol stripped)."""
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return fs, path
+
+
+def is_local(fs: AbstractFileSystem) -> bool:
+    return "file" in _protocols(fs)
+
+
+def is_memory(fs: AbstractFileSystem) -> bool:
+    return "memory" in _protocols(fs)
+
+
+def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)
+
+
+def full_url(fs: AbstractFileSystem, path: str) -> str:
+    """A URL that `filesystem()` maps back to `path` on `fs` (local paths stay plain paths)."""
+    if is_local(fs):
+        return path
+    return str(fs.unstrip_protocol(path))
+
+
+def put_bytes(fs: AbstractFileSystem, path: str, data: bytes) -> None:
+    """Write (or overwrite) a whole file; local files are fsynced so a crash cannot lose a committed part."""
+    if is_local(fs):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return
+    fs.pipe_file(path, data)
+
+
+def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> None:
+    """Create `path` holding `data` only if it does not exist; raise FileExistsError if it does."""
+    if is_local(fs):
+        _create_exclusive_local(path, data)
+    elif is_memory(fs):
+        _create_exclusive_memory(fs, path, data)
+    else:
+        with fs.open(path, "xb") as f:
+            f.write(data)
+
+
+def _create_exclusive_local(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # atomic, fails with EEXIST; the marker is never seen half written
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+            raise
+        # No hard links here (some network or FUSE filesystems): O_EXCL still decides the race.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        os.unlink(tmp)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the new directory entry durable, not just the bytes
+    finally:
+        os.close(dir_fd)
+
+
+def _create_exclusive_memory(fs: AbstractFileSystem, path: str, data: bytes) -> None:
+    from fsspec.implementations.memory import MemoryFile
+
+    key = fs._strip_protocol(path)
+    f = MemoryFile(fs, key, data)
+    # fsspec's own "xb" checks then writes (and publishes an empty file first); setdefault is one
+    # atomic step, so of two racing threads exactly one publishes its object.
+    if fs.store.setdefault(key, f) is not f:  # type: ignore[attr-defined]
+        raise FileExistsError(path)
+
+
+def delete_if_present(fs: AbstractFileSystem, path: str) -> bool:
+    """Delete one file; False (not an error) if it was already gone, so deletes can be retried."""
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def read_bytes_or_none(fs: AbstractFileSystem, path: str) -> bytes | None:
+    try:
+        return bytes(fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+
+
+def list_files(fs: AbstractFileSystem, directory: str) -> list[str]:
+    """Names (paths) of the files directly under `directory`, fresh from the store (no listing cache)."""
+    fs.invalidate_cache(directory)
+    try:
+        entries = fs.ls(directory, detail=True)
+    except FileNotFoundError:
+        return []
+    return sorted(e["name"] for e in entries if e.get("type") == "file")
