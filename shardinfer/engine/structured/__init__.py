@@ -5,7 +5,12 @@
 applied to the logits (`apply_bitmask`) before sampling. See docs/structured-outputs.md.
 """
 
-from shardinfer.engine.structured.bitmask import allocate_bitmask, apply_bitmask, bitmask_width, unpack_bitmask
+from shardinfer.engine.structured.bitmask import (
+    allocate_bitmask,
+    apply_bitmask,
+    bitmask_width,
+    unpack_bitmask,
+)
 from shardinfer.engine.structured.compiler import (
     SCHEMA_TYPES,
     CompiledGrammar,

@@ -1,0 +1,163 @@
+"""Paged KV block allocation with automatic prefix caching.
+
+Every full block of a request gets a chained hash, h_i = H(h_{i-1}, tokens of block i), seeded
+with a fixed constant so the same prefix hashes alike in every run and process. A freed block
+keeps its hash and contents until it is reused, so a later request with the same prefix finds
+it again. Free blocks are reused least-recently-freed first:
+
+    free queue (oldest freed first)  ->  popped for new allocations (evicting their hash)
+    hash -> block id                 ->  looked up for prefix hits (a hit on a free block
+                                         takes it out of the free queue)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardinfer.engine.request import Request
+
+HASH_SEED = 0x5EED_5EED_5EED_5EED
+
+
+def block_hash(parent: int, token_ids: list[int]) -> int:
+    """Chained 64-bit hash of one full block; stable across processes (no Python hash())."""
+    data = parent.to_bytes(8, "little") + np.asarray(token_ids, dtype=np.int64).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def chain_hashes(token_ids: list[int], block_size: int) -> list[int]:
+    """Hashes of every full block of token_ids."""
+    hashes: list[int] = []
+    parent = HASH_SEED
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = block_hash(parent, token_ids[start : start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks}: the KV cache needs at least one block")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.hit_tokens = 0
+        self.queried_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- prefix cache ---------------------------------------------------------------------------
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Block ids holding the longest cached prefix of the request's tokens.
+
+        At least one token is always left to compute (its logits give the next token), so a
+        fully cached sequence gives up its last block.
+        """
+        if not self.enable_prefix_caching or request.wants_prompt_logprobs:
+            return []
+        tokens = request.all_token_ids
+        hashes = chain_hashes(tokens, self.block_size)
+        hit: list[int] = []
+        for h in hashes:
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            hit.append(block_id)
+        if hit and len(hit) * self.block_size >= len(tokens):
+            hit.pop()
+        return hit
+
+    # -- allocation -----------------------------------------------------------------------------
+    def can_allocate(self, request: Request, num_tokens: int, cached: list[int] | None = None) -> bool:
+        """Whether the request can hold KV for num_tokens tokens (counting a cached prefix)."""
+        have = len(request.block_table) if request.block_table else len(cached or [])
+        # Cached blocks sitting in the free queue are taken out of it, not allocated anew.
+        revived = sum(1 for b in (cached or []) if self.blocks[b].ref_count == 0)
+        return self.blocks_needed(num_tokens) - have <= self.num_free_blocks - revived
+
+    def admit(self, request: Request, cached: list[int]) -> None:
+        """Attach a cached prefix to a request that holds no blocks yet."""
+        if request.block_table:
+            raise RuntimeError(f"request {request.request_id} already holds blocks")
+        for block_id in cached:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free[block_id]
+            block.ref_count += 1
+        request.block_table = list(cached)
+        request.block_hashes = [self.blocks[b].hash for b in cached]  # type: ignore[misc]
+        request.num_computed_tokens = len(cached) * self.block_size
+        self.queried_tokens += request.num_tokens
+        self.hit_tokens += request.num_computed_tokens
+
+    def allocate(self, request: Request, num_tokens: int) -> None:
+        """Grow the request's block table to hold num_tokens tokens. Call can_allocate first."""
+        need = self.blocks_needed(num_tokens) - len(request.block_table)
+        if need > self.num_free_blocks:
+            raise RuntimeError(f"out of KV blocks: need {need}, {self.num_free_blocks} free")
+        for _ in range(need):
+            block_id, _ = self.free.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.hash is not None:  # evict its cached identity
+                if self.cached.get(block.hash) == block_id:
+                    del self.cached[block.hash]
+                block.hash = None
+            block.ref_count = 1
+            request.block_table.append(block_id)
+
+    def register_full_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Give every newly completed full block its chained hash so later requests can reuse it."""
+        if not self.enable_prefix_caching:
+            return
+        full = num_computed_tokens // self.block_size
+        if full <= len(request.block_hashes):
+            return
+        tokens = request.all_token_ids
+        parent = request.block_hashes[-1] if request.block_hashes else HASH_SEED
+        for i in range(len(request.block_hashes), full):
+            parent = block_hash(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
+            request.block_hashes.append(parent)
+            block = self.blocks[request.block_table[i]]
+            if block.hash is None and parent not in self.cached:
+                block.hash = parent
+                self.cached[parent] = block.block_id
+
+    def free_request(self, request: Request) -> None:
+        """Release the request's blocks; the last reference puts a block at the free queue's tail.
+
+        Blocks are released tail first, so a prefix's later blocks are evicted before its head.
+        """
+        for block_id in reversed(request.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        request.block_table = []
+        request.block_hashes = []
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0

@@ -1,0 +1,68 @@
+"""Engine arguments (the `LLM(...)` keywords and the job spec's `engine.*` keys), validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16,
+          "float": torch.float32}
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    device: str = "auto"  # "auto" = cuda when available, else cpu
+    dtype: str = "auto"  # "auto" = bfloat16 on cuda, float32 on cpu
+    batch_invariant: bool = True
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    block_size: int = 16
+    kv_cache_memory_bytes: int | None = None
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.85
+    seed: int = 0  # seed for requests that give none (0 = draw one at random per request)
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device={self.device!r}: use 'cpu', 'cuda', 'cuda:N' or 'auto'")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {sorted(DTYPES)} or 'auto'")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size={self.block_size}: must be a power of two")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len={self.max_model_len}: must be >= 2")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if str(self.device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r} but no CUDA device is available: use device='cpu'")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            import difflib
+
+            hints = [f"{u!r} (did you mean {difflib.get_close_matches(u, names, 1)[0]!r}?)"
+                     if difflib.get_close_matches(u, names, 1) else repr(u) for u in unknown]
+            raise ValueError(f"unknown engine argument(s) {', '.join(hints)}; valid: {sorted(names - {'model'})}")
+        return cls(model=model, **kwargs)

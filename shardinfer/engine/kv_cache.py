@@ -1,0 +1,36 @@
+"""Allocation of the paged KV cache: one set of tensors per attention layer, sized from an
+explicit byte budget or a fraction of the device's free memory.
+
+    layer i: entries[e] = tensor [num_blocks, block_size, *spec.entries[e]]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shardinfer.engine.models.base import KVLayerSpec
+
+
+def bytes_per_block(specs: list[KVLayerSpec], block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty(0, dtype=dtype).element_size()
+    return sum(s.values_per_token for s in specs) * block_size * elem
+
+
+def kv_budget_bytes(device: torch.device, explicit_bytes: int | None, memory_fraction: float) -> int:
+    """The KV cache's byte budget: explicit, else a fraction of what the device has free."""
+    if explicit_bytes is not None:
+        if explicit_bytes <= 0:
+            raise ValueError(f"kv_cache_memory_bytes={explicit_bytes}: must be > 0")
+        return int(explicit_bytes)
+    if not (0.0 < memory_fraction <= 1.0):
+        raise ValueError(f"gpu_memory_utilization={memory_fraction}: must be in (0, 1]")
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * memory_fraction)
+    return 1 << 30  # CPU: 1 GiB unless told otherwise; the host is shared with the data pipeline
+
+
+def allocate_kv_caches(specs: list[KVLayerSpec], num_blocks: int, block_size: int, dtype: torch.dtype,
+                       device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+    return [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in s.entries)
+            for s in specs]

@@ -1,0 +1,112 @@
+"""DeepSeek-V3 feed-forward blocks: the dense SwiGLU MLP and the routed mixture of experts.
+
+The MoE layer is `shared_experts(x) + sum over the token's top-k routed experts`, routed by
+`kernels.reference_moe.grouped_topk` (sigmoid, bias for selection only, group-limited) and
+computed by `kernels.reference_moe.moe_experts`, the one function a fused GPU kernel replaces.
+Expert weights are stacked: w_gate_up [E, 2I, H] ([gate | up] rows) and w_down [E, H, I].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardinfer.engine.errors import ModelLoadError
+from shardinfer.engine.models.base import Numerics
+from shardinfer.engine.models.config import ModelConfig
+from shardinfer.engine.models.layers import Linear
+from shardinfer.kernels import reference as ops
+from shardinfer.kernels import reference_moe as moe
+
+
+class SwiGLUMLP(nn.Module):
+    """down(silu(gate x) * up x), gate and up fused into one matmul (checkpoint: gate_proj, up_proj)."""
+
+    def __init__(self, hidden: int, intermediate: int, numerics: Numerics) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, False, numerics)
+        self.down_proj = Linear(intermediate, hidden, False, numerics)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class RoutingConfig:
+    """The router settings of config.json, validated once."""
+
+    def __init__(self, hf: dict[str, Any]) -> None:
+        self.n_routed_experts = int(hf["n_routed_experts"])
+        self.top_k = int(hf["num_experts_per_tok"])
+        self.n_group = int(hf.get("n_group") or 1)
+        self.topk_group = int(hf.get("topk_group") or self.n_group)
+        self.renormalize = bool(hf.get("norm_topk_prob", True))
+        self.routed_scaling_factor = float(hf.get("routed_scaling_factor", 1.0))
+        self.scoring_func = str(hf.get("scoring_func", "sigmoid"))
+        topk_method = hf.get("topk_method", "noaux_tc")
+        if self.scoring_func != "sigmoid" or topk_method != "noaux_tc":
+            raise ModelLoadError(f"router scoring_func={self.scoring_func!r}, topk_method={topk_method!r} is not "
+                                 "supported; supported: DeepSeek-V3's 'sigmoid' with 'noaux_tc'")
+        if self.n_routed_experts % self.n_group:
+            raise ModelLoadError(f"n_routed_experts={self.n_routed_experts} is not divisible by "
+                                 f"n_group={self.n_group}: fix config.json")
+        per_group = self.n_routed_experts // self.n_group
+        if self.n_group > 1 and self.topk_group < self.n_group and per_group < 2:
+            raise ModelLoadError(f"group-limited routing scores a group by its top-2 experts, but "
+                                 f"n_group={self.n_group} leaves {per_group} expert per group")
+        if not 0 < self.topk_group <= self.n_group or self.top_k > self.topk_group * per_group:
+            raise ModelLoadError(f"num_experts_per_tok={self.top_k} cannot be chosen from topk_group="
+                                 f"{self.topk_group} of n_group={self.n_group} groups of {per_group} experts")
+
+
+class RoutedExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, numerics: Numerics) -> None:
+        super().__init__()
+        self.numerics = numerics
+        self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden, dtype=numerics.dtype),
+                                      requires_grad=False)
+        self.w_down = nn.Parameter(torch.empty(num_experts, hidden, intermediate, dtype=numerics.dtype),
+                                   requires_grad=False)
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        return moe.moe_experts(x, topk_ids, topk_weights, self.w_gate_up, self.w_down,
+                               self.numerics.batch_invariant)
+
+
+class Router(nn.Module):
+    """Router logits in float32 (its weight and correction bias are float32 in the checkpoint)."""
+
+    def __init__(self, routing: RoutingConfig, hidden: int, numerics: Numerics) -> None:
+        super().__init__()
+        self.routing = routing
+        self.numerics = numerics
+        e = routing.n_routed_experts
+        self.weight = nn.Parameter(torch.empty(e, hidden, dtype=torch.float32), requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.routing
+        logits = ops.linear(x.float(), self.weight, None, self.numerics.batch_invariant)
+        return moe.grouped_topk(logits, self.e_score_correction_bias, r.top_k, r.n_group, r.topk_group,
+                                r.renormalize, r.routed_scaling_factor, r.scoring_func)
+
+
+class DeepseekMoE(nn.Module):
+    def __init__(self, config: ModelConfig, numerics: Numerics) -> None:
+        super().__init__()
+        hf = config.hf
+        routing = RoutingConfig(hf)
+        inter = int(hf["moe_intermediate_size"])
+        self.gate = Router(routing, config.hidden_size, numerics)
+        self.experts = RoutedExperts(routing.n_routed_experts, config.hidden_size, inter, numerics)
+        n_shared = int(hf.get("n_shared_experts") or 0)
+        self.shared_experts = SwiGLUMLP(config.hidden_size, inter * n_shared, numerics) if n_shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = self.gate(x)
+        out = self.experts(x, topk_ids, topk_weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out

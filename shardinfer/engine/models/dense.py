@@ -1,0 +1,187 @@
+"""Dense decoder-only transformers: Llama, Qwen2, Qwen3 and Mistral in one implementation.
+
+They differ only in flags: attention biases (Qwen2, Llama's attention_bias), per-head q/k RMSNorm
+before RoPE (Qwen3), a sliding attention window (Mistral, and any layer that `layer_types` marks
+"sliding_attention"), tied embeddings, and the RoPE scaling. Q/K/V and gate/up projections are
+fused into one matmul each; the loader splits checkpoint tensors into their row ranges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from shardinfer.engine.errors import CheckpointError, ModelLoadError
+from shardinfer.engine.forward_context import ForwardContext
+from shardinfer.engine.models.base import KVLayerSpec, Numerics
+from shardinfer.engine.models.config import ModelConfig
+from shardinfer.engine.models.layers import Linear, RMSNorm, copy_param
+from shardinfer.engine.models.rope import RopeTable
+from shardinfer.kernels import reference as ops
+
+# Checkpoint tensors that carry no model state (old exports keep rope caches).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+def _layer_windows(config: ModelConfig) -> list[int | None]:
+    layer_types = config.hf.get("layer_types")
+    if layer_types:
+        return [config.sliding_window if t == "sliding_attention" else None for t in layer_types]
+    return [config.sliding_window] * config.num_hidden_layers
+
+
+class DenseAttention(nn.Module):
+    def __init__(self, config: ModelConfig, numerics: Numerics, layer_idx: int, window: int | None,
+                 rope: RopeTable) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.window = window
+        self.rope = rope
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        qkv_bias = bool(config.hf.get("attention_bias", False)) or config.model_type == "qwen2"
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias, numerics)
+        o_bias = bool(config.hf.get("attention_bias", False)) and config.model_type != "qwen2"
+        self.o_proj = Linear(self.q_size, config.hidden_size, o_bias, numerics)
+        self.qk_norm = config.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, numerics)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, numerics)
+        self.scale = self.head_dim ** -0.5
+        self.numerics = numerics
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q = qkv[:, : self.q_size].reshape(t, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = self.rope.lookup(positions)
+        q, k = ops.rope_neox(q, cos, sin), ops.rope_neox(k, cos, sin)
+        k_cache, v_cache = ctx.kv_caches[self.layer_idx]
+        ops.store_kv(k_cache, k, ctx.attn.slot_mapping)
+        ops.store_kv(v_cache, v, ctx.attn.slot_mapping)
+        out = ops.paged_attention(q, k_cache, v_cache, ctx.attn.query_start_loc_cpu, ctx.attn.seq_lens_cpu,
+                                  ctx.attn.block_tables, self.scale, self.window, self.numerics.batch_invariant)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, config: ModelConfig, numerics: Numerics) -> None:
+        super().__init__()
+        bias = bool(config.hf.get("mlp_bias", False))
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias, numerics)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, numerics)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DenseDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, numerics: Numerics, layer_idx: int, window: int | None,
+                 rope: RopeTable) -> None:
+        super().__init__()
+        self.self_attn = DenseAttention(config, numerics, layer_idx, window, rope)
+        self.mlp = DenseMLP(config, numerics)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(h, positions, ctx)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
+
+
+class DenseForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, numerics: Numerics, max_positions: int) -> None:
+        super().__init__()
+        act = config.hf.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ModelLoadError(f"hidden_act={act!r} is not supported for {config.architecture}; supported: silu")
+        self.config = config
+        self.numerics = numerics
+        rope_dim = config.head_dim
+        self.rope = RopeTable(rope_dim, config.rope_theta, config.rope_scaling, max_positions,
+                              config.max_position_embeddings)
+        self.windows = _layer_windows(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=numerics.dtype)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(
+            DenseDecoderLayer(config, numerics, i, self.windows[i], self.rope) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def to_device(self, device: torch.device) -> None:
+        self.to(device)
+        self.rope.cos, self.rope.sin = self.rope.cos.to(device), self.rope.sin.to(device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, ctx)
+        x, _ = self.norm.add_and_norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def kv_cache_specs(self) -> list[KVLayerSpec]:
+        shape = (self.config.num_key_value_heads, self.config.head_dim)
+        return [KVLayerSpec((shape, shape), w) for w in self.windows]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        c = self.config
+        q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        inter = c.intermediate_size
+        fused = {  # checkpoint module -> (our module, rows)
+            "self_attn.q_proj": ("self_attn.qkv_proj", slice(0, q)),
+            "self_attn.k_proj": ("self_attn.qkv_proj", slice(q, q + kv)),
+            "self_attn.v_proj": ("self_attn.qkv_proj", slice(q + kv, q + 2 * kv)),
+            "mlp.gate_proj": ("mlp.gate_up_proj", slice(0, inter)),
+            "mlp.up_proj": ("mlp.gate_up_proj", slice(inter, 2 * inter)),
+        }
+        expected = {(name, None) for name in params}
+        for ours, (target, rows) in fused.items():
+            for name in params:
+                if f".{target}." in name:
+                    expected.discard((name, None))
+                    expected.add((name.replace(target, ours), None))
+        if c.tie_word_embeddings:
+            expected.discard(("lm_head.weight", None))
+        loaded: set[tuple[str, None]] = set()
+        unexpected: list[str] = []
+        for name, tensor in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if c.tie_word_embeddings and name == "lm_head.weight":
+                continue
+            # Checkpoints nest the decoder under "model."; our modules sit at the top level.
+            target, rows = name.removeprefix("model."), None
+            for ours, (fused_name, fused_rows) in fused.items():
+                if f".{ours}." in name:
+                    target, rows = target.replace(ours, fused_name), fused_rows
+                    break
+            if target not in params:
+                unexpected.append(name)
+                continue
+            copy_param(params[target], tensor, name, rows)
+            loaded.add((name.removeprefix("model."), None))
+        missing = sorted(n for n, _ in expected - loaded)
+        if unexpected:
+            raise CheckpointError(f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
+                                  f"that {c.architecture} does not use: is the architecture in config.json right?")
+        if missing:
+            raise CheckpointError(f"checkpoint lacks tensors {missing[:5]}{'...' if len(missing) > 5 else ''} "
+                                  f"required by {c.architecture}")

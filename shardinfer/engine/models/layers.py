@@ -1,0 +1,45 @@
+"""Small layers shared by model families. Every matmul goes through `ops.linear` so that the
+numerics mode (batch invariance) and the device's kernels are chosen in one place."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shardinfer.engine.errors import CheckpointError
+from shardinfer.engine.models.base import Numerics
+from shardinfer.kernels import reference as ops
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, numerics: Numerics) -> None:
+        super().__init__()
+        self.numerics = numerics
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=numerics.dtype), requires_grad=False)
+        self.bias = (nn.Parameter(torch.empty(out_features, dtype=numerics.dtype), requires_grad=False)
+                     if bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, numerics: Numerics) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=numerics.dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+def copy_param(param: torch.Tensor, value: torch.Tensor, name: str, rows: slice | None = None) -> None:
+    """Copy a checkpoint tensor into a parameter (or a row slice of it), checking the shape."""
+    target = param.data if rows is None else param.data[rows]
+    if tuple(target.shape) != tuple(value.shape):
+        raise CheckpointError(f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, "
+                              f"the model expects {tuple(target.shape)}: is config.json the checkpoint's own?")
+    target.copy_(value.to(target.dtype))

@@ -1,0 +1,82 @@
+"""A request as the scheduler sees it: its tokens, its progress and its status.
+
+Invariants (checked where they change): num_computed_tokens <= num_tokens; a RUNNING request
+owns ceil(num_tokens_with_kv / block_size) blocks; a finished request owns none.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardinfer.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # not yet admitted, or preempted (its KV was freed; recompute)
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    max_tokens: int  # resolved: params.max_tokens or the room left in max_model_len
+    prompt: str | None = None
+    arrival_index: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # hashes of this request's full blocks
+    num_preemptions: int = 0
+    stop_reason: str | int | None = None
+    output_text: str = ""
+    error: str | None = None
+    grammar: Any = None  # a structured-output matcher, when so_args is set
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs is not None
+
+    @property
+    def prompt_logprobs_done(self) -> bool:
+        return len(self.prompt_logprobs) >= self.num_prompt_tokens
+
+    def finish(self, status: RequestStatus, reason: str | int | None = None) -> None:
+        if not status.finished:
+            raise ValueError(f"finish() needs a finished status, got {status}")
+        self.status = status
+        self.stop_reason = reason

@@ -1,0 +1,40 @@
+"""Whether a request is done after its newest token, and its output text so far.
+
+Order of checks: stop token ids and EOS (unless ignore_eos; both only after min_tokens),
+stop strings on the detokenized text (the matched string is cut from the text unless
+include_stop_str_in_output), a finished grammar, then max_tokens and max_model_len.
+"""
+
+from __future__ import annotations
+
+from shardinfer.engine.request import Request, RequestStatus
+from shardinfer.engine.tokenizer import Tokenizer
+
+
+def check_stop(req: Request, tokenizer: Tokenizer,
+               max_model_len: int) -> tuple[RequestStatus | None, str | int | None, str]:
+    p = req.params
+    token = req.output_token_ids[-1]
+    n_out = req.num_output_tokens
+    may_stop = n_out >= p.min_tokens
+    if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in tokenizer.eos_token_ids)):
+        text = tokenizer.decode(req.output_token_ids[:-1], p.skip_special_tokens)
+        return RequestStatus.FINISHED_STOPPED, token, text
+    text = tokenizer.decode(req.output_token_ids, p.skip_special_tokens)
+    if may_stop and p.stop:
+        # Only a match that ends in the newest token's text is new; earlier text was checked before.
+        window_start = max(0, len(req.output_text) - max(len(s) for s in p.stop))
+        best: tuple[int, str] | None = None
+        for s in p.stop:
+            idx = text.find(s, window_start)
+            if idx >= 0 and (best is None or idx < best[0]):
+                best = (idx, s)
+        if best is not None:
+            idx, s = best
+            cut = idx + len(s) if p.include_stop_str_in_output else idx
+            return RequestStatus.FINISHED_STOPPED, s, text[:cut]
+    if req.grammar is not None and req.grammar.is_finished():
+        return RequestStatus.FINISHED_STOPPED, None, text
+    if n_out >= req.max_tokens or req.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH, None, text
+    return None, None, text
