@@ -1,0 +1,28 @@
+"""Writer stage: the output schema, part files, and the create-if-absent commit protocol."""
+
+from shardinfer.writers.errors import (
+    CorruptOutputError,
+    IncompleteOutputError,
+    JobFileConflictError,
+    OutputError,
+    StorageError,
+)
+from shardinfer.writers.job_file import diff_fingerprints, make_job_record, splits_from_job
+from shardinfer.writers.output_store import OutputStore, PartInfo
+from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema, seed_to_int64
+
+__all__ = [
+    "OUTPUT_SCHEMA_VERSION",
+    "CorruptOutputError",
+    "IncompleteOutputError",
+    "JobFileConflictError",
+    "OutputError",
+    "OutputStore",
+    "PartInfo",
+    "StorageError",
+    "diff_fingerprints",
+    "make_job_record",
+    "output_schema",
+    "seed_to_int64",
+    "splits_from_job",
+]

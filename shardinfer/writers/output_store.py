@@ -1,0 +1,343 @@
+"""The output location and its commit protocol.
+
+    <output>/_job.json                      run id, fingerprint, split plan (written once, first)
+    <output>/part-{split}-{attempt}.parquet one attempt at one split's rows (many may exist)
+    <output>/_commits/{split}.json          the marker naming the one part that counts
+    <output>/_SUCCESS                       JSON manifest, written last
+
+A split is done when its marker exists. The marker is created only if absent (see
+`shardinfer.storage.create_exclusive`), after its part file is fully written, so of two workers
+racing on one split exactly one wins and the other deletes its own part. Nothing is renamed, which
+matters on object stores where a rename is a copy. A crash at any instant leaves at worst a part
+file no marker names; `finalize` deletes such orphans once every split is committed, then writes
+`_SUCCESS`. Readers of the output trust markers and `_SUCCESS`, never a listing of part files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import re
+import socket
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardinfer.storage import (
+    RetryPolicy,
+    create_exclusive,
+    delete_if_present,
+    filesystem,
+    full_url,
+    is_local,
+    list_files,
+    put_bytes,
+    read_bytes_or_none,
+    with_retries,
+)
+from shardinfer.writers.errors import CorruptOutputError, IncompleteOutputError, JobFileConflictError
+from shardinfer.writers.job_file import splits_from_job, utc_now
+from shardinfer.writers.schema import BASE_COLUMNS, OUTPUT_SCHEMA_VERSION, SCHEMA_VERSION_KEY, output_schema
+
+if TYPE_CHECKING:
+    from shardinfer.readers.spec import Split
+
+JOB_FILE = "_job.json"
+SUCCESS_FILE = "_SUCCESS"
+COMMITS_DIR = "_commits"
+MARKER_VERSION = 1
+_ATTEMPT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_MARKER_NAME = re.compile(r"^(\d+)\.json$")
+_PART_NAME = re.compile(r"^part-.*\.parquet$")
+# Output parts are read back by people and dataset viewers: modest row groups and a page index.
+_ROW_GROUP_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    """One written part file: what its commit marker will record."""
+
+    split_index: int
+    attempt: str
+    name: str  # file name relative to the output location
+    path: str  # full URL
+    rows: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _json_bytes(value: dict[str, Any]) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+
+
+class OutputStore:
+    """All reads and writes of one output location; every storage call is retried per `retries`."""
+
+    def __init__(
+        self, url: str, storage_options: dict[str, Any] | None = None, retries: RetryPolicy | None = None
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.fs, root = filesystem(self.url, storage_options)
+        self.root = root.rstrip("/")
+        self.retries = retries or RetryPolicy()
+        if is_local(self.fs):
+            os.makedirs(os.path.join(self.root, COMMITS_DIR), exist_ok=True)
+
+    # --- paths -----------------------------------------------------------------------------------
+    def _path(self, *names: str) -> str:
+        return posixpath.join(self.root, *names)
+
+    def _marker_path(self, split_name: str) -> str:
+        return self._path(COMMITS_DIR, f"{split_name}.json")
+
+    def _retry(self, what: str, fn: Any) -> Any:
+        return with_retries(self.retries, what, fn)
+
+    def _read_json(self, path: str) -> dict[str, Any] | None:
+        data = self._retry(f"read {full_url(self.fs, path)}", lambda: read_bytes_or_none(self.fs, path))
+        if data is None:
+            return None
+        try:
+            value = json.loads(data)
+        except ValueError as exc:
+            raise CorruptOutputError(
+                f"{full_url(self.fs, path)} is not valid JSON ({exc}); it was not written by this "
+                "program's commit protocol; delete it (and re-run) or start the job over"
+            ) from exc
+        if not isinstance(value, dict):
+            raise CorruptOutputError(f"{full_url(self.fs, path)} holds {type(value).__name__}, not an object")
+        return value
+
+    # --- _job.json -------------------------------------------------------------------------------
+    def read_job(self) -> dict[str, Any] | None:
+        return self._read_json(self._path(JOB_FILE))
+
+    def write_job(self, job: dict[str, Any]) -> None:
+        """Create `_job.json` once. Writing the same content again is a no-op; different content raises."""
+        path = self._path(JOB_FILE)
+        try:
+            self._retry(
+                f"create {full_url(self.fs, path)}", lambda: create_exclusive(self.fs, path, _json_bytes(job))
+            )
+        except FileExistsError:
+            existing = self.read_job()
+            if existing != json.loads(_json_bytes(job)):
+                raise JobFileConflictError(
+                    f"{full_url(self.fs, path)} already exists for run {existing and existing.get('run_id')!r}; "
+                    "resume that job, or start over (which clears the output location)"
+                ) from None
+
+    # --- parts and commits -----------------------------------------------------------------------
+    def write_part(self, split: Split, attempt: str, table: pa.Table, metadata: dict[str, str]) -> PartInfo:
+        """Write the split's rows as `part-{split.name}-{attempt}.parquet` (uncommitted until `commit`)."""
+        if not _ATTEMPT.match(attempt):
+            raise ValueError(
+                f"attempt={attempt!r}: use 1-64 characters of letters, digits, '.', '_' or '-' "
+                "(e.g. a random hex string), unique per attempt"
+            )
+        _check_base_columns(table)
+        name = f"part-{split.name}-{attempt}.parquet"
+        path = self._path(name)
+        kv = dict(table.schema.metadata or {})
+        kv.update({k.encode(): str(v).encode() for k, v in metadata.items()})
+        kv[SCHEMA_VERSION_KEY] = str(OUTPUT_SCHEMA_VERSION).encode()
+        kv[b"shardinfer.split"] = split.name.encode()
+        kv[b"shardinfer.attempt"] = attempt.encode()
+        buffer = io.BytesIO()
+        pq.write_table(
+            table.replace_schema_metadata(kv),
+            buffer,
+            compression="zstd",
+            row_group_size=_ROW_GROUP_ROWS,
+            write_page_index=True,
+        )
+        data = buffer.getvalue()
+        self._retry(f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, data))
+        return PartInfo(
+            split_index=split.index,
+            attempt=attempt,
+            name=name,
+            path=full_url(self.fs, path),
+            rows=table.num_rows,
+            bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+
+    def commit(self, split: Split, part: PartInfo) -> bool:
+        """Create the split's marker naming `part`, only if absent. True if this call won the split.
+
+        On a lost race the marker names another attempt's part; ours is deleted and False returned.
+        A FileExistsError is never retried, but it is checked: if a first try reached the store and
+        only its response was lost, the marker found names our own part and we did win.
+        """
+        if part.split_index != split.index:
+            raise ValueError(f"part {part.name} belongs to split {part.split_index}, not {split.index}")
+        marker = {
+            "marker_version": MARKER_VERSION,
+            "split": split.index,
+            "split_name": split.name,
+            "part": part.name,
+            "rows": part.rows,
+            "bytes": part.bytes,
+            "sha256": part.sha256,
+            "attempt": part.attempt,
+            "committed_at": utc_now(),
+            "writer": f"{socket.gethostname()}:{os.getpid()}",
+        }
+        path = self._marker_path(split.name)
+        try:
+            self._retry(
+                f"commit {full_url(self.fs, path)}",
+                lambda: create_exclusive(self.fs, path, _json_bytes(marker)),
+            )
+            return True
+        except FileExistsError:
+            existing = self._read_json(path)
+            if existing is not None and existing.get("part") == part.name:
+                return True
+            self._retry(f"delete {part.path}", lambda: delete_if_present(self.fs, self._path(part.name)))
+            return False
+
+    def committed(self) -> dict[int, dict[str, Any]]:
+        """Split index -> marker, for every split committed so far."""
+        directory = self._path(COMMITS_DIR)
+        names = self._retry(f"list {full_url(self.fs, directory)}", lambda: list_files(self.fs, directory))
+        markers: dict[int, dict[str, Any]] = {}
+        for path in names:
+            match = _MARKER_NAME.match(posixpath.basename(path))
+            if not match:
+                continue  # e.g. a temporary file left by a crash on local disk
+            marker = self._read_json(path)
+            if marker is None:
+                continue  # deleted since the listing (a concurrent start-over)
+            if marker.get("split") != int(match.group(1)) or "part" not in marker:
+                raise CorruptOutputError(
+                    f"{full_url(self.fs, path)} is not a commit marker for split {match.group(1)}: {marker}; "
+                    "delete it to redo that split"
+                )
+            markers[int(marker["split"])] = marker
+        return dict(sorted(markers.items()))
+
+    # --- finishing and reading back --------------------------------------------------------------
+    def finalize(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Delete orphan parts and write `_SUCCESS`; every split of the plan must be committed.
+
+        Deleting parts no marker names is only safe once every split has a marker: a worker still
+        writing an attempt for a committed split will lose its commit and needs no part file.
+        """
+        job = self.read_job()
+        if job is None:
+            raise IncompleteOutputError(f"{self.url} has no {JOB_FILE}; nothing to finalize")
+        plan = splits_from_job(job)
+        markers = self.committed()
+        missing = [s.index for s in plan if s.index not in markers]
+        if missing:
+            raise IncompleteOutputError(
+                f"{self.url}: {len(missing)} of {len(plan)} splits are not committed (first: {missing[:10]}); "
+                "run the job again to finish them"
+            )
+        referenced = {m["part"] for m in markers.values()}
+        orphans = [p for p in self._listing() if _PART_NAME.match(posixpath.basename(p))]
+        orphans = [p for p in orphans if posixpath.basename(p) not in referenced]
+        for path in orphans:
+            self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
+        files = [
+            {"split": i, "path": m["part"], "rows": m["rows"], "bytes": m["bytes"], "sha256": m["sha256"]}
+            for i, m in markers.items()
+        ]
+        commit_times = sorted(m.get("committed_at", "") for m in markers.values())
+        success = {
+            "committer": "shardinfer",
+            "marker_version": MARKER_VERSION,
+            "output_schema_version": OUTPUT_SCHEMA_VERSION,
+            "run_id": job.get("run_id"),
+            "fingerprint": job.get("fingerprint"),
+            "files": files,
+            "totals": {
+                "splits": len(files),
+                "rows": sum(f["rows"] for f in files),
+                "bytes": sum(f["bytes"] for f in files),
+            },
+            "timings": {
+                "job_created": job.get("created"),
+                "first_commit": commit_times[0] if commit_times else None,
+                "last_commit": commit_times[-1] if commit_times else None,
+                "finalized": utc_now(),
+            },
+            "orphans_deleted": sorted(posixpath.basename(p) for p in orphans),
+            "summary": summary,
+        }
+        path = self._path(SUCCESS_FILE)
+        self._retry(
+            f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, _json_bytes(success))
+        )
+        return success
+
+    def _listing(self) -> list[str]:
+        return list(self._retry(f"list {self.url}", lambda: list_files(self.fs, self.root)))
+
+    def read_success(self) -> dict[str, Any] | None:
+        return self._read_json(self._path(SUCCESS_FILE))
+
+    def read_committed_table(self, verify: bool = True) -> pa.Table:
+        """The committed parts concatenated in split order; with `verify`, each part's hash and row
+        count are checked against its marker."""
+        tables = []
+        for marker in self.committed().values():
+            path = self._path(marker["part"])
+            data = self._retry(
+                f"read {full_url(self.fs, path)}", lambda p=path: read_bytes_or_none(self.fs, p)
+            )
+            if data is None:
+                raise CorruptOutputError(
+                    f"{self.url}: the marker of split {marker['split']} names {marker['part']}, which is "
+                    f"missing; delete _commits/{marker['split_name']}.json and re-run the job to redo it"
+                )
+            if verify and hashlib.sha256(data).hexdigest() != marker["sha256"]:
+                raise CorruptOutputError(
+                    f"{full_url(self.fs, path)} does not match the sha256 its commit marker records; the "
+                    "file was changed after commit; delete its marker and re-run to redo the split"
+                )
+            table = pq.read_table(io.BytesIO(data))
+            if verify and table.num_rows != marker["rows"]:
+                raise CorruptOutputError(
+                    f"{full_url(self.fs, path)} has {table.num_rows} rows, marker says {marker['rows']}"
+                )
+            tables.append(table)
+        if not tables:
+            return output_schema().empty_table()
+        return pa.concat_tables(tables)
+
+    def clear(self) -> None:
+        """Delete everything this protocol wrote, for a start-over. `_SUCCESS` goes first (nobody may
+        trust a half-cleared output), `_job.json` last (a crash midway still blocks a silent resume)."""
+        for path in [self._path(SUCCESS_FILE), *list_files(self.fs, self._path(COMMITS_DIR))]:
+            self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
+        for path in self._listing():
+            if _PART_NAME.match(posixpath.basename(path)):
+                self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
+        job = self._path(JOB_FILE)
+        self._retry(f"delete {full_url(self.fs, job)}", lambda: delete_if_present(self.fs, job))
+
+
+def _check_base_columns(table: pa.Table) -> None:
+    expected = output_schema()
+    for name in BASE_COLUMNS:
+        index = table.schema.get_field_index(name)
+        if index < 0:
+            raise ValueError(
+                f"output table lacks column {name!r}; build it with writers.schema.output_schema(...)"
+            )
+        want = expected.field(name).type
+        if table.schema.field(index).type != want:
+            raise ValueError(
+                f"output column {name!r} has type {table.schema.field(index).type}, expected {want}"
+            )
