@@ -1,0 +1,113 @@
+"""Compiling so_args: validation errors, canonical cache keys, the LRU cache, tokenizer loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardinfer.engine.structured import GrammarError, StructuredOutputCompiler, canonical_schema
+
+OBJ = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["b"]}
+
+
+@pytest.mark.parametrize(
+    ("so_args", "fragments"),
+    [
+        ({"schema_type": "json", "schema": {"type": "foo"}}, ["invalid json schema", "foo"]),
+        ({"schema_type": "json", "schema": '{"type": "object",'}, ["not valid JSON"]),
+        ({"schema_type": "json", "schema": [1, 2]}, ["must be a JSON object"]),
+        ({"schema_type": "json", "schema": False}, ["must be a JSON object"]),
+        ({"schema_type": "json", "schema": {"type": "string", "format": "weird"}}, ["invalid json schema", "weird"]),
+        ({"schema_type": "regex", "schema": "[a-"}, ["invalid regex schema", "unclosed character class"]),
+        ({"schema_type": "regex", "schema": ""}, ["regex schema must be a non-empty string"]),
+        ({"schema_type": "ebnf", "schema": 'root ::= "a" missing'}, ["invalid ebnf schema", "missing"]),
+        ({"schema_type": "ebnf", "schema": 'root ::= "a" [0-9'}, ["invalid ebnf schema"]),
+        ({"schema_type": "lark", "schema": "start: undefined_rule"}, ["invalid lark schema", "undefined_rule"]),
+        ({"schema_type": "xml", "schema": "<a/>"}, ["schema_type='xml'", "json"]),
+        ({"schema_type": "json", "schma": {}}, ["unknown keys", "schma"]),
+        ("json", ["must be a dict"]),
+    ],
+)
+def test_invalid_schema_raises_grammar_error_naming_the_problem(so_args, fragments, compiler):
+    with pytest.raises(GrammarError) as info:
+        compiler.compile(so_args)
+    assert isinstance(info.value, ValueError)
+    assert info.value.error_code == "invalid_schema"
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_invalid_schema_error_is_cached(compiler):
+    so_args = {"schema_type": "lark", "schema": "start: cached_bad_rule"}
+    before = compiler.num_compiles
+    for _ in range(3):
+        with pytest.raises(GrammarError, match="cached_bad_rule"):
+            compiler.matcher(so_args)
+    assert compiler.num_compiles == before + 1
+
+
+def test_cache_hit_returns_the_same_compiled_object(compiler):
+    before = compiler.num_compiles
+    first = compiler.compile({"schema_type": "json", "schema": OBJ})
+    # The same schema as a JSON string with other spacing canonicalises to the same key.
+    again = compiler.compile({"schema_type": "json", "schema": json.dumps(OBJ, indent=2)})
+    assert again is first
+    assert compiler.num_compiles == before + 1
+    assert first.schema_text == json.dumps(OBJ, separators=(",", ":"))
+    # Key order is part of the grammar (it is the order of the generated keys): another entry.
+    reordered = {"required": ["b"], "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+                 "type": "object"}
+    assert compiler.compile({"schema_type": "json", "schema": reordered}) is not first
+    # Same text, another schema type: another entry.
+    assert compiler.compile({"schema_type": "regex", "schema": "abc"}) is not compiler.compile(
+        {"schema_type": "lark", "schema": 'start: "abc"'})
+
+
+def test_matchers_are_fresh_per_request(compiler):
+    so_args = {"schema_type": "regex", "schema": "ab|ac"}
+    m1, m2 = compiler.matcher(so_args), compiler.matcher(so_args)
+    a_id = compiler.tokenizer.tokenize_str("a")[0]
+    m1.accept(a_id)
+    assert m1.num_accepted == 1 and m2.num_accepted == 0
+    assert m2.allowed_mask().equal(compiler.matcher(so_args).allowed_mask())
+
+
+def test_cache_is_bounded_lru(tokenizer_path: Path, eos_id: int, tok_vocab: int):
+    small = StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, cache_size=2)
+    a = small.compile({"schema_type": "regex", "schema": "a"})
+    small.compile({"schema_type": "regex", "schema": "b"})
+    assert small.compile({"schema_type": "regex", "schema": "a"}) is a  # refreshes "a"
+    small.compile({"schema_type": "regex", "schema": "c"})  # evicts "b", the least recent
+    assert small.compile({"schema_type": "regex", "schema": "a"}) is a
+    assert small.cache_info() == {"entries": 2, "max_entries": 2, "compiles": 3}
+    small.compile({"schema_type": "regex", "schema": "b"})
+    assert small.num_compiles == 4
+
+
+def test_canonical_schema():
+    assert canonical_schema({"schema_type": "json", "schema": ""}) == ("json", "{}")
+    assert canonical_schema({"schema_type": "json"}) == ("json", "{}")
+    assert canonical_schema({"schema_type": "json", "schema": True}) == ("json", "{}")
+    assert canonical_schema({"schema_type": "json", "schema": '{"x": "é"}'}) == ("json", '{"x":"é"}')
+    assert canonical_schema({"schema_type": "regex", "schema": " a+ "}) == ("regex", " a+ ")
+
+
+def test_tokenizer_from_text_or_path_is_the_same_identity(tokenizer_path: Path, eos_id: int, tok_vocab: int,
+                                                        compiler):
+    from_text = StructuredOutputCompiler(tokenizer_path.read_text(), [eos_id], tok_vocab + 37)
+    assert from_text.tokenizer_id == compiler.tokenizer_id
+    other_vocab = StructuredOutputCompiler(str(tokenizer_path), [eos_id], tok_vocab)
+    assert other_vocab.tokenizer_id != compiler.tokenizer_id
+
+
+def test_constructor_errors_name_the_value(tokenizer_path: Path, eos_id: int, tok_vocab: int):
+    with pytest.raises(ValueError, match=f"vocab_size={tok_vocab - 1}"):
+        StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab - 1)
+    with pytest.raises(ValueError, match="eos_token_ids"):
+        StructuredOutputCompiler(tokenizer_path, [tok_vocab + 5], tok_vocab)
+    with pytest.raises(ValueError, match="at least one eos"):
+        StructuredOutputCompiler(tokenizer_path, [], tok_vocab)
+    with pytest.raises(ValueError, match=r"neither tokenizer\.json text nor a file path"):
+        StructuredOutputCompiler(str(tokenizer_path) + ".missing", [eos_id], tok_vocab)
