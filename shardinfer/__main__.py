@@ -1,0 +1,7 @@
+"""`python -m shardinfer ...` is the `shardinfer` command."""
+
+import sys
+
+from shardinfer.jobs.cli import main
+
+sys.exit(main())

@@ -1,0 +1,158 @@
+"""The `shardinfer` command: submit, generate, validate, status (spark-submit style).
+
+Every path out of `main` is an exit code from pipeline.errors, so a scheduler can tell a
+retryable failure (75) from a job that needs fixing (64/65/66/78) without reading logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from shardinfer.jobs.executor import RunStats, parse_master, run_in_process, run_processes
+from shardinfer.jobs.progress import Reporter
+from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, parse_conf, resolve
+from shardinfer.pipeline.errors import EXIT_OK, JobError, UsageError, exit_code_for
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on bad usage; schedulers expect sysexits' 64."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="shardinfer", description="Offline batch LLM inference jobs: Parquet in, Parquet out.")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    def run_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--master", default="local", help="local | local[N] | local[*] (default: local)")
+        p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a job spec key, e.g. sampling.temperature=0.7 (repeatable)")
+        p.add_argument("--properties-file", metavar="FILE", help="defaults below --conf: key=value lines or TOML")
+        p.add_argument("--name", help="job name (job.name)")
+        p.add_argument("--run-id", help="run id, e.g. the scheduler's; fills {run_id} in paths")
+        p.add_argument("--dry-run", action="store_true", help="print the resolved spec, fingerprint and plan; write nothing")
+        p.add_argument("--verbose", action="store_true", help="show where each setting came from, and debug logs")
+        p.add_argument("--log-format", choices=["text", "json"], default="text")
+
+    submit = sub.add_parser("submit", help="run a job spec (TOML)")
+    run_flags(submit)
+    submit.add_argument("job_file", metavar="JOB.toml")
+
+    gen = sub.add_parser("generate", help="run a job without a spec file")
+    run_flags(gen)
+    gen.add_argument("--model", required=True, help="local Hugging Face model directory")
+    gen.add_argument("--input", required=True, help="input URL or glob (Parquet/JSONL)")
+    gen.add_argument("--output", required=True, help="output URL")
+
+    validate = sub.add_parser("validate", help="check a job spec, its model and input, without running it")
+    validate.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    validate.add_argument("--properties-file", metavar="FILE")
+    validate.add_argument("job_file", metavar="JOB.toml")
+
+    status = sub.add_parser("status", help="progress of a job from its output location")
+    status.add_argument("output", metavar="OUTPUT_URL")
+    status.add_argument("--storage-options", default="{}", help="fsspec storage options as JSON")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def _resolve(args: argparse.Namespace, job_file: dict[str, Any]) -> ResolvedSpec:
+    props = load_properties(args.properties_file) if getattr(args, "properties_file", None) else []
+    confs = []
+    if getattr(args, "name", None):
+        confs.append(("job.name", args.name, args.name))
+    confs += [parse_conf(c) for c in args.conf]
+    return resolve(job_file, properties=props, confs=confs, run_id=getattr(args, "run_id", None))
+
+
+def main(argv: list[str] | None = None) -> int:
+    reporter = Reporter("-")
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            raise UsageError("shardinfer: give a command: submit, generate, validate or status (see --help)")
+        if args.command == "status":
+            from shardinfer.jobs.status import show_status
+
+            return show_status(args.output, json.loads(args.storage_options), as_json=args.json)
+        if args.command == "generate":
+            job_file = {"model": {"path": args.model}, "input": {"path": args.input}, "output": {"path": args.output}}
+        else:
+            job_file = load_toml(args.job_file)
+        spec = _resolve(args, job_file)
+        if args.command == "validate":
+            return _validate(spec)
+        reporter = Reporter(spec.config.job.run_id, args.log_format, args.verbose)
+        return _submit(args, spec, reporter)
+    except BaseException as exc:  # every failure leaves through an exit code
+        code = exit_code_for(exc)
+        if isinstance(exc, SystemExit):
+            return int(exc.code or 0)
+        message = str(exc) if isinstance(exc, JobError) or code != 1 else f"{type(exc).__name__}: {exc}"
+        reporter.error(message, exit_code=code)
+        if code == 1 and reporter.verbose:
+            import traceback
+
+            traceback.print_exc()
+        return code
+
+
+def _validate(spec: ResolvedSpec) -> int:
+    from shardinfer.pipeline.job import open_job
+
+    job = open_job(spec.config)
+    print(f"ok: {len(job.splits)} split(s); fingerprint {job.fingerprint['hash'][:16]}; output state: {job.state}")
+    return EXIT_OK
+
+
+def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) -> int:
+    from shardinfer.pipeline.job import finalize_job, open_job, write_plan
+
+    num_workers = parse_master(args.master)
+    config = spec.config
+    if args.verbose:
+        for key, source in sorted(spec.sources.items()):
+            reporter.log("debug", f"{key} from {source}")
+    job = open_job(config)
+    if args.dry_run:
+        from shardinfer.jobs.status import print_dry_run
+
+        print_dry_run(job, spec, num_workers)
+        return EXIT_OK
+    if job.state == "done":
+        reporter.info("already complete: _SUCCESS matches this job's fingerprint; nothing to do",
+                      output=config.output.path)
+        return EXIT_OK
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    write_plan(job, config.job.run_id)
+    remaining = [s for s in job.splits if s.index not in job.committed]
+    n_samples = int(config.sampling.get("n", 1))
+    reporter.info("starting", output=config.output.path, splits=len(job.splits), remaining=len(remaining),
+                  workers=num_workers, state=job.state)
+    reporter.start(sum(s.num_rows for s in remaining) * n_samples, len(remaining))
+    stats = RunStats()
+    started = time.monotonic()
+    try:
+        if remaining:
+            if num_workers == 1:
+                run_in_process(job, stop, reporter, stats)
+            else:
+                run_processes(job, num_workers, stop, reporter, stats)
+    finally:
+        reporter.close()
+    success = finalize_job(job, config.job.run_id, stats.summary(time.monotonic() - started, num_workers))
+    reporter.summary(success.get("summary", success))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

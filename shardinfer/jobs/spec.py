@@ -1,0 +1,256 @@
+"""Job specs: TOML sections, a properties file and `--conf` overrides merged into one JobConfig.
+
+Precedence, highest first: `--conf` > `--properties-file` > the job file > defaults (the
+JobConfig field defaults). Every key is checked against its section — dataclass fields for
+job/input/model/output, `EngineConfig` fields for engine, `SamplingParams` fields for
+sampling — and an unknown one is an error naming the nearest valid key, so a typo such as
+`sampling.temprature` fails before any GPU time is spent instead of being silently ignored.
+
+`{run_id}`, `{ds}` and `{name}` in input/output paths are replaced after merging, so scheduled
+runs write to their own location and a re-run of a completed run finds its own `_SUCCESS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.pipeline.config import TYPED_SECTIONS, JobConfig
+from shardinfer.pipeline.errors import ConfigError, UsageError
+from shardinfer.pipeline.rows import SCHEMA_FIELDS
+
+SECTIONS = ("job", "input", "model", "engine", "sampling", "output")
+_ENGINE_EXCLUDED = {"model", "device", "dtype"}  # set through [model]
+
+
+def _field_defaults(cls: type) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = None
+    return out
+
+
+def valid_keys(section: str) -> dict[str, Any]:
+    """key -> default value (whose type drives coercion; None = any) for one section."""
+    if section in TYPED_SECTIONS:
+        return _field_defaults(TYPED_SECTIONS[section])
+    if section == "sampling":
+        return {k: v for k, v in _field_defaults(SamplingParams).items() if k != "seed"}
+    if section == "engine":
+        from shardinfer.engine.config import EngineConfig
+
+        return {k: v for k, v in _field_defaults(EngineConfig).items() if k not in _ENGINE_EXCLUDED}
+    raise KeyError(section)
+
+
+def nearest(name: str, choices: list[str]) -> str:
+    near = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def parse_value(text: str) -> Any:
+    """A --conf / properties value: TOML literal syntax if it parses (0.7, true, ["a"]), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def coerce(key: str, value: Any, default: Any, raw: str | None = None) -> Any:
+    """Bring a value to the type of the key's default; raise ConfigError naming key, value and type."""
+    if default is None or value is None:
+        return value
+    want = type(default)
+    if want is bool:
+        if isinstance(value, bool):
+            return value
+    elif want is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif want is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif want is str:
+        if isinstance(value, str):
+            return value
+        if raw is not None:  # --conf job.run_id=20240101 is the string "20240101", not a number
+            return raw
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+    elif want is list:
+        if isinstance(value, list):
+            return value
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+    elif want is dict:
+        if isinstance(value, dict):
+            return value
+    else:
+        return value
+    raise ConfigError(f"{key}={value!r} has the wrong type: expected {want.__name__} (like {default!r})")
+
+
+@dataclass
+class ResolvedSpec:
+    config: JobConfig
+    sources: dict[str, str] = field(default_factory=dict)  # "section.key" -> where its value came from
+
+
+def parse_conf(item: str, source: str = "--conf") -> tuple[str, Any, str]:
+    """'section.key=value' -> (dotted key, parsed value, raw text)."""
+    if "=" not in item:
+        raise UsageError(f"{source} {item!r} is not KEY=VALUE (for example sampling.temperature=0.7)")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if "." not in key:
+        raise UsageError(f"{source} key {key!r} needs a section: one of {', '.join(SECTIONS)} (like job.seed)")
+    return key, parse_value(raw.strip()), raw.strip()
+
+
+def load_toml(path: str | Path, what: str = "job file") -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{what} {str(path)!r} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def load_properties(path: str | Path) -> list[tuple[str, Any, str]]:
+    """A spark-defaults style file: `section.key=value` or `section.key value` lines, # comments; or TOML."""
+    p = Path(path)
+    if p.suffix == ".toml":
+        return [(k, v, str(v)) for k, v in flatten(load_toml(p, "properties file")).items()]
+    if not p.is_file():
+        raise UsageError(f"properties file {str(path)!r} does not exist")
+    items = []
+    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "=" not in line:  # the `key value` form of spark-defaults.conf
+            key, _, value = line.partition(" ")
+            line = f"{key}={value.strip()}"
+        items.append(parse_conf(line, f"{path}:{lineno}"))
+    return items
+
+
+def flatten(doc: dict[str, Any]) -> dict[str, Any]:
+    """{"sampling": {"temperature": 0.7}} -> {"sampling.temperature": 0.7}; sections must be tables."""
+    flat: dict[str, Any] = {}
+    for section, body in doc.items():
+        if not isinstance(body, dict):
+            raise ConfigError(f"top-level key {section!r} must be a [section] table; sections: {', '.join(SECTIONS)}")
+        for key, value in body.items():
+            flat[f"{section}.{key}"] = value
+    return flat
+
+
+def _check_key(dotted: str) -> tuple[str, str, Any]:
+    section, key = dotted.split(".", 1)
+    if section not in SECTIONS:
+        raise ConfigError(f"unknown section {section!r} in {dotted!r}{nearest(section, list(SECTIONS))}; "
+                          f"sections: {', '.join(SECTIONS)}")
+    keys = valid_keys(section)
+    if key not in keys:
+        if section == "sampling" and key == "seed":
+            raise ConfigError("sampling.seed is not a job setting: use job.seed (each row's seed is derived from "
+                              "it and the row id) or a per-row `seed` override column")
+        raise ConfigError(f"unknown key {dotted!r}{nearest(key, list(keys))}; valid [{section}] keys: "
+                          f"{', '.join(sorted(keys))}")
+    return section, key, keys[key]
+
+
+def resolve(job_file: dict[str, Any], *, properties: list[tuple[str, Any, str]] = (),  # type: ignore[assignment]
+            confs: list[tuple[str, Any, str]] = (), run_id: str | None = None,  # type: ignore[assignment]
+            today: datetime.date | None = None) -> ResolvedSpec:
+    """Merge the layers, validate every key and value, fill `{run_id}`/`{ds}`; returns the JobConfig."""
+    data: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    sources: dict[str, str] = {}
+    layers: list[tuple[str, list[tuple[str, Any, str | None]]]] = [
+        ("job file", [(k, v, None) for k, v in flatten(job_file).items()]),
+        ("properties file", list(properties)),
+        ("--conf", list(confs)),
+    ]
+    for source, items in layers:
+        for dotted, value, raw in items:
+            section, key, default = _check_key(dotted)
+            data[section][key] = coerce(dotted, value, default, raw)
+            sources[dotted] = source
+    if run_id:
+        data["job"]["run_id"] = run_id
+        sources["job.run_id"] = "--run-id"
+    try:
+        config = JobConfig.from_dict(data)
+    except TypeError as exc:
+        raise ConfigError(f"invalid job spec: {exc}") from None
+    _fill_defaults(config, sources, today or datetime.datetime.now(datetime.UTC).date())
+    validate(config)
+    return ResolvedSpec(config, sources)
+
+
+def _fill_defaults(config: JobConfig, sources: dict[str, str], today: datetime.date) -> None:
+    job = config.job
+    if not job.ds:
+        job.ds = today.isoformat()
+        sources["job.ds"] = "run date (UTC)"
+    if not job.run_id:
+        job.run_id = f"manual__{datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')}"
+        sources["job.run_id"] = "generated"
+    if not config.input.prompt_column and not config.input.messages_column:
+        config.input.prompt_column = "prompt"
+        sources.setdefault("input.prompt_column", "default")
+    for section in (config.input, config.output):
+        section.path = render_path(section.path, config)
+
+
+def render_path(path: str, config: JobConfig) -> str:
+    """Replace the known placeholders only, so other braces in a URL are left alone."""
+    for name, value in (("{run_id}", config.job.run_id), ("{ds}", config.job.ds), ("{name}", config.job.name)):
+        path = path.replace(name, value)
+    return path
+
+
+def validate(config: JobConfig) -> None:
+    """Checks that need more than one key: required paths, exclusive columns, override fields."""
+    for key, value in (("model.path", config.model.path), ("input.path", config.input.path),
+                       ("output.path", config.output.path)):
+        if not value:
+            raise ConfigError(f"{key} is not set: add it to the job file or pass --conf {key}=...")
+    inp = config.input
+    if inp.prompt_column and inp.messages_column:
+        raise ConfigError(f"input.prompt_column={inp.prompt_column!r} and input.messages_column="
+                          f"{inp.messages_column!r} are both set: a row's prompt comes from one of them")
+    allowed = [f for f in SamplingParams.field_names() if f not in SCHEMA_FIELDS]
+    for col in inp.override_columns:
+        if col not in allowed:
+            raise ConfigError(f"input.override_columns names {col!r}, which is not a per-row sampling setting"
+                              f"{nearest(col, allowed)}; allowed: {', '.join(allowed)}")
+    job = config.job
+    counts = {"job.split_rows": job.split_rows, "job.max_inflight_requests": job.max_inflight_requests,
+              "job.max_splits_in_flight": job.max_splits_in_flight, "job.batch_rows": job.batch_rows}
+    for key, count in counts.items():
+        if count < 1:
+            raise ConfigError(f"{key}={count}: must be >= 1")
+    if not 0.0 <= job.max_error_fraction <= 1.0:
+        raise ConfigError(f"job.max_error_fraction={job.max_error_fraction}: must be in [0, 1]")
+    try:
+        datetime.date.fromisoformat(job.ds)
+    except ValueError:
+        raise ConfigError(f"job.ds={job.ds!r} is not a date: use YYYY-MM-DD") from None
+    try:
+        SamplingParams(**config.sampling)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[sampling]: {exc}") from None

@@ -1,0 +1,59 @@
+"""Entry point of one `local[N]` worker process: `python -m shardinfer.jobs.worker < payload.json`.
+
+The payload is the resolved job config plus this worker's index; the split plan comes from the
+output's `_job.json`, written by the parent before any worker starts. Events go to stdout as
+JSON lines; logs and errors to stderr; the exit code follows pipeline.errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from shardinfer.pipeline.config import JobConfig
+from shardinfer.pipeline.errors import EXIT_OK, exit_code_for
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _watch_parent(stop: threading.Event, parent: int) -> None:
+    """Stop when the parent dies (a kill -9 of the job must not leave workers running on)."""
+    while not stop.is_set():
+        if os.getppid() != parent:
+            stop.set()
+            return
+        time.sleep(0.5)
+
+
+def main() -> int:
+    payload = json.loads(sys.stdin.read())
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    threading.Thread(target=_watch_parent, args=(stop, os.getppid()), daemon=True).start()
+    try:
+        from shardinfer.jobs.executor import worker_order
+        from shardinfer.pipeline.job import open_job, run_worker
+
+        config = JobConfig.from_dict(payload["config"])
+        job = open_job(config, plan=False)
+        order = worker_order(job.splits, int(payload["worker"]), int(payload["num_workers"]))
+        result = run_worker(job, order, stop, config.job.run_id, emit=_emit)
+        _emit({"event": "worker_done", "committed": result.committed, "lost": result.lost,
+               "engine_stats": result.engine_stats})
+        return EXIT_OK
+    except BaseException as exc:
+        print(f"[shardinfer] ERROR worker {payload.get('worker')}: {exc}", file=sys.stderr, flush=True)
+        return exit_code_for(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Wiring one job: reader -> prompt preparation -> engine -> per-split reassembly -> commit, resumable."""

@@ -1,0 +1,89 @@
+"""The resolved configuration of one job, as typed sections.
+
+`jobs.spec` builds a `JobConfig` from TOML, a properties file and `--conf` overrides; the
+pipeline only ever sees this object. Field defaults here ARE the job defaults (documented in
+docs/jobs.md). `engine` and `sampling` stay plain dicts because their keys are the engine's
+own arguments and `SamplingParams` fields, validated against those classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class JobSection:
+    name: str = "shardinfer-job"
+    seed: int = 0
+    split_rows: int = 1000
+    max_error_fraction: float = 0.1  # above this share of error records the job exits 65
+    run_id: str = ""  # filled from --run-id, else generated; never part of the fingerprint
+    ds: str = ""  # the scheduled date (YYYY-MM-DD) for `{ds}` in output paths; default: today (UTC)
+    # Backpressure: rows stop entering the engine while this many requests are unfinished.
+    max_inflight_requests: int = 256
+    max_splits_in_flight: int = 2  # splits read ahead and held for reassembly, per worker
+    batch_rows: int = 256  # rows per Arrow record batch when reading
+    start_over: bool = False  # discard an existing output location with another fingerprint
+
+
+@dataclass
+class InputSection:
+    path: str = ""
+    format: str = "auto"  # "parquet" | "jsonl" | "auto" (by extension)
+    query: str = ""  # DuckDB SQL over the table `input`
+    id_column: str = ""
+    prompt_column: str = ""
+    messages_column: str = ""
+    # Columns whose non-null values replace the job's sampling value of the same name, per row.
+    override_columns: list[str] = field(default_factory=list)
+    # Input columns copied unchanged into every output record of the row.
+    passthrough_columns: list[str] = field(default_factory=list)
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelSection:
+    path: str = ""
+    dtype: str = "auto"  # "auto": bfloat16 on cuda, float32 on cpu
+    device: str = "auto"  # "auto": cuda when available, else cpu
+
+
+@dataclass
+class OutputSection:
+    path: str = ""
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobConfig:
+    job: JobSection = field(default_factory=JobSection)
+    input: InputSection = field(default_factory=InputSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    engine: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    output: OutputSection = field(default_factory=OutputSection)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobConfig:
+        return cls(
+            job=JobSection(**data.get("job", {})),
+            input=InputSection(**data.get("input", {})),
+            model=ModelSection(**data.get("model", {})),
+            engine=dict(data.get("engine", {})),
+            sampling=dict(data.get("sampling", {})),
+            output=OutputSection(**data.get("output", {})),
+        )
+
+
+# Sections whose keys are fixed dataclass fields (engine/sampling are checked elsewhere).
+TYPED_SECTIONS: dict[str, type] = {
+    "job": JobSection,
+    "input": InputSection,
+    "model": ModelSection,
+    "output": OutputSection,
+}

@@ -1,0 +1,124 @@
+"""The job fingerprint: everything that decides what a row's output is.
+
+Two runs with equal fingerprints produce identical rows (sampling is a pure function of model,
+prompt, params and seed), so a resumed run may keep the splits an earlier run committed. Any
+difference — another checkpoint, tokenizer, chat template, sampling default, numerics mode,
+prompt/id columns, output schema — would silently mix two datasets, so resuming is refused and
+the message names the components that changed.
+
+The fingerprint is a flat dict of named components plus `hash` over all of them. Weight files
+are identified by name and size (hashing multi-GB safetensors on every start is too slow);
+config.json and the tokenizer files are hashed in full.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from shardinfer.pipeline.config import JobConfig
+from shardinfer.pipeline.errors import ConfigError
+
+FINGERPRINT_VERSION = 1
+# Engine arguments that change numerics (and therefore tokens); scheduling knobs such as
+# max_num_seqs do not, given batch invariance, and may change between attempts.
+NUMERICS_ENGINE_KEYS = ("batch_invariant", "max_model_len", "kv_cache_dtype", "quantization")
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def model_identity(model_dir: str) -> dict[str, Any]:
+    """Hashes of config.json and tokenizer files, weight file names and sizes, the chat template."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise ConfigError(f"model.path={model_dir!r} is not a directory; point it at a local Hugging Face "
+                          "model folder (config.json, *.safetensors, tokenizer.json)")
+    config_file = root / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"model.path={model_dir!r} has no config.json; is it a Hugging Face model folder?")
+    weights = sorted(p for p in root.iterdir() if p.suffix == ".safetensors")
+    if not weights:
+        raise ConfigError(f"model.path={model_dir!r} has no *.safetensors weight files")
+    out: dict[str, Any] = {
+        "model.config_sha256": _sha256_bytes(config_file.read_bytes()),
+        "model.weights": {p.name: p.stat().st_size for p in weights},
+    }
+    tok = root / "tokenizer.json"
+    out["tokenizer.sha256"] = _sha256_bytes(tok.read_bytes()) if tok.is_file() else None
+    template = None
+    tok_cfg = root / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        template = json.loads(tok_cfg.read_text()).get("chat_template")
+    jinja = root / "chat_template.jinja"
+    if jinja.is_file():
+        template = jinja.read_text()
+    out["tokenizer.chat_template_sha256"] = _sha256_bytes(_canonical(template).encode()) if template else None
+    return out
+
+
+def compute_fingerprint(config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str) -> dict[str, Any]:
+    """The fingerprint dict of a resolved job (see the module docstring for what is in it).
+
+    `sampling_defaults` is the fully resolved SamplingParams of the job as a JSON dict, so a
+    default that changes between releases also counts as drift.
+    """
+    inp = config.input
+    parts: dict[str, Any] = {"fingerprint_version": FINGERPRINT_VERSION}
+    parts.update(model_identity(config.model.path))
+    device_type, dtype = resolved_numerics(config)
+    parts["engine.numerics"] = {
+        "dtype": dtype,
+        "device_type": device_type,
+        "batch_invariant": bool(config.engine.get("batch_invariant", True)),
+        **{k: config.engine[k] for k in NUMERICS_ENGINE_KEYS if k in config.engine},
+    }
+    parts["sampling.defaults"] = sampling_defaults
+    parts["job.seed"] = config.job.seed
+    parts["input.source"] = {"path": inp.path, "format": inp.format}
+    parts["input.rows"] = {
+        "query": inp.query,
+        "id_column": inp.id_column,
+        "prompt_column": inp.prompt_column,
+        "messages_column": inp.messages_column,
+        "override_columns": sorted(inp.override_columns),
+        "passthrough_columns": list(inp.passthrough_columns),
+    }
+    parts["output.schema_version"] = schema_version
+    parts["hash"] = _sha256_bytes(_canonical({k: v for k, v in parts.items() if k != "hash"}).encode())
+    return parts
+
+
+def resolved_numerics(config: JobConfig) -> tuple[str, str]:
+    """(device type, dtype name) after "auto" is resolved on this machine: what the kernels will use."""
+    from shardinfer.engine.config import EngineConfig
+
+    try:
+        engine_cfg = EngineConfig(model=config.model.path, device=config.model.device, dtype=config.model.dtype)
+        return engine_cfg.torch_device.type, str(engine_cfg.torch_dtype).removeprefix("torch.")
+    except ValueError as exc:
+        raise ConfigError(f"[model] is invalid: {exc}") from None
+
+
+def diff_fingerprint_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable lines naming each component that differs between two fingerprints."""
+    lines = []
+    for key in sorted(set(old) | set(new)):
+        if key == "hash":
+            continue
+        a, b = old.get(key), new.get(key)
+        if _canonical(a) != _canonical(b):
+            lines.append(f"{key}: {_short(a)} -> {_short(b)}")
+    return lines
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = _canonical(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,263 @@
+"""A job's lifecycle around the workers: open or resume the output location, run, finalize.
+
+    open_job      resolve sampling, fingerprint the job, read `_job.json` / `_SUCCESS`:
+                  new job -> plan splits; same fingerprint -> reuse the stored plan;
+                  other fingerprint -> FingerprintMismatch naming what changed (exit 78).
+    write_plan    store `_job.json` once (only for a new job).
+    run_worker    one engine, the splits in `order`, exactly-once commits (see runner.py).
+    finalize_job  totals from the commit markers, the error-fraction check, `_SUCCESS`.
+
+Workers of one job coordinate only through the output store: a split is done when its marker
+exists, whoever wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.pipeline.assembly import OutputOptions
+from shardinfer.pipeline.config import JobConfig
+from shardinfer.pipeline.errors import ConfigError, FingerprintMismatch, InputMissing, TooManyBadRows
+from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
+from shardinfer.pipeline.rows import ROW_INDEX_COLUMN, RowPreparer
+from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings, crash_point
+
+JOB_FORMAT_VERSION = 1
+
+
+@dataclass
+class OpenedJob:
+    config: JobConfig
+    input_spec: Any  # readers.InputSpec
+    sampling: SamplingParams
+    fingerprint: dict[str, Any]
+    store: Any  # writers.OutputStore
+    splits: list[Any]  # readers.Split, in plan order
+    state: str  # "new" | "resume" | "done"
+    success: dict[str, Any] | None = None
+    committed: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def output_options(self) -> OutputOptions:
+        return OutputOptions(top_logprobs=bool(self.sampling.logprobs), prompt_logprobs=self.sampling.prompt_logprobs is not None)
+
+
+def resolve_sampling(config: JobConfig) -> SamplingParams:
+    try:
+        return SamplingParams(**config.sampling)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"[sampling] is invalid: {exc}") from None
+
+
+def input_spec_of(config: JobConfig) -> Any:
+    from shardinfer.readers.spec import InputSpec
+
+    inp = config.input
+    try:
+        return InputSpec(path=inp.path, format=inp.format, query=inp.query or None, id_column=inp.id_column or None,
+                         prompt_column=inp.prompt_column or None, messages_column=inp.messages_column or None,
+                         storage_options=dict(inp.storage_options))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def open_store(config: JobConfig) -> Any:
+    from shardinfer.writers.output_store import OutputStore
+
+    return OutputStore(config.output.path, dict(config.output.storage_options))
+
+
+def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
+    """Decide what this run has to do; reads only (safe for --dry-run and `validate`)."""
+    from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION
+
+    sampling = resolve_sampling(config)
+    fingerprint = compute_fingerprint(config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION)
+    spec = input_spec_of(config)
+    store = open_store(config)
+    existing = store.read_job()
+    if existing is not None and not config.job.start_over:
+        old = existing.get("fingerprint", {})
+        if old.get("hash") != fingerprint["hash"]:
+            changes = diff_fingerprint_parts(old, fingerprint)
+            raise FingerprintMismatch(
+                f"{config.output.path} holds a job with another fingerprint; resuming would mix two datasets. "
+                f"Changed: {'; '.join(changes) or 'fingerprint format'}. Write to a new output path, restore "
+                "the old settings, or pass --conf job.start_over=true to discard the old output.")
+        from shardinfer.readers.spec import Split
+
+        stored = [Split.from_dict(d) for d in existing["splits"]]
+        success = read_success_or_none(store)
+        state = "done" if success is not None and success_hash(success) == fingerprint["hash"] else "resume"
+        return OpenedJob(config, spec, sampling, fingerprint, store, stored, state, success, store.committed())
+    splits: list[Any] = []
+    if plan:
+        from shardinfer.readers.splits import plan_splits
+
+        splits = plan_splits(spec, config.job.split_rows)
+        if not splits:
+            raise InputMissing(f"input.path={config.input.path!r} has no rows to process")
+        check_columns(config, spec, splits[0].path)
+    return OpenedJob(config, spec, sampling, fingerprint, store, splits, "new")
+
+
+def read_success_or_none(store: Any) -> dict[str, Any] | None:
+    """`_SUCCESS`, or None when absent or unreadable: a kill while it was being written leaves a
+    truncated file, and the cure is to finalize again (every split is committed), not to fail."""
+    from shardinfer.writers.errors import CorruptOutputError
+
+    try:
+        success = store.read_success()
+    except CorruptOutputError:
+        return None
+    return dict(success) if success is not None else None
+
+
+def success_hash(success: dict[str, Any]) -> str | None:
+    fp = success.get("fingerprint")
+    return fp.get("hash") if isinstance(fp, dict) else fp
+
+
+def input_schema(job: OpenedJob) -> pa.Schema:
+    from shardinfer.readers.splits import read_schema
+
+    return read_schema(job.input_spec, job.splits[0].path)
+
+
+def check_columns(config: JobConfig, spec: Any, path: str) -> None:
+    """Override and passthrough columns must exist (the readers check id/prompt/messages)."""
+    import difflib
+
+    from shardinfer.readers.splits import read_schema
+
+    names = [n for n in read_schema(spec, path).names if n != ROW_INDEX_COLUMN]
+    for key in ("override_columns", "passthrough_columns"):
+        for col in getattr(config.input, key):
+            if col not in names:
+                near = difflib.get_close_matches(col, names, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise ConfigError(f"input.{key} names column {col!r}, which the input does not have{hint}; "
+                                  f"available: {names}")
+
+
+def write_plan(job: OpenedJob, run_id: str) -> None:
+    """Store `_job.json` for a new job (start_over: clear the location first)."""
+    if job.state != "new":
+        return
+    from shardinfer.writers.job_file import make_job_record
+
+    if job.config.job.start_over:
+        job.store.clear()
+    config = job.config.to_dict()
+    config["job"]["run_id"] = ""  # a run id names one attempt, not the job
+    job.store.write_job(make_job_record(run_id, job.fingerprint, job.splits,
+                                        {"job_format_version": JOB_FORMAT_VERSION, "config": config}))
+
+
+def output_schema_of(job: OpenedJob) -> pa.Schema:
+    from shardinfer.writers.schema import output_schema
+
+    schema = input_schema(job)
+    passthrough = pa.schema([schema.field(c) for c in job.config.input.passthrough_columns])
+    opts = job.output_options
+    try:
+        return output_schema(passthrough, opts.top_logprobs, opts.prompt_logprobs)
+    except ValueError as exc:
+        raise ConfigError(f"input.passthrough_columns: {exc}") from None
+
+
+def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
+    """Model, sampling and engine metadata stored once per file, not per row."""
+    cfg = job.config
+    return {
+        "shardinfer.fingerprint": job.fingerprint["hash"],
+        "shardinfer.run_id": run_id,
+        "shardinfer.model": json.dumps({"path": cfg.model.path, "dtype": cfg.model.dtype, "device": cfg.model.device}),
+        "shardinfer.sampling": json.dumps(job.sampling.to_json_dict(), sort_keys=True),
+        "shardinfer.engine": json.dumps(cfg.engine, sort_keys=True, default=str),
+        "shardinfer.job_seed": str(cfg.job.seed),
+    }
+
+
+def build_engine(config: JobConfig) -> Any:
+    from shardinfer.engine.llm_engine import LLMEngine
+
+    try:
+        return LLMEngine(config.model.path, device=config.model.device, dtype=config.model.dtype, **config.engine)
+    except TypeError as exc:
+        raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
+
+
+def run_worker(job: OpenedJob, order: list[Any], stop: threading.Event, run_id: str,
+               emit: Callable[[dict[str, Any]], None] = lambda e: None, engine: Any = None) -> WorkerResult:
+    """Process the uncommitted splits of `order` with one engine; raises Interrupted on stop."""
+    cfg = job.config
+    engine = engine if engine is not None else build_engine(cfg)
+    preparer = RowPreparer(engine.tokenizer, engine.max_model_len, cfg.sampling, cfg.input, cfg.job.seed)
+    settings = WorkerSettings(max_inflight_requests=cfg.job.max_inflight_requests,
+                              max_splits_in_flight=cfg.job.max_splits_in_flight,
+                              batch_rows=cfg.job.batch_rows, run_id=run_id)
+    worker = SplitWorker(engine=engine, preparer=preparer, store=job.store, input_spec=job.input_spec,
+                         schema=output_schema_of(job), metadata=parquet_metadata(job, run_id),
+                         options=job.output_options, settings=settings, stop=stop, emit=emit)
+    return worker.run(order)
+
+
+def committed_totals(store: Any, committed: dict[int, dict[str, Any]]) -> dict[str, int]:
+    """Sum the per-split stats (assembly.split_stats) each committed part carries in its footer.
+
+    Commit markers record rows, bytes and hash only, so the counts come from the parts' Parquet
+    key-value metadata: one footer read per split, no data pages.
+    """
+    totals = {"records": 0, "rows_ok": 0, "rows_error": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    for marker in committed.values():
+        stats = split_stats_of(store, marker)
+        for key in totals:
+            totals[key] += int(stats.get(key, 0))
+    return totals
+
+
+def split_stats_of(store: Any, marker: dict[str, Any]) -> dict[str, Any]:
+    import posixpath
+
+    import pyarrow.parquet as pq
+
+    path = posixpath.join(store.root, marker["part"])
+    with store.fs.open(path, "rb") as f:
+        meta = pq.read_metadata(f).metadata or {}
+    raw = meta.get(b"shardinfer.split_stats")
+    return dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
+
+
+def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> dict[str, Any]:
+    """Check completeness and the error budget, then write `_SUCCESS`; returns the summary."""
+    committed = job.store.committed()
+    missing = [s.index for s in job.splits if s.index not in committed]
+    if missing:
+        from shardinfer.pipeline.errors import Retryable
+
+        raise Retryable(f"{len(missing)} split(s) still uncommitted (first: {missing[:5]}); rerun to finish them")
+    totals = committed_totals(job.store, committed)
+    summary = {
+        "run_id": run_id,
+        "fingerprint": job.fingerprint["hash"],
+        "splits": len(job.splits),
+        **totals,
+        **run_summary,
+    }
+    fraction = totals["rows_error"] / totals["records"] if totals["records"] else 0.0
+    summary["error_fraction"] = fraction
+    if fraction > job.config.job.max_error_fraction:
+        raise TooManyBadRows(
+            f"{totals['rows_error']} of {totals['records']} output records are errors ({fraction:.1%}), above "
+            f"job.max_error_fraction={job.config.job.max_error_fraction}; see the error_code/error_message "
+            "columns, fix the input, or raise job.max_error_fraction")
+    crash_point("before_success")
+    return dict(job.store.finalize(summary))

@@ -1,0 +1,175 @@
+"""Turn one input row into engine requests, or into the reason it cannot be one.
+
+Runs on the preparation thread, never the engine's: chat templating and tokenisation are pure
+CPU work that would otherwise stall decode steps. Every failure here is a property of the row
+(null prompt, bad override value, too long), so it becomes an error record with a stable
+`error_code` and the job goes on; only job-level mistakes (a missing column) raise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shardinfer.engine.sampling_noise import derive_seed
+from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.pipeline.config import InputSection
+
+ROW_INDEX_COLUMN = "__row_index"
+# Sampling fields a row may not override: they decide which columns the output has.
+SCHEMA_FIELDS = ("logprobs", "prompt_logprobs")
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+
+
+class RowError(Exception):
+    """A row that cannot become a request; `code` goes to the output's error_code column."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class PreparedRow:
+    """One input row, ready for the engine (or already an error), with its place in its split."""
+
+    split_index: int
+    pos: int  # position of the row inside its split: output order is input order
+    row_id: str
+    n: int  # output records this row produces (one per sample)
+    seeds: list[int | None]
+    passthrough: dict[str, Any]
+    prompt_ids: list[int] | None = None
+    params: list[SamplingParams] = field(default_factory=list)  # one per sample, n=1, seeded
+    error: RowError | None = None
+
+
+class RowPreparer:
+    """Formats, tokenises and parameterises rows for one job; thread-safe (no mutable state)."""
+
+    def __init__(self, tokenizer: Tokenizer, max_model_len: int, sampling: dict[str, Any],
+                 input_section: InputSection, job_seed: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.base = SamplingParams(**sampling)
+        self.inp = input_section
+        self.job_seed = job_seed
+        self.field_types = {f: type(getattr(self.base, f)) for f in SamplingParams.field_names()}
+
+    def row_id(self, row: dict[str, Any], file_index: int) -> str:
+        if self.inp.id_column:
+            value = row.get(self.inp.id_column)
+            if value is not None:
+                return str(value)
+        return f"{file_index}:{row[ROW_INDEX_COLUMN]}"
+
+    def prepare(self, split_index: int, file_index: int, pos: int, row: dict[str, Any]) -> PreparedRow:
+        row_id = self.row_id(row, file_index)
+        passthrough = {c: row.get(c) for c in self.inp.passthrough_columns}
+        try:
+            params = self._params(row)
+        except RowError as err:
+            n = self.base.n
+            return PreparedRow(split_index, pos, row_id, n, [None] * n, passthrough, error=err)
+        base_seed = params.seed if params.seed is not None else self.job_seed
+        seeds: list[int | None] = [derive_seed(base_seed, row_id, j) for j in range(params.n)]
+        prepared = PreparedRow(split_index, pos, row_id, params.n, seeds, passthrough)
+        if self.inp.id_column and row.get(self.inp.id_column) is None:
+            prepared.error = RowError("invalid_schema", f"id_column {self.inp.id_column!r} is null in this row; "
+                                      "every row needs an id (row_id falls back to file:row)")
+            return prepared
+        try:
+            prepared.prompt_ids = self._prompt_ids(row)
+        except RowError as err:
+            prepared.error = err
+            return prepared
+        prepared.params = [params.replace(n=1, seed=s) for s in seeds]
+        return prepared
+
+    def _params(self, row: dict[str, Any]) -> SamplingParams:
+        changes: dict[str, Any] = {}
+        for name in self.inp.override_columns:
+            value = row.get(name)
+            if value is None:
+                continue
+            try:
+                changes[name] = self._coerce(name, value)
+            except (TypeError, ValueError) as exc:
+                raise RowError("bad_override", f"column {name!r} value {value!r}: {exc}") from None
+        if not changes:
+            return self.base
+        try:
+            return self.base.replace(**changes)
+        except (TypeError, ValueError) as exc:
+            raise RowError("bad_override", str(exc)) from None
+
+    def _coerce(self, name: str, value: Any) -> Any:
+        """Convert an Arrow/JSON cell into the SamplingParams field's type, strictly."""
+        if name in ("stop", "stop_token_ids"):
+            if isinstance(value, str) and name == "stop":
+                return [value]
+            if not isinstance(value, list | tuple):
+                raise TypeError(f"expected a list for {name}")
+            return list(value)
+        if name == "so_args":
+            if isinstance(value, str):
+                value = json.loads(value)
+            if not isinstance(value, dict):
+                raise TypeError("expected a JSON object like {\"schema_type\": \"json\", \"schema\": ...}")
+            return value
+        if isinstance(value, bool) and name not in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            raise TypeError(f"expected a number for {name}, got a boolean")
+        if name in ("seed", "max_tokens", "min_tokens", "top_k", "n"):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(f"expected an integer for {name}")
+            return int(value)
+        if name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            result = float(value)
+            if result != result:  # NaN passes every range check by comparing false; reject it here
+                raise ValueError(f"{name} is NaN")
+            return result
+        return value
+
+    def _prompt_ids(self, row: dict[str, Any]) -> list[int]:
+        inp = self.inp
+        if inp.messages_column:
+            messages = row.get(inp.messages_column)
+            if messages is None:
+                raise RowError("empty_prompt", f"messages column {inp.messages_column!r} is null")
+            if isinstance(messages, str):
+                try:
+                    messages = json.loads(messages)
+                except ValueError as exc:
+                    raise RowError("invalid_schema", f"messages column holds a string that is not JSON: {exc}") from None
+            if (not isinstance(messages, list) or not messages
+                    or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
+                raise RowError("invalid_schema", "messages must be a non-empty list of {role, content} objects")
+            try:
+                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+            except Exception as exc:  # a template or tokenizer failure is this row's problem
+                raise RowError("template_error", f"chat template failed: {exc}") from None
+        else:
+            prompt = row.get(inp.prompt_column)
+            if prompt is None or prompt == "":
+                raise RowError("empty_prompt", f"prompt column {inp.prompt_column!r} is null or empty")
+            if not isinstance(prompt, str):
+                raise RowError("invalid_schema", f"prompt column {inp.prompt_column!r} holds "
+                               f"{type(prompt).__name__}, expected a string")
+            try:
+                ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+            except Exception as exc:  # tokenizers raise bare Exceptions on odd input
+                raise RowError("tokenizer_error", f"tokenizer failed: {exc}") from None
+        if not ids:
+            raise RowError("empty_prompt", "the prompt tokenizes to zero tokens")
+        if len(ids) >= self.max_model_len:
+            raise RowError("prompt_too_long", f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} "
+                           "leaves no room to generate")
+        return ids

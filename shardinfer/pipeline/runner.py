@@ -1,0 +1,264 @@
+"""One worker's data flow: reader/preparer thread -> engine loop -> writer thread.
+
+    [prep thread]  read_split batches -> RowPreparer (chat template, tokenise, overrides)
+          |  bounded queue (rows), at most `max_splits_in_flight` splits open
+    [engine loop]  add_request while num_unfinished < max_inflight (backpressure), step(),
+          |        results into per-split SplitAssembly
+    [writer thread] complete split -> Arrow table in input order -> write_part -> commit
+
+The engine loop runs on the calling thread and is the only one that touches the engine. A stop
+(SIGTERM, or the parent process gone) stops admission, aborts in-flight requests, lets the
+writer finish splits that were already complete, and raises Interrupted: nothing half-done is
+ever committed, so a rerun redoes exactly the abandoned splits and, sampling being
+deterministic, writes the same rows.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from shardinfer.pipeline.assembly import OutputOptions, SplitAssembly, error_record, ok_record, split_stats
+from shardinfer.pipeline.errors import Interrupted
+from shardinfer.pipeline.rows import PreparedRow, RowPreparer
+
+Event = dict[str, Any]
+CRASH_ENV = "SHARDINFER_TEST_CRASH_AT"
+
+
+def crash_point(name: str, split_index: int | None = None) -> None:
+    """Test-only fault injection: SIGKILL this process at a named point of the commit protocol.
+
+    `SHARDINFER_TEST_CRASH_AT=<name>` (after_part | after_commit | before_success) arms it;
+    `SHARDINFER_TEST_CRASH_SPLIT=<k>` limits it to split k. Used by the crash tests to hit the
+    exact instants between a part write and its marker, which random kills rarely do.
+    """
+    if os.environ.get(CRASH_ENV) != name:
+        return
+    only = os.environ.get("SHARDINFER_TEST_CRASH_SPLIT")
+    if only is not None and split_index is not None and int(only) != split_index:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class WorkerSettings:
+    max_inflight_requests: int = 256
+    max_splits_in_flight: int = 2
+    batch_rows: int = 256
+    run_id: str = "run"
+    progress_interval_s: float = 1.0
+
+
+@dataclass
+class WorkerResult:
+    committed: list[int] = field(default_factory=list)  # splits this worker committed
+    lost: list[int] = field(default_factory=list)  # splits another attempt committed first
+    skipped: list[int] = field(default_factory=list)  # already committed when reached
+    engine_stats: dict[str, Any] = field(default_factory=dict)
+
+
+class _Done:
+    """Sentinel: the preparer has no more splits."""
+
+
+class SplitWorker:
+    """Runs the splits of `order` (skipping committed ones) through one engine, exactly once each."""
+
+    def __init__(self, *, engine: Any, preparer: RowPreparer, store: Any, input_spec: Any,
+                 schema: pa.Schema, metadata: dict[str, str], options: OutputOptions,
+                 settings: WorkerSettings, stop: threading.Event,
+                 emit: Callable[[Event], None] = lambda e: None,
+                 read_split: Callable[..., Iterable[pa.RecordBatch]] | None = None) -> None:
+        if read_split is None:
+            from shardinfer.readers.splits import read_split as default_read_split
+            read_split = default_read_split
+        self.engine = engine
+        self.preparer = preparer
+        self.store = store
+        self.input_spec = input_spec
+        self.schema = schema
+        self.metadata = metadata
+        self.options = options
+        self.settings = settings
+        self.stop = stop
+        self.emit = emit
+        self._read_split = read_split
+        self._rows: queue.Queue[Any] = queue.Queue(maxsize=max(16, settings.batch_rows))
+        self._writes: queue.Queue[Any] = queue.Queue()
+        self._open_splits = threading.Semaphore(max(1, settings.max_splits_in_flight))
+        self._fatal: list[BaseException] = []
+        self._committed_cache: set[int] = set()
+        self._committed_at = 0.0
+        self.result = WorkerResult()
+
+    # ---- preparation thread -------------------------------------------------------------
+    def _is_committed(self, index: int) -> bool:
+        # One listing of _commits/ serves many splits; refreshing at most every 2 s keeps a big
+        # job from listing the prefix once per split while still noticing other workers' commits.
+        if time.monotonic() - self._committed_at > 2.0:
+            self._committed_cache = set(self.store.committed())
+            self._committed_at = time.monotonic()
+        return index in self._committed_cache
+
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self._rows.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _prepare_loop(self, order: list[Any]) -> None:
+        try:
+            for split in order:
+                if self.stop.is_set():
+                    return
+                if self._is_committed(split.index):
+                    self.result.skipped.append(split.index)
+                    continue
+                while not self._open_splits.acquire(timeout=0.1):
+                    if self.stop.is_set():
+                        return
+                if not self._put(("begin", split)):
+                    return
+                pos = 0
+                for batch in self._read_split(split, self.input_spec, self.settings.batch_rows):
+                    for row in batch.to_pylist():
+                        prepared = self.preparer.prepare(split.index, split.file_index, pos, row)
+                        pos += 1
+                        if not self._put(("row", prepared)):
+                            return
+                if not self._put(("end", split.index, pos)):
+                    return
+        except BaseException as exc:  # surfaced on the engine thread, which owns the exit code
+            self._fatal.append(exc)
+        finally:
+            self._put(_Done())
+
+    # ---- writer thread ------------------------------------------------------------------
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            if item is None:
+                return
+            split, records = item
+            try:
+                self._write_split(split, records)
+            except BaseException as exc:
+                self._fatal.append(exc)
+                return
+            finally:
+                self._open_splits.release()
+
+    def _write_split(self, split: Any, records: list[dict[str, Any]]) -> None:
+        table = pa.Table.from_pylist(records, schema=self.schema)
+        stats = split_stats(records)
+        attempt = f"{self.settings.run_id}-{uuid.uuid4().hex[:12]}"
+        meta = dict(self.metadata)
+        meta["shardinfer.split_stats"] = _json(stats)
+        part = self.store.write_part(split, attempt, table, meta)
+        crash_point("after_part", split.index)
+        won = self.store.commit(split, part)
+        crash_point("after_commit", split.index)
+        (self.result.committed if won else self.result.lost).append(split.index)
+        self.emit({"event": "split_done", "split": split.index, "won": won, **stats})
+
+    # ---- engine loop --------------------------------------------------------------------
+    def run(self, order: list[Any]) -> WorkerResult:
+        prep = threading.Thread(target=self._prepare_loop, args=(order,), name="shardinfer-prepare", daemon=True)
+        writer = threading.Thread(target=self._write_loop, name="shardinfer-write", daemon=True)
+        prep.start()
+        writer.start()
+        try:
+            self._engine_loop()
+        finally:
+            self._writes.put(None)
+            writer.join()
+        self.result.engine_stats = dict(self.engine.stats()) if hasattr(self.engine, "stats") else {}
+        if self._fatal:
+            raise self._fatal[0]
+        if self.stop.is_set():
+            raise Interrupted("stopped before every split was done; abandoned splits were not committed — "
+                              "rerun the same command to finish")
+        return self.result
+
+    def _engine_loop(self) -> None:
+        engine = self.engine
+        open_splits: dict[int, SplitAssembly] = {}
+        inflight: dict[str, tuple[PreparedRow, int]] = {}
+        prep_done = False
+        tokens_since = 0
+        rows_since = 0
+        last_emit = time.monotonic()
+        while True:
+            if self.stop.is_set() or self._fatal:
+                for rid in list(inflight):
+                    engine.abort(rid)
+                return
+            # Admission: pull prepared rows while the engine has room (backpressure bound).
+            while not prep_done and engine.num_unfinished < self.settings.max_inflight_requests:
+                idle = not engine.has_unfinished()
+                try:
+                    item = self._rows.get(timeout=0.05) if idle else self._rows.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, _Done):
+                    prep_done = True
+                elif item[0] == "begin":
+                    open_splits[item[1].index] = SplitAssembly(item[1])
+                elif item[0] == "end":
+                    open_splits[item[1]].expected_rows = item[2]
+                else:
+                    self._admit(item[1], open_splits[item[1].split_index], inflight)
+            if engine.has_unfinished():
+                for out in engine.step():
+                    row, j = inflight.pop(out.request_id)
+                    comp = out.outputs[0]
+                    open_splits[row.split_index].put(row.pos, j, ok_record(row, j, out, comp, self.options))
+                    tokens_since += len(comp.token_ids)
+                    rows_since += 1
+            for index in [i for i, a in open_splits.items() if a.complete]:
+                done = open_splits.pop(index)
+                self._writes.put((done.split, done.ordered_records()))
+            now = time.monotonic()
+            if now - last_emit >= self.settings.progress_interval_s and (tokens_since or rows_since):
+                self.emit({"event": "progress", "records": rows_since, "completion_tokens": tokens_since})
+                tokens_since = rows_since = 0
+                last_emit = now
+            if prep_done and not open_splits and not engine.has_unfinished():
+                if tokens_since or rows_since:
+                    self.emit({"event": "progress", "records": rows_since, "completion_tokens": tokens_since})
+                return
+
+    def _admit(self, row: PreparedRow, assembly: SplitAssembly, inflight: dict[str, tuple[PreparedRow, int]]) -> None:
+        assembly.add_row(row)
+        if row.error is not None:
+            for j in range(row.n):
+                assembly.put(row.pos, j, error_record(row, j, row.error.code, row.error.message))
+            return
+        for j, params in enumerate(row.params):
+            rid = f"{row.split_index}/{row.pos}/{j}"
+            try:
+                self.engine.add_request(rid, row.prompt_ids, params)
+            except ValueError as exc:
+                code = "prompt_too_long" if "max_model_len" in str(exc) or "too long" in str(exc) else "invalid_request"
+                assembly.put(row.pos, j, error_record(row, j, code, str(exc)))
+                continue
+            inflight[rid] = (row, j)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
