@@ -46,7 +46,11 @@ def bmm_rows(a: torch.Tensor, b: torch.Tensor, batch_invariant: bool = True) -> 
         return torch.matmul(a, b)
     h, m, k = a.shape
     tiles = _pad_rows(a, ROW_TILE).view(h, -1, ROW_TILE, k)
-    out = torch.matmul(tiles, b.unsqueeze(1)).view(h, -1, b.shape[-1])
+    n_tiles = tiles.shape[1]
+    # One fixed-shape [ROW_TILE, K] x [K, N] product per (head, tile); bmm over an explicit batch
+    # is much faster on CPU than matmul's broadcasting path.
+    rhs = b.unsqueeze(1).expand(h, n_tiles, k, b.shape[-1]).reshape(h * n_tiles, k, b.shape[-1])
+    out = torch.bmm(tiles.reshape(h * n_tiles, ROW_TILE, k), rhs).view(h, -1, b.shape[-1])
     return out[:, :m]
 
 
