@@ -100,10 +100,7 @@ class DeepseekMLA(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         d, t, bi = self.d, x.shape[0], self.numerics.batch_invariant
-        if d.q_lora_rank is None:
-            q = self.q_proj(x)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = self.q_proj(x) if d.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(t, d.num_heads, d.qk_head_dim)
         q_nope, q_pe = q[..., : d.qk_nope_head_dim], q[..., d.qk_nope_head_dim :]
         kv = self.kv_a_proj_with_mqa(x)

@@ -1,0 +1,86 @@
+"""Plain-PyTorch reference of DeepSeek-style mixture-of-experts: routing and the expert computation.
+
+Two functions, each one a future GPU kernel:
+
+* `grouped_topk` turns router logits into (weights, expert ids) the way DeepSeek-V3's official
+  inference code does: sigmoid scores; `e_score_correction_bias` added only to choose experts;
+  experts split into `n_group` groups, a group scored by the sum of its two best (biased) expert
+  scores, all but the best `topk_group` groups masked to -inf; the top-k weights are the unbiased
+  scores, renormalised and multiplied by `routed_scaling_factor`.
+* `moe_experts` runs each token through its chosen experts (SwiGLU) and sums the weighted outputs.
+
+Batch invariance: every matmul goes through `reference.linear`, whose fixed row tiles make a row's
+result independent of the rows sharing the call, so a token's output does not depend on which
+other tokens picked the same expert; the weighted sum runs over the token's k slots in slot order,
+a function of the token alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shardinfer.kernels import reference as ops
+
+
+def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Tensor | None, top_k: int,
+                 n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
+                 routed_scaling_factor: float = 1.0,
+                 scoring_func: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose top_k experts per token.
+
+    router_logits [T, E] (any float dtype; scored in float32), e_score_correction_bias [E] or None.
+    Returns (topk_weights [T, top_k] float32, topk_ids [T, top_k] int64), slots ordered by
+    descending biased score. With topk_group >= n_group every group is eligible, and the result is
+    plain top-k over all experts.
+    """
+    logits = router_logits.float()
+    if scoring_func == "sigmoid":
+        scores = logits.sigmoid()
+    elif scoring_func == "softmax":
+        scores = logits.softmax(dim=-1)
+    else:
+        raise ValueError(f"scoring_func={scoring_func!r} is not supported; use 'sigmoid' or 'softmax'")
+    t, e = scores.shape
+    choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias.float()
+    if n_group > 1 and topk_group < n_group:
+        grouped = choice.view(t, n_group, e // n_group)
+        if e_score_correction_bias is None:
+            group_scores = grouped.amax(dim=-1)  # the official code's rule when there is no bias
+        else:
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        keep = group_scores.topk(topk_group, dim=-1).indices
+        group_mask = torch.zeros(t, n_group, dtype=torch.bool, device=scores.device)
+        group_mask.scatter_(1, keep, True)
+        # -inf, not 0: with a negative bias a masked expert could otherwise outrank a kept one.
+        choice = grouped.masked_fill(~group_mask.unsqueeze(-1), float("-inf")).view(t, e)
+    topk_ids = choice.topk(top_k, dim=-1).indices
+    weights = scores.gather(1, topk_ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights * routed_scaling_factor, topk_ids
+
+
+def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                w_gate_up: torch.Tensor, w_down: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
+    """Routed-expert output: sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]).
+
+    x [T, H]; topk_ids [T, k] int; topk_weights [T, k] (float32); w_gate_up [E, 2I, H] holding each
+    expert's [gate | up] rows; w_down [E, H, I]. An expert is down(silu(gate x) * up x).
+    Returns [T, H] in x's dtype; the weighted sum is accumulated in float32.
+    """
+    t, k = topk_ids.shape
+    hidden = x.shape[-1]
+    flat_ids = topk_ids.reshape(-1)
+    token_of_slot = torch.arange(t, device=x.device).repeat_interleave(k)
+    slot_out = torch.zeros(t * k, hidden, dtype=torch.float32, device=x.device)
+    for expert in torch.unique(flat_ids).tolist():
+        slots = (flat_ids == expert).nonzero(as_tuple=True)[0]
+        rows = x[token_of_slot[slots]]
+        act = ops.silu_and_mul(ops.linear(rows, w_gate_up[expert], None, batch_invariant))
+        slot_out[slots] = ops.linear(act, w_down[expert], None, batch_invariant).float()
+    slot_out = slot_out.view(t, k, hidden)
+    weights = topk_weights.float()
+    out = torch.zeros(t, hidden, dtype=torch.float32, device=x.device)
+    for j in range(k):  # fixed slot order: the sum's rounding depends on the token alone
+        out = out + slot_out[:, j] * weights[:, j : j + 1]
+    return out.to(x.dtype)
