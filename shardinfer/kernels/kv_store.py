@@ -1,0 +1,63 @@
+"""Write the new tokens' K or V (or MLA latent) rows into the paged cache.
+
+    cache  [num_blocks, block_size, *entry]     entry = (Hk, D) for dense layers, (576,) for MLA
+    values [T, *entry]                           slot_mapping [T]: block_id * block_size + offset
+
+Slot -1 means "do not store" (padding rows of a CUDA-graph batch, or tokens whose KV is already
+cached). The store must run before attention in the same step: the attention kernel reads this
+step's keys from the cache, which is what keeps prefill, chunked prefill and decode on one code
+path and one reduction order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _store_kv_kernel(values_ptr, cache_ptr, slots_ptr, sv, entry, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    if slot >= 0:
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < entry
+        v = tl.load(values_ptr + t.to(tl.int64) * sv + cols, mask=mask)
+        tl.store(cache_ptr + slot * entry + cols, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """cache.view(-1, *entry)[slot_mapping[t]] = values[t] for every t with slot_mapping[t] >= 0.
+
+    cache: contiguous [num_blocks, block_size, *entry]; values: [T, *entry], any float dtype
+    (cast to the cache's), each token's entry contiguous (a per-token view of a fused
+    projection is fine); slot_mapping: [T] int32/int64. Slots must be < num_blocks * block_size.
+    """
+    check_tensor("cache", cache, dtypes=FLOAT_DTYPES, contiguous=True)
+    check_tensor("values", values, dtypes=FLOAT_DTYPES)
+    check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int32, torch.int64), ndim=1,
+                 contiguous=True)
+    if cache.dim() < 3:
+        raise fail("cache.dim()", cache.dim(), "need [num_blocks, block_size, *entry] (>= 3 dims)")
+    entry_shape = tuple(cache.shape[2:])
+    if tuple(values.shape[1:]) != entry_shape:
+        raise fail("values.shape", tuple(values.shape), f"need (T, *{entry_shape}) to match the cache")
+    if values.shape[0] != slot_mapping.shape[0]:
+        raise fail("slot_mapping.shape", tuple(slot_mapping.shape), f"need ({values.shape[0]},), one slot per token")
+    entry = math.prod(entry_shape)
+    inner = values[0] if values.shape[0] else values
+    if values.shape[0] and not inner.is_contiguous():
+        raise fail("values", f"strides {tuple(values.stride())}", "need each token's entry contiguous")
+    check_same_device(cache=cache, values=values, slot_mapping=slot_mapping)
+    t = values.shape[0]
+    if t == 0 or entry == 0:
+        return
+    _store_kv_kernel[(t, triton.cdiv(entry, _BLOCK))](values, cache, slot_mapping, values.stride(0), entry,
+                                                      BLOCK=_BLOCK)

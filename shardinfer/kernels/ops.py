@@ -1,0 +1,118 @@
+"""The ops the engine calls: the Triton kernel for CUDA tensors, the PyTorch reference otherwise.
+
+Signatures follow reference.py. Kernel modules are imported on first CUDA use only, so a CPU
+run never imports Triton. linear and bmm_rows have no Triton kernel yet and always use the
+reference (cuBLAS under torch, made batch invariant by the reference's fixed row tiles).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from shardinfer.kernels import reference
+from shardinfer.kernels.reference import bmm_rows, linear
+
+__all__ = ["bmm_rows", "fused_add_rms_norm", "linear", "paged_attention", "rms_norm", "rope_interleaved",
+           "rope_neox", "sample", "silu_and_mul", "store_kv", "triton_available"]
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return t.is_cuda and triton_available()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _use_triton(x):
+        from shardinfer.kernels import rmsnorm
+        return rmsnorm.rms_norm(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if _use_triton(x):
+        from shardinfer.kernels import rmsnorm
+        return rmsnorm.fused_add_rms_norm(x, residual, weight, eps)
+    return reference.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if _use_triton(x):
+        from shardinfer.kernels import activation
+        return activation.silu_and_mul(x)
+    return reference.silu_and_mul(x)
+
+
+def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    if _use_triton(x):
+        from shardinfer.kernels import rope
+        return rope.rope_neox(x, cos, sin)
+    return reference.rope_neox(x, cos, sin)
+
+
+def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    if _use_triton(x):
+        from shardinfer.kernels import rope
+        return rope.rope_interleaved(x, cos, sin)
+    return reference.rope_interleaved(x, cos, sin)
+
+
+def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """On CUDA, slots of -1 are skipped; the reference needs every slot valid."""
+    if _use_triton(cache):
+        from shardinfer.kernels import kv_store
+        kv_store.store_kv(cache, values, slot_mapping)
+        return
+    reference.store_kv(cache, values, slot_mapping)
+
+
+def _as_int32(v: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    if isinstance(v, torch.Tensor):
+        return v.to(device=device, dtype=torch.int32)
+    return torch.tensor(v, dtype=torch.int32, device=device)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    query_start_loc: list[int] | torch.Tensor, seq_lens: list[int] | torch.Tensor,
+                    block_tables: torch.Tensor, scale: float, sliding_window: int | None = None,
+                    batch_invariant: bool = True, max_seq_len: int | None = None) -> torch.Tensor:
+    """reference.paged_attention; pass device int32 tensors (and max_seq_len) on CUDA to avoid copies.
+
+    The Triton kernel is batch invariant whatever `batch_invariant` says.
+    """
+    if _use_triton(q):
+        from shardinfer.kernels import paged_attention as pa
+        if max_seq_len is None and not isinstance(seq_lens, torch.Tensor):
+            max_seq_len = max(seq_lens, default=0)
+        return pa.paged_attention(q, k_cache, v_cache, _as_int32(query_start_loc, q.device),
+                                  _as_int32(seq_lens, q.device), block_tables.to(torch.int32), scale,
+                                  sliding_window, max_seq_len=max_seq_len)
+    qsl = query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor) else query_start_loc
+    sl = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens
+    return reference.paged_attention(q, k_cache, v_cache, qsl, sl, block_tables, scale, sliding_window,
+                                     batch_invariant)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+           noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Filtered Gumbel-max sampling (see kernels/sampling.py). On CUDA the kernel draws the noise
+    itself; elsewhere pass `noise` [B, V] from the engine's gumbel_noise(seeds, positions, V)."""
+    if _use_triton(logits):
+        from shardinfer.kernels import sampling
+        return sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, positions)
+    if noise is None:
+        raise ValueError("sample: noise is None on a non-CUDA device; pass noise [B, V] from "
+                         "engine.sampling_noise.gumbel_noise(seeds, positions, vocab_size)")
+    from shardinfer.kernels import reference_sampling
+    return reference_sampling.sample(logits, temperature, top_k, top_p, min_p, noise)

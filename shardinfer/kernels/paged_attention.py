@@ -1,0 +1,284 @@
+"""Varlen paged attention for mixed prefill + decode batches, batch invariant by construction.
+
+Layout (one step's flat batch; see engine/forward_context.py):
+
+    q            [T, Hq, D]                         query_start_loc [B + 1] int32
+    k_cache      [num_blocks, block_size, Hk, D]    seq_lens        [B] int32 (keys incl. this step)
+    v_cache      [num_blocks, block_size, Hk, Dv]   block_tables    [B, max_blocks] int32
+    out          [T, Hq, Dv]
+
+Work split. The queries of one request are cut into "q blocks" of BQ tokens; a q block times
+one KV head is a tile of BLOCK_M = BQ * group rows (row r = token r // group, query head
+r % group of that KV head), so each key tile is loaded once for the whole GQA group. Keys are
+cut into chunks of KV_CHUNK absolute positions (a fixed length, never derived from the batch).
+
+  phase 1  grid (q blocks, Hk, chunks): each program runs an online softmax over one chunk
+           and writes the row's unnormalised partial (m, l, acc) to a float32 workspace.
+  phase 2  grid (q blocks, Hk): merges each row's chunks in increasing chunk order.
+
+Why this is batch invariant: a row's result is a fixed function of its own chunks. Within a
+chunk the key tiles start at the same absolute positions whatever the batch; a tile that is
+fully masked for a row (past its position, or before its window) leaves its running (m, l, acc)
+bit-for-bit unchanged (alpha = 1, p = 0, or everything stays exactly 0 before the first visible
+key); the MMA computes each output row from that row alone. So a row computed alone, in a
+prefill chunk, or among 255 decode rows gives identical bits. q blocks are found in-kernel by a
+binary search over query_start_loc (q block i of request s has index qsl[s] // BQ + s + i), so
+the launcher needs no host copy of the batch layout.
+
+Semantics = reference.paged_attention (causal; key j visible to a query at absolute position p
+iff j <= p and, with a sliding window w, j > p - w); only rounding differs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, next_pow2
+
+KV_CHUNK = 512
+BLOCK_N = 64
+_MIN_BLOCK_M = 64
+# Upper bound on the phase-1 workspace per launch; larger batches are processed in slices of
+# q blocks (the slicing changes which launch a row lands in, never its arithmetic).
+_WORKSPACE_BYTES = 256 << 20
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _locate(qsl_ptr, num_seqs, qblock, BQ: tl.constexpr):
+    """(request, first token index within it) of global q block `qblock`."""
+    lo = num_seqs * 0
+    hi = num_seqs + 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok = tl.load(qsl_ptr + mid) // BQ + mid <= qblock
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    q_start = tl.load(qsl_ptr + lo)
+    tok0 = (qblock - (q_start // BQ + lo)) * BQ
+    return lo, q_start, tok0
+
+
+@triton.jit
+def _slice_token_base(qsl_ptr, num_seqs, block_base, BQ: tl.constexpr):
+    """First flat token index covered by the slice starting at q block `block_base`."""
+    seq, q_start, tok0 = _locate(qsl_ptr, num_seqs, block_base, BQ)
+    return tl.minimum(q_start + tok0, tl.load(qsl_ptr + seq + 1))
+
+
+@triton.jit(do_not_specialize=["num_seqs", "block_base", "window"])
+def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                       sqt, sqh, skb, sks, skh, svb, svs, svh, sbt,
+                       num_seqs, block_base, scale_log2, window, n_heads, n_chunks,
+                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BQ: tl.constexpr,
+                       BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                       DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
+                       PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+    qblock = block_base + tl.program_id(0)
+    kvh = tl.program_id(1)
+    c = tl.program_id(2)
+    seq, q_start, tok0 = _locate(qsl_ptr, num_seqs, qblock, BQ)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    seq_len = tl.load(sl_ptr + seq)
+    ctx = seq_len - q_len
+    n_tok = tl.minimum(q_len - tok0, BQ)
+    max_pos = ctx + tok0 + n_tok - 1
+    kv_lo = c * CHUNK
+    if HAS_WINDOW:
+        # Tiles before every row's window are skipped; they would be exact no-ops anyway.
+        first = tl.maximum(ctx + tok0 - window + 1, 0)
+        kv_lo = tl.maximum(kv_lo, (first // BLOCK_N) * BLOCK_N)
+    kv_hi = tl.minimum(c * CHUNK + CHUNK, max_pos + 1)
+    if (n_tok > 0) & (kv_lo < kv_hi):
+        rows = tl.arange(0, BLOCK_M)
+        tok = tok0 + rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        row_ok = (rows < BQ * GROUP) & (tok < q_len)
+        pos = ctx + tok
+        d = tl.arange(0, BLOCK_D)
+        dv = tl.arange(0, BLOCK_DV)
+        q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
+        q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        for start in range(kv_lo, kv_hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            n_ok = n < kv_hi
+            page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            k_off = page * skb + (n % PAGE) * sks + kvh * skh
+            k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
+            s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
+            visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
+            if HAS_WINDOW:
+                visible = visible & (n[None, :] > pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives exact zeros.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_off = page * svb + (n % PAGE) * svs + kvh * svh
+            v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :],
+                        other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        tok_base = _slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
+        w = (((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks + c)
+        tl.store(pm_ptr + w, m_i, mask=row_ok)
+        tl.store(pl_ptr + w, l_i, mask=row_ok)
+        tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
+
+
+@triton.jit(do_not_specialize=["num_seqs", "block_base", "window"])
+def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
+                    num_seqs, block_base, window, n_heads, n_chunks,
+                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BQ: tl.constexpr,
+                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
+                    HAS_WINDOW: tl.constexpr):
+    qblock = block_base + tl.program_id(0)
+    kvh = tl.program_id(1)
+    seq, q_start, tok0 = _locate(qsl_ptr, num_seqs, qblock, BQ)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    ctx = tl.load(sl_ptr + seq) - q_len
+    n_tok = tl.minimum(q_len - tok0, BQ)
+    if n_tok > 0:
+        rows = tl.arange(0, BLOCK_M)
+        tok = tok0 + rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        row_ok = (rows < BQ * GROUP) & (tok < q_len)
+        pos = ctx + tok
+        dv = tl.arange(0, BLOCK_DV)
+        c_last = pos // CHUNK
+        c_first = pos * 0
+        c_begin = 0
+        if HAS_WINDOW:
+            c_first = tl.maximum(pos - window + 1, 0) // CHUNK
+            c_begin = tl.maximum(ctx + tok0 - window + 1, 0) // CHUNK
+        c_end = (ctx + tok0 + n_tok - 1) // CHUNK + 1
+        tok_base = _slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
+        w_row = ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks
+        m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_run = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        for c in range(c_begin, c_end):
+            # Chunks outside a row's range read as (m=-inf, l=0, acc=0): an exact no-op below.
+            use = row_ok & (c >= c_first) & (c <= c_last)
+            m_c = tl.load(pm_ptr + w_row + c, mask=use, other=float("-inf"))
+            l_c = tl.load(pl_ptr + w_row + c, mask=use, other=0.0)
+            a_c = tl.load(pacc_ptr + (w_row + c)[:, None] * DV + dv[None, :],
+                          mask=use[:, None] & (dv < DV)[None, :], other=0.0)
+            m_new = tl.maximum(m_run, m_c)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_run - m_safe)
+            beta = tl.exp2(m_c - m_safe)
+            l_run = l_run * alpha + l_c * beta
+            acc = acc * alpha[:, None] + a_c * beta[:, None]
+            m_run = m_new
+        out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
+        o_rows = (q_start + tok).to(tl.int64) * sot + head * soh
+        tl.store(out_ptr + o_rows[:, None] + dv[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (dv < DV)[None, :])
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+           seq_lens: torch.Tensor, block_tables: torch.Tensor, sliding_window: int | None,
+           kv_chunk: int, max_seq_len: int | None) -> None:
+    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
+    check_tensor("k_cache", k_cache, dtypes=(q.dtype,), ndim=4, last_dim_contiguous=True)
+    check_tensor("v_cache", v_cache, dtypes=(q.dtype,), ndim=4, last_dim_contiguous=True)
+    check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), ndim=1, contiguous=True)
+    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1, contiguous=True)
+    check_tensor("block_tables", block_tables, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
+    _t, hq, d = q.shape
+    nb, bs, hk, dk = k_cache.shape
+    if dk != d:
+        raise fail("k_cache.shape[-1]", dk, f"need q's head dim {d}")
+    if tuple(v_cache.shape[:3]) != (nb, bs, hk):
+        raise fail("v_cache.shape", tuple(v_cache.shape), f"need ({nb}, {bs}, {hk}, Dv) like k_cache")
+    if hk == 0 or hq % hk:
+        raise fail("q.shape[1]", hq, f"need a multiple of the cache's KV heads ({hk})")
+    if max(d, v_cache.shape[-1]) > 256:
+        raise fail("head dim", max(d, v_cache.shape[-1]), "need <= 256")
+    b = seq_lens.shape[0]
+    if query_start_loc.shape[0] != b + 1:
+        raise fail("query_start_loc.shape", tuple(query_start_loc.shape), f"need ({b + 1},): B + 1 offsets")
+    if block_tables.shape[0] != b:
+        raise fail("block_tables.shape[0]", block_tables.shape[0], f"need B = {b} rows")
+    if kv_chunk <= 0 or kv_chunk % BLOCK_N:
+        raise fail("kv_chunk", kv_chunk, f"need a positive multiple of {BLOCK_N}")
+    if sliding_window is not None and sliding_window < 1:
+        raise fail("sliding_window", sliding_window, "need None or >= 1")
+    if max_seq_len is not None and max_seq_len < 0:
+        raise fail("max_seq_len", max_seq_len, "need >= 0 (the longest seq_lens entry)")
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, query_start_loc=query_start_loc,
+                      seq_lens=seq_lens, block_tables=block_tables)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                    scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
+                    kv_chunk: int = KV_CHUNK) -> torch.Tensor:
+    """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
+
+    q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
+    Hk, D] and v_cache [..., Hk, Dv] of q's dtype; query_start_loc [B + 1], seq_lens [B] and
+    block_tables [B, max_blocks], all int32 on q's device. Request s's queries are
+    q[qsl[s]:qsl[s+1]], at absolute positions seq_lens[s] - q_len .. seq_lens[s] - 1.
+    max_seq_len (the largest seq_lens entry) sizes the chunk grid; pass it to avoid a device
+    sync. Returns [T, Hq, Dv] in q's dtype. Results do not depend on the rest of the batch; they
+    do depend on kv_chunk, which must therefore be a fixed engine constant.
+    """
+    _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len)
+    t, hq, d = q.shape
+    _, page, hk, _ = k_cache.shape
+    dv = v_cache.shape[-1]
+    b = seq_lens.shape[0]
+    out = torch.empty(t, hq, dv, dtype=q.dtype, device=q.device)
+    if t == 0 or b == 0:
+        return out
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max().item())
+    n_chunks = max(1, -(-max_seq_len // kv_chunk))
+    group = hq // hk
+    block_m = max(_MIN_BLOCK_M, next_pow2(group))
+    bq = block_m // group
+    n_qblocks = t // bq + b
+    per_token = hq * n_chunks * (dv + 2) * 4
+    slice_blocks = max(1, min(n_qblocks, _WORKSPACE_BYTES // max(1, per_token * bq)))
+    ws_rows = min(t, slice_blocks * bq)
+    pacc = torch.empty(ws_rows, hq, n_chunks, dv, dtype=torch.float32, device=q.device)
+    pm = torch.empty(ws_rows, hq, n_chunks, dtype=torch.float32, device=q.device)
+    pl = torch.empty_like(pm)
+    window = int(sliding_window) if sliding_window is not None else 0
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    common = dict(GROUP=group, BLOCK_M=block_m, BQ=bq, CHUNK=kv_chunk, HAS_WINDOW=sliding_window is not None)
+    for base in range(0, n_qblocks, slice_blocks):
+        n = min(slice_blocks, n_qblocks - base)
+        _attn_chunk_kernel[(n, hk, n_chunks)](
+            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, pacc, pm, pl,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+            b, base, float(scale) * _LOG2E, window, hq, n_chunks,
+            BLOCK_N=BLOCK_N, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv, BLOCK_DV=max(16, next_pow2(dv)),
+            PAGE=page, PRECISION=precision, num_warps=4, num_stages=2, **common)
+        _combine_kernel[(n, hk)](
+            out, query_start_loc, seq_lens, pacc, pm, pl, out.stride(0), out.stride(1),
+            b, base, window, hq, n_chunks, DV=dv, BLOCK_DV=max(16, next_pow2(dv)), num_warps=4, **common)
+    return out
+
+
+def workspace_bytes(num_tokens: int, num_heads: int, head_dim_v: int, max_seq_len: int,
+                    num_kv_heads: int, kv_chunk: int = KV_CHUNK) -> int:
+    """Bytes of float32 workspace one call allocates, for the engine's memory planning."""
+    n_chunks = max(1, math.ceil(max_seq_len / kv_chunk))
+    group = num_heads // num_kv_heads
+    bq = max(_MIN_BLOCK_M, next_pow2(group)) // group
+    per_token = num_heads * n_chunks * (head_dim_v + 2) * 4
+    slice_blocks = max(1, _WORKSPACE_BYTES // max(1, per_token * bq))
+    return min(num_tokens, slice_blocks * bq) * per_token

@@ -1,0 +1,57 @@
+"""Comparison helpers and a paged-batch builder shared by the kernel tests."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere fails the comparison (returns inf)."""
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    if torch.isnan(o).any() or torch.isnan(r).any():
+        return float("inf")
+    return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+# Relative-error bounds: one rounding of the output dtype plus float32 reduction-order noise.
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+class PagedBatch:
+    """A random varlen batch over a paged cache whose blocks are scattered across the pool.
+
+    Blocks no request owns are filled with NaN, so a kernel that reads outside a request's
+    block table poisons its output.
+    """
+
+    def __init__(self, q_lens: list[int], ctx_lens: list[int], hq: int, hk: int, d: int, dv: int,
+                 block_size: int, dtype: torch.dtype, device: torch.device, seed: int,
+                 spare_blocks: int = 3) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.seq_lens = [c + q for c, q in zip(ctx_lens, q_lens, strict=True)]
+        self.qsl = [0]
+        for q in q_lens:
+            self.qsl.append(self.qsl[-1] + q)
+        n_blocks = [-(-s // block_size) for s in self.seq_lens]
+        total = sum(n_blocks) + spare_blocks
+        perm = torch.randperm(total, generator=gen)
+        width = max([*n_blocks, 1]) + 1
+        self.block_tables = torch.full((len(q_lens), width), -1, dtype=torch.int32)
+        used = 0
+        for i, n in enumerate(n_blocks):
+            self.block_tables[i, :n] = perm[used:used + n].int()
+            used += n
+        self.k_cache = torch.randn(total, block_size, hk, d, generator=gen).to(dtype)
+        self.v_cache = torch.randn(total, block_size, hk, dv, generator=gen).to(dtype)
+        for b in perm[used:].tolist():
+            self.k_cache[b] = float("nan")
+            self.v_cache[b] = float("nan")
+        self.q = torch.randn(self.qsl[-1], hq, d, generator=gen).to(dtype)
+        self.device = device
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        """(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables) on the test device."""
+        dev = self.device
+        return (self.q.to(dev), self.k_cache.to(dev), self.v_cache.to(dev),
+                torch.tensor(self.qsl, dtype=torch.int32, device=dev),
+                torch.tensor(self.seq_lens, dtype=torch.int32, device=dev), self.block_tables.to(dev))
