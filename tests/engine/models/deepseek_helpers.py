@@ -8,11 +8,10 @@ import atexit
 import json
 import shutil
 import tempfile
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from shardinfer.engine.forward_context import AttentionMetadata, ForwardContext
@@ -49,16 +48,6 @@ def tiny_checkpoint(regime: str) -> Path:
         atexit.register(shutil.rmtree, root, True)
         _CACHE[regime] = make_tiny_checkpoint(root / regime, "deepseek_v3", **REGIMES[regime])
     return _CACHE[regime]
-
-
-@pytest.fixture(autouse=True)
-def single_thread() -> Iterator[None]:
-    """Tiny matmuls are ~100x slower with intra-op threads on a busy 2-core machine; results are
-    compared within one thread setting, so this changes no expectation."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -180,3 +169,47 @@ def generate_batch(runner: PagedRunner, prompts: list[list[int]], steps: int) ->
             logits[i].append(o)
             generated[i].append(int(o[-1].argmax()))
     return generated, [torch.cat(chunks) for chunks in logits]
+
+
+def mtp_tensors(model_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random tensors for MTP layer `num_hidden_layers`, shaped like the checkpoint's last layer
+    (an MoE block) plus enorm, hnorm, eh_proj, shared_head and an embedding copy."""
+    from safetensors.torch import load_file
+
+    cfg = read_config(model_dir)
+    last, mtp = cfg["num_hidden_layers"] - 1, cfg["num_hidden_layers"]
+    hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in load_file(str(model_dir / "model.safetensors")).items():
+        prefix = f"model.layers.{last}."
+        if name.startswith(prefix):
+            out[f"model.layers.{mtp}." + name[len(prefix):]] = _random_like(name, t, gen)
+    extra = {"enorm.weight": (hidden,), "hnorm.weight": (hidden,), "shared_head.norm.weight": (hidden,),
+             "eh_proj.weight": (hidden, 2 * hidden), "shared_head.head.weight": (vocab, hidden),
+             "embed_tokens.weight": (vocab, hidden)}
+    for name, shape in extra.items():
+        out[f"model.layers.{mtp}.{name}"] = _random_like(name, torch.empty(shape), gen)
+    return out
+
+
+def _random_like(name: str, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    if name.endswith("norm.weight"):
+        return (1 + 0.1 * torch.randn(t.shape, generator=gen)).to(t.dtype)
+    scale = 0.1 if name.endswith("e_score_correction_bias") else 0.08
+    return (scale * torch.randn(t.shape, generator=gen)).to(t.dtype)
+
+
+def write_with_extra_shard(src: Path, dst: Path, extra: dict[str, torch.Tensor],
+                           shard: str = "model-extra.safetensors") -> Path:
+    """Copy checkpoint src to dst, adding `extra` tensors in their own shard and an index naming both."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shutil.copytree(src, dst)
+    save_file(extra, str(dst / shard))
+    with safe_open(str(dst / "model.safetensors"), framework="pt") as f:
+        names = list(f.keys())
+    weight_map = {n: "model.safetensors" for n in names} | {n: shard for n in extra}
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return dst

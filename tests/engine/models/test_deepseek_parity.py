@@ -21,11 +21,8 @@ from deepseek_helpers import (
     hf_logits,
     load_hf,
     load_model,
-    single_thread,
     tiny_checkpoint,
 )
-
-__all__ = ["single_thread"]
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], list(range(30, 51))]
 STEPS = 5
