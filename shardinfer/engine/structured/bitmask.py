@@ -45,10 +45,16 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
         raise ValueError(f"bitmask has {bitmask.shape[1]} words per row, too few for {vocab_size} "
                          f"tokens (needs {bitmask_width(vocab_size)}); allocate it with "
                          "allocate_bitmask(batch, vocab_size)")
-    shifts = torch.arange(BITS_PER_WORD, device=bitmask.device, dtype=torch.int32)
-    # `>>` on int32 is arithmetic, so the sign bit smears; `& 1` keeps only the bit we shifted down.
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [B, W, 32]
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+    # One AND against the 32 single-bit words and a compare: two passes over [B, W, 32], about
+    # half the work of shifting, masking and casting.
+    bits = (bitmask.unsqueeze(-1) & _single_bits(bitmask.device)).ne(0)  # bool [B, W, 32]
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size]
+
+
+def _single_bits(device: torch.device) -> torch.Tensor:
+    """int32 [32] with word k = 1 << k (bit 31 is the sign bit, hence -2**31)."""
+    values = [1 << k for k in range(BITS_PER_WORD - 1)] + [-(1 << (BITS_PER_WORD - 1))]
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
