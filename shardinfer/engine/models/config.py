@@ -57,6 +57,12 @@ class ModelConfig:
             raise ModelLoadError(f"config.json names no architecture (architectures={archs!r}, "
                                  f"model_type={model_type!r})")
 
+        from shardinfer.engine.models.registry import supported_architectures
+
+        if arch not in supported_architectures():
+            raise ModelLoadError(f"architecture {arch!r} is not supported; supported: "
+                                 f"{', '.join(supported_architectures())}")
+
         def need(key: str) -> Any:
             if key not in raw or raw[key] is None:
                 raise ModelLoadError(f"config.json of {arch} lacks required key {key!r}")
