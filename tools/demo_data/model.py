@@ -2,7 +2,7 @@
 
 The MTP module follows DeepSeek-V3's layout (it is stored as decoder layer `num_hidden_layers`):
 for sequence position j it builds `eh_proj(cat[enorm(embed(t[j+1])), hnorm(h[j])])`, where `h[j]` is the
-main model's last decoder-layer output *before* the final norm, runs one decoder block (same structure as a
+main model's output at j *after* its final norm (the hidden state its head reads), runs one decoder block (same structure as a
 main MoE block) causally over positions 0..j at rotary position j, then `shared_head.norm` and the output
 head, predicting t[j+2]. The embedding and the head are the main model's; the head is also written under
 `shared_head.head` because DeepSeek-V3 checkpoints carry it there.
@@ -101,7 +101,7 @@ class MTPLayer(nn.Module):
 
     def forward(self, main: DeepseekV3ForCausalLM, next_ids: torch.Tensor, hidden: torch.Tensor,
                 position_ids: torch.Tensor) -> torch.Tensor:
-        """Logits for t[j+2] from next_ids = t[1:L] and hidden = h[0:L-1] (pre-final-norm)."""
+        """Logits for t[j+2] from next_ids = t[1:L] and hidden = h[0:L-1] (final-normed main output)."""
         emb = main.model.embed_tokens(next_ids)
         x = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(hidden)], dim=-1))
         cos_sin = main.model.rotary_emb(x, position_ids)
@@ -115,22 +115,13 @@ class MTPLayer(nn.Module):
 
 
 def main_hidden_and_logits(main: DeepseekV3ForCausalLM, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pre-final-norm output of the last decoder layer, logits) for a [B, L] batch without padding.
+    """(final-normed hidden states, logits) for a [B, L] batch without padding.
 
-    A forward hook reads the last layer's output, which is the same across transformers versions
-    (how `output_hidden_states` records layers is not).
+    The MTP layer reads the main model's output *after* its final norm, as vLLM and transformers'
+    MTP drafter feed it (what `DeepseekV3Model.forward` returns as `last_hidden_state`).
     """
-    seen: list[torch.Tensor] = []
-
-    def grab(_mod: nn.Module, _args: Any, output: Any) -> None:
-        seen.append(output[0] if isinstance(output, tuple) else output)
-
-    handle = main.model.layers[main.config.num_hidden_layers - 1].register_forward_hook(grab)
-    try:
-        out = main.model(input_ids=ids, use_cache=False)
-    finally:
-        handle.remove()
-    return seen[0], main.lm_head(out.last_hidden_state)
+    hidden = main.model(input_ids=ids, use_cache=False).last_hidden_state
+    return hidden, main.lm_head(hidden)
 
 
 def export_state_dict(main: DeepseekV3ForCausalLM, mtp: MTPLayer) -> dict[str, torch.Tensor]:

@@ -35,7 +35,7 @@ Built by `tools/train_demo_model.py` (seed {tr['seed']}, {tr['steps']} steps; re
 | weights | bf16; router weights and score-correction bias float32 |
 
 MTP layer (DeepSeek-V3 layout): for position j, `eh_proj(cat[enorm(embed(t[j+1])), hnorm(h[j])])` with
-`h[j]` the main model's last decoder-layer output before the final norm, then one MoE decoder block
+`h[j]` the main model's output after its final norm (what its head reads), then one MoE decoder block
 (causal over positions 0..j, rotary position j), `shared_head.norm`, and the output head
 (`shared_head.head`, a copy of `lm_head`), predicting t[j+2]. Trained with loss = main CE +
 {tr['mtp_lambda']} x MTP CE. transformers' `DeepseekV3ForCausalLM` loads the checkpoint and ignores the MTP
