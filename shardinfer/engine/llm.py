@@ -72,7 +72,8 @@ class LLM:
                 rid = f"{id(self)}-{engine._arrivals}-{i}-{j}"
                 single = params.replace(n=1, seed=sample_seed(seed, j))
                 engine.add_request(rid, ids, single)
-                engine.requests[rid].prompt = prompts[i] if isinstance(prompts[i], str) else None
+                prompt = prompts[i]
+                engine.requests[rid].prompt = prompt if isinstance(prompt, str) else None
                 names.append(rid)
             groups.append(names)
         done: dict[str, RequestOutput] = {}

@@ -5,6 +5,7 @@ requests asking for prompt logprobs, one row per prompt position in this chunk."
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ class StepLogits:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv_caches: list[tuple[torch.Tensor, ...]], block_size: int,
+    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, ...]], block_size: int,
                  device: torch.device, batch_invariant: bool) -> None:
         self.model = model
         self.kv_caches = kv_caches

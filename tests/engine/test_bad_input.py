@@ -87,7 +87,7 @@ def test_missing_and_misshaped_tensors(tmp_path, qwen3_dir) -> None:
     bad = dict(tensors)
     bad["model.norm.weight"] = bad["model.norm.weight"][:-1].clone()
     save_file(bad, tmp_path / "model.safetensors")
-    with pytest.raises(CheckpointError, match="'model.norm.weight' has shape"):
+    with pytest.raises(CheckpointError, match=r"'model\.norm\.weight' has shape"):
         LLM(tmp_path)
     (tmp_path / "model.safetensors").unlink()
     (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")

@@ -51,7 +51,7 @@ def test_prefix_hit_reuses_blocks_and_counts_refs() -> None:
     bm.allocate(a, 10)
     bm.register_full_blocks(a, 10)
     assert a.block_hashes == chain_hashes(list(range(10)), 4)
-    b = _req("b", list(range(8)) + [42, 43, 44])
+    b = _req("b", [*list(range(8)), 42, 43, 44])
     hit = bm.find_cached_prefix(b)
     assert hit == [0, 1]
     bm.admit(b, hit)

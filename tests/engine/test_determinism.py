@@ -66,7 +66,7 @@ def test_seeded_request_alone_vs_in_batch_of_16(qwen3_dir) -> None:
     alone = llm.generate([target], SAMPLED)[0].outputs[0]
     noisy = [SamplingParams(temperature=t, max_tokens=m, seed=i) for i, (t, m) in
              enumerate([(1.3, 5), (0.0, 30), (0.5, 12), (1.0, 40)] * 4)]
-    outs = llm.generate(others[:8] + [target] + others[8:], noisy[:8] + [SAMPLED] + noisy[8:])
+    outs = llm.generate([*others[:8], target, *others[8:]], [*noisy[:8], SAMPLED, *noisy[8:]])
     inside = outs[8].outputs[0]
     assert (inside.token_ids, inside.logprobs, inside.top_logprobs) == (
         alone.token_ids, alone.logprobs, alone.top_logprobs)

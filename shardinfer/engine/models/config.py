@@ -80,7 +80,7 @@ class ModelConfig:
                 rope_scaling["rope_type"] = rope_scaling.pop("type")
             if rope_scaling.get("rope_type") in ("default", None):
                 rope_scaling = None
-        theta = raw.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        theta = raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
         eos = raw.get("eos_token_id")
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
         sliding = raw.get("sliding_window")

@@ -119,7 +119,7 @@ class DenseForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+            self.lm_head.weight = self.embed_tokens.weight  # type: ignore[assignment]
 
     def to_device(self, device: torch.device) -> None:
         self.to(device)
@@ -153,11 +153,11 @@ class DenseForCausalLM(nn.Module):
             "mlp.up_proj": ("mlp.gate_up_proj", slice(inter, 2 * inter)),
         }
         expected = {(name, None) for name in params}
-        for ours, (target, rows) in fused.items():
+        for ours, (fused_target, _rows) in fused.items():
             for name in params:
-                if f".{target}." in name:
+                if f".{fused_target}." in name:
                     expected.discard((name, None))
-                    expected.add((name.replace(target, ours), None))
+                    expected.add((name.replace(fused_target, ours), None))
         if c.tie_word_embeddings:
             expected.discard(("lm_head.weight", None))
         loaded: set[tuple[str, None]] = set()
