@@ -41,7 +41,7 @@ REGIMES: dict[str, dict[str, Any]] = {
 _CACHE: dict[str, Path] = {}
 
 
-def tiny_checkpoint(regime: str) -> Path:
+def deepseek_checkpoint(regime: str) -> Path:
     """A random-init transformers DeepseekV3 checkpoint for a regime, built once per test process."""
     if regime not in _CACHE:
         root = Path(tempfile.mkdtemp(prefix="shardinfer-deepseek-"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepseek_helpers import PagedRunner, generate_batch, hf_logits, load_hf, load_model, tiny_checkpoint
+from deepseek_helpers import PagedRunner, deepseek_checkpoint, generate_batch, hf_logits, load_hf, load_model
 from safetensors.torch import load_file, save_file
 
 from shardinfer.engine.errors import CheckpointError, ModelLoadError
@@ -89,7 +89,7 @@ def test_unsupported_quantization_configs_are_refused(qc: dict[str, object]) -> 
 @pytest.fixture(scope="module")
 def fp8_pair() -> Iterator[tuple[Path, Path]]:
     """(FP8 checkpoint, float checkpoint holding exactly the dequantised weights)."""
-    src = tiny_checkpoint("group_limited")
+    src = deepseek_checkpoint("group_limited")
     root = Path(tempfile.mkdtemp(prefix="shardinfer-fp8-"))
     fp8_dir, float_dir = root / "fp8", root / "float"
     shutil.copytree(src, fp8_dir)

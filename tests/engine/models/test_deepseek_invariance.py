@@ -4,7 +4,7 @@ cache: a sequence's logits must be bitwise the same however it is batched, chunk
 from __future__ import annotations
 
 import torch
-from deepseek_helpers import PagedRunner, load_model, tiny_checkpoint
+from deepseek_helpers import PagedRunner, deepseek_checkpoint, load_model
 
 TARGET = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43]
 OTHERS = [[2, 71, 82, 81, 82, 84, 59], [1, 41, 42], list(range(100, 127))]
@@ -12,7 +12,7 @@ DECODE = [7, 77, 177]
 
 
 def _run_alone(model_dir_regime: str) -> list[torch.Tensor]:
-    runner = PagedRunner(load_model(tiny_checkpoint(model_dir_regime)), seed=1)
+    runner = PagedRunner(load_model(deepseek_checkpoint(model_dir_regime)), seed=1)
     out = [runner.step([("t", TARGET)])[0]]
     out += [runner.step([("t", [tok])])[0] for tok in DECODE]
     return out
@@ -20,7 +20,7 @@ def _run_alone(model_dir_regime: str) -> list[torch.Tensor]:
 
 def test_batching_does_not_change_a_sequences_logits() -> None:
     alone = _run_alone("group_limited")
-    runner = PagedRunner(load_model(tiny_checkpoint("group_limited")), seed=2)
+    runner = PagedRunner(load_model(deepseek_checkpoint("group_limited")), seed=2)
     batch = [(f"o{i}", p) for i, p in enumerate(OTHERS)]
     outs = runner.step([batch[0], ("t", TARGET), *batch[1:]])
     assert torch.equal(outs[1], alone[0])
@@ -32,7 +32,7 @@ def test_batching_does_not_change_a_sequences_logits() -> None:
 
 def test_chunked_prefill_and_prefix_sharing_are_bitwise_identical() -> None:
     alone = _run_alone("qlora_yarn_mscale")
-    model = load_model(tiny_checkpoint("qlora_yarn_mscale"))
+    model = load_model(deepseek_checkpoint("qlora_yarn_mscale"))
     # Chunked prefill: 5 + 1 + 7 tokens, the last chunk batched with another request.
     runner = PagedRunner(model, seed=3)
     first = runner.step([("t", TARGET[:5])])[0]

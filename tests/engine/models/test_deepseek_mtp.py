@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from deepseek_helpers import (
     PagedRunner,
+    deepseek_checkpoint,
     load_hf,
     load_model,
     mtp_tensors,
     read_config,
-    tiny_checkpoint,
     write_with_extra_shard,
 )
 
@@ -31,8 +32,8 @@ PROMPT = [7, 3, 19, 44, 2, 81, 5, 60, 12, 9, 33]
 
 
 @pytest.fixture(scope="module")
-def mtp_checkpoint() -> tuple[Path, dict[str, torch.Tensor]]:
-    src = tiny_checkpoint("base")
+def mtp_checkpoint() -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+    src = deepseek_checkpoint("base")
     extra = mtp_tensors(src)
     root = Path(tempfile.mkdtemp(prefix="shardinfer-mtp-"))
     yield write_with_extra_shard(src, root / "ckpt", extra, "model-mtp.safetensors"), extra
@@ -114,7 +115,7 @@ def test_partial_mtp_layer_is_a_checkpoint_error(mtp_checkpoint: tuple[Path, dic
     partial = {k: v for k, v in extra.items() if not k.endswith("eh_proj.weight")}
     root = Path(tempfile.mkdtemp(prefix="shardinfer-mtp-"))
     try:
-        broken = write_with_extra_shard(tiny_checkpoint("base"), root / "ckpt", partial)
+        broken = write_with_extra_shard(deepseek_checkpoint("base"), root / "ckpt", partial)
         with pytest.raises(CheckpointError, match="eh_proj"):
             load_model(broken)
     finally:

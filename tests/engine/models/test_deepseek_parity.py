@@ -16,12 +16,12 @@ import torch
 from deepseek_helpers import (
     REGIMES,
     PagedRunner,
+    deepseek_checkpoint,
     generate_batch,
     hf_greedy,
     hf_logits,
     load_hf,
     load_model,
-    tiny_checkpoint,
 )
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], list(range(30, 51))]
@@ -30,7 +30,7 @@ STEPS = 5
 
 @pytest.mark.parametrize("regime", sorted(REGIMES))
 def test_logits_and_greedy_match_transformers(regime: str) -> None:
-    model_dir = tiny_checkpoint(regime)
+    model_dir = deepseek_checkpoint(regime)
     ours = load_model(model_dir)
     hf = load_hf(model_dir)
     generated, logits = generate_batch(PagedRunner(ours), PROMPTS, STEPS)
@@ -44,7 +44,7 @@ def test_logits_and_greedy_match_transformers(regime: str) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_bytes_per_token_is_latent_only(dtype: torch.dtype) -> None:
-    model_dir = tiny_checkpoint("base")
+    model_dir = deepseek_checkpoint("base")
     model = load_model(model_dir, dtype=dtype)
     hf = model.config.hf
     runner = PagedRunner(model, num_blocks=8)
@@ -60,7 +60,7 @@ def test_kv_bytes_per_token_is_latent_only(dtype: torch.dtype) -> None:
 
 
 def test_checkpoint_without_mtp_tensors_loads_with_mtp_off() -> None:
-    model = load_model(tiny_checkpoint("base"))
+    model = load_model(deepseek_checkpoint("base"))
     assert model.config.hf["num_nextn_predict_layers"] == 1
     assert model.num_mtp_layers == 0
     assert model.mtp_kv_cache_specs() == []
