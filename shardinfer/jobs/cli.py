@@ -14,10 +14,12 @@ import threading
 import time
 from typing import Any
 
-from shardinfer.jobs.executor import RunStats, parse_master, run_in_process, run_processes
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, parse_conf, resolve
 from shardinfer.pipeline.errors import EXIT_OK, JobError, UsageError, exit_code_for
+
+# The executor (and with it torch) is imported only once a job is about to run, so usage and
+# spec errors come back in a fraction of a second.
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,6 +116,7 @@ def _validate(spec: ResolvedSpec) -> int:
 
 
 def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) -> int:
+    from shardinfer.jobs.executor import RunStats, parse_master, run_in_process, run_processes
     from shardinfer.pipeline.job import finalize_job, open_job, write_plan
 
     num_workers = parse_master(args.master)

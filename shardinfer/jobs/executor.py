@@ -123,6 +123,9 @@ def _one_round(job: OpenedJob, num_workers: int, stop: threading.Event, reporter
     for worker in range(num_workers):
         payload = json.dumps({"config": json.loads(config_json), "worker": worker, "num_workers": num_workers})
         env = dict(os.environ, SHARDINFER_WORKER_INDEX=str(worker))
+        if job.config.model.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # N CPU workers share the cores; torch's default (all cores each) oversubscribes them.
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_workers))
         proc = subprocess.Popen([sys.executable, "-m", "shardinfer.jobs.worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True, env=env)
         assert proc.stdin is not None  # stdin=PIPE above

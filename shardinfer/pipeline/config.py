@@ -80,6 +80,9 @@ class JobConfig:
         )
 
 
+# Sampling fields a row may not override: they decide which columns the output has.
+SCHEMA_FIELDS = ("logprobs", "prompt_logprobs")
+
 # Sections whose keys are fixed dataclass fields (engine/sampling are checked elsewhere).
 TYPED_SECTIONS: dict[str, type] = {
     "job": JobSection,

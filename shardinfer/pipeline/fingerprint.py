@@ -108,17 +108,21 @@ def resolved_numerics(config: JobConfig) -> tuple[str, str]:
 
 
 def diff_fingerprint_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable lines naming each component that differs between two fingerprints."""
-    lines = []
-    for key in sorted(set(old) | set(new)):
-        if key == "hash":
-            continue
-        a, b = old.get(key), new.get(key)
-        if _canonical(a) != _canonical(b):
-            lines.append(f"{key}: {_short(a)} -> {_short(b)}")
-    return lines
+    """Lines `component.key: old -> new` for each leaf that differs (nested dicts are walked)."""
+    a, b = _leaves(old), _leaves(new)
+    return [f"{key}: {_short(a.get(key))} -> {_short(b.get(key))}"
+            for key in sorted(set(a) | set(b)) if key != "hash" and _canonical(a.get(key)) != _canonical(b.get(key))]
 
 
-def _short(value: Any, limit: int = 120) -> str:
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, dict) or not value:
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _short(value: Any, limit: int = 80) -> str:
     text = _canonical(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

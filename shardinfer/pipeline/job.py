@@ -38,11 +38,17 @@ class OpenedJob:
     input_spec: Any  # readers.InputSpec
     sampling: SamplingParams
     fingerprint: dict[str, Any]
-    store: Any  # writers.OutputStore
+    store_: Any  # writers.OutputStore, None until the location exists (reading must not create it)
     splits: list[Any]  # readers.Split, in plan order
     state: str  # "new" | "resume" | "done"
     success: dict[str, Any] | None = None
     committed: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def store(self) -> Any:
+        if self.store_ is None:
+            self.store_ = open_store(self.config)
+        return self.store_
 
     @property
     def output_options(self) -> OutputOptions:
@@ -74,6 +80,13 @@ def open_store(config: JobConfig) -> Any:
     return OutputStore(config.output.path, dict(config.output.storage_options))
 
 
+def output_exists(config: JobConfig) -> bool:
+    from shardinfer.storage import filesystem
+
+    fs, root = filesystem(config.output.path, dict(config.output.storage_options))
+    return bool(fs.exists(root))
+
+
 def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     """Decide what this run has to do; reads only (safe for --dry-run and `validate`)."""
     from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION
@@ -81,8 +94,8 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     sampling = resolve_sampling(config)
     fingerprint = compute_fingerprint(config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION)
     spec = input_spec_of(config)
-    store = open_store(config)
-    existing = store.read_job()
+    store = open_store(config) if output_exists(config) else None
+    existing = store.read_job() if store is not None else None
     if existing is not None and not config.job.start_over:
         old = existing.get("fingerprint", {})
         if old.get("hash") != fingerprint["hash"]:

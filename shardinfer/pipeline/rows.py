@@ -17,8 +17,6 @@ from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.pipeline.config import InputSection
 
 ROW_INDEX_COLUMN = "__row_index"
-# Sampling fields a row may not override: they decide which columns the output has.
-SCHEMA_FIELDS = ("logprobs", "prompt_logprobs")
 
 
 class Tokenizer(Protocol):
