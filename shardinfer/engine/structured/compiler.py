@@ -187,25 +187,55 @@ class StructuredOutputCompiler:
         bitmask: contiguous CPU int32 [B, ceil(vocab_size/32)]; rows not named are left as they are.
         One call for the whole batch releases the GIL once and spreads the matchers over threads.
         """
+        self._check_bitmask(bitmask)
+        pairs = []
+        for m, row in matchers:
+            if not 0 <= row < bitmask.shape[0]:
+                raise ValueError(f"row={row} is outside the bitmask's {bitmask.shape[0]} rows")
+            self._check_matcher(m)
+            pairs.append((m.ll_matcher, row))
+        if pairs:
+            self._get_executor().unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), bitmask.shape[1] * 4,
+                                                         bitmask.shape[0])
+
+    def fill_bitmasks_with_drafts(self, items: Sequence[tuple[GrammarMatcher, int, Sequence[int]]],
+                                  bitmask: torch.Tensor) -> None:
+        """Masks for verifying speculative drafts: for each (matcher, row, draft), row `row` gets
+        the mask at the matcher's position and row `row + i + 1` the mask after draft[: i + 1].
+
+        Matchers end where they started. Rows past the first draft token the grammar rejects are
+        not written (`matcher.validate(draft)` says how many are accepted); those positions are
+        discarded by verification anyway.
+        """
+        self._check_bitmask(bitmask)
+        entries = []
+        for m, row, draft in items:
+            if row < 0 or row + len(draft) >= bitmask.shape[0]:
+                raise ValueError(f"rows {row}..{row + len(draft)} for a draft of {len(draft)} tokens do not fit "
+                                 f"in the bitmask's {bitmask.shape[0]} rows")
+            self._check_matcher(m)
+            entries.append((m.ll_matcher, row, [int(t) for t in draft]))
+        if entries:
+            self._get_executor().unsafe_compute_mask_ptr_with_draft_token(
+                entries, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
+
+    def _check_bitmask(self, bitmask: torch.Tensor) -> None:
         width = bitmask_width(self.vocab_size)
         if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[1] != width:
             raise ValueError(f"bitmask must be int32 [batch, {width}] for vocab_size={self.vocab_size}, got "
                              f"{bitmask.dtype} {tuple(bitmask.shape)}; use allocate_bitmask(batch, vocab_size)")
         if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
             raise ValueError("bitmask must be a contiguous CPU tensor (llguidance writes it from the CPU)")
-        pairs = []
-        for m, row in matchers:
-            if not 0 <= row < bitmask.shape[0]:
-                raise ValueError(f"row={row} is outside the bitmask's {bitmask.shape[0]} rows")
-            if m.vocab_size != self.vocab_size:
-                raise ValueError(f"a matcher for vocab_size={m.vocab_size} cannot fill a mask of {self.vocab_size}")
-            m._check_usable()
-            pairs.append((m.ll_matcher, row))
-        if not pairs:
-            return
+
+    def _check_matcher(self, m: GrammarMatcher) -> None:
+        if m.vocab_size != self.vocab_size:
+            raise ValueError(f"a matcher for vocab_size={m.vocab_size} cannot fill a mask of {self.vocab_size}")
+        m._check_usable()
+
+    def _get_executor(self) -> llguidance.LLExecutor:
         if self._executor is None:
             self._executor = llguidance.LLExecutor(num_threads=self._num_threads)
-        self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), width * 4, bitmask.shape[0])
+        return self._executor
 
     def cache_info(self) -> dict[str, int]:
         with self._lock:

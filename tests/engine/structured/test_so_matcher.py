@@ -180,3 +180,23 @@ def test_apply_bitmask_sets_disallowed_to_minus_inf(compiler):
     assert apply_bitmask(logits.clone(), bitmask, rows=torch.tensor([0, 1])).equal(expected)
     with pytest.raises(ValueError, match="rows"):
         apply_bitmask(logits.clone(), bitmask)
+
+
+def test_draft_masks_match_masks_after_each_draft_prefix(compiler, random_walk):
+    m = compiler.matcher(SCHEMA)
+    for t in random_walk(m.fork(), 8, eos_bias=0.0, max_tokens=2):
+        m.accept(t)
+    draft = random_walk(m.fork(), 9, eos_bias=0.0, max_tokens=5)
+    assert len(draft) == 5
+    bitmask = allocate_bitmask(8, compiler.vocab_size)
+    compiler.fill_bitmasks_with_drafts([(m, 1, draft)], bitmask)
+    assert m.num_accepted == 2 and m.validate(draft) == 5  # the matcher did not move
+    probe = m.fork()
+    allowed = unpack_bitmask(bitmask, compiler.vocab_size)
+    for i in range(len(draft) + 1):
+        assert allowed[1 + i].equal(probe.allowed_mask()), i
+        if i < len(draft):
+            probe.accept(draft[i])
+    assert (bitmask[0] == -1).all() and (bitmask[7] == -1).all()
+    with pytest.raises(ValueError, match="do not fit"):
+        compiler.fill_bitmasks_with_drafts([(m, 3, draft)], bitmask)
