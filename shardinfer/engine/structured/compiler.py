@@ -87,7 +87,10 @@ def canonical_schema(so_args: Any) -> tuple[str, str]:
             return "json", "{}"  # JSON Schema's `true` accepts everything, like {}
         if not isinstance(schema, dict):
             raise GrammarError(f"json schema must be a JSON object (a dict), got {schema!r:.200}")
-        return "json", json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        try:
+            return "json", json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise GrammarError(f"json schema cannot be serialised as JSON ({e}); use only JSON types") from e
     if not isinstance(schema, str) or not schema.strip():
         raise GrammarError(f"{schema_type} schema must be a non-empty string, got {schema!r}")
     return schema_type, schema
@@ -247,7 +250,11 @@ def _read_tokenizer_json(source: str | os.PathLike[str]) -> str:
     if isinstance(source, str) and source.lstrip().startswith("{"):
         return source
     path = Path(source)
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # e.g. a long string that is neither JSON nor a usable path
+        is_file = False
+    if not is_file:
         raise ValueError(f"tokenizer_json={str(source)[:200]!r} is neither tokenizer.json text nor a file path")
     return path.read_text(encoding="utf-8")
 

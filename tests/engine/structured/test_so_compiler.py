@@ -19,6 +19,8 @@ OBJ = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": 
         ({"schema_type": "json", "schema": '{"type": "object",'}, ["not valid JSON"]),
         ({"schema_type": "json", "schema": [1, 2]}, ["must be a JSON object"]),
         ({"schema_type": "json", "schema": False}, ["must be a JSON object"]),
+        ({"schema_type": "json", "schema": {"enum": [{1, 2}]}}, ["cannot be serialised", "set"]),
+        ({"schema_type": "json", "schema": {"maximum": float("nan")}}, ["cannot be serialised"]),
         ({"schema_type": "json", "schema": {"type": "string", "format": "weird"}}, ["invalid json schema", "weird"]),
         ({"schema_type": "regex", "schema": "[a-"}, ["invalid regex schema", "unclosed character class"]),
         ({"schema_type": "regex", "schema": ""}, ["regex schema must be a non-empty string"]),
