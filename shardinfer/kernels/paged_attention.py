@@ -70,16 +70,29 @@ def _slice_token_base(qsl_ptr, num_seqs, block_base, BQ: tl.constexpr):
     return tl.minimum(q_start + tok0, tl.load(qsl_ptr + seq + 1))
 
 
+@triton.jit
+def _tile_rows(kvh_split, tok0, q_len, GROUP: tl.constexpr, HB: tl.constexpr, BLOCK_M: tl.constexpr,
+               BQ: tl.constexpr, N_HSPLIT: tl.constexpr):
+    """Row r of a tile: token tok0 + r // HB, query head of this tile's head slice r % HB."""
+    kvh = kvh_split // N_HSPLIT
+    rows = tl.arange(0, BLOCK_M)
+    tok = tok0 + rows // HB
+    head = kvh * GROUP + (kvh_split % N_HSPLIT) * HB + rows % HB
+    row_ok = (rows < BQ * HB) & (tok < q_len)
+    return kvh, tok, head, row_ok
+
+
 @triton.jit(do_not_specialize=["num_seqs", "block_base", "window"])
-def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                       sqt, sqh, skb, sks, skh, svb, svs, svh, sbt,
+def _attn_chunk_kernel(q_ptr, qpe_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                       sqt, sqh, spt, sph, skb, sks, skh, svb, svs, svh, sbt,
                        num_seqs, block_base, scale_log2, window, n_heads, n_chunks,
-                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BQ: tl.constexpr,
+                       GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BQ: tl.constexpr,
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
-                       PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+                       PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+                       DPE: tl.constexpr, SHARED_KV: tl.constexpr):
     qblock = block_base + tl.program_id(0)
-    kvh = tl.program_id(1)
     c = tl.program_id(2)
     seq, q_start, tok0 = _locate(qsl_ptr, num_seqs, qblock, BQ)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
@@ -94,15 +107,17 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
         kv_lo = tl.maximum(kv_lo, (first // BLOCK_N) * BLOCK_N)
     kv_hi = tl.minimum(c * CHUNK + CHUNK, max_pos + 1)
     if (n_tok > 0) & (kv_lo < kv_hi):
-        rows = tl.arange(0, BLOCK_M)
-        tok = tok0 + rows // GROUP
-        head = kvh * GROUP + rows % GROUP
-        row_ok = (rows < BQ * GROUP) & (tok < q_len)
+        kvh, tok, head, row_ok = _tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
         pos = ctx + tok
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
         q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
         q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
+        if DPE > 0:
+            # MLA: a second, roped key part stored right after the latent in each cache row.
+            e = tl.arange(0, DPE)
+            pe_rows = (q_start + tok).to(tl.int64) * spt + head * sph
+            q_pe = tl.load(qpe_ptr + pe_rows[:, None] + e[None, :], mask=row_ok[:, None], other=0.0)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -112,7 +127,11 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
             page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
-            s = tl.dot(q, k, input_precision=PRECISION) * scale_log2
+            s = tl.dot(q, k, input_precision=PRECISION)
+            if DPE > 0:
+                k_pe = tl.load(k_ptr + k_off[None, :] + D + e[:, None], mask=n_ok[None, :], other=0.0)
+                s = s + tl.dot(q_pe, k_pe, input_precision=PRECISION)
+            s = s * scale_log2
             visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
             if HAS_WINDOW:
                 visible = visible & (n[None, :] > pos[:, None] - window)
@@ -123,9 +142,12 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v_off = page * svb + (n % PAGE) * svs + kvh * svh
-            v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :],
-                        other=0.0)
+            if SHARED_KV:
+                v = tl.trans(k)  # MLA: the value is the latent already loaded as the key
+            else:
+                v_off = page * svb + (n % PAGE) * svs + kvh * svh
+                v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :],
+                            other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         tok_base = _slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
@@ -138,20 +160,17 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
 @triton.jit(do_not_specialize=["num_seqs", "block_base", "window"])
 def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
                     num_seqs, block_base, window, n_heads, n_chunks,
-                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BQ: tl.constexpr,
+                    GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BQ: tl.constexpr,
                     DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                     HAS_WINDOW: tl.constexpr):
     qblock = block_base + tl.program_id(0)
-    kvh = tl.program_id(1)
     seq, q_start, tok0 = _locate(qsl_ptr, num_seqs, qblock, BQ)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     ctx = tl.load(sl_ptr + seq) - q_len
     n_tok = tl.minimum(q_len - tok0, BQ)
     if n_tok > 0:
-        rows = tl.arange(0, BLOCK_M)
-        tok = tok0 + rows // GROUP
-        head = kvh * GROUP + rows % GROUP
-        row_ok = (rows < BQ * GROUP) & (tok < q_len)
+        _, tok, head, row_ok = _tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
         pos = ctx + tok
         dv = tl.arange(0, BLOCK_DV)
         c_last = pos // CHUNK
@@ -203,8 +222,6 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_
         raise fail("v_cache.shape", tuple(v_cache.shape), f"need ({nb}, {bs}, {hk}, Dv) like k_cache")
     if hk == 0 or hq % hk:
         raise fail("q.shape[1]", hq, f"need a multiple of the cache's KV heads ({hk})")
-    if max(d, v_cache.shape[-1]) > 256:
-        raise fail("head dim", max(d, v_cache.shape[-1]), "need <= 256")
     b = seq_lens.shape[0]
     if query_start_loc.shape[0] != b + 1:
         raise fail("query_start_loc.shape", tuple(query_start_loc.shape), f"need ({b + 1},): B + 1 offsets")
@@ -223,7 +240,8 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                     scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
-                    kv_chunk: int = KV_CHUNK) -> torch.Tensor:
+                    kv_chunk: int = KV_CHUNK, block_n: int = BLOCK_N, num_warps: int = 4,
+                    num_stages: int = 2) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -232,12 +250,34 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q[qsl[s]:qsl[s+1]], at absolute positions seq_lens[s] - q_len .. seq_lens[s] - 1.
     max_seq_len (the largest seq_lens entry) sizes the chunk grid; pass it to avoid a device
     sync. Returns [T, Hq, Dv] in q's dtype. Results do not depend on the rest of the batch; they
-    do depend on kv_chunk, which must therefore be a fixed engine constant.
+    do depend on kv_chunk and the tile config (block_n, num_warps, num_stages), which must
+    therefore be fixed per deployment, never chosen per batch.
     """
     _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len)
-    t, hq, d = q.shape
-    _, page, hk, _ = k_cache.shape
-    dv = v_cache.shape[-1]
+    if max(q.shape[-1], v_cache.shape[-1]) > 256:
+        raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
+    hk = k_cache.shape[2]
+    group = q.shape[1] // hk
+    return launch(q, None, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
+                  (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
+                  v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
+                  max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages)
+
+
+def launch(q: torch.Tensor, q_pe: torch.Tensor | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           k_strides: tuple[int, int, int], v_strides: tuple[int, int, int], hk: int, d: int, dv: int,
+           query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+           sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
+           num_warps: int, num_stages: int) -> torch.Tensor:
+    """Shared launcher of the two phases (inputs already validated by the public wrappers).
+
+    k/v strides are (block, slot, kv head); with q_pe the key row is [D latent | DPE rope] and the
+    value is the latent itself (v_cache is k_cache): MLA's absorbed form.
+    """
+    if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:
+        raise fail("block_n", block_n, f"need 16, 32, 64 or 128, dividing kv_chunk={kv_chunk}")
+    t, hq = q.shape[0], q.shape[1]
+    page = k_cache.shape[1]
     b = seq_lens.shape[0]
     out = torch.empty(t, hq, dv, dtype=q.dtype, device=q.device)
     if t == 0 or b == 0:
@@ -246,8 +286,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         max_seq_len = int(seq_lens.max().item())
     n_chunks = max(1, -(-max_seq_len // kv_chunk))
     group = hq // hk
-    block_m = max(_MIN_BLOCK_M, next_pow2(group))
-    bq = block_m // group
+    hb = _heads_per_tile(group, block_m)
+    bq = block_m // hb
+    n_hsplit = group // hb
     n_qblocks = t // bq + b
     per_token = hq * n_chunks * (dv + 2) * 4
     slice_blocks = max(1, min(n_qblocks, _WORKSPACE_BYTES // max(1, per_token * bq)))
@@ -257,28 +298,42 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     pl = torch.empty_like(pm)
     window = int(sliding_window) if sliding_window is not None else 0
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    common = dict(GROUP=group, BLOCK_M=block_m, BQ=bq, CHUNK=kv_chunk, HAS_WINDOW=sliding_window is not None)
+    dpe = q_pe.shape[-1] if q_pe is not None else 0
+    qpe = q_pe if q_pe is not None else q
+    common = dict(GROUP=group, HB=hb, N_HSPLIT=n_hsplit, BLOCK_M=block_m, BQ=bq, CHUNK=kv_chunk,
+                  HAS_WINDOW=sliding_window is not None)
     for base in range(0, n_qblocks, slice_blocks):
         n = min(slice_blocks, n_qblocks - base)
-        _attn_chunk_kernel[(n, hk, n_chunks)](
-            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, pacc, pm, pl,
-            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-            b, base, float(scale) * _LOG2E, window, hq, n_chunks,
-            BLOCK_N=BLOCK_N, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv, BLOCK_DV=max(16, next_pow2(dv)),
-            PAGE=page, PRECISION=precision, num_warps=4, num_stages=2, **common)
-        _combine_kernel[(n, hk)](
+        _attn_chunk_kernel[(n, hk * n_hsplit, n_chunks)](
+            q, qpe, k_cache, v_cache, block_tables, query_start_loc, seq_lens, pacc, pm, pl,
+            q.stride(0), q.stride(1), qpe.stride(0), qpe.stride(1), *k_strides, *v_strides,
+            block_tables.stride(0), b, base, float(scale) * _LOG2E, window, hq, n_chunks,
+            BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv, BLOCK_DV=max(16, next_pow2(dv)),
+            PAGE=page, PRECISION=precision, DPE=dpe, SHARED_KV=q_pe is not None,
+            num_warps=num_warps, num_stages=num_stages, **common)
+        _combine_kernel[(n, hk * n_hsplit)](
             out, query_start_loc, seq_lens, pacc, pm, pl, out.stride(0), out.stride(1),
             b, base, window, hq, n_chunks, DV=dv, BLOCK_DV=max(16, next_pow2(dv)), num_warps=4, **common)
     return out
 
 
+def _heads_per_tile(group: int, block_m: int) -> int:
+    """The whole GQA group in one tile when it fits, else the largest power of two dividing it."""
+    if group <= block_m:
+        return group
+    hb = block_m
+    while group % hb:
+        hb //= 2
+    return hb
+
+
 def workspace_bytes(num_tokens: int, num_heads: int, head_dim_v: int, max_seq_len: int,
                     num_kv_heads: int, kv_chunk: int = KV_CHUNK) -> int:
-    """Bytes of float32 workspace one call allocates, for the engine's memory planning."""
+    """Bytes of float32 workspace one paged_attention call allocates, for memory planning."""
     n_chunks = max(1, math.ceil(max_seq_len / kv_chunk))
     group = num_heads // num_kv_heads
-    bq = max(_MIN_BLOCK_M, next_pow2(group)) // group
+    block_m = max(_MIN_BLOCK_M, next_pow2(group))
+    bq = block_m // _heads_per_tile(group, block_m)
     per_token = num_heads * n_chunks * (head_dim_v + 2) * 4
     slice_blocks = max(1, _WORKSPACE_BYTES // max(1, per_token * bq))
     return min(num_tokens, slice_blocks * bq) * per_token

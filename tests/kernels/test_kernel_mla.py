@@ -1,0 +1,94 @@
+"""Absorbed MLA kernel against reference_mla, and its batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_checks import TOL, rel_err
+
+from shardinfer.kernels import reference_mla
+from shardinfer.kernels.mla_decode import mla_paged_attention
+
+
+class MlaBatch:
+    def __init__(self, q_lens: list[int], ctx: list[int], heads: int, rank: int, rope: int, block_size: int,
+                 dtype: torch.dtype, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.seq_lens = [c + q for c, q in zip(ctx, q_lens, strict=True)]
+        self.qsl = [0]
+        for q in q_lens:
+            self.qsl.append(self.qsl[-1] + q)
+        n_blocks = [-(-s // block_size) for s in self.seq_lens]
+        total = sum(n_blocks) + 2
+        perm = torch.randperm(total, generator=gen)
+        self.block_tables = torch.full((len(q_lens), max(n_blocks)), -1, dtype=torch.int32)
+        used = 0
+        for i, n in enumerate(n_blocks):
+            self.block_tables[i, :n] = perm[used:used + n].int()
+            used += n
+        self.cache = torch.randn(total, block_size, rank + rope, generator=gen).to(dtype)
+        self.cache[perm[used:]] = float("nan")  # blocks nobody owns must never be read
+        self.q_latent = torch.randn(self.qsl[-1], heads, rank, generator=gen).to(dtype)
+        self.q_pe = torch.randn(self.qsl[-1], heads, rope, generator=gen).to(dtype)
+
+    def reference(self, scale: float) -> torch.Tensor:
+        return reference_mla.mla_paged_attention(self.q_latent, self.q_pe, self.cache, self.qsl, self.seq_lens,
+                                                 self.block_tables, scale)
+
+    def run(self, device: torch.device, scale: float, rows: slice | None = None, **kw: int) -> torch.Tensor:
+        if rows is None:
+            qsl, sl, bt, lo, hi = self.qsl, self.seq_lens, self.block_tables, 0, self.qsl[-1]
+        else:
+            i = rows.start
+            lo, hi = self.qsl[i], self.qsl[i + 1]
+            qsl, sl, bt = [0, hi - lo], [self.seq_lens[i]], self.block_tables[i:i + 1]
+        return mla_paged_attention(self.q_latent[lo:hi].to(device), self.q_pe[lo:hi].to(device),
+                                   self.cache.to(device), torch.tensor(qsl, dtype=torch.int32, device=device),
+                                   torch.tensor(sl, dtype=torch.int32, device=device), bt.to(device), scale,
+                                   **kw).cpu()
+
+
+def test_matches_reference_and_is_batch_invariant(device: torch.device) -> None:
+    b = MlaBatch([3, 1, 1], [0, 90, 40], heads=8, rank=32, rope=16, block_size=16, dtype=torch.float32, seed=1)
+    out = b.run(device, 0.2, kv_chunk=64)
+    assert rel_err(out, b.reference(0.2)) < 1e-5
+    for i in range(3):
+        alone = b.run(device, 0.2, rows=slice(i, i + 1), kv_chunk=64)
+        assert torch.equal(alone, out[b.qsl[i]:b.qsl[i + 1]])
+
+
+def test_heads_split_across_tiles(device: torch.device) -> None:
+    """More heads than a tile holds (DeepSeek-V3's 128 with 16-row tiles): heads go to several programs."""
+    b = MlaBatch([2, 1], [5, 33], heads=32, rank=16, rope=16, block_size=8, dtype=torch.float32, seed=2)
+    assert rel_err(b.run(device, 0.3, kv_chunk=64), b.reference(0.3)) < 1e-5
+
+
+def test_rejects_bad_inputs(device: torch.device) -> None:
+    b = MlaBatch([1], [4], heads=4, rank=32, rope=16, block_size=8, dtype=torch.float32, seed=3)
+    ql, qp, cache = b.q_latent.to(device), b.q_pe.to(device), b.cache.to(device)
+    qsl = torch.tensor(b.qsl, dtype=torch.int32, device=device)
+    sl = torch.tensor(b.seq_lens, dtype=torch.int32, device=device)
+    bt = b.block_tables.to(device)
+    with pytest.raises(ValueError, match=r"cache.shape\[-1\]"):
+        mla_paged_attention(ql, qp, cache[..., :40].contiguous(), qsl, sl, bt, 1.0)
+    with pytest.raises(ValueError, match=r"q_pe.dtype"):
+        mla_paged_attention(ql, qp.half(), cache, qsl, sl, bt, 1.0)
+    with pytest.raises(ValueError, match=r"powers of two"):
+        mla_paged_attention(ql[..., :24], qp, cache[..., 8:].contiguous(), qsl, sl, bt, 1.0)
+    with pytest.raises(ValueError, match=r"seq_lens.dtype"):
+        mla_paged_attention(ql, qp, cache, qsl, sl.long(), bt, 1.0)
+
+
+@pytest.mark.gpu
+def test_deepseek_shapes_bf16() -> None:
+    dev = torch.device("cuda")
+    q_lens = [300] + [1] * 31
+    ctx = [200] + [97 * i for i in range(31)]
+    b = MlaBatch(q_lens, ctx, heads=16, rank=512, rope=64, block_size=64, dtype=torch.bfloat16, seed=4)
+    scale = 192 ** -0.5
+    ref = reference_mla.mla_paged_attention(b.q_latent.float(), b.q_pe.float(), b.cache.float(), b.qsl,
+                                            b.seq_lens, b.block_tables, scale)
+    out = b.run(dev, scale)
+    assert rel_err(out, ref) < TOL[torch.bfloat16]
+    for i in (0, 5):
+        assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1)), out[b.qsl[i]:b.qsl[i + 1]])
