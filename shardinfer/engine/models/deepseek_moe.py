@@ -34,26 +34,38 @@ class SwiGLUMLP(nn.Module):
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
+# (scoring_func, topk_method) pairs and what they mean:
+#   sigmoid + noaux_tc              DeepSeek-V3: correction bias for choosing, groups scored by top-2 sum
+#   softmax + greedy                DeepSeek-V2(-Lite): plain top-k
+#   softmax + group_limited_greedy  DeepSeek-V2: groups scored by their best expert
+_ROUTERS = {("sigmoid", "noaux_tc"), ("softmax", "greedy"), ("softmax", "group_limited_greedy")}
+_DEFAULTS = {"deepseek_v3": ("sigmoid", "noaux_tc"), "deepseek_v2": ("softmax", "greedy")}
+
+
 class RoutingConfig:
     """The router settings of config.json, validated once."""
 
     def __init__(self, hf: dict[str, Any]) -> None:
+        default_scoring, default_method = _DEFAULTS.get(hf.get("model_type", ""), _DEFAULTS["deepseek_v3"])
         self.n_routed_experts = int(hf["n_routed_experts"])
         self.top_k = int(hf["num_experts_per_tok"])
-        self.n_group = int(hf.get("n_group") or 1)
-        self.topk_group = int(hf.get("topk_group") or self.n_group)
-        self.renormalize = bool(hf.get("norm_topk_prob", True))
+        self.scoring_func = str(hf.get("scoring_func") or default_scoring)
+        self.topk_method = str(hf.get("topk_method") or default_method)
+        if (self.scoring_func, self.topk_method) not in _ROUTERS:
+            raise ModelLoadError(f"router scoring_func={self.scoring_func!r} with topk_method={self.topk_method!r} "
+                                 f"is not supported; supported pairs: {sorted(_ROUTERS)}")
+        self.uses_bias = self.topk_method == "noaux_tc"
+        grouped = self.topk_method != "greedy"
+        self.n_group = int(hf.get("n_group") or 1) if grouped else 1
+        self.topk_group = int(hf.get("topk_group") or self.n_group) if grouped else 1
+        # The official V2 code renormalises only for k > 1; V3's (sigmoid) always does when asked.
+        self.renormalize = bool(hf.get("norm_topk_prob", self.uses_bias)) and (self.uses_bias or self.top_k > 1)
         self.routed_scaling_factor = float(hf.get("routed_scaling_factor", 1.0))
-        self.scoring_func = str(hf.get("scoring_func", "sigmoid"))
-        topk_method = hf.get("topk_method", "noaux_tc")
-        if self.scoring_func != "sigmoid" or topk_method != "noaux_tc":
-            raise ModelLoadError(f"router scoring_func={self.scoring_func!r}, topk_method={topk_method!r} is not "
-                                 "supported; supported: DeepSeek-V3's 'sigmoid' with 'noaux_tc'")
         if self.n_routed_experts % self.n_group:
             raise ModelLoadError(f"n_routed_experts={self.n_routed_experts} is not divisible by "
                                  f"n_group={self.n_group}: fix config.json")
         per_group = self.n_routed_experts // self.n_group
-        if self.n_group > 1 and self.topk_group < self.n_group and per_group < 2:
+        if self.uses_bias and self.n_group > 1 and self.topk_group < self.n_group and per_group < 2:
             raise ModelLoadError(f"group-limited routing scores a group by its top-2 experts, but "
                                  f"n_group={self.n_group} leaves {per_group} expert per group")
         if not 0 < self.topk_group <= self.n_group or self.top_k > self.topk_group * per_group:
@@ -76,7 +88,8 @@ class RoutedExperts(nn.Module):
 
 
 class Router(nn.Module):
-    """Router logits in float32 (its weight and correction bias are float32 in the checkpoint)."""
+    """Router logits in float32 (its weight and correction bias are float32 in the checkpoints).
+    The correction bias exists only for bias-corrected (noaux_tc) routing."""
 
     def __init__(self, routing: RoutingConfig, hidden: int, numerics: Numerics) -> None:
         super().__init__()
@@ -84,7 +97,8 @@ class Router(nn.Module):
         self.numerics = numerics
         e = routing.n_routed_experts
         self.weight = nn.Parameter(torch.empty(e, hidden, dtype=torch.float32), requires_grad=False)
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
+        self.e_score_correction_bias = (nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
+                                        if routing.uses_bias else None)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.routing

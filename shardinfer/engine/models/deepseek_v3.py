@@ -1,9 +1,10 @@
-"""DeepSeek-V3 (and its family: R1, V3.1, Moonlight-style configs) on the engine.
+"""DeepSeek-V3 (and its family: R1, V3.1, Moonlight-style configs) and DeepSeek-V2 on the engine.
 
 Multi-head latent attention over a latent paged cache (deepseek_mla.py), sigmoid group-limited
 MoE with shared experts after `first_k_dense_replace` dense layers (deepseek_moe.py), the optional
 multi-token-prediction layers as a draft model (deepseek_mtp.py), and FP8 block-scaled
-checkpoints dequantised at load (fp8.py). Checkpoint names are Hugging Face's; routed experts
+checkpoints dequantised at load (fp8.py). DeepSeek-V2 is the same network with softmax routing
+(plain or group-limited by each group's best expert) and no MTP layer. Checkpoint names are Hugging Face's; routed experts
 may be stored one tensor per expert (the released checkpoints) or stacked
 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]).
 """
@@ -238,3 +239,10 @@ def _copy(param: torch.Tensor, index: tuple[int | slice, ...], value: torch.Tens
         raise CheckpointError(f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, the model expects "
                               f"{tuple(target.shape)}: is config.json the checkpoint's own?")
     target.copy_(value.to(target.dtype))
+
+
+class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):
+    """`DeepseekV2ForCausalLM` checkpoints (V2, V2-Lite, V2.5): MLA plus softmax-routed MoE.
+
+    The architecture differences are all read from config.json (see deepseek_moe.RoutingConfig),
+    so the class exists only to name the architecture."""

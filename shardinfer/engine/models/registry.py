@@ -19,6 +19,7 @@ _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("shardinfer.engine.models.dense", "DenseForCausalLM"),
     "MistralForCausalLM": ("shardinfer.engine.models.dense", "DenseForCausalLM"),
     "DeepseekV3ForCausalLM": ("shardinfer.engine.models.deepseek_v3", "DeepseekV3ForCausalLM"),
+    "DeepseekV2ForCausalLM": ("shardinfer.engine.models.deepseek_v3", "DeepseekV2ForCausalLM"),
 }
 
 

@@ -17,9 +17,9 @@ import torch
 from shardinfer.engine.forward_context import AttentionMetadata, ForwardContext
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
-from shardinfer.engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from shardinfer.engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from shardinfer.engine.models.loader import iter_checkpoint_tensors
-from shardinfer.testing.tiny_checkpoint import make_tiny_checkpoint
+from shardinfer.testing.tiny_checkpoint import FAMILY_DEFAULTS, build_tokenizer, make_tiny_checkpoint
 
 # Tiny configs, one per regime the tests cover (transformers DeepseekV3Config keys).
 YARN_MSCALE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32,
@@ -38,16 +38,56 @@ REGIMES: dict[str, dict[str, Any]] = {
     "group_limited": dict(q_lora_rank=16, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=3),
 }
 
+# DeepSeek-V2: softmax routing, plain top-k or limited to the best experts' groups.
+V2_REGIMES: dict[str, dict[str, Any]] = {
+    "v2_greedy": dict(topk_method="greedy", q_lora_rank=None),
+    "v2_group_limited": dict(topk_method="group_limited_greedy", n_routed_experts=16, n_group=4, topk_group=2,
+                             num_experts_per_tok=3, q_lora_rank=16, rope_scaling=YARN_MSCALE,
+                             max_position_embeddings=128),
+}
+
 _CACHE: dict[str, Path] = {}
 
 
 def deepseek_checkpoint(regime: str) -> Path:
-    """A random-init transformers DeepseekV3 checkpoint for a regime, built once per test process."""
+    """A random-init transformers DeepseekV3 (or V2, for V2_REGIMES) checkpoint, built once per process."""
     if regime not in _CACHE:
         root = Path(tempfile.mkdtemp(prefix="shardinfer-deepseek-"))
         atexit.register(shutil.rmtree, root, True)
-        _CACHE[regime] = make_tiny_checkpoint(root / regime, "deepseek_v3", **REGIMES[regime])
+        if regime in V2_REGIMES:
+            _CACHE[regime] = make_deepseek_v2_checkpoint(root / regime, **V2_REGIMES[regime])
+        else:
+            _CACHE[regime] = make_tiny_checkpoint(root / regime, "deepseek_v3", **REGIMES[regime])
     return _CACHE[regime]
+
+
+def make_deepseek_v2_checkpoint(out: Path, seed: int = 0, **overrides: Any) -> Path:
+    """A random-init transformers DeepseekV2 checkpoint with the shared test tokenizer."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    vocab = build_tokenizer(out)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    params = {k: v for k, v in FAMILY_DEFAULTS["deepseek_v3"].items() if k != "routed_scaling_factor"}
+    params.update(vocab_size=max(vocab, 384), bos_token_id=tok.token_to_id("<|bos|>"),
+                  eos_token_id=tok.token_to_id("<|eos|>"), pad_token_id=tok.token_to_id("<|eos|>"),
+                  n_shared_experts=2, routed_scaling_factor=1.5, norm_topk_prob=False)
+    params.update(overrides)
+    config = transformers.DeepseekV2Config(**params)
+    torch.manual_seed(seed)
+    model = transformers.DeepseekV2ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out)
+    return out
+
+
+def load_hf(model_dir: str | Path, dtype: torch.dtype = torch.float32):  # type: ignore[no-untyped-def]
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -57,15 +97,12 @@ def read_config(model_dir: Path) -> dict[str, Any]:
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, batch_invariant: bool = True,
                max_positions: int = 256) -> DeepseekV3ForCausalLM:
     config = ModelConfig.from_dir(model_dir)
-    model = DeepseekV3ForCausalLM(config, Numerics(dtype, batch_invariant), max_positions)
+    cls = DeepseekV2ForCausalLM if config.architecture == "DeepseekV2ForCausalLM" else DeepseekV3ForCausalLM
+    model = cls(config, Numerics(dtype, batch_invariant), max_positions)
     model.load_weights(iter_checkpoint_tensors(model_dir))
     return model.eval()
 
 
-def load_hf(model_dir: str | Path, dtype: torch.dtype = torch.float32):  # type: ignore[no-untyped-def]
-    import transformers
-
-    return transformers.DeepseekV3ForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
 
 
 @torch.no_grad()

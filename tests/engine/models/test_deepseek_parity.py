@@ -6,7 +6,8 @@ cache (expanded MLA). Regimes: with/without query LoRA, YaRN with and without ms
 interleaved and rotate-half RoPE, one group / all groups kept / 2 of 4 groups kept. transformers
 5.x masks unchosen groups with -inf like the official code, so it is a valid reference for the
 group-limited regime too (older releases masked with 0.0; routing is also checked against an
-independent float64 formula in test_deepseek_routing.py).
+independent float64 formula in test_deepseek_routing.py). DeepSeek-V2 checkpoints (softmax
+routing, plain or group-limited) are compared with transformers' DeepseekV2 the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 import torch
 from deepseek_helpers import (
     REGIMES,
+    V2_REGIMES,
     PagedRunner,
     deepseek_checkpoint,
     generate_batch,
@@ -28,7 +30,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22], list(range(30, 51))]
 STEPS = 5
 
 
-@pytest.mark.parametrize("regime", sorted(REGIMES))
+@pytest.mark.parametrize("regime", sorted(REGIMES) + sorted(V2_REGIMES))
 def test_logits_and_greedy_match_transformers(regime: str) -> None:
     model_dir = deepseek_checkpoint(regime)
     ours = load_model(model_dir)
