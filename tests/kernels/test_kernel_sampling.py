@@ -60,6 +60,20 @@ def test_sampled_ids_match_reference(device: torch.device) -> None:
     assert got[4] == torch.argmax(r["logits"][4])  # top_k 1 is greedy too
 
 
+@pytest.mark.parametrize("top_k,top_p,min_p", [(3, 1.0, 0.0), (-1, 0.6, 0.0), (10, 0.9, 0.2)])
+def test_many_draws_stay_inside_the_filtered_set(device: torch.device, top_k: int, top_p: float,
+                                                 min_p: float) -> None:
+    """One row drawn at 12 positions: every id matches the reference, and the draws vary."""
+    b = 12
+    logits = (torch.randn(1, 300, generator=torch.Generator().manual_seed(5)) * 2).expand(b, 300).contiguous()
+    r = {"logits": logits, "seeds": torch.full((b,), 99, dtype=torch.int64), "positions": torch.arange(b)}
+    got, ref = _sample_both(r, [1.0] * b, [top_k] * b, [top_p] * b, [min_p] * b, device)
+    assert got.tolist() == ref.tolist()
+    assert len(set(got.tolist())) > 1
+    if top_k > 0:
+        assert set(got.tolist()) <= set(torch.topk(logits[0], top_k).indices.tolist())
+
+
 def test_greedy_ties_go_to_lowest_id_and_masks_are_respected(device: torch.device) -> None:
     logits = torch.full((2, 4100), -5.0)
     logits[0, [3000, 17, 4099]] = 2.0  # tie across kernel blocks: id 17 wins
