@@ -135,10 +135,9 @@ class BlockManager:
         full = num_computed_tokens // self.block_size
         if full <= len(request.block_hashes):
             return
-        tokens = request.all_token_ids
         parent = request.block_hashes[-1] if request.block_hashes else HASH_SEED
         for i in range(len(request.block_hashes), full):
-            parent = block_hash(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
+            parent = block_hash(parent, request.token_slice(i * self.block_size, (i + 1) * self.block_size))
             request.block_hashes.append(parent)
             block = self.blocks[request.block_table[i]]
             if block.hash is None and parent not in self.cached:

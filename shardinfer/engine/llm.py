@@ -63,6 +63,8 @@ class LLM:
             if len(ids) >= engine.max_model_len:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens; max_model_len={engine.max_model_len} leaves "
                                  "no room to generate: shorten it or raise max_model_len")
+            if params_list[i].so_args is not None:  # a bad schema raises GrammarError before any work
+                engine.grammar_compiler().compile(params_list[i].so_args)
             token_ids.append(ids)
         groups: list[list[str]] = []
         for i, (ids, params) in enumerate(zip(token_ids, params_list, strict=True)):

@@ -63,7 +63,15 @@ class LLMEngine:
         self.kv_caches = allocate_kv_caches(specs, num_blocks, cfg.block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv_caches, cfg.block_size, self.device, cfg.batch_invariant)
+        graphs = None
+        if self.device.type == "cuda" and not cfg.enforce_eager:
+            from shardinfer.engine.cuda_graphs import DecodeGraphs
+
+            graphs = DecodeGraphs(self.model, self.kv_caches, cfg.block_size, self.max_model_len, cfg.max_num_seqs,
+                                  self.device, cfg.batch_invariant)
+            graphs.capture()
+        self.runner = ModelRunner(self.model, self.kv_caches, cfg.block_size, self.device, cfg.batch_invariant,
+                                  graphs)
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0,
@@ -128,6 +136,7 @@ class LLMEngine:
             return None
         self.scheduler.finish(req)
         req.finish(RequestStatus.FINISHED_ABORTED)
+        req.output_text = self.tokenizer.decode(req.output_token_ids, req.params.skip_special_tokens)
         return self._output(req)
 
     def has_unfinished(self) -> bool:
@@ -189,7 +198,13 @@ class LLMEngine:
             req.output_top_logprobs.append(top)
         self.counters["generated_tokens"] += 1
         if req.grammar is not None:
-            req.grammar.accept(token)
+            try:
+                req.grammar.accept(token)
+            except RuntimeError as exc:  # the mask should make this impossible; fail the request, not the step
+                req.error = f"structured output: {exc}"
+                req.output_text = self.tokenizer.decode(req.output_token_ids[:-1], req.params.skip_special_tokens)
+                req.finish(RequestStatus.FINISHED_ERROR)
+                return
         status, reason, text = check_stop(req, self.tokenizer, self.max_model_len)
         req.output_text = text
         if status is not None:

@@ -1,12 +1,17 @@
 """Turns a scheduled batch into flat tensors, runs the model, and returns the logits rows the
 engine needs: one sampling row per request whose computed tokens reach its end, and, for
-requests asking for prompt logprobs, one row per prompt position in this chunk."""
+requests asking for prompt logprobs, one row per prompt position in this chunk.
+
+Pure-decode steps on CUDA replay a captured CUDA graph (engine/cuda_graphs.py); everything
+else runs eagerly.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from shardinfer.engine.forward_context import AttentionMetadata, ForwardContext
@@ -18,56 +23,90 @@ from shardinfer.engine.scheduler import ScheduledBatch
 class StepLogits:
     sample_requests: list[Request]
     sample_logits: torch.Tensor  # [S, V] float32
-    # request -> (first prompt position p whose logits are given, logits [n, V] predicting p+1...)
+    # request id -> (first prompt position p whose logits are given, logits [n, V] scoring p+1...)
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
+
+
+@dataclass
+class HostBatch:
+    """A step's flat inputs as host arrays (numpy), before they move to the device."""
+
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    query_start_loc: np.ndarray  # [B + 1] int32
+    seq_lens: np.ndarray  # [B] int32
+    block_tables: np.ndarray  # [B, max_blocks] int32, -1 padded
+
+
+def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
+    n_total = batch.total_tokens
+    ids = np.empty(n_total, dtype=np.int64)
+    pos = np.empty(n_total, dtype=np.int64)
+    slots = np.empty(n_total, dtype=np.int64)
+    qsl = np.zeros(len(batch) + 1, dtype=np.int32)
+    seq_lens = np.empty(len(batch), dtype=np.int32)
+    max_blocks = max(len(r.block_table) for r in batch.requests)
+    tables = np.full((len(batch), max_blocks), -1, dtype=np.int32)
+    cursor = 0
+    for i, (req, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
+        start = req.num_computed_tokens
+        table = np.asarray(req.block_table, dtype=np.int64)
+        tables[i, : len(table)] = table
+        p = np.arange(start, start + n, dtype=np.int64)
+        ids[cursor : cursor + n] = req.token_slice(start, start + n)
+        pos[cursor : cursor + n] = p
+        slots[cursor : cursor + n] = table[p // block_size] * block_size + p % block_size
+        cursor += n
+        qsl[i + 1] = cursor
+        seq_lens[i] = start + n
+    return HostBatch(ids, pos, slots, qsl, seq_lens, tables)
 
 
 class ModelRunner:
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, ...]], block_size: int,
-                 device: torch.device, batch_invariant: bool) -> None:
+                 device: torch.device, batch_invariant: bool, graphs: Any = None) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
         self.batch_invariant = batch_invariant
+        self.graphs = graphs  # a DecodeGraphs, or None
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
-        ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens: list[int] = []
-        bs = self.block_size
-        for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-            start = req.num_computed_tokens
-            ids.extend(req.all_token_ids[start : start + n])
-            for p in range(start, start + n):
-                pos.append(p)
-                slots.append(req.block_table[p // bs] * bs + p % bs)
-            qsl.append(qsl[-1] + n)
-            seq_lens.append(start + n)
-        max_blocks = max(len(r.block_table) for r in batch.requests)
-        table = torch.full((len(batch.requests), max_blocks), -1, dtype=torch.int32)
-        for i, req in enumerate(batch.requests):
-            table[i, : len(req.block_table)] = torch.tensor(req.block_table, dtype=torch.int32)
-        dev = self.device
+        host = build_host_batch(batch, self.block_size)
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=table.to(dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_size=bs,
+            query_start_loc=self._to_device(host.query_start_loc),
+            seq_lens=self._to_device(host.seq_lens),
+            block_tables=self._to_device(host.block_tables),
+            slot_mapping=self._to_device(host.slot_mapping),
+            block_size=self.block_size,
             max_query_len=max(batch.num_new_tokens),
-            max_seq_len=max(seq_lens),
-            query_start_loc_cpu=qsl,
-            seq_lens_cpu=seq_lens,
+            max_seq_len=int(host.seq_lens.max()),
+            query_start_loc_cpu=host.query_start_loc.tolist(),
+            seq_lens_cpu=host.seq_lens.tolist(),
         )
         ctx = ForwardContext(meta, self.kv_caches, self.batch_invariant)
-        return (torch.tensor(ids, dtype=torch.int64, device=dev), torch.tensor(pos, dtype=torch.int64, device=dev),
-                ctx)
+        return self._to_device(host.input_ids), self._to_device(host.positions), ctx
+
+    @staticmethod
+    def _is_pure_decode(batch: ScheduledBatch) -> bool:
+        return all(n == 1 and r.num_computed_tokens + 1 == r.num_tokens and not
+                   (r.wants_prompt_logprobs and not r.prompt_logprobs_done)
+                   for r, n in zip(batch.requests, batch.num_new_tokens, strict=True))
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepLogits:
+        if self.graphs is not None and self._is_pure_decode(batch) and self.graphs.fits(len(batch)):
+            host = build_host_batch(batch, self.block_size)
+            logits = self.graphs.run(host)
+            return StepLogits(list(batch.requests), logits, {})
         input_ids, positions, ctx = self._prepare(batch)
         hidden = self.model(input_ids, positions, ctx)
         sample_rows: list[int] = []

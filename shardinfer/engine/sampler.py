@@ -4,8 +4,9 @@ Each row is processed alone (per-row ops only), so a row's token never depends o
   raw logits -> logprobs (returned: the raw model distribution)
   -> penalties (repetition / presence / frequency) -> min_tokens and grammar masks (-inf)
   -> greedy argmax when temperature == 0, else
-     /T -> top-k, top-p, min-p masks (-inf) -> + Gumbel noise g(seed, position, token id) -> argmax.
-argmax returns the first maximum, so ties go to the lowest token id.
+     /T -> top-k, then top-p and min-p over the survivors (kernels/reference_sampling.py defines
+     the sets) -> + Gumbel noise g(seed, position, token id) -> argmax.
+Ties go to the lowest token id.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from shardinfer.engine.sampling_noise import gumbel_noise
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.kernels import ops
 
 
 @dataclass
@@ -55,50 +57,56 @@ def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     return logits
 
 
-def _truncate(scaled: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """top-k, top-p and min-p on temperature-scaled logits of one row; masked ids become -inf."""
-    neg_inf = torch.tensor(float("-inf"), device=scaled.device)
-    if p.top_k > 0 and p.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, p.top_k).values[-1]
-        scaled = torch.where(scaled < kth, neg_inf, scaled)
-    if p.top_p < 1.0 or p.min_p > 0.0:
-        probs = torch.softmax(scaled, dim=-1)
-        if p.min_p > 0.0:
-            scaled = torch.where(probs < p.min_p * probs.max(), neg_inf, scaled)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True, stable=True)
-            # Keep a token while the mass before it is < top_p: the smallest set reaching top_p.
-            mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-            drop_sorted = mass_before >= p.top_p
-            drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-            scaled = torch.where(drop, neg_inf, scaled)
-    return scaled
-
-
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
-    """logits [B, V] float32, one row per sampling request."""
-    logprobs_all = torch.log_softmax(logits.float(), dim=-1)
-    tokens: list[int] = []
-    for i, row in enumerate(rows):
-        x = _apply_penalties(logits[i].float(), row)
-        if row.blocked_token_ids:
-            x = x.clone()
-            x[torch.tensor(row.blocked_token_ids, dtype=torch.long, device=x.device)] = float("-inf")
-        if row.allowed_mask is not None:
-            x = x.masked_fill(~row.allowed_mask.to(x.device), float("-inf"))
-        if row.params.greedy:
-            tokens.append(int(torch.argmax(x)))
-            continue
-        scaled = _truncate(x / row.params.temperature, row.params)
-        noise = gumbel_noise(torch.tensor([row.seed]), torch.tensor([row.position]), x.shape[-1])[0]
-        tokens.append(int(torch.argmax(scaled + noise.to(scaled.device))))
-    chosen = torch.tensor(tokens, dtype=torch.long, device=logits.device)
-    lps = logprobs_all.gather(1, chosen.view(-1, 1)).view(-1).tolist()
-    tops: list[list[tuple[int, float]] | None] = []
-    for i, row in enumerate(rows):
-        k = row.params.logprobs
-        tops.append(top_k_logprobs(logprobs_all[i], k) if k else None)
-    return SampleResult(tokens, lps, tops)
+    """logits [B, V] float32, one row per sampling request.
+
+    Per-row processing (penalties, masks) touches only the rows that ask for it; the choice
+    itself is one batched call: the Triton kernel on CUDA, the reference on CPU (same sets, same
+    noise), so CPU and GPU runs follow one definition.
+    """
+    logits = logits.float()
+    logprobs_all = torch.log_softmax(logits, dim=-1)
+    x = logits
+    special = [i for i, r in enumerate(rows) if _needs_processing(r)]
+    if special:
+        x = logits.clone()
+        for i in special:
+            row = rows[i]
+            x[i] = _apply_penalties(x[i], row)
+            if row.blocked_token_ids:
+                x[i, torch.tensor(row.blocked_token_ids, dtype=torch.long, device=x.device)] = float("-inf")
+            if row.allowed_mask is not None:
+                x[i] = x[i].masked_fill(~row.allowed_mask.to(x.device), float("-inf"))
+    dev = x.device
+
+    def col(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=dev)
+
+    temperature = col([r.params.temperature for r in rows], torch.float32)
+    top_k = col([r.params.top_k for r in rows], torch.int32)
+    top_p = col([r.params.top_p for r in rows], torch.float32)
+    min_p = col([r.params.min_p for r in rows], torch.float32)
+    seeds = col([r.seed for r in rows], torch.int64)
+    positions = col([r.position for r in rows], torch.int64)
+    noise = None if x.is_cuda else gumbel_noise(seeds, positions, x.shape[-1])
+    chosen = ops.sample(x, temperature, top_k, top_p, min_p, seeds, positions, noise).to(dev)
+    lps = logprobs_all.gather(1, chosen.view(-1, 1)).view(-1)
+    tops: list[list[tuple[int, float]] | None] = [None] * len(rows)
+    k_max = max((r.params.logprobs or 0) for r in rows)
+    if k_max:
+        top_vals, top_ids = torch.topk(logprobs_all, k_max, dim=-1)
+        top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
+        for i, r in enumerate(rows):
+            k = r.params.logprobs or 0
+            if k:
+                tops[i] = list(zip(top_ids_l[i][:k], top_vals_l[i][:k], strict=True))
+    return SampleResult(chosen.tolist(), lps.tolist(), tops)
+
+
+def _needs_processing(row: SamplingRow) -> bool:
+    p = row.params
+    return bool(row.blocked_token_ids or row.allowed_mask is not None or p.repetition_penalty != 1.0
+                or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
 
 
 def top_k_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:

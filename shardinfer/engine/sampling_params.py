@@ -80,7 +80,7 @@ class SamplingParams:
             raise bad("stop", self.stop, "must be a list of non-empty strings")
         if self.so_args is not None:
             if not isinstance(self.so_args, dict) or "schema_type" not in self.so_args:
-                raise bad("so_args", self.so_args, 'expected {"schema_type": "json"|"regex"|"ebnf", "schema": ...}')
+                raise bad("so_args", self.so_args, 'expected {"schema_type": "json"|"regex"|"ebnf"|"lark", "schema": ...}')
             if self.so_args["schema_type"] not in SO_SCHEMA_TYPES:
                 raise bad("so_args", self.so_args, f"schema_type must be one of {SO_SCHEMA_TYPES}")
 

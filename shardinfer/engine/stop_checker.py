@@ -20,6 +20,8 @@ def check_stop(req: Request, tokenizer: Tokenizer,
     if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in tokenizer.eos_token_ids)):
         text = tokenizer.decode(req.output_token_ids[:-1], p.skip_special_tokens)
         return RequestStatus.FINISHED_STOPPED, token, text
+    if not p.stop and req.grammar is None and n_out < req.max_tokens and req.num_tokens < max_model_len:
+        return None, None, ""  # nothing needs the text yet: decode once, at the end
     text = tokenizer.decode(req.output_token_ids, p.skip_special_tokens)
     if may_stop and p.stop:
         # Only a match that ends in the newest token's text is new; earlier text was checked before.

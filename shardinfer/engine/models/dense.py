@@ -19,7 +19,7 @@ from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear, RMSNorm, copy_param
 from shardinfer.engine.models.rope import RopeTable
-from shardinfer.kernels import reference as ops
+from shardinfer.kernels import ops
 
 # Checkpoint tensors that carry no model state (old exports keep rope caches).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -67,8 +67,12 @@ class DenseAttention(nn.Module):
         k_cache, v_cache = ctx.kv_caches[self.layer_idx]
         ops.store_kv(k_cache, k, ctx.attn.slot_mapping)
         ops.store_kv(v_cache, v, ctx.attn.slot_mapping)
-        out = ops.paged_attention(q, k_cache, v_cache, ctx.attn.query_start_loc_cpu, ctx.attn.seq_lens_cpu,
-                                  ctx.attn.block_tables, self.scale, self.window, self.numerics.batch_invariant)
+        meta = ctx.attn
+        # Device tensors feed the kernel (and CUDA graphs); the CPU reference loops over host lists.
+        qsl, lens = ((meta.query_start_loc, meta.seq_lens) if q.is_cuda
+                     else (meta.query_start_loc_cpu, meta.seq_lens_cpu))
+        out = ops.paged_attention(q, k_cache, v_cache, qsl, lens, meta.block_tables, self.scale, self.window,
+                                  self.numerics.batch_invariant, max_seq_len=meta.max_seq_len)
         return self.o_proj(out.reshape(t, self.q_size))
 
 

@@ -1,0 +1,183 @@
+"""Side-by-side throughput: shardinfer and transformers on one checkpoint and request list.
+
+    python bench/throughput.py --workload dense-small [--requests 1024] [--hf-requests 64]
+                               [--batch-invariant on|off] [--out bench/results]
+
+Prints output tok/s of each and the ratio; for the decode phase, the step time against the HBM
+floor (weights + KV of the running batch / measured copy bandwidth). Writes
+bench/results/<workload>-<stamp>.json (PERF.md's format) and appends a row to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.workloads import SHAPES, build_checkpoint, requests
+from shardinfer import LLM, SamplingParams
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + written)."""
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        y.copy_(x)
+    e.record()
+    torch.cuda.synchronize()
+    bw = 2 * x.numel() * 10 / (s.elapsed_time(e) / 1e3)
+    del x, y
+    return bw
+
+
+def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace) -> dict[str, Any]:
+    llm = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              max_model_len=args.max_model_len)
+    engine = llm.llm_engine
+    params = [SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=i)
+              for i, (_, out) in enumerate(reqs)]
+    warm = [SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=1)] * 4
+    llm.generate([r[0] for r in reqs[:4]], warm)
+    for i, ((ids, _), p) in enumerate(zip(reqs, params, strict=True)):
+        engine.add_request(f"r{i}", ids, p)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out_tokens = 0
+    decode_steps: list[tuple[int, float, int]] = []  # (batch size, seconds, kv tokens)
+    busy = 0.0
+    while engine.has_unfinished():
+        batch_peek = len(engine.scheduler.running)
+        s = time.perf_counter()
+        pure_decode = not engine.scheduler.waiting and all(
+            r.num_computed_tokens + 1 == r.num_tokens for r in engine.scheduler.running)
+        kv = sum(r.num_tokens for r in engine.scheduler.running)
+        for out in engine.step():
+            out_tokens += len(out.outputs[0].token_ids)
+        step_s = time.perf_counter() - s
+        busy += step_s
+        if pure_decode and batch_peek:
+            decode_steps.append((batch_peek, step_s, kv))
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    stats = engine.stats()
+    return {"output_tok_s": out_tokens / wall, "wall_s": wall, "output_tokens": out_tokens,
+            "steps": stats["steps"], "preemptions": stats["preemptions"],
+            "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
+            "host_gap_s": wall - busy, "decode_steps": decode_steps,
+            "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
+            "kv_bytes_per_token": sum(s.values_per_token for s in engine.model.kv_cache_specs()) * 2}
+
+
+def run_transformers(model_dir: Path, reqs: list[tuple[list[int], int]], out_len: int) -> dict[str, Any]:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+    gc = transformers.GenerationConfig(max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
+                                       eos_token_id=None, pad_token_id=0)
+    inputs = [ids for ids, _ in reqs]
+    try:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = model.generate_batch(inputs=inputs, generation_config=gc)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        n = sum(len(v.generated_tokens) for v in out.values())
+        mode = "generate_batch"
+    except Exception as exc:  # MLA models: its paged cache assumes equal K/V head dims (PERF.md)
+        print(f"generate_batch failed ({type(exc).__name__}); using static generate", flush=True)
+        t, n = time.perf_counter(), 0
+        for i in range(0, len(inputs), 64):
+            chunk = inputs[i : i + 64]
+            width = max(map(len, chunk))
+            ids = torch.tensor([[0] * (width - len(c)) + c for c in chunk], device="cuda")
+            mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk], device="cuda")
+            with torch.no_grad():
+                g = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
+            n += (g.shape[1] - width) * len(chunk)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        mode = "static generate, batches of 64"
+    del model
+    torch.cuda.empty_cache()
+    return {"output_tok_s": n / wall, "wall_s": wall, "output_tokens": n, "mode": mode}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="dense-small", choices=sorted(SHAPES))
+    ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument("--in-range", type=int, nargs=2, default=(100, 1024))
+    ap.add_argument("--out-range", type=int, nargs=2, default=(100, 1024))
+    ap.add_argument("--hf-requests", type=int, default=64, help="requests for the transformers side (0 = skip)")
+    ap.add_argument("--hf-out-len", type=int, default=256)
+    ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--ckpt-dir", default="/tmp/shardinfer-bench")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+
+    shape = SHAPES[args.workload]
+    model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload)
+    reqs = requests(args.requests, shape["vocab_size"], tuple(args.in_range), tuple(args.out_range))
+    bw = copy_bandwidth()
+    ours = run_shardinfer(model_dir, reqs, args)
+    torch.cuda.empty_cache()
+    hf = None
+    if args.hf_requests:
+        hf_reqs = requests(args.hf_requests, shape["vocab_size"], tuple(args.in_range), (1, 1), seed=1)
+        hf = run_transformers(model_dir, hf_reqs, args.hf_out_len)
+    # Decode floor at the largest steady batch: every step reads all weights + the batch's KV.
+    steps = ours.pop("decode_steps")
+    floor_frac = None
+    decode_summary = None
+    if steps:
+        top = max(b for b, _, _ in steps)
+        chosen = [(s, kv) for b, s, kv in steps if b == top]
+        med_s = sorted(s for s, _ in chosen)[len(chosen) // 2]
+        med_kv = sorted(kv for _, kv in chosen)[len(chosen) // 2]
+        floor_s = (ours["weight_bytes"] + med_kv * ours["kv_bytes_per_token"]) / (bw / 2)
+        floor_frac = floor_s / med_s
+        decode_summary = {"batch": top, "median_step_ms": med_s * 1e3, "floor_ms": floor_s * 1e3,
+                          "kv_tokens": med_kv, "n_steps": len(chosen)}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or None
+    now = dt.datetime.now(dt.UTC)
+    result = {"workload": args.workload, "gpu": torch.cuda.get_device_name(0), "commit": commit,
+              "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
+              "shardinfer_output_tok_s": ours["output_tok_s"],
+              "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
+              "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,
+              "decode_floor_fraction": floor_frac, "decode": decode_summary, "copy_bandwidth_GBps": bw / 1e9,
+              "requests": args.requests, "in_range": args.in_range, "out_range": args.out_range,
+              "settings": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+                           "max_model_len": args.max_model_len},
+              "shardinfer": ours, "transformers": hf, "torch": torch.__version__}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"{'workload':<12} {'bi':<4} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>7} {'decode/floor':>13}")
+    print(f"{args.workload:<12} {args.batch_invariant:<4} {ours['output_tok_s']:>11.0f} "
+          f"{(hf or {}).get('output_tok_s', float('nan')):>9.0f} {result['ratio'] or float('nan'):>7.1f} "
+          f"{floor_frac if floor_frac is not None else float('nan'):>13.2f}")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

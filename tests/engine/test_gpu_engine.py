@@ -1,0 +1,51 @@
+"""The engine on CUDA against the CPU path (run on a GPU machine: pytest -m gpu)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardinfer import LLM, SamplingParams
+from tests.engine.engine_helpers import batch_logits
+
+pytestmark = pytest.mark.gpu
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 33, 70, 2, 129)]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "llama"])
+def test_gpu_greedy_fp32_matches_cpu(tiny_checkpoint, family: str) -> None:
+    model_dir = tiny_checkpoint(family)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    cpu = LLM(model_dir, device="cpu", dtype="float32")
+    prompts = _prompts(cpu.llm_engine.model_config.vocab_size)
+    want = [o.outputs[0].token_ids for o in cpu.generate(prompts, params)]
+    for eager in (True, False):
+        gpu = LLM(model_dir, device="cuda", dtype="float32", enforce_eager=eager)
+        got = [o.outputs[0].token_ids for o in gpu.generate(prompts, params)]
+        assert got == want, f"enforce_eager={eager}"
+
+
+def test_gpu_bf16_logits_close_to_fp32(qwen3_dir) -> None:
+    ref = LLM(qwen3_dir, device="cpu", dtype="float32")
+    prompts = _prompts(ref.llm_engine.model_config.vocab_size)
+    want = batch_logits(ref.llm_engine, prompts)
+    gpu = LLM(qwen3_dir, device="cuda", dtype="bfloat16", enforce_eager=True)
+    got = batch_logits(gpu.llm_engine, prompts)
+    for w, g in zip(want, got, strict=True):
+        err = (g.float().cpu() - w).abs().max().item()
+        assert err <= 0.05 * max(1.0, w.abs().max().item()), err
+
+
+def test_gpu_sampled_rows_do_not_depend_on_the_batch(qwen3_dir) -> None:
+    llm = LLM(qwen3_dir, device="cuda", dtype="bfloat16")
+    prompts = _prompts(llm.llm_engine.model_config.vocab_size)
+    p = SamplingParams(temperature=1.0, max_tokens=32, ignore_eos=True, seed=5)
+    alone = llm.generate([prompts[1]], p)[0].outputs[0]
+    others = [SamplingParams(temperature=0.7, max_tokens=m, seed=m) for m in (3, 40, 17, 9)]
+    inside = llm.generate(prompts, [others[0], p, *others[1:]])[1].outputs[0]
+    assert inside.token_ids == alone.token_ids
+    assert inside.logprobs == alone.logprobs
