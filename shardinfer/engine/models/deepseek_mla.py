@@ -26,7 +26,7 @@ from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear, RMSNorm
 from shardinfer.engine.models.rope import RopeTable, yarn_mscale
-from shardinfer.kernels import reference as ops
+from shardinfer.kernels import ops
 from shardinfer.kernels import reference_mla as mla
 
 # The latent norms use RMSNorm's default epsilon in both the official and transformers code,
@@ -111,9 +111,21 @@ class DeepseekMLA(nn.Module):
         k_pe = self._rope(k_pe, cos, sin).squeeze(1)
 
         (cache,) = ctx.kv_caches[self.layer_idx]
-        mla.mla_store_latent(cache, latent, k_pe, ctx.attn.slot_mapping)
+        ops.store_kv(cache, torch.cat([latent, k_pe.to(latent.dtype)], dim=-1), ctx.attn.slot_mapping)
         q_latent = mla.mla_absorb_query(q_nope, self.w_uk, bi)
-        o_latent = mla.mla_paged_attention(q_latent, q_pe, cache, ctx.attn.query_start_loc_cpu,
-                                           ctx.attn.seq_lens_cpu, ctx.attn.block_tables, self.scale, bi)
+        o_latent = _paged_mla(q_latent, q_pe, cache, ctx, self.scale, bi)
         o = mla.mla_project_value(o_latent, self.w_uv_t, bi)
         return self.o_proj(o.reshape(t, d.num_heads * d.v_head_dim))
+
+
+def _paged_mla(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext,
+               scale: float, batch_invariant: bool) -> torch.Tensor:
+    """The Triton kernel on CUDA (batch invariant by construction), the reference elsewhere."""
+    a = ctx.attn
+    if cache.is_cuda and ops.triton_available():
+        from shardinfer.kernels import mla_decode
+
+        return mla_decode.mla_paged_attention(q_latent, q_pe.contiguous(), cache, a.query_start_loc, a.seq_lens,
+                                              a.block_tables, scale, max_seq_len=a.max_seq_len)
+    return mla.mla_paged_attention(q_latent, q_pe, cache, a.query_start_loc_cpu, a.seq_lens_cpu,
+                                   a.block_tables, scale, batch_invariant)

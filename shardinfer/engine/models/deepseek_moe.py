@@ -17,7 +17,7 @@ from shardinfer.engine.errors import ModelLoadError
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear
-from shardinfer.kernels import reference as ops
+from shardinfer.kernels import ops
 from shardinfer.kernels import reference_moe as moe
 
 

@@ -124,13 +124,14 @@ class PagedRunner:
     """A miniature model runner: owns the latent caches, a block pool and per-sequence block tables."""
 
     def __init__(self, model: DeepseekV3ForCausalLM, num_blocks: int = 96, block_size: int = 4,
-                 include_mtp: bool = False, seed: int = 0) -> None:
+                 include_mtp: bool = False, seed: int = 0, device: str = "cpu") -> None:
         self.model = model
+        self.device = torch.device(device)
         self.block_size = block_size
         specs = model.kv_cache_specs() + (model.mtp_kv_cache_specs() if include_mtp else [])
         dtype = model.numerics.dtype
-        self.caches = [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype) for shape in spec.entries)
-                       for spec in specs]
+        self.caches = [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=self.device)
+                             for shape in spec.entries) for spec in specs]
         # A shuffled free list scatters each sequence's blocks over the pool.
         gen = torch.Generator().manual_seed(seed)
         self.free = torch.randperm(num_blocks, generator=gen).tolist()
@@ -168,19 +169,22 @@ class PagedRunner:
         tables = torch.full((len(batch), width), -1, dtype=torch.int32)
         for i, (key, _) in enumerate(batch):
             tables[i, : len(self.blocks[key])] = torch.tensor(self.blocks[key], dtype=torch.int32)
+        dev = self.device
         attn = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_tables=tables, slot_mapping=torch.tensor(slots, dtype=torch.int64), block_size=self.block_size,
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev), block_tables=tables.to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev), block_size=self.block_size,
             max_query_len=max(len(n) for _, n in batch), max_seq_len=max(seq_lens),
             query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
         ctx = ForwardContext(attn=attn, kv_caches=self.caches, batch_invariant=self.model.numerics.batch_invariant)
-        return torch.tensor(ids, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64), ctx
+        return (torch.tensor(ids, dtype=torch.int64, device=dev), torch.tensor(positions, dtype=torch.int64, device=dev),
+                ctx)
 
     @torch.no_grad()
     def step(self, batch: list[tuple[Hashable, list[int]]]) -> list[torch.Tensor]:
         """Run one step; returns each sequence's logits [new tokens, vocab] (float32)."""
         ids, positions, ctx = self.prepare(batch)
-        logits = self.model.compute_logits(self.model(ids, positions, ctx))
+        logits = self.model.compute_logits(self.model(ids, positions, ctx)).cpu()
         bounds = ctx.attn.query_start_loc_cpu
         return [logits[bounds[i] : bounds[i + 1]] for i in range(len(batch))]
 
