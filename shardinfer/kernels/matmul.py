@@ -1,0 +1,211 @@
+"""Batch-invariant linear layer: y = x @ weight.T + bias with a row's result independent of M.
+
+A GEMM library picks its tiling, split-K factor and even its instruction path from the problem
+shape, so the same row of x can be reduced over K in a different order at M=1 than inside
+M=4096, and round differently. Here every (N, K, dtype) gets ONE tile configuration, chosen
+without looking at M, and the kernel never splits K: each output tile is computed by one
+program that walks K from 0 to K in BLOCK_K steps into one float32 accumulator. The kernel is
+also compiled without specialising on M (`do_not_specialize`), so every M runs the very same
+machine code; M only decides how many tiles exist and how many programs the grid launches.
+Row i of the result is then bitwise identical whether it is computed alone or inside any batch,
+whichever tile and tile row it lands in.
+
+Tile order (`_tile_coords`): GROUP_M consecutive row tiles sweep the column tiles together so
+the band of weight rows they share stays in L2 during prefill. Persistent mode launches at most
+one program per SM (per `programs_per_sm`) which loops over tiles; either mode gives the same
+numbers, only speed differs.
+
+Rows past M and columns past N are clamped to row/column 0 for the loads (their results are
+discarded at the store), so the K loop needs no M/N masks and stays on the fast, unmasked
+copy path; only a K that is not a multiple of BLOCK_K masks the tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, interpreting
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One fixed tiling. Any fixed config is batch invariant; they differ only in speed."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    persistent: bool = True
+    programs_per_sm: int = 1
+
+
+# Measured winners per (N, K, dtype) go here; anything absent falls back to `_default_config`.
+# Never key an entry on M: that would give a row a different reduction order at another batch size.
+CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig] = {}
+
+
+def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
+    if dtype == torch.float32:
+        # IEEE float32 runs on the FMA units, not the tensor cores; small tiles keep registers in check.
+        return TileConfig(64, 64, 32, num_warps=4, num_stages=3)
+    # Two warpgroups of wgmma over a 128-row tile. Narrow outputs (o/down projections of small
+    # models) get 64-wide column tiles so decode still spreads the weight read over more SMs.
+    block_n = 64 if n <= 2048 else 128
+    return TileConfig(128, block_n, 64, num_warps=8, num_stages=4)
+
+
+def tile_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
+    """The one configuration used for every M of an (N, K, dtype) problem."""
+    return CONFIG_OVERRIDES.get((n, k, dtype)) or _default_config(n, k, dtype)
+
+
+@triton.jit
+def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    per_group = GROUP_M * num_pid_n
+    first_m = (tile // per_group) * GROUP_M
+    rows_in_group = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % rows_in_group
+    pid_n = (tile % per_group) // rows_in_group
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    # Compile-time branches below stay plain if/else statements (the form every Triton release
+    # resolves at compile time), hence the noqa.
+    if PERSISTENT:  # noqa: SIM108
+        step = NUM_PROGRAMS
+    else:
+        step = num_tiles  # one tile per program: the loop body runs once
+    # A second tile counter for the epilogue keeps its index math off the main loop's critical
+    # path when the compiler flattens the two loops into one software pipeline.
+    out_tile = pid - step
+    for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows = tl.where(rows < M, rows, 0).to(tl.int64)
+        cols = tl.where(cols < N, cols, 0).to(tl.int64)
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
+        w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn  # weight.T tile, K-major
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            if EVEN_K:
+                a = tl.load(x_ptrs)
+                b = tl.load(w_ptrs)
+            else:
+                k_left = K - kt * BLOCK_K
+                a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            if INTERPRET:
+                # The CPU interpreter's tl.dot is numpy's BLAS matmul, whose result for a row
+                # depends on the row's position in the block (and which mishandles bfloat16);
+                # a broadcast product summed over K in order is position-independent there.
+                acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+            elif IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+
+        out_tile += step
+        om, on = _tile_coords(out_tile, num_pid_m, num_pid_n, GROUP_M)
+        out_rows = om * BLOCK_M + tl.arange(0, BLOCK_M)
+        out_cols = on * BLOCK_N + tl.arange(0, BLOCK_N)
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + out_cols, mask=out_cols < N, other=0.0)
+            acc += bias.to(tl.float32)[None, :]
+        y_ptrs = y_ptr + out_rows.to(tl.int64)[:, None] * stride_ym + out_cols[None, :]
+        mask = (out_rows[:, None] < M) & (out_cols[None, :] < N)
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _check(x: object, weight: object, bias: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    x = check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
+    weight = check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, contiguous=True)
+    if weight.shape[1] != x.shape[1]:
+        raise fail("weight.shape", tuple(weight.shape),
+                   f"need [N, {x.shape[1]}]: weight's K must equal x's last dim")
+    if bias is not None:
+        bias = check_tensor("bias", bias, dtypes=(x.dtype,), ndim=1, contiguous=True)
+        if bias.shape[0] != weight.shape[0]:
+            raise fail("bias.shape", tuple(bias.shape), f"need ({weight.shape[0]},), one value per output column")
+    check_same_device(x=x, weight=weight, bias=bias)
+    if x.stride(0) < 0:
+        raise fail("x", f"row stride {x.stride(0)}", "need non-negative strides (call .contiguous())")
+    return x, weight, bias
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: TileConfig) -> torch.Tensor:
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if k == 0:
+        return y.copy_(bias.expand(m, n)) if bias is not None else y.zero_()
+    # A single row's stride is meaningless (torch may report anything); give the kernel K so
+    # M=1 sees the same stride specialisation as every other M.
+    stride_xm = x.stride(0) if m > 1 else k
+    on_gpu = x.device.type == "cuda"
+    # The interpreter has no SMs; 4 programs still exercise the persistent loop.
+    cap = (_sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    grid = (min(cap, tiles) if config.persistent else tiles,)
+    with torch.cuda.device(x.device) if on_gpu else contextlib.nullcontext():
+        _linear_kernel[grid](
+            x, weight, bias if bias is not None else y, y, m, n, k, stride_xm, weight.stride(0), y.stride(0),
+            HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, EVEN_K=k % config.block_k == 0,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+            PERSISTENT=config.persistent, NUM_PROGRAMS=cap, INTERPRET=interpreting(),
+            num_warps=config.num_warps, num_stages=config.num_stages)
+    return y
+
+
+def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor,
+                           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight.T + bias, each row bitwise independent of the other rows and of M.
+
+    x: [M, K] bfloat16/float16/float32 on CUDA, last dim contiguous (any row stride);
+    weight: [N, K] contiguous, x's dtype; bias: [N] contiguous, x's dtype, or None.
+    Returns a contiguous [M, N] tensor of x's dtype. Accumulates in float32 (IEEE float32
+    products for float32 inputs, never TF32); the bias is added in float32 before the one final
+    rounding. The tiling comes from `tile_config(N, K, dtype)`, never from M.
+    Raises ValueError naming the argument when a precondition fails.
+    """
+    x, weight, bias = _check(x, weight, bias)
+    return _run(x, weight, bias, tile_config(weight.shape[0], weight.shape[1], x.dtype))
+
+
+def linear_with_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       config: TileConfig) -> torch.Tensor:
+    """`linear_batch_invariant` with an explicit tiling, for tuning and tests.
+
+    Invariance holds only while one caller uses one config for every M of a problem.
+    """
+    x, weight, bias = _check(x, weight, bias)
+    return _run(x, weight, bias, config)
