@@ -14,8 +14,8 @@ import torch
 from shardinfer.kernels import reference
 from shardinfer.kernels.reference import bmm_rows, linear
 
-__all__ = ["bmm_rows", "fused_add_rms_norm", "linear", "paged_attention", "rms_norm", "rope_interleaved",
-           "rope_neox", "sample", "silu_and_mul", "store_kv", "triton_available"]
+__all__ = ["bmm_rows", "fused_add_rms_norm", "linear", "mla_paged_attention", "moe_experts", "paged_attention",
+           "rms_norm", "rope_interleaved", "rope_neox", "sample", "silu_and_mul", "store_kv", "triton_available"]
 
 
 @functools.cache
@@ -116,3 +116,31 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                          "engine.sampling_noise.gumbel_noise(seeds, positions, vocab_size)")
     from shardinfer.kernels import reference_sampling
     return reference_sampling.sample(logits, temperature, top_k, top_p, min_p, noise)
+
+
+def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
+                        query_start_loc: list[int] | torch.Tensor, seq_lens: list[int] | torch.Tensor,
+                        block_tables: torch.Tensor, scale: float, batch_invariant: bool = True,
+                        max_seq_len: int | None = None) -> torch.Tensor:
+    """reference_mla.mla_paged_attention; on CUDA the absorbed-MLA kernel (always batch invariant)."""
+    if _use_triton(q_latent):
+        from shardinfer.kernels import mla_decode
+        if max_seq_len is None and not isinstance(seq_lens, torch.Tensor):
+            max_seq_len = max(seq_lens, default=0)
+        return mla_decode.mla_paged_attention(q_latent, q_pe, cache, _as_int32(query_start_loc, q_latent.device),
+                                              _as_int32(seq_lens, q_latent.device), block_tables.to(torch.int32),
+                                              scale, max_seq_len=max_seq_len)
+    from shardinfer.kernels import reference_mla
+    qsl = query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor) else query_start_loc
+    sl = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens
+    return reference_mla.mla_paged_attention(q_latent, q_pe, cache, qsl, sl, block_tables, scale, batch_invariant)
+
+
+def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
+                w_down: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
+    """reference_moe.moe_experts; on CUDA the fused grouped-GEMM kernel (always batch invariant)."""
+    if _use_triton(x):
+        from shardinfer.kernels import moe
+        return moe.fused_moe(x.contiguous(), topk_ids, topk_weights.float().contiguous(), w_gate_up, w_down)
+    from shardinfer.kernels import reference_moe
+    return reference_moe.moe_experts(x, topk_ids, topk_weights, w_gate_up, w_down, batch_invariant)

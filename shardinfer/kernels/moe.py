@@ -1,0 +1,155 @@
+"""Fused mixture-of-experts FFN: route-sorted grouped GEMMs with SiLU-and-mul in the epilogue.
+
+    x [T, H]; topk_ids [T, k]; topk_weights [T, k] float32
+    w_gate_up [E, 2I, H] ([gate | up] rows per expert); w_down [E, H, I]
+
+1. align (torch ops, no host sync): the T*k (token, slot) pairs are sorted by expert and each
+   expert's run is padded to a multiple of BLOCK_M, so every tile of BLOCK_M rows belongs to
+   one expert. Padding rows hold -1.
+2. gate/up GEMM, grid (tiles, I / BLOCK_N): a tile gathers its tokens' rows of x, multiplies by
+   the expert's gate and up weights, and writes silu(gate) * up per slot ([T*k, I]).
+3. down GEMM, grid (tiles, H / BLOCK_N): per slot, [T*k, H] in x's dtype.
+4. combine, grid (T,): out[t] = sum_j weight[t, j] * slot_out[t, j], in slot order, float32.
+
+Batch invariance: each GEMM row is one (token, slot) pair; its dot products run over the K
+dim in a fixed BLOCK_K order with a fixed tile config, and MMA rows do not mix, so a token's
+output does not depend on which or how many other tokens chose the same expert. The combine
+sums a token's k slots in slot order. Rounding mirrors reference_moe.moe_experts: the GEMM
+outputs are rounded to x's dtype before the activation and before the weighted sum.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, next_pow2
+
+BLOCK_M = 64
+BLOCK_N = 64
+BLOCK_K = 64
+
+
+@triton.jit
+def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, n_cols, k_dim, a_row_div,
+                         sa, swe, swn, so, n_experts, up_offset,
+                         GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """out[slot, n] = a[slot // a_row_div] . w[e, n] (GATED: silu(. w[e, n]) * (. w[e, up_offset + n]))."""
+    tile = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + tile)
+    if expert < n_experts:
+        rows = tl.arange(0, BLOCK_M)
+        slot = tl.load(sorted_ptr + tile * BLOCK_M + rows)
+        row_ok = slot >= 0
+        a_row = tl.where(row_ok, slot // a_row_div, 0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < n_cols
+        w_base = w_ptr + expert.to(tl.int64) * swe
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < k_dim
+            a = tl.load(a_ptr + a_row[:, None] * sa + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_base + cols[None, :] * swn + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            if GATED:
+                wu = tl.load(w_base + (up_offset + cols)[None, :] * swn + ks[:, None],
+                             mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+                acc_up = tl.dot(a, wu, acc_up, input_precision=PRECISION)
+        dtype = out_ptr.dtype.element_ty
+        if GATED:
+            g = acc.to(dtype).to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+            res = (act * acc_up.to(dtype).to(tl.float32)).to(dtype)
+        else:
+            res = acc.to(dtype)
+        out_rows = tl.where(row_ok, slot, 0).to(tl.int64)
+        tl.store(out_ptr + out_rows[:, None] * so + cols[None, :], res, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _combine_kernel(slot_out_ptr, weight_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < hidden
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOP_K):  # slot order: a token's sum does not depend on its batch
+        v = tl.load(slot_out_ptr + (t * TOP_K + j) * hidden + cols, mask=mask, other=0.0).to(tl.float32)
+        acc = acc + v * tl.load(weight_ptr + t * TOP_K + j)
+    tl.store(out_ptr + t * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_slots [P] int32 with -1 padding, block_expert [P / block_m] int32, n_experts = none).
+
+    Slots (t * k + j) are grouped by expert in increasing slot order; each expert's group starts
+    at a multiple of block_m. P is a static bound (T*k + E*(block_m - 1), rounded up), so no
+    device-to-host sync is needed; tiles past the last expert's get expert id n_experts (skip).
+    """
+    flat = topk_ids.reshape(-1).long()
+    n_slots = flat.numel()
+    device = flat.device
+    counts = torch.bincount(flat, minlength=n_experts)[:n_experts]
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    order = torch.argsort(flat, stable=True)
+    first_of_expert = torch.cumsum(counts, 0) - counts
+    sorted_experts = flat[order]
+    rank = torch.arange(n_slots, device=device) - first_of_expert[sorted_experts]
+    total = -(-(n_slots + n_experts * (block_m - 1)) // block_m) * block_m
+    sorted_slots = torch.full((total,), -1, dtype=torch.int32, device=device)
+    sorted_slots[starts[sorted_experts] + rank] = order.to(torch.int32)
+    tile_starts = torch.arange(0, total, block_m, device=device)
+    block_expert = torch.searchsorted(ends, tile_starts, right=True).to(torch.int32)
+    return sorted_slots, block_expert
+
+
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor) -> torch.Tensor:
+    """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), expert = down(silu(gate x) * up x).
+
+    x [T, H] float32/float16/bfloat16 contiguous; topk_ids [T, k] int32/int64 in [0, E);
+    topk_weights [T, k] float32; w_gate_up [E, 2I, H] and w_down [E, H, I] contiguous, x's dtype.
+    Returns [T, H] in x's dtype (semantics of reference_moe.moe_experts).
+    """
+    check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, contiguous=True)
+    check_tensor("topk_ids", topk_ids, dtypes=(torch.int32, torch.int64), ndim=2)
+    check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2, contiguous=True)
+    check_tensor("w_gate_up", w_gate_up, dtypes=(x.dtype,), ndim=3, contiguous=True)
+    check_tensor("w_down", w_down, dtypes=(x.dtype,), ndim=3, contiguous=True)
+    t, hidden = x.shape
+    n_experts, two_i, h_w = w_gate_up.shape
+    inter = two_i // 2
+    if h_w != hidden or two_i % 2:
+        raise fail("w_gate_up.shape", tuple(w_gate_up.shape), f"need (E, 2I, {hidden})")
+    if tuple(w_down.shape) != (n_experts, hidden, inter):
+        raise fail("w_down.shape", tuple(w_down.shape), f"need {(n_experts, hidden, inter)}")
+    if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != t:
+        raise fail("topk_ids/topk_weights shapes", (tuple(topk_ids.shape), tuple(topk_weights.shape)),
+                   f"need both ({t}, k)")
+    check_same_device(x=x, topk_ids=topk_ids, topk_weights=topk_weights, w_gate_up=w_gate_up, w_down=w_down)
+    top_k = topk_ids.shape[1]
+    out = torch.empty_like(x)
+    if t == 0 or top_k == 0:
+        return out.zero_()
+    sorted_slots, block_expert = align_to_experts(topk_ids, n_experts)
+    n_tiles = block_expert.shape[0]
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
+    _grouped_gemm_kernel[(n_tiles, triton.cdiv(inter, BLOCK_N))](
+        x, w_gate_up, act, sorted_slots, block_expert, inter, hidden, top_k, x.stride(0), w_gate_up.stride(0),
+        w_gate_up.stride(1), act.stride(0), n_experts, inter, GATED=True, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K, PRECISION=precision, num_warps=4, num_stages=3)
+    slot_out = torch.empty(t * top_k, hidden, dtype=x.dtype, device=x.device)
+    _grouped_gemm_kernel[(n_tiles, triton.cdiv(hidden, BLOCK_N))](
+        act, w_down, slot_out, sorted_slots, block_expert, hidden, inter, 1, act.stride(0), w_down.stride(0),
+        w_down.stride(1), slot_out.stride(0), n_experts, 0, GATED=False, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K, PRECISION=precision, num_warps=4, num_stages=3)
+    block = min(1024, next_pow2(hidden))
+    _combine_kernel[(t, triton.cdiv(hidden, block))](slot_out, topk_weights, out, hidden, TOP_K=top_k, BLOCK=block)
+    return out
