@@ -1,9 +1,12 @@
-"""Small kernel benchmarks on one GPU: paged-attention decode against its HBM floor, and a few others.
+"""Kernel benchmarks on one GPU, each against its floor, with a tile-config sweep for attention.
 
 Decode attention is memory-bound: a step must read every running sequence's K and V once, plus
-q and out. floor = bytes / (measured device-to-device copy bandwidth); we print achieved GB/s
-and achieved / floor-bandwidth. Times are medians of CUDA-event timings after warm-up, with
-random (never zero) data and block tables scattered over the pool, as a real cache is.
+q and out; floor = those bytes / the measured device-to-device copy bandwidth (bytes read +
+written). We print achieved GB/s and its fraction of that bandwidth. Prefill attention and MoE
+GEMMs are reported in TFLOP/s against a measured bf16 matmul rate. Every timing is the median
+of CUDA-event timings after warm-up, on random data, with block tables scattered over the pool.
+Each attention config is also checked: close to the baseline config, and a row computed alone
+bit-identical to the same row in the batch.
 
     python bench/kernels/bench_kernels.py [--out DIR]    (DIR defaults to $OUT, else .)
 """
@@ -16,17 +19,22 @@ import os
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from shardinfer.kernels import mla_decode, moe, reference_moe, rmsnorm, sampling
 from shardinfer.kernels import paged_attention as pa
-from shardinfer.kernels import rmsnorm, sampling
+
+BF16 = torch.bfloat16
 
 
-def median_ms(fn, warmup: int = 5, reps: int = 30) -> float:  # type: ignore[no-untyped-def]
+def median_ms(fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -42,68 +50,152 @@ def median_ms(fn, warmup: int = 5, reps: int = 30) -> float:  # type: ignore[no-
     return times[len(times) // 2]
 
 
-def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second (the memory ceiling we compare to)."""
-    n = 1 << 30  # 2 GiB of bf16 each way
-    a = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+def ceilings() -> tuple[float, float]:
+    """(copy bytes/s counting read + write, bf16 matmul FLOP/s) measured here."""
+    a = torch.randn(1 << 30, device="cuda", dtype=BF16)
     b = torch.empty_like(a)
-    ms = median_ms(lambda: b.copy_(a), reps=10)
-    return 2 * a.numel() * a.element_size() / (ms * 1e-3)
+    bw = 2 * a.numel() * 2 / (median_ms(lambda: b.copy_(a), reps=10) * 1e-3)
+    del a, b
+    m = torch.randn(8192, 8192, device="cuda", dtype=BF16)
+    flops = 2 * 8192**3 / (median_ms(lambda: m @ m, reps=10) * 1e-3)
+    return bw, flops
 
 
-def decode_case(batch: int, ctx: int, hq: int, hk: int, d: int, page: int, kv_chunk: int,
-                bw: float) -> dict[str, float | int]:
-    gen = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
-    blocks_per_seq = -(-ctx // page)
-    n_blocks = batch * blocks_per_seq
-    kc = torch.randn(n_blocks, page, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    vc = torch.randn(n_blocks, page, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    bt = torch.randperm(n_blocks, device="cuda", generator=gen).view(batch, blocks_per_seq).int()
-    q = torch.randn(batch, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
-    qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
-    sl = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
-    scale = d ** -0.5
-
-    def run() -> torch.Tensor:
-        return pa.paged_attention(q, kc, vc, qsl, sl, bt, scale, max_seq_len=ctx, kv_chunk=kv_chunk)
-
-    ms = median_ms(run)
-    kv_bytes = 2 * batch * ctx * hk * d * 2
-    qo_bytes = 2 * batch * hq * d * 2
-    gbs = (kv_bytes + qo_bytes) / (ms * 1e-3) / 1e9
-    return {"batch": batch, "ctx": ctx, "hq": hq, "hk": hk, "head_dim": d, "block_size": page,
-            "kv_chunk": kv_chunk, "ms": ms, "bytes": kv_bytes + qo_bytes, "achieved_GBs": gbs,
-            "floor_ms": (kv_bytes + qo_bytes) / bw * 1e3, "fraction_of_copy_bw": gbs * 1e9 / bw}
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def sdpa_case(batch: int, ctx: int, hq: int, hk: int, d: int, bw: float) -> dict[str, float | int]:
-    """torch's own attention on the same data laid out densely: a yardstick, not paged."""
-    q = torch.randn(batch, hq, 1, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(batch, hk, ctx, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    ms = median_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-    nbytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
-    return {"batch": batch, "ctx": ctx, "ms": ms, "achieved_GBs": nbytes / (ms * 1e-3) / 1e9,
-            "fraction_of_copy_bw": nbytes / (ms * 1e-3) / bw}
+class DecodeBatch:
+    """B decode rows at one context length over a paged cache (dense GQA or MLA latent)."""
+
+    def __init__(self, batch: int, ctx: int, hq: int, page: int, entry: tuple[int, ...], q_dims: tuple[int, ...]):
+        gen = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
+        per_seq = -(-ctx // page)
+        n_blocks = batch * per_seq
+        self.caches = [torch.randn(n_blocks, page, *entry, device="cuda", dtype=BF16, generator=gen)
+                       for _ in range(2 if len(entry) == 2 else 1)]
+        self.bt = torch.randperm(n_blocks, device="cuda", generator=gen).view(batch, per_seq).int()
+        self.qs = [torch.randn(batch, hq, d, device="cuda", dtype=BF16, generator=gen) for d in q_dims]
+        self.qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
+        self.sl = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+        self.batch, self.ctx = batch, ctx
 
 
-def other_kernels(bw: float) -> dict[str, dict[str, float]]:
-    res: dict[str, dict[str, float]] = {}
-    x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
+def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
+    """Qwen3-8B attention (32 q / 8 kv heads, d 128, bf16, 16-token pages) over tile configs."""
+    hq, hk, d = 32, 8, 128
+    configs = [(64, 64, 4, 2), (64, 128, 4, 2), (64, 64, 8, 2), (64, 128, 8, 3),
+               (16, 64, 4, 2), (16, 128, 4, 2), (32, 64, 4, 2)]
+    batches = {b: DecodeBatch(b, 2048, hq, 16, (hk, d), (d,)) for b in (64, 256)}
+    # Prefill: 4 prompts of 2048 tokens, causal.
+    pre_t, pre_b = 2048, 4
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    pkc = torch.randn(pre_b * 128, 16, hk, d, device="cuda", dtype=BF16, generator=gen)
+    pvc = torch.randn_like(pkc)
+    pbt = torch.randperm(pre_b * 128, device="cuda", generator=gen).view(pre_b, 128).int()
+    pq = torch.randn(pre_b * pre_t, hq, d, device="cuda", dtype=BF16, generator=gen)
+    pqsl = torch.arange(0, pre_b * pre_t + 1, pre_t, device="cuda", dtype=torch.int32)
+    psl = torch.full((pre_b,), pre_t, device="cuda", dtype=torch.int32)
+    pre_flops = pre_b * 2 * 2 * hq * d * pre_t * (pre_t + 1) / 2
+    results = []
+    baseline: dict[int, torch.Tensor] = {}
+    for chunk in (512, 1024):
+        for bm, bn, warps, stages in configs:
+            cfg = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "kv_chunk": chunk}
+
+            def run(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, qsl: torch.Tensor, sl: torch.Tensor,
+                    bt: torch.Tensor, max_len: int, cfg: dict[str, int] = cfg) -> torch.Tensor:
+                return pa.launch(q, None, kc, vc, kc.stride()[:3], vc.stride()[:3], hk, d, d, qsl, sl, bt,
+                                 d ** -0.5, None, max_len, cfg["kv_chunk"], cfg["block_m"], cfg["block_n"],
+                                 cfg["num_warps"], cfg["num_stages"])
+
+            row: dict[str, Any] = dict(cfg)
+            try:
+                for b, db in batches.items():
+                    args = (db.qs[0], db.caches[0], db.caches[1], db.qsl, db.sl, db.bt, db.ctx)
+                    out = run(*args)
+                    baseline.setdefault(b, out)
+                    alone = run(db.qs[0][5:6], db.caches[0], db.caches[1], db.qsl[:2], db.sl[5:6], db.bt[5:6],
+                                db.ctx)
+                    ms = median_ms(lambda args=args: run(*args))
+                    nbytes = 2 * b * db.ctx * hk * d * 2 + 2 * b * hq * d * 2
+                    row[f"decode_b{b}_ms"] = ms
+                    row[f"decode_b{b}_GBs"] = nbytes / (ms * 1e-3) / 1e9
+                    row[f"decode_b{b}_of_copy_bw"] = nbytes / (ms * 1e-3) / bw
+                    row[f"decode_b{b}_rel_err_vs_baseline"] = rel_err(out, baseline[b])
+                    row[f"decode_b{b}_row_alone_bitwise"] = bool(torch.equal(alone, out[5:6]))
+                pargs = (pq, pkc, pvc, pqsl, psl, pbt, pre_t)
+                ms = median_ms(lambda: run(*pargs), reps=10)
+                row["prefill_4x2048_ms"] = ms
+                row["prefill_TFLOPs"] = pre_flops / (ms * 1e-3) / 1e12
+                row["prefill_of_matmul_rate"] = pre_flops / (ms * 1e-3) / flops
+            except Exception as exc:  # a config that fails to compile or run is reported, not fatal
+                row["error"] = repr(exc)[:300]
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    return results
+
+
+def sweep_mla(bw: float) -> list[dict[str, Any]]:
+    """moe-16b MLA decode: 16 heads, latent 512 + rope 64 per token, 64-token pages."""
+    rows = []
+    batches = {b: DecodeBatch(b, 2048, 16, 64, (576,), (512, 64)) for b in (64, 256)}
+    for bm, bn, warps in [(16, 32, 4), (16, 64, 4), (16, 64, 8), (32, 32, 8), (16, 32, 8)]:
+        row: dict[str, Any] = {"block_m": bm, "block_n": bn, "num_warps": warps}
+        try:
+            for b, db in batches.items():
+                def run(db: DecodeBatch = db) -> torch.Tensor:
+                    return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt,
+                                                          0.1, max_seq_len=db.ctx, block_m=bm, block_n=bn,
+                                                          num_warps=warps)
+                ms = median_ms(run)
+                nbytes = b * db.ctx * 576 * 2 + b * 16 * (576 + 512) * 2
+                row[f"b{b}_ms"] = ms
+                row[f"b{b}_GBs"] = nbytes / (ms * 1e-3) / 1e9
+                row[f"b{b}_of_copy_bw"] = nbytes / (ms * 1e-3) / bw
+        except Exception as exc:
+            row["error"] = repr(exc)[:300]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def bench_moe(bw: float, flops: float) -> list[dict[str, Any]]:
+    """moe-16b routed experts: hidden 2048, intermediate 1408, 64 experts, top-6, bf16."""
+    hidden, inter, experts, top_k = 2048, 1408, 64, 6
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    wgu = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=BF16, generator=gen) * 0.02
+    wd = torch.randn(experts, hidden, inter, device="cuda", dtype=BF16, generator=gen) * 0.02
+    rows = []
+    for t in (64, 256, 2048):
+        x = torch.randn(t, hidden, device="cuda", dtype=BF16, generator=gen)
+        w, ids = reference_moe.grouped_topk(torch.randn(t, experts, device="cuda", generator=gen), None, top_k)
+        ms = median_ms(lambda x=x, ids=ids, w=w: moe.fused_moe(x, ids, w, wgu, wd))
+        touched = int(torch.unique(ids).numel())
+        wbytes = touched * 3 * hidden * inter * 2
+        fl = 2 * t * top_k * 3 * hidden * inter
+        rows.append({"tokens": t, "ms": ms, "experts_touched": touched, "weight_GBs": wbytes / (ms * 1e-3) / 1e9,
+                     "weight_of_copy_bw": wbytes / (ms * 1e-3) / bw, "TFLOPs": fl / (ms * 1e-3) / 1e12,
+                     "of_matmul_rate": fl / (ms * 1e-3) / flops})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def bench_small() -> dict[str, float]:
+    res: dict[str, float] = {}
+    x = torch.randn(256, 4096, device="cuda", dtype=BF16)
     r = torch.randn_like(x)
-    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
-    ms = median_ms(lambda: rmsnorm.fused_add_rms_norm(x, r, w, 1e-6))
-    nbytes = 4 * x.numel() * 2
-    res["fused_add_rms_norm_256x4096"] = {"ms": ms, "fraction_of_copy_bw": nbytes / (ms * 1e-3) / bw}
+    w = torch.randn(4096, device="cuda", dtype=BF16)
+    res["fused_add_rms_norm_256x4096_ms"] = median_ms(lambda: rmsnorm.fused_add_rms_norm(x, r, w, 1e-6))
     b, vocab = 256, 151936
     logits = torch.randn(b, vocab, device="cuda") * 4
     seeds = torch.randint(0, 2**62, (b,), device="cuda")
     pos = torch.randint(0, 10**6, (b,), device="cuda")
-    for name, temp, k, p in [("greedy", 0.0, -1, 1.0), ("plain_T1", 1.0, -1, 1.0),
-                             ("top_k50_top_p0.9", 1.0, 50, 0.9)]:
+    for name, temp, k, p in [("greedy", 0.0, -1, 1.0), ("T1", 1.0, -1, 1.0), ("top_k50", 1.0, 50, 1.0),
+                             ("top_p0.9", 1.0, -1, 0.9), ("top_k50_top_p0.9", 1.0, 50, 0.9)]:
         args = (logits, torch.full((b,), temp, device="cuda"), torch.full((b,), k, device="cuda", dtype=torch.int32),
                 torch.full((b,), p, device="cuda"), torch.zeros(b, device="cuda"), seeds, pos)
-        res[f"sample_{name}_256x151936"] = {"ms": median_ms(lambda a=args: sampling.sample(*a), reps=10)}
+        res[f"sample_{name}_256x151936_ms"] = median_ms(lambda a=args: sampling.sample(*a), reps=10)
     return res
 
 
@@ -111,37 +203,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    bw = copy_bandwidth()
-    print(f"GPU {torch.cuda.get_device_name()}  copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
-    decode = []
-    for hq, hk in [(32, 8), (16, 8)]:
-        for batch in (64, 256):
-            for chunk in (512, 2048):
-                decode.append(decode_case(batch, 2048, hq, hk, 128, 16, chunk, bw))
-    sdpa = [sdpa_case(bt, 2048, 32, 8, 128, bw) for bt in (64, 256)]
-    others = other_kernels(bw)
-    print(f"{'Hq/Hk':>6} {'batch':>5} {'ctx':>5} {'chunk':>5} {'ms':>8} {'floor ms':>8} {'GB/s':>7} {'of copy bw':>10}")
-    for r in decode:
-        print(f"{r['hq']:>3}/{r['hk']:<2} {r['batch']:>5} {r['ctx']:>5} {r['kv_chunk']:>5} {r['ms']:>8.3f} "
-              f"{r['floor_ms']:>8.3f} {r['achieved_GBs']:>7.0f} {r['fraction_of_copy_bw']:>10.1%}")
-    for r in sdpa:
-        print(f"torch SDPA dense 32/8 batch {r['batch']}: {r['ms']:.3f} ms, {r['achieved_GBs']:.0f} GB/s "
-              f"({r['fraction_of_copy_bw']:.1%})")
-    for name, r in others.items():
-        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    record = {"workload": "kernels-decode-attention", "gpu": torch.cuda.get_device_name(), "commit": commit,
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "batch_invariant": True,
-              "copy_bandwidth_Bps": bw, "paged_attention_decode": decode, "torch_sdpa_dense": sdpa,
-              "other": others, "torch": torch.__version__}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    bw, flops = ceilings()
+    print(f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
+          f"bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
+    record: dict[str, Any] = {"workload": "kernels", "gpu": torch.cuda.get_device_name(), "commit": commit,
+                              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "batch_invariant": True,
+                              "torch": torch.__version__, "copy_bandwidth_Bps": bw, "bf16_matmul_flops": flops}
     path = out / f"kernels-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
-    path.write_text(json.dumps(record, indent=2))
+    for name, fn in [("small", bench_small), ("moe", lambda: bench_moe(bw, flops)), ("mla_decode", lambda: sweep_mla(bw)),
+                     ("paged_attention", lambda: sweep_dense(bw, flops))]:
+        try:
+            record[name] = fn()
+        except Exception:
+            record[name] = {"error": traceback.format_exc()[-1500:]}
+            print(record[name]["error"], flush=True)
+        path.write_text(json.dumps(record, indent=2))
+    print("\nsummary (decode ctx 2048; GB/s and fraction of copy bandwidth)")
+    for r in record.get("paged_attention", []):
+        if isinstance(r, dict):
+            print("dense " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in r.items() if not k.endswith("_ms")))
     print(f"wrote {path}")
 
 
