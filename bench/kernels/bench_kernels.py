@@ -55,7 +55,6 @@ def ceilings() -> tuple[float, float]:
     a = torch.randn(1 << 30, device="cuda", dtype=BF16)
     b = torch.empty_like(a)
     bw = 2 * a.numel() * 2 / (median_ms(lambda: b.copy_(a), reps=10) * 1e-3)
-    del a, b
     m = torch.randn(8192, 8192, device="cuda", dtype=BF16)
     flops = 2 * 8192**3 / (median_ms(lambda: m @ m, reps=10) * 1e-3)
     return bw, flops
@@ -125,7 +124,7 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
                     row[f"decode_b{b}_rel_err_vs_baseline"] = rel_err(out, baseline[b])
                     row[f"decode_b{b}_row_alone_bitwise"] = bool(torch.equal(alone, out[5:6]))
                 pargs = (pq, pkc, pvc, pqsl, psl, pbt, pre_t)
-                ms = median_ms(lambda: run(*pargs), reps=10)
+                ms = median_ms(lambda pargs=pargs: run(*pargs), reps=10)
                 row["prefill_4x2048_ms"] = ms
                 row["prefill_TFLOPs"] = pre_flops / (ms * 1e-3) / 1e12
                 row["prefill_of_matmul_rate"] = pre_flops / (ms * 1e-3) / flops
@@ -144,7 +143,7 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"block_m": bm, "block_n": bn, "num_warps": warps}
         try:
             for b, db in batches.items():
-                def run(db: DecodeBatch = db) -> torch.Tensor:
+                def run(db: DecodeBatch = db, bm: int = bm, bn: int = bn, warps: int = warps) -> torch.Tensor:
                     return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt,
                                                           0.1, max_seq_len=db.ctx, block_m=bm, block_n=bn,
                                                           num_warps=warps)
