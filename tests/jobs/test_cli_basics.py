@@ -132,3 +132,22 @@ def test_fingerprint_drift_refused_with_78(tmp_path: Path, model_dir: Path, shar
     assert over.returncode == 0, over.stderr
     success = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert success["fingerprint"]["sampling.defaults"]["temperature"] == 0.3
+
+
+def test_too_many_bad_rows_exits_65_with_error_records(tmp_path: Path, model_dir: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": "a", "prompt": "hello fox"}, {"id": "b", "prompt": None}, {"id": "c", "prompt": ""},
+            {"id": "d", "prompt": "split commit"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(tmp_path / "in.parquet"), str(tmp_path / "out"),
+                            input={"passthrough_columns": []}, job={"max_error_fraction": 0.25}))
+    result = cli("submit", str(job))
+    assert result.returncode == 65, result.stderr
+    assert "2 of 4 output records are errors" in result.stderr
+    got = {r["row_id"]: (r["status"], r["error_code"]) for r in committed_rows(str(tmp_path / "out"))}
+    assert got == {"a": ("ok", None), "b": ("error", "empty_prompt"), "c": ("error", "empty_prompt"),
+                   "d": ("ok", None)}
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
