@@ -42,11 +42,10 @@ def free_port() -> int:
 
 
 def s3_options(endpoint: str, **client: Any) -> dict[str, Any]:
-    """s3fs storage options for an endpoint; new instance each time so tests don't share caches."""
+    """s3fs storage options for an endpoint (fsspec caches one client per distinct option set)."""
     return {
         **_CREDENTIALS,
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1", **client},
-        "skip_instance_cache": True,
+        "client_kwargs": {"endpoint_url": endpoint, **client},
     }
 
 
@@ -75,7 +74,7 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
             if fault == "drop":
                 return
             if fault in ("503", "500"):
-                self._send_error(int(fault))
+                self._send_error(int(fault), method)
                 continue
             status, reason, out_headers, payload = self._forward(method, target, headers, body)
             if fault == "drop_after":
@@ -97,6 +96,10 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
 
     def _read_body(self, headers: list[tuple[str, str]]) -> bytes:
         lookup = {k.lower(): v for k, v in headers}
+        if lookup.get("expect", "").lower() == "100-continue":
+            # botocore sends PutObject bodies only after this interim response.
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.wfile.flush()
         if lookup.get("transfer-encoding", "").lower() == "chunked":
             chunks = []
             while True:
@@ -116,7 +119,7 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
         try:
             conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
             for name, value in headers:
-                if name.lower() in ("transfer-encoding", "content-length", "connection"):
+                if name.lower() in ("transfer-encoding", "content-length", "connection", "expect"):
                     continue
                 conn.putheader(name, value)
             conn.putheader("Content-Length", str(len(body)))
@@ -127,7 +130,9 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
         finally:
             conn.close()
 
-    def _send(self, status: int, reason: str, headers: list[tuple[str, str]], payload: bytes, method: str) -> None:
+    def _send(
+        self, status: int, reason: str, headers: list[tuple[str, str]], payload: bytes, method: str
+    ) -> None:
         lines = [f"HTTP/1.1 {status} {reason}"]
         for name, value in headers:
             if name.lower() in ("transfer-encoding", "connection", "content-length"):
@@ -142,13 +147,16 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
         self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload)
         self.wfile.flush()
 
-    def _send_error(self, status: int) -> None:
-        code, reason = ("SlowDown", "Slow Down") if status == 503 else ("InternalError", "Internal Server Error")
+    def _send_error(self, status: int, method: str) -> None:
+        code, reason = (
+            ("SlowDown", "Slow Down") if status == 503 else ("InternalError", "Internal Server Error")
+        )
         body = (
             f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
             f"<Message>injected by the test proxy</Message></Error>"
         ).encode()
-        self._send(status, reason, [("Content-Type", "application/xml")], body, "GET")
+        headers = [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))]
+        self._send(status, reason, headers, body, method)
 
 
 class _ProxyServer(socketserver.ThreadingTCPServer):
@@ -182,7 +190,7 @@ class FaultProxy:
         port = int(upstream.rsplit(":", 1)[1])
         self._server = _ProxyServer(port, every, faults)
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
     @property

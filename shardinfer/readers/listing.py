@@ -69,7 +69,6 @@ def _files_under(fs: AbstractFileSystem, path: str, spec: InputSpec) -> list[str
     if _has_glob(path):
         found = with_retries(_RETRY, f"list {spec.path}", lambda: fs.glob(path, detail=True))
         return [p for p, info in found.items() if info.get("type") == "file"]
-    fs.invalidate_cache(path)
     if with_retries(_RETRY, f"stat {spec.path}", lambda: fs.isdir(path)):
         found = with_retries(_RETRY, f"list {spec.path}", lambda: fs.find(path))
         root = path.rstrip("/") + "/"
@@ -86,6 +85,7 @@ def _files_under(fs: AbstractFileSystem, path: str, spec: InputSpec) -> list[str
 def list_input_files(spec: InputSpec) -> list[str]:
     """The input files as full fsspec URLs, sorted; InputMissingError when nothing matches."""
     fs, path = filesystem(spec.path, spec.storage_options)
+    fs.invalidate_cache()  # a listing cached earlier in this process may predate new files
     candidates = _files_under(fs, path, spec)
     explicit_file = not _has_glob(path) and candidates == [path]
     if explicit_file:
