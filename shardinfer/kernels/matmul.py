@@ -46,6 +46,15 @@ class TileConfig:
     persistent: bool = True
     programs_per_sm: int = 1
 
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"TileConfig.{name}: got {v}, need a power of two >= 16 (tl.dot's minimum)")
+        for name in ("num_warps", "num_stages", "group_m", "programs_per_sm"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TileConfig.{name}: got {getattr(self, name)}, need >= 1")
+
 
 # Measured winners per (N, K, dtype) go here; anything absent falls back to `_default_config`.
 # Never key an entry on M: that would give a row a different reduction order at another batch size.

@@ -1,0 +1,190 @@
+"""Batch-invariant linear: accuracy against float64, bitwise row invariance across M, launcher checks.
+
+The unmarked tests run anywhere (Triton's CPU interpreter without a GPU) on tiny shapes, with
+small tilings so a few rows already span several tiles, ragged edges and a K tail. The `gpu`
+tests run the engine's real Qwen3 projection shapes compiled on the device.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from kernel_checks import TOL, rel_err
+
+from shardinfer.kernels import _common
+from shardinfer.kernels import matmul as mm
+
+if not torch.cuda.is_available():
+    # The interpreter flag is read when a kernel is decorated; re-import in case another test
+    # folder imported this module before the interpreter was switched on.
+    mm = importlib.reload(mm)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SMALL = {  # tiny tilings that are still fixed for every M, as the real ones are
+    "persistent": mm.TileConfig(16, 16, 16, num_warps=4, num_stages=2, group_m=2),
+    "one_tile_per_program": mm.TileConfig(16, 32, 16, num_warps=4, num_stages=2, persistent=False),
+}
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+
+
+def _problem(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
+             seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = _randn(m, k, dtype=dtype, seed=seed)
+    w = _randn(n, k, dtype=dtype, seed=seed + 1, scale=k ** -0.5)
+    b = _randn(n, dtype=dtype, seed=seed + 2)
+    return x.to(device), w.to(device), b.to(device)
+
+
+def _ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    y = x.double().cpu() @ w.double().cpu().T
+    return y + b.double().cpu() if b is not None else y
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config,k", [("persistent", 40), ("one_tile_per_program", 48)])  # 40: K tail
+def test_matches_float64_and_rows_are_bitwise_invariant(device: torch.device, dtype: torch.dtype, config: str,
+                                                        k: int) -> None:
+    cfg = SMALL[config]
+    x, w, b = _problem(37, 40, k, dtype, device, seed=k)
+    full = mm.linear_with_config(x, w, b, cfg)
+    assert full.shape == (37, 40) and full.dtype == dtype
+    assert rel_err(full, _ref(x, w, b)) < TOL[dtype]
+    # Each slice puts its rows at other positions inside other tiles than the full batch does.
+    for start, rows in [(5, 1), (36, 1), (3, 7), (17, 20)]:
+        part = mm.linear_with_config(x[start:start + rows], w, b, cfg)
+        assert torch.equal(part, full[start:start + rows]), (start, rows)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_tiling_without_bias(device: torch.device, dtype: torch.dtype) -> None:
+    x, w, _ = _problem(131, 24, 72, dtype, device, seed=3)  # 131 rows: two 128-row tiles
+    full = mm.linear_batch_invariant(x, w)
+    assert rel_err(full, _ref(x, w, None)) < TOL[dtype]
+    for i in (0, 77, 130):
+        assert torch.equal(mm.linear_batch_invariant(x[i:i + 1], w), full[i:i + 1])
+
+
+def test_row_strided_input(device: torch.device) -> None:
+    """A column slice of a wider activation (row stride > K) is read in place."""
+    wide, w, b = _problem(9, 20, 64, torch.float32, device, seed=5)
+    x = wide[:, :40]
+    w = w[:, :40].contiguous()
+    cfg = SMALL["persistent"]
+    out = mm.linear_with_config(x, w, b, cfg)
+    assert rel_err(out, _ref(x, w, b)) < TOL[torch.float32]
+    assert torch.equal(mm.linear_with_config(x[4:5], w, b, cfg), out[4:5])
+
+
+def test_empty_dims(device: torch.device) -> None:
+    x, w, b = _problem(3, 8, 16, torch.float32, device, seed=6)
+    assert mm.linear_batch_invariant(x[:0], w, b).shape == (0, 8)
+    no_k = mm.linear_batch_invariant(x[:, :0], w[:, :0].contiguous(), b)
+    assert torch.equal(no_k.cpu(), b.cpu().expand(3, 8))
+
+
+def test_tiling_ignores_m() -> None:
+    """The config is a function of (N, K, dtype) only; overrides are keyed the same way."""
+    cfg = mm.TileConfig(64, 64, 64, num_warps=4, num_stages=3)
+    mm.CONFIG_OVERRIDES[(96, 80, torch.float16)] = cfg
+    try:
+        assert mm.tile_config(96, 80, torch.float16) == cfg
+        assert mm.tile_config(96, 80, torch.bfloat16) != cfg
+    finally:
+        del mm.CONFIG_OVERRIDES[(96, 80, torch.float16)]
+
+
+def test_rejects_bad_inputs(device: torch.device) -> None:
+    x, w, b = _problem(4, 8, 16, torch.float32, device, seed=7)
+    cases = [
+        ((x.half(), w, None), r"weight\.dtype"),
+        ((x, w[:, :15].contiguous(), None), r"weight\.shape"),
+        ((x.unsqueeze(0), w, None), r"x\.dim\(\)"),
+        ((x, w.T.contiguous().T, None), r"weight: got strides"),
+        ((x.T.contiguous().T, w, None), r"x: got last-dim stride"),
+        ((x, w, b[:7]), r"bias\.shape"),
+        ((x, w, b.half()), r"bias\.dtype"),
+        ((x.int(), w, None), r"x\.dtype"),
+        (([[1.0]], w, None), r"x: got list"),
+    ]
+    for args, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            mm.linear_batch_invariant(*args)
+
+
+def test_rejects_bad_tilings() -> None:
+    with pytest.raises(ValueError, match=r"TileConfig\.block_k: got 48"):
+        mm.TileConfig(64, 64, 48, num_warps=4, num_stages=3)
+    with pytest.raises(ValueError, match=r"TileConfig\.num_stages: got 0"):
+        mm.TileConfig(64, 64, 64, num_warps=4, num_stages=0)
+
+
+def test_rejects_cpu_tensors_when_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_common, "interpreting", lambda: False)
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="need CUDA tensors"):
+        mm.linear_batch_invariant(x, torch.randn(4, 8))
+
+
+# ---- real shapes on the GPU -------------------------------------------------------------------
+
+QWEN3_SHAPES = {  # (N, K) of each projection
+    "0.6b_qkv": (4096, 1024), "0.6b_gate_up": (6144, 1024), "0.6b_o": (1024, 2048),
+    "0.6b_down": (1024, 3072), "0.6b_lm_head": (151936, 1024),
+    "8b_qkv": (6144, 4096), "8b_gate_up": (24576, 4096), "8b_o": (4096, 4096),
+    "8b_down": (4096, 12288), "8b_lm_head": (151936, 4096),
+}
+BATCH_SIZES = (1, 7, 64, 300)  # each compared with the same rows inside M=4096
+
+
+def _gpu_problem(n: int, k: int, dtype: torch.dtype, bias: bool,
+                 seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(4096, k, device="cuda", generator=gen).to(dtype)
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(dtype)
+    b = torch.randn(n, device="cuda", generator=gen).to(dtype) if bias else None
+    return x, w, b
+
+
+def _check_invariant_and_accurate(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    full = mm.linear_batch_invariant(x, w, b)
+    assert torch.equal(mm.linear_batch_invariant(x, w, b), full)  # run to run
+    m = x.shape[0]
+    for rows in BATCH_SIZES:
+        # Offsets that place the rows at the start, in the middle and across tile boundaries.
+        for start in (0, 129, m - rows):
+            part = mm.linear_batch_invariant(x[start:start + rows], w, b)
+            assert torch.equal(part, full[start:start + rows]), (rows, start)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    ref = x.float() @ w.float().T
+    if b is not None:
+        ref += b.float()
+    assert rel_err(full, ref) < TOL[x.dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(QWEN3_SHAPES))
+def test_qwen3_shapes_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    n, k = QWEN3_SHAPES[shape]
+    x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=False, seed=n + k)
+    _check_invariant_and_accurate(x, w, b, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", ["0.6b_qkv", "0.6b_o"])
+def test_other_dtypes_with_bias(shape: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    n, k = QWEN3_SHAPES[shape]
+    x, w, b = _gpu_problem(n, k, dtype, bias=True, seed=n - k)
+    _check_invariant_and_accurate(x, w, b, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_row_strided_input_and_bias_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w, b = _gpu_problem(4096, 1024 + 64, torch.bfloat16, bias=True, seed=11)
+    _check_invariant_and_accurate(x[:, :1024], w[:, :1024].contiguous(), b, monkeypatch)
