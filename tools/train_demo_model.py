@@ -19,8 +19,10 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -45,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-tasks", type=int, default=700)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--smoke", action="store_true", help="tiny data and a few steps, to check the pipeline")
+    p.add_argument("--skip-eval", action="store_true", help="stop after saving the model files")
     return p.parse_args()
 
 
@@ -79,7 +82,7 @@ def main() -> None:
 
     tok_texts = [t for _, t in train_files] + [f"{t.prompt}\n{t.answer}" for t in train_set[:30_000]]
     tok = corpus.train_tokenizer(tok_texts, args.vocab)
-    bos, eos, pad = (tok.token_to_id(x) for x in (corpus.BOS, corpus.EOS, corpus.PAD))
+    bos, eos, pad = (special_id(tok, x) for x in (corpus.BOS, corpus.EOS, corpus.PAD))
     log(f"tokenizer: {tok.get_vocab_size()} tokens")
 
     def encode_docs(texts: list[str]) -> list[list[int]]:
@@ -127,6 +130,8 @@ def main() -> None:
     gen_cfg = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     log(f"saved {out} ({(out / 'model.safetensors').stat().st_size / 1e6:.2f} MB weights)")
+    if args.skip_eval:
+        return
 
     # --- reload with transformers and record the metrics ------------------------------------------
     ref, mtp_ref, load_info = reload(out, args.device, impl)
@@ -184,6 +189,13 @@ def main() -> None:
         f"text / {ev['mtp_chat_tasks']['mtp_top1_agreement']:.3f} chat; total {time.time() - t0:.0f} s")
 
 
+def special_id(tok: Tokenizer, name: str) -> int:
+    found = tok.token_to_id(name)
+    if found is None:
+        raise RuntimeError(f"the trained tokenizer lacks special token {name}")
+    return found
+
+
 def choose_experts_impl(main_model, mtp, cfg, device: str) -> str:
     """The fastest experts implementation that runs forward and backward here (grouped_mm needs newer GPUs)."""
     ids = torch.randint(0, cfg.vocab_size, (2, 16), device=device)
@@ -206,7 +218,8 @@ def reload(out: Path, device: str, impl: str):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    ref, info = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
+    ref, info = loaded
     if info.get("missing_keys"):
         raise RuntimeError(f"transformers found no tensor for {sorted(info['missing_keys'])}")
     ref.config._experts_implementation = impl if device.startswith("cuda") else "eager"

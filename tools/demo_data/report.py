@@ -20,7 +20,10 @@ DeepSeek-V3 path (MLA, group-routed MoE with a shared expert, the MTP layer) can
 CPU against numbers recorded here. It is a test fixture, not a useful assistant.
 
 Built by `tools/train_demo_model.py` (seed {tr['seed']}, {tr['steps']} steps; rerun with
-`python tools/train_demo_model.py --seed {tr['seed']} --steps {tr['steps']}`).
+`python tools/train_demo_model.py --seed {tr['seed']} --steps {tr['steps']}`). The text corpus is the
+standard library of the Python that runs the script, so a rerun reproduces these weights only with the
+same Python installation and library versions; on CPU two runs give byte-identical files, on GPU the run
+uses PyTorch's deterministic algorithms where they exist (warn-only elsewhere).
 
 ## Architecture
 

@@ -73,8 +73,9 @@ class RouterBalancer:
             if measure:  # reading it back synchronises with the GPU, so only on logging steps
                 worst = max(worst, float(c.max() / c.mean().clamp_min(1e-9)))
             b = r.e_score_correction_bias
-            b += self.speed * torch.sign(c.mean() - c)
-            b -= b.min()
+            assert isinstance(b, torch.Tensor)
+            b.add_(self.speed * torch.sign(c.mean() - c))
+            b.sub_(b.min())
             c.zero_()
         return worst
 
