@@ -14,6 +14,7 @@ The proxy speaks just enough HTTP/1.1 to relay one request at a time per connect
   "drop"       the connection is closed before the request is forwarded
   "drop_after" the request is forwarded and applied by moto, then the connection is closed
                without the response (the client cannot tell whether its write happened)
+`every=0` turns periodic faults off; `proxy.fail_next("drop_after")` aims one at the next request.
 """
 
 from __future__ import annotations
@@ -171,11 +172,17 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
         self._lock = threading.Lock()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, target, fault or None)
         self.enabled = True
+        self.forced: list[str] = []  # faults for the next requests, before the periodic ones
 
     def next_fault(self, method: str, target: str) -> str | None:
         with self._lock:
             n = len(self.requests) + 1
-            fault = next(self._faults) if self.enabled and self.every and n % self.every == 0 else None
+            if self.forced:
+                fault: str | None = self.forced.pop(0)
+            elif self.enabled and self.every and n % self.every == 0:
+                fault = next(self._faults)
+            else:
+                fault = None
             self.requests.append((method, target, fault))
             return fault
 
@@ -202,7 +209,13 @@ class FaultProxy:
         return [f for _, _, f in self._server.requests if f]
 
     def set_enabled(self, enabled: bool) -> None:
+        """Turn the periodic faults on or off (forced ones still apply)."""
         self._server.enabled = enabled
+
+    def fail_next(self, *faults: str) -> None:
+        """Give the next len(faults) requests these faults, in order."""
+        with self._server._lock:
+            self._server.forced.extend(faults)
 
     def storage_options(self, **client: Any) -> dict[str, Any]:
         return s3_options(self.endpoint, **client)

@@ -97,5 +97,8 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         )
     try:
         return table.select(schema.names).cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        raise ValueError(f"output table does not fit the output schema: {exc}") from exc
+    except (ValueError, TypeError, pa.ArrowNotImplementedError) as exc:  # ArrowInvalid is a ValueError
+        raise ValueError(
+            f"output table does not fit the output schema ({exc}); row_id, sample_index and status "
+            "must never be null"
+        ) from exc

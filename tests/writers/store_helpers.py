@@ -1,0 +1,68 @@
+"""Helpers shared by the OutputStore tests: a small split plan and rows in the output schema."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from shardinfer.readers import Split
+from shardinfer.writers import OutputStore, make_job_record, output_schema
+
+PASSTHROUGH = pa.schema([("lang", pa.string())])
+SCHEMA = output_schema(PASSTHROUGH, top_logprobs=True)
+
+
+def plan(n: int, rows_per_split: int = 3) -> list[Split]:
+    return [Split(i, 0, "in.parquet", i * rows_per_split, (i + 1) * rows_per_split) for i in range(n)]
+
+
+def rows_for(split: Split) -> list[dict[str, Any]]:
+    """Deterministic output rows of a split, one ok row and (for odd rows) an error row."""
+    out: list[dict[str, Any]] = []
+    for r in range(split.row_start, split.row_end):
+        if r % 2:
+            out.append(
+                {
+                    "row_id": f"0:{r}",
+                    "sample_index": 0,
+                    "status": "error",
+                    "error_code": "prompt_too_long",
+                    "error_message": f"row {r} is too long",
+                    "lang": "en",
+                }
+            )
+        else:
+            out.append(
+                {
+                    "row_id": f"0:{r}",
+                    "sample_index": 0,
+                    "status": "ok",
+                    "text": f"answer {r}",
+                    "token_ids": [r, r + 1],
+                    "token_logprobs": [-0.5, -0.25],
+                    "finish_reason": "length",
+                    "prompt_tokens": 4,
+                    "completion_tokens": 2,
+                    "seed": 2**62 + r,
+                    "top_token_ids": [[r, 1], [r + 1, 2]],
+                    "top_logprobs": [[-0.5, -1.5], [-0.25, -2.0]],
+                    "lang": "fr",
+                }
+            )
+    return out
+
+
+def table_for(split: Split) -> pa.Table:
+    return pa.Table.from_pylist(rows_for(split), schema=SCHEMA)
+
+
+def new_store(url: str, splits: list[Split], **kwargs: Any) -> OutputStore:
+    store = OutputStore(url, **kwargs)
+    store.write_job(make_job_record("run-1", {"model": "tiny", "seed": 7}, splits))
+    return store
+
+
+def full_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as read back from Parquet: every schema column present, absent ones null."""
+    return [{name: row.get(name) for name in SCHEMA.names} for row in rows]
