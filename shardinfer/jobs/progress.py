@@ -117,7 +117,7 @@ class Reporter:
             f"rows error     {summary.get('rows_error', 0)}",
             f"tokens in      {summary.get('prompt_tokens', 0)}",
             f"tokens out     {summary.get('completion_tokens', 0)}",
-            f"this run       {summary.get('run_completion_tokens', 0)} tokens out in "
+            f"this run       {summary.get('run_completion_tokens', 0)} tokens generated in "
             f"{summary.get('wall_time_s', 0.0):.1f} s = {summary.get('output_tokens_per_s', 0.0):.1f} tok/s",
             f"prefix cache   {summary.get('prefix_cache_hit_rate', 0.0):.1%} hit rate",
             f"splits         {summary.get('splits', 0)}",
