@@ -67,8 +67,11 @@ def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
         return TileConfig(64, 64, 32, num_warps=4, num_stages=3)
     # Two warpgroups of wgmma over a 128-row tile. Narrow outputs (o/down projections of small
     # models) get 64-wide column tiles so decode still spreads the weight read over more SMs.
-    block_n = 64 if n <= 2048 else 128
-    return TileConfig(128, block_n, 64, num_warps=8, num_stages=4)
+    # Three stages of 128x128 leave room in shared memory for the next tile's loads to overlap
+    # this tile's epilogue in the persistent loop.
+    if n <= 2048:
+        return TileConfig(128, 64, 64, num_warps=8, num_stages=4)
+    return TileConfig(128, 128, 64, num_warps=8, num_stages=3)
 
 
 def tile_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
@@ -185,7 +188,10 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     cap = (_sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     grid = (min(cap, tiles) if config.persistent else tiles,)
-    with torch.cuda.device(x.device) if on_gpu else contextlib.nullcontext():
+    # Triton launches on the current device; switch only when x lives elsewhere (rare, and the
+    # switch costs host time on every call).
+    switch = on_gpu and x.device.index is not None and x.device.index != torch.cuda.current_device()
+    with torch.cuda.device(x.device) if switch else contextlib.nullcontext():
         _linear_kernel[grid](
             x, weight, bias if bias is not None else y, y, m, n, k, stride_xm, weight.stride(0), y.stride(0),
             HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, EVEN_K=k % config.block_k == 0,

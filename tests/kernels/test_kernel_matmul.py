@@ -188,3 +188,10 @@ def test_other_dtypes_with_bias(shape: str, dtype: torch.dtype, monkeypatch: pyt
 def test_row_strided_input_and_bias_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b = _gpu_problem(4096, 1024 + 64, torch.bfloat16, bias=True, seed=11)
     _check_invariant_and_accurate(x[:, :1024], w[:, :1024].contiguous(), b, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(1000, 1000), (257, 200)])  # K tails, ragged tiles, unaligned rows
+def test_ragged_shapes_bf16(n: int, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=True, seed=n)
+    _check_invariant_and_accurate(x, w, b, monkeypatch)

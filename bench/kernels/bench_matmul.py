@@ -1,0 +1,255 @@
+"""Batch-invariant linear against cuBLAS (torch.nn.functional.linear) at the engine's Qwen3 shapes.
+
+For every projection shape and M in {1, 16, 64, 256, 1024, 4096, 8192} (bf16) we time both and
+print microseconds, TFLOP/s, GB/s and ours/cuBLAS. Times are medians over CUDA-graph replays
+(so launch overhead, which CUDA graphs remove in the engine too, does not swamp small M) of a
+graph that cycles through enough weight copies to spill L2: in a forward each layer reads a
+weight that is not in cache. A "forward" summary weights each shape by how often a forward runs
+it (per layer x layers, plus lm_head once), which is what the <= 10% budget is about.
+
+Then, within --sweep-budget-s seconds, a sweep times other fixed tilings per shape at a few M,
+checks each stays bitwise row invariant, and prints the best per (N, K) as CONFIG_OVERRIDES
+lines for shardinfer/kernels/matmul.py (any one fixed tiling per shape keeps invariance).
+
+    python bench/kernels/bench_matmul.py [--out DIR] [--sweep-budget-s 240] [--models 0.6b,8b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from shardinfer.kernels import matmul as mm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MODELS = {  # name: (layers, {projection: (N, K)})
+    "0.6b": (28, {"qkv": (4096, 1024), "gate_up": (6144, 1024), "o": (1024, 2048), "down": (1024, 3072),
+                  "lm_head": (151936, 1024)}),
+    "8b": (36, {"qkv": (6144, 4096), "gate_up": (24576, 4096), "o": (4096, 4096), "down": (4096, 12288),
+                "lm_head": (151936, 4096)}),
+}
+MS = (1, 16, 64, 256, 1024, 4096, 8192)
+SWEEP_MS = (1, 64, 256, 4096)
+CANDIDATES = {
+    "128x128x64_w8_s4": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4),
+    "128x128x64_w8_s3": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3),
+    "128x256x64_w8_s3": mm.TileConfig(128, 256, 64, num_warps=8, num_stages=3),
+    "128x64x64_w8_s4": mm.TileConfig(128, 64, 64, num_warps=8, num_stages=4),
+    "128x64x64_w4_s4": mm.TileConfig(128, 64, 64, num_warps=4, num_stages=4),
+    "64x128x64_w4_s4": mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4),
+    "64x256x64_w4_s3": mm.TileConfig(64, 256, 64, num_warps=4, num_stages=3),
+    "64x64x64_w4_s4_2persm": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4, programs_per_sm=2),
+    "128x128x64_w8_s4_grid": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, persistent=False),
+}
+DTYPE = torch.bfloat16
+L2_SPILL_BYTES = 150 << 20  # weight copies cycled per graph: well past the H200's 60 MB L2
+GRAPH_OUT_BYTES = 2 << 30  # cap on outputs a graph keeps alive
+
+
+def time_us(call: Callable[[int], object], copies: int, out_bytes: int, reps: int = 15) -> float:
+    """Median microseconds per call of `call(i)` (i picks the weight copy), replayed as a CUDA graph."""
+    inner = max(1, min(max(copies, 20), GRAPH_OUT_BYTES // max(out_bytes, 1)))
+    call(0)  # compile outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(inner):
+            call(i % copies)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(inner):
+            call(i % copies)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / inner)
+    del graph
+    torch.cuda.empty_cache()
+    return sorted(times)[len(times) // 2]
+
+
+def weights(n: int, k: int, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(DTYPE)
+    copies = max(1, min(64, math.ceil(L2_SPILL_BYTES / (w.numel() * w.element_size()))))
+    return [w] + [w.clone() for _ in range(copies - 1)]
+
+
+def activations(m: int, k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(m, k, device="cuda", generator=gen).to(DTYPE)
+
+
+def measure(x: torch.Tensor, ws: list[torch.Tensor], config: mm.TileConfig | None) -> float:
+    """Microseconds per call of ours: the shipped tiling (config None) or an explicit one."""
+    n = ws[0].shape[0]
+    out_bytes = x.shape[0] * n * x.element_size()
+    if config is None:
+        return time_us(lambda i: mm.linear_batch_invariant(x, ws[i]), len(ws), out_bytes)
+    return time_us(lambda i: mm.linear_with_config(x, ws[i], None, config), len(ws), out_bytes)
+
+
+def cublas_us(x: torch.Tensor, ws: list[torch.Tensor]) -> float:
+    return time_us(lambda i: F.linear(x, ws[i]), len(ws), x.shape[0] * ws[0].shape[0] * x.element_size())
+
+
+def row(model: str, proj: str, n: int, k: int, m: int, ours: float, cublas: float) -> dict[str, Any]:
+    flop = 2 * m * n * k
+    nbytes = (m * k + n * k + m * n) * 2
+    return {"model": model, "proj": proj, "N": n, "K": k, "M": m, "ours_us": ours, "cublas_us": cublas,
+            "ratio": ours / cublas, "ours_tflops": flop / ours / 1e6, "cublas_tflops": flop / cublas / 1e6,
+            "ours_GBs": nbytes / ours / 1e3, "cublas_GBs": nbytes / cublas / 1e3}
+
+
+def main_table(models: list[str]) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    rows: list[dict[str, Any]] = []
+    print(f"{'model':>5} {'proj':>8} {'N':>6} {'K':>5} {'M':>5} {'ours us':>9} {'cuBLAS us':>9} {'ratio':>6} "
+          f"{'ours TF/s':>9} {'cuBLAS TF/s':>11} {'ours GB/s':>9}")
+    for model in models:
+        for proj, (n, k) in MODELS[model][1].items():
+            ws = weights(n, k, seed=n + k)
+            for m in MS:
+                x = activations(m, k, seed=m)
+                r = row(model, proj, n, k, m, measure(x, ws, None), cublas_us(x, ws))
+                rows.append(r)
+                print(f"{model:>5} {proj:>8} {n:>6} {k:>5} {m:>5} {r['ours_us']:>9.1f} {r['cublas_us']:>9.1f} "
+                      f"{r['ratio']:>6.2f} {r['ours_tflops']:>9.1f} {r['cublas_tflops']:>11.1f} {r['ours_GBs']:>9.0f}")
+            del ws
+            torch.cuda.empty_cache()
+    forward: dict[str, dict[str, float]] = {}
+    print("\nforward-weighted (per layer x layers + lm_head once): ours / cuBLAS")
+    for model in models:
+        layers = MODELS[model][0]
+        for m in MS:
+            sel = [r for r in rows if r["model"] == model and r["M"] == m]
+            weight = {r["proj"]: (1 if r["proj"] == "lm_head" else layers) for r in sel}
+            ours = sum(weight[r["proj"]] * float(r["ours_us"]) for r in sel)
+            cub = sum(weight[r["proj"]] * float(r["cublas_us"]) for r in sel)
+            body = [r for r in sel if r["proj"] != "lm_head"]
+            ours_l = sum(float(r["ours_us"]) for r in body)
+            cub_l = sum(float(r["cublas_us"]) for r in body)
+            forward[f"{model}_M{m}"] = {"ours_us": ours, "cublas_us": cub, "ratio": ours / cub,
+                                        "layers_only_ratio": ours_l / cub_l}
+            print(f"  {model:>5} M={m:>5}: {ours / 1e3:8.2f} ms vs {cub / 1e3:8.2f} ms  ratio {ours / cub:5.3f}"
+                  f"  (layers only {ours_l / cub_l:5.3f})")
+    return rows, forward
+
+
+def invariant(x: torch.Tensor, w: torch.Tensor, config: mm.TileConfig) -> bool:
+    full = mm.linear_with_config(x, w, None, config)
+    return all(torch.equal(mm.linear_with_config(x[s:s + r], w, None, config), full[s:s + r])
+               for s, r in [(0, 1), (129, 1), (300, 7), (1000, 64)])
+
+
+def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + budget_s
+    results: list[dict[str, Any]] = []
+    print(f"\nsweep (budget {budget_s:.0f} s): geometric-mean ours/cuBLAS over M in {SWEEP_MS}")
+    overrides = []
+    for model in models:
+        for proj, (n, k) in MODELS[model][1].items():
+            if time.monotonic() > deadline:
+                print(f"  {model} {proj}: skipped, sweep budget spent")
+                continue
+            ws = weights(n, k, seed=n + k)
+            xs = {m: activations(m, k, seed=m) for m in SWEEP_MS}
+            x_inv = activations(4096, k, seed=7)
+            cub = {int(r["M"]): float(r["cublas_us"]) for r in rows
+                   if r["N"] == n and r["K"] == k and r["M"] in SWEEP_MS}
+            shipped = mm.tile_config(n, k, DTYPE)
+            best: tuple[float, str] | None = None
+            for name, cfg in CANDIDATES.items():
+                if time.monotonic() > deadline:
+                    break
+                rec: dict[str, Any] = {"model": model, "proj": proj, "N": n, "K": k, "config": name,
+                                          "shipped": cfg == shipped, **asdict(cfg)}
+                try:
+                    rec["invariant"] = invariant(x_inv, ws[0], cfg)
+                    us = {m: measure(xs[m], ws, cfg) for m in SWEEP_MS}
+                except Exception as exc:  # a tiling that does not fit (shared memory, registers): record it
+                    rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    results.append(rec)
+                    print(f"  {model} {proj:>8} {name:<24} failed: {rec['error']}")
+                    continue
+                score = math.exp(sum(math.log(us[m] / cub[m]) for m in SWEEP_MS) / len(SWEEP_MS))
+                rec.update({"us": us, "score": score})
+                results.append(rec)
+                if rec["invariant"] and (best is None or score < best[0]):
+                    best = (score, name)
+                print(f"  {model} {proj:>8} {name:<24} {'*' if rec['shipped'] else ' '} score {score:5.3f}  "
+                      + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in SWEEP_MS)
+                      + ("" if rec["invariant"] else "  NOT INVARIANT"))
+            if best is not None:
+                c = CANDIDATES[best[1]]
+                overrides.append(f"    ({n}, {k}, torch.bfloat16): TileConfig({c.block_m}, {c.block_n}, {c.block_k}, "
+                                 f"num_warps={c.num_warps}, num_stages={c.num_stages}, group_m={c.group_m}, "
+                                 f"persistent={c.persistent}, programs_per_sm={c.programs_per_sm}),"
+                                 f"  # {model} {proj}, score {best[0]:.3f}")
+            del ws, xs, x_inv
+            torch.cuda.empty_cache()
+    if overrides:
+        print("\nbest per shape (paste into CONFIG_OVERRIDES):\n" + "\n".join(overrides))
+    return results
+
+
+def write(out: Path, name: str, record: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    path.write_text(json.dumps(record, indent=2, default=str))
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="directory for the JSON results")
+    ap.add_argument("--sweep-budget-s", type=float, default=240.0, help="seconds for the tiling sweep; 0 skips it")
+    ap.add_argument("--models", default="0.6b,8b", help="comma-separated subset of " + ",".join(MODELS))
+    args = ap.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        ap.error(f"--models: unknown {unknown}; choose from {list(MODELS)}")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA device")
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        commit = ""
+    print(f"GPU {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    meta = {"gpu": torch.cuda.get_device_name(), "commit": commit, "torch": torch.__version__,
+            "triton": triton.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "batch_invariant": True, "dtype": str(DTYPE)}
+    rows, forward = main_table(models)
+    shipped = {f"{n}x{k}": asdict(mm.tile_config(n, k, DTYPE)) for mod in models for n, k in MODELS[mod][1].values()}
+    write(Path(args.out), "kernels-matmul", {"workload": "kernels-matmul", **meta, "rows": rows,
+                                             "forward_weighted": forward, "shipped_configs": shipped})
+    if args.sweep_budget_s > 0:
+        results = sweep(models, rows, args.sweep_budget_s)
+        write(Path(args.out), "kernels-matmul-sweep", {"workload": "kernels-matmul-sweep", **meta,
+                                                       "results": results})
+
+
+if __name__ == "__main__":
+    main()
