@@ -16,9 +16,38 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-WORDS = ["apple", "basket", "bread", "candle", "chair", "copper", "dragon", "engine", "falcon", "garden", "hammer",
-         "house", "insect", "island", "jacket", "kettle", "lizard", "maple", "meadow", "needle", "orange", "piano",
-         "queen", "rabbit", "saddle", "stone", "table", "walnut", "yellow", "zebra"]
+WORDS = [
+    "apple",
+    "basket",
+    "bread",
+    "candle",
+    "chair",
+    "copper",
+    "dragon",
+    "engine",
+    "falcon",
+    "garden",
+    "hammer",
+    "house",
+    "insect",
+    "island",
+    "jacket",
+    "kettle",
+    "lizard",
+    "maple",
+    "meadow",
+    "needle",
+    "orange",
+    "piano",
+    "queen",
+    "rabbit",
+    "saddle",
+    "stone",
+    "table",
+    "walnut",
+    "yellow",
+    "zebra",
+]
 NAMES = ["Emil", "Wei", "Vera", "Omar", "Yusuf", "Chen"]
 CITIES = ["Quito", "Cairo", "Berlin", "Austin", "Paris", "Accra"]
 
@@ -26,7 +55,11 @@ CITIES = ["Quito", "Cairo", "Berlin", "Austin", "Paris", "Accra"]
 def task(rng: random.Random, i: int) -> dict[str, object]:
     kind = ["add", "sub", "mul", "reverse", "sort_words", "sort_numbers", "json"][i % 7]
     if kind in ("add", "sub", "mul"):
-        a, b = (rng.randint(10, 999), rng.randint(2, 9)) if kind == "mul" else (rng.randint(10, 9999), rng.randint(2, 99))
+        a, b = (
+            (rng.randint(10, 999), rng.randint(2, 9))
+            if kind == "mul"
+            else (rng.randint(10, 9999), rng.randint(2, 99))
+        )
         op = {"add": "+", "sub": "-", "mul": "*"}[kind]
         prompt, answer = f"What is {a} {op} {b}?", str({"add": a + b, "sub": a - b, "mul": a * b}[kind])
     elif kind == "reverse":
@@ -43,8 +76,13 @@ def task(rng: random.Random, i: int) -> dict[str, object]:
         nums = rng.sample(range(10, 99), 5)
         prompt = f"Sort these numbers in ascending order: {' '.join(map(str, nums))}"
         answer = " ".join(map(str, sorted(nums)))
-    return {"task_id": f"task-{i:04d}", "kind": kind, "answer": answer,
-            "messages": [{"role": "user", "content": prompt}], "max_tokens": None}
+    return {
+        "task_id": f"task-{i:04d}",
+        "kind": kind,
+        "answer": answer,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": None,
+    }
 
 
 def main(out_dir: str = "demo-output/prompts", rows: int = 300, files: int = 3) -> Path:
@@ -54,13 +92,21 @@ def main(out_dir: str = "demo-output/prompts", rows: int = 300, files: int = 3) 
     data = [task(rng, i) for i in range(rows)]
     data[7]["messages"] = None  # -> error record "empty_prompt"
     data[11]["max_tokens"] = -1  # -> error record "bad_override"
-    schema = pa.schema([("task_id", pa.string()), ("kind", pa.string()), ("answer", pa.string()),
-                        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-                        ("max_tokens", pa.int64())])
+    schema = pa.schema(
+        [
+            ("task_id", pa.string()),
+            ("kind", pa.string()),
+            ("answer", pa.string()),
+            ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("max_tokens", pa.int64()),
+        ]
+    )
     per_file = (rows + files - 1) // files
     for f in range(files):
-        chunk = data[f * per_file:(f + 1) * per_file]
-        pq.write_table(pa.Table.from_pylist(chunk, schema=schema), out / f"prompts-{f:02d}.parquet", row_group_size=50)
+        chunk = data[f * per_file : (f + 1) * per_file]
+        pq.write_table(
+            pa.Table.from_pylist(chunk, schema=schema), out / f"prompts-{f:02d}.parquet", row_group_size=50
+        )
     return out
 
 

@@ -42,8 +42,21 @@ def main() -> int:
     model = model_path()
     output = WORK / "output" / f"ds={DS}"
     shutil.rmtree(output, ignore_errors=True)  # a fresh run each time (a re-run would just exit 0)
-    cmd = [sys.executable, "-m", "shardinfer", "submit", "--master", "local[2]", "--run-id", f"demo__{DS}",
-           "--conf", f"job.ds={DS}", "--conf", f"model.path={model}", "examples/demo/job.toml"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardinfer",
+        "submit",
+        "--master",
+        "local[2]",
+        "--run-id",
+        f"demo__{DS}",
+        "--conf",
+        f"job.ds={DS}",
+        "--conf",
+        f"model.path={model}",
+        "examples/demo/job.toml",
+    ]
     print("2. " + " ".join(["shardinfer", *cmd[3:]]), flush=True)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -66,18 +79,24 @@ def show(output: Path) -> None:
     file_list = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
     con.execute(f"CREATE VIEW out AS SELECT * FROM read_parquet([{file_list}])")
     print("\n3. DuckDB over the committed files listed in _SUCCESS\n")
-    print(con.sql("""
+    print(
+        con.sql("""
         SELECT row_id, kind, answer, text, status, finish_reason, completion_tokens AS toks,
                round(list_sum(token_logprobs), 3) AS logprob
-        FROM out ORDER BY row_id LIMIT 8"""))
-    print(con.sql("""
+        FROM out ORDER BY row_id LIMIT 8""")
+    )
+    print(
+        con.sql("""
         SELECT kind, count(*) AS rows, round(avg((trim(text) = answer)::INT), 3) AS exact_match
-        FROM out WHERE status = 'ok' GROUP BY kind ORDER BY kind"""))
+        FROM out WHERE status = 'ok' GROUP BY kind ORDER BY kind""")
+    )
     print(con.sql("SELECT row_id, error_code, error_message FROM out WHERE status = 'error' ORDER BY row_id"))
     summary = success["summary"]
-    print(f"summary: {summary['rows_ok']} ok, {summary['rows_error']} error, {summary['prompt_tokens']} tokens in, "
-          f"{summary['completion_tokens']} out, {summary['output_tokens_per_s']} tok/s, "
-          f"prefix-cache hit rate {summary['prefix_cache_hit_rate']:.1%}, {summary['wall_time_s']} s")
+    print(
+        f"summary: {summary['rows_ok']} ok, {summary['rows_error']} error, {summary['prompt_tokens']} tokens in, "
+        f"{summary['completion_tokens']} out, {summary['output_tokens_per_s']} tok/s, "
+        f"prefix-cache hit rate {summary['prefix_cache_hit_rate']:.1%}, {summary['wall_time_s']} s"
+    )
 
 
 if __name__ == "__main__":

@@ -30,18 +30,33 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="shardinfer", description="Offline batch LLM inference jobs: Parquet in, Parquet out.")
+    parser = _Parser(
+        prog="shardinfer", description="Offline batch LLM inference jobs: Parquet in, Parquet out."
+    )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     def run_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--master", default="local", help="local | local[N] | local[*] (default: local)")
-        p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a job spec key, e.g. sampling.temperature=0.7 (repeatable)")
-        p.add_argument("--properties-file", metavar="FILE", help="defaults below --conf: key=value lines or TOML")
+        p.add_argument(
+            "--conf",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a job spec key, e.g. sampling.temperature=0.7 (repeatable)",
+        )
+        p.add_argument(
+            "--properties-file", metavar="FILE", help="defaults below --conf: key=value lines or TOML"
+        )
         p.add_argument("--name", help="job name (job.name)")
         p.add_argument("--run-id", help="run id, e.g. the scheduler's; fills {run_id} in paths")
-        p.add_argument("--dry-run", action="store_true", help="print the resolved spec, fingerprint and plan; write nothing")
-        p.add_argument("--verbose", action="store_true", help="show where each setting came from, and debug logs")
+        p.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the resolved spec, fingerprint and plan; write nothing",
+        )
+        p.add_argument(
+            "--verbose", action="store_true", help="show where each setting came from, and debug logs"
+        )
         p.add_argument("--log-format", choices=["text", "json"], default="text")
 
     submit = sub.add_parser("submit", help="run a job spec (TOML)")
@@ -86,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return show_status(args.output, json.loads(args.storage_options), as_json=args.json)
         if args.command == "generate":
-            job_file = {"model": {"path": args.model}, "input": {"path": args.input}, "output": {"path": args.output}}
+            job_file = {
+                "model": {"path": args.model},
+                "input": {"path": args.input},
+                "output": {"path": args.output},
+            }
         else:
             job_file = load_toml(args.job_file)
         spec = _resolve(args, job_file)
@@ -111,7 +130,9 @@ def _validate(spec: ResolvedSpec) -> int:
     from shardinfer.pipeline.job import open_job
 
     job = open_job(spec.config)
-    print(f"ok: {len(job.splits)} split(s); fingerprint {job.fingerprint['hash'][:16]}; output state: {job.state}")
+    print(
+        f"ok: {len(job.splits)} split(s); fingerprint {job.fingerprint['hash'][:16]}; output state: {job.state}"
+    )
     return EXIT_OK
 
 
@@ -131,16 +152,24 @@ def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) ->
         print_dry_run(job, spec, num_workers)
         return EXIT_OK
     if job.state == "done":
-        reporter.info("already complete: _SUCCESS matches this job's fingerprint; nothing to do",
-                      output=config.output.path)
+        reporter.info(
+            "already complete: _SUCCESS matches this job's fingerprint; nothing to do",
+            output=config.output.path,
+        )
         return EXIT_OK
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     write_plan(job, config.job.run_id)
     remaining = [s for s in job.splits if s.index not in job.committed]
     n_samples = int(config.sampling.get("n", 1))
-    reporter.info("starting", output=config.output.path, splits=len(job.splits), remaining=len(remaining),
-                  workers=num_workers, state=job.state)
+    reporter.info(
+        "starting",
+        output=config.output.path,
+        splits=len(job.splits),
+        remaining=len(remaining),
+        workers=num_workers,
+        state=job.state,
+    )
     reporter.start(sum(s.num_rows for s in remaining) * n_samples, len(remaining))
     stats = RunStats()
     started = time.monotonic()

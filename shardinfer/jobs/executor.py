@@ -35,8 +35,10 @@ def parse_master(master: str) -> int:
     """'local' -> 1, 'local[N]' -> N, 'local[*]' -> CPU count (GPU count when CUDA is visible)."""
     m = _MASTER.match(master.strip())
     if not m:
-        raise UsageError(f"--master {master!r} is not supported: use local, local[N] or local[*] "
-                         "(ray://... needs the ray executor, which this build does not include)")
+        raise UsageError(
+            f"--master {master!r} is not supported: use local, local[N] or local[*] "
+            "(ray://... needs the ray executor, which this build does not include)"
+        )
     if m.group(1) is None:
         return 1
     if m.group(1) == "*":
@@ -98,8 +100,14 @@ def run_in_process(job: OpenedJob, stop: threading.Event, reporter: Reporter, st
     stats.add({"engine_stats": result.engine_stats, "committed": result.committed, "lost": result.lost})
 
 
-def run_processes(job: OpenedJob, num_workers: int, stop: threading.Event, reporter: Reporter,
-                  stats: RunStats, max_rounds: int = 2) -> None:
+def run_processes(
+    job: OpenedJob,
+    num_workers: int,
+    stop: threading.Event,
+    reporter: Reporter,
+    stats: RunStats,
+    max_rounds: int = 2,
+) -> None:
     """N worker processes; a round that loses workers is followed by a retry round (up to max_rounds)."""
     for round_index in range(max_rounds):
         failures = _one_round(job, num_workers, stop, reporter, stats)
@@ -115,19 +123,27 @@ def run_processes(job: OpenedJob, num_workers: int, stop: threading.Event, repor
     raise Retryable("workers kept dying; committed splits are kept, rerun to finish the rest")
 
 
-def _one_round(job: OpenedJob, num_workers: int, stop: threading.Event, reporter: Reporter,
-               stats: RunStats) -> list[int]:
+def _one_round(
+    job: OpenedJob, num_workers: int, stop: threading.Event, reporter: Reporter, stats: RunStats
+) -> list[int]:
     procs: list[subprocess.Popen[str]] = []
     threads = []
     config_json = json.dumps(job.config.to_dict())
     for worker in range(num_workers):
-        payload = json.dumps({"config": json.loads(config_json), "worker": worker, "num_workers": num_workers})
+        payload = json.dumps(
+            {"config": json.loads(config_json), "worker": worker, "num_workers": num_workers}
+        )
         env = dict(os.environ, SHARDINFER_WORKER_INDEX=str(worker))
         if job.config.model.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             # N CPU workers share the cores; torch's default (all cores each) oversubscribes them.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_workers))
-        proc = subprocess.Popen([sys.executable, "-m", "shardinfer.jobs.worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardinfer.jobs.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert proc.stdin is not None  # stdin=PIPE above
         proc.stdin.write(payload)
         proc.stdin.close()
@@ -157,8 +173,11 @@ def _one_round(job: OpenedJob, num_workers: int, stop: threading.Event, reporter
             continue
         failures.append(worker)
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        reporter.error(f"worker {worker} died ({how}); its uncommitted splits go to the other workers",
-                       worker=worker, exit_code=code)
+        reporter.error(
+            f"worker {worker} died ({how}); its uncommitted splits go to the other workers",
+            worker=worker,
+            exit_code=code,
+        )
     return failures
 
 

@@ -16,8 +16,14 @@ from typing import Any, TextIO
 
 
 class Reporter:
-    def __init__(self, run_id: str, log_format: str = "text", verbose: bool = False,
-                 stream: TextIO | None = None, interval_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        log_format: str = "text",
+        verbose: bool = False,
+        stream: TextIO | None = None,
+        interval_s: float = 10.0,
+    ) -> None:
         self.run_id = run_id
         self.json = log_format == "json"
         self.verbose = verbose
@@ -39,8 +45,13 @@ class Reporter:
             return
         with self._lock:
             if self.json:
-                record = {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "level": level,
-                          "run_id": self.run_id, "msg": message, **fields}
+                record = {
+                    "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "level": level,
+                    "run_id": self.run_id,
+                    "msg": message,
+                    **fields,
+                }
                 line = json.dumps(record, default=str)
             else:
                 extra = " ".join(f"{k}={v}" for k, v in fields.items())
@@ -66,8 +77,14 @@ class Reporter:
         if not self.json and self.stream.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_records, unit="rows", file=self.stream, dynamic_ncols=True,
-                             desc="shardinfer", smoothing=0.1)
+            self._bar = tqdm(
+                total=total_records,
+                unit="rows",
+                file=self.stream,
+                dynamic_ncols=True,
+                desc="shardinfer",
+                smoothing=0.1,
+            )
 
     def handle(self, event: dict[str, Any]) -> None:
         """A worker event: 'progress' (records/tokens finished) or 'split_done' (a commit)."""
@@ -78,13 +95,19 @@ class Reporter:
                 self._tokens += int(event.get("completion_tokens", 0))
                 if self._bar is not None:
                     self._bar.update(int(event.get("records", 0)))
-                    self._bar.set_postfix_str(f"{self.tokens_per_s:.1f} tok/s, splits {self._splits_done}/"
-                                              f"{self._splits_total}", refresh=False)
+                    self._bar.set_postfix_str(
+                        f"{self.tokens_per_s:.1f} tok/s, splits {self._splits_done}/{self._splits_total}",
+                        refresh=False,
+                    )
             elif kind == "split_done":
                 self._splits_done += 1
         if kind == "split_done":
-            self.log("debug", "split committed" if event.get("won") else "split lost the commit race",
-                     split=event.get("split"), records=event.get("records"))
+            self.log(
+                "debug",
+                "split committed" if event.get("won") else "split lost the commit race",
+                split=event.get("split"),
+                records=event.get("records"),
+            )
         self._maybe_line()
 
     @property
@@ -98,8 +121,13 @@ class Reporter:
         if not force and now - self._last_line < self.interval_s:
             return
         self._last_line = now
-        self.log("info", "progress", records=f"{self._records}/{self._total}",
-                 splits=f"{self._splits_done}/{self._splits_total}", tok_per_s=round(self.tokens_per_s, 1))
+        self.log(
+            "info",
+            "progress",
+            records=f"{self._records}/{self._total}",
+            splits=f"{self._splits_done}/{self._splits_total}",
+            tok_per_s=round(self.tokens_per_s, 1),
+        )
 
     def close(self) -> None:
         if self._bar is not None:
@@ -110,7 +138,11 @@ class Reporter:
     def summary(self, summary: dict[str, Any], out: TextIO | None = None) -> None:
         out = out if out is not None else sys.stdout
         if self.json:
-            print(json.dumps({"event": "summary", "run_id": self.run_id, **summary}, default=str), file=out, flush=True)
+            print(
+                json.dumps({"event": "summary", "run_id": self.run_id, **summary}, default=str),
+                file=out,
+                flush=True,
+            )
             return
         lines = [
             f"rows ok        {summary.get('rows_ok', 0)}",

@@ -113,7 +113,9 @@ def parse_conf(item: str, source: str = "--conf") -> tuple[str, Any, str]:
     key, raw = item.split("=", 1)
     key = key.strip()
     if "." not in key:
-        raise UsageError(f"{source} key {key!r} needs a section: one of {', '.join(SECTIONS)} (like job.seed)")
+        raise UsageError(
+            f"{source} key {key!r} needs a section: one of {', '.join(SECTIONS)} (like job.seed)"
+        )
     return key, parse_value(raw.strip()), raw.strip()
 
 
@@ -151,7 +153,9 @@ def flatten(doc: dict[str, Any]) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for section, body in doc.items():
         if not isinstance(body, dict):
-            raise ConfigError(f"top-level key {section!r} must be a [section] table; sections: {', '.join(SECTIONS)}")
+            raise ConfigError(
+                f"top-level key {section!r} must be a [section] table; sections: {', '.join(SECTIONS)}"
+            )
         for key, value in body.items():
             flat[f"{section}.{key}"] = value
     return flat
@@ -160,21 +164,32 @@ def flatten(doc: dict[str, Any]) -> dict[str, Any]:
 def _check_key(dotted: str) -> tuple[str, str, Any]:
     section, key = dotted.split(".", 1)
     if section not in SECTIONS:
-        raise ConfigError(f"unknown section {section!r} in {dotted!r}{nearest(section, list(SECTIONS))}; "
-                          f"sections: {', '.join(SECTIONS)}")
+        raise ConfigError(
+            f"unknown section {section!r} in {dotted!r}{nearest(section, list(SECTIONS))}; "
+            f"sections: {', '.join(SECTIONS)}"
+        )
     keys = valid_keys(section)
     if key not in keys:
         if section == "sampling" and key == "seed":
-            raise ConfigError("sampling.seed is not a job setting: use job.seed (each row's seed is derived from "
-                              "it and the row id) or a per-row `seed` override column")
-        raise ConfigError(f"unknown key {dotted!r}{nearest(key, list(keys))}; valid [{section}] keys: "
-                          f"{', '.join(sorted(keys))}")
+            raise ConfigError(
+                "sampling.seed is not a job setting: use job.seed (each row's seed is derived from "
+                "it and the row id) or a per-row `seed` override column"
+            )
+        raise ConfigError(
+            f"unknown key {dotted!r}{nearest(key, list(keys))}; valid [{section}] keys: "
+            f"{', '.join(sorted(keys))}"
+        )
     return section, key, keys[key]
 
 
-def resolve(job_file: dict[str, Any], *, properties: list[tuple[str, Any, str]] = (),  # type: ignore[assignment]
-            confs: list[tuple[str, Any, str]] = (), run_id: str | None = None,  # type: ignore[assignment]
-            today: datetime.date | None = None) -> ResolvedSpec:
+def resolve(
+    job_file: dict[str, Any],
+    *,
+    properties: list[tuple[str, Any, str]] = (),  # type: ignore[assignment]
+    confs: list[tuple[str, Any, str]] = (),
+    run_id: str | None = None,  # type: ignore[assignment]
+    today: datetime.date | None = None,
+) -> ResolvedSpec:
     """Merge the layers, validate every key and value, fill `{run_id}`/`{ds}`; returns the JobConfig."""
     data: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
     sources: dict[str, str] = {}
@@ -217,29 +232,44 @@ def _fill_defaults(config: JobConfig, sources: dict[str, str], today: datetime.d
 
 def render_path(path: str, config: JobConfig) -> str:
     """Replace the known placeholders only, so other braces in a URL are left alone."""
-    for name, value in (("{run_id}", config.job.run_id), ("{ds}", config.job.ds), ("{name}", config.job.name)):
+    for name, value in (
+        ("{run_id}", config.job.run_id),
+        ("{ds}", config.job.ds),
+        ("{name}", config.job.name),
+    ):
         path = path.replace(name, value)
     return path
 
 
 def validate(config: JobConfig) -> None:
     """Checks that need more than one key: required paths, exclusive columns, override fields."""
-    for key, value in (("model.path", config.model.path), ("input.path", config.input.path),
-                       ("output.path", config.output.path)):
+    for key, value in (
+        ("model.path", config.model.path),
+        ("input.path", config.input.path),
+        ("output.path", config.output.path),
+    ):
         if not value:
             raise ConfigError(f"{key} is not set: add it to the job file or pass --conf {key}=...")
     inp = config.input
     if inp.prompt_column and inp.messages_column:
-        raise ConfigError(f"input.prompt_column={inp.prompt_column!r} and input.messages_column="
-                          f"{inp.messages_column!r} are both set: a row's prompt comes from one of them")
+        raise ConfigError(
+            f"input.prompt_column={inp.prompt_column!r} and input.messages_column="
+            f"{inp.messages_column!r} are both set: a row's prompt comes from one of them"
+        )
     allowed = [f for f in SamplingParams.field_names() if f not in SCHEMA_FIELDS]
     for col in inp.override_columns:
         if col not in allowed:
-            raise ConfigError(f"input.override_columns names {col!r}, which is not a per-row sampling setting"
-                              f"{nearest(col, allowed)}; allowed: {', '.join(allowed)}")
+            raise ConfigError(
+                f"input.override_columns names {col!r}, which is not a per-row sampling setting"
+                f"{nearest(col, allowed)}; allowed: {', '.join(allowed)}"
+            )
     job = config.job
-    counts = {"job.split_rows": job.split_rows, "job.max_inflight_requests": job.max_inflight_requests,
-              "job.max_splits_in_flight": job.max_splits_in_flight, "job.batch_rows": job.batch_rows}
+    counts = {
+        "job.split_rows": job.split_rows,
+        "job.max_inflight_requests": job.max_inflight_requests,
+        "job.max_splits_in_flight": job.max_splits_in_flight,
+        "job.batch_rows": job.batch_rows,
+    }
     for key, count in counts.items():
         if count < 1:
             raise ConfigError(f"{key}={count}: must be >= 1")

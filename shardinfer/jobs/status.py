@@ -28,7 +28,9 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
     total_splits = len(job.get("splits", []))
     report = {
         "output": output,
-        "state": "complete" if success is not None else ("running or interrupted" if committed else "not started"),
+        "state": "complete"
+        if success is not None
+        else ("running or interrupted" if committed else "not started"),
         "splits_committed": len(committed),
         "splits_total": total_splits,
         **totals,
@@ -47,8 +49,10 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
     print(f"  rows       {totals['rows_ok']} ok, {totals['rows_error']} error")
     print(f"  tokens     {totals['prompt_tokens']} in, {totals['completion_tokens']} out")
     if "output_tokens_per_s" in report:
-        print(f"  last run   {report.get('run_id')}: {report['output_tokens_per_s']} tok/s over "
-              f"{report.get('wall_time_s')} s, prefix-cache hit rate {report.get('prefix_cache_hit_rate')}")
+        print(
+            f"  last run   {report.get('run_id')}: {report['output_tokens_per_s']} tok/s over "
+            f"{report.get('wall_time_s')} s, prefix-cache hit rate {report.get('prefix_cache_hit_rate')}"
+        )
     return EXIT_OK
 
 
@@ -65,7 +69,9 @@ def print_dry_run(job: OpenedJob, spec: ResolvedSpec, num_workers: int, out: Any
     print("\n# fingerprint", file=out)
     print(json.dumps(job.fingerprint, indent=2, sort_keys=True, default=str), file=out)
     committed = set(job.committed)
-    print(f"\n# plan: {len(job.splits)} split(s), {num_workers} worker(s), output state: {job.state}", file=out)
+    print(
+        f"\n# plan: {len(job.splits)} split(s), {num_workers} worker(s), output state: {job.state}", file=out
+    )
     for s in job.splits:
         mark = " (committed)" if s.index in committed else ""
         print(f"split {s.index}: {s.path} rows [{s.row_start}, {s.row_end}){mark}", file=out)

@@ -33,21 +33,33 @@ def base_record(row: PreparedRow, sample_index: int) -> dict[str, Any]:
 
 def error_record(row: PreparedRow, sample_index: int, code: str, message: str) -> dict[str, Any]:
     rec = base_record(row, sample_index)
-    rec.update(status="error", error_code=code, error_message=message,
-               prompt_tokens=len(row.prompt_ids) if row.prompt_ids is not None else None,
-               completion_tokens=0)
+    rec.update(
+        status="error",
+        error_code=code,
+        error_message=message,
+        prompt_tokens=len(row.prompt_ids) if row.prompt_ids is not None else None,
+        completion_tokens=0,
+    )
     return rec
 
 
-def ok_record(row: PreparedRow, sample_index: int, out: RequestOutput, comp: CompletionOutput,
-              options: OutputOptions) -> dict[str, Any]:
+def ok_record(
+    row: PreparedRow, sample_index: int, out: RequestOutput, comp: CompletionOutput, options: OutputOptions
+) -> dict[str, Any]:
     if comp.finish_reason == "error":
         return error_record(row, sample_index, "engine_error", comp.error or "the engine failed this request")
     rec = base_record(row, sample_index)
-    rec.update(status="ok", error_code=None, error_message=None, text=comp.text,
-               token_ids=list(comp.token_ids), token_logprobs=[float(x) for x in comp.logprobs],
-               finish_reason=comp.finish_reason, prompt_tokens=len(out.prompt_token_ids),
-               completion_tokens=len(comp.token_ids))
+    rec.update(
+        status="ok",
+        error_code=None,
+        error_message=None,
+        text=comp.text,
+        token_ids=list(comp.token_ids),
+        token_logprobs=[float(x) for x in comp.logprobs],
+        finish_reason=comp.finish_reason,
+        prompt_tokens=len(out.prompt_token_ids),
+        completion_tokens=len(comp.token_ids),
+    )
     if options.top_logprobs:
         tops = comp.top_logprobs or []
         rec["top_token_ids"] = [[t for t, _ in step] for step in tops]

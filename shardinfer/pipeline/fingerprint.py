@@ -39,8 +39,10 @@ def model_identity(model_dir: str) -> dict[str, Any]:
     """Hashes of config.json and tokenizer files, weight file names and sizes, the chat template."""
     root = Path(model_dir)
     if not root.is_dir():
-        raise ConfigError(f"model.path={model_dir!r} is not a directory; point it at a local Hugging Face "
-                          "model folder (config.json, *.safetensors, tokenizer.json)")
+        raise ConfigError(
+            f"model.path={model_dir!r} is not a directory; point it at a local Hugging Face "
+            "model folder (config.json, *.safetensors, tokenizer.json)"
+        )
     config_file = root / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"model.path={model_dir!r} has no config.json; is it a Hugging Face model folder?")
@@ -64,7 +66,9 @@ def model_identity(model_dir: str) -> dict[str, Any]:
     return out
 
 
-def compute_fingerprint(config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str) -> dict[str, Any]:
+def compute_fingerprint(
+    config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str
+) -> dict[str, Any]:
     """The fingerprint dict of a resolved job (see the module docstring for what is in it).
 
     `sampling_defaults` is the fully resolved SamplingParams of the job as a JSON dict, so a
@@ -101,7 +105,9 @@ def resolved_numerics(config: JobConfig) -> tuple[str, str]:
     from shardinfer.engine.config import EngineConfig
 
     try:
-        engine_cfg = EngineConfig(model=config.model.path, device=config.model.device, dtype=config.model.dtype)
+        engine_cfg = EngineConfig(
+            model=config.model.path, device=config.model.device, dtype=config.model.dtype
+        )
         return engine_cfg.torch_device.type, str(engine_cfg.torch_dtype).removeprefix("torch.")
     except ValueError as exc:
         raise ConfigError(f"[model] is invalid: {exc}") from None
@@ -110,8 +116,11 @@ def resolved_numerics(config: JobConfig) -> tuple[str, str]:
 def diff_fingerprint_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Lines `component.key: old -> new` for each leaf that differs (nested dicts are walked)."""
     a, b = _leaves(old), _leaves(new)
-    return [f"{key}: {_short(a.get(key))} -> {_short(b.get(key))}"
-            for key in sorted(set(a) | set(b)) if key != "hash" and _canonical(a.get(key)) != _canonical(b.get(key))]
+    return [
+        f"{key}: {_short(a.get(key))} -> {_short(b.get(key))}"
+        for key in sorted(set(a) | set(b))
+        if key != "hash" and _canonical(a.get(key)) != _canonical(b.get(key))
+    ]
 
 
 def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -52,7 +52,10 @@ class OpenedJob:
 
     @property
     def output_options(self) -> OutputOptions:
-        return OutputOptions(top_logprobs=bool(self.sampling.logprobs), prompt_logprobs=self.sampling.prompt_logprobs is not None)
+        return OutputOptions(
+            top_logprobs=bool(self.sampling.logprobs),
+            prompt_logprobs=self.sampling.prompt_logprobs is not None,
+        )
 
 
 def resolve_sampling(config: JobConfig) -> SamplingParams:
@@ -67,9 +70,15 @@ def input_spec_of(config: JobConfig) -> Any:
 
     inp = config.input
     try:
-        return InputSpec(path=inp.path, format=inp.format, query=inp.query or None, id_column=inp.id_column or None,
-                         prompt_column=inp.prompt_column or None, messages_column=inp.messages_column or None,
-                         storage_options=dict(inp.storage_options))
+        return InputSpec(
+            path=inp.path,
+            format=inp.format,
+            query=inp.query or None,
+            id_column=inp.id_column or None,
+            prompt_column=inp.prompt_column or None,
+            messages_column=inp.messages_column or None,
+            storage_options=dict(inp.storage_options),
+        )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -96,20 +105,23 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     spec = input_spec_of(config)
     store = open_store(config) if output_exists(config) else None
     existing = store.read_job() if store is not None else None
-    if existing is not None and not config.job.start_over:
+    if store is not None and existing is not None and not config.job.start_over:
         old = existing.get("fingerprint", {})
         if old.get("hash") != fingerprint["hash"]:
             changes = diff_fingerprint_parts(old, fingerprint)
             raise FingerprintMismatch(
                 f"{config.output.path} holds a job with another fingerprint; resuming would mix two datasets. "
                 f"Changed: {'; '.join(changes) or 'fingerprint format'}. Write to a new output path, restore "
-                "the old settings, or pass --conf job.start_over=true to discard the old output.")
+                "the old settings, or pass --conf job.start_over=true to discard the old output."
+            )
         from shardinfer.readers.spec import Split
 
         stored = [Split.from_dict(d) for d in existing["splits"]]
         success = read_success_or_none(store)
         state = "done" if success is not None and success_hash(success) == fingerprint["hash"] else "resume"
-        return OpenedJob(config, spec, sampling, fingerprint, store, stored, state, success, store.committed())
+        return OpenedJob(
+            config, spec, sampling, fingerprint, store, stored, state, success, store.committed()
+        )
     splits: list[Any] = []
     if plan:
         from shardinfer.readers.splits import plan_splits
@@ -156,8 +168,10 @@ def check_columns(config: JobConfig, spec: Any, path: str) -> None:
             if col not in names:
                 near = difflib.get_close_matches(col, names, n=1)
                 hint = f" (did you mean {near[0]!r}?)" if near else ""
-                raise ConfigError(f"input.{key} names column {col!r}, which the input does not have{hint}; "
-                                  f"available: {names}")
+                raise ConfigError(
+                    f"input.{key} names column {col!r}, which the input does not have{hint}; "
+                    f"available: {names}"
+                )
 
 
 def write_plan(job: OpenedJob, run_id: str) -> None:
@@ -170,8 +184,11 @@ def write_plan(job: OpenedJob, run_id: str) -> None:
         job.store.clear()
     config = job.config.to_dict()
     config["job"]["run_id"] = ""  # a run id names one attempt, not the job
-    job.store.write_job(make_job_record(run_id, job.fingerprint, job.splits,
-                                        {"job_format_version": JOB_FORMAT_VERSION, "config": config}))
+    job.store.write_job(
+        make_job_record(
+            run_id, job.fingerprint, job.splits, {"job_format_version": JOB_FORMAT_VERSION, "config": config}
+        )
+    )
 
 
 def output_schema_of(job: OpenedJob) -> pa.Schema:
@@ -192,7 +209,9 @@ def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
     return {
         "shardinfer.fingerprint": job.fingerprint["hash"],
         "shardinfer.run_id": run_id,
-        "shardinfer.model": json.dumps({"path": cfg.model.path, "dtype": cfg.model.dtype, "device": cfg.model.device}),
+        "shardinfer.model": json.dumps(
+            {"path": cfg.model.path, "dtype": cfg.model.dtype, "device": cfg.model.device}
+        ),
         "shardinfer.sampling": json.dumps(job.sampling.to_json_dict(), sort_keys=True),
         "shardinfer.engine": json.dumps(cfg.engine, sort_keys=True, default=str),
         "shardinfer.job_seed": str(cfg.job.seed),
@@ -203,23 +222,43 @@ def build_engine(config: JobConfig) -> Any:
     from shardinfer.engine.llm_engine import LLMEngine
 
     try:
-        return LLMEngine(config.model.path, device=config.model.device, dtype=config.model.dtype, **config.engine)
+        return LLMEngine(
+            config.model.path, device=config.model.device, dtype=config.model.dtype, **config.engine
+        )
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
 
 
-def run_worker(job: OpenedJob, order: list[Any], stop: threading.Event, run_id: str,
-               emit: Callable[[dict[str, Any]], None] = lambda e: None, engine: Any = None) -> WorkerResult:
+def run_worker(
+    job: OpenedJob,
+    order: list[Any],
+    stop: threading.Event,
+    run_id: str,
+    emit: Callable[[dict[str, Any]], None] = lambda e: None,
+    engine: Any = None,
+) -> WorkerResult:
     """Process the uncommitted splits of `order` with one engine; raises Interrupted on stop."""
     cfg = job.config
     engine = engine if engine is not None else build_engine(cfg)
     preparer = RowPreparer(engine.tokenizer, engine.max_model_len, cfg.sampling, cfg.input, cfg.job.seed)
-    settings = WorkerSettings(max_inflight_requests=cfg.job.max_inflight_requests,
-                              max_splits_in_flight=cfg.job.max_splits_in_flight,
-                              batch_rows=cfg.job.batch_rows, run_id=run_id)
-    worker = SplitWorker(engine=engine, preparer=preparer, store=job.store, input_spec=job.input_spec,
-                         schema=output_schema_of(job), metadata=parquet_metadata(job, run_id),
-                         options=job.output_options, settings=settings, stop=stop, emit=emit)
+    settings = WorkerSettings(
+        max_inflight_requests=cfg.job.max_inflight_requests,
+        max_splits_in_flight=cfg.job.max_splits_in_flight,
+        batch_rows=cfg.job.batch_rows,
+        run_id=run_id,
+    )
+    worker = SplitWorker(
+        engine=engine,
+        preparer=preparer,
+        store=job.store,
+        input_spec=job.input_spec,
+        schema=output_schema_of(job),
+        metadata=parquet_metadata(job, run_id),
+        options=job.output_options,
+        settings=settings,
+        stop=stop,
+        emit=emit,
+    )
     return worker.run(order)
 
 
@@ -256,7 +295,9 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
     if missing:
         from shardinfer.pipeline.errors import Retryable
 
-        raise Retryable(f"{len(missing)} split(s) still uncommitted (first: {missing[:5]}); rerun to finish them")
+        raise Retryable(
+            f"{len(missing)} split(s) still uncommitted (first: {missing[:5]}); rerun to finish them"
+        )
     totals = committed_totals(job.store, committed)
     summary = {
         "run_id": run_id,
@@ -271,6 +312,7 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
         raise TooManyBadRows(
             f"{totals['rows_error']} of {totals['records']} output records are errors ({fraction:.1%}), above "
             f"job.max_error_fraction={job.config.job.max_error_fraction}; see the error_code/error_message "
-            "columns, fix the input, or raise job.max_error_fraction")
+            "columns, fix the input, or raise job.max_error_fraction"
+        )
     crash_point("before_success")
     return dict(job.store.finalize(summary))

@@ -22,7 +22,9 @@ ROW_INDEX_COLUMN = "__row_index"
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str: ...
 
 
 class RowError(Exception):
@@ -52,8 +54,14 @@ class PreparedRow:
 class RowPreparer:
     """Formats, tokenises and parameterises rows for one job; thread-safe (no mutable state)."""
 
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int, sampling: dict[str, Any],
-                 input_section: InputSection, job_seed: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        sampling: dict[str, Any],
+        input_section: InputSection,
+        job_seed: int,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.base = SamplingParams(**sampling)
@@ -80,8 +88,11 @@ class RowPreparer:
         seeds: list[int | None] = [derive_seed(base_seed, row_id, j) for j in range(params.n)]
         prepared = PreparedRow(split_index, pos, row_id, params.n, seeds, passthrough)
         if self.inp.id_column and row.get(self.inp.id_column) is None:
-            prepared.error = RowError("invalid_schema", f"id_column {self.inp.id_column!r} is null in this row; "
-                                      "every row needs an id (row_id falls back to file:row)")
+            prepared.error = RowError(
+                "invalid_schema",
+                f"id_column {self.inp.id_column!r} is null in this row; "
+                "every row needs an id (row_id falls back to file:row)",
+            )
             return prepared
         try:
             prepared.prompt_ids = self._prompt_ids(row)
@@ -120,15 +131,26 @@ class RowPreparer:
             if isinstance(value, str):
                 value = json.loads(value)
             if not isinstance(value, dict):
-                raise TypeError("expected a JSON object like {\"schema_type\": \"json\", \"schema\": ...}")
+                raise TypeError('expected a JSON object like {"schema_type": "json", "schema": ...}')
             return value
-        if isinstance(value, bool) and name not in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        if isinstance(value, bool) and name not in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "include_stop_str_in_output",
+        ):
             raise TypeError(f"expected a number for {name}, got a boolean")
         if name in ("seed", "max_tokens", "min_tokens", "top_k", "n"):
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(f"expected an integer for {name}")
             return int(value)
-        if name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        if name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ):
             result = float(value)
             if result != result:  # NaN passes every range check by comparing false; reject it here
                 raise ValueError(f"{name} is NaN")
@@ -145,10 +167,17 @@ class RowPreparer:
                 try:
                     messages = json.loads(messages)
                 except ValueError as exc:
-                    raise RowError("invalid_schema", f"messages column holds a string that is not JSON: {exc}") from None
-            if (not isinstance(messages, list) or not messages
-                    or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
-                raise RowError("invalid_schema", "messages must be a non-empty list of {role, content} objects")
+                    raise RowError(
+                        "invalid_schema", f"messages column holds a string that is not JSON: {exc}"
+                    ) from None
+            if (
+                not isinstance(messages, list)
+                or not messages
+                or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)
+            ):
+                raise RowError(
+                    "invalid_schema", "messages must be a non-empty list of {role, content} objects"
+                )
             try:
                 text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -159,8 +188,10 @@ class RowPreparer:
             if prompt is None or prompt == "":
                 raise RowError("empty_prompt", f"prompt column {inp.prompt_column!r} is null or empty")
             if not isinstance(prompt, str):
-                raise RowError("invalid_schema", f"prompt column {inp.prompt_column!r} holds "
-                               f"{type(prompt).__name__}, expected a string")
+                raise RowError(
+                    "invalid_schema",
+                    f"prompt column {inp.prompt_column!r} holds {type(prompt).__name__}, expected a string",
+                )
             try:
                 ids = self.tokenizer.encode(prompt, add_special_tokens=True)
             except Exception as exc:  # tokenizers raise bare Exceptions on odd input
@@ -168,6 +199,9 @@ class RowPreparer:
         if not ids:
             raise RowError("empty_prompt", "the prompt tokenizes to zero tokens")
         if len(ids) >= self.max_model_len:
-            raise RowError("prompt_too_long", f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} "
-                           "leaves no room to generate")
+            raise RowError(
+                "prompt_too_long",
+                f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} "
+                "leaves no room to generate",
+            )
         return ids

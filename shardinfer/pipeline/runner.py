@@ -83,13 +83,24 @@ class _Done:
 class SplitWorker:
     """Runs the splits of `order` (skipping committed ones) through one engine, exactly once each."""
 
-    def __init__(self, *, engine: Any, preparer: RowPreparer, store: Any, input_spec: Any,
-                 schema: pa.Schema, metadata: dict[str, str], options: OutputOptions,
-                 settings: WorkerSettings, stop: threading.Event,
-                 emit: Callable[[Event], None] = lambda e: None,
-                 read_split: Callable[..., Iterable[pa.RecordBatch]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        engine: Any,
+        preparer: RowPreparer,
+        store: Any,
+        input_spec: Any,
+        schema: pa.Schema,
+        metadata: dict[str, str],
+        options: OutputOptions,
+        settings: WorkerSettings,
+        stop: threading.Event,
+        emit: Callable[[Event], None] = lambda e: None,
+        read_split: Callable[..., Iterable[pa.RecordBatch]] | None = None,
+    ) -> None:
         if read_split is None:
             from shardinfer.readers.splits import read_split as default_read_split
+
             read_split = default_read_split
         self.engine = engine
         self.preparer = preparer
@@ -185,7 +196,9 @@ class SplitWorker:
 
     # ---- engine loop --------------------------------------------------------------------
     def run(self, order: list[Any]) -> WorkerResult:
-        prep = threading.Thread(target=self._prepare_loop, args=(order,), name="shardinfer-prepare", daemon=True)
+        prep = threading.Thread(
+            target=self._prepare_loop, args=(order,), name="shardinfer-prepare", daemon=True
+        )
         writer = threading.Thread(target=self._write_loop, name="shardinfer-write", daemon=True)
         prep.start()
         writer.start()
@@ -198,8 +211,10 @@ class SplitWorker:
         if self._fatal:
             raise self._fatal[0]
         if self.stop.is_set():
-            raise Interrupted("stopped before every split was done; abandoned splits were not committed — "
-                              "rerun the same command to finish")
+            raise Interrupted(
+                "stopped before every split was done; abandoned splits were not committed — "
+                "rerun the same command to finish"
+            )
         return self.result
 
     def _engine_loop(self) -> None:
@@ -250,7 +265,9 @@ class SplitWorker:
                     self.emit({"event": "progress", "records": rows_since, "completion_tokens": tokens_since})
                 return
 
-    def _admit(self, row: PreparedRow, assembly: SplitAssembly, inflight: dict[str, tuple[PreparedRow, int]]) -> None:
+    def _admit(
+        self, row: PreparedRow, assembly: SplitAssembly, inflight: dict[str, tuple[PreparedRow, int]]
+    ) -> None:
         assembly.add_row(row)
         if row.error is not None:
             for j in range(row.n):
@@ -261,7 +278,11 @@ class SplitWorker:
             try:
                 self.engine.add_request(rid, row.prompt_ids, params)
             except ValueError as exc:
-                code = "prompt_too_long" if "max_model_len" in str(exc) or "too long" in str(exc) else "invalid_request"
+                code = (
+                    "prompt_too_long"
+                    if "max_model_len" in str(exc) or "too long" in str(exc)
+                    else "invalid_request"
+                )
                 assembly.put(row.pos, j, error_record(row, j, code, str(exc)))
                 continue
             inflight[rid] = (row, j)

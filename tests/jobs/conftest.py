@@ -25,7 +25,9 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, shards: Path) -> list[dict[str, Any]]:
+def reference(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: Path, shards: Path
+) -> list[dict[str, Any]]:
     """The committed rows of one uninterrupted `local` run of the standard test job."""
     base = tmp_path_factory.mktemp("reference")
     job = base / "job.toml"

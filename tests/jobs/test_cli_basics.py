@@ -24,8 +24,9 @@ def test_usage_errors_exit_64(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main([]) == 64
 
 
-def test_unexpected_failure_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_unexpected_failure_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import shardinfer.jobs.cli as cli_module
 
     def broken(*args: Any) -> int:
@@ -64,12 +65,29 @@ def test_missing_input_exits_66(tmp_path: Path, model_dir: Path) -> None:
 
 def test_dry_run_shows_precedence_and_writes_nothing(tmp_path: Path, model_dir: Path, shards: Path) -> None:
     job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "{ds}" / "{run_id}"),
-                            sampling={"temperature": 0.9, "top_p": 0.9, "top_k": 5}))
+    job.write_text(
+        job_toml(
+            model_dir,
+            str(shards),
+            str(tmp_path / "out" / "{ds}" / "{run_id}"),
+            sampling={"temperature": 0.9, "top_p": 0.9, "top_k": 5},
+        )
+    )
     props = tmp_path / "defaults.conf"
     props.write_text("# spark-defaults style\nsampling.temperature 0.5\nsampling.top_p=0.7\n")
-    result = cli("submit", "--dry-run", "--properties-file", str(props), "--conf", "sampling.temperature=0.25",
-                 "--conf", "job.ds=2024-05-06", "--run-id", "scheduled__1", str(job))
+    result = cli(
+        "submit",
+        "--dry-run",
+        "--properties-file",
+        str(props),
+        "--conf",
+        "sampling.temperature=0.25",
+        "--conf",
+        "job.ds=2024-05-06",
+        "--run-id",
+        "scheduled__1",
+        str(job),
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "temperature = 0.25  # --conf" in out
@@ -82,9 +100,23 @@ def test_dry_run_shows_precedence_and_writes_nothing(tmp_path: Path, model_dir: 
 
 def test_generate_without_a_job_file(tmp_path: Path, model_dir: Path, shards: Path) -> None:
     out = tmp_path / "out"
-    result = cli("generate", "--model", str(model_dir), "--input", str(shards / "prompts-00.parquet"),
-                 "--output", str(out), "--conf", "sampling.max_tokens=3", "--conf", "sampling.temperature=0",
-                 "--conf", "input.id_column=id", "--log-format", "json")
+    result = cli(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--input",
+        str(shards / "prompts-00.parquet"),
+        "--output",
+        str(out),
+        "--conf",
+        "sampling.max_tokens=3",
+        "--conf",
+        "sampling.temperature=0",
+        "--conf",
+        "input.id_column=id",
+        "--log-format",
+        "json",
+    )
     assert result.returncode == 0, result.stderr
     rows = committed_rows(str(out))
     assert [r["row_id"] for r in rows] == [f"f0-{i:03d}" for i in range(8)]
@@ -98,8 +130,9 @@ def test_generate_without_a_job_file(tmp_path: Path, model_dir: Path, shards: Pa
             assert "run_id" in json.loads(line)
 
 
-def test_completed_run_resubmitted_exits_0_without_work(tmp_path: Path, model_dir: Path, shards: Path,
-                                                        reference: list[dict[str, Any]]) -> None:
+def test_completed_run_resubmitted_exits_0_without_work(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     job = tmp_path / "job.toml"
     job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "ds={ds}")))
     first = cli("submit", "--conf", "job.ds=2024-01-02", str(job))
@@ -119,8 +152,11 @@ def test_completed_run_resubmitted_exits_0_without_work(tmp_path: Path, model_di
 
 def test_fingerprint_drift_refused_with_78(tmp_path: Path, model_dir: Path, shards: Path) -> None:
     job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards / "prompts-00.parquet"), str(tmp_path / "out"),
-                            sampling={"max_tokens": 2}))
+    job.write_text(
+        job_toml(
+            model_dir, str(shards / "prompts-00.parquet"), str(tmp_path / "out"), sampling={"max_tokens": 2}
+        )
+    )
     assert cli("submit", str(job)).returncode == 0
     drift = cli("submit", "--conf", "sampling.temperature=0.3", str(job))
     assert drift.returncode == 78
@@ -138,16 +174,31 @@ def test_too_many_bad_rows_exits_65_with_error_records(tmp_path: Path, model_dir
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"id": "a", "prompt": "hello fox"}, {"id": "b", "prompt": None}, {"id": "c", "prompt": ""},
-            {"id": "d", "prompt": "split commit"}]
+    rows = [
+        {"id": "a", "prompt": "hello fox"},
+        {"id": "b", "prompt": None},
+        {"id": "c", "prompt": ""},
+        {"id": "d", "prompt": "split commit"},
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
     job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(tmp_path / "in.parquet"), str(tmp_path / "out"),
-                            input={"passthrough_columns": []}, job={"max_error_fraction": 0.25}))
+    job.write_text(
+        job_toml(
+            model_dir,
+            str(tmp_path / "in.parquet"),
+            str(tmp_path / "out"),
+            input={"passthrough_columns": []},
+            job={"max_error_fraction": 0.25},
+        )
+    )
     result = cli("submit", str(job))
     assert result.returncode == 65, result.stderr
     assert "2 of 4 output records are errors" in result.stderr
     got = {r["row_id"]: (r["status"], r["error_code"]) for r in committed_rows(str(tmp_path / "out"))}
-    assert got == {"a": ("ok", None), "b": ("error", "empty_prompt"), "c": ("error", "empty_prompt"),
-                   "d": ("ok", None)}
+    assert got == {
+        "a": ("ok", None),
+        "b": ("error", "empty_prompt"),
+        "c": ("error", "empty_prompt"),
+        "d": ("ok", None),
+    }
     assert not (tmp_path / "out" / "_SUCCESS").exists()

@@ -32,12 +32,15 @@ def _assert_clean(out: Path) -> None:
     assert sorted(f["path"] for f in success["files"]) == marker_parts(out)
 
 
-def test_kill9_at_random_moments_then_resume(tmp_path: Path, model_dir: Path, shards: Path,
-                                             reference: list[dict[str, Any]]) -> None:
+def test_kill9_at_random_moments_then_resume(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     # 12 splits of 2 rows: the split size does not change any row's output, only the commit grain.
     out = tmp_path / "out"
     job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards), str(out), job={"split_rows": 2, "max_splits_in_flight": 2}))
+    job.write_text(
+        job_toml(model_dir, str(shards), str(out), job={"split_rows": 2, "max_splits_in_flight": 2})
+    )
     rng = random.Random(1234)
     kills = 0
     for _ in range(3):
@@ -58,13 +61,17 @@ def test_kill9_at_random_moments_then_resume(tmp_path: Path, model_dir: Path, sh
     _assert_clean(out)
 
 
-def test_kill_between_part_write_and_marker(tmp_path: Path, model_dir: Path, shards: Path,
-                                            reference: list[dict[str, Any]]) -> None:
+def test_kill_between_part_write_and_marker(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     out = tmp_path / "out"
     job = tmp_path / "job.toml"
     job.write_text(job_toml(model_dir, str(shards), str(out)))
-    crashed = cli("submit", str(job), env=cli_env(SHARDINFER_TEST_CRASH_AT="after_part",
-                                                 SHARDINFER_TEST_CRASH_SPLIT="2"))
+    crashed = cli(
+        "submit",
+        str(job),
+        env=cli_env(SHARDINFER_TEST_CRASH_AT="after_part", SHARDINFER_TEST_CRASH_SPLIT="2"),
+    )
     assert crashed.returncode == -signal.SIGKILL
     orphans = [p for p in part_files(out) if p.startswith("part-00002-")]
     assert len(orphans) == 1 and not (out / "_commits" / "00002.json").exists()
@@ -75,8 +82,9 @@ def test_kill_between_part_write_and_marker(tmp_path: Path, model_dir: Path, sha
     _assert_clean(out)
 
 
-def test_kill_while_writing_success(tmp_path: Path, model_dir: Path, shards: Path,
-                                    reference: list[dict[str, Any]]) -> None:
+def test_kill_while_writing_success(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     out = tmp_path / "out"
     job = tmp_path / "job.toml"
     job.write_text(job_toml(model_dir, str(shards), str(out)))
@@ -92,8 +100,9 @@ def test_kill_while_writing_success(tmp_path: Path, model_dir: Path, shards: Pat
     _assert_clean(out)
 
 
-def test_sigterm_exits_75_and_rerun_completes(tmp_path: Path, model_dir: Path, shards: Path,
-                                              reference: list[dict[str, Any]]) -> None:
+def test_sigterm_exits_75_and_rerun_completes(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     out = tmp_path / "out"
     job = tmp_path / "job.toml"
     job.write_text(job_toml(model_dir, str(shards), str(out), job={"split_rows": 2}))

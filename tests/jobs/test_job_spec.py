@@ -10,8 +10,12 @@ import pytest
 from shardinfer.jobs.spec import load_properties, parse_conf, resolve
 from shardinfer.pipeline.errors import ConfigError, UsageError
 
-BASE = {"model": {"path": "m"}, "input": {"path": "in"}, "output": {"path": "out/{ds}/{run_id}"},
-        "sampling": {"temperature": 0.9, "top_p": 0.8}}
+BASE = {
+    "model": {"path": "m"},
+    "input": {"path": "in"},
+    "output": {"path": "out/{ds}/{run_id}"},
+    "sampling": {"temperature": 0.9, "top_p": 0.8},
+}
 
 
 def test_precedence_conf_over_properties_over_file_over_defaults(tmp_path: Path) -> None:
@@ -19,7 +23,12 @@ def test_precedence_conf_over_properties_over_file_over_defaults(tmp_path: Path)
     props.write_text("sampling.temperature 0.5\nsampling.top_p=0.6\njob.split_rows = 10\n")
     spec = resolve(BASE, properties=load_properties(props), confs=[parse_conf("sampling.temperature=0.1")])
     cfg = spec.config
-    assert (cfg.sampling["temperature"], cfg.sampling["top_p"], cfg.job.split_rows, cfg.job.seed) == (0.1, 0.6, 10, 0)
+    assert (cfg.sampling["temperature"], cfg.sampling["top_p"], cfg.job.split_rows, cfg.job.seed) == (
+        0.1,
+        0.6,
+        10,
+        0,
+    )
     assert spec.sources["sampling.temperature"] == "--conf"
     assert spec.sources["sampling.top_p"] == "properties file"
     toml_props = tmp_path / "p.toml"
@@ -37,28 +46,43 @@ def test_placeholders_and_generated_run_id() -> None:
     assert auto.input.prompt_column == "prompt"  # the default when neither column is named
 
 
-@pytest.mark.parametrize(("conf", "hint"), [
-    ("sampling.temprature=0.5", "'temperature'"),
-    ("sampler.top_p=0.5", "'sampling'"),
-    ("job.split_row=5", "'split_rows'"),
-    ("engine.max_num_seq=4", "'max_num_seqs'"),
-    ("input.promt_column=x", "'prompt_column'"),
-])
+@pytest.mark.parametrize(
+    ("conf", "hint"),
+    [
+        ("sampling.temprature=0.5", "'temperature'"),
+        ("sampler.top_p=0.5", "'sampling'"),
+        ("job.split_row=5", "'split_rows'"),
+        ("engine.max_num_seq=4", "'max_num_seqs'"),
+        ("input.promt_column=x", "'prompt_column'"),
+    ],
+)
 def test_unknown_keys_name_the_nearest_valid_key(conf: str, hint: str) -> None:
     with pytest.raises(ConfigError, match=hint):
         resolve(BASE, confs=[parse_conf(conf)])
 
 
 def test_values_are_typed_and_checked() -> None:
-    cfg = resolve(BASE, confs=[parse_conf("job.seed=7"), parse_conf("job.run_id=20240101"),
-                               parse_conf("input.passthrough_columns=a,b"), parse_conf("sampling.stop=[\"x\"]"),
-                               parse_conf("sampling.temperature=1")]).config
+    cfg = resolve(
+        BASE,
+        confs=[
+            parse_conf("job.seed=7"),
+            parse_conf("job.run_id=20240101"),
+            parse_conf("input.passthrough_columns=a,b"),
+            parse_conf('sampling.stop=["x"]'),
+            parse_conf("sampling.temperature=1"),
+        ],
+    ).config
     assert cfg.job.seed == 7 and cfg.job.run_id == "20240101" and cfg.input.passthrough_columns == ["a", "b"]
     assert cfg.sampling["stop"] == ["x"] and isinstance(cfg.sampling["temperature"], float)
-    for bad, match in (("job.seed=abc", "job.seed"), ("sampling.top_p=0", "top_p"), ("job.split_rows=0", "split_rows"),
-                       ("sampling.seed=3", "job.seed"), ("job.ds=tomorrow", "YYYY-MM-DD"),
-                       ("input.override_columns=[\"logprobs\"]", "logprobs"),
-                       ("input.messages_column=m", "both set")):
+    for bad, match in (
+        ("job.seed=abc", "job.seed"),
+        ("sampling.top_p=0", "top_p"),
+        ("job.split_rows=0", "split_rows"),
+        ("sampling.seed=3", "job.seed"),
+        ("job.ds=tomorrow", "YYYY-MM-DD"),
+        ('input.override_columns=["logprobs"]', "logprobs"),
+        ("input.messages_column=m", "both set"),
+    ):
         with pytest.raises(ConfigError, match=match):
             resolve({**BASE, "input": {"path": "in", "prompt_column": "p"}}, confs=[parse_conf(bad)])
     with pytest.raises(ConfigError, match=r"model\.path is not set"):

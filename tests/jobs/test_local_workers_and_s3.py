@@ -11,8 +11,9 @@ import s3fs
 from pipeline_kit import cli, cli_env, committed_rows, job_toml, marker_parts, part_files
 
 
-def test_local2_commits_every_split_exactly_once(tmp_path: Path, model_dir: Path, shards: Path,
-                                                 reference: list[dict[str, Any]]) -> None:
+def test_local2_commits_every_split_exactly_once(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     out = tmp_path / "out"
     job = tmp_path / "job.toml"
     job.write_text(job_toml(model_dir, str(shards), str(out)))
@@ -26,13 +27,17 @@ def test_local2_commits_every_split_exactly_once(tmp_path: Path, model_dir: Path
     assert summary["run_splits_committed"] == 6
 
 
-def test_local2_dead_worker_is_reported_and_its_splits_redone(tmp_path: Path, model_dir: Path, shards: Path,
-                                                              reference: list[dict[str, Any]]) -> None:
+def test_local2_dead_worker_is_reported_and_its_splits_redone(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     out = tmp_path / "out"
     job = tmp_path / "job.toml"
     job.write_text(job_toml(model_dir, str(shards), str(out)))
-    env = cli_env(SHARDINFER_TEST_CRASH_AT="after_part", SHARDINFER_TEST_CRASH_SPLIT="1",
-                  SHARDINFER_TEST_CRASH_ONCE=str(tmp_path / "crashed-once"))
+    env = cli_env(
+        SHARDINFER_TEST_CRASH_AT="after_part",
+        SHARDINFER_TEST_CRASH_SPLIT="1",
+        SHARDINFER_TEST_CRASH_ONCE=str(tmp_path / "crashed-once"),
+    )
     result = cli("submit", "--master", "local[2]", str(job), env=env)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "crashed-once").exists()
@@ -42,17 +47,28 @@ def test_local2_dead_worker_is_reported_and_its_splits_redone(tmp_path: Path, mo
     assert part_files(out) == marker_parts(out)
 
 
-def test_s3_input_and_output_through_moto_with_faults(tmp_path: Path, model_dir: Path, shards: Path,
-                                                      s3_bucket: Any, fault_proxy: Any,
-                                                      reference: list[dict[str, Any]]) -> None:
+def test_s3_input_and_output_through_moto_with_faults(
+    tmp_path: Path,
+    model_dir: Path,
+    shards: Path,
+    s3_bucket: Any,
+    fault_proxy: Any,
+    reference: list[dict[str, Any]],
+) -> None:
     fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
     for path in sorted(shards.glob("*.parquet")):
         fs.put_file(str(path), f"{s3_bucket.name}/in/{path.name}")
     proxy = fault_proxy(every=13, faults=("503", "drop"))  # throttling and dropped connections on output
     job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, s3_bucket.url("in/*.parquet"), s3_bucket.url("out/{ds}"),
-                            input={"storage_options": s3_bucket.storage_options},
-                            output={"storage_options": proxy.storage_options()}))
+    job.write_text(
+        job_toml(
+            model_dir,
+            s3_bucket.url("in/*.parquet"),
+            s3_bucket.url("out/{ds}"),
+            input={"storage_options": s3_bucket.storage_options},
+            output={"storage_options": proxy.storage_options()},
+        )
+    )
     result = cli("submit", "--conf", "job.ds=2024-03-04", str(job))
     assert result.returncode == 0, result.stderr
     assert proxy.faults_injected  # the run really went through failures, and lost nothing

@@ -31,17 +31,30 @@ def tiny_model(base: Path) -> Path:
 
 def prompt_rows(file_index: int, n: int) -> list[dict[str, Any]]:
     words = ["fox", "engine", "parquet", "shard", "hello", "world", "split", "commit", "token", "seed"]
-    return [{"id": f"f{file_index}-{i:03d}", "prompt": f"{words[i % 10]} {words[(i * 3 + file_index) % 10]} {i}",
-             "topic": words[(i + file_index) % 10]} for i in range(n)]
+    return [
+        {
+            "id": f"f{file_index}-{i:03d}",
+            "prompt": f"{words[i % 10]} {words[(i * 3 + file_index) % 10]} {i}",
+            "topic": words[(i + file_index) % 10],
+        }
+        for i in range(n)
+    ]
 
 
-def write_shards(directory: Path, files: int = 2, rows: int = 8, row_group: int = 4,
-                 extra: list[dict[str, Any]] | None = None) -> Path:
+def write_shards(
+    directory: Path,
+    files: int = 2,
+    rows: int = 8,
+    row_group: int = 4,
+    extra: list[dict[str, Any]] | None = None,
+) -> Path:
     """Parquet prompt shards: `files` files of `rows` rows (id, prompt, topic); `extra` rows go to the last."""
     directory.mkdir(parents=True, exist_ok=True)
     for f in range(files):
         data = prompt_rows(f, rows) + (extra or [] if f == files - 1 else [])
-        pq.write_table(pa.Table.from_pylist(data), directory / f"prompts-{f:02d}.parquet", row_group_size=row_group)
+        pq.write_table(
+            pa.Table.from_pylist(data), directory / f"prompts-{f:02d}.parquet", row_group_size=row_group
+        )
     return directory
 
 
@@ -49,7 +62,12 @@ def job_toml(model: Path | str, input_path: str, output_path: str, **sections: d
     """A job file; `sections` (job=..., sampling=..., ...) are merged over small test defaults."""
     spec: dict[str, dict[str, Any]] = {
         "job": {"seed": 11, "split_rows": 4, "max_inflight_requests": 8, "max_splits_in_flight": 2},
-        "input": {"path": input_path, "id_column": "id", "prompt_column": "prompt", "passthrough_columns": ["topic"]},
+        "input": {
+            "path": input_path,
+            "id_column": "id",
+            "prompt_column": "prompt",
+            "passthrough_columns": ["topic"],
+        },
         "model": {"path": str(model), "device": "cpu", "dtype": "float32"},
         "engine": {"num_kv_blocks": 128, "max_num_seqs": 8},
         "sampling": {"temperature": 0.8, "max_tokens": 5, "logprobs": 2, "prompt_logprobs": 1},
@@ -57,8 +75,9 @@ def job_toml(model: Path | str, input_path: str, output_path: str, **sections: d
     }
     for name, body in sections.items():
         spec.setdefault(name, {}).update(body)
-    return "\n".join(f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in body.items())
-                     for name, body in spec.items())
+    return "\n".join(
+        f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in body.items()) for name, body in spec.items()
+    )
 
 
 def _toml(value: Any) -> str:
@@ -80,14 +99,28 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shardinfer", *args], capture_output=True, text=True,
-                          env=env or cli_env(), cwd=REPO, timeout=timeout)
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardinfer", *args],
+        capture_output=True,
+        text=True,
+        env=env or cli_env(),
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "shardinfer", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env or cli_env(), cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "shardinfer", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or cli_env(),
+        cwd=REPO,
+    )
 
 
 def committed_rows(url: str, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -11,9 +11,14 @@ from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprin
 
 
 def _config(model_path: Path, **changes: dict) -> JobConfig:
-    data = {"job": {"seed": 1, "run_id": "a"}, "input": {"path": "in", "prompt_column": "prompt"},
-            "model": {"path": str(model_path), "device": "cpu", "dtype": "float32"},
-            "engine": {"max_num_seqs": 8}, "sampling": {"temperature": 0.5}, "output": {"path": "out-a"}}
+    data = {
+        "job": {"seed": 1, "run_id": "a"},
+        "input": {"path": "in", "prompt_column": "prompt"},
+        "model": {"path": str(model_path), "device": "cpu", "dtype": "float32"},
+        "engine": {"max_num_seqs": 8},
+        "sampling": {"temperature": 0.5},
+        "output": {"path": "out-a"},
+    }
     for section, body in changes.items():
         data[section] = {**data.get(section, {}), **body}
     return JobConfig.from_dict(data)
@@ -44,7 +49,9 @@ def test_fingerprint_tracks_model_files_and_settings(tmp_path: Path, model_dir: 
     cfg_tok["chat_template"] += " "
     (model / "tokenizer_config.json").write_text(json.dumps(cfg_tok))
     template = _fp(_config(model))
-    assert [line.split(":")[0] for line in diff_fingerprint_parts(base, template)] == ["tokenizer.chat_template_sha256"]
+    assert [line.split(":")[0] for line in diff_fingerprint_parts(base, template)] == [
+        "tokenizer.chat_template_sha256"
+    ]
     with (model / "model.safetensors").open("ab") as f:
         f.write(b"\0")
     (model / "config.json").write_text((model / "config.json").read_text() + "\n")

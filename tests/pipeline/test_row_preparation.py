@@ -15,10 +15,13 @@ from shardinfer.pipeline.config import InputSection
 from shardinfer.pipeline.rows import RowPreparer
 
 
-def _preparer(model_dir: Path, max_model_len: int = 64, sampling: dict[str, Any] | None = None,
-              **inp: Any) -> RowPreparer:
+def _preparer(
+    model_dir: Path, max_model_len: int = 64, sampling: dict[str, Any] | None = None, **inp: Any
+) -> RowPreparer:
     section = InputSection(path="x", **{"prompt_column": "prompt", **inp})
-    return RowPreparer(Tokenizer(model_dir), max_model_len, sampling or {"max_tokens": 4}, section, job_seed=42)
+    return RowPreparer(
+        Tokenizer(model_dir), max_model_len, sampling or {"max_tokens": 4}, section, job_seed=42
+    )
 
 
 def test_row_id_prompt_ids_and_seeds(model_dir: Path) -> None:
@@ -29,8 +32,12 @@ def test_row_id_prompt_ids_and_seeds(model_dir: Path) -> None:
     assert row.prompt_ids == raw.encode("hello world").ids
     assert row.seeds == [derive_seed(42, "3:17", 0), derive_seed(42, "3:17", 1)]
     assert [(p.n, p.seed, p.temperature, p.max_tokens) for p in row.params] == [
-        (1, row.seeds[0], 0.7, 4), (1, row.seeds[1], 0.7, 4)]
-    with_id = _preparer(model_dir, id_column="id").prepare(0, 0, 0, {"id": 123, "prompt": "x", "__row_index": 0})
+        (1, row.seeds[0], 0.7, 4),
+        (1, row.seeds[1], 0.7, 4),
+    ]
+    with_id = _preparer(model_dir, id_column="id").prepare(
+        0, 0, 0, {"id": 123, "prompt": "x", "__row_index": 0}
+    )
     assert with_id.row_id == "123" and with_id.seeds == [derive_seed(42, "123", 0)]
 
 
@@ -38,8 +45,9 @@ def test_messages_go_through_the_chat_template(model_dir: Path) -> None:
     raw = RawTokenizer.from_file(str(model_dir / "tokenizer.json"))
     prep = _preparer(model_dir, prompt_column="", messages_column="messages")
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
-    expected = raw.encode("<|bos|><|system|>be brief<|end|><|user|>hi there<|end|><|assistant|>",
-                          add_special_tokens=False).ids
+    expected = raw.encode(
+        "<|bos|><|system|>be brief<|end|><|user|>hi there<|end|><|assistant|>", add_special_tokens=False
+    ).ids
     as_list = prep.prepare(0, 0, 0, {"messages": messages, "__row_index": 0})
     as_json = prep.prepare(0, 0, 1, {"messages": json.dumps(messages), "__row_index": 1})
     assert as_list.prompt_ids == expected and as_json.prompt_ids == expected
@@ -47,25 +55,45 @@ def test_messages_go_through_the_chat_template(model_dir: Path) -> None:
 
 def test_overrides_apply_per_row(model_dir: Path) -> None:
     prep = _preparer(model_dir, override_columns=["max_tokens", "temperature", "seed", "stop", "so_args"])
-    row = prep.prepare(0, 0, 0, {"prompt": "a", "__row_index": 0, "max_tokens": 3.0, "temperature": None,
-                                 "seed": 9, "stop": "fox", "so_args": '{"schema_type": "regex", "schema": "[a-z]+"}'})
+    row = prep.prepare(
+        0,
+        0,
+        0,
+        {
+            "prompt": "a",
+            "__row_index": 0,
+            "max_tokens": 3.0,
+            "temperature": None,
+            "seed": 9,
+            "stop": "fox",
+            "so_args": '{"schema_type": "regex", "schema": "[a-z]+"}',
+        },
+    )
     assert row.error is None
     p = row.params[0]
-    assert (p.max_tokens, p.temperature, p.stop, p.so_args) == (3, 1.0, ["fox"], {"schema_type": "regex", "schema": "[a-z]+"})
+    assert (p.max_tokens, p.temperature, p.stop, p.so_args) == (
+        3,
+        1.0,
+        ["fox"],
+        {"schema_type": "regex", "schema": "[a-z]+"},
+    )
     assert p.seed == derive_seed(9, "0:0", 0)  # a row seed replaces job.seed in the derivation
 
 
-@pytest.mark.parametrize(("row", "code"), [
-    ({"prompt": None}, "empty_prompt"),
-    ({"prompt": ""}, "empty_prompt"),
-    ({"prompt": 12}, "invalid_schema"),
-    ({"prompt": "fox " * 80}, "prompt_too_long"),
-    ({"prompt": "a", "temperature": -1.0}, "bad_override"),
-    ({"prompt": "a", "temperature": "hot"}, "bad_override"),
-    ({"prompt": "a", "max_tokens": 2.5}, "bad_override"),
-    ({"prompt": "a", "so_args": "{not json"}, "bad_override"),
-    ({"prompt": "a", "so_args": '{"schema_type": "yaml"}'}, "bad_override"),
-])
+@pytest.mark.parametrize(
+    ("row", "code"),
+    [
+        ({"prompt": None}, "empty_prompt"),
+        ({"prompt": ""}, "empty_prompt"),
+        ({"prompt": 12}, "invalid_schema"),
+        ({"prompt": "fox " * 80}, "prompt_too_long"),
+        ({"prompt": "a", "temperature": -1.0}, "bad_override"),
+        ({"prompt": "a", "temperature": "hot"}, "bad_override"),
+        ({"prompt": "a", "max_tokens": 2.5}, "bad_override"),
+        ({"prompt": "a", "so_args": "{not json"}, "bad_override"),
+        ({"prompt": "a", "so_args": '{"schema_type": "yaml"}'}, "bad_override"),
+    ],
+)
 def test_bad_rows_become_error_codes(model_dir: Path, row: dict[str, Any], code: str) -> None:
     prep = _preparer(model_dir, override_columns=["temperature", "max_tokens", "so_args"])
     prepared = prep.prepare(0, 1, 4, {"__row_index": 4, **row})

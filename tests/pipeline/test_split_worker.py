@@ -36,13 +36,22 @@ def _rows() -> list[dict[str, Any]]:
 def _config(tmp_path: Path, model_dir: Path, **job: Any) -> JobConfig:
     inp = tmp_path / "in.parquet"
     pq.write_table(pa.Table.from_pylist(_rows()), inp, row_group_size=3)
-    return JobConfig.from_dict({
-        "job": {"seed": 5, "split_rows": 3, "max_error_fraction": 0.5, "run_id": "t1", **job},
-        "input": {"path": str(inp), "id_column": "id", "prompt_column": "prompt",
-                  "override_columns": ["temperature"], "passthrough_columns": ["prompt"]},
-        "model": {"path": str(model_dir), "device": "cpu", "dtype": "float32"},
-        "engine": ENGINE, "sampling": SAMPLING, "output": {"path": str(tmp_path / "out")},
-    })
+    return JobConfig.from_dict(
+        {
+            "job": {"seed": 5, "split_rows": 3, "max_error_fraction": 0.5, "run_id": "t1", **job},
+            "input": {
+                "path": str(inp),
+                "id_column": "id",
+                "prompt_column": "prompt",
+                "override_columns": ["temperature"],
+                "passthrough_columns": ["prompt"],
+            },
+            "model": {"path": str(model_dir), "device": "cpu", "dtype": "float32"},
+            "engine": ENGINE,
+            "sampling": SAMPLING,
+            "output": {"path": str(tmp_path / "out")},
+        }
+    )
 
 
 def _run(config: JobConfig, engine: Any = None, stop: threading.Event | None = None) -> dict[str, Any]:
@@ -58,7 +67,10 @@ def test_rows_match_the_batch_api_and_bad_rows_become_errors(tmp_path: Path, mod
     assert success["summary"]["rows_ok"] == 7 and success["summary"]["rows_error"] == 3
     rows = {r["row_id"]: r for r in committed_rows(config.output.path)}
     assert {k: rows[k]["error_code"] for k in ("null", "long", "hot")} == {
-        "null": "empty_prompt", "long": "prompt_too_long", "hot": "bad_override"}
+        "null": "empty_prompt",
+        "long": "prompt_too_long",
+        "hot": "bad_override",
+    }
     assert all(rows[k]["status"] == "error" and rows[k]["token_ids"] is None for k in ("null", "long", "hot"))
     assert rows["hot"]["prompt"] == "hello"  # passthrough columns are kept on error records too
     # Reference: the engine's whole-batch API, one call, with the documented per-row seeds.
@@ -77,7 +89,11 @@ def test_rows_match_the_batch_api_and_bad_rows_become_errors(tmp_path: Path, mod
         assert got["prompt_logprobs"][1:] == pytest.approx(out.prompt_logprobs[1:], abs=0, rel=1e-6)
         assert got["finish_reason"] == comp.finish_reason
     # Output order inside each part is input order.
-    ordered = [r["row_id"] for s in sorted(Path(config.output.path).glob("part-*")) for r in pq.read_table(s).to_pylist()]
+    ordered = [
+        r["row_id"]
+        for s in sorted(Path(config.output.path).glob("part-*"))
+        for r in pq.read_table(s).to_pylist()
+    ]
     assert ordered == [r["id"] for r in _rows()]
 
 
@@ -116,12 +132,17 @@ def test_backpressure_bounds_requests_in_the_engine(tmp_path: Path, model_dir: P
 
 
 def test_stop_abandons_incomplete_splits(tmp_path: Path, model_dir: Path) -> None:
-    config = _config(tmp_path, model_dir, max_inflight_requests=1, max_splits_in_flight=1, max_error_fraction=1.0)
+    config = _config(
+        tmp_path, model_dir, max_inflight_requests=1, max_splits_in_flight=1, max_error_fraction=1.0
+    )
     stop = threading.Event()
     job = open_job(config)
     # Stop in the middle of the second split: right after the first commit appears.
-    spy = _SpyEngine(LLMEngine(str(model_dir), device="cpu", dtype="float32", **ENGINE),
-                     lambda: (Path(config.output.path) / "_commits" / "00000.json").exists(), stop)
+    spy = _SpyEngine(
+        LLMEngine(str(model_dir), device="cpu", dtype="float32", **ENGINE),
+        lambda: (Path(config.output.path) / "_commits" / "00000.json").exists(),
+        stop,
+    )
     write_plan(job, "t1")
     with pytest.raises(Interrupted):
         run_worker(job, job.splits, stop, "t1", engine=spy)
