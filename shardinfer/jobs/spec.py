@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import difflib
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,9 +186,9 @@ def _check_key(dotted: str) -> tuple[str, str, Any]:
 def resolve(
     job_file: dict[str, Any],
     *,
-    properties: list[tuple[str, Any, str]] = (),  # type: ignore[assignment]
-    confs: list[tuple[str, Any, str]] = (),
-    run_id: str | None = None,  # type: ignore[assignment]
+    properties: Sequence[tuple[str, Any, str]] = (),
+    confs: Sequence[tuple[str, Any, str]] = (),
+    run_id: str | None = None,
     today: datetime.date | None = None,
 ) -> ResolvedSpec:
     """Merge the layers, validate every key and value, fill `{run_id}`/`{ds}`; returns the JobConfig."""
