@@ -5,7 +5,8 @@
 
 Prints output tok/s of each and the ratio; for the decode phase, the step time against the HBM
 floor (weights + KV of the running batch / measured copy bandwidth). Writes
-bench/results/<workload>-<stamp>.json (PERF.md's format) and appends a row to bench/RESULTS.md.
+bench/results/<workload>-<stamp>.json (PERF.md's format); `python bench/record.py` then rebuilds
+bench/RESULTS.md from all of them.
 """
 
 from __future__ import annotations

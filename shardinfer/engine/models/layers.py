@@ -21,8 +21,13 @@ class Linear(nn.Module):
                      if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and not self.numerics.batch_invariant:
-            return F.linear(x, self.weight, self.bias)  # cuBLAS picks its fastest (batch-dependent) plan
+        if x.is_cuda:
+            if not self.numerics.batch_invariant:
+                return F.linear(x, self.weight, self.bias)  # cuBLAS picks its fastest (batch-dependent) plan
+            from shardinfer.kernels.matmul import linear_batch_invariant
+
+            flat = x.reshape(-1, x.shape[-1])
+            return linear_batch_invariant(flat, self.weight, self.bias).view(*x.shape[:-1], -1)
         return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
 
 
