@@ -7,8 +7,9 @@ Fixtures (registered for every test through tests/conftest.py):
   fault_proxy        factory: `fault_proxy(every=3, faults=("503", "drop"))` starts a proxy in
                      front of moto and returns it; its `.storage_options` points s3fs at it
 
-The proxy speaks just enough HTTP/1.1 to relay one request at a time per connection. Every
-`every`-th request gets the next fault of `faults`, in turn:
+The proxy speaks just enough HTTP/1.1 to relay one request at a time per connection. About one
+request in `every` (drawn from a seeded generator, so a run is repeatable) gets the next fault
+of `faults`, in turn:
   "503"        a SlowDown error response (throttling); moto never sees the request
   "500"        an InternalError response; moto never sees the request
   "drop"       the connection is closed before the request is forwarded
@@ -22,6 +23,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import logging
+import random
 import socket
 import socketserver
 import threading
@@ -164,11 +166,14 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, upstream_port: int, every: int, faults: tuple[str, ...]) -> None:
+    def __init__(self, upstream_port: int, every: int, faults: tuple[str, ...], seed: int) -> None:
         super().__init__(("127.0.0.1", 0), _ProxyHandler)
         self.upstream_port = upstream_port
         self.every = every
         self._faults = itertools.cycle(faults)
+        # Seeded, not strictly periodic: an operation that always takes `every` requests would
+        # otherwise meet a fault at the same step on every retry.
+        self._random = random.Random(seed)
         self._lock = threading.Lock()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, target, fault or None)
         self.enabled = True
@@ -176,10 +181,9 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
 
     def next_fault(self, method: str, target: str) -> str | None:
         with self._lock:
-            n = len(self.requests) + 1
             if self.forced:
                 fault: str | None = self.forced.pop(0)
-            elif self.enabled and self.every and n % self.every == 0:
+            elif self.enabled and self.every and self._random.random() < 1 / self.every:
                 fault = next(self._faults)
             else:
                 fault = None
@@ -190,12 +194,12 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
 class FaultProxy:
     """A running proxy; stop() is called by the fixture."""
 
-    def __init__(self, upstream: str, every: int, faults: tuple[str, ...]) -> None:
+    def __init__(self, upstream: str, every: int, faults: tuple[str, ...], seed: int = 0) -> None:
         for fault in faults:
             if fault not in ("503", "500", "drop", "drop_after"):
                 raise ValueError(f"unknown fault {fault!r}")
         port = int(upstream.rsplit(":", 1)[1])
-        self._server = _ProxyServer(port, every, faults)
+        self._server = _ProxyServer(port, every, faults, seed)
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
@@ -256,8 +260,8 @@ def s3_bucket(moto_endpoint: str) -> S3Bucket:
 def fault_proxy(moto_endpoint: str) -> Iterator[Any]:
     started: list[FaultProxy] = []
 
-    def start(every: int = 3, faults: tuple[str, ...] = ("503",)) -> FaultProxy:
-        proxy = FaultProxy(moto_endpoint, every, faults)
+    def start(every: int = 3, faults: tuple[str, ...] = ("503",), seed: int = 0) -> FaultProxy:
+        proxy = FaultProxy(moto_endpoint, every, faults, seed)
         started.append(proxy)
         return proxy
 

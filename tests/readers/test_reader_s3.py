@@ -42,7 +42,7 @@ def test_plan_and_read_on_s3(s3_bucket) -> None:
 
 def test_reads_survive_throttling_and_dropped_connections(s3_bucket, fault_proxy) -> None:
     tables = _put_inputs(s3fs.S3FileSystem(**s3_bucket.storage_options), s3_bucket.name)
-    proxy = fault_proxy(every=3, faults=("503", "drop", "500"))
+    proxy = fault_proxy(every=2, faults=("503", "drop", "500"))
     options = proxy.storage_options()
     spec = InputSpec(f"s3://{s3_bucket.name}/in/*.parquet", storage_options=options)
     splits = plan_splits(spec, split_rows=8)
