@@ -70,17 +70,43 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     """
     t, k = topk_ids.shape
     hidden = x.shape[-1]
-    flat_ids = topk_ids.reshape(-1)
-    token_of_slot = torch.arange(t, device=x.device).repeat_interleave(k)
-    slot_out = torch.zeros(t * k, hidden, dtype=torch.float32, device=x.device)
-    for expert in torch.unique(flat_ids).tolist():
-        slots = (flat_ids == expert).nonzero(as_tuple=True)[0]
-        rows = x[token_of_slot[slots]]
-        act = ops.silu_and_mul(ops.linear(rows, w_gate_up[expert], None, batch_invariant))
-        slot_out[slots] = ops.linear(act, w_down[expert], None, batch_invariant).float()
-    slot_out = slot_out.view(t, k, hidden)
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        slot_out = _slots_capturable(x, topk_ids, w_gate_up, w_down, batch_invariant)
+    else:
+        slot_out = _slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant)
     weights = topk_weights.float()
     out = torch.zeros(t, hidden, dtype=torch.float32, device=x.device)
     for j in range(k):  # fixed slot order: the sum's rounding depends on the token alone
         out = out + slot_out[:, j] * weights[:, j : j + 1]
     return out.to(x.dtype)
+
+
+def _expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
+    return ops.linear(ops.silu_and_mul(ops.linear(x, w_gate_up, None, batch_invariant)), w_down, None,
+                      batch_invariant).float()
+
+
+def _slots_gathered(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                    batch_invariant: bool) -> torch.Tensor:
+    """Each chosen expert runs on exactly the tokens that chose it: [T, k, H] float32."""
+    t, k = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1)
+    token_of_slot = torch.arange(t, device=x.device).repeat_interleave(k)
+    slot_out = torch.zeros(t * k, x.shape[-1], dtype=torch.float32, device=x.device)
+    for expert in torch.unique(flat_ids).tolist():
+        slots = (flat_ids == expert).nonzero(as_tuple=True)[0]
+        slot_out[slots] = _expert(x[token_of_slot[slots]], w_gate_up[expert], w_down[expert], batch_invariant)
+    return slot_out.view(t, k, -1)
+
+
+def _slots_capturable(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                      batch_invariant: bool) -> torch.Tensor:
+    """The same [T, k, H] without data-dependent shapes or host syncs, for CUDA graph capture:
+    every expert runs on every token and each slot keeps its own expert's rows. With
+    batch-invariant row tiles a row's result is the one the gathered path computes."""
+    t, k = topk_ids.shape
+    slot_out = torch.zeros(t, k, x.shape[-1], dtype=torch.float32, device=x.device)
+    for expert in range(w_gate_up.shape[0]):
+        y = _expert(x, w_gate_up[expert], w_down[expert], batch_invariant)
+        slot_out = torch.where((topk_ids == expert).unsqueeze(-1), y.unsqueeze(1), slot_out)
+    return slot_out

@@ -15,7 +15,7 @@ import torch
 
 from shardinfer.engine.errors import ModelLoadError
 from shardinfer.engine.models.deepseek_moe import RoutingConfig
-from shardinfer.kernels.reference_moe import grouped_topk, moe_experts
+from shardinfer.kernels.reference_moe import _slots_capturable, _slots_gathered, grouped_topk, moe_experts
 
 
 def official_route(logits: list[float], bias: list[float], top_k: int, n_group: int, topk_group: int,
@@ -98,3 +98,16 @@ def test_bad_routing_configs_are_refused(bad: dict[str, object]) -> None:
     cfg = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, **bad}
     with pytest.raises(ModelLoadError):
         RoutingConfig(cfg)
+
+
+def test_capturable_expert_path_equals_gathered_path() -> None:
+    # The CUDA-graph-safe path (every expert on every token, rows selected afterwards) must give
+    # bitwise the rows the gathered path gives, so graph-replayed decode equals eager decode.
+    gen = torch.Generator().manual_seed(3)
+    t, h, inter, e, k = 37, 16, 8, 5, 2
+    x = torch.randn(t, h, generator=gen)
+    w_gate_up = torch.randn(e, 2 * inter, h, generator=gen) * 0.3
+    w_down = torch.randn(e, h, inter, generator=gen) * 0.3
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    gathered = _slots_gathered(x, ids, w_gate_up, w_down, True)
+    assert torch.equal(_slots_capturable(x, ids, w_gate_up, w_down, True), gathered)
