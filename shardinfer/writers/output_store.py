@@ -103,18 +103,7 @@ class OutputStore:
 
     def _read_json(self, path: str) -> dict[str, Any] | None:
         data = self._retry(f"read {full_url(self.fs, path)}", lambda: read_bytes_or_none(self.fs, path))
-        if data is None:
-            return None
-        try:
-            value = json.loads(data)
-        except ValueError as exc:
-            raise CorruptOutputError(
-                f"{full_url(self.fs, path)} is not valid JSON ({exc}); it was not written by this "
-                "program's commit protocol; delete it (and re-run) or start the job over"
-            ) from exc
-        if not isinstance(value, dict):
-            raise CorruptOutputError(f"{full_url(self.fs, path)} holds {type(value).__name__}, not an object")
-        return value
+        return None if data is None else _parse_json(data, full_url(self.fs, path))
 
     # --- _job.json -------------------------------------------------------------------------------
     def read_job(self) -> dict[str, Any] | None:
@@ -210,20 +199,24 @@ class OutputStore:
         """Split index -> marker, for every split committed so far."""
         directory = self._path(COMMITS_DIR)
         names = self._retry(f"list {full_url(self.fs, directory)}", lambda: list_files(self.fs, directory))
+        paths = [p for p in names if _MARKER_NAME.match(posixpath.basename(p))]  # skips crash leftovers
+        # One batched fetch: s3fs runs the GETs concurrently, which matters when resuming 10^4 splits.
+        contents = self._retry(
+            f"read markers in {full_url(self.fs, directory)}", lambda: _cat_many(self.fs, paths)
+        )
         markers: dict[int, dict[str, Any]] = {}
-        for path in names:
-            match = _MARKER_NAME.match(posixpath.basename(path))
-            if not match:
-                continue  # e.g. a temporary file left by a crash on local disk
-            marker = self._read_json(path)
-            if marker is None:
+        for path in paths:
+            data = contents.get(path)
+            if data is None:
                 continue  # deleted since the listing (a concurrent start-over)
-            if marker.get("split") != int(match.group(1)) or "part" not in marker:
+            marker = _parse_json(data, full_url(self.fs, path))
+            index = int(_MARKER_NAME.match(posixpath.basename(path)).group(1))  # type: ignore[union-attr]
+            if marker.get("split") != index or "part" not in marker:
                 raise CorruptOutputError(
-                    f"{full_url(self.fs, path)} is not a commit marker for split {match.group(1)}: {marker}; "
+                    f"{full_url(self.fs, path)} is not a commit marker for split {index}: {marker}; "
                     "delete it to redo that split"
                 )
-            markers[int(marker["split"])] = marker
+            markers[index] = marker
         return dict(sorted(markers.items()))
 
     # --- finishing and reading back --------------------------------------------------------------
@@ -326,6 +319,34 @@ class OutputStore:
                 self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
         job = self._path(JOB_FILE)
         self._retry(f"delete {full_url(self.fs, job)}", lambda: delete_if_present(self.fs, job))
+
+
+def _parse_json(data: bytes, url: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise CorruptOutputError(
+            f"{url} is not valid JSON ({exc}); it was not written by this program's commit protocol; "
+            "delete it (and re-run) or start the job over"
+        ) from exc
+    if not isinstance(value, dict):
+        raise CorruptOutputError(f"{url} holds {type(value).__name__}, not a JSON object")
+    return value
+
+
+def _cat_many(fs: Any, paths: list[str]) -> dict[str, bytes]:
+    """Contents of many small files; missing ones are left out, other errors raised (to be retried)."""
+    if not paths:
+        return {}
+    fetched = fs.cat(paths, on_error="return")
+    out: dict[str, bytes] = {}
+    for path, value in fetched.items():
+        if isinstance(value, FileNotFoundError):
+            continue
+        if isinstance(value, BaseException):
+            raise value
+        out[fs._strip_protocol(path)] = bytes(value)
+    return out
 
 
 def _check_base_columns(table: pa.Table) -> None:
