@@ -91,6 +91,12 @@ class DeepseekV3ForCausalLM(nn.Module):
         return [self.dims.kv_spec() for _ in range(self.config.num_hidden_layers)]
 
     def to_device(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            r, dr = self.dims.kv_lora_rank, self.dims.qk_rope_head_dim
+            if r > 1024 or r & (r - 1) or dr < 16 or dr & (dr - 1):
+                raise ModelLoadError(f"kv_lora_rank={r}, qk_rope_head_dim={dr}: the CUDA MLA kernel needs powers "
+                                     "of two with kv_lora_rank <= 1024 and qk_rope_head_dim >= 16 (DeepSeek-V2/V3 "
+                                     "use 512 and 64); run this checkpoint with device='cpu'")
         self.to(device)
         self.rope.cos, self.rope.sin = self.rope.cos.to(device), self.rope.sin.to(device)
 
