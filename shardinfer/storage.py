@@ -72,9 +72,10 @@ def _network_error_types() -> tuple[type[BaseException], ...]:
     """Exception types of the HTTP stack under s3fs that mean 'the connection failed', if installed."""
     found: list[type[BaseException]] = []
     try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
         from botocore.exceptions import HTTPClientError, IncompleteReadError, ResponseParserError
 
-        found += [HTTPClientError, IncompleteReadError, ResponseParserError]
+        found += [BotoConnectionError, HTTPClientError, IncompleteReadError, ResponseParserError]
     except ImportError:
         pass
     try:

@@ -28,6 +28,9 @@ def test_plan_and_read_on_s3(s3_bucket) -> None:
     tables = _put_inputs(s3fs.S3FileSystem(**s3_bucket.storage_options), s3_bucket.name)
     spec = InputSpec(s3_bucket.url("in/*.parquet"), storage_options=s3_bucket.storage_options)
     assert list_input_files(spec) == sorted(tables)
+    # A directory: hidden names skipped, only the declared format kept.
+    directory = InputSpec(s3_bucket.url("in"), format="parquet", storage_options=s3_bucket.storage_options)
+    assert list_input_files(directory) == sorted(tables)
     splits = plan_splits(spec, split_rows=8)
     assert [(s.file_index, s.row_start, s.row_end) for s in splits] == [
         (0, 0, 8),
