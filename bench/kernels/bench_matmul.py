@@ -51,10 +51,16 @@ CANDIDATES = {
     "128x256x64_w8_s3": mm.TileConfig(128, 256, 64, num_warps=8, num_stages=3),
     "128x64x64_w8_s4": mm.TileConfig(128, 64, 64, num_warps=8, num_stages=4),
     "128x64x64_w4_s4": mm.TileConfig(128, 64, 64, num_warps=4, num_stages=4),
+    "128x32x64_w4_s4": mm.TileConfig(128, 32, 64, num_warps=4, num_stages=4),
     "64x128x64_w4_s4": mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4),
     "64x256x64_w4_s3": mm.TileConfig(64, 256, 64, num_warps=4, num_stages=3),
     "64x64x64_w4_s4_2persm": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4, programs_per_sm=2),
     "128x128x64_w8_s4_grid": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, persistent=False),
+    "128x128x64_w8_s3_tma": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
+    "128x128x64_w8_s4_tma": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True),
+    "128x256x64_w8_s3_tma": mm.TileConfig(128, 256, 64, num_warps=8, num_stages=3, tma=True),
+    "128x64x64_w8_s4_tma": mm.TileConfig(128, 64, 64, num_warps=8, num_stages=4, tma=True),
+    "64x128x64_w4_s4_tma": mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True),
 }
 DTYPE = torch.bfloat16
 L2_SPILL_BYTES = 150 << 20  # weight copies cycled per graph: well past the H200's 60 MB L2
@@ -163,54 +169,72 @@ def invariant(x: torch.Tensor, w: torch.Tensor, config: mm.TileConfig) -> bool:
                for s, r in [(0, 1), (129, 1), (300, 7), (1000, 64)])
 
 
+def compile_candidates() -> tuple[dict[str, mm.TileConfig], list[dict[str, Any]]]:
+    """Compile every candidate once (all engine shapes share one specialisation); drop failures."""
+    x = activations(1, 1024, seed=0)
+    w = weights(256, 1024, seed=0)[0]
+    ok: dict[str, mm.TileConfig] = {}
+    failed: list[dict[str, Any]] = []
+    for name, cfg in CANDIDATES.items():
+        t0 = time.monotonic()
+        try:
+            mm.linear_with_config(x, w, None, cfg)
+            torch.cuda.synchronize()
+        except Exception as exc:  # a tiling that does not fit (shared memory, registers): record it
+            failed.append({"config": name, **asdict(cfg), "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            print(f"  {name:<26} failed to compile or run: {failed[-1]['error']}")
+            continue
+        ok[name] = cfg
+        print(f"  {name:<26} compiled in {time.monotonic() - t0:.1f} s")
+    return ok, failed
+
+
 def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float) -> list[dict[str, Any]]:
     deadline = time.monotonic() + budget_s
-    results: list[dict[str, Any]] = []
     print(f"\nsweep (budget {budget_s:.0f} s): geometric-mean ours/cuBLAS over M in {SWEEP_MS}")
+    candidates, results = compile_candidates()
+    shapes = [(model, proj, nk) for model in models for proj, nk in MODELS[model][1].items()]
     overrides = []
-    for model in models:
-        for proj, (n, k) in MODELS[model][1].items():
-            if time.monotonic() > deadline:
-                print(f"  {model} {proj}: skipped, sweep budget spent")
-                continue
-            ws = weights(n, k, seed=n + k)
-            xs = {m: activations(m, k, seed=m) for m in SWEEP_MS}
-            x_inv = activations(4096, k, seed=7)
-            cub = {int(r["M"]): float(r["cublas_us"]) for r in rows
-                   if r["N"] == n and r["K"] == k and r["M"] in SWEEP_MS}
-            shipped = mm.tile_config(n, k, DTYPE)
-            best: tuple[float, str] | None = None
-            for name, cfg in CANDIDATES.items():
-                if time.monotonic() > deadline:
-                    break
-                rec: dict[str, Any] = {"model": model, "proj": proj, "N": n, "K": k, "config": name,
-                                          "shipped": cfg == shipped, **asdict(cfg)}
-                try:
-                    rec["invariant"] = invariant(x_inv, ws[0], cfg)
-                    us = {m: measure(xs[m], ws, cfg) for m in SWEEP_MS}
-                except Exception as exc:  # a tiling that does not fit (shared memory, registers): record it
-                    rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    results.append(rec)
-                    print(f"  {model} {proj:>8} {name:<24} failed: {rec['error']}")
-                    continue
-                score = math.exp(sum(math.log(us[m] / cub[m]) for m in SWEEP_MS) / len(SWEEP_MS))
-                rec.update({"us": us, "score": score})
+    for idx, (model, proj, (n, k)) in enumerate(shapes):
+        # Split what is left evenly over the shapes still to do, so a slow shape cannot starve the rest.
+        shape_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(shapes) - idx)
+        ws = weights(n, k, seed=n + k)
+        xs = {m: activations(m, k, seed=m) for m in SWEEP_MS}
+        x_inv = activations(4096, k, seed=7)
+        cub = {int(r["M"]): float(r["cublas_us"]) for r in rows
+               if r["N"] == n and r["K"] == k and r["M"] in SWEEP_MS}
+        shipped = mm.tile_config(n, k, DTYPE)
+        best: tuple[float, str] | None = None
+        for name, cfg in candidates.items():
+            if time.monotonic() > shape_deadline:
+                print(f"  {model} {proj:>8}: shape budget spent; skipped {name} and later candidates")
+                break
+            rec: dict[str, Any] = {"model": model, "proj": proj, "N": n, "K": k, "config": name,
+                                   "shipped": cfg == shipped, **asdict(cfg)}
+            try:
+                rec["invariant"] = invariant(x_inv, ws[0], cfg)
+                us = {m: measure(xs[m], ws, cfg) for m in SWEEP_MS}
+            except Exception as exc:  # e.g. out of memory at this shape: record it, keep sweeping
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 results.append(rec)
-                if rec["invariant"] and (best is None or score < best[0]):
-                    best = (score, name)
-                print(f"  {model} {proj:>8} {name:<24} {'*' if rec['shipped'] else ' '} score {score:5.3f}  "
-                      + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in SWEEP_MS)
-                      + ("" if rec["invariant"] else "  NOT INVARIANT"))
-            if best is not None:
-                c = CANDIDATES[best[1]]
-                overrides.append(f"    ({n}, {k}, torch.bfloat16): TileConfig({c.block_m}, {c.block_n}, {c.block_k}, "
-                                 f"num_warps={c.num_warps}, num_stages={c.num_stages}, group_m={c.group_m}, "
-                                 f"persistent={c.persistent}, programs_per_sm={c.programs_per_sm}),"
-                                 f"  # {model} {proj}, score {best[0]:.3f}")
-            del ws, xs, x_inv
-            torch.cuda.empty_cache()
+                print(f"  {model} {proj:>8} {name:<26} failed: {rec['error']}")
+                continue
+            score = math.exp(sum(math.log(us[m] / cub[m]) for m in SWEEP_MS) / len(SWEEP_MS))
+            rec.update({"us": us, "score": score})
+            results.append(rec)
+            if rec["invariant"] and (best is None or score < best[0]):
+                best = (score, name)
+            print(f"  {model} {proj:>8} {name:<26} {'*' if rec['shipped'] else ' '} score {score:5.3f}  "
+                  + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in SWEEP_MS)
+                  + ("" if rec["invariant"] else "  NOT INVARIANT"))
+        if best is not None:
+            overrides.append(f"    ({n}, {k}, torch.bfloat16): {candidates[best[1]]!r},"
+                             f"  # {model} {proj}: {best[1]}, score {best[0]:.3f}")
+        del ws, xs, x_inv
+        torch.cuda.empty_cache()
     if overrides:
-        print("\nbest per shape (paste into CONFIG_OVERRIDES):\n" + "\n".join(overrides))
+        print("\nbest invariant tiling per shape (* marks the shipped one above); as CONFIG_OVERRIDES entries:\n"
+              + "\n".join(overrides))
     return results
 
 

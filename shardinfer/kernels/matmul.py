@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, interpreting
 
@@ -45,6 +46,7 @@ class TileConfig:
     group_m: int = 8
     persistent: bool = True
     programs_per_sm: int = 1
+    tma: bool = False  # operands through the tensor-memory accelerator (Hopper and later)
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -89,6 +91,32 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a @ b for one BLOCK_K step, in float32."""
+    if INTERPRET:
+        # The CPU interpreter's tl.dot is numpy's BLAS matmul, whose result for a row depends on
+        # the row's position in the block (and which mishandles bfloat16); a broadcast product
+        # summed over K in order is position-independent there.
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    elif IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols, mask=cols < N, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
@@ -101,7 +129,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
-    # Compile-time branches below stay plain if/else statements (the form every Triton release
+    # Compile-time branches stay plain if/else statements (the form every Triton release
     # resolves at compile time), hence the noqa.
     if PERSISTENT:  # noqa: SIM108
         step = NUM_PROGRAMS
@@ -127,28 +155,45 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
                 k_left = K - kt * BLOCK_K
                 a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
                 b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            if INTERPRET:
-                # The CPU interpreter's tl.dot is numpy's BLAS matmul, whose result for a row
-                # depends on the row's position in the block (and which mishandles bfloat16);
-                # a broadcast product summed over K in order is position-independent there.
-                acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-            elif IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = _mma(a, b, acc, IEEE, INTERPRET)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-
         out_tile += step
         om, on = _tile_coords(out_tile, num_pid_m, num_pid_n, GROUP_M)
-        out_rows = om * BLOCK_M + tl.arange(0, BLOCK_M)
-        out_cols = on * BLOCK_N + tl.arange(0, BLOCK_N)
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + out_cols, mask=out_cols < N, other=0.0)
-            acc += bias.to(tl.float32)[None, :]
-        y_ptrs = y_ptr + out_rows.to(tl.int64)[:, None] * stride_ym + out_cols[None, :]
-        mask = (out_rows[:, None] < M) & (out_cols[None, :] < N)
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, M, N, K, stride_ym,
+                       HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+                       INTERPRET: tl.constexpr):
+    """The same tiles and K order, with operands fetched by the tensor-memory accelerator.
+
+    The copy engine zero-fills rows past M, columns past N and the K tail, so no masks at all;
+    M only enters the descriptor's bounds, never the code.
+    """
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if PERSISTENT:  # noqa: SIM108
+        step = NUM_PROGRAMS
+    else:
+        step = num_tiles
+    out_tile = pid - step
+    for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            acc = _mma(a, b.T, acc, IEEE, INTERPRET)
+        out_tile += step
+        om, on = _tile_coords(out_tile, num_pid_m, num_pid_n, GROUP_M)
+        _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
 @functools.cache
@@ -188,17 +233,43 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     cap = (_sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     grid = (min(cap, tiles) if config.persistent else tiles,)
+    common = dict(HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=config.block_m,
+                  BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                  PERSISTENT=config.persistent, NUM_PROGRAMS=cap, INTERPRET=interpreting(),
+                  num_warps=config.num_warps, num_stages=config.num_stages)
+    b_arg = bias if bias is not None else y
     # Triton launches on the current device; switch only when x lives elsewhere (rare, and the
     # switch costs host time on every call).
     switch = on_gpu and x.device.index is not None and x.device.index != torch.cuda.current_device()
     with torch.cuda.device(x.device) if switch else contextlib.nullcontext():
-        _linear_kernel[grid](
-            x, weight, bias if bias is not None else y, y, m, n, k, stride_xm, weight.stride(0), y.stride(0),
-            HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, EVEN_K=k % config.block_k == 0,
-            BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-            PERSISTENT=config.persistent, NUM_PROGRAMS=cap, INTERPRET=interpreting(),
-            num_warps=config.num_warps, num_stages=config.num_stages)
+        if config.tma:
+            x, stride_xm = _tma_ready(x, weight, stride_xm)
+            x_desc = TensorDescriptor(x, [m, k], [stride_xm, 1], [config.block_m, config.block_k])
+            w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, config.block_k])
+            _linear_tma_kernel[grid](x_desc, w_desc, b_arg, y, m, n, k, y.stride(0), **common)
+        else:
+            _linear_kernel[grid](x, weight, b_arg, y, m, n, k, stride_xm, weight.stride(0), y.stride(0),
+                                 EVEN_K=k % config.block_k == 0, **common)
     return y
+
+
+def _tma_ready(x: torch.Tensor, weight: torch.Tensor, stride_xm: int) -> tuple[torch.Tensor, int]:
+    """The copy engine needs 16-byte aligned bases and row strides.
+
+    K and the weight are fixed per layer, so refusing them is the same answer for every M; an
+    unaligned activation (a slice at an odd row) is copied instead, which leaves its values, and
+    so the result, unchanged.
+    """
+    size = x.element_size()
+    k = x.shape[1]
+    if (k * size) % 16:
+        raise fail("K", k, f"a tma=True tiling needs rows of a multiple of 16 bytes ({16 // size} elements); "
+                   "use a tma=False tiling for this shape")
+    if weight.data_ptr() % 16:
+        raise fail("weight", "a base address not 16-byte aligned", "pass an aligned copy (weight.clone())")
+    if x.data_ptr() % 16 or (stride_xm * size) % 16:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x), k
+    return x, stride_xm
 
 
 def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor,

@@ -25,6 +25,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SMALL = {  # tiny tilings that are still fixed for every M, as the real ones are
     "persistent": mm.TileConfig(16, 16, 16, num_warps=4, num_stages=2, group_m=2),
     "one_tile_per_program": mm.TileConfig(16, 32, 16, num_warps=4, num_stages=2, persistent=False),
+    "tma": mm.TileConfig(16, 16, 16, num_warps=4, num_stages=2, group_m=2, tma=True),
 }
 
 
@@ -46,7 +47,7 @@ def _ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tens
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("config,k", [("persistent", 40), ("one_tile_per_program", 48)])  # 40: K tail
+@pytest.mark.parametrize("config,k", [("persistent", 40), ("one_tile_per_program", 48), ("tma", 40)])  # 40: K tail
 def test_matches_float64_and_rows_are_bitwise_invariant(device: torch.device, dtype: torch.dtype, config: str,
                                                         k: int) -> None:
     cfg = SMALL[config]
@@ -78,6 +79,19 @@ def test_row_strided_input(device: torch.device) -> None:
     out = mm.linear_with_config(x, w, b, cfg)
     assert rel_err(out, _ref(x, w, b)) < TOL[torch.float32]
     assert torch.equal(mm.linear_with_config(x[4:5], w, b, cfg), out[4:5])
+
+
+def test_tma_copies_unaligned_activations(device: torch.device) -> None:
+    """A slice starting 8 bytes into a row is copied to an aligned buffer; values, and result, unchanged."""
+    x, w, b = _problem(6, 16, 32, torch.bfloat16, device, seed=8)
+    cfg = SMALL["tma"]
+    full = mm.linear_with_config(x, w, b, cfg)
+    shifted = x.flatten()[4:4 + 5 * 32].view(5, 32)  # rows start 4 elements into x's rows
+    ref = mm.linear_with_config(shifted.clone(), w, b, cfg)
+    assert torch.equal(mm.linear_with_config(shifted, w, b, cfg), ref)
+    assert torch.equal(mm.linear_with_config(x[3:4], w, b, cfg), full[3:4])
+    with pytest.raises(ValueError, match=r"K: got 20"):
+        mm.linear_with_config(x[:, :20], w[:, :20].contiguous(), b, cfg)
 
 
 def test_empty_dims(device: torch.device) -> None:
@@ -151,14 +165,17 @@ def _gpu_problem(n: int, k: int, dtype: torch.dtype, bias: bool,
 
 
 def _check_invariant_and_accurate(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    full = mm.linear_batch_invariant(x, w, b)
-    assert torch.equal(mm.linear_batch_invariant(x, w, b), full)  # run to run
+                                  monkeypatch: pytest.MonkeyPatch, config: mm.TileConfig | None = None) -> None:
+    def run(a: torch.Tensor) -> torch.Tensor:
+        return mm.linear_batch_invariant(a, w, b) if config is None else mm.linear_with_config(a, w, b, config)
+
+    full = run(x)
+    assert torch.equal(run(x), full)  # run to run
     m = x.shape[0]
     for rows in BATCH_SIZES:
         # Offsets that place the rows at the start, in the middle and across tile boundaries.
         for start in (0, 129, m - rows):
-            part = mm.linear_batch_invariant(x[start:start + rows], w, b)
+            part = run(x[start:start + rows])
             assert torch.equal(part, full[start:start + rows]), (rows, start)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     ref = x.float() @ w.float().T
@@ -195,3 +212,14 @@ def test_row_strided_input_and_bias_bf16(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_ragged_shapes_bf16(n: int, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=True, seed=n)
     _check_invariant_and_accurate(x, w, b, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["0.6b_qkv", "0.6b_o", "8b_down"])
+def test_tma_tilings_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy-engine variant (a tuning candidate) keeps the same guarantees."""
+    n, k = QWEN3_SHAPES[shape]
+    x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=False, seed=n * 3 + k)
+    for cfg in (mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
+                mm.TileConfig(128, 64, 64, num_warps=8, num_stages=4, tma=True)):
+        _check_invariant_and_accurate(x, w, b, monkeypatch, cfg)
