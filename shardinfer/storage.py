@@ -69,13 +69,24 @@ _TRANSIENT_S3_CODES = {
 
 
 def _network_error_types() -> tuple[type[BaseException], ...]:
-    """Exception types of the HTTP stack under s3fs that mean 'the connection failed', if installed."""
+    """Exception types of the HTTP stack under s3fs that mean 'the connection failed', if installed.
+
+    Looked up by name, one at a time, because the set differs between botocore releases.
+    """
     found: list[type[BaseException]] = []
     try:
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-        from botocore.exceptions import HTTPClientError, IncompleteReadError, ResponseParserError
+        import botocore.exceptions as boto
+    except ImportError:
+        boto = None
+    for name in ("ConnectionError", "HTTPClientError", "IncompleteReadError"):
+        kind = getattr(boto, name, None)
+        if isinstance(kind, type) and issubclass(kind, BaseException):
+            found.append(kind)
+    try:
+        # Throttled responses can arrive as invalid XML (s3fs treats this as retryable too).
+        from botocore.parsers import ResponseParserError
 
-        found += [BotoConnectionError, HTTPClientError, IncompleteReadError, ResponseParserError]
+        found.append(ResponseParserError)
     except ImportError:
         pass
     try:
