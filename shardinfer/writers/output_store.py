@@ -191,6 +191,13 @@ class OutputStore:
         except FileExistsError:
             existing = self._read_json(path)
             if existing is not None and existing.get("part") == part.name:
+                if existing.get("sha256") != part.sha256:
+                    # Two workers used one attempt name: the part file now holds whichever wrote last.
+                    raise CorruptOutputError(
+                        f"{full_url(self.fs, path)} names {part.name}, but with another sha256: two "
+                        f"attempts at split {split.index} used the attempt name {part.attempt!r}; attempt "
+                        "names must be unique (e.g. a random hex string); delete the marker to redo the split"
+                    ) from None
                 return True
             self._retry(f"delete {part.path}", lambda: delete_if_present(self.fs, self._path(part.name)))
             return False

@@ -196,3 +196,12 @@ def test_bad_attempt_names_and_tables_are_refused(out_url: str) -> None:
         store.write_part(split, "a/b", table_for(split), {})
     with pytest.raises(ValueError, match="lacks column 'seed'"):
         store.write_part(split, "a1", table_for(split).drop_columns(["seed"]), {})
+
+
+def test_reused_attempt_name_with_other_content_is_an_error(out_url: str) -> None:
+    (split,) = plan(1)
+    store = new_store(out_url, [split])
+    assert store.commit(split, store.write_part(split, "same", table_for(split), {}))
+    clash = store.write_part(split, "same", table_for(split).slice(0, 1), {})
+    with pytest.raises(CorruptOutputError, match="attempt names must be unique"):
+        store.commit(split, clash)
