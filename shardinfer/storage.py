@@ -190,13 +190,26 @@ def full_url(fs: AbstractFileSystem, path: str) -> str:
 
 
 def put_bytes(fs: AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write (or overwrite) a whole file; local files are fsynced so a crash cannot lose a committed part."""
+    """Write (or overwrite) a whole file so that readers see the old content or the new, never a part.
+
+    On local disk: a fsynced temporary file renamed over the target (a kill mid-write leaves no
+    truncated `_SUCCESS`). On object stores a PUT is already all-or-nothing; memory:// publishes a
+    complete file object.
+    """
     if is_local(fs):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        directory = os.path.dirname(path) or "."
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
         return
     fs.pipe_file(path, data)
 
