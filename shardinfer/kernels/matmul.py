@@ -5,19 +5,22 @@ shape, so the same row of x can be reduced over K in a different order at M=1 th
 M=4096, and round differently. Here every (N, K, dtype) gets ONE tile configuration, chosen
 without looking at M, and the kernel never splits K: each output tile is computed by one
 program that walks K from 0 to K in BLOCK_K steps into one float32 accumulator. The kernel is
-also compiled without specialising on M (`do_not_specialize`), so every M runs the very same
-machine code; M only decides how many tiles exist and how many programs the grid launches.
-Row i of the result is then bitwise identical whether it is computed alone or inside any batch,
-whichever tile and tile row it lands in.
+also compiled without specialising on M (`do_not_specialize`), and activations whose alignment
+differs from a fresh tensor's are copied first, so every M runs the very same machine code; M
+only decides how many tiles exist and how many programs the grid launches. Row i of the result
+is then bitwise identical whether it is computed alone or inside any batch, whichever tile and
+tile row it lands in (the tests check this at the engine's shapes).
 
 Tile order (`_tile_coords`): GROUP_M consecutive row tiles sweep the column tiles together so
 the band of weight rows they share stays in L2 during prefill. Persistent mode launches at most
 one program per SM (per `programs_per_sm`) which loops over tiles; either mode gives the same
 numbers, only speed differs.
 
-Rows past M and columns past N are clamped to row/column 0 for the loads (their results are
-discarded at the store), so the K loop needs no M/N masks and stays on the fast, unmasked
-copy path; only a K that is not a multiple of BLOCK_K masks the tail.
+Operands reach shared memory by one of two paths. The pointer path clamps rows past M and
+columns past N to row/column 0 for the loads (their results are discarded at the store), so the
+K loop needs no M/N masks; only a K that is not a multiple of BLOCK_K masks the tail. The
+`tma=True` path uses the tensor-memory accelerator, which zero-fills everything out of bounds.
+The shipped defaults use the pointer path; the benchmark's sweep measures both.
 """
 
 from __future__ import annotations
@@ -228,6 +231,15 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     # A single row's stride is meaningless (torch may report anything); give the kernel K so
     # M=1 sees the same stride specialisation as every other M.
     stride_xm = x.stride(0) if m > 1 else k
+    # Triton compiles one variant per 16-byte alignment of each pointer and per divisibility of
+    # each integer argument by 16. An activation whose base or row stride is aligned differently
+    # from a fresh [M, K] tensor's (a slice at an odd row, a view into a wider buffer) is copied,
+    # so every call of an (N, K, dtype) problem runs the very same machine code; the copy leaves
+    # the values, and so the result, unchanged.
+    misaligned = x.data_ptr() % 16 or (stride_xm % 16 == 0) != (k % 16 == 0)
+    if misaligned or (config.tma and (stride_xm * x.element_size()) % 16):
+        x = torch.empty((m, k), dtype=x.dtype, device=x.device).copy_(x)
+        stride_xm = k
     on_gpu = x.device.type == "cuda"
     # The interpreter has no SMs; 4 programs still exercise the persistent loop.
     cap = (_sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
@@ -243,7 +255,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     switch = on_gpu and x.device.index is not None and x.device.index != torch.cuda.current_device()
     with torch.cuda.device(x.device) if switch else contextlib.nullcontext():
         if config.tma:
-            x, stride_xm = _tma_ready(x, weight, stride_xm)
+            _check_tma(x, weight)
             x_desc = TensorDescriptor(x, [m, k], [stride_xm, 1], [config.block_m, config.block_k])
             w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, config.block_k])
             _linear_tma_kernel[grid](x_desc, w_desc, b_arg, y, m, n, k, y.stride(0), **common)
@@ -253,13 +265,9 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     return y
 
 
-def _tma_ready(x: torch.Tensor, weight: torch.Tensor, stride_xm: int) -> tuple[torch.Tensor, int]:
-    """The copy engine needs 16-byte aligned bases and row strides.
-
-    K and the weight are fixed per layer, so refusing them is the same answer for every M; an
-    unaligned activation (a slice at an odd row) is copied instead, which leaves its values, and
-    so the result, unchanged.
-    """
+def _check_tma(x: torch.Tensor, weight: torch.Tensor) -> None:
+    """The copy engine needs 16-byte aligned bases and row strides; K and the weight are fixed
+    per layer, so refusing them gives the same answer for every M."""
     size = x.element_size()
     k = x.shape[1]
     if (k * size) % 16:
@@ -267,9 +275,6 @@ def _tma_ready(x: torch.Tensor, weight: torch.Tensor, stride_xm: int) -> tuple[t
                    "use a tma=False tiling for this shape")
     if weight.data_ptr() % 16:
         raise fail("weight", "a base address not 16-byte aligned", "pass an aligned copy (weight.clone())")
-    if x.data_ptr() % 16 or (stride_xm * size) % 16:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x), k
-    return x, stride_xm
 
 
 def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor,
