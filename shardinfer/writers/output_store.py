@@ -22,7 +22,6 @@ import os
 import posixpath
 import re
 import socket
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -42,7 +41,17 @@ from shardinfer.storage import (
 )
 from shardinfer.writers.errors import CorruptOutputError, IncompleteOutputError, JobFileConflictError
 from shardinfer.writers.job_file import splits_from_job, utc_now
-from shardinfer.writers.schema import BASE_COLUMNS, OUTPUT_SCHEMA_VERSION, SCHEMA_VERSION_KEY, output_schema
+from shardinfer.writers.parts import (
+    PartInfo,
+    cat_many,
+    check_attempt,
+    encode_part,
+    is_part_name,
+    json_bytes,
+    parse_json,
+    part_name,
+)
+from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema
 
 if TYPE_CHECKING:
     from shardinfer.readers.spec import Split
@@ -51,31 +60,7 @@ JOB_FILE = "_job.json"
 SUCCESS_FILE = "_SUCCESS"
 COMMITS_DIR = "_commits"
 MARKER_VERSION = 1
-_ATTEMPT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MARKER_NAME = re.compile(r"^(\d+)\.json$")
-_PART_NAME = re.compile(r"^part-.*\.parquet$")
-# Output parts are read back by people and dataset viewers: modest row groups and a page index.
-_ROW_GROUP_ROWS = 4096
-
-
-@dataclass(frozen=True)
-class PartInfo:
-    """One written part file: what its commit marker will record."""
-
-    split_index: int
-    attempt: str
-    name: str  # file name relative to the output location
-    path: str  # full URL
-    rows: int
-    bytes: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _json_bytes(value: dict[str, Any]) -> bytes:
-    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
 
 
 class OutputStore:
@@ -103,7 +88,7 @@ class OutputStore:
 
     def _read_json(self, path: str) -> dict[str, Any] | None:
         data = self._retry(f"read {full_url(self.fs, path)}", lambda: read_bytes_or_none(self.fs, path))
-        return None if data is None else _parse_json(data, full_url(self.fs, path))
+        return None if data is None else parse_json(data, full_url(self.fs, path))
 
     # --- _job.json -------------------------------------------------------------------------------
     def read_job(self) -> dict[str, Any] | None:
@@ -114,11 +99,11 @@ class OutputStore:
         path = self._path(JOB_FILE)
         try:
             self._retry(
-                f"create {full_url(self.fs, path)}", lambda: create_exclusive(self.fs, path, _json_bytes(job))
+                f"create {full_url(self.fs, path)}", lambda: create_exclusive(self.fs, path, json_bytes(job))
             )
         except FileExistsError:
             existing = self.read_job()
-            if existing != json.loads(_json_bytes(job)):
+            if existing != json.loads(json_bytes(job)):
                 raise JobFileConflictError(
                     f"{full_url(self.fs, path)} already exists for run {existing and existing.get('run_id')!r}; "
                     "resume that job, or start over (which clears the output location)"
@@ -127,28 +112,10 @@ class OutputStore:
     # --- parts and commits -----------------------------------------------------------------------
     def write_part(self, split: Split, attempt: str, table: pa.Table, metadata: dict[str, str]) -> PartInfo:
         """Write the split's rows as `part-{split.name}-{attempt}.parquet` (uncommitted until `commit`)."""
-        if not _ATTEMPT.match(attempt):
-            raise ValueError(
-                f"attempt={attempt!r}: use 1-64 characters of letters, digits, '.', '_' or '-' "
-                "(e.g. a random hex string), unique per attempt"
-            )
-        _check_base_columns(table)
-        name = f"part-{split.name}-{attempt}.parquet"
+        check_attempt(attempt)
+        name = part_name(split.name, attempt)
         path = self._path(name)
-        kv = dict(table.schema.metadata or {})
-        kv.update({k.encode(): str(v).encode() for k, v in metadata.items()})
-        kv[SCHEMA_VERSION_KEY] = str(OUTPUT_SCHEMA_VERSION).encode()
-        kv[b"shardinfer.split"] = split.name.encode()
-        kv[b"shardinfer.attempt"] = attempt.encode()
-        buffer = io.BytesIO()
-        pq.write_table(
-            table.replace_schema_metadata(kv),
-            buffer,
-            compression="zstd",
-            row_group_size=_ROW_GROUP_ROWS,
-            write_page_index=True,
-        )
-        data = buffer.getvalue()
+        data = encode_part(table, split.name, attempt, metadata)
         self._retry(f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, data))
         return PartInfo(
             split_index=split.index,
@@ -185,7 +152,7 @@ class OutputStore:
         try:
             self._retry(
                 f"commit {full_url(self.fs, path)}",
-                lambda: create_exclusive(self.fs, path, _json_bytes(marker)),
+                lambda: create_exclusive(self.fs, path, json_bytes(marker)),
             )
             return True
         except FileExistsError:
@@ -209,14 +176,14 @@ class OutputStore:
         paths = [p for p in names if _MARKER_NAME.match(posixpath.basename(p))]  # skips crash leftovers
         # One batched fetch: s3fs runs the GETs concurrently, which matters when resuming 10^4 splits.
         contents = self._retry(
-            f"read markers in {full_url(self.fs, directory)}", lambda: _cat_many(self.fs, paths)
+            f"read markers in {full_url(self.fs, directory)}", lambda: cat_many(self.fs, paths)
         )
         markers: dict[int, dict[str, Any]] = {}
         for path in paths:
             data = contents.get(path)
             if data is None:
                 continue  # deleted since the listing (a concurrent start-over)
-            marker = _parse_json(data, full_url(self.fs, path))
+            marker = parse_json(data, full_url(self.fs, path))
             index = int(_MARKER_NAME.match(posixpath.basename(path)).group(1))  # type: ignore[union-attr]
             if marker.get("split") != index or "part" not in marker:
                 raise CorruptOutputError(
@@ -245,7 +212,7 @@ class OutputStore:
                 "run the job again to finish them"
             )
         referenced = {m["part"] for m in markers.values()}
-        orphans = [p for p in self._listing() if _PART_NAME.match(posixpath.basename(p))]
+        orphans = [p for p in self._listing() if is_part_name(posixpath.basename(p))]
         orphans = [p for p in orphans if posixpath.basename(p) not in referenced]
         for path in orphans:
             self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
@@ -276,9 +243,7 @@ class OutputStore:
             "summary": summary,
         }
         path = self._path(SUCCESS_FILE)
-        self._retry(
-            f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, _json_bytes(success))
-        )
+        self._retry(f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, json_bytes(success)))
         return success
 
     def _listing(self) -> list[str]:
@@ -322,50 +287,7 @@ class OutputStore:
         for path in [self._path(SUCCESS_FILE), *list_files(self.fs, self._path(COMMITS_DIR))]:
             self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
         for path in self._listing():
-            if _PART_NAME.match(posixpath.basename(path)):
+            if is_part_name(posixpath.basename(path)):
                 self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
         job = self._path(JOB_FILE)
         self._retry(f"delete {full_url(self.fs, job)}", lambda: delete_if_present(self.fs, job))
-
-
-def _parse_json(data: bytes, url: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise CorruptOutputError(
-            f"{url} is not valid JSON ({exc}); it was not written by this program's commit protocol; "
-            "delete it (and re-run) or start the job over"
-        ) from exc
-    if not isinstance(value, dict):
-        raise CorruptOutputError(f"{url} holds {type(value).__name__}, not a JSON object")
-    return value
-
-
-def _cat_many(fs: Any, paths: list[str]) -> dict[str, bytes]:
-    """Contents of many small files; missing ones are left out, other errors raised (to be retried)."""
-    if not paths:
-        return {}
-    fetched = fs.cat(paths, on_error="return")
-    out: dict[str, bytes] = {}
-    for path, value in fetched.items():
-        if isinstance(value, FileNotFoundError):
-            continue
-        if isinstance(value, BaseException):
-            raise value
-        out[fs._strip_protocol(path)] = bytes(value)
-    return out
-
-
-def _check_base_columns(table: pa.Table) -> None:
-    expected = output_schema()
-    for name in BASE_COLUMNS:
-        index = table.schema.get_field_index(name)
-        if index < 0:
-            raise ValueError(
-                f"output table lacks column {name!r}; build it with writers.schema.output_schema(...)"
-            )
-        want = expected.field(name).type
-        if table.schema.field(index).type != want:
-            raise ValueError(
-                f"output column {name!r} has type {table.schema.field(index).type}, expected {want}"
-            )

@@ -1,0 +1,124 @@
+"""File formats of the output location: part files (Parquet) and the small JSON records.
+
+Kept apart from `output_store` so the protocol there reads as a protocol: this module knows how
+bytes look, that one knows when they are written.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
+
+from shardinfer.writers.errors import CorruptOutputError
+from shardinfer.writers.schema import BASE_COLUMNS, OUTPUT_SCHEMA_VERSION, SCHEMA_VERSION_KEY, output_schema
+
+_ATTEMPT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_PART_NAME = re.compile(r"^part-.*\.parquet$")
+# Output parts are read back by people and dataset viewers: modest row groups and a page index.
+ROW_GROUP_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    """One written part file: what its commit marker will record."""
+
+    split_index: int
+    attempt: str
+    name: str  # file name relative to the output location
+    path: str  # full URL
+    rows: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_attempt(attempt: str) -> None:
+    if not _ATTEMPT.match(attempt):
+        raise ValueError(
+            f"attempt={attempt!r}: use 1-64 characters of letters, digits, '.', '_' or '-' "
+            "(e.g. a random hex string), unique per attempt"
+        )
+
+
+def part_name(split_name: str, attempt: str) -> str:
+    return f"part-{split_name}-{attempt}.parquet"
+
+
+def is_part_name(name: str) -> bool:
+    return bool(_PART_NAME.match(name))
+
+
+def check_base_columns(table: pa.Table) -> None:
+    """The fixed output columns must be there with their exact types (passthrough is free)."""
+    expected = output_schema()
+    for name in BASE_COLUMNS:
+        index = table.schema.get_field_index(name)
+        if index < 0:
+            raise ValueError(
+                f"output table lacks column {name!r}; build it with writers.schema.output_schema(...)"
+            )
+        want = expected.field(name).type
+        if table.schema.field(index).type != want:
+            raise ValueError(
+                f"output column {name!r} has type {table.schema.field(index).type}, expected {want}"
+            )
+
+
+def encode_part(table: pa.Table, split_name: str, attempt: str, metadata: dict[str, str]) -> bytes:
+    """The Parquet bytes of one part, with the job's key-value metadata and our own keys."""
+    check_base_columns(table)
+    kv = dict(table.schema.metadata or {})
+    kv.update({k.encode(): str(v).encode() for k, v in metadata.items()})
+    kv[SCHEMA_VERSION_KEY] = str(OUTPUT_SCHEMA_VERSION).encode()
+    kv[b"shardinfer.split"] = split_name.encode()
+    kv[b"shardinfer.attempt"] = attempt.encode()
+    buffer = io.BytesIO()
+    pq.write_table(
+        table.replace_schema_metadata(kv),
+        buffer,
+        compression="zstd",
+        row_group_size=ROW_GROUP_ROWS,
+        write_page_index=True,
+    )
+    return buffer.getvalue()
+
+
+def json_bytes(value: dict[str, Any]) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+
+
+def parse_json(data: bytes, url: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise CorruptOutputError(
+            f"{url} is not valid JSON ({exc}); it was not written by this program's commit protocol; "
+            "delete it (and re-run) or start the job over"
+        ) from exc
+    if not isinstance(value, dict):
+        raise CorruptOutputError(f"{url} holds {type(value).__name__}, not a JSON object")
+    return value
+
+
+def cat_many(fs: AbstractFileSystem, paths: list[str]) -> dict[str, bytes]:
+    """Contents of many small files; missing ones are left out, other errors raised (to be retried)."""
+    if not paths:
+        return {}
+    fetched = fs.cat(paths, on_error="return")
+    out: dict[str, bytes] = {}
+    for path, value in fetched.items():
+        if isinstance(value, FileNotFoundError):
+            continue
+        if isinstance(value, BaseException):
+            raise value
+        out[fs._strip_protocol(path)] = bytes(value)
+    return out
