@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import threading
 import time
@@ -184,7 +185,7 @@ class SplitWorker:
     def _write_split(self, split: Any, records: list[dict[str, Any]]) -> None:
         table = pa.Table.from_pylist(records, schema=self.schema)
         stats = split_stats(records)
-        attempt = f"{self.settings.run_id}-{uuid.uuid4().hex[:12]}"
+        attempt = attempt_id(self.settings.run_id)
         meta = dict(self.metadata)
         meta["shardinfer.split_stats"] = _json(stats)
         part = self.store.write_part(split, attempt, table, meta)
@@ -278,14 +279,25 @@ class SplitWorker:
             try:
                 self.engine.add_request(rid, row.prompt_ids, params)
             except ValueError as exc:
-                code = (
-                    "prompt_too_long"
-                    if "max_model_len" in str(exc) or "too long" in str(exc)
-                    else "invalid_request"
-                )
+                if type(exc).__name__ == "GrammarError":
+                    code = "invalid_grammar"
+                elif "max_model_len" in str(exc) or "too long" in str(exc):
+                    code = "prompt_too_long"
+                else:
+                    code = "invalid_request"
                 assembly.put(row.pos, j, error_record(row, j, code, str(exc)))
                 continue
             inflight[rid] = (row, j)
+
+
+def attempt_id(run_id: str) -> str:
+    """A unique id for one attempt at one split: the run id (made file-name safe) plus randomness.
+
+    Scheduler run ids carry characters such as ':' and '+' (`scheduled__2024-01-01T00:00:00+00:00`)
+    that do not belong in object names; they become '_' and the id is cut to fit 64 characters.
+    """
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id).lstrip("_.-")[:48] or "run"
+    return f"{safe}-{uuid.uuid4().hex[:12]}"
 
 
 def _json(value: Any) -> str:

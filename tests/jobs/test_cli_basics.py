@@ -135,12 +135,13 @@ def test_completed_run_resubmitted_exits_0_without_work(
 ) -> None:
     job = tmp_path / "job.toml"
     job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "ds={ds}")))
-    first = cli("submit", "--conf", "job.ds=2024-01-02", str(job))
+    airflow_id = "scheduled__2024-01-02T00:00:00+00:00"
+    first = cli("submit", "--conf", "job.ds=2024-01-02", "--run-id", airflow_id, str(job))
     assert first.returncode == 0, first.stderr
     out = tmp_path / "out" / "ds=2024-01-02"
     assert committed_rows(str(out)) == reference
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
-    again = cli("submit", "--conf", "job.ds=2024-01-02", str(job))
+    again = cli("submit", "--conf", "job.ds=2024-01-02", "--run-id", airflow_id, str(job))
     assert again.returncode == 0, again.stderr
     assert "already complete" in again.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before

@@ -106,3 +106,15 @@ def test_bad_messages_are_invalid_schema(model_dir: Path) -> None:
     for value in ("not json", json.dumps({"role": "user"}), json.dumps([{"content": "no role"}]), []):
         prepared = prep.prepare(0, 0, 0, {"messages": value, "__row_index": 0})
         assert prepared.error is not None and prepared.error.code == "invalid_schema", value
+
+
+def test_attempt_ids_are_file_name_safe_and_unique() -> None:
+    import re
+
+    from shardinfer.pipeline.runner import attempt_id
+
+    ids = {attempt_id("scheduled__2024-01-01T00:00:00+00:00") for _ in range(50)}
+    assert len(ids) == 50
+    for value in [*ids, attempt_id(""), attempt_id("x" * 200)]:
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value), value
+    assert next(iter(ids)).startswith("scheduled__2024-01-01T00_00_00_00_00-")

@@ -24,11 +24,20 @@ SAMPLING = {"temperature": 0.9, "top_k": 20, "max_tokens": 4, "logprobs": 2, "pr
 
 
 def _rows() -> list[dict[str, Any]]:
-    good = [{"id": f"r{i}", "prompt": f"hello fox {i}", "temperature": None} for i in range(7)]
+    good = [
+        {"id": f"r{i}", "prompt": f"hello fox {i}", "temperature": None, "so_args": None} for i in range(7)
+    ]
     bad = [
-        {"id": "null", "prompt": None, "temperature": None},
-        {"id": "long", "prompt": "parquet shard " * 40, "temperature": None},
-        {"id": "hot", "prompt": "hello", "temperature": -2.0},
+        {"id": "null", "prompt": None, "temperature": None, "so_args": None},
+        {"id": "long", "prompt": "parquet shard " * 40, "temperature": None, "so_args": None},
+        {"id": "hot", "prompt": "hello", "temperature": -2.0, "so_args": None},
+        # Passes SamplingParams' checks, fails to compile in the engine.
+        {
+            "id": "gram",
+            "prompt": "hello",
+            "temperature": None,
+            "so_args": '{"schema_type": "json", "schema": "{bad"}',
+        },
     ]
     return good[:3] + bad[:2] + good[3:] + bad[2:]
 
@@ -43,7 +52,7 @@ def _config(tmp_path: Path, model_dir: Path, **job: Any) -> JobConfig:
                 "path": str(inp),
                 "id_column": "id",
                 "prompt_column": "prompt",
-                "override_columns": ["temperature"],
+                "override_columns": ["temperature", "so_args"],
                 "passthrough_columns": ["prompt"],
             },
             "model": {"path": str(model_dir), "device": "cpu", "dtype": "float32"},
@@ -64,14 +73,17 @@ def _run(config: JobConfig, engine: Any = None, stop: threading.Event | None = N
 def test_rows_match_the_batch_api_and_bad_rows_become_errors(tmp_path: Path, model_dir: Path) -> None:
     config = _config(tmp_path, model_dir)
     success = _run(config)
-    assert success["summary"]["rows_ok"] == 7 and success["summary"]["rows_error"] == 3
+    assert success["summary"]["rows_ok"] == 7 and success["summary"]["rows_error"] == 4
     rows = {r["row_id"]: r for r in committed_rows(config.output.path)}
-    assert {k: rows[k]["error_code"] for k in ("null", "long", "hot")} == {
+    assert {k: rows[k]["error_code"] for k in ("null", "long", "hot", "gram")} == {
         "null": "empty_prompt",
         "long": "prompt_too_long",
         "hot": "bad_override",
+        "gram": "invalid_grammar",
     }
-    assert all(rows[k]["status"] == "error" and rows[k]["token_ids"] is None for k in ("null", "long", "hot"))
+    assert all(
+        rows[k]["status"] == "error" and rows[k]["token_ids"] is None for k in ("null", "long", "hot", "gram")
+    )
     assert rows["hot"]["prompt"] == "hello"  # passthrough columns are kept on error records too
     # Reference: the engine's whole-batch API, one call, with the documented per-row seeds.
     llm = LLM(str(model_dir), device="cpu", dtype="float32", **ENGINE)
@@ -98,8 +110,8 @@ def test_rows_match_the_batch_api_and_bad_rows_become_errors(tmp_path: Path, mod
 
 
 def test_error_budget_exceeded_is_too_many_bad_rows(tmp_path: Path, model_dir: Path) -> None:
-    with pytest.raises(TooManyBadRows, match="3 of 10"):
-        _run(_config(tmp_path, model_dir, max_error_fraction=0.2))
+    with pytest.raises(TooManyBadRows, match="4 of 11"):
+        _run(_config(tmp_path, model_dir, max_error_fraction=0.3))
     assert not (tmp_path / "out" / "_SUCCESS").exists()
 
 
