@@ -29,7 +29,7 @@ MLA_BLOCK_N = 32
 def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                         query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                         scale: float, max_seq_len: int | None = None, kv_chunk: int = pa.KV_CHUNK,
-                        block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = 4,
+                        block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = 8,
                         num_stages: int = 2) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 

@@ -9,8 +9,9 @@ Layout (one step's flat batch; see engine/forward_context.py):
 
 Work split. The queries of one request are cut into "q blocks" of BQ tokens; a q block times
 one KV head is a tile of BLOCK_M = BQ * group rows (row r = token r // group, query head
-r % group of that KV head), so each key tile is loaded once for the whole GQA group. Keys are
-cut into chunks of KV_CHUNK absolute positions (a fixed length, never derived from the batch).
+r % group of that KV head), so each key tile is loaded once for the whole GQA group (a group
+larger than BLOCK_M, e.g. MLA's 128 heads, is split into head slices over several programs).
+Keys are cut into chunks of KV_CHUNK absolute positions (a fixed length, never from the batch).
 
   phase 1  grid (q blocks, Hk, chunks): each program runs an online softmax over one chunk
            and writes the row's unnormalised partial (m, l, acc) to a float32 workspace.
@@ -39,9 +40,13 @@ import triton.language as tl
 
 from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, next_pow2
 
-KV_CHUNK = 512
+# Tile config, fixed because it fixes the rounding (see paged_attention's docstring). Chosen by
+# the sweep in bench/kernels/bench_kernels.py on an H200 (bench/kernels/NOTES.md): 16-row tiles
+# read K/V at 61-84% of copy bandwidth in decode vs 42-63% for 64-row tiles, at the cost of
+# prefill attention (82 vs 170 TFLOP/s), which is a small share of a prefill step.
+KV_CHUNK = 1024
 BLOCK_N = 64
-_MIN_BLOCK_M = 64
+_MIN_BLOCK_M = 16
 # Upper bound on the phase-1 workspace per launch; larger batches are processed in slices of
 # q blocks (the slicing changes which launch a row lands in, never its arithmetic).
 _WORKSPACE_BYTES = 256 << 20
