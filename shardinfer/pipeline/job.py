@@ -124,9 +124,17 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         )
     splits: list[Any] = []
     if plan:
+        from shardinfer.readers.errors import InputSchemaError
         from shardinfer.readers.splits import plan_splits
 
-        splits = plan_splits(spec, config.job.split_rows)
+        try:
+            splits = plan_splits(spec, config.job.split_rows)
+        except InputSchemaError as exc:
+            # A column the spec names but the input lacks is the spec's mistake (78), not bad data
+            # (65). The readers raise one class for both; their message for this case says so.
+            if "not found" in str(exc) and "input.id_column" in str(exc):
+                raise ConfigError(str(exc)) from None
+            raise
         if not splits:
             raise InputMissing(f"input.path={config.input.path!r} has no rows to process")
         check_columns(config, spec, splits[0].path)

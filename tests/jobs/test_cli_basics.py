@@ -203,3 +203,28 @@ def test_too_many_bad_rows_exits_65_with_error_records(tmp_path: Path, model_dir
         "d": ("ok", None),
     }
     assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+def test_validate_reads_only(
+    tmp_path: Path, model_dir: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out")))
+    assert main(["validate", str(job)]) == 0
+    assert "ok: 6 split(s)" in capsys.readouterr().out
+    assert main(["validate", "--conf", 'input.passthrough_columns=["topics"]', str(job)]) == 78
+    assert "did you mean 'topic'?" in capsys.readouterr().err
+    assert main(["validate", "--conf", "input.prompt_column=text", str(job)]) == 78  # a column the spec names
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_and_empty_input(tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "prompts.parquet").write_bytes(b"PAR1 this is not parquet")
+    (tmp_path / "empty").mkdir()
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(tmp_path / "bad"), str(tmp_path / "out")))
+    assert main(["submit", str(job)]) == 65
+    assert "prompts.parquet" in capsys.readouterr().err
+    assert main(["submit", "--conf", f"input.path={tmp_path / 'empty'}", str(job)]) == 66
+    assert not (tmp_path / "out").exists()
