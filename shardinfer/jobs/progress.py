@@ -95,12 +95,13 @@ class Reporter:
                 self._tokens += int(event.get("completion_tokens", 0))
                 if self._bar is not None:
                     self._bar.update(int(event.get("records", 0)))
-                    self._bar.set_postfix_str(
-                        f"{self.tokens_per_s:.1f} tok/s, splits {self._splits_done}/{self._splits_total}",
-                        refresh=False,
-                    )
             elif kind == "split_done":
                 self._splits_done += 1
+            if self._bar is not None:
+                self._bar.set_postfix_str(
+                    f"{self.tokens_per_s:.1f} tok/s, splits {self._splits_done}/{self._splits_total}",
+                    refresh=kind == "split_done",
+                )
         if kind == "split_done":
             self.log(
                 "debug",
