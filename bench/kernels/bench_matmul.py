@@ -7,9 +7,11 @@ graph that cycles through enough weight copies to spill L2: in a forward each la
 weight that is not in cache. A "forward" summary weights each shape by how often a forward runs
 it (per layer x layers, plus lm_head once), which is what the <= 10% budget is about.
 
-Then, within --sweep-budget-s seconds, a sweep times other fixed tilings per shape at a few M,
-checks each stays bitwise row invariant, and prints the best per (N, K) as CONFIG_OVERRIDES
-lines for shardinfer/kernels/matmul.py (any one fixed tiling per shape keeps invariance).
+Then, within --sweep-budget-s seconds, a sweep times other fixed tilings per shape at a few M
+(tile sizes, pipeline depth, persistent or one-tile grid, pointer or TMA operand loads), checks
+each stays bitwise row invariant, and prints the best per (N, K) as CONFIG_OVERRIDES lines for
+shardinfer/kernels/matmul.py (any one fixed tiling per shape keeps invariance). The score is
+the geometric mean of ours/cuBLAS over the sweep's M values, so decode and prefill count alike.
 
     python bench/kernels/bench_matmul.py [--out DIR] [--sweep-budget-s 240] [--models 0.6b,8b]
 """

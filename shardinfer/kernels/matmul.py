@@ -101,11 +101,12 @@ def _mma(a, b, acc, IEEE: tl.constexpr, INTERPRET: tl.constexpr):
         # The CPU interpreter's tl.dot is numpy's BLAS matmul, whose result for a row depends on
         # the row's position in the block (and which mishandles bfloat16); a broadcast product
         # summed over K in order is position-independent there.
-        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        acc = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     elif IEEE:
-        return tl.dot(a, b, acc, input_precision="ieee")
+        acc = tl.dot(a, b, acc, input_precision="ieee")
     else:
-        return tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc)
+    return acc
 
 
 @triton.jit
