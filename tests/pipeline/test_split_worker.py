@@ -163,3 +163,32 @@ def test_stop_abandons_incomplete_splits(tmp_path: Path, model_dir: Path) -> Non
     for index, marker in committed.items():  # whatever was committed is whole
         assert marker["rows"] == job.splits[index].num_rows
     assert not spy.has_unfinished()  # in-flight requests were aborted
+
+
+def test_two_workers_racing_on_the_same_splits_commit_each_once(tmp_path: Path, model_dir: Path) -> None:
+    (tmp_path / "solo").mkdir()
+    solo = _config(tmp_path / "solo", model_dir, max_error_fraction=1.0)
+    _run(solo)
+    config = _config(tmp_path, model_dir, max_error_fraction=1.0)
+    job = open_job(config)
+    write_plan(job, "t1")
+    results: list[Any] = []
+
+    def worker() -> None:
+        engine = LLMEngine(str(model_dir), device="cpu", dtype="float32", **ENGINE)
+        results.append(run_worker(open_job(config), job.splits, threading.Event(), "t1", engine=engine))
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    won = sorted(results[0].committed + results[1].committed)
+    assert won == [s.index for s in job.splits]  # every split won exactly once
+    attempts = [i for r in results for i in r.committed + r.lost + r.skipped]
+    assert sorted(set(attempts)) == won
+    finalize_job(job, "t1", {})
+    out = Path(config.output.path)
+    named = sorted(m["part"] for m in job.store.committed().values())
+    assert sorted(p.name for p in out.glob("part-*.parquet")) == named  # no orphan survives finalize
+    assert committed_rows(config.output.path) == committed_rows(solo.output.path)
