@@ -8,6 +8,11 @@ order. It sorts where the kernel binary-searches; both define the same sets:
   by x descending, finds the first index j where the cumulative exp(x - max) reaches
   top_p * (their total) and keeps x >= x_(j); min_p keeps exp(x - max) >= min_p. The token is
   argmax over kept ids of x + noise, ties to the lowest id; T == 0 is argmax of the logits.
+
+These are the sets engine/sampler.py's `_truncate` keeps (top-k, then top-p and min-p on the
+top-k softmax) with two differences at the margins: an id tied with the last member of the
+top-p prefix is kept here (the engine's stable sort keeps only the lower ids of a tie), and
+the float32 sums and exps that place a threshold round differently from a softmax + cumsum.
 """
 
 from __future__ import annotations

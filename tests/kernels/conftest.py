@@ -1,24 +1,27 @@
 """Kernel tests run the Triton kernels in Triton's CPU interpreter when no GPU is present.
 
-TRITON_INTERPRET is read when a kernel is decorated, i.e. when its module is imported, so it is
-set here, before any test module of this folder imports a kernel. Kernel modules imported
-earlier (by another folder's tests) are re-imported so that they pick the interpreter up.
-On a CUDA machine nothing is changed: the same tests run compiled on the GPU.
+TRITON_INTERPRET is read when a function is decorated with @triton.jit, and Triton decorates
+its own library functions (tl.sum, tl.zeros_like, ...) when triton is first imported. So it
+must be set before anything imports triton; this conftest sets it before any test module of
+this folder is imported. If something imported triton earlier in the same process (another
+folder's test collecting first), the interpreter cannot be switched on any more: we stop with
+a message rather than let every kernel test fail obscurely. Setting TRITON_INTERPRET=1 in the
+environment (or in the top-level conftest) avoids that. On a CUDA machine nothing is changed:
+the same tests run compiled on the GPU.
 """
 
-import importlib
 import os
 import sys
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    if "triton" in sys.modules:
+        raise pytest.UsageError(
+            "tests/kernels: triton was imported before the kernel tests could enable its CPU interpreter; "
+            "run with TRITON_INTERPRET=1 in the environment, or set it in tests/conftest.py")
     os.environ["TRITON_INTERPRET"] = "1"
-    for name in [m for m in sys.modules if m.startswith("shardinfer.kernels.")]:
-        if name.rsplit(".", 1)[-1] in ("rmsnorm", "rope", "activation", "kv_store", "paged_attention",
-                                       "sampling"):
-            importlib.reload(sys.modules[name])
 
 
 @pytest.fixture
