@@ -58,6 +58,15 @@ def _device_count() -> int:
         return 0
 
 
+def _gpu_env(device: str, worker: int) -> dict[str, str]:
+    """One GPU per worker: worker i sees only the i-th visible GPU (round-robin past the count)."""
+    if device not in ("auto", "cuda"):
+        return {}  # cpu, or an explicit cuda:N the user chose for every worker
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(_device_count())]
+    return {"CUDA_VISIBLE_DEVICES": ids[worker % len(ids)].strip()} if ids else {}
+
+
 def worker_order(splits: list[Any], worker: int, num_workers: int) -> list[Any]:
     """Own splits first (index % N == worker), then everyone else's from the far end."""
     own = [s for s in splits if s.index % num_workers == worker]
@@ -134,6 +143,7 @@ def _one_round(
             {"config": json.loads(config_json), "worker": worker, "num_workers": num_workers}
         )
         env = dict(os.environ, SHARDINFER_WORKER_INDEX=str(worker))
+        env.update(_gpu_env(job.config.model.device, worker))
         if job.config.model.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             # N CPU workers share the cores; torch's default (all cores each) oversubscribes them.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_workers))
