@@ -62,7 +62,10 @@ class LLMEngine:
         self.max_model_len = min(limit, num_blocks * cfg.block_size)
         self.kv_caches = allocate_kv_caches(specs, num_blocks, cfg.block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        admission = cfg.admission_batch
+        if admission is None:
+            admission = max(1, cfg.max_num_seqs // 8) if self.device.type == "cuda" else 1
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, admission)
         graphs = None
         if self.device.type == "cuda" and not cfg.enforce_eager:
             from shardinfer.engine.cuda_graphs import DecodeGraphs

@@ -72,6 +72,7 @@ class ModelRunner:
         self.device = device
         self.batch_invariant = batch_invariant
         self.graphs = graphs  # a DecodeGraphs, or None
+        self.last_step_graphed = False
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
@@ -106,7 +107,9 @@ class ModelRunner:
         if self.graphs is not None and self._is_pure_decode(batch) and self.graphs.fits(len(batch)):
             host = build_host_batch(batch, self.block_size)
             logits = self.graphs.run(host)
+            self.last_step_graphed = True
             return StepLogits(list(batch.requests), logits, {})
+        self.last_step_graphed = False
         input_ids, positions, ctx = self._prepare(batch)
         hidden = self.model(input_ids, positions, ctx)
         sample_rows: list[int] = []

@@ -30,7 +30,8 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 admission_batch: int = 1) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}: must be >= 1")
         if max_num_batched_tokens < 1:
@@ -38,6 +39,10 @@ class Scheduler:
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # While requests are decoding, admit new ones only once this many sequence slots are free:
+        # a step that mixes in prefill cannot replay a decode CUDA graph, so admitting in groups
+        # keeps most steps on the fast path. 1 = admit whenever a slot frees up.
+        self.admission_batch = max(1, min(admission_batch, max_num_seqs))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -75,6 +80,10 @@ class Scheduler:
             budget -= n
             i += 1
         # Preemptions only happen when blocks are short: admit nothing new in such a step.
+        free_slots = self.max_num_seqs - len(self.running)
+        decoding = any(r.num_computed_tokens >= r.num_prompt_tokens for r in self.running)
+        if decoding and free_slots < min(self.admission_batch, len(self.waiting)):
+            return batch
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
             req = self.waiting[0]
             cached = self.blocks.find_cached_prefix(req)

@@ -72,3 +72,16 @@ def test_finish_releases_blocks() -> None:
     assert bm.num_free_blocks == 6
     s.finish(a)
     assert bm.num_free_blocks == 8 and not s.has_unfinished()
+
+
+def test_admission_batch_waits_for_enough_free_slots_while_decoding() -> None:
+    s = Scheduler(BlockManager(64, 4), max_num_seqs=4, max_num_batched_tokens=100, admission_batch=2)
+    for rid in "abcdef":
+        s.add(_req(rid, 3))
+    first = s.schedule()
+    assert [r.request_id for r in first.requests] == ["a", "b", "c", "d"]
+    _finish_step(s, first)
+    s.finish(s.running[0])  # one slot frees up: not enough to admit while others decode
+    assert [r.request_id for r in s.schedule().requests] == ["b", "c", "d"]
+    s.finish(s.running[0])  # two free slots: e and f join
+    assert [r.request_id for r in s.schedule().requests] == ["c", "d", "e", "f"]
