@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -160,8 +161,10 @@ def main() -> None:
         floor_frac = floor_s / med_s
         decode_summary = {"batch": top, "median_step_ms": med_s * 1e3, "floor_ms": floor_s * 1e3,
                           "kv_tokens": med_kv, "n_steps": len(chosen)}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip() or None
+    # BENCH_COMMIT names the commit where the tree travels without its .git (a copy on another machine).
+    commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=Path(__file__).parent).stdout.strip() or None
     now = dt.datetime.now(dt.UTC)
     result = {"workload": args.workload, "gpu": torch.cuda.get_device_name(0), "commit": commit,
               "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
