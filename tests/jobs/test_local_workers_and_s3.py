@@ -79,3 +79,31 @@ def test_s3_input_and_output_through_moto_with_faults(
     assert json.loads(status.stdout)["splits_committed"] == 6
     again = cli("submit", "--conf", "job.ds=2024-03-04", str(job))
     assert again.returncode == 0 and "already complete" in again.stderr
+
+
+def test_local2_sigterm_reaches_the_workers_and_rerun_completes(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
+    import signal
+    import time
+
+    from pipeline_kit import start_cli
+
+    out = tmp_path / "out"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        job_toml(model_dir, str(shards), str(out), job={"split_rows": 1, "max_inflight_requests": 1})
+    )
+    proc = start_cli("submit", "--master", "local[2]", str(job))
+    deadline = time.monotonic() + 90
+    while not list(out.glob("_commits/*.json")):  # wait for the first commit: the job is under way
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=35)
+    assert proc.returncode == 75, err
+    assert "died" not in err  # workers that stop on request are not reported as dead
+    rerun = cli("submit", "--master", "local[2]", str(job))
+    assert rerun.returncode == 0, rerun.stderr
+    assert committed_rows(str(out)) == reference
+    assert part_files(out) == marker_parts(out)
