@@ -27,7 +27,13 @@ from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.errors import ConfigError, FingerprintMismatch, InputMissing, TooManyBadRows
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
 from shardinfer.pipeline.rows import ROW_INDEX_COLUMN, RowPreparer
-from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings, crash_point
+from shardinfer.pipeline.runner import (
+    SplitWorker,
+    WorkerResult,
+    WorkerSettings,
+    committed_indexes,
+    crash_point,
+)
 
 JOB_FORMAT_VERSION = 1
 
@@ -42,7 +48,7 @@ class OpenedJob:
     splits: list[Any]  # readers.Split, in plan order
     state: str  # "new" | "resume" | "done"
     success: dict[str, Any] | None = None
-    committed: dict[int, dict[str, Any]] = field(default_factory=dict)
+    committed: set[int] = field(default_factory=set)  # split indexes with a marker when opened
 
     @property
     def store(self) -> Any:
@@ -105,9 +111,12 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     spec = input_spec_of(config)
     store = open_store(config) if output_exists(config) else None
     existing = store.read_job() if store is not None else None
-    if store is not None and existing is not None and not config.job.start_over:
+    drifted = existing is not None and existing.get("fingerprint", {}).get("hash") != fingerprint["hash"]
+    # start_over only ever discards another fingerprint's output: a retry of the same command
+    # (same flags) then resumes the new job instead of throwing its progress away again.
+    if store is not None and existing is not None and not (drifted and config.job.start_over):
         old = existing.get("fingerprint", {})
-        if old.get("hash") != fingerprint["hash"]:
+        if drifted:
             changes = diff_fingerprint_parts(old, fingerprint)
             raise FingerprintMismatch(
                 f"{config.output.path} holds a job with another fingerprint; resuming would mix two datasets. "
@@ -120,7 +129,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         success = read_success_or_none(store)
         state = "done" if success is not None and success_hash(success) == fingerprint["hash"] else "resume"
         return OpenedJob(
-            config, spec, sampling, fingerprint, store, stored, state, success, store.committed()
+            config, spec, sampling, fingerprint, store, stored, state, success, committed_indexes(store)
         )
     splits: list[Any] = []
     if plan:
@@ -183,12 +192,12 @@ def check_columns(config: JobConfig, spec: Any, path: str) -> None:
 
 
 def write_plan(job: OpenedJob, run_id: str) -> None:
-    """Store `_job.json` for a new job (start_over: clear the location first)."""
+    """Store `_job.json` for a new job (after clearing another fingerprint's output on start_over)."""
     if job.state != "new":
         return
     from shardinfer.writers.job_file import make_job_record
 
-    if job.config.job.start_over:
+    if job.config.job.start_over and output_exists(job.config):
         job.store.clear()
     config = job.config.to_dict()
     config["job"]["run_id"] = ""  # a run id names one attempt, not the job
@@ -289,9 +298,15 @@ def split_stats_of(store: Any, marker: dict[str, Any]) -> dict[str, Any]:
 
     import pyarrow.parquet as pq
 
+    from shardinfer.storage import RetryPolicy, with_retries
+
     path = posixpath.join(store.root, marker["part"])
-    with store.fs.open(path, "rb") as f:
-        meta = pq.read_metadata(f).metadata or {}
+
+    def footer() -> dict[bytes, bytes]:
+        with store.fs.open(path, "rb") as f:
+            return dict(pq.read_metadata(f).metadata or {})
+
+    meta = with_retries(getattr(store, "retries", None) or RetryPolicy(), f"read footer of {path}", footer)
     raw = meta.get(b"shardinfer.split_stats")
     return dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
 

@@ -173,6 +173,12 @@ def test_fingerprint_drift_refused_with_78(
     assert over.returncode == 0, over.stderr
     success = json.loads((tmp_path / "out" / "_SUCCESS").read_text())
     assert success["fingerprint"]["sampling.defaults"]["temperature"] == 0.3
+    # The same command again (a scheduler's retry) finds its own finished job: nothing is discarded.
+    assert (
+        main(["submit", "--conf", "sampling.temperature=0.3", "--conf", "job.start_over=true", str(job)]) == 0
+    )
+    assert "already complete" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "_SUCCESS").read_text()) == success
 
 
 def test_too_many_bad_rows_exits_65_with_error_records(tmp_path: Path, model_dir: Path) -> None:
