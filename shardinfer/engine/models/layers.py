@@ -27,7 +27,7 @@ class Linear(nn.Module):
             from shardinfer.kernels.matmul import linear_batch_invariant
 
             flat = x.reshape(-1, x.shape[-1])
-            return linear_batch_invariant(flat, self.weight, self.bias).view(*x.shape[:-1], -1)
+            return linear_batch_invariant(flat, self.weight, self.bias).view(*x.shape[:-1], self.weight.shape[0])
         return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
 
 
