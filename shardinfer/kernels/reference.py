@@ -69,10 +69,20 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: t
     return rms_norm(x, weight, eps), x
 
 
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)), element by element.
+
+    torch.sigmoid and F.silu on the CPU round an element differently in the vectorised body of
+    a loop and in its scalar tail, so a value would depend on the tensor's size and the element's
+    place in it. exp and IEEE division are the same in both, so this form is batch invariant.
+    """
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [..., 2I] = [gate | up] -> silu(gate) * up [..., I]."""
+    """x [..., 2I] = [gate | up] -> silu(gate) * up [..., I] (silu through `sigmoid` above)."""
     gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return gate * sigmoid(gate) * up
 
 
 def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

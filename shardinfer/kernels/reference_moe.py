@@ -35,7 +35,7 @@ def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Ten
     """
     logits = router_logits.float()
     if scoring_func == "sigmoid":
-        scores = logits.sigmoid()
+        scores = ops.sigmoid(logits)  # position-independent rounding (see reference.sigmoid)
     elif scoring_func == "softmax":
         scores = logits.softmax(dim=-1)
     else:
