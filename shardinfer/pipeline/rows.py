@@ -89,7 +89,7 @@ class RowPreparer:
         prepared = PreparedRow(split_index, pos, row_id, params.n, seeds, passthrough)
         if self.inp.id_column and row.get(self.inp.id_column) is None:
             prepared.error = RowError(
-                "invalid_schema",
+                "invalid_row",
                 f"id_column {self.inp.id_column!r} is null in this row; "
                 "every row needs an id (row_id falls back to file:row)",
             )
@@ -168,7 +168,7 @@ class RowPreparer:
                     messages = json.loads(messages)
                 except ValueError as exc:
                     raise RowError(
-                        "invalid_schema", f"messages column holds a string that is not JSON: {exc}"
+                        "invalid_row", f"messages column holds a string that is not JSON: {exc}"
                     ) from None
             if (
                 not isinstance(messages, list)
@@ -176,7 +176,7 @@ class RowPreparer:
                 or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)
             ):
                 raise RowError(
-                    "invalid_schema", "messages must be a non-empty list of {role, content} objects"
+                    "invalid_row", "messages must be a non-empty list of {role, content} objects"
                 )
             try:
                 text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -189,7 +189,7 @@ class RowPreparer:
                 raise RowError("empty_prompt", f"prompt column {inp.prompt_column!r} is null or empty")
             if not isinstance(prompt, str):
                 raise RowError(
-                    "invalid_schema",
+                    "invalid_row",
                     f"prompt column {inp.prompt_column!r} holds {type(prompt).__name__}, expected a string",
                 )
             try:

@@ -281,8 +281,8 @@ class SplitWorker:
             try:
                 self.engine.add_request(rid, row.prompt_ids, params)
             except ValueError as exc:
-                if type(exc).__name__ == "GrammarError":
-                    code = "invalid_grammar"
+                if getattr(exc, "error_code", None):  # GrammarError: "invalid_schema"
+                    code = str(exc.error_code)  # type: ignore[attr-defined]
                 elif "max_model_len" in str(exc) or "too long" in str(exc):
                     code = "prompt_too_long"
                 else:

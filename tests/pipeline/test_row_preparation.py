@@ -85,7 +85,7 @@ def test_overrides_apply_per_row(model_dir: Path) -> None:
     [
         ({"prompt": None}, "empty_prompt"),
         ({"prompt": ""}, "empty_prompt"),
-        ({"prompt": 12}, "invalid_schema"),
+        ({"prompt": 12}, "invalid_row"),
         ({"prompt": "fox " * 80}, "prompt_too_long"),
         ({"prompt": "a", "temperature": -1.0}, "bad_override"),
         ({"prompt": "a", "temperature": "hot"}, "bad_override"),
@@ -101,11 +101,11 @@ def test_bad_rows_become_error_codes(model_dir: Path, row: dict[str, Any], code:
     assert prepared.row_id == "1:4" and prepared.params == []
 
 
-def test_bad_messages_are_invalid_schema(model_dir: Path) -> None:
+def test_bad_messages_are_invalid_rows(model_dir: Path) -> None:
     prep = _preparer(model_dir, prompt_column="", messages_column="messages")
     for value in ("not json", json.dumps({"role": "user"}), json.dumps([{"content": "no role"}]), []):
         prepared = prep.prepare(0, 0, 0, {"messages": value, "__row_index": 0})
-        assert prepared.error is not None and prepared.error.code == "invalid_schema", value
+        assert prepared.error is not None and prepared.error.code == "invalid_row", value
 
 
 def test_attempt_ids_are_file_name_safe_and_unique() -> None:

@@ -79,7 +79,7 @@ def test_rows_match_the_batch_api_and_bad_rows_become_errors(tmp_path: Path, mod
         "null": "empty_prompt",
         "long": "prompt_too_long",
         "hot": "bad_override",
-        "gram": "invalid_grammar",
+        "gram": "invalid_schema",
     }
     assert all(
         rows[k]["status"] == "error" and rows[k]["token_ids"] is None for k in ("null", "long", "hot", "gram")
