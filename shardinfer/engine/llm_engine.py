@@ -23,7 +23,7 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.registry import load_model
 from shardinfer.engine.outputs import CompletionOutput, RequestOutput
 from shardinfer.engine.request import Request, RequestStatus
-from shardinfer.engine.sampler import SamplingRow, sample, top_k_logprobs
+from shardinfer.engine.sampler import GrammarMasks, SamplingRow, sample, top_k_logprobs
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.engine.scheduler import Scheduler
 from shardinfer.engine.stop_checker import check_stop
@@ -168,7 +168,7 @@ class LLMEngine:
         finished: list[RequestOutput] = []
         if step_logits.sample_requests:
             rows = [self._sampling_row(r) for r in step_logits.sample_requests]
-            result = sample(step_logits.sample_logits, rows)
+            result = sample(step_logits.sample_logits, rows, self._grammar_masks(step_logits.sample_requests))
             for i, req in enumerate(step_logits.sample_requests):
                 self._append_token(req, result.token_ids[i], result.logprobs[i], result.top_logprobs[i])
                 if req.status.finished:
@@ -180,8 +180,20 @@ class LLMEngine:
         blocked: list[int] = []
         if req.num_output_tokens < p.min_tokens:
             blocked = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.tokenizer.eos_token_ids))
-        mask = req.grammar.allowed_mask() if req.grammar is not None else None
-        return SamplingRow(p, req.seed, req.num_tokens, req.prompt_token_ids, req.output_token_ids, blocked, mask)
+        return SamplingRow(p, req.seed, req.num_tokens, req.prompt_token_ids, req.output_token_ids, blocked,
+                           req.grammar is not None)
+
+    def _grammar_masks(self, reqs: list[Request]) -> GrammarMasks | None:
+        """Every constrained request's next-token mask, filled in one call on the compiler's threads."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        from shardinfer.engine.structured import allocate_bitmask
+
+        compiler = self.grammar_compiler()
+        bitmask = allocate_bitmask(len(rows), self.model_config.vocab_size, pin_memory=self.device.type == "cuda")
+        compiler.fill_bitmasks([(reqs[i].grammar, j) for j, i in enumerate(rows)], bitmask)
+        return GrammarMasks(bitmask, rows)
 
     def _record_prompt_logprobs(self, req: Request, first: int, logits: torch.Tensor) -> None:
         lps = torch.log_softmax(logits.float(), dim=-1)

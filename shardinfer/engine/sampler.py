@@ -28,7 +28,15 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     blocked_token_ids: list[int]  # ids that may not be sampled now (eos / stop ids before min_tokens)
-    allowed_mask: torch.Tensor | None = None  # bool [V] from a grammar, or None
+    has_grammar: bool = False  # a structured-output mask applies (see GrammarMasks)
+
+
+@dataclass
+class GrammarMasks:
+    """The step's structured-output masks: bitmask row j masks sampling row rows[j]."""
+
+    bitmask: torch.Tensor  # int32 [R, ceil(V / 32)], filled by the grammar compiler on the host
+    rows: list[int]
 
 
 @dataclass
@@ -57,7 +65,7 @@ def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+def sample(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None) -> SampleResult:
     """logits [B, V] float32, one row per sampling request.
 
     Per-row processing (penalties, masks) touches only the rows that ask for it; the choice
@@ -75,8 +83,11 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
             x[i] = _apply_penalties(x[i], row)
             if row.blocked_token_ids:
                 x[i, torch.tensor(row.blocked_token_ids, dtype=torch.long, device=x.device)] = float("-inf")
-            if row.allowed_mask is not None:
-                x[i] = x[i].masked_fill(~row.allowed_mask.to(x.device), float("-inf"))
+    if grammar is not None and grammar.rows:
+        from shardinfer.engine.structured import apply_bitmask
+
+        # One batched unpack-and-mask on the logits' device for every constrained row.
+        apply_bitmask(x, grammar.bitmask, torch.tensor(grammar.rows, dtype=torch.long))
     dev = x.device
 
     def col(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -105,7 +116,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
 
 def _needs_processing(row: SamplingRow) -> bool:
     p = row.params
-    return bool(row.blocked_token_ids or row.allowed_mask is not None or p.repetition_penalty != 1.0
+    return bool(row.blocked_token_ids or row.has_grammar or p.repetition_penalty != 1.0
                 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
 
 
