@@ -1,6 +1,6 @@
 """Grammar-mask cost per decode step for a batch of matchers (a measurement, not a test).
 
-    python tests/engine/structured/bench_masks.py [--vocab 32000] [--batch 64] [--steps 40]
+    python bench/structured_masks.py [--vocab 32000] [--batch 64] [--steps 40]
 
 Trains a byte-level BPE of the asked size on Python sources of the standard library (so the
 vocabulary looks like a real one: code, words, whitespace runs, punctuation), then walks `batch`
