@@ -6,15 +6,13 @@ decoder block with its own attention cache.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.deepseek_mla import DeepseekMLA
 from shardinfer.engine.models.deepseek_moe import DeepseekMoE, SwiGLUMLP
-from shardinfer.engine.models.layers import RMSNorm
+from shardinfer.engine.models.layers import PreNormDecoderLayer, RMSNorm
 from shardinfer.engine.models.rope import RopeTable
 
 
@@ -28,7 +26,7 @@ def is_moe_layer(config: ModelConfig, layer_idx: int) -> bool:
     return layer_idx >= first_dense and layer_idx % freq == 0
 
 
-class DeepseekDecoderLayer(nn.Module):
+class DeepseekDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config: ModelConfig, numerics: Numerics, layer_idx: int, rope: RopeTable) -> None:
         super().__init__()
         self.self_attn = DeepseekMLA(config, numerics, layer_idx, rope)
@@ -36,11 +34,3 @@ class DeepseekDecoderLayer(nn.Module):
                                else SwiGLUMLP(config.hidden_size, config.intermediate_size, numerics))
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (block output, residual stream); their sum is the block's hidden state."""
-        h, residual = self.input_layernorm.add_and_norm(x, residual)
-        h = self.self_attn(h, positions, ctx)
-        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
-        return self.mlp(h), residual

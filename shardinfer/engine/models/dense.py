@@ -17,7 +17,7 @@ from shardinfer.engine.errors import CheckpointError, ModelLoadError
 from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
-from shardinfer.engine.models.layers import Linear, RMSNorm, copy_param
+from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm, copy_param
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.kernels import ops
 
@@ -87,7 +87,7 @@ class DenseMLP(nn.Module):
         return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
-class DenseDecoderLayer(nn.Module):
+class DenseDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config: ModelConfig, numerics: Numerics, layer_idx: int, window: int | None,
                  rope: RopeTable) -> None:
         super().__init__()
@@ -95,13 +95,6 @@ class DenseDecoderLayer(nn.Module):
         self.mlp = DenseMLP(config, numerics)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
-        h, residual = self.input_layernorm.add_and_norm(x, residual)
-        h = self.self_attn(h, positions, ctx)
-        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
-        return self.mlp(h), residual
 
 
 class DenseForCausalLM(nn.Module):

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardinfer.engine.errors import CheckpointError
+from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import Numerics
 from shardinfer.kernels import ops
 
@@ -51,3 +52,25 @@ def copy_param(param: torch.Tensor, value: torch.Tensor, name: str, rows: slice 
         raise CheckpointError(f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, "
                               f"the model expects {tuple(target.shape)}: is config.json the checkpoint's own?")
     target.copy_(value.to(target.dtype))
+
+
+class PreNormDecoderLayer(nn.Module):
+    """The pre-norm block every supported family uses, with the residual stream carried apart:
+
+        h, r = norm1(x + r);  h = attn(h);  h, r = norm2(h + r);  return mlp(h), r
+
+    Subclasses set self_attn, mlp, input_layernorm and post_attention_layernorm.
+    """
+
+    self_attn: nn.Module
+    mlp: nn.Module
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (block output, residual stream); their sum is the block's hidden state."""
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h = self.self_attn(h, positions, ctx)
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
