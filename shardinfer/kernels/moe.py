@@ -3,43 +3,96 @@
     x [T, H]; topk_ids [T, k]; topk_weights [T, k] float32
     w_gate_up [E, 2I, H] ([gate | up] rows per expert); w_down [E, H, I]
 
-1. align (torch ops, no host sync): the T*k (token, slot) pairs are sorted by expert and each
-   expert's run is padded to a multiple of BLOCK_M, so every tile of BLOCK_M rows belongs to
-   one expert. Padding rows hold -1.
+1. align (torch ops, no host sync, no data-dependent shape): the T*k (token, slot) pairs are
+   sorted by expert and each expert's run is padded to a multiple of BLOCK_M, so every tile of
+   BLOCK_M rows belongs to one expert. Padding rows hold -1. The buffer has the worst-case size
+   T*k + E*(BLOCK_M - 1) (rounded up to whole tiles), computed from shapes alone, and tiles past
+   the last expert's are marked with expert id E and exit at once. So the launch grids depend
+   on shapes only, and the whole layer can be captured in a CUDA graph.
 2. gate/up GEMM, grid (tiles, I / BLOCK_N): a tile gathers its tokens' rows of x, multiplies by
    the expert's gate and up weights, and writes silu(gate) * up per slot ([T*k, I]).
 3. down GEMM, grid (tiles, H / BLOCK_N): per slot, [T*k, H] in x's dtype.
 4. combine, grid (T,): out[t] = sum_j weight[t, j] * slot_out[t, j], in slot order, float32.
 
 Batch invariance: each GEMM row is one (token, slot) pair; its dot products run over the K
-dim in a fixed BLOCK_K order with a fixed tile config, and MMA rows do not mix, so a token's
-output does not depend on which or how many other tokens chose the same expert. The combine
-sums a token's k slots in slot order. Rounding mirrors reference_moe.moe_experts: the GEMM
-outputs are rounded to x's dtype before the activation and before the weighted sum.
+dim in a fixed BLOCK_K order with one tile config per (H, I, dtype), never chosen from T, and
+MMA rows do not mix, so a token's output does not depend on which or how many other tokens
+chose the same expert, nor on the row of the tile it lands in. The combine sums a token's k
+slots in slot order; nothing is accumulated with atomics. Rounding mirrors
+reference_moe.moe_experts: the GEMM outputs are rounded to x's dtype before the activation and
+before the weighted sum.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, next_pow2
+from shardinfer.kernels._common import (
+    FLOAT_DTYPES,
+    check_same_device,
+    check_tensor,
+    fail,
+    interpreting,
+    next_pow2,
+)
 
-BLOCK_M = 64
-BLOCK_N = 64
-BLOCK_K = 64
+
+@dataclass(frozen=True)
+class MoeTiles:
+    """One tiling of both grouped GEMMs. Any fixed tiling is batch invariant; they differ in speed."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"MoeTiles.{name}: got {v}, need a power of two >= 16 (tl.dot's minimum)")
+        if self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"MoeTiles: got num_warps={self.num_warps}, num_stages={self.num_stages}; need >= 1")
+
+
+DEFAULT_TILES = MoeTiles()
+# Measured winners per (hidden, intermediate, dtype). Never key an entry on the token count: a
+# row would then be reduced in another order at another batch size.
+TILE_OVERRIDES: dict[tuple[int, int, torch.dtype], MoeTiles] = {}
+
+
+def moe_tiles(hidden: int, inter: int, dtype: torch.dtype) -> MoeTiles:
+    """The one tiling used for every token count of an expert shape."""
+    return TILE_OVERRIDES.get((hidden, inter, dtype), DEFAULT_TILES)
+
+
+@triton.jit
+def _mma(a, b, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a @ b for one BLOCK_K step, in float32."""
+    if INTERPRET:
+        # The interpreter's tl.dot is numpy's BLAS, which rounds a row differently at different
+        # row positions of the block; a broadcast product summed over K is position-independent,
+        # so the CPU tests can check batch invariance bit for bit, as the GPU tests do.
+        acc = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    return acc
 
 
 @triton.jit
 def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, n_cols, k_dim, a_row_div,
                          sa, swe, swn, so, n_experts, up_offset,
                          GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """out[slot, n] = a[slot // a_row_div] . w[e, n] (GATED: silu(. w[e, n]) * (. w[e, up_offset + n]))."""
     tile = tl.program_id(0)
     expert = tl.load(block_expert_ptr + tile)
-    if expert < n_experts:
+    if expert < n_experts:  # tiles past the last expert's run (worst-case grid) do nothing
         rows = tl.arange(0, BLOCK_M)
         slot = tl.load(sorted_ptr + tile * BLOCK_M + rows)
         row_ok = slot >= 0
@@ -54,11 +107,11 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, n_
             k_ok = ks < k_dim
             a = tl.load(a_ptr + a_row[:, None] * sa + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_base + cols[None, :] * swn + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            acc = _mma(a, w, acc, PRECISION, INTERPRET)
             if GATED:
                 wu = tl.load(w_base + (up_offset + cols)[None, :] * swn + ks[:, None],
                              mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-                acc_up = tl.dot(a, wu, acc_up, input_precision=PRECISION)
+                acc_up = _mma(a, wu, acc_up, PRECISION, INTERPRET)
         dtype = out_ptr.dtype.element_ty
         if GATED:
             g = acc.to(dtype).to(tl.float32)
@@ -82,41 +135,42 @@ def _combine_kernel(slot_out_ptr, weight_ptr, out_ptr, hidden, TOP_K: tl.constex
     tl.store(out_ptr + t * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M
+def padded_slots(n_slots: int, n_experts: int, block_m: int) -> int:
+    """Worst-case length of the expert-sorted slot list: every expert's run padded to whole tiles."""
+    return -(-(n_slots + n_experts * (block_m - 1)) // block_m) * block_m
+
+
+def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int = DEFAULT_TILES.block_m
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted_slots [P] int32 with -1 padding, block_expert [P / block_m] int32, n_experts = none).
 
     Slots (t * k + j) are grouped by expert in increasing slot order; each expert's group starts
-    at a multiple of block_m. P is a static bound (T*k + E*(block_m - 1), rounded up), so no
-    device-to-host sync is needed; tiles past the last expert's get expert id n_experts (skip).
+    at a multiple of block_m. P = padded_slots(...) is a static bound. Every op here keeps
+    shapes fixed and avoids host syncs (torch.bincount would read the max id back to the host,
+    so the counts come from a scatter-add; integer adds give the same sum in any order).
     """
     flat = topk_ids.reshape(-1).long()
     n_slots = flat.numel()
     device = flat.device
-    counts = torch.bincount(flat, minlength=n_experts)[:n_experts]
+    counts = torch.zeros(n_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
-    order = torch.argsort(flat, stable=True)
+    order = torch.argsort(flat, stable=True)  # stable: a slot's rank within its expert is its slot order
     first_of_expert = torch.cumsum(counts, 0) - counts
     sorted_experts = flat[order]
     rank = torch.arange(n_slots, device=device) - first_of_expert[sorted_experts]
-    total = -(-(n_slots + n_experts * (block_m - 1)) // block_m) * block_m
+    total = padded_slots(n_slots, n_experts, block_m)
     sorted_slots = torch.full((total,), -1, dtype=torch.int32, device=device)
-    sorted_slots[starts[sorted_experts] + rank] = order.to(torch.int32)
+    sorted_slots.scatter_(0, starts[sorted_experts] + rank, order.to(torch.int32))
     tile_starts = torch.arange(0, total, block_m, device=device)
     block_expert = torch.searchsorted(ends, tile_starts, right=True).to(torch.int32)
     return sorted_slots, block_expert
 
 
-def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
-              w_down: torch.Tensor) -> torch.Tensor:
-    """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), expert = down(silu(gate x) * up x).
-
-    x [T, H] float32/float16/bfloat16 contiguous; topk_ids [T, k] int32/int64 in [0, E);
-    topk_weights [T, k] float32; w_gate_up [E, 2I, H] and w_down [E, H, I] contiguous, x's dtype.
-    Returns [T, H] in x's dtype (semantics of reference_moe.moe_experts).
-    """
+def _check_inputs(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
+                  w_down: torch.Tensor) -> None:
     check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, contiguous=True)
     check_tensor("topk_ids", topk_ids, dtypes=(torch.int32, torch.int64), ndim=2)
     check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2, contiguous=True)
@@ -124,32 +178,48 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     check_tensor("w_down", w_down, dtypes=(x.dtype,), ndim=3, contiguous=True)
     t, hidden = x.shape
     n_experts, two_i, h_w = w_gate_up.shape
-    inter = two_i // 2
     if h_w != hidden or two_i % 2:
         raise fail("w_gate_up.shape", tuple(w_gate_up.shape), f"need (E, 2I, {hidden})")
-    if tuple(w_down.shape) != (n_experts, hidden, inter):
-        raise fail("w_down.shape", tuple(w_down.shape), f"need {(n_experts, hidden, inter)}")
+    if tuple(w_down.shape) != (n_experts, hidden, two_i // 2):
+        raise fail("w_down.shape", tuple(w_down.shape), f"need {(n_experts, hidden, two_i // 2)}")
     if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != t:
         raise fail("topk_ids/topk_weights shapes", (tuple(topk_ids.shape), tuple(topk_weights.shape)),
                    f"need both ({t}, k)")
     check_same_device(x=x, topk_ids=topk_ids, topk_weights=topk_weights, w_gate_up=w_gate_up, w_down=w_down)
+
+
+def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor, tiles: MoeTiles | None = None) -> torch.Tensor:
+    """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), expert = down(silu(gate x) * up x).
+
+    x [T, H] float32/float16/bfloat16 contiguous; topk_ids [T, k] int32/int64 in [0, E);
+    topk_weights [T, k] float32; w_gate_up [E, 2I, H] and w_down [E, H, I] contiguous, x's dtype.
+    Returns [T, H] in x's dtype (semantics of reference_moe.moe_experts). `tiles` overrides the
+    tiling for tuning; batch invariance holds while one tiling serves every T of a shape.
+    Capturable in a CUDA graph: no host sync, grids sized from shapes only.
+    """
+    _check_inputs(x, topk_ids, topk_weights, w_gate_up, w_down)
+    t, hidden = x.shape
+    n_experts, two_i, _ = w_gate_up.shape
+    inter = two_i // 2
+    cfg = tiles or moe_tiles(hidden, inter, x.dtype)
     top_k = topk_ids.shape[1]
     out = torch.empty_like(x)
     if t == 0 or top_k == 0:
         return out.zero_()
-    sorted_slots, block_expert = align_to_experts(topk_ids, n_experts)
+    sorted_slots, block_expert = align_to_experts(topk_ids, n_experts, cfg.block_m)
     n_tiles = block_expert.shape[0]
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpreting(),
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
-    _grouped_gemm_kernel[(n_tiles, triton.cdiv(inter, BLOCK_N))](
+    _grouped_gemm_kernel[(n_tiles, triton.cdiv(inter, cfg.block_n))](
         x, w_gate_up, act, sorted_slots, block_expert, inter, hidden, top_k, x.stride(0), w_gate_up.stride(0),
-        w_gate_up.stride(1), act.stride(0), n_experts, inter, GATED=True, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K, PRECISION=precision, num_warps=4, num_stages=3)
+        w_gate_up.stride(1), act.stride(0), n_experts, inter, GATED=True, **common)
     slot_out = torch.empty(t * top_k, hidden, dtype=x.dtype, device=x.device)
-    _grouped_gemm_kernel[(n_tiles, triton.cdiv(hidden, BLOCK_N))](
+    _grouped_gemm_kernel[(n_tiles, triton.cdiv(hidden, cfg.block_n))](
         act, w_down, slot_out, sorted_slots, block_expert, hidden, inter, 1, act.stride(0), w_down.stride(0),
-        w_down.stride(1), slot_out.stride(0), n_experts, 0, GATED=False, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K, PRECISION=precision, num_warps=4, num_stages=3)
+        w_down.stride(1), slot_out.stride(0), n_experts, 0, GATED=False, **common)
     block = min(1024, next_pow2(hidden))
     _combine_kernel[(t, triton.cdiv(hidden, block))](slot_out, topk_weights, out, hidden, TOP_K=top_k, BLOCK=block)
     return out

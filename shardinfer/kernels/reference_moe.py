@@ -13,6 +13,14 @@ Batch invariance: every matmul goes through `reference.linear`, whose fixed row 
 result independent of the rows sharing the call, so a token's output does not depend on which
 other tokens picked the same expert; the weighted sum runs over the token's k slots in slot order,
 a function of the token alone.
+
+Ties (equal scores) go to the lowest expert or group index, as in the Triton routing kernel
+(kernels/moe_routing.py): torch.topk leaves the order of equal values unspecified, so choices
+are made by a stable descending sort.
+
+On CUDA the engine calls `ops.moe_experts` (the fused kernel of kernels/moe.py) and the routing
+kernel instead; `moe_experts` here reads expert ids back to the host, so it refuses to run
+inside a CUDA graph capture.
 """
 
 from __future__ import annotations
@@ -48,16 +56,21 @@ def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Ten
             group_scores = grouped.amax(dim=-1)  # the official code's rule when there is no bias
         else:
             group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
-        keep = group_scores.topk(topk_group, dim=-1).indices
+        keep = _topk_indices(group_scores, topk_group)
         group_mask = torch.zeros(t, n_group, dtype=torch.bool, device=scores.device)
         group_mask.scatter_(1, keep, True)
         # -inf, not 0: with a negative bias a masked expert could otherwise outrank a kept one.
         choice = grouped.masked_fill(~group_mask.unsqueeze(-1), float("-inf")).view(t, e)
-    topk_ids = choice.topk(top_k, dim=-1).indices
+    topk_ids = _topk_indices(choice, top_k)
     weights = scores.gather(1, topk_ids)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights * routed_scaling_factor, topk_ids
+
+
+def _topk_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest values per row, in descending order, equal values lowest index first."""
+    return values.sort(dim=-1, descending=True, stable=True).indices[:, :k]
 
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -71,9 +84,9 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     t, k = topk_ids.shape
     hidden = x.shape[-1]
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        slot_out = _slots_capturable(x, topk_ids, w_gate_up, w_down, batch_invariant)
-    else:
-        slot_out = _slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant)
+        raise RuntimeError("reference_moe.moe_experts reads expert ids back to the host and cannot run in a "
+                           "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA")
+    slot_out = _slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant)
     weights = topk_weights.float()
     out = torch.zeros(t, hidden, dtype=torch.float32, device=x.device)
     for j in range(k):  # fixed slot order: the sum's rounding depends on the token alone
@@ -101,9 +114,10 @@ def _slots_gathered(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Te
 
 def _slots_capturable(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                       batch_invariant: bool) -> torch.Tensor:
-    """The same [T, k, H] without data-dependent shapes or host syncs, for CUDA graph capture:
-    every expert runs on every token and each slot keeps its own expert's rows. With
-    batch-invariant row tiles a row's result is the one the gathered path computes."""
+    """The same [T, k, H] without data-dependent shapes or host syncs: every expert runs on every
+    token and each slot keeps its own expert's rows. With batch-invariant row tiles a row's result
+    is the one the gathered path computes. No engine path uses it (CUDA runs the fused kernel);
+    it stays as a cross-check of the gathered path."""
     t, k = topk_ids.shape
     slot_out = torch.zeros(t, k, x.shape[-1], dtype=torch.float32, device=x.device)
     for expert in range(w_gate_up.shape[0]):

@@ -1,8 +1,11 @@
 """DeepSeek-V3 feed-forward blocks: the dense SwiGLU MLP and the routed mixture of experts.
 
-The MoE layer is `shared_experts(x) + sum over the token's top-k routed experts`, routed by
-`kernels.reference_moe.grouped_topk` (sigmoid, bias for selection only, group-limited) and
-computed by `kernels.reference_moe.moe_experts`, the one function a fused GPU kernel replaces.
+The MoE layer is `shared_experts(x) + sum over the token's top-k routed experts`. Routing
+(sigmoid, bias for selection only, group-limited) is `kernels.moe_routing.grouped_topk` on CUDA
+and `kernels.reference_moe.grouped_topk` elsewhere; the experts are `kernels.ops.moe_experts`:
+the fused grouped-GEMM kernel (kernels/moe.py) on CUDA, the reference elsewhere. On CUDA the
+layer syncs nothing with the host and has no data-dependent shapes, so a decode step that
+contains it can be captured in a CUDA graph; every piece is batch invariant by construction.
 Expert weights are stacked: w_gate_up [E, 2I, H] ([gate | up] rows) and w_down [E, H, I].
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shardinfer.engine.errors import ModelLoadError
@@ -83,7 +87,7 @@ class RoutedExperts(nn.Module):
                                    requires_grad=False)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        return moe.moe_experts(x, topk_ids, topk_weights, self.w_gate_up, self.w_down,
+        return ops.moe_experts(x, topk_ids, topk_weights, self.w_gate_up, self.w_down,
                                self.numerics.batch_invariant)
 
 
@@ -100,11 +104,29 @@ class Router(nn.Module):
         self.e_score_correction_bias = (nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
                                         if routing.uses_bias else None)
 
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, E] float32. On CUDA one batch-invariant GEMM (the reference's row tiles would launch
+        T / 32 GEMMs), or cuBLAS when batch invariance is off."""
+        xf = x.float()
+        if x.is_cuda and ops.triton_available():
+            if not self.numerics.batch_invariant:
+                return F.linear(xf, self.weight)
+            from shardinfer.kernels.matmul import linear_batch_invariant
+
+            return linear_batch_invariant(xf.reshape(-1, xf.shape[-1]), self.weight)
+        return ops.linear(xf, self.weight, None, self.numerics.batch_invariant)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_weights [T, k] float32, topk_ids [T, k] int64)."""
         r = self.routing
-        logits = ops.linear(x.float(), self.weight, None, self.numerics.batch_invariant)
-        return moe.grouped_topk(logits, self.e_score_correction_bias, r.top_k, r.n_group, r.topk_group,
-                                r.renormalize, r.routed_scaling_factor, r.scoring_func)
+        logits = self.logits(x)
+        route = moe.grouped_topk
+        if logits.is_cuda and ops.triton_available():
+            from shardinfer.kernels import moe_routing
+
+            route = moe_routing.grouped_topk
+        return route(logits, self.e_score_correction_bias, r.top_k, r.n_group, r.topk_group, r.renormalize,
+                     r.routed_scaling_factor, r.scoring_func)
 
 
 class DeepseekMoE(nn.Module):
