@@ -7,7 +7,7 @@ import torch
 from kernel_checks import TOL, rel_err
 
 from shardinfer.kernels import reference_moe
-from shardinfer.kernels.moe import align_to_experts, fused_moe
+from shardinfer.kernels.moe import MoeTiles, align_to_experts, fused_moe, padded_slots
 
 
 def _problem(t: int, hidden: int, inter: int, experts: int, top_k: int, dtype: torch.dtype, seed: int
@@ -38,15 +38,44 @@ def test_matches_reference(device: torch.device, dtype: torch.dtype) -> None:
     assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 4 * TOL[dtype])
 
 
-def test_token_alone_equals_token_in_batch(device: torch.device) -> None:
-    x, ids, w, wgu, wd = _problem(t=9, hidden=32, inter=16, experts=3, top_k=2, dtype=torch.float32, seed=2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_alone_equals_token_in_batch(device: torch.device, dtype: torch.dtype) -> None:
+    # 3 experts, top-2 of 9 tokens: every expert serves several tokens, so a token's slots sit at
+    # different rows of its experts' tiles alone (row 0) and in the batch. The interpreter's GEMM
+    # path sums over K in order like the GPU's, so both check bits.
+    x, ids, w, wgu, wd = _problem(t=9, hidden=32, inter=16, experts=3, top_k=2, dtype=dtype, seed=2)
     args = [a.to(device) for a in (x, ids, w, wgu, wd)]
-    full = fused_moe(*args).cpu()
-    alone = fused_moe(args[0][4:5], args[1][4:5], args[2][4:5], args[3], args[4]).cpu()
-    if device.type == "cuda":
-        assert torch.equal(alone, full[4:5])
-    else:  # numpy's BLAS under the interpreter rounds by row position; the GPU test checks bits
-        assert rel_err(alone, full[4:5]) < 1e-6
+    full = fused_moe(*args)
+    for i in (0, 4, 8):
+        alone = fused_moe(args[0][i:i + 1], args[1][i:i + 1], args[2][i:i + 1], args[3], args[4])
+        assert torch.equal(alone, full[i:i + 1]), f"token {i}"
+    perm = torch.randperm(9, generator=torch.Generator().manual_seed(0)).to(device)
+    assert torch.equal(fused_moe(args[0][perm], args[1][perm], args[2][perm], args[3], args[4]), full[perm])
+
+
+def test_align_shapes_depend_on_shapes_only() -> None:
+    # The grids are sized from these shapes, so a CUDA graph captured for one routing replays
+    # correctly for any other: all slots on one expert (the worst padding) or spread out.
+    spread = torch.arange(12).view(6, 2) % 5
+    piled = torch.full((6, 2), 3)
+    a_slots, a_blocks = align_to_experts(spread, n_experts=5, block_m=4)
+    b_slots, b_blocks = align_to_experts(piled, n_experts=5, block_m=4)
+    assert a_slots.shape == b_slots.shape == (padded_slots(12, 5, 4),) == (28,)
+    assert a_blocks.shape == b_blocks.shape == (7,)
+    assert b_slots.tolist()[:12] == list(range(12)) and b_blocks.tolist() == [3, 3, 3, 5, 5, 5, 5]
+
+
+def test_experts_nobody_chose_and_routing_kernel_ids(device: torch.device) -> None:
+    # 8 experts, routing limited to 2 of 4 groups: most experts and tiles are idle; ids come
+    # from the routing kernel (int64), as in the model.
+    from shardinfer.kernels.moe_routing import grouped_topk
+
+    x, _, _, wgu, wd = _problem(t=5, hidden=16, inter=16, experts=8, top_k=2, dtype=torch.float32, seed=5)
+    logits = torch.randn(5, 8, generator=torch.Generator().manual_seed(6))
+    w, ids = grouped_topk(logits.to(device), torch.zeros(8, device=device), 2, n_group=4, topk_group=1)
+    ref = reference_moe.moe_experts(x, ids.cpu(), w.cpu(), wgu, wd)
+    out = fused_moe(x.to(device), ids, w, wgu.to(device), wd.to(device)).cpu()
+    assert rel_err(out, ref) < 1e-5
 
 
 def test_rejects_bad_inputs(device: torch.device) -> None:
@@ -71,3 +100,13 @@ def test_moe16b_shapes_bf16() -> None:
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     for i in (0, 123):
         assert torch.equal(fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], wgu, wd), out[i:i + 1])
+
+
+def test_other_tiling_matches_reference_and_bad_tiling_is_refused(device: torch.device) -> None:
+    x, ids, w, wgu, wd = _problem(t=7, hidden=48, inter=40, experts=4, top_k=3, dtype=torch.float32, seed=8)
+    ref = reference_moe.moe_experts(x, ids, w, wgu, wd)
+    tiles = MoeTiles(block_m=16, block_n=32, block_k=16, num_warps=2, num_stages=2)
+    out = fused_moe(*(a.to(device) for a in (x, ids, w, wgu, wd)), tiles=tiles).cpu()
+    assert rel_err(out, ref) < 1e-5
+    with pytest.raises(ValueError, match=r"MoeTiles\.block_k"):
+        MoeTiles(block_k=24)
