@@ -1,0 +1,193 @@
+"""Fused MoE on one GPU at the moe-16b expert shapes, against its floors, with a tile sweep.
+
+Shapes: hidden 2048, moe_intermediate 1408, 64 routed experts, top-6, bf16, routed by the
+routing kernel (sigmoid + correction bias, scale 2.446) from random router logits.
+
+* Prefill sizes (T = 1024, 2048, 4096, 8192 tokens) are compute-bound: FLOPs = 2 * T * k * 3HI
+  (gate, up and down GEMMs), reported in TFLOP/s and as a fraction of the bf16 matmul rate
+  measured in the same run (torch 8192^3).
+* Decode sizes (T = 64, 256) are bound by reading the weights of every expert some token chose
+  (3HI * 2 bytes each): reported in GB/s and as a fraction of the measured device-to-device
+  copy bandwidth (bytes read + written, the convention of the other kernel benchmarks).
+
+Every time is the median of CUDA-event timings after warm-up. Decode sizes are also timed as a
+CUDA-graph replay (what the engine runs): the eager time includes the host launching ~15
+kernels. Each tiling is checked first: close to a float32 reference, and a token computed alone
+bitwise equal to the same token in the batch.
+
+    python bench/kernels/bench_moe.py [--out DIR] [--sweep]    (DIR defaults to $OUT, else .)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from shardinfer.kernels import moe, moe_routing, reference_moe
+from shardinfer.kernels.moe import MoeTiles
+
+BF16 = torch.bfloat16
+HIDDEN, INTER, EXPERTS, TOP_K, SCALE = 2048, 1408, 64, 6, 2.446
+PREFILL = (1024, 2048, 4096, 8192)
+DECODE = (64, 256)
+# The default first; --sweep adds the others (each is one fixed tiling for every T: batch invariant).
+TILINGS = [moe.DEFAULT_TILES]
+SWEEP = [MoeTiles(64, 128, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 64, 64, 4, 3),
+         MoeTiles(64, 64, 64, 4, 4), MoeTiles(32, 64, 128, 4, 3), MoeTiles(16, 64, 128, 4, 4),
+         MoeTiles(64, 128, 32, 4, 4)]
+
+
+def median_ms(fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
+    a = torch.randn(1 << 30, device="cuda", dtype=BF16)
+    b = torch.empty_like(a)
+    bw = 2 * a.numel() * 2 / (median_ms(lambda: b.copy_(a), reps=10) * 1e-3)
+    m = torch.randn(8192, 8192, device="cuda", dtype=BF16)
+    flops = 2 * 8192**3 / (median_ms(lambda: m @ m, reps=10) * 1e-3)
+    return bw, flops
+
+
+def graph_ms(fn: Callable[[], Any]) -> float:
+    """Median time of one CUDA-graph replay of fn (captured after a warm-up call)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return median_ms(graph.replay)
+
+
+class Problem:
+    """Weights shared by every size; per-size tokens routed by the routing kernel."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator(device="cuda").manual_seed(9)
+        self.gen = gen
+        self.wgu = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen) * HIDDEN**-0.5).to(BF16)
+        self.wd = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=gen) * INTER**-0.5).to(BF16)
+        self.bias = torch.randn(EXPERTS, device="cuda", generator=gen) * 0.1
+
+    def tokens(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = torch.randn(t, HIDDEN, device="cuda", generator=self.gen).to(BF16)
+        logits = torch.randn(t, EXPERTS, device="cuda", generator=self.gen)
+        w, ids = moe_routing.grouped_topk(logits, self.bias, TOP_K, 1, 1, True, SCALE)
+        return x, ids, w, logits
+
+
+def check(p: Problem, tiles: MoeTiles) -> dict[str, Any]:
+    """Accuracy against the float32 reference and bitwise batch invariance for one tiling."""
+    x, ids, w, _ = p.tokens(256)
+    out = moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles)
+    ref = reference_moe.moe_experts(x.float(), ids, w, p.wgu.float(), p.wd.float())
+    rel = float((out.double() - ref.double()).norm() / ref.double().norm())
+    invariant = all(torch.equal(moe.fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], p.wgu, p.wd, tiles=tiles),
+                                out[i:i + 1]) for i in (0, 97, 255))
+    return {"rel_err_vs_fp32": rel, "token_alone_bitwise": invariant}
+
+
+def measure(p: Problem, tiles: MoeTiles, t: int, bw: float, flops: float) -> dict[str, Any]:
+    x, ids, w, logits = p.tokens(t)
+    ms = median_ms(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles))
+    touched = int(torch.unique(ids).numel())
+    weight_bytes = touched * 3 * HIDDEN * INTER * 2
+    fl = 2 * t * TOP_K * 3 * HIDDEN * INTER
+    row: dict[str, Any] = {"tiles": asdict(tiles), "tokens": t, "ms": ms, "experts_touched": touched,
+                           "TFLOPs": fl / (ms * 1e-3) / 1e12, "of_matmul_rate": fl / (ms * 1e-3) / flops,
+                           "weight_GBs": weight_bytes / (ms * 1e-3) / 1e9,
+                           "weight_of_copy_bw": weight_bytes / (ms * 1e-3) / bw}
+    if t in DECODE:
+        gms = graph_ms(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles))
+        row.update(graph_ms=gms, graph_weight_GBs=weight_bytes / (gms * 1e-3) / 1e9,
+                   graph_weight_of_copy_bw=weight_bytes / (gms * 1e-3) / bw)
+        row["routing_graph_ms"] = graph_ms(lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE))
+    else:
+        row["routing_ms"] = median_ms(lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE))
+    row["align_ms"] = median_ms(lambda: moe.align_to_experts(ids, EXPERTS, tiles.block_m))
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| tiles (m, n, k, warps, stages) | T | ms | graph ms | TFLOP/s (of matmul) | weights GB/s (of copy bw) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['tiles']} | {r.get('tokens', '')} | error: {r['error'][:60]} | | | |")
+            continue
+        c = r["tiles"]
+        tiles = f"{c['block_m']}, {c['block_n']}, {c['block_k']}, {c['num_warps']}, {c['num_stages']}"
+        gms = f"{r['graph_ms']:.3f}" if "graph_ms" in r else ""
+        gbs = r.get("graph_weight_GBs", r["weight_GBs"])
+        frac = r.get("graph_weight_of_copy_bw", r["weight_of_copy_bw"])
+        lines.append(f"| {tiles} | {r['tokens']} | {r['ms']:.3f} | {gms} | {r['TFLOPs']:.0f} "
+                     f"({100 * r['of_matmul_rate']:.0f}%) | {gbs:.0f} ({100 * frac:.0f}%) |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for moe-<date>.json")
+    ap.add_argument("--sweep", action="store_true", help="also time the other tilings of SWEEP")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = (os.environ.get("BENCH_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                               text=True).stdout.strip() or None)
+    bw, flops = ceilings()
+    print(f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
+          f"bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
+    record: dict[str, Any] = {"workload": "kernel-moe", "gpu": torch.cuda.get_device_name(), "commit": commit,
+                              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "batch_invariant": True,
+                              "torch": torch.__version__, "copy_bandwidth_Bps": bw, "bf16_matmul_flops": flops,
+                              "shape": {"hidden": HIDDEN, "intermediate": INTER, "experts": EXPERTS, "top_k": TOP_K},
+                              "checks": [], "rows": []}
+    path = out / f"moe-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    p = Problem()
+    for tiles in TILINGS + (SWEEP if args.sweep else []):
+        try:
+            record["checks"].append({"tiles": asdict(tiles), **check(p, tiles)})
+            print(json.dumps(record["checks"][-1]), flush=True)
+            for t in DECODE + PREFILL:
+                record["rows"].append(measure(p, tiles, t, bw, flops))
+                print(json.dumps(record["rows"][-1]), flush=True)
+        except Exception as exc:  # a tiling that does not compile or fit must not stop the sweep
+            record["rows"].append({"tiles": asdict(tiles), "error": f"{type(exc).__name__}: {exc}"[:1500]})
+            print(record["rows"][-1]["error"], flush=True)
+        path.write_text(json.dumps(record, indent=2))
+    print()
+    print(table(record["rows"]))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
