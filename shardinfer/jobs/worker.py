@@ -62,4 +62,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything this worker committed is already durable. Skip interpreter teardown: a reader or
+    # writer thread still inside native code (pyarrow, duckdb, torch) when a stopped worker
+    # finalizes can abort the process (SIGABRT), which the parent would report as a crash.
+    os._exit(code)
