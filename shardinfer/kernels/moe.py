@@ -207,6 +207,10 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     out = torch.empty_like(x)
     if t == 0 or top_k == 0:
         return out.zero_()
+    if x.data_ptr() % 16:
+        # Triton compiles a variant per pointer alignment; one alignment keeps every call on the
+        # same machine code (the copy changes no value).
+        x = x.clone()
     sorted_slots, block_expert = align_to_experts(topk_ids, n_experts, cfg.block_m)
     n_tiles = block_expert.shape[0]
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
