@@ -3,8 +3,8 @@
     x [T, H]; topk_ids [T, k]; topk_weights [T, k] float32
     w_gate_up [E, 2I, H] ([gate | up] rows per expert); w_down [E, H, I]
 
-1. align (torch ops, no host sync, no data-dependent shape): the T*k (token, slot) pairs are
-   sorted by expert and each expert's run is padded to a multiple of BLOCK_M, so every tile of
+1. align (torch ops, no host sync, no data-dependent shape, no sort): the T*k (token, slot)
+   pairs are grouped by expert and each expert's run is padded to a multiple of BLOCK_M, so every tile of
    BLOCK_M rows belongs to one expert. Padding rows hold -1. The buffer has the worst-case size
    T*k + E*(BLOCK_M - 1) (rounded up to whole tiles), computed from shapes alone, and tiles past
    the last expert's are marked with expert id E and exit at once. So the launch grids depend
@@ -146,24 +146,23 @@ def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int = DEFA
 
     Slots (t * k + j) are grouped by expert in increasing slot order; each expert's group starts
     at a multiple of block_m. P = padded_slots(...) is a static bound. Every op here keeps
-    shapes fixed and avoids host syncs (torch.bincount would read the max id back to the host,
-    so the counts come from a scatter-add; integer adds give the same sum in any order).
+    shapes fixed and reads nothing back to the host, so it can be captured in a CUDA graph: a
+    slot's rank within its expert is a running count over a [T*k, E] one-hot (no sort: CUB's
+    stable and segmented sorts are not capturable at every size; torch.bincount and one_hot
+    read the largest id back to the host). Integer sums are exact in any order.
     """
     flat = topk_ids.reshape(-1).long()
     n_slots = flat.numel()
     device = flat.device
-    counts = torch.zeros(n_experts, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    hits = (flat[:, None] == torch.arange(n_experts, device=device)[None, :]).to(torch.int32)  # [T*k, E]
+    rank = hits.cumsum(0, dtype=torch.int32).gather(1, flat[:, None]).squeeze(1) - 1  # earlier slots, same expert
+    counts = hits.sum(0, dtype=torch.int64)
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
-    order = torch.argsort(flat, stable=True)  # stable: a slot's rank within its expert is its slot order
-    first_of_expert = torch.cumsum(counts, 0) - counts
-    sorted_experts = flat[order]
-    rank = torch.arange(n_slots, device=device) - first_of_expert[sorted_experts]
     total = padded_slots(n_slots, n_experts, block_m)
     sorted_slots = torch.full((total,), -1, dtype=torch.int32, device=device)
-    sorted_slots.scatter_(0, starts[sorted_experts] + rank, order.to(torch.int32))
+    sorted_slots.scatter_(0, starts[flat] + rank, torch.arange(n_slots, dtype=torch.int32, device=device))
     tile_starts = torch.arange(0, total, block_m, device=device)
     block_expert = torch.searchsorted(ends, tile_starts, right=True).to(torch.int32)
     return sorted_slots, block_expert
