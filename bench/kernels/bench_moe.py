@@ -154,6 +154,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    except OSError:  # no git on the machine
+        return None
+    return done.stdout.strip() or None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for moe-<date>.json")
@@ -161,8 +169,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = (os.environ.get("BENCH_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                               text=True).stdout.strip() or None)
+    commit = os.environ.get("BENCH_COMMIT") or _git_commit()
     bw, flops = ceilings()
     print(f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
           f"bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
