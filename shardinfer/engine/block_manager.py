@@ -132,7 +132,8 @@ class BlockManager:
         """Give every newly completed full block its chained hash so later requests can reuse it."""
         if not self.enable_prefix_caching:
             return
-        full = num_computed_tokens // self.block_size
+        # A block holding a token still being sampled cannot be hashed yet; it is caught up later.
+        full = min(num_computed_tokens, request.num_resolved_tokens) // self.block_size
         if full <= len(request.block_hashes):
             return
         parent = request.block_hashes[-1] if request.block_hashes else HASH_SEED

@@ -28,7 +28,8 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.85
     admission_batch: int | None = None  # free slots needed to admit while decoding (None: max_num_seqs/8 on cuda)
-    enforce_eager: bool = False  # True: no CUDA graphs for decode steps
+    enforce_eager: bool = False
+    async_scheduling: bool | None = None  # overlap host work with the device (None: on for cuda)  # True: no CUDA graphs for decode steps
     seed: int = 0  # seed for requests that give none (0 = draw one at random per request)
 
     def __post_init__(self) -> None:

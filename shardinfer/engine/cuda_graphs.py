@@ -41,12 +41,18 @@ class DecodeGraphs:
         self.batch_invariant = batch_invariant
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        # Host staging in pinned memory: one copy per buffer per step.
-        self._host_ids = torch.zeros(b_max, dtype=torch.int64).pin_memory()
-        self._host_pos = torch.zeros(b_max, dtype=torch.int64).pin_memory()
-        self._host_slots = torch.zeros(b_max, dtype=torch.int64).pin_memory()
-        self._host_lens = torch.zeros(b_max, dtype=torch.int32).pin_memory()
-        self._host_tables = torch.zeros(b_max, self.max_blocks, dtype=torch.int32).pin_memory()
+        # Host staging in pinned memory, two sets used in turn: with asynchronous scheduling the
+        # copy out of one set may still be queued behind the running step while the next step
+        # fills the other. (A set is reused only after the step that read it has completed.)
+        self._staging = [self._new_staging(b_max) for _ in range(2)]
+        self._turn = 0
+
+    def _new_staging(self, b_max: int) -> dict[str, torch.Tensor]:
+        return {"ids": torch.zeros(b_max, dtype=torch.int64).pin_memory(),
+                "pos": torch.zeros(b_max, dtype=torch.int64).pin_memory(),
+                "slots": torch.zeros(b_max, dtype=torch.int64).pin_memory(),
+                "lens": torch.zeros(b_max, dtype=torch.int32).pin_memory(),
+                "tables": torch.zeros(b_max, self.max_blocks, dtype=torch.int32).pin_memory()}
 
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.sizes[-1]
@@ -77,24 +83,28 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
-    def run(self, host: Any) -> torch.Tensor:
+    def run(self, host: Any, fixup: Any = None) -> torch.Tensor:
         n = len(host.seq_lens)
         b = next(s for s in self.sizes if s >= n)
         width = host.block_tables.shape[1]
-        self._host_ids[:n] = torch.from_numpy(host.input_ids)
-        self._host_pos[:n] = torch.from_numpy(host.positions)
-        self._host_slots[:n] = torch.from_numpy(host.slot_mapping)
-        self._host_lens[:n] = torch.from_numpy(host.seq_lens)
-        self._host_tables[:n, :width] = torch.from_numpy(np.maximum(host.block_tables, 0))
+        st = self._staging[self._turn]
+        self._turn ^= 1
+        st["ids"][:n] = torch.from_numpy(host.input_ids)
+        st["pos"][:n] = torch.from_numpy(host.positions)
+        st["slots"][:n] = torch.from_numpy(host.slot_mapping)
+        st["lens"][:n] = torch.from_numpy(host.seq_lens)
+        st["tables"][:n, :width] = torch.from_numpy(np.maximum(host.block_tables, 0))
         # Padding rows: skip the KV store, attend to one (ignored) key in block 0.
-        self._host_slots[n:b] = -1
-        self._host_lens[n:b] = 1
-        self._host_ids[n:b] = 0
-        self._host_pos[n:b] = 0
-        self.input_ids[:b].copy_(self._host_ids[:b], non_blocking=True)
-        self.positions[:b].copy_(self._host_pos[:b], non_blocking=True)
-        self.slot_mapping[:b].copy_(self._host_slots[:b], non_blocking=True)
-        self.seq_lens[:b].copy_(self._host_lens[:b], non_blocking=True)
-        self.block_tables[:b, :width].copy_(self._host_tables[:b, :width], non_blocking=True)
+        st["slots"][n:b] = -1
+        st["lens"][n:b] = 1
+        st["ids"][n:b] = 0
+        st["pos"][n:b] = 0
+        self.input_ids[:b].copy_(st["ids"][:b], non_blocking=True)
+        self.positions[:b].copy_(st["pos"][:b], non_blocking=True)
+        self.slot_mapping[:b].copy_(st["slots"][:b], non_blocking=True)
+        self.seq_lens[:b].copy_(st["lens"][:b], non_blocking=True)
+        self.block_tables[:b, :width].copy_(st["tables"][:b, :width], non_blocking=True)
+        if fixup is not None:
+            fixup.apply(self.input_ids)
         self.graphs[b].replay()
         return self.outputs[b][:n]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +18,33 @@ import torch
 from shardinfer.engine.block_manager import BlockManager
 from shardinfer.engine.config import EngineConfig
 from shardinfer.engine.kv_cache import allocate_kv_caches, bytes_per_block, kv_budget_bytes
-from shardinfer.engine.model_runner import ModelRunner
+from shardinfer.engine.model_runner import InputFixup, ModelRunner
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.registry import load_model
 from shardinfer.engine.outputs import CompletionOutput, RequestOutput
-from shardinfer.engine.request import Request, RequestStatus
-from shardinfer.engine.sampler import GrammarMasks, SamplingRow, sample, top_k_logprobs
+from shardinfer.engine.request import PLACEHOLDER, Request, RequestStatus
+from shardinfer.engine.sampler import (
+    DeviceSample,
+    GrammarMasks,
+    SamplingRow,
+    sample_on_device,
+    top_k_logprobs,
+)
 from shardinfer.engine.sampling_params import SamplingParams
-from shardinfer.engine.scheduler import Scheduler
+from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 from shardinfer.engine.stop_checker import check_stop
 from shardinfer.engine.tokenizer import Tokenizer
+
+
+@dataclass
+class PendingStep:
+    """A launched step whose sampled tokens are still on the device."""
+
+    requests: list[Request]  # the requests that sampled a token, in sampling-row order
+    output_slots: list[int]  # where each one's placeholder sits in its output_token_ids
+    sampled: DeviceSample | None
+    prompt_logits: dict[str, tuple[int, torch.Tensor]]
 
 
 class LLMEngine:
@@ -75,6 +92,9 @@ class LLMEngine:
             graphs.capture()
         self.runner = ModelRunner(self.model, self.kv_caches, cfg.block_size, self.device, cfg.batch_invariant,
                                   graphs)
+        self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
+                                 else self.device.type == "cuda")
+        self._pending: PendingStep | None = None
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0,
@@ -139,6 +159,9 @@ class LLMEngine:
             return None
         self.scheduler.finish(req)
         req.finish(RequestStatus.FINISHED_ABORTED)
+        if req.num_placeholders:  # tokens still being sampled are dropped with the request
+            del req.output_token_ids[req.num_output_tokens - req.num_placeholders :]
+            req.num_placeholders = 0
         req.output_text = self.tokenizer.decode(req.output_token_ids, req.params.skip_special_tokens)
         return self._output(req)
 
@@ -151,28 +174,117 @@ class LLMEngine:
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; return the requests that finished.
+
+        With asynchronous scheduling, step N is launched on the device before step N-1's
+        sampled tokens are read back, so the host's bookkeeping of N-1 (and the scheduling and
+        batch building of N) overlaps the device's work. Steps that need the previous tokens on
+        the host first (grammar masks, penalties, prompt logprobs) wait for them.
+        """
         batch = self.scheduler.schedule()
+        finished: list[RequestOutput] = []
+        if self._pending is not None and (not self.async_scheduling or self._needs_host_tokens(batch)):
+            finished += self._complete(self._pending)
+            self._pending = None
+            if batch.requests and any(r.finishing or r.status.finished for r in batch.requests):
+                batch = self._reschedule(batch)
         if not batch.requests:
-            if self.scheduler.has_unfinished():
+            if self._pending is not None:
+                finished += self._complete(self._pending)
+                self._pending = None
+            elif self.scheduler.has_unfinished() and not finished:
                 raise RuntimeError("no request could be scheduled although some are waiting: the KV cache is "
                                    "too small for one request; raise the KV budget or lower max_model_len")
-            return []
+            return finished
+        launched = self._launch(batch)
+        if self._pending is not None:
+            finished += self._complete(self._pending)
+        if self.async_scheduling:
+            self._pending = launched
+        else:
+            self._pending = None
+            finished += self._complete(launched)
+        return finished
+
+    def _reschedule(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """Drop requests that finished (or will) while the batch was being planned.
+
+        Only reached when a step had to wait for the previous one; their blocks stay allocated
+        until retirement, so the batch shrinks but stays valid."""
+        keep = ScheduledBatch(preempted=batch.preempted)
+        for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+            if not (req.finishing or req.status.finished):
+                keep.requests.append(req)
+                keep.num_new_tokens.append(n)
+        return keep
+
+    def _needs_host_tokens(self, batch: ScheduledBatch) -> bool:
+        for req in batch.requests:
+            p = req.params
+            if (req.grammar is not None or p.prompt_logprobs is not None or p.repetition_penalty != 1.0
+                    or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
+                return True
+        return False
+
+    def _launch(self, batch: ScheduledBatch) -> PendingStep:
         for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
             if req.num_computed_tokens < req.num_prompt_tokens:
                 self.counters["prompt_tokens"] += min(n, req.num_prompt_tokens - req.num_computed_tokens)
-        step_logits = self.runner.execute(batch)
+        fixup = self._input_fixup(batch)
+        step_logits = self.runner.execute(batch, fixup)
         self.scheduler.after_step(batch)
         self.counters["steps"] += 1
-        for request_id, (first, logits) in step_logits.prompt_logits.items():
-            self._record_prompt_logprobs(self.requests[request_id], first, logits)
+        reqs = step_logits.sample_requests
+        sampled = None
+        slots: list[int] = []
+        if reqs:
+            rows = [self._sampling_row(r) for r in reqs]
+            sampled = sample_on_device(step_logits.sample_logits, rows, self._grammar_masks(reqs))
+            sampled.stage()
+            for i, req in enumerate(reqs):
+                req.output_token_ids.append(PLACEHOLDER)
+                req.num_placeholders += 1
+                req.sample_slot = i
+                slots.append(req.num_output_tokens - 1)
+                if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+                    req.finishing = True
+        return PendingStep(reqs, slots, sampled, step_logits.prompt_logits)
+
+    def _input_fixup(self, batch: ScheduledBatch) -> InputFixup | None:
+        """Inputs that are the previous step's sampled tokens, not yet known on the host."""
+        if self._pending is None or self._pending.sampled is None:
+            return None
+        rows: list[int] = []
+        index: list[int] = []
+        offset = 0
+        for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+            offset += n
+            if req.num_placeholders and req.num_computed_tokens + n == req.num_tokens:
+                rows.append(offset - 1)
+                index.append(req.sample_slot)
+        return InputFixup(rows, index, self._pending.sampled.tokens) if rows else None
+
+    def _complete(self, step: PendingStep) -> list[RequestOutput]:
+        """Read a launched step's results back (its only host sync) and do the bookkeeping."""
+        for request_id, (first, logits) in step.prompt_logits.items():
+            req = self.requests.get(request_id)
+            if req is not None:
+                self._record_prompt_logprobs(req, first, logits)
+        if step.sampled is None:
+            return []
+        result = step.sampled.result()
         finished: list[RequestOutput] = []
-        if step_logits.sample_requests:
-            rows = [self._sampling_row(r) for r in step_logits.sample_requests]
-            result = sample(step_logits.sample_logits, rows, self._grammar_masks(step_logits.sample_requests))
-            for i, req in enumerate(step_logits.sample_requests):
-                self._append_token(req, result.token_ids[i], result.logprobs[i], result.top_logprobs[i])
-                if req.status.finished:
-                    finished.append(self._retire(req))
+        for i, req in enumerate(step.requests):
+            if req.status.finished or self.requests.get(req.request_id) is not req:
+                continue  # aborted, or finished by an earlier token while this one was in flight
+            slot = step.output_slots[i]
+            req.output_token_ids[slot] = result.token_ids[i]
+            req.num_placeholders -= 1
+            self._accept_token(req, slot, result.logprobs[i], result.top_logprobs[i])
+            if req.status.finished:
+                finished.append(self._retire(req))
+            else:
+                self.block_manager.register_full_blocks(req, req.num_computed_tokens)
         return finished
 
     def _sampling_row(self, req: Request) -> SamplingRow:
@@ -205,9 +317,9 @@ class LLMEngine:
             req.prompt_logprobs.append(v)
             req.prompt_top_logprobs.append(top_k_logprobs(lps[i], k) if k else None)
 
-    def _append_token(self, req: Request, token: int, logprob: float,
-                      top: list[tuple[int, float]] | None) -> None:
-        req.output_token_ids.append(token)
+    def _accept_token(self, req: Request, slot: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
+        """Output token `slot` is now known: record it, advance the grammar, check for a stop."""
+        token = req.output_token_ids[slot]
         req.output_logprobs.append(logprob)
         if top is not None:
             req.output_top_logprobs.append(top)
@@ -217,12 +329,17 @@ class LLMEngine:
                 req.grammar.accept(token)
             except RuntimeError as exc:  # the mask should make this impossible; fail the request, not the step
                 req.error = f"structured output: {exc}"
-                req.output_text = self.tokenizer.decode(req.output_token_ids[:-1], req.params.skip_special_tokens)
+                req.output_text = self.tokenizer.decode(req.output_token_ids[:slot], req.params.skip_special_tokens)
+                del req.output_token_ids[slot + 1 :]
+                req.num_placeholders = 0
                 req.finish(RequestStatus.FINISHED_ERROR)
                 return
-        status, reason, text = check_stop(req, self.tokenizer, self.max_model_len)
+        status, reason, text = check_stop(req, self.tokenizer, self.max_model_len, slot + 1)
         req.output_text = text
         if status is not None:
+            # Tokens launched after this one (asynchronous scheduling) are discarded.
+            del req.output_token_ids[slot + 1 :]
+            req.num_placeholders = 0
             req.finish(status, reason)
 
     def _retire(self, req: Request) -> RequestOutput:

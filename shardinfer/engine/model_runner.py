@@ -28,6 +28,22 @@ class StepLogits:
 
 
 @dataclass
+class InputFixup:
+    """Input tokens whose values are still on the device (asynchronous scheduling): flat input
+    rows `rows` take the previous step's sampled tokens `source[index]`."""
+
+    rows: list[int]
+    index: list[int]
+    source: torch.Tensor
+
+    def apply(self, input_ids: torch.Tensor) -> None:
+        dev = input_ids.device
+        rows = torch.tensor(self.rows, dtype=torch.long).to(dev, non_blocking=True)
+        index = torch.tensor(self.index, dtype=torch.long).to(dev, non_blocking=True)
+        input_ids[rows] = self.source[index]
+
+
+@dataclass
 class HostBatch:
     """A step's flat inputs as host arrays (numpy), before they move to the device."""
 
@@ -103,14 +119,16 @@ class ModelRunner:
                    for r, n in zip(batch.requests, batch.num_new_tokens, strict=True))
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> StepLogits:
+    def execute(self, batch: ScheduledBatch, fixup: InputFixup | None = None) -> StepLogits:
         if self.graphs is not None and self._is_pure_decode(batch) and self.graphs.fits(len(batch)):
             host = build_host_batch(batch, self.block_size)
-            logits = self.graphs.run(host)
+            logits = self.graphs.run(host, fixup)
             self.last_step_graphed = True
             return StepLogits(list(batch.requests), logits, {})
         self.last_step_graphed = False
         input_ids, positions, ctx = self._prepare(batch)
+        if fixup is not None:
+            fixup.apply(input_ids)
         hidden = self.model(input_ids, positions, ctx)
         sample_rows: list[int] = []
         sample_reqs: list[Request] = []

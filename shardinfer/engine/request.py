@@ -12,6 +12,8 @@ from typing import Any
 
 from shardinfer.engine.sampling_params import SamplingParams
 
+PLACEHOLDER = -1  # an output token still being sampled on the device
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # not yet admitted, or preempted (its KV was freed; recompute)
@@ -50,6 +52,11 @@ class Request:
     output_text: str = ""
     error: str | None = None
     grammar: Any = None  # a structured-output matcher, when so_args is set
+    # Asynchronous scheduling: a sampled token whose value is still on the device sits in
+    # output_token_ids as PLACEHOLDER until the step completes; the next step reads it there.
+    num_placeholders: int = 0
+    sample_slot: int = -1  # this request's row in the newest launched step's sampled tokens
+    finishing: bool = False  # its last launched token reaches max_tokens: schedule it no more
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -71,6 +78,11 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def num_resolved_tokens(self) -> int:
+        """Tokens whose values the host knows (all but pending placeholders)."""
+        return self.num_tokens - self.num_placeholders
 
     @property
     def num_output_tokens(self) -> int:

@@ -65,8 +65,56 @@ def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     return logits
 
 
+class DeviceSample:
+    """A step's sampled tokens and logprobs, still on the device.
+
+    stage() queues their copy into pinned host memory and records an event, without waiting;
+    result() waits for that event only, so the device can already be running the next step.
+    """
+
+    def __init__(self, tokens: torch.Tensor, logprobs: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None,
+                 top_k: list[int]) -> None:
+        self.tokens = tokens  # [S] int64, on the logits' device (the next step may read it there)
+        self.logprobs = logprobs
+        self.top = top
+        self.top_k = top_k
+        self._host: list[torch.Tensor] | None = None
+        self._event: torch.cuda.Event | None = None
+
+    def stage(self) -> None:
+        parts = [self.tokens, self.logprobs, *(self.top or ())]
+        if not self.tokens.is_cuda:
+            self._host = parts
+            return
+        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                      for t in parts]
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def result(self) -> SampleResult:
+        if self._host is None:
+            self.stage()
+        if self._event is not None:
+            self._event.synchronize()
+        assert self._host is not None
+        tokens, lps = self._host[0].tolist(), self._host[1].tolist()
+        tops: list[list[tuple[int, float]] | None] = [None] * len(tokens)
+        if self.top is not None:
+            top_vals, top_ids = self._host[2].tolist(), self._host[3].tolist()
+            for i, k in enumerate(self.top_k):
+                if k:
+                    tops[i] = list(zip(top_ids[i][:k], top_vals[i][:k], strict=True))
+        return SampleResult(tokens, lps, tops)
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None) -> SampleResult:
-    """logits [B, V] float32, one row per sampling request.
+    """Choose and read back in one call (see sample_on_device)."""
+    return sample_on_device(logits, rows, grammar).result()
+
+
+def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
+                     grammar: GrammarMasks | None = None) -> DeviceSample:
+    """logits [B, V] float32, one row per sampling request; nothing waits for the device.
 
     Per-row processing (penalties, masks) touches only the rows that ask for it; the choice
     itself is one batched call: the Triton kernel on CUDA, the reference on CPU (same sets, same
@@ -102,16 +150,9 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks 
     noise = None if x.is_cuda else gumbel_noise(seeds, positions, x.shape[-1])
     chosen = ops.sample(x, temperature, top_k, top_p, min_p, seeds, positions, noise).to(dev)
     lps = logprobs_all.gather(1, chosen.view(-1, 1)).view(-1)
-    tops: list[list[tuple[int, float]] | None] = [None] * len(rows)
-    k_max = max((r.params.logprobs or 0) for r in rows)
-    if k_max:
-        top_vals, top_ids = torch.topk(logprobs_all, k_max, dim=-1)
-        top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
-        for i, r in enumerate(rows):
-            k = r.params.logprobs or 0
-            if k:
-                tops[i] = list(zip(top_ids_l[i][:k], top_vals_l[i][:k], strict=True))
-    return SampleResult(chosen.tolist(), lps.tolist(), tops)
+    k_per_row = [r.params.logprobs or 0 for r in rows]
+    top = torch.topk(logprobs_all, max(k_per_row), dim=-1) if max(k_per_row) else None
+    return DeviceSample(chosen, lps, (top.values, top.indices) if top is not None else None, k_per_row)
 
 
 def _needs_processing(row: SamplingRow) -> bool:

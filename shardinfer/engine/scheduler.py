@@ -64,7 +64,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if n <= 0:  # cannot happen for a running request between steps; skip defensively
+            if n <= 0 or req.finishing:  # finishing: its last token is in flight; nothing more to compute
                 i += 1
                 continue
             while not self.blocks.can_allocate(req, req.num_computed_tokens + n):

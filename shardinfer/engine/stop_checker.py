@@ -11,18 +11,21 @@ from shardinfer.engine.request import Request, RequestStatus
 from shardinfer.engine.tokenizer import Tokenizer
 
 
-def check_stop(req: Request, tokenizer: Tokenizer,
-               max_model_len: int) -> tuple[RequestStatus | None, str | int | None, str]:
+def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
+               n_out: int | None = None) -> tuple[RequestStatus | None, str | int | None, str]:
+    """Judge the request after its output token n_out - 1 (default: its last token)."""
     p = req.params
-    token = req.output_token_ids[-1]
-    n_out = req.num_output_tokens
+    n_out = req.num_output_tokens if n_out is None else n_out
+    outputs = req.output_token_ids[:n_out]
+    token = outputs[-1]
     may_stop = n_out >= p.min_tokens
     if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in tokenizer.eos_token_ids)):
-        text = tokenizer.decode(req.output_token_ids[:-1], p.skip_special_tokens)
+        text = tokenizer.decode(outputs[:-1], p.skip_special_tokens)
         return RequestStatus.FINISHED_STOPPED, token, text
-    if not p.stop and req.grammar is None and n_out < req.max_tokens and req.num_tokens < max_model_len:
+    total = req.num_prompt_tokens + n_out
+    if not p.stop and req.grammar is None and n_out < req.max_tokens and total < max_model_len:
         return None, None, ""  # nothing needs the text yet: decode once, at the end
-    text = tokenizer.decode(req.output_token_ids, p.skip_special_tokens)
+    text = tokenizer.decode(outputs, p.skip_special_tokens)
     if may_stop and p.stop:
         # Only a match that ends in the newest token's text is new; earlier text was checked before.
         window_start = max(0, len(req.output_text) - max(len(s) for s in p.stop))
@@ -37,6 +40,6 @@ def check_stop(req: Request, tokenizer: Tokenizer,
             return RequestStatus.FINISHED_STOPPED, s, text[:cut]
     if req.grammar is not None and req.grammar.is_finished():
         return RequestStatus.FINISHED_STOPPED, None, text
-    if n_out >= req.max_tokens or req.num_tokens >= max_model_len:
+    if n_out >= req.max_tokens or total >= max_model_len:
         return RequestStatus.FINISHED_LENGTH, None, text
     return None, None, text
