@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, SystemExit):
             return int(exc.code or 0)
         message = str(exc) if isinstance(exc, JobError) or code != 1 else f"{type(exc).__name__}: {exc}"
+        if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            message = (f"object storage credentials not found ({exc}): set them in the environment "
+                       "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile) or in "
+                       "input.storage_options / output.storage_options")
         reporter.error(message, exit_code=code)
         if code == 1 and reporter.verbose:
             import traceback

@@ -85,6 +85,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_RETRYABLE
     if "ModelLoadError" in names:
         return EXIT_CONFIG
+    if names & {"NoCredentialsError", "PartialCredentialsError", "PermissionError"}:
+        return EXIT_CONFIG  # storage credentials or permissions: a person must fix the setup
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_RETRYABLE
     return EXIT_FAILURE
