@@ -72,6 +72,11 @@ class LLMEngine:
             num_blocks = cfg.num_kv_blocks
         else:
             num_blocks = kv_budget_bytes(self.device, cfg.kv_cache_memory_bytes, cfg.gpu_memory_utilization) // per_block
+            if self.device.type == "cpu" and cfg.kv_cache_memory_bytes is None:
+                # Host memory is shared with the data pipeline: by default hold what max_num_seqs full-length
+                # sequences need (plus as much again for cached prefixes), not the whole default budget.
+                need = 2 * cfg.max_num_seqs * -(-limit // cfg.block_size)
+                num_blocks = min(num_blocks, need)
         if num_blocks < 2:
             raise ValueError(f"the KV cache budget holds {num_blocks} block(s) of {per_block} bytes: "
                              "raise kv_cache_memory_bytes / gpu_memory_utilization")
