@@ -56,6 +56,20 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
     llm.generate([r[0] for r in reqs[:4]], warm)
     for i, ((ids, _), p) in enumerate(zip(reqs, params, strict=True)):
         engine.add_request(f"r{i}", ids, p)
+    # GPU idle time between steps: an event before and after each launch; the device time from one
+    # step's end event to the next step's start event is time it waited for the host.
+    marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    launch = engine._launch
+
+    def timed_launch(batch: Any) -> Any:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        pending = launch(batch)
+        end.record()
+        marks.append((start, end))
+        return pending
+
+    engine._launch = timed_launch  # type: ignore[method-assign]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     out_tokens = 0
@@ -77,11 +91,14 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
             eager_s, eager_n = eager_s + step_s, eager_n + 1
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    engine._launch = launch  # type: ignore[method-assign]
+    idle_ms = sum(max(0.0, marks[i][1].elapsed_time(marks[i + 1][0])) for i in range(len(marks) - 1))
     stats = engine.stats()
     return {"output_tok_s": out_tokens / wall, "wall_s": wall, "output_tokens": out_tokens,
             "steps": stats["steps"], "preemptions": stats["preemptions"],
             "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
-            "host_gap_s": wall - busy, "decode_steps": decode_steps,
+            "host_gap_s": wall - busy, "decode_steps": decode_steps, "gpu_idle_between_steps_s": idle_ms / 1e3,
+            "async_scheduling": engine.async_scheduling,
             "graphed_steps": graphed_n, "graphed_s": graphed_s, "eager_steps": eager_n, "eager_s": eager_s,
             "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
             "kv_bytes_per_token": sum(s.values_per_token for s in engine.model.kv_cache_specs()) * 2}
