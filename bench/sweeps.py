@@ -24,23 +24,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.throughput import copy_bandwidth
+from bench.gpu_timing import copy_bandwidth, matmul_rate
 from bench.workloads import SHAPES, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
-
-
-def matmul_rate() -> float:
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn_like(a)
-    for _ in range(3):
-        a @ b
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(10):
-        a @ b
-    e.record()
-    torch.cuda.synchronize()
-    return 2 * 8192**3 * 10 / (s.elapsed_time(e) / 1e3)
 
 
 def decode_point(llm: LLM, batch: int, vocab: int, bw: float) -> dict[str, Any]:

@@ -24,25 +24,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.gpu_timing import copy_bandwidth
 from bench.workloads import SHAPES, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s (bytes read + written)."""
-    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(10):
-        y.copy_(x)
-    e.record()
-    torch.cuda.synchronize()
-    bw = 2 * x.numel() * 10 / (s.elapsed_time(e) / 1e3)
-    del x, y
-    return bw
 
 
 def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,36 +27,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.gpu_timing import ceilings, median_ms
 from shardinfer.kernels import mla_decode, moe, reference_moe, rmsnorm, sampling
 from shardinfer.kernels import paged_attention as pa
 
 BF16 = torch.bfloat16
 
 
-def median_ms(fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def ceilings() -> tuple[float, float]:
-    """(copy bytes/s counting read + write, bf16 matmul FLOP/s) measured here."""
-    a = torch.randn(1 << 30, device="cuda", dtype=BF16)
-    b = torch.empty_like(a)
-    bw = 2 * a.numel() * 2 / (median_ms(lambda: b.copy_(a), reps=10) * 1e-3)
-    m = torch.randn(8192, 8192, device="cuda", dtype=BF16)
-    flops = 2 * 8192**3 / (median_ms(lambda: m @ m, reps=10) * 1e-3)
-    return bw, flops
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.gpu_timing import ceilings, median_ms
 from shardinfer.kernels import moe, moe_routing, reference_moe
 from shardinfer.kernels.moe import MoeTiles
 
@@ -49,30 +50,6 @@ SWEEP = [MoeTiles(64, 128, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3), MoeTiles(128
          MoeTiles(64, 128, 32, 4, 4)]
 
 
-def median_ms(fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def ceilings() -> tuple[float, float]:
-    """(copy bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
-    a = torch.randn(1 << 30, device="cuda", dtype=BF16)
-    b = torch.empty_like(a)
-    bw = 2 * a.numel() * 2 / (median_ms(lambda: b.copy_(a), reps=10) * 1e-3)
-    m = torch.randn(8192, 8192, device="cuda", dtype=BF16)
-    flops = 2 * 8192**3 / (median_ms(lambda: m @ m, reps=10) * 1e-3)
-    return bw, flops
 
 
 def graph_ms(fn: Callable[[], Any]) -> float:

@@ -1,0 +1,43 @@
+"""Timing helpers shared by the GPU benchmarks: CUDA-event medians and the device's ceilings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def median_ms(fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
+    """Median over `reps` runs of fn, timed with CUDA events after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
+    src = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / (median_ms(lambda: dst.copy_(src), reps=10) * 1e-3)
+
+
+def matmul_rate() -> float:
+    """bf16 8192^3 matmul rate in FLOP/s."""
+    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192**3 / (median_ms(lambda: m @ m, reps=10) * 1e-3)
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
+    return copy_bandwidth(), matmul_rate()
