@@ -23,6 +23,16 @@ def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
 
 
+def check_host_bitmask(bitmask: torch.Tensor, vocab_size: int) -> None:
+    """Raise ValueError unless bitmask is what llguidance can fill: contiguous CPU int32 [B, width]."""
+    width = bitmask_width(vocab_size)
+    if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[1] != width:
+        raise ValueError(f"bitmask must be int32 [batch, {width}] for vocab_size={vocab_size}, got "
+                         f"{bitmask.dtype} {tuple(bitmask.shape)}; use allocate_bitmask(batch, vocab_size)")
+    if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
+        raise ValueError("bitmask must be a contiguous CPU tensor (llguidance writes it from the CPU)")
+
+
 def allocate_bitmask(batch_size: int, vocab_size: int, pin_memory: bool = False) -> torch.Tensor:
     """A CPU int32 [batch_size, ceil(vocab_size / 32)] mask with every token allowed.
 

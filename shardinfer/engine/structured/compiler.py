@@ -29,7 +29,7 @@ from typing import Any
 import llguidance
 import torch
 
-from shardinfer.engine.structured.bitmask import bitmask_width
+from shardinfer.engine.structured.bitmask import check_host_bitmask
 from shardinfer.engine.structured.matcher import GrammarMatcher
 
 SCHEMA_TYPES = ("json", "regex", "ebnf", "lark")
@@ -223,12 +223,7 @@ class StructuredOutputCompiler:
                 entries, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
 
     def _check_bitmask(self, bitmask: torch.Tensor) -> None:
-        width = bitmask_width(self.vocab_size)
-        if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[1] != width:
-            raise ValueError(f"bitmask must be int32 [batch, {width}] for vocab_size={self.vocab_size}, got "
-                             f"{bitmask.dtype} {tuple(bitmask.shape)}; use allocate_bitmask(batch, vocab_size)")
-        if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
-            raise ValueError("bitmask must be a contiguous CPU tensor (llguidance writes it from the CPU)")
+        check_host_bitmask(bitmask, self.vocab_size)
 
     def _check_matcher(self, m: GrammarMatcher) -> None:
         if m.vocab_size != self.vocab_size:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import llguidance
 import torch
 
-from shardinfer.engine.structured.bitmask import bitmask_width, unpack_bitmask
+from shardinfer.engine.structured.bitmask import bitmask_width, check_host_bitmask, unpack_bitmask
 
 if TYPE_CHECKING:
     from shardinfer.engine.structured.compiler import CompiledGrammar
@@ -42,12 +42,7 @@ class GrammarMatcher:
     # ---- masks ---------------------------------------------------------------------------
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write this matcher's next-token mask into row `row` of an int32 [B, ceil(V/32)] CPU tensor."""
-        width = bitmask_width(self.vocab_size)
-        if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[1] != width:
-            raise ValueError(f"bitmask must be int32 [batch, {width}] for vocab_size={self.vocab_size}, got "
-                             f"{bitmask.dtype} {tuple(bitmask.shape)}; use allocate_bitmask(batch, vocab_size)")
-        if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
-            raise ValueError("bitmask must be a contiguous CPU tensor (llguidance writes it from the CPU)")
+        check_host_bitmask(bitmask, self.vocab_size)
         if not 0 <= row < bitmask.shape[0]:
             raise ValueError(f"row={row} is outside the bitmask's {bitmask.shape[0]} rows")
         self._check_usable()
