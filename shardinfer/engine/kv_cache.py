@@ -6,6 +6,8 @@ explicit byte budget or a fraction of the device's free memory.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from shardinfer.engine.models.base import KVLayerSpec
@@ -34,3 +36,20 @@ def allocate_kv_caches(specs: list[KVLayerSpec], num_blocks: int, block_size: in
                        device: torch.device) -> list[tuple[torch.Tensor, ...]]:
     return [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in s.entries)
             for s in specs]
+
+
+def plan_num_blocks(cfg: Any, specs: list[KVLayerSpec], device: torch.device, dtype: torch.dtype,
+                    max_model_len: int) -> int:
+    """How many KV blocks to allocate for an EngineConfig: explicit, or from the byte budget."""
+    if cfg.num_kv_blocks is not None:
+        return int(cfg.num_kv_blocks)
+    per_block = bytes_per_block(specs, cfg.block_size, dtype)
+    num_blocks = kv_budget_bytes(device, cfg.kv_cache_memory_bytes, cfg.gpu_memory_utilization) // per_block
+    if device.type == "cpu" and cfg.kv_cache_memory_bytes is None:
+        # Host memory is shared with the data pipeline: by default hold what max_num_seqs full-length
+        # sequences need (plus as much again for cached prefixes), not the whole default budget.
+        num_blocks = min(num_blocks, 2 * cfg.max_num_seqs * -(-max_model_len // cfg.block_size))
+    if num_blocks < 2:
+        raise ValueError(f"the KV cache budget holds {num_blocks} block(s) of {per_block} bytes: "
+                         "raise kv_cache_memory_bytes / gpu_memory_utilization")
+    return int(num_blocks)

@@ -1,8 +1,10 @@
 """The streaming engine: requests in with add_request(), one scheduled model step per step(),
 finished outputs out. The pipeline drives it directly; `LLM` wraps it for whole batches.
 
-    add_request -> Scheduler.waiting -> schedule() -> ModelRunner.execute() -> sample()
-                -> append token, check stops -> finished? -> RequestOutput
+    add_request -> Scheduler.waiting -> schedule() -> _launch: ModelRunner.execute() + sample on device
+                -> _complete: read tokens back, check stops -> finished? -> RequestOutput
+
+With asynchronous scheduling, step N's _launch happens before step N-1's _complete (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from shardinfer.engine.block_manager import BlockManager
 from shardinfer.engine.config import EngineConfig
-from shardinfer.engine.kv_cache import allocate_kv_caches, bytes_per_block, kv_budget_bytes
+from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
 from shardinfer.engine.model_runner import InputFixup, ModelRunner
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
@@ -67,19 +69,7 @@ class LLMEngine:
         self.numerics = Numerics(self.dtype, cfg.batch_invariant)
         self.model = load_model(self.model_dir, self.model_config, self.numerics, limit, self.device)
         specs = self.model.kv_cache_specs()
-        per_block = bytes_per_block(specs, cfg.block_size, self.dtype)
-        if cfg.num_kv_blocks is not None:
-            num_blocks = cfg.num_kv_blocks
-        else:
-            num_blocks = kv_budget_bytes(self.device, cfg.kv_cache_memory_bytes, cfg.gpu_memory_utilization) // per_block
-            if self.device.type == "cpu" and cfg.kv_cache_memory_bytes is None:
-                # Host memory is shared with the data pipeline: by default hold what max_num_seqs full-length
-                # sequences need (plus as much again for cached prefixes), not the whole default budget.
-                need = 2 * cfg.max_num_seqs * -(-limit // cfg.block_size)
-                num_blocks = min(num_blocks, need)
-        if num_blocks < 2:
-            raise ValueError(f"the KV cache budget holds {num_blocks} block(s) of {per_block} bytes: "
-                             "raise kv_cache_memory_bytes / gpu_memory_utilization")
+        num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, limit)
         # No request may need more blocks than exist, or preemption could never make room for it.
         self.max_model_len = min(limit, num_blocks * cfg.block_size)
         self.kv_caches = allocate_kv_caches(specs, num_blocks, cfg.block_size, self.dtype, self.device)
