@@ -224,3 +224,17 @@ def test_tma_tilings_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for cfg in (mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
                 mm.TileConfig(128, 64, 64, num_warps=8, num_stages=4, tma=True)):
         _check_invariant_and_accurate(x, w, b, monkeypatch, cfg)
+
+
+def test_mla_heads_matmul_matches_float64_and_is_row_invariant() -> None:
+    """The DeepSeek MLA per-head projection on the batch-invariant kernel (run here in the interpreter)."""
+    from shardinfer.engine.models.deepseek_mla import heads_matmul
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 3, 16, generator=g)
+    w = torch.randn(3, 16, 32, generator=g)
+    got = heads_matmul(x, w, w.transpose(1, 2).contiguous(), batch_invariant=True)
+    want = torch.einsum("thk,hkn->thn", x.double(), w.double())
+    assert (got.double() - want).abs().max().item() < 1e-4
+    alone = heads_matmul(x[5:6], w, w.transpose(1, 2).contiguous(), batch_invariant=True)
+    assert torch.equal(alone[0], got[5])

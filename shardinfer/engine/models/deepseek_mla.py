@@ -87,6 +87,9 @@ class DeepseekMLA(nn.Module):
         # Absorbed views of kv_b_proj, rebuilt by absorb_weights() after loading.
         self.register_buffer("w_uk", torch.empty(0), persistent=False)
         self.register_buffer("w_uv_t", torch.empty(0), persistent=False)
+        # The same per-head weights as [N, K] rows, the layout the Triton matmul takes (CUDA path).
+        self.register_buffer("w_uk_nk", torch.empty(0), persistent=False)
+        self.register_buffer("w_uv_nk", torch.empty(0), persistent=False)
 
     def absorb_weights(self) -> None:
         """Split kv_b_proj into W_UK [H, nope, R] and W_UV^T [H, R, v] for the absorbed form."""
@@ -94,6 +97,8 @@ class DeepseekMLA(nn.Module):
         w = self.kv_b_proj.weight.data.view(d.num_heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank)
         self.w_uk = w[:, : d.qk_nope_head_dim].contiguous()
         self.w_uv_t = w[:, d.qk_nope_head_dim :].transpose(1, 2).contiguous()
+        self.w_uk_nk = self.w_uk.transpose(1, 2).contiguous()
+        self.w_uv_nk = w[:, d.qk_nope_head_dim :].contiguous()
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return ops.rope_interleaved(x, cos, sin) if self.interleaved else ops.rope_neox(x, cos, sin)
@@ -112,10 +117,34 @@ class DeepseekMLA(nn.Module):
 
         (cache,) = ctx.kv_caches[self.layer_idx]
         ops.store_kv(cache, torch.cat([latent, k_pe.to(latent.dtype)], dim=-1), ctx.attn.slot_mapping)
-        q_latent = mla.mla_absorb_query(q_nope, self.w_uk, bi)
+        if q_nope.is_cuda:
+            q_latent = heads_matmul(q_nope, self.w_uk, self.w_uk_nk, bi)
+        else:
+            q_latent = mla.mla_absorb_query(q_nope, self.w_uk, bi)
         o_latent = _paged_mla(q_latent, q_pe, cache, ctx, self.scale, bi)
-        o = mla.mla_project_value(o_latent, self.w_uv_t, bi)
+        if o_latent.is_cuda:
+            o = heads_matmul(o_latent, self.w_uv_t, self.w_uv_nk, bi)
+        else:
+            o = mla.mla_project_value(o_latent, self.w_uv_t, bi)
         return self.o_proj(o.reshape(t, d.num_heads * d.v_head_dim))
+
+
+def heads_matmul(x: torch.Tensor, w: torch.Tensor, w_nk: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
+    """Per-head products x[:, h] @ w[h] on the GPU path: x [T, H, K], w [H, K, N], w_nk = w^T per head
+    [H, N, K] -> [T, H, N].
+
+    Batch invariant: one fixed-tile Triton matmul per head, which reads each head's weight once
+    (the CPU reference's row tiles would copy the weights once per tile). Otherwise cuBLAS's
+    batched GEMM.
+    """
+    if not batch_invariant:
+        return torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
+    from shardinfer.kernels.matmul import linear_batch_invariant
+
+    out = x.new_empty(x.shape[0], x.shape[1], w.shape[-1])
+    for h in range(x.shape[1]):
+        out[:, h] = linear_batch_invariant(x[:, h], w_nk[h])
+    return out
 
 
 def _paged_mla(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext,
