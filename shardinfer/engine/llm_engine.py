@@ -24,11 +24,13 @@ from shardinfer.engine.model_runner import InputFixup, ModelRunner
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.registry import load_model
+from shardinfer.engine.ngram_drafter import propose
 from shardinfer.engine.outputs import CompletionOutput, RequestOutput
 from shardinfer.engine.request import PLACEHOLDER, Request, RequestStatus
 from shardinfer.engine.sampler import (
     DeviceSample,
     GrammarMasks,
+    SampleResult,
     SamplingRow,
     sample_on_device,
     top_k_logprobs,
@@ -43,8 +45,9 @@ from shardinfer.engine.tokenizer import Tokenizer
 class PendingStep:
     """A launched step whose sampled tokens are still on the device."""
 
-    requests: list[Request]  # the requests that sampled a token, in sampling-row order
-    output_slots: list[int]  # where each one's placeholder sits in its output_token_ids
+    requests: list[Request]  # the requests that sampled, in sampling-row order
+    counts: list[int]  # sampling rows per request: 1, or 1 + its draft tokens
+    output_slots: list[int]  # where each one's placeholder sits in its output_token_ids (-1: drafts)
     sampled: DeviceSample | None
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
 
@@ -87,13 +90,14 @@ class LLMEngine:
             graphs.capture()
         self.runner = ModelRunner(self.model, self.kv_caches, cfg.block_size, self.device, cfg.batch_invariant,
                                   graphs)
+        # Drafting reads the newest token on the host, so speculative steps run synchronously.
         self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
-                                 else self.device.type == "cuda")
+                                 else self.device.type == "cuda" and not cfg.speculative_ngram_tokens)
         self._pending: PendingStep | None = None
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0,
-                         "finished_requests": 0}
+                         "finished_requests": 0, "draft_tokens": 0, "accepted_draft_tokens": 0}
         self._grammar_compiler: Any = None
 
     # -- requests -------------------------------------------------------------------------------
@@ -176,7 +180,11 @@ class LLMEngine:
         batch building of N) overlaps the device's work. Steps that need the previous tokens on
         the host first (grammar masks, penalties, prompt logprobs) wait for them.
         """
+        if self.config.speculative_ngram_tokens:
+            self._add_drafts()
         batch = self.scheduler.schedule()
+        if self.config.speculative_ngram_tokens:
+            self._trim_drafts(batch)
         finished: list[RequestOutput] = []
         if self._pending is not None and (not self.async_scheduling or self._needs_host_tokens(batch)):
             finished += self._complete(self._pending)
@@ -229,21 +237,31 @@ class LLMEngine:
         step_logits = self.runner.execute(batch, fixup)
         self.scheduler.after_step(batch)
         self.counters["steps"] += 1
-        reqs = step_logits.sample_requests
+        reqs, counts = step_logits.sample_requests, step_logits.sample_counts
         sampled = None
         slots: list[int] = []
         if reqs:
-            rows = [self._sampling_row(r) for r in reqs]
-            sampled = sample_on_device(step_logits.sample_logits, rows, self._grammar_masks(reqs))
+            rows: list[SamplingRow] = []
+            first_rows: list[int] = []
+            for req, count in zip(reqs, counts, strict=True):
+                first_rows.append(len(rows))
+                # Row j scores the token at position (tokens before the drafts) + j.
+                base = req.num_tokens - (count - 1)
+                rows.extend(self._sampling_row(req, base + j) for j in range(count))
+            grammar = self._grammar_masks([(r, first_rows[i]) for i, r in enumerate(reqs) if r.grammar is not None])
+            sampled = sample_on_device(step_logits.sample_logits, rows, grammar)
             sampled.stage()
-            for i, req in enumerate(reqs):
+            for i, (req, count) in enumerate(zip(reqs, counts, strict=True)):
+                if count > 1:  # drafts already hold this step's slots
+                    slots.append(-1)
+                    continue
                 req.output_token_ids.append(PLACEHOLDER)
                 req.num_placeholders += 1
-                req.sample_slot = i
+                req.sample_slot = first_rows[i]
                 slots.append(req.num_output_tokens - 1)
                 if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
                     req.finishing = True
-        return PendingStep(reqs, slots, sampled, step_logits.prompt_logits)
+        return PendingStep(reqs, counts, slots, sampled, step_logits.prompt_logits)
 
     def _input_fixup(self, batch: ScheduledBatch) -> InputFixup | None:
         """Inputs that are the previous step's sampled tokens, not yet known on the host."""
@@ -269,38 +287,96 @@ class LLMEngine:
             return []
         result = step.sampled.result()
         finished: list[RequestOutput] = []
+        row = 0
         for i, req in enumerate(step.requests):
+            first, row = row, row + step.counts[i]
             if req.status.finished or self.requests.get(req.request_id) is not req:
                 continue  # aborted, or finished by an earlier token while this one was in flight
             slot = step.output_slots[i]
-            req.output_token_ids[slot] = result.token_ids[i]
-            req.num_placeholders -= 1
-            self._accept_token(req, slot, result.logprobs[i], result.top_logprobs[i])
+            if slot < 0:
+                self._verify_drafts(req, result, first, step.counts[i] - 1)
+            else:
+                req.output_token_ids[slot] = result.token_ids[first]
+                req.num_placeholders -= 1
+                self._accept_token(req, slot, result.logprobs[first], result.top_logprobs[first])
             if req.status.finished:
                 finished.append(self._retire(req))
             else:
                 self.block_manager.register_full_blocks(req, req.num_computed_tokens)
         return finished
 
-    def _sampling_row(self, req: Request) -> SamplingRow:
+    # -- speculative decoding (prompt-lookup drafts) ------------------------------------------------
+    def _add_drafts(self) -> None:
+        """Append n-gram drafts to decoding requests whose next token's sampling depends on nothing
+        but (seed, position) and the logits."""
+        k_max = self.config.speculative_ngram_tokens
+        for req in self.scheduler.running:
+            p = req.params
+            if (req.num_placeholders or req.finishing or req.num_computed_tokens + 1 != req.num_tokens
+                    or req.grammar is not None or req.num_output_tokens < p.min_tokens
+                    or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
+                continue
+            room = min(k_max, req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens - 1)
+            draft = propose(req.all_token_ids, room)
+            if draft:
+                req.output_token_ids.extend(draft)
+                req.num_placeholders += len(draft)
+                req.num_draft_tokens = len(draft)
+                self.counters["draft_tokens"] += len(draft)
+
+    def _trim_drafts(self, batch: ScheduledBatch) -> None:
+        """Fit drafts to what was scheduled: a request that got fewer tokens than 1 + its drafts keeps
+        only the drafts that fit; one not scheduled (or preempted) drops them."""
+        scheduled = dict(zip(map(id, batch.requests), batch.num_new_tokens, strict=True))
+        for req in [*self.scheduler.running, *self.scheduler.waiting]:
+            if not req.num_draft_tokens:
+                continue
+            # The step computes the last real token and then n - 1 drafts (n = 0: not scheduled).
+            keep = max(0, min(req.num_draft_tokens, scheduled.get(id(req), 0) - 1))
+            drop = req.num_draft_tokens - keep
+            if drop:
+                del req.output_token_ids[len(req.output_token_ids) - drop :]
+                req.num_placeholders -= drop
+                req.num_draft_tokens = keep
+
+    def _verify_drafts(self, req: Request, result: SampleResult, first: int, k: int) -> None:
+        """Keep each draft token that equals the token plain decoding samples at its position, then
+        the first sampled token that differs (or the one after the last draft)."""
+        drafts = req.output_token_ids[len(req.output_token_ids) - k :]
+        del req.output_token_ids[len(req.output_token_ids) - k :]
+        req.num_placeholders -= k
+        req.num_draft_tokens = 0
+        for j in range(k + 1):
+            token = result.token_ids[first + j]
+            req.output_token_ids.append(token)
+            slot = req.num_output_tokens - 1
+            self._accept_token(req, slot, result.logprobs[first + j], result.top_logprobs[first + j])
+            if req.status.finished or j == k or drafts[j] != token:
+                break
+            self.counters["accepted_draft_tokens"] += 1
+        if not req.status.finished:
+            # The newest token is not in the cache yet; everything before it is (drafts that matched).
+            req.num_computed_tokens = req.num_tokens - 1
+
+    def _sampling_row(self, req: Request, position: int) -> SamplingRow:
         p = req.params
         blocked: list[int] = []
         if req.num_output_tokens < p.min_tokens:
             blocked = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.tokenizer.eos_token_ids))
-        return SamplingRow(p, req.seed, req.num_tokens, req.prompt_token_ids, req.output_token_ids, blocked,
+        return SamplingRow(p, req.seed, position, req.prompt_token_ids, req.output_token_ids, blocked,
                            req.grammar is not None)
 
-    def _grammar_masks(self, reqs: list[Request]) -> GrammarMasks | None:
-        """Every constrained request's next-token mask, filled in one call on the compiler's threads."""
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not rows:
+    def _grammar_masks(self, constrained: list[tuple[Request, int]]) -> GrammarMasks | None:
+        """The next-token mask of each (request, sampling row), filled in one call on the compiler's threads."""
+        if not constrained:
             return None
         from shardinfer.engine.structured import allocate_bitmask
 
         compiler = self.grammar_compiler()
-        bitmask = allocate_bitmask(len(rows), self.model_config.vocab_size, pin_memory=self.device.type == "cuda")
-        compiler.fill_bitmasks([(reqs[i].grammar, j) for j, i in enumerate(rows)], bitmask)
-        return GrammarMasks(bitmask, rows)
+        bitmask = allocate_bitmask(len(constrained), self.model_config.vocab_size,
+                                   pin_memory=self.device.type == "cuda")
+        compiler.fill_bitmasks([(req.grammar, j) for j, (req, _) in enumerate(constrained)], bitmask)
+        return GrammarMasks(bitmask, [row for _, row in constrained])
 
     def _record_prompt_logprobs(self, req: Request, first: int, logits: torch.Tensor) -> None:
         lps = torch.log_softmax(logits.float(), dim=-1)

@@ -22,7 +22,8 @@ from shardinfer.engine.scheduler import ScheduledBatch
 @dataclass
 class StepLogits:
     sample_requests: list[Request]
-    sample_logits: torch.Tensor  # [S, V] float32
+    sample_logits: torch.Tensor  # [S, V] float32: each request's rows, draft positions included
+    sample_counts: list[int]  # rows per request: 1 + its draft tokens
     # request id -> (first prompt position p whose logits are given, logits [n, V] scoring p+1...)
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
 
@@ -114,7 +115,7 @@ class ModelRunner:
 
     @staticmethod
     def _is_pure_decode(batch: ScheduledBatch) -> bool:
-        return all(n == 1 and r.num_computed_tokens + 1 == r.num_tokens and not
+        return all(n == 1 and r.num_computed_tokens + 1 == r.num_tokens and not r.num_draft_tokens and not
                    (r.wants_prompt_logprobs and not r.prompt_logprobs_done)
                    for r, n in zip(batch.requests, batch.num_new_tokens, strict=True))
 
@@ -124,7 +125,7 @@ class ModelRunner:
             host = build_host_batch(batch, self.block_size)
             logits = self.graphs.run(host, fixup)
             self.last_step_graphed = True
-            return StepLogits(list(batch.requests), logits, {})
+            return StepLogits(list(batch.requests), logits, [1] * len(batch), {})
         self.last_step_graphed = False
         input_ids, positions, ctx = self._prepare(batch)
         if fixup is not None:
@@ -132,13 +133,17 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, ctx)
         sample_rows: list[int] = []
         sample_reqs: list[Request] = []
+        counts: list[int] = []
         prompt_rows: list[tuple[Request, int, int, int]] = []  # req, first row, first position, count
         offset = 0
         for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
             start = req.num_computed_tokens
             if start + n == req.num_tokens:
-                sample_rows.append(offset + n - 1)
+                # One row per drafted position too: row j samples the token after position start+n-1-k+j.
+                k = req.num_draft_tokens
+                sample_rows.extend(range(offset + n - 1 - k, offset + n))
                 sample_reqs.append(req)
+                counts.append(k + 1)
             if req.wants_prompt_logprobs and not req.prompt_logprobs_done:
                 # Logits at position p score prompt token p + 1; only positions not yet scored.
                 first = max(start, len(req.prompt_logprobs) - 1, 0)
@@ -154,4 +159,4 @@ class ModelRunner:
         for req, _r0, first, count in prompt_rows:
             prompt_logits[req.request_id] = (first, logits[cursor : cursor + count])
             cursor += count
-        return StepLogits(sample_reqs, sample_logits, prompt_logits)
+        return StepLogits(sample_reqs, sample_logits, counts, prompt_logits)

@@ -57,6 +57,9 @@ class Request:
     num_placeholders: int = 0
     sample_slot: int = -1  # this request's row in the newest launched step's sampled tokens
     finishing: bool = False  # its last launched token reaches max_tokens: schedule it no more
+    # Speculative decoding: draft tokens appended to output_token_ids (and counted as placeholders)
+    # for this step's verification; the engine replaces them with the verified tokens.
+    num_draft_tokens: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:
