@@ -22,7 +22,7 @@ class JobSection:
     run_id: str = ""  # filled from --run-id, else generated; never part of the fingerprint
     ds: str = ""  # the scheduled date (YYYY-MM-DD) for `{ds}` in output paths; default: today (UTC)
     # Backpressure: rows stop entering the engine while this many requests are unfinished.
-    max_inflight_requests: int = 256
+    max_inflight_requests: int = 512  # twice the engine's default max_num_seqs: a queue to refill from
     max_splits_in_flight: int = 2  # splits read ahead and held for reassembly, per worker
     batch_rows: int = 256  # rows per Arrow record batch when reading
     start_over: bool = False  # discard an existing output location with another fingerprint

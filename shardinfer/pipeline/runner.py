@@ -64,7 +64,7 @@ def crash_point(name: str, split_index: int | None = None) -> None:
 
 @dataclass
 class WorkerSettings:
-    max_inflight_requests: int = 256
+    max_inflight_requests: int = 512
     max_splits_in_flight: int = 2
     batch_rows: int = 256
     run_id: str = "run"
