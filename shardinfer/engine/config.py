@@ -30,7 +30,8 @@ class EngineConfig:
     admission_batch: int | None = None  # free slots needed to admit while decoding (None: max_num_seqs/8 on cuda)
     enforce_eager: bool = False
     async_scheduling: bool | None = None  # overlap host work with the device (None: on for cuda)
-    speculative_ngram_tokens: int = 0  # prompt-lookup draft tokens verified per step (0: off)  # True: no CUDA graphs for decode steps
+    speculative_ngram_tokens: int = 0  # prompt-lookup draft tokens verified per step (0: off)
+    speculative_mtp: bool = False  # draft one token per step with the checkpoint's MTP layer  # True: no CUDA graphs for decode steps
     seed: int = 0  # seed for requests that give none (0 = draw one at random per request)
 
     def __post_init__(self) -> None:
@@ -44,9 +45,11 @@ class EngineConfig:
             raise ValueError(f"max_model_len={self.max_model_len}: must be >= 2")
         if self.speculative_ngram_tokens < 0:
             raise ValueError(f"speculative_ngram_tokens={self.speculative_ngram_tokens}: must be >= 0 (0 = off)")
-        if self.speculative_ngram_tokens and self.async_scheduling:
-            raise ValueError("speculative_ngram_tokens needs the newest token on the host each step: "
+        if (self.speculative_ngram_tokens or self.speculative_mtp) and self.async_scheduling:
+            raise ValueError("speculative decoding needs the newest token on the host each step: "
                              "leave async_scheduling unset or set it to False")
+        if self.speculative_ngram_tokens and self.speculative_mtp:
+            raise ValueError("choose one drafter: speculative_ngram_tokens or speculative_mtp")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
 

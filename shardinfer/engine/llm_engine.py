@@ -50,6 +50,7 @@ class PendingStep:
     output_slots: list[int]  # where each one's placeholder sits in its output_token_ids (-1: drafts)
     sampled: DeviceSample | None
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
+    batch: ScheduledBatch
 
 
 class LLMEngine:
@@ -72,6 +73,11 @@ class LLMEngine:
         self.numerics = Numerics(self.dtype, cfg.batch_invariant)
         self.model = load_model(self.model_dir, self.model_config, self.numerics, limit, self.device)
         specs = self.model.kv_cache_specs()
+        if cfg.speculative_mtp:
+            if not getattr(self.model, "num_mtp_layers", 0):
+                raise ValueError(f"speculative_mtp=True but {self.model_config.architecture} at {cfg.model!r} has no "
+                                 "MTP layer (num_nextn_predict_layers): use speculative_ngram_tokens instead")
+            specs = specs + self.model.mtp_kv_cache_specs()  # MTP caches follow the main layers'
         num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, limit)
         # No request may need more blocks than exist, or preemption could never make room for it.
         self.max_model_len = min(limit, num_blocks * cfg.block_size)
@@ -82,7 +88,8 @@ class LLMEngine:
             admission = max(1, cfg.max_num_seqs // 8) if self.device.type == "cuda" else 1
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, admission)
         graphs = None
-        if self.device.type == "cuda" and not cfg.enforce_eager:
+        # The MTP drafter continues from each step's hidden states, which decode graphs do not keep.
+        if self.device.type == "cuda" and not cfg.enforce_eager and not cfg.speculative_mtp:
             from shardinfer.engine.cuda_graphs import DecodeGraphs
 
             graphs = DecodeGraphs(self.model, self.kv_caches, cfg.block_size, self.max_model_len, cfg.max_num_seqs,
@@ -91,8 +98,9 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_caches, cfg.block_size, self.device, cfg.batch_invariant,
                                   graphs)
         # Drafting reads the newest token on the host, so speculative steps run synchronously.
+        self.speculative = bool(cfg.speculative_ngram_tokens or cfg.speculative_mtp)
         self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
-                                 else self.device.type == "cuda" and not cfg.speculative_ngram_tokens)
+                                 else self.device.type == "cuda" and not self.speculative)
         self._pending: PendingStep | None = None
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
@@ -180,10 +188,10 @@ class LLMEngine:
         batch building of N) overlaps the device's work. Steps that need the previous tokens on
         the host first (grammar masks, penalties, prompt logprobs) wait for them.
         """
-        if self.config.speculative_ngram_tokens:
+        if self.speculative:
             self._add_drafts()
         batch = self.scheduler.schedule()
-        if self.config.speculative_ngram_tokens:
+        if self.speculative:
             self._trim_drafts(batch)
         finished: list[RequestOutput] = []
         if self._pending is not None and (not self.async_scheduling or self._needs_host_tokens(batch)):
@@ -261,7 +269,7 @@ class LLMEngine:
                 slots.append(req.num_output_tokens - 1)
                 if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
                     req.finishing = True
-        return PendingStep(reqs, counts, slots, sampled, step_logits.prompt_logits)
+        return PendingStep(reqs, counts, slots, sampled, step_logits.prompt_logits, batch)
 
     def _input_fixup(self, batch: ScheduledBatch) -> InputFixup | None:
         """Inputs that are the previous step's sampled tokens, not yet known on the host."""
@@ -284,9 +292,12 @@ class LLMEngine:
             if req is not None:
                 self._record_prompt_logprobs(req, first, logits)
         if step.sampled is None:
+            if self.config.speculative_mtp:
+                self._mtp_step(step.batch, [])
             return []
         result = step.sampled.result()
         finished: list[RequestOutput] = []
+        drafting: list[Request] = []
         row = 0
         for i, req in enumerate(step.requests):
             first, row = row, row + step.counts[i]
@@ -303,21 +314,25 @@ class LLMEngine:
                 finished.append(self._retire(req))
             else:
                 self.block_manager.register_full_blocks(req, req.num_computed_tokens)
+                drafting.append(req)
+        if self.config.speculative_mtp:
+            self._mtp_step(step.batch, drafting)
         return finished
 
     # -- speculative decoding (prompt-lookup drafts) ------------------------------------------------
     def _add_drafts(self) -> None:
         """Append n-gram drafts to decoding requests whose next token's sampling depends on nothing
         but (seed, position) and the logits."""
-        k_max = self.config.speculative_ngram_tokens
+        k_max = self.config.speculative_ngram_tokens or 1
         for req in self.scheduler.running:
+            mtp_draft, req.mtp_draft = req.mtp_draft, []
             p = req.params
             if (req.num_placeholders or req.finishing or req.num_computed_tokens + 1 != req.num_tokens
                     or req.grammar is not None or req.num_output_tokens < p.min_tokens
                     or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
                 continue
             room = min(k_max, req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens - 1)
-            draft = propose(req.all_token_ids, room)
+            draft = mtp_draft[:room] if self.config.speculative_mtp else propose(req.all_token_ids, room)
             if draft:
                 req.output_token_ids.extend(draft)
                 req.num_placeholders += len(draft)
@@ -338,6 +353,44 @@ class LLMEngine:
                 del req.output_token_ids[len(req.output_token_ids) - drop :]
                 req.num_placeholders -= drop
                 req.num_draft_tokens = keep
+
+    def _mtp_step(self, batch: ScheduledBatch, drafting: list[Request]) -> None:
+        """Run the MTP layer over this step's positions and draft each live request's next token.
+
+        Row p pairs the main model's hidden state at p with the token at p + 1 (known now that the
+        step's tokens are verified), fills the MTP layer's cache at p, and predicts the token at
+        p + 2. A request's draft comes from its last computed position; the draft is chosen with the
+        same sampling rule and (seed, position) noise the main model's token will use there, which
+        keeps acceptance high for sampled requests too. Rows past a request's verified tokens (a
+        rejected draft's position) get token 0: their outputs are unused and their cache entries
+        are rewritten when the position is computed again.
+        """
+        if self.runner.last_forward is None:
+            return
+        input_ids, positions, ctx, hidden = self.runner.last_forward
+        self.runner.last_forward = None
+        next_ids: list[int] = []
+        pick: dict[int, int] = {}  # id(request) -> flat row of its last computed position
+        offset = 0
+        for i, (req, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
+            start = ctx.attn.seq_lens_cpu[i] - n  # host copy: no device read
+            tokens = req.token_slice(start + 1, start + n + 1)
+            next_ids.extend(tokens + [0] * (n - len(tokens)))
+            last = req.num_tokens - 2  # the newest token sits at num_tokens - 1
+            if start <= last < start + n:
+                pick[id(req)] = offset + last - start
+            offset += n
+        with torch.inference_mode():
+            nxt = torch.tensor(next_ids, dtype=torch.long, device=input_ids.device)
+            draft_hidden = self.model.mtp_forward(nxt, positions, hidden, ctx)
+            live = [r for r in drafting if id(r) in pick]
+            if not live:
+                return
+            rows = torch.tensor([pick[id(r)] for r in live], dtype=torch.long, device=input_ids.device)
+            logits = self.model.mtp_compute_logits(draft_hidden[rows])
+            picks = sample_on_device(logits, [self._sampling_row(r, r.num_tokens) for r in live]).result()
+        for req, token in zip(live, picks.token_ids, strict=True):
+            req.mtp_draft = [token]
 
     def _verify_drafts(self, req: Request, result: SampleResult, first: int, k: int) -> None:
         """Keep each draft token that equals the token plain decoding samples at its position, then

@@ -90,6 +90,8 @@ class ModelRunner:
         self.batch_invariant = batch_invariant
         self.graphs = graphs  # a DecodeGraphs, or None
         self.last_step_graphed = False
+        # The last eager step's inputs and hidden states, for a draft model that continues from them.
+        self.last_forward: tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor] | None = None
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
@@ -131,6 +133,7 @@ class ModelRunner:
         if fixup is not None:
             fixup.apply(input_ids)
         hidden = self.model(input_ids, positions, ctx)
+        self.last_forward = (input_ids, positions, ctx, hidden)
         sample_rows: list[int] = []
         sample_reqs: list[Request] = []
         counts: list[int] = []

@@ -60,6 +60,7 @@ class Request:
     # Speculative decoding: draft tokens appended to output_token_ids (and counted as placeholders)
     # for this step's verification; the engine replaces them with the verified tokens.
     num_draft_tokens: int = 0
+    mtp_draft: list[int] = field(default_factory=list)  # the MTP layer's proposal for the next step
 
     @property
     def all_token_ids(self) -> list[int]:

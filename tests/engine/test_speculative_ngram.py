@@ -42,5 +42,30 @@ def test_ngram_speculation_equals_plain_decoding(qwen3_dir, engine_kwargs) -> No
 
 
 def test_speculation_refuses_async_scheduling(qwen3_dir) -> None:
-    with pytest.raises(ValueError, match="speculative_ngram_tokens needs the newest token on the host"):
+    with pytest.raises(ValueError, match="speculative decoding needs the newest token on the host"):
         LLM(qwen3_dir, speculative_ngram_tokens=2, async_scheduling=True)
+
+
+def test_mtp_speculation_equals_plain_decoding_on_the_demo_model() -> None:
+    """The bundled DeepSeek-V3-architecture model drafts with its trained MTP layer."""
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[2] / "examples" / "models" / "tiny-dsv3-demo"
+    plain = LLM(model, device="cpu", dtype="float32")
+    spec = LLM(model, device="cpu", dtype="float32", speculative_mtp=True)
+    chats = [[{"role": "user", "content": c}] for c in (
+        "What is 4821 + 377?", "Reverse the letters: p a r q u e t",
+        "Extract name, age and city as JSON: Vera, 44, lives in Lima.", "Sort these words alphabetically: zebra anchor kitten")]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, logprobs=1),
+              SamplingParams(temperature=0.8, max_tokens=40, seed=5),
+              SamplingParams(temperature=0.0, max_tokens=40),
+              SamplingParams(temperature=1.0, top_p=0.9, max_tokens=40, seed=9)]
+    assert _key(spec.chat(chats, params)) == _key(plain.chat(chats, params))
+    stats = spec.llm_engine.counters
+    assert stats["draft_tokens"] > 0
+    assert stats["accepted_draft_tokens"] / stats["draft_tokens"] > 0.5  # the MTP head learned something
+
+
+def test_mtp_speculation_needs_an_mtp_layer(qwen3_dir) -> None:
+    with pytest.raises(ValueError, match="has no MTP layer"):
+        LLM(qwen3_dir, speculative_mtp=True)
