@@ -1,4 +1,4 @@
-"""Prompt-lookup speculative decoding is token-identical to plain decoding, greedy and sampled,
+"""Speculative decoding (prompt-lookup and MTP drafts) is token-identical to plain decoding, greedy and sampled,
 because every drafted position is sampled with the same (seed, position) noise and the logits
 do not depend on how the positions were batched."""
 
