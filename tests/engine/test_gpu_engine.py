@@ -49,3 +49,19 @@ def test_gpu_sampled_rows_do_not_depend_on_the_batch(qwen3_dir) -> None:
     inside = llm.generate(prompts, [others[0], p, *others[1:]])[1].outputs[0]
     assert inside.token_ids == alone.token_ids
     assert inside.logprobs == alone.logprobs
+
+
+def test_gpu_async_and_speculative_equal_plain_synchronous(qwen3_dir) -> None:
+    """On CUDA: asynchronous scheduling (the default) and n-gram speculation change no output."""
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 4, [3, 1, 4, 1, 5, 9, 2, 6]]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=1.0, max_tokens=30, seed=2, logprobs=2),
+              SamplingParams(temperature=0.7, max_tokens=30, seed=4, stop_token_ids=[7])]
+
+    def run(**kw) -> list[tuple]:
+        llm = LLM(qwen3_dir, device="cuda", dtype="bfloat16", **kw)
+        return [(c.token_ids, c.logprobs, c.finish_reason) for o in llm.generate(prompts, params) for c in o.outputs]
+
+    want = run(async_scheduling=False)
+    assert run() == want
+    assert run(speculative_ngram_tokens=3) == want
