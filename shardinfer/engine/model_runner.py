@@ -41,7 +41,7 @@ class InputFixup:
         dev = input_ids.device
         rows = torch.tensor(self.rows, dtype=torch.long).to(dev, non_blocking=True)
         index = torch.tensor(self.index, dtype=torch.long).to(dev, non_blocking=True)
-        input_ids[rows] = self.source[index]
+        input_ids[rows] = self.source[index].to(input_ids.dtype)
 
 
 @dataclass
