@@ -150,13 +150,25 @@ class BlockManager:
 
         Blocks are released tail first, so a prefix's later blocks are evicted before its head.
         """
-        for block_id in reversed(request.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free[block_id] = None
+        for block_id in reversed(request.block_table[request.num_released_blocks :]):
+            self._release(block_id)
         request.block_table = []
         request.block_hashes = []
+        request.num_released_blocks = 0
+
+    def release_before(self, request: Request, position: int) -> None:
+        """Release the request's blocks that lie wholly before `position` (sliding-window attention
+        will never read them again). Their ids stay in the block table; attention masks them."""
+        end = min(position // self.block_size, len(request.block_table))
+        for i in range(request.num_released_blocks, end):
+            self._release(request.block_table[i])
+        request.num_released_blocks = max(request.num_released_blocks, end)
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free[block_id] = None
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -86,7 +86,10 @@ class LLMEngine:
         admission = cfg.admission_batch
         if admission is None:
             admission = max(1, cfg.max_num_seqs // 8) if self.device.type == "cuda" else 1
-        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, admission)
+        windows = {spec.sliding_window for spec in specs}
+        uniform_window = windows.pop() if len(windows) == 1 else None
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, admission,
+                                   uniform_window)
         graphs = None
         # The MTP drafter continues from each step's hidden states, which decode graphs do not keep.
         if self.device.type == "cuda" and not cfg.enforce_eager and not cfg.speculative_mtp:

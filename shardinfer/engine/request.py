@@ -47,6 +47,9 @@ class Request:
     num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # hashes of this request's full blocks
+    # Sliding-window models: the first blocks of block_table that left every layer's window and were
+    # released (their ids stay in the table so positions keep their block; attention masks them).
+    num_released_blocks: int = 0
     num_preemptions: int = 0
     stop_reason: str | int | None = None
     output_text: str = ""

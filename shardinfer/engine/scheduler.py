@@ -31,7 +31,7 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 admission_batch: int = 1) -> None:
+                 admission_batch: int = 1, sliding_window: int | None = None) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}: must be >= 1")
         if max_num_batched_tokens < 1:
@@ -43,6 +43,8 @@ class Scheduler:
         # a step that mixes in prefill cannot replay a decode CUDA graph, so admitting in groups
         # keeps most steps on the fast path. 1 = admit whenever a slot frees up.
         self.admission_batch = max(1, min(admission_batch, max_num_seqs))
+        # When every attention layer has this window, blocks that left it are released early.
+        self.sliding_window = sliding_window
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -118,6 +120,11 @@ class Scheduler:
         for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
             req.num_computed_tokens += n
             self.blocks.register_full_blocks(req, req.num_computed_tokens)
+            if self.sliding_window is not None:
+                # Later queries sit at or after the first position not yet computed and known (drafts
+                # and tokens still being sampled may be rolled back); they see keys > q - window.
+                next_query = min(req.num_computed_tokens, req.num_resolved_tokens)
+                self.blocks.release_before(req, next_query - self.sliding_window + 1)
 
     def finish(self, req: Request) -> None:
         """Remove a finished (or aborted) request and release its blocks."""

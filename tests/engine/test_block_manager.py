@@ -121,3 +121,18 @@ def test_allocation_beyond_capacity_is_refused() -> None:
     assert not bm.can_allocate(a, 5)
     with pytest.raises(RuntimeError, match="out of KV blocks"):
         bm.allocate(a, 5)
+
+
+def test_release_before_frees_blocks_left_behind_by_a_sliding_window() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4)
+    a = _req("a", list(range(18)))
+    bm.admit(a, [])
+    bm.allocate(a, 18)
+    assert a.block_table == [0, 1, 2, 3, 4]
+    bm.release_before(a, 9)  # positions 0-7 (blocks 0 and 1) will not be read again
+    assert a.num_released_blocks == 2 and list(bm.free) == [5, 0, 1]
+    bm.release_before(a, 5)  # never goes back
+    assert a.num_released_blocks == 2
+    bm.free_request(a)  # releases the rest once, tail first; released blocks are not freed twice
+    assert list(bm.free) == [5, 0, 1, 4, 3, 2]
+    assert all(b.ref_count == 0 for b in bm.blocks)

@@ -81,3 +81,23 @@ def test_n_samples_equal_single_requests_with_derived_seeds(qwen3_dir) -> None:
     assert [(c.token_ids, c.logprobs) for c in many] == [(c.token_ids, c.logprobs) for c in singles]
     assert len({tuple(c.token_ids) for c in many}) > 1  # the samples differ from each other
     assert [c.index for c in many] == [0, 1, 2, 3]
+
+
+def test_sliding_window_model_holds_only_the_window(tiny_checkpoint) -> None:
+    """Mistral-style attention: blocks behind the window go back to the pool while generating,
+    and the output equals a run with room for every block."""
+    model_dir = tiny_checkpoint("mistral", sliding_window=12, num_key_value_heads=1)
+    roomy = LLM(model_dir, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64)
+    roomy.llm_engine.scheduler.sliding_window = None  # the reference keeps every block
+    params = SamplingParams(temperature=0.8, max_tokens=60, seed=3, ignore_eos=True, logprobs=1)
+    want = roomy.generate([[5, 6, 7, 8, 9]], params)[0].outputs[0]
+    engine = LLM(model_dir, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64).llm_engine
+    engine.add_request("r", [5, 6, 7, 8, 9], params)
+    held = []
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+        held.append(engine.block_manager.num_blocks - engine.block_manager.num_free_blocks)
+    assert max(held) <= 12 // 4 + 2  # the window's blocks, the one being written, one partial
+    got = outs[0].outputs[0]
+    assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
