@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256, 512])
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     ap.add_argument("--skip-prefill", action="store_true")
-    ap.add_argument("--ckpt-dir", default="/tmp/shardinfer-bench")
+    ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     shape = SHAPES[args.workload]
