@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device session: GPU tests, then benchmarks. Usage: bash bench/device_checks.sh "TESTS" "BENCH ARGS;..."
+# One run on a GPU machine: GPU tests, then benchmarks. Usage: bash bench/device_checks.sh "TESTS" "BENCH ARGS;..."
 # Logs and result JSON go under $OUT (or bench/results when OUT is unset).
 set -u
 out="${OUT:-bench/results}"

@@ -14,7 +14,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 HEADER = """# Benchmark results
 
-Measured on the lent H200 with `bench/throughput.py` (raw JSON in `bench/results/`). Output tok/s
+Measured on an H200 with `bench/throughput.py` (raw JSON in `bench/results/`). Output tok/s
 counts generated tokens over wall time; `decode/floor` is the HBM floor of one decode step at the
 largest steady batch (weights + that batch's KV over the measured copy bandwidth) divided by the
 measured step time (1.0 = at the floor). The transformers column is its `generate_batch`
