@@ -11,6 +11,8 @@ result does not depend on how its request was chunked, batched or prefix-cached.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -151,6 +153,19 @@ def attend_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: tor
     return acc / l_run.clamp_min(1e-30)
 
 
+def paged_sequences(query_start_loc: list[int], seq_lens: list[int], block_tables: torch.Tensor,
+                    block_size: int) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """For each request with new tokens in a varlen batch: (first row, end row, its cache block ids,
+    the absolute positions of its new tokens). Its new tokens are the last (end - first) of its
+    seq_len positions."""
+    for i, seq_len in enumerate(seq_lens):
+        qs, qe = query_start_loc[i], query_start_loc[i + 1]
+        if qe == qs:
+            continue
+        blocks = block_tables[i, : -(-seq_len // block_size)].long()
+        yield qs, qe, blocks, torch.arange(seq_len - (qe - qs), seq_len)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: list[int], seq_lens: list[int], block_tables: torch.Tensor,
                     scale: float, sliding_window: int | None = None,
@@ -164,18 +179,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_size, hk, dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
     group = hq // hk
     out = q.new_empty(t, hq, dv)
-    for i, seq_len in enumerate(seq_lens):
-        qs, qe = query_start_loc[i], query_start_loc[i + 1]
-        if qe == qs:
-            continue
-        n_blocks = -(-seq_len // block_size)
-        blocks = block_tables[i, :n_blocks].long()
+    for qs, qe, blocks, positions in paged_sequences(query_start_loc, seq_lens, block_tables, block_size):
         k = k_cache[blocks].reshape(-1, hk, d).transpose(0, 1)  # [Hk, S, D]
         v = v_cache[blocks].reshape(-1, hk, dv).transpose(0, 1)
         lq = qe - qs
         # [Lq, Hq, D] -> [Hk, Lq * group, D]: a KV head's query heads become extra rows.
         qi = q[qs:qe].view(lq, hk, group, d).permute(1, 0, 2, 3).reshape(hk, lq * group, d)
-        pos = torch.arange(seq_len - lq, seq_len).repeat_interleave(group)
-        o = attend_chunked(qi, k, v, pos, seq_len, scale, sliding_window, batch_invariant)
+        seq_len = int(positions[-1]) + 1
+        o = attend_chunked(qi, k, v, positions.repeat_interleave(group), seq_len, scale, sliding_window,
+                           batch_invariant)
         out[qs:qe] = o.view(hk, lq, group, dv).permute(1, 0, 2, 3).reshape(lq, hq, dv).to(q.dtype)
     return out

@@ -53,17 +53,12 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     block_size, width = cache.shape[1], cache.shape[2]
     q = torch.cat([q_latent, q_pe.to(q_latent.dtype)], dim=-1)  # [T, H, R + Dr]
     out = q_latent.new_empty(t, heads, rank)
-    for i, seq_len in enumerate(seq_lens):
-        qs, qe = query_start_loc[i], query_start_loc[i + 1]
-        if qe == qs:
-            continue
-        n_blocks = -(-seq_len // block_size)
-        rows = cache[block_tables[i, :n_blocks].long()].reshape(1, -1, width)  # [1, S, R + Dr]
+    for qs, qe, blocks, positions in ops.paged_sequences(query_start_loc, seq_lens, block_tables, block_size):
+        rows = cache[blocks].reshape(1, -1, width)  # [1, S, R + Dr]
         lq = qe - qs
         # Every head of every new position becomes one query row of the single latent KV head.
         qi = q[qs:qe].reshape(1, lq * heads, width)
-        pos = torch.arange(seq_len - lq, seq_len).repeat_interleave(heads)
-        o = ops.attend_chunked(qi, rows, rows[..., :rank], pos, seq_len, scale,
-                               batch_invariant=batch_invariant)
+        o = ops.attend_chunked(qi, rows, rows[..., :rank], positions.repeat_interleave(heads),
+                               int(positions[-1]) + 1, scale, batch_invariant=batch_invariant)
         out[qs:qe] = o.view(lq, heads, rank).to(q_latent.dtype)
     return out
