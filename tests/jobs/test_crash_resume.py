@@ -10,7 +10,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline_kit import cli, cli_env, committed_rows, job_toml, marker_parts, part_files, start_cli
+from pipeline_kit import (
+    cli,
+    cli_env,
+    committed_rows,
+    fine_grained_job,
+    job_toml,
+    marker_parts,
+    part_files,
+    start_cli,
+)
 
 
 def _markers(out: Path) -> int:
@@ -37,11 +46,7 @@ def test_kill9_at_random_moments_then_resume(
 ) -> None:
     # 24 splits of one row, one request at a time: many commit points, so each killed run dies with
     # work left. The split size changes no row's output, only the commit grain.
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(
-        job_toml(model_dir, str(shards), str(out), job={"split_rows": 1, "max_inflight_requests": 1})
-    )
+    job, out = fine_grained_job(tmp_path, model_dir, str(shards))
     rng = random.Random(1234)
     kills = 0
     for _ in range(3):
@@ -104,11 +109,7 @@ def test_kill_while_writing_success(
 def test_sigterm_exits_75_and_rerun_completes(
     tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
 ) -> None:
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(
-        job_toml(model_dir, str(shards), str(out), job={"split_rows": 1, "max_inflight_requests": 1})
-    )
+    job, out = fine_grained_job(tmp_path, model_dir, str(shards))
     proc = start_cli("submit", str(job))
     _wait_for_markers(proc, out, 1)
     sent = time.monotonic()

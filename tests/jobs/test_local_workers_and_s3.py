@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import s3fs
-from pipeline_kit import cli, cli_env, committed_rows, job_toml, marker_parts, part_files
+from pipeline_kit import cli, cli_env, committed_rows, fine_grained_job, job_toml, marker_parts, part_files
 
 
 def test_local2_commits_every_split_exactly_once(
@@ -89,11 +89,7 @@ def test_local2_sigterm_reaches_the_workers_and_rerun_completes(
 
     from pipeline_kit import start_cli
 
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(
-        job_toml(model_dir, str(shards), str(out), job={"split_rows": 1, "max_inflight_requests": 1})
-    )
+    job, out = fine_grained_job(tmp_path, model_dir, str(shards))
     proc = start_cli("submit", "--master", "local[2]", str(job))
     deadline = time.monotonic() + 90
     while not list(out.glob("_commits/*.json")):  # wait for the first commit: the job is under way

@@ -80,6 +80,15 @@ def job_toml(model: Path | str, input_path: str, output_path: str, **sections: d
     )
 
 
+
+def fine_grained_job(tmp_path: Path, model: Path | str, input_path: str) -> tuple[Path, Path]:
+    """(job file, output dir) for a job of one-row splits, one request at a time: many commit
+    points, so a run interrupted at any instant dies with work left. Outputs are unchanged by it."""
+    out = tmp_path / "out"
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model, input_path, str(out), job={"split_rows": 1, "max_inflight_requests": 1}))
+    return job, out
+
 def _toml(value: Any) -> str:
     import json
 
