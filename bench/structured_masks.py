@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=None, help="llguidance threads (default: its own choice)")
+    ap.add_argument("--out", default=None, help="folder for structured-masks-<vocab>-b<batch>.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = train_tokenizer(args.vocab, Path(tmp))
@@ -117,6 +118,9 @@ def main() -> None:
         report[f"{k}_ms_per_step"] = round(v / steps * 1e3, 3)
         report[f"{k}_us_per_token"] = round(v / rows * 1e6, 1)
     print(json.dumps(report, indent=1))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"structured-masks-{args.vocab}-b{args.batch}.json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

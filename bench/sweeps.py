@@ -30,7 +30,8 @@ from bench.workloads import SHAPES, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 
 
-def decode_point(llm: LLM, batch: int, vocab: int, bw: float) -> dict[str, Any]:
+def decode_point(llm: LLM, batch: int, vocab: int, bw: float, profile_to: Path | None = None) -> dict[str, Any]:
+    """One batch size; with profile_to, also a kernel profile of 8 steady steps written there."""
     engine = llm.llm_engine
     reqs = requests(batch, vocab, (512, 512), (256, 256), seed=batch)
     for i, (ids, out) in enumerate(reqs):
@@ -38,7 +39,12 @@ def decode_point(llm: LLM, batch: int, vocab: int, bw: float) -> dict[str, Any]:
                                                                 seed=i))
     times: list[float] = []
     kv: list[int] = []
+    profiler = None
     while engine.has_unfinished():
+        if profile_to is not None and len(times) == 64 and profiler is None:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         s = time.perf_counter()
         engine.step()
         dt_s = time.perf_counter() - s
@@ -46,6 +52,13 @@ def decode_point(llm: LLM, batch: int, vocab: int, bw: float) -> dict[str, Any]:
         if engine.runner.last_step_graphed and len(running) == batch:
             times.append(dt_s)
             kv.append(sum(r.num_tokens for r in running))
+        if profiler is not None and profile_to is not None and len(times) == 72:
+            torch.cuda.synchronize()
+            profiler.__exit__(None, None, None)
+            table = profiler.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+            profile_to.write_text(table)
+            print(table[:6000])
+            profiler, profile_to = None, None
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     per_token = sum(s.values_per_token for s in engine.model.kv_cache_specs()) * engine.dtype.itemsize
     times_sorted = sorted(times)
@@ -63,6 +76,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256, 512])
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--profile-batch", type=int, default=None, help="kernel profile of 8 steady steps at this batch")
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -77,7 +91,10 @@ def main() -> None:
               "copy_bandwidth_GBps": bw / 1e9, "torch": torch.__version__}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    points = [decode_point(llm, b, shape["vocab_size"], bw) for b in args.batches]
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    points = [decode_point(llm, b, shape["vocab_size"], bw,
+                           out_dir / f"profile-{args.workload}-b{b}-{stamp}.txt" if b == args.profile_batch else None)
+              for b in args.batches]
     print(f"{'batch':>6} {'step ms':>9} {'floor ms':>9} {'floor frac':>10} {'tok/s':>9}")
     for p in points:
         print(f"{p['batch']:>6} {p['median_step_ms']:>9.2f} {p['floor_ms']:>9.2f} "

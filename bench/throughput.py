@@ -33,7 +33,8 @@ from shardinfer import LLM, SamplingParams
 def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace) -> dict[str, Any]:
     llm = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.max_model_len, admission_batch=args.admission_batch)
+              max_model_len=args.max_model_len, admission_batch=args.admission_batch,
+              async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling])
     engine = llm.llm_engine
     params = [SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=i)
               for i, (_, out) in enumerate(reqs)]
@@ -136,6 +137,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--admission-batch", type=int, default=None)
+    ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
