@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256, 512])
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--profile-prefill", action="store_true", help="kernel profile of 32 prompts' prefill")
     ap.add_argument("--profile-batch", type=int, default=None, help="kernel profile of 8 steady steps at this batch")
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -117,6 +118,15 @@ def main() -> None:
     llm2.generate([ids for ids, _ in reqs], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
     torch.cuda.synchronize()
     wall = time.perf_counter() - t
+    if args.profile_prefill:  # a second, profiled pass over the first 32 prompts (timing above is clean)
+        prompts = [[(t + 1) % shape["vocab_size"] for t in ids] for ids, _ in reqs[:32]]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            llm2.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+        (out_dir / f"profile-prefill-{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.txt").write_text(table)
+        print(table[:5000])
     model = llm2.llm_engine.model
     params = sum(p.numel() for p in model.parameters())
     # Routed experts: only top-k of E run per token.

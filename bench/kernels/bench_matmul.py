@@ -57,6 +57,10 @@ CANDIDATES = {
     "64x128x64_w4_s4": mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4),
     "64x256x64_w4_s3": mm.TileConfig(64, 256, 64, num_warps=4, num_stages=3),
     "64x64x64_w4_s4_2persm": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4, programs_per_sm=2),
+    "64x32x64_w4_s5": mm.TileConfig(64, 32, 64, num_warps=4, num_stages=5),
+    "64x64x64_w4_s4": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4),
+    "64x32x128_w4_s3": mm.TileConfig(64, 32, 128, num_warps=4, num_stages=3),
+    "64x64x128_w4_s3": mm.TileConfig(64, 64, 128, num_warps=4, num_stages=3),
     "128x128x64_w8_s4_grid": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, persistent=False),
     "128x128x64_w8_s3_tma": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
     "128x128x64_w8_s4_tma": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True),
@@ -191,7 +195,9 @@ def compile_candidates() -> tuple[dict[str, mm.TileConfig], list[dict[str, Any]]
     return ok, failed
 
 
-def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float) -> list[dict[str, Any]]:
+def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
+          chosen: dict[tuple[int, int], mm.TileConfig]) -> list[dict[str, Any]]:
+    """Time the candidates per shape; the best invariant one per (N, K) goes into `chosen`."""
     deadline = time.monotonic() + budget_s
     print(f"\nsweep (budget {budget_s:.0f} s): geometric-mean ours/cuBLAS over M in {SWEEP_MS}")
     candidates, results = compile_candidates()
@@ -230,6 +236,7 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float) -> lis
                   + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in SWEEP_MS)
                   + ("" if rec["invariant"] else "  NOT INVARIANT"))
         if best is not None:
+            chosen[(n, k)] = candidates[best[1]]
             overrides.append(f"    ({n}, {k}, torch.bfloat16): {candidates[best[1]]!r},"
                              f"  # {model} {proj}: {best[1]}, score {best[0]:.3f}")
         del ws, xs, x_inv
@@ -247,11 +254,32 @@ def write(out: Path, name: str, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
+def write_configs(chosen: dict[tuple[int, int], mm.TileConfig], out: Path, meta: dict[str, Any]) -> None:
+    """Merge the winners into the GPU's config file (entries for other shapes are kept)."""
+    path = mm.config_path(torch.cuda.get_device_name())
+    entries = {(e["n"], e["k"], e["dtype"]): e for e in
+               (json.loads(path.read_text())["entries"] if path.is_file() else [])}
+    dtype_name = str(DTYPE).removeprefix("torch.")
+    for (n, k), cfg in chosen.items():
+        entries[(n, k, dtype_name)] = {"n": n, "k": k, "dtype": dtype_name, "config": asdict(cfg)}
+    record = {"gpu": meta["gpu"], "triton": meta["triton"], "date": meta["date"],
+              "how": "bench/kernels/bench_matmul.py sweep: geometric mean of time over cuBLAS at M in "
+                     f"{list(SWEEP_MS)}, bitwise row invariance checked",
+              "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"], e["dtype"]))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(record, indent=1)
+    path.write_text(text)
+    (out / path.name).write_text(text)
+    print(f"wrote {path} ({len(record['entries'])} shapes)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="directory for the JSON results")
     ap.add_argument("--sweep-budget-s", type=float, default=240.0, help="seconds for the tiling sweep; 0 skips it")
     ap.add_argument("--models", default="0.6b,8b", help="comma-separated subset of " + ",".join(MODELS))
+    ap.add_argument("--write-configs", action="store_true",
+                    help="write the sweep's winners to shardinfer/kernels/matmul_configs/<gpu>.json (and --out)")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
@@ -272,7 +300,10 @@ def main() -> None:
     write(Path(args.out), "kernels-matmul", {"workload": "kernels-matmul", **meta, "rows": rows,
                                              "forward_weighted": forward, "shipped_configs": shipped})
     if args.sweep_budget_s > 0:
-        results = sweep(models, rows, args.sweep_budget_s)
+        chosen: dict[tuple[int, int], mm.TileConfig] = {}
+        results = sweep(models, rows, args.sweep_budget_s, chosen)
+        if args.write_configs and chosen:
+            write_configs(chosen, Path(args.out), meta)
         write(Path(args.out), "kernels-matmul-sweep", {"workload": "kernels-matmul-sweep", **meta,
                                                        "results": results})
 

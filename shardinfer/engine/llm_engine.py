@@ -19,6 +19,7 @@ import torch
 
 from shardinfer.engine.block_manager import BlockManager
 from shardinfer.engine.config import EngineConfig
+from shardinfer.engine.device_copy import values_to_device
 from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
 from shardinfer.engine.model_runner import InputFixup, ModelRunner
 from shardinfer.engine.models.base import Numerics
@@ -384,12 +385,12 @@ class LLMEngine:
                 pick[id(req)] = offset + last - start
             offset += n
         with torch.inference_mode():
-            nxt = torch.tensor(next_ids, dtype=torch.long, device=input_ids.device)
+            nxt = values_to_device(next_ids, torch.long, input_ids.device)
             draft_hidden = self.model.mtp_forward(nxt, positions, hidden, ctx)
             live = [r for r in drafting if id(r) in pick]
             if not live:
                 return
-            rows = torch.tensor([pick[id(r)] for r in live], dtype=torch.long, device=input_ids.device)
+            rows = values_to_device([pick[id(r)] for r in live], torch.long, input_ids.device)
             logits = self.model.mtp_compute_logits(draft_hidden[rows])
             picks = sample_on_device(logits, [self._sampling_row(r, r.num_tokens) for r in live]).result()
         for req, token in zip(live, picks.token_ids, strict=True):

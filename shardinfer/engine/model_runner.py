@@ -8,12 +8,14 @@ else runs eagerly.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from shardinfer.engine.device_copy import array_to_device, values_to_device
 from shardinfer.engine.forward_context import AttentionMetadata, ForwardContext
 from shardinfer.engine.request import Request
 from shardinfer.engine.scheduler import ScheduledBatch
@@ -39,8 +41,8 @@ class InputFixup:
 
     def apply(self, input_ids: torch.Tensor) -> None:
         dev = input_ids.device
-        rows = torch.tensor(self.rows, dtype=torch.long).to(dev, non_blocking=True)
-        index = torch.tensor(self.index, dtype=torch.long).to(dev, non_blocking=True)
+        rows = values_to_device(self.rows, torch.long, dev)
+        index = values_to_device(self.index, torch.long, dev)
         input_ids[rows] = self.source[index].to(input_ids.dtype)
 
 
@@ -57,26 +59,33 @@ class HostBatch:
 
 
 def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
-    n_total = batch.total_tokens
-    ids = np.empty(n_total, dtype=np.int64)
-    pos = np.empty(n_total, dtype=np.int64)
-    slots = np.empty(n_total, dtype=np.int64)
-    qsl = np.zeros(len(batch) + 1, dtype=np.int32)
-    seq_lens = np.empty(len(batch), dtype=np.int32)
-    max_blocks = max(len(r.block_table) for r in batch.requests)
-    tables = np.full((len(batch), max_blocks), -1, dtype=np.int32)
-    cursor = 0
-    for i, (req, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
-        start = req.num_computed_tokens
-        table = np.asarray(req.block_table, dtype=np.int64)
-        tables[i, : len(table)] = table
-        p = np.arange(start, start + n, dtype=np.int64)
-        ids[cursor : cursor + n] = req.token_slice(start, start + n)
-        pos[cursor : cursor + n] = p
-        slots[cursor : cursor + n] = table[p // block_size] * block_size + p % block_size
-        cursor += n
-        qsl[i + 1] = cursor
-        seq_lens[i] = start + n
+    """Flat inputs for the batch. Per request only list slicing happens in Python; every per-token
+    quantity is computed by numpy over the whole batch (this runs on the host once per step, and
+    with asynchronous scheduling its time is what the device step has to cover)."""
+    reqs = batch.requests
+    b = len(reqs)
+    counts = np.fromiter(batch.num_new_tokens, dtype=np.int64, count=b)
+    starts = np.fromiter((r.num_computed_tokens for r in reqs), dtype=np.int64, count=b)
+    qsl = np.zeros(b + 1, dtype=np.int32)
+    np.cumsum(counts, out=qsl[1:])
+    n_total = int(qsl[-1])
+    seq_lens = (starts + counts).astype(np.int32)
+    # Block tables: one flat read of every table, scattered into a -1 padded [B, max_blocks] array.
+    table_lens = np.fromiter((len(r.block_table) for r in reqs), dtype=np.int64, count=b)
+    max_blocks = int(table_lens.max()) if b else 0
+    tables = np.full((b, max_blocks), -1, dtype=np.int32)
+    flat_blocks = np.fromiter(itertools.chain.from_iterable(r.block_table for r in reqs), dtype=np.int64,
+                              count=int(table_lens.sum()))
+    table_rows = np.repeat(np.arange(b), table_lens)
+    table_cols = np.arange(flat_blocks.size) - np.repeat(np.cumsum(table_lens) - table_lens, table_lens)
+    tables[table_rows, table_cols] = flat_blocks
+    # Per token: its request row and position; slot = physical block * block_size + offset.
+    token_rows = np.repeat(np.arange(b), counts)
+    pos = np.arange(n_total, dtype=np.int64) - np.repeat(qsl[:-1].astype(np.int64) - starts, counts)
+    slots = tables[token_rows, pos // block_size].astype(np.int64) * block_size + pos % block_size
+    ids = np.fromiter(itertools.chain.from_iterable(
+        r.token_slice(s, s + n) for r, s, n in zip(reqs, starts.tolist(), batch.num_new_tokens, strict=True)),
+        dtype=np.int64, count=n_total)
     return HostBatch(ids, pos, slots, qsl, seq_lens, tables)
 
 
@@ -94,10 +103,7 @@ class ModelRunner:
         self.last_forward: tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor] | None = None
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(a)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
+        return array_to_device(a, self.device)
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         host = build_host_batch(batch, self.block_size)
@@ -155,7 +161,7 @@ class ModelRunner:
                     prompt_rows.append((req, offset + first - start, first, last - first))
             offset += n
         rows = sample_rows + [r for (_, r0, _, c) in prompt_rows for r in range(r0, r0 + c)]
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)])
+        logits = self.model.compute_logits(hidden[values_to_device(rows, torch.long, hidden.device)])
         sample_logits = logits[: len(sample_rows)]
         prompt_logits: dict[str, tuple[int, torch.Tensor]] = {}
         cursor = len(sample_rows)

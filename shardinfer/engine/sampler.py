@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shardinfer.engine.device_copy import values_to_device
 from shardinfer.engine.sampling_noise import gumbel_noise
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.kernels import ops
@@ -53,13 +54,13 @@ def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     logits = logits.clone()
     vocab = logits.shape[-1]
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted({t for t in row.prompt_token_ids + row.output_token_ids if t < vocab}),
-                            dtype=torch.long, device=logits.device)
+        seen = values_to_device(sorted({t for t in row.prompt_token_ids + row.output_token_ids if t < vocab}),
+                                torch.long, logits.device)
         if seen.numel():
             vals = logits[seen]
             logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
     if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and row.output_token_ids:
-        ids = torch.tensor(row.output_token_ids, dtype=torch.long, device=logits.device)
+        ids = values_to_device(row.output_token_ids, torch.long, logits.device)
         counts = torch.bincount(ids, minlength=vocab)[:vocab].to(logits.dtype)
         logits = logits - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
@@ -130,16 +131,16 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
             row = rows[i]
             x[i] = _apply_penalties(x[i], row)
             if row.blocked_token_ids:
-                x[i, torch.tensor(row.blocked_token_ids, dtype=torch.long, device=x.device)] = float("-inf")
+                x[i, values_to_device(row.blocked_token_ids, torch.long, x.device)] = float("-inf")
     if grammar is not None and grammar.rows:
         from shardinfer.engine.structured import apply_bitmask
 
         # One batched unpack-and-mask on the logits' device for every constrained row.
-        apply_bitmask(x, grammar.bitmask, torch.tensor(grammar.rows, dtype=torch.long))
+        apply_bitmask(x, grammar.bitmask, values_to_device(grammar.rows, torch.long, x.device))
     dev = x.device
 
     def col(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=dev)
+        return values_to_device(values, dtype, dev)
 
     temperature = col([r.params.temperature for r in rows], torch.float32)
     top_k = col([r.params.top_k for r in rows], torch.int32)

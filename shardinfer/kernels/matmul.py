@@ -21,13 +21,21 @@ columns past N to row/column 0 for the loads (their results are discarded at the
 K loop needs no M/N masks; only a K that is not a multiple of BLOCK_K masks the tail. The
 `tma=True` path uses the tensor-memory accelerator, which zero-fills everything out of bounds.
 The shipped defaults use the pointer path; the benchmark's sweep measures both.
+
+Measured tilings: `bench/kernels/bench_matmul.py --write-configs` times fixed tilings per
+(N, K) on a GPU and writes the fastest invariant one to `matmul_configs/<gpu name>.json`; that
+file, when present for the GPU in use, overrides the defaults. The choice is still made once per
+(N, K, dtype) on a given GPU model, never per M.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -79,9 +87,41 @@ def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
     return TileConfig(128, 128, 64, num_warps=8, num_stages=3)
 
 
-def tile_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
-    """The one configuration used for every M of an (N, K, dtype) problem."""
-    return CONFIG_OVERRIDES.get((n, k, dtype)) or _default_config(n, k, dtype)
+CONFIG_DIR = Path(__file__).parent / "matmul_configs"
+
+
+def config_path(gpu_name: str) -> Path:
+    """Where the measured tilings for a GPU model live (`NVIDIA H200` -> `NVIDIA_H200.json`)."""
+    return CONFIG_DIR / (re.sub(r"[^A-Za-z0-9.-]+", "_", gpu_name).strip("_") + ".json")
+
+
+@functools.cache
+def measured_configs(gpu_name: str) -> dict[tuple[int, int, torch.dtype], TileConfig]:
+    """The tilings measured for this GPU model, keyed by (N, K, dtype); empty when none were."""
+    path = config_path(gpu_name)
+    if not path.is_file():
+        return {}
+    table: dict[tuple[int, int, torch.dtype], TileConfig] = {}
+    for entry in json.loads(path.read_text())["entries"]:
+        dtype = getattr(torch, entry["dtype"])
+        table[(int(entry["n"]), int(entry["k"]), dtype)] = TileConfig(**entry["config"])
+    return table
+
+
+@functools.cache
+def _gpu_name(device_index: int) -> str:
+    return torch.cuda.get_device_name(device_index)
+
+
+def tile_config(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None) -> TileConfig:
+    """The one configuration used for every M of an (N, K, dtype) problem on a GPU model."""
+    if (n, k, dtype) in CONFIG_OVERRIDES:
+        return CONFIG_OVERRIDES[(n, k, dtype)]
+    if gpu_name is not None:
+        measured = measured_configs(gpu_name).get((n, k, dtype))
+        if measured is not None:
+            return measured
+    return _default_config(n, k, dtype)
 
 
 @triton.jit
@@ -290,7 +330,8 @@ def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor,
     Raises ValueError naming the argument when a precondition fails.
     """
     x, weight, bias = _check(x, weight, bias)
-    return _run(x, weight, bias, tile_config(weight.shape[0], weight.shape[1], x.dtype))
+    gpu = _gpu_name(x.device.index or 0) if x.device.type == "cuda" else None
+    return _run(x, weight, bias, tile_config(weight.shape[0], weight.shape[1], x.dtype, gpu))
 
 
 def linear_with_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

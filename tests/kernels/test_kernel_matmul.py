@@ -7,7 +7,9 @@ tests run the engine's real Qwen3 projection shapes compiled on the device.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 
 import pytest
 import torch
@@ -108,6 +110,25 @@ def test_overrides_are_keyed_by_n_k_dtype(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setitem(mm.CONFIG_OVERRIDES, (96, 80, torch.float16), cfg)
     assert mm.tile_config(96, 80, torch.float16) == cfg
     assert mm.tile_config(96, 80, torch.bfloat16) != cfg
+
+
+def test_measured_configs_are_read_per_gpu_model(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's measured-tilings file overrides the default for its shapes only, and only on that GPU."""
+    monkeypatch.setattr(mm, "CONFIG_DIR", tmp_path)
+    mm.measured_configs.cache_clear()
+    measured = mm.TileConfig(64, 32, 64, num_warps=4, num_stages=5)
+    mm.config_path("Some GPU 80GB").write_text(json.dumps({"entries": [
+        {"n": 1024, "k": 2048, "dtype": "bfloat16", "config": dataclasses.asdict(measured)}]}))
+    assert mm.config_path("Some GPU 80GB").name == "Some_GPU_80GB.json"
+    try:
+        assert mm.tile_config(1024, 2048, torch.bfloat16, "Some GPU 80GB") == measured
+        default = mm.tile_config(1024, 2048, torch.bfloat16)
+        assert default != measured
+        assert mm.tile_config(1024, 2048, torch.bfloat16, "Another GPU") == default
+        assert mm.tile_config(1024, 2048, torch.float16, "Some GPU 80GB") == mm.tile_config(1024, 2048, torch.float16)
+        assert mm.tile_config(2048, 1024, torch.bfloat16, "Some GPU 80GB") == mm.tile_config(2048, 1024, torch.bfloat16)
+    finally:
+        mm.measured_configs.cache_clear()
 
 
 def test_rejects_bad_inputs(device: torch.device) -> None:
