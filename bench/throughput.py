@@ -105,8 +105,10 @@ def run_transformers(model_dir: Path, reqs: list[tuple[list[int], int]], out_len
         wall = time.perf_counter() - t
         n = sum(len(v.generated_tokens) for v in out.values())
         mode = "generate_batch"
+        if n == 0:  # it logs per-request failures instead of raising
+            raise RuntimeError("generate_batch returned no tokens")
     except Exception as exc:  # MLA models: its paged cache assumes equal K/V head dims (PERF.md)
-        print(f"generate_batch failed ({type(exc).__name__}); using static generate", flush=True)
+        print(f"generate_batch failed ({type(exc).__name__}: {exc}); using static generate", flush=True)
         t, n = time.perf_counter(), 0
         for i in range(0, len(inputs), 64):
             chunk = inputs[i : i + 64]

@@ -57,8 +57,14 @@ def build_checkpoint(shape: str, out_dir: Path, device: str = "cuda") -> Path:
     }[family]
     config = cls_cfg(**params, bos_token_id=0, eos_token_id=1)
     torch.manual_seed(0)
-    with torch.device(device):
-        model = cls_model(config).to(torch.bfloat16).eval()
+    # Initialised directly in bf16: the fp32 copy of a 16B model would take 64 GB and minutes.
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = cls_model(config).eval()
+    finally:
+        torch.set_default_dtype(default)
     model.save_pretrained(out_dir)
     (out_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
     del model
