@@ -61,6 +61,11 @@ CANDIDATES = {
     "64x64x64_w4_s4": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4),
     "64x32x128_w4_s3": mm.TileConfig(64, 32, 128, num_warps=4, num_stages=3),
     "64x64x128_w4_s3": mm.TileConfig(64, 64, 128, num_warps=4, num_stages=3),
+    # Fixed split-K: short K loops for decode; each is still one tiling for every M.
+    "64x128x64_w4_s4_tma_sk2": mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True, split_k=2),
+    "64x128x64_w4_s4_tma_sk4": mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True, split_k=4),
+    "64x64x64_w4_s4_sk4": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4, split_k=4),
+    "128x128x64_w8_s4_tma_sk2": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True, split_k=2),
     "128x128x64_w8_s4_grid": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, persistent=False),
     "128x128x64_w8_s3_tma": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
     "128x128x64_w8_s4_tma": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True),

@@ -22,6 +22,13 @@ K loop needs no M/N masks; only a K that is not a multiple of BLOCK_K masks the 
 `tma=True` path uses the tensor-memory accelerator, which zero-fills everything out of bounds.
 The shipped defaults use the pointer path; the benchmark's sweep measures both.
 
+Fixed split-K (`split_k > 1`): K is cut into `split_k` ranges whose boundaries depend on K
+and the config only; each range's float32 partial sum goes to a workspace and a second kernel
+adds the partials in range order, adds the bias and rounds once. The reduction order is then
+still the same for every M (what a library's split-K breaks is that it picks the split from the
+shape). It turns a decode GEMM's few long K loops into many short ones, so more SMs stream the
+weights; prefill pays for the partials' round trip, which is why it is a per-shape choice.
+
 Measured tilings: `bench/kernels/bench_matmul.py --write-configs` times fixed tilings per
 (N, K) on a GPU and writes the fastest invariant one to `matmul_configs/<gpu name>.json`; that
 file, when present for the GPU in use, overrides the defaults. The choice is still made once per
@@ -58,13 +65,14 @@ class TileConfig:
     persistent: bool = True
     programs_per_sm: int = 1
     tma: bool = False  # operands through the tensor-memory accelerator (Hopper and later)
+    split_k: int = 1  # fixed number of K ranges, reduced in order by a second kernel
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"TileConfig.{name}: got {v}, need a power of two >= 16 (tl.dot's minimum)")
-        for name in ("num_warps", "num_stages", "group_m", "programs_per_sm"):
+        for name in ("num_warps", "num_stages", "group_m", "programs_per_sm", "split_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TileConfig.{name}: got {getattr(self, name)}, need >= 1")
 
@@ -161,17 +169,51 @@ def _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.c
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
+@triton.jit
+def _split_range(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The BLOCK_K steps [first, last) of K range `split`: a function of K and the config only."""
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    first = split * per_split
+    last = tl.minimum(first + per_split, k_tiles)
+    return first, last
+
+
+@triton.jit
+def _store_partial(acc, ws_ptr, split, pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A split's float32 partial tile into workspace [SPLIT_K, M, N]."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ptrs = ws_ptr + split.to(tl.int64) * M * N + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(ptrs, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+def _combine_splits_kernel(ws_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr,
+                           SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """y = sum of the partials in split order (+ bias), one rounding; elementwise, so M-independent."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    acc = tl.load(ws_ptr + row * N + cols, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * M * N + row * N + cols, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+                   SPLIT_K: tl.constexpr, INTERPRET: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    # With SPLIT_K > 1 a work item is (output tile, K range); the ranges of one tile are adjacent.
+    num_tiles = num_pid_m * num_pid_n * SPLIT_K
     offs_k = tl.arange(0, BLOCK_K)
     # Compile-time branches stay plain if/else statements (the form every Triton release
     # resolves at compile time), hence the noqa.
@@ -183,15 +225,16 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
     # path when the compiler flattens the two loops into one software pipeline.
     out_tile = pid - step
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_coords(tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
+        k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rows = tl.where(rows < M, rows, 0).to(tl.int64)
         cols = tl.where(cols < N, cols, 0).to(tl.int64)
-        x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :]
-        w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn  # weight.T tile, K-major
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] + k_first * BLOCK_K
+        w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn + k_first * BLOCK_K  # weight.T tile
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
+        for kt in range(k_first, k_last):
             if EVEN_K:
                 a = tl.load(x_ptrs)
                 b = tl.load(w_ptrs)
@@ -203,16 +246,19 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, st
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         out_tile += step
-        om, on = _tile_coords(out_tile, num_pid_m, num_pid_n, GROUP_M)
-        _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        om, on = _tile_coords(out_tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
+        if SPLIT_K == 1:
+            _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        else:
+            _store_partial(acc, ws_ptr, out_tile % SPLIT_K, om, on, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
-def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, M, N, K, stride_ym,
+def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, ws_ptr, M, N, K, stride_ym,
                        HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                       INTERPRET: tl.constexpr):
+                       SPLIT_K: tl.constexpr, INTERPRET: tl.constexpr):
     """The same tiles and K order, with operands fetched by the tensor-memory accelerator.
 
     The copy engine zero-fills rows past M, columns past N and the K tail, so no masks at all;
@@ -221,23 +267,26 @@ def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, M, N, K, stride_ym,
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n * SPLIT_K
     if PERSISTENT:  # noqa: SIM108
         step = NUM_PROGRAMS
     else:
         step = num_tiles
     out_tile = pid - step
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_coords(tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
+        k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_tiles):
+        for kt in range(k_first, k_last):
             a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             acc = _mma(a, b.T, acc, IEEE, INTERPRET)
         out_tile += step
-        om, on = _tile_coords(out_tile, num_pid_m, num_pid_n, GROUP_M)
-        _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        om, on = _tile_coords(out_tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
+        if SPLIT_K == 1:
+            _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        else:
+            _store_partial(acc, ws_ptr, out_tile % SPLIT_K, om, on, M, N, BLOCK_M, BLOCK_N)
 
 
 @functools.cache
@@ -284,13 +333,16 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     on_gpu = x.device.type == "cuda"
     # The interpreter has no SMs; 4 programs still exercise the persistent loop.
     cap = (_sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k
     grid = (min(cap, tiles) if config.persistent else tiles,)
     common = dict(HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=config.block_m,
                   BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-                  PERSISTENT=config.persistent, NUM_PROGRAMS=cap, INTERPRET=interpreting(),
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+                  PERSISTENT=config.persistent, NUM_PROGRAMS=cap, SPLIT_K=config.split_k,
+                  INTERPRET=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages)
     b_arg = bias if bias is not None else y
+    # Split-K partials; a 1-element placeholder keeps the argument list fixed when there are none.
+    ws = torch.empty((config.split_k, m, n) if config.split_k > 1 else (1,), dtype=torch.float32,
+                     device=x.device)
     # Triton launches on the current device; switch only when x lives elsewhere (rare, and the
     # switch costs host time on every call).
     switch = on_gpu and x.device.index is not None and x.device.index != torch.cuda.current_device()
@@ -299,10 +351,15 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
             _check_tma(x, weight)
             x_desc = TensorDescriptor(x, [m, k], [stride_xm, 1], [config.block_m, config.block_k])
             w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, config.block_k])
-            _linear_tma_kernel[grid](x_desc, w_desc, b_arg, y, m, n, k, y.stride(0), **common)
+            _linear_tma_kernel[grid](x_desc, w_desc, b_arg, y, ws, m, n, k, y.stride(0), **common)
         else:
-            _linear_kernel[grid](x, weight, b_arg, y, m, n, k, stride_xm, weight.stride(0), y.stride(0),
+            _linear_kernel[grid](x, weight, b_arg, y, ws, m, n, k, stride_xm, weight.stride(0), y.stride(0),
                                  EVEN_K=k % config.block_k == 0, **common)
+        if config.split_k > 1:
+            block = 256
+            _combine_splits_kernel[(m, triton.cdiv(n, block))](ws, b_arg, y, m, n, y.stride(0),
+                                                               HAS_BIAS=bias is not None, SPLIT_K=config.split_k,
+                                                               BLOCK=block, num_warps=4)
     return y
 
 

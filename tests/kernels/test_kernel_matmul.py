@@ -28,6 +28,8 @@ SMALL = {  # tiny tilings that are still fixed for every M, as the real ones are
     "persistent": mm.TileConfig(16, 16, 16, num_warps=4, num_stages=2, group_m=2),
     "one_tile_per_program": mm.TileConfig(16, 32, 16, num_warps=4, num_stages=2, persistent=False),
     "tma": mm.TileConfig(16, 16, 16, num_warps=4, num_stages=2, group_m=2, tma=True),
+    "split_k": mm.TileConfig(16, 16, 16, num_warps=4, num_stages=2, group_m=2, split_k=3),
+    "split_k_tma": mm.TileConfig(16, 16, 16, num_warps=4, num_stages=2, group_m=2, tma=True, split_k=3),
 }
 
 
@@ -49,7 +51,9 @@ def _ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tens
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("config,k", [("persistent", 40), ("one_tile_per_program", 48), ("tma", 40)])  # 40: K tail
+# 40: a K tail; 72: five K steps over three split ranges (2 + 2 + 1), the last with the tail
+@pytest.mark.parametrize("config,k", [("persistent", 40), ("one_tile_per_program", 48), ("tma", 40),
+                                      ("split_k", 72), ("split_k_tma", 72)])
 def test_matches_float64_and_rows_are_bitwise_invariant(device: torch.device, dtype: torch.dtype, config: str,
                                                         k: int) -> None:
     cfg = SMALL[config]
@@ -244,6 +248,17 @@ def test_tma_tilings_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=False, seed=n * 3 + k)
     for cfg in (mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
                 mm.TileConfig(128, 64, 64, num_warps=8, num_stages=4, tma=True)):
+        _check_invariant_and_accurate(x, w, b, monkeypatch, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["0.6b_o", "8b_down"])
+def test_fixed_split_k_tilings_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fixed split-K (a decode tuning candidate) keeps the same guarantees at real shapes."""
+    n, k = QWEN3_SHAPES[shape]
+    x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=True, seed=n * 5 + k)
+    for cfg in (mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, split_k=4),
+                mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True, split_k=2)):
         _check_invariant_and_accurate(x, w, b, monkeypatch, cfg)
 
 
