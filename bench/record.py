@@ -32,8 +32,8 @@ def fmt(v: object, spec: str) -> str:
 
 def main() -> None:
     rows = []
-    for path in sorted((HERE / "results").glob("*.json")):
-        r = json.loads(path.read_text())
+    records = [json.loads(path.read_text()) for path in (HERE / "results").glob("*.json")]
+    for r in sorted(records, key=lambda r: str(r.get("date", ""))):
         if "shardinfer_output_tok_s" not in r:
             continue
         rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
