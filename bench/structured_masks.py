@@ -6,6 +6,8 @@ Trains a byte-level BPE of the asked size on Python sources of the standard libr
 vocabulary looks like a real one: code, words, whitespace runs, punctuation), then walks `batch`
 matchers through a JSON Schema, timing at each step:
   batched  StructuredOutputCompiler.fill_bitmasks for the whole batch (llguidance thread pool)
+  independent  the same batched call over matchers each compiled on its own: no lexer cache
+           shared between rows (more work in all, but nothing for threads to contend on)
   serial   GrammarMatcher.fill_bitmask one row after another
   bool     GrammarMatcher.allowed_mask() per row (fill + unpack to a bool [V] tensor)
   apply    apply_bitmask on float32 [batch, V] logits (CPU)
@@ -20,10 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import llguidance
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from shardinfer.engine.structured import (
+    GrammarMatcher,
     StructuredOutputCompiler,
     allocate_bitmask,
     apply_bitmask,
@@ -80,11 +84,16 @@ def main() -> None:
     # Three copies of the batch walk the same tokens, one per method, so no method reads a mask
     # another one just computed for the same state.
     sets = {name: [compiler.matcher(so_args) for _ in range(args.batch)] for name in ("batched", "serial", "bool")}
+    compiled = compiler.compile(so_args)
+    sets["independent"] = [GrammarMatcher(compiled, llguidance.LLMatcher(compiler.tokenizer, compiled.grammar,
+                                                                         log_level=0))
+                           for _ in range(args.batch)]
+    own_bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     gen = torch.Generator().manual_seed(0)
     bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     single = allocate_bitmask(args.batch, compiler.vocab_size)
     logits = torch.randn(args.batch, compiler.vocab_size)
-    times = {"batched": 0.0, "serial": 0.0, "bool": 0.0, "apply": 0.0}
+    times = {"batched": 0.0, "independent": 0.0, "serial": 0.0, "bool": 0.0, "apply": 0.0}
     rows = 0
     for step in range(args.steps):
         live = [i for i, m in enumerate(sets["batched"]) if not m.is_finished()]
@@ -93,15 +102,18 @@ def main() -> None:
         rows += len(live)
         methods = {
             "batched": lambda live=live: compiler.fill_bitmasks([(sets["batched"][i], i) for i in live], bitmask),
+            "independent": lambda live=live: compiler.fill_bitmasks([(sets["independent"][i], i) for i in live],
+                                                                    own_bitmask),
             "serial": lambda live=live: [sets["serial"][i].fill_bitmask(single, i) for i in live],
             "bool": lambda live=live: [sets["bool"][i].allowed_mask() for i in live],
             "apply": lambda: apply_bitmask(logits.clone(), bitmask),
         }
         # Matcher copies share llguidance's lexer cache, so whoever runs first at a new state pays
-        # for building it: rotate the order so every method goes first equally often.
+        # for building it: rotate the order so every method goes first equally often. The
+        # independent matchers share nothing with anyone, so their place in the order is moot.
         order = ["batched", "serial", "bool"]
         shift = step % 3
-        for name in [*order[shift:], *order[:shift], "apply"]:
+        for name in [*order[shift:], *order[:shift], "independent", "apply"]:
             t0 = time.perf_counter()
             methods[name]()
             times[name] += time.perf_counter() - t0
