@@ -65,3 +65,29 @@ def test_gpu_async_and_speculative_equal_plain_synchronous(qwen3_dir) -> None:
     want = run(async_scheduling=False)
     assert run() == want
     assert run(speculative_ngram_tokens=3) == want
+
+
+def test_gpu_steady_decode_steps_never_block_the_host(qwen3_dir) -> None:
+    """Asynchronous scheduling only overlaps if launching a step makes no implicit host sync: one
+    blocking copy from pageable memory makes the host wait for the whole previous step. In steady
+    graphed decode the only wait is the explicit event wait for the previous step's tokens,
+    which torch's sync debug mode does not count; anything else raises here."""
+    llm = LLM(qwen3_dir, device="cuda", dtype="bfloat16")
+    engine = llm.llm_engine
+    assert engine.async_scheduling
+    prompts = _prompts(engine.model_config.vocab_size)
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"r{i}", ids, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=64,
+                                                        ignore_eos=True, seed=i, logprobs=2))
+    while not (engine.runner.last_step_graphed and len(engine.scheduler.running) == len(prompts)):
+        engine.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(16):
+            engine.step()
+            assert engine.runner.last_step_graphed
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    while engine.has_unfinished():
+        engine.step()
