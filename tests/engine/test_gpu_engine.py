@@ -79,8 +79,11 @@ def test_gpu_steady_decode_steps_never_block_the_host(qwen3_dir) -> None:
     for i, ids in enumerate(prompts):
         engine.add_request(f"r{i}", ids, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=64,
                                                         ignore_eos=True, seed=i, logprobs=2))
-    while not (engine.runner.last_step_graphed and len(engine.scheduler.running) == len(prompts)):
+    for _ in range(20):  # prefill, then the first graphed decode steps
         engine.step()
+        if engine.runner.last_step_graphed and len(engine.scheduler.running) == len(prompts):
+            break
+    assert engine.runner.last_step_graphed, "decode never reached the CUDA graphs"
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
