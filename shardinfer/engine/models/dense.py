@@ -25,10 +25,16 @@ from shardinfer.kernels import ops
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 
-def _layer_windows(config: ModelConfig) -> list[int | None]:
+def layer_windows(config: ModelConfig) -> list[int | None]:
+    """Each layer's attention window (None: full attention)."""
     layer_types = config.hf.get("layer_types")
     if layer_types:
         return [config.sliding_window if t == "sliding_attention" else None for t in layer_types]
+    full_first = config.hf.get("max_window_layers")
+    if config.sliding_window is not None and full_first is not None and config.model_type == "qwen2":
+        # Configs written before `layer_types` existed: Qwen2's first max_window_layers layers
+        # attend to everything, the rest use the window.
+        return [None if i < full_first else config.sliding_window for i in range(config.num_hidden_layers)]
     return [config.sliding_window] * config.num_hidden_layers
 
 
@@ -108,7 +114,7 @@ class DenseForCausalLM(nn.Module):
         rope_dim = config.head_dim
         self.rope = RopeTable(rope_dim, config.rope_theta, config.rope_scaling, max_positions,
                               config.max_position_embeddings)
-        self.windows = _layer_windows(config)
+        self.windows = layer_windows(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=numerics.dtype)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(

@@ -19,6 +19,8 @@ CASES = {
     "qwen3-yarn": ("qwen3", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                "original_max_position_embeddings": 64})),
     "mistral-window": ("mistral", dict(sliding_window=12, num_key_value_heads=1)),
+    # The first layer attends to everything, the second within 12 tokens (Qwen2's max_window_layers).
+    "qwen2-mixed-window": ("qwen2", dict(use_sliding_window=True, sliding_window=12, max_window_layers=1)),
 }
 
 PROMPT_LENGTHS = (5, 17, 40, 1)
