@@ -173,9 +173,13 @@ def _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.c
 def _split_range(split, K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """The BLOCK_K steps [first, last) of K range `split`: a function of K and the config only."""
     k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    first = split * per_split
-    last = tl.minimum(first + per_split, k_tiles)
+    if SPLIT_K == 1:  # the whole of K, as a loop from a constant 0 (the unsplit kernel's loop)
+        first = 0
+        last = k_tiles
+    else:
+        per_split = tl.cdiv(k_tiles, SPLIT_K)
+        first = split * per_split
+        last = tl.minimum(first + per_split, k_tiles)
     return first, last
 
 
@@ -186,6 +190,18 @@ def _store_partial(acc, ws_ptr, split, pid_m, pid_n, M, N, BLOCK_M: tl.constexpr
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ptrs = ws_ptr + split.to(tl.int64) * M * N + rows.to(tl.int64)[:, None] * N + cols[None, :]
     tl.store(ptrs, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, N, stride_ym,
+                  HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Work item `out_tile`'s accumulator: the output tile itself, or its split's partial."""
+    om, on = _tile_coords(out_tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
+    if SPLIT_K == 1:
+        _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+    else:
+        _store_partial(acc, ws_ptr, out_tile % SPLIT_K, om, on, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -246,11 +262,8 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, strid
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         out_tile += step
-        om, on = _tile_coords(out_tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
-        if SPLIT_K == 1:
-            _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
-        else:
-            _store_partial(acc, ws_ptr, out_tile % SPLIT_K, om, on, M, N, BLOCK_M, BLOCK_N)
+        _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, N, stride_ym, HAS_BIAS,
+                      GROUP_M, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -282,11 +295,8 @@ def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, ws_ptr, M, N, K, stride_ym,
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             acc = _mma(a, b.T, acc, IEEE, INTERPRET)
         out_tile += step
-        om, on = _tile_coords(out_tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
-        if SPLIT_K == 1:
-            _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
-        else:
-            _store_partial(acc, ws_ptr, out_tile % SPLIT_K, om, on, M, N, BLOCK_M, BLOCK_N)
+        _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, N, stride_ym, HAS_BIAS,
+                      GROUP_M, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
 @functools.cache
