@@ -78,15 +78,18 @@ class BlockManager:
         """
         if not self.enable_prefix_caching or request.wants_prompt_logprobs:
             return []
-        tokens = request.all_token_ids
-        hashes = chain_hashes(tokens, self.block_size)
+        num_tokens = request.num_tokens
+        bs = self.block_size
         hit: list[int] = []
-        for h in hashes:
-            block_id = self.cached.get(h)
+        parent = HASH_SEED
+        # Hash block by block and stop at the first miss: later blocks cannot hit.
+        for start in range(0, num_tokens - bs + 1, bs):
+            parent = block_hash(parent, request.token_slice(start, start + bs))
+            block_id = self.cached.get(parent)
             if block_id is None:
                 break
             hit.append(block_id)
-        if hit and len(hit) * self.block_size >= len(tokens):
+        if hit and len(hit) * bs >= num_tokens:
             hit.pop()
         return hit
 

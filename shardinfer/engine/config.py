@@ -28,10 +28,10 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.85
     admission_batch: int | None = None  # free slots needed to admit while decoding (None: max_num_seqs/8 on cuda)
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     async_scheduling: bool | None = None  # overlap host work with the device (None: on for cuda)
     speculative_ngram_tokens: int = 0  # prompt-lookup draft tokens verified per step (0: off)
-    speculative_mtp: bool = False  # draft one token per step with the checkpoint's MTP layer  # True: no CUDA graphs for decode steps
+    speculative_mtp: bool = False  # draft one token per step with the checkpoint's MTP layer
     seed: int = 0  # seed for requests that give none (0 = draw one at random per request)
 
     def __post_init__(self) -> None:

@@ -33,10 +33,6 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
 
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_lens_cpu)
-
 
 @dataclass
 class ForwardContext:

@@ -14,7 +14,7 @@ from shardinfer.engine.models.base import KVLayerSpec
 
 
 def bytes_per_block(specs: list[KVLayerSpec], block_size: int, dtype: torch.dtype) -> int:
-    elem = torch.empty(0, dtype=dtype).element_size()
+    elem = dtype.itemsize
     return sum(s.values_per_token for s in specs) * block_size * elem
 
 

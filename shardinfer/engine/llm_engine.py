@@ -100,7 +100,7 @@ class LLMEngine:
                                   self.device, cfg.batch_invariant)
             graphs.capture()
         self.runner = ModelRunner(self.model, self.kv_caches, cfg.block_size, self.device, cfg.batch_invariant,
-                                  graphs)
+                                  graphs, keep_last_forward=cfg.speculative_mtp)
         # Drafting reads the newest token on the host, so speculative steps run synchronously.
         self.speculative = bool(cfg.speculative_ngram_tokens or cfg.speculative_mtp)
         self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
@@ -143,7 +143,7 @@ class LLMEngine:
         max_tokens = min(params.max_tokens, room) if params.max_tokens is not None else room
         seed = params.seed if params.seed is not None else (self.config.seed or secrets.randbits(63))
         req = Request(request_id, ids, params, int(seed), max_tokens,
-                      prompt=prompt if isinstance(prompt, str) else None, arrival_index=self._arrivals)
+                      prompt=prompt if isinstance(prompt, str) else None)
         if params.so_args is not None:
             req.grammar = self.grammar_compiler().matcher(params.so_args)
         if params.prompt_logprobs is not None:
@@ -236,8 +236,7 @@ class LLMEngine:
     def _needs_host_tokens(self, batch: ScheduledBatch) -> bool:
         for req in batch.requests:
             p = req.params
-            if (req.grammar is not None or p.prompt_logprobs is not None or p.repetition_penalty != 1.0
-                    or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
+            if req.grammar is not None or p.prompt_logprobs is not None or p.has_penalties:
                 return True
         return False
 
@@ -332,8 +331,7 @@ class LLMEngine:
             mtp_draft, req.mtp_draft = req.mtp_draft, []
             p = req.params
             if (req.num_placeholders or req.finishing or req.num_computed_tokens + 1 != req.num_tokens
-                    or req.grammar is not None or req.num_output_tokens < p.min_tokens
-                    or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0):
+                    or req.grammar is not None or req.num_output_tokens < p.min_tokens or p.has_penalties):
                 continue
             room = min(k_max, req.max_tokens - req.num_output_tokens - 1, self.max_model_len - req.num_tokens - 1)
             draft = mtp_draft[:room] if self.config.speculative_mtp else propose(req.all_token_ids, room)

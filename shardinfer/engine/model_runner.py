@@ -91,7 +91,8 @@ def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
 
 class ModelRunner:
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, ...]], block_size: int,
-                 device: torch.device, batch_invariant: bool, graphs: Any = None) -> None:
+                 device: torch.device, batch_invariant: bool, graphs: Any = None,
+                 keep_last_forward: bool = False) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -99,7 +100,10 @@ class ModelRunner:
         self.batch_invariant = batch_invariant
         self.graphs = graphs  # a DecodeGraphs, or None
         self.last_step_graphed = False
-        # The last eager step's inputs and hidden states, for a draft model that continues from them.
+        # The last eager step's inputs and hidden states, for a draft model that continues from them;
+        # kept only when asked (keep_last_forward), else they would pin the device memory of the
+        # last step's hidden states.
+        self.keep_last_forward = keep_last_forward
         self.last_forward: tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor] | None = None
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
@@ -139,7 +143,8 @@ class ModelRunner:
         if fixup is not None:
             fixup.apply(input_ids)
         hidden = self.model(input_ids, positions, ctx)
-        self.last_forward = (input_ids, positions, ctx, hidden)
+        if self.keep_last_forward:
+            self.last_forward = (input_ids, positions, ctx, hidden)
         sample_rows: list[int] = []
         sample_reqs: list[Request] = []
         counts: list[int] = []

@@ -36,7 +36,6 @@ class Request:
     seed: int
     max_tokens: int  # resolved: params.max_tokens or the room left in max_model_len
     prompt: str | None = None
-    arrival_index: int = 0
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)

@@ -48,10 +48,10 @@ class SampleResult:
 
 
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
+    """Penalize one row of logits; may write into it (its caller passes a row of a clone)."""
     p = row.params
-    if p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
+    if not p.has_penalties:
         return logits
-    logits = logits.clone()
     vocab = logits.shape[-1]
     if p.repetition_penalty != 1.0:
         seen = values_to_device(sorted({t for t in row.prompt_token_ids + row.output_token_ids if t < vocab}),
@@ -157,12 +157,10 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
 
 
 def _needs_processing(row: SamplingRow) -> bool:
-    p = row.params
-    return bool(row.blocked_token_ids or row.has_grammar or p.repetition_penalty != 1.0
-                or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
+    return bool(row.blocked_token_ids or row.has_grammar or row.params.has_penalties)
 
 
 def top_k_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
     """The k most likely (id, logprob), best first, ties to the lower id."""
-    order = torch.sort(logprobs, descending=True, stable=True).indices[:k]
-    return [(int(t), float(logprobs[t])) for t in order]
+    ranked = torch.sort(logprobs, descending=True, stable=True)
+    return list(zip(ranked.indices[:k].tolist(), ranked.values[:k].tolist(), strict=True))

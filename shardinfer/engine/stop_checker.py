@@ -16,16 +16,15 @@ def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
     """Judge the request after its output token n_out - 1 (default: its last token)."""
     p = req.params
     n_out = req.num_output_tokens if n_out is None else n_out
-    outputs = req.output_token_ids[:n_out]
-    token = outputs[-1]
+    token = req.output_token_ids[n_out - 1]
     may_stop = n_out >= p.min_tokens
     if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in tokenizer.eos_token_ids)):
-        text = tokenizer.decode(outputs[:-1], p.skip_special_tokens)
+        text = tokenizer.decode(req.output_token_ids[: n_out - 1], p.skip_special_tokens)
         return RequestStatus.FINISHED_STOPPED, token, text
     total = req.num_prompt_tokens + n_out
     if not p.stop and req.grammar is None and n_out < req.max_tokens and total < max_model_len:
         return None, None, ""  # nothing needs the text yet: decode once, at the end
-    text = tokenizer.decode(outputs, p.skip_special_tokens)
+    text = tokenizer.decode(req.output_token_ids[:n_out], p.skip_special_tokens)
     if may_stop and p.stop:
         # Only a match that ends in the newest token's text is new; earlier text was checked before.
         window_start = max(0, len(req.output_text) - max(len(s) for s in p.stop))

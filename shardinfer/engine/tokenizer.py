@@ -36,7 +36,6 @@ class Tokenizer:
         self._tok = HFTokenizer.from_file(str(path))
         cfg_path = model_dir / "tokenizer_config.json"
         cfg: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        self.config = cfg
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.add_bos_token = bool(cfg.get("add_bos_token", False))
@@ -55,13 +54,8 @@ class Tokenizer:
                 ids.append(eos_id)
         self.eos_token_ids: tuple[int, ...] = tuple(ids)
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
-        self._special_ids = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         self._env.globals["raise_exception"] = _raise_template_error
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
@@ -72,9 +66,6 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
-
-    def is_special(self, token_id: int) -> bool:
-        return token_id in self._special_ids
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             **extra: Any) -> str:
