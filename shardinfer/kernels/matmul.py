@@ -350,9 +350,10 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
                   PERSISTENT=config.persistent, NUM_PROGRAMS=cap, SPLIT_K=config.split_k,
                   INTERPRET=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages)
     b_arg = bias if bias is not None else y
-    # Split-K partials; a 1-element placeholder keeps the argument list fixed when there are none.
-    ws = torch.empty((config.split_k, m, n) if config.split_k > 1 else (1,), dtype=torch.float32,
-                     device=x.device)
+    # Split-K partials [split_k, M, N] float32; without split-K the kernel never touches the
+    # workspace and y stands in for it (as for the bias), so nothing is allocated.
+    ws = (torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device) if config.split_k > 1
+          else y)
     # Triton launches on the current device; switch only when x lives elsewhere (rare, and the
     # switch costs host time on every call).
     switch = on_gpu and x.device.index is not None and x.device.index != torch.cuda.current_device()

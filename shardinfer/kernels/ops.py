@@ -1,8 +1,8 @@
 """The ops the engine calls: the Triton kernel for CUDA tensors, the PyTorch reference otherwise.
 
 Signatures follow reference.py. Kernel modules are imported on first CUDA use only, so a CPU
-run never imports Triton. linear and bmm_rows have no Triton kernel yet and always use the
-reference (cuBLAS under torch, made batch invariant by the reference's fixed row tiles).
+run never imports Triton. bmm_rows has no Triton kernel yet and always uses the reference
+(cuBLAS under torch, made batch invariant by the reference's fixed row tiles).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import functools
 import torch
 
 from shardinfer.kernels import reference
-from shardinfer.kernels.reference import bmm_rows, linear
+from shardinfer.kernels.reference import bmm_rows
 
 __all__ = ["bmm_rows", "fused_add_rms_norm", "linear", "mla_paged_attention", "moe_experts", "paged_attention",
            "rms_norm", "rope_interleaved", "rope_neox", "sample", "silu_and_mul", "store_kv", "triton_available"]
@@ -29,6 +29,21 @@ def triton_available() -> bool:
 
 def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           batch_invariant: bool = True) -> torch.Tensor:
+    """reference.linear (y = x @ weight.T + bias for x [..., K], weight [N, K]).
+
+    On CUDA with batch_invariant, the fixed-tile Triton matmul (kernels/matmul.py) on x as
+    [M, K] (the reference's row tiles would launch M / 32 GEMMs); otherwise the reference, which
+    without batch invariance is plain F.linear (cuBLAS picks its fastest, batch-dependent plan).
+    """
+    if batch_invariant and _use_triton(x):
+        from shardinfer.kernels.matmul import linear_batch_invariant
+        flat = x.reshape(-1, x.shape[-1])
+        return linear_batch_invariant(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return reference.linear(x, weight, bias, batch_invariant)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -122,12 +137,17 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
                         query_start_loc: list[int] | torch.Tensor, seq_lens: list[int] | torch.Tensor,
                         block_tables: torch.Tensor, scale: float, batch_invariant: bool = True,
                         max_seq_len: int | None = None) -> torch.Tensor:
-    """reference_mla.mla_paged_attention; on CUDA the absorbed-MLA kernel (always batch invariant)."""
+    """reference_mla.mla_paged_attention; pass device int32 tensors (and max_seq_len) on CUDA to avoid copies.
+
+    On CUDA the absorbed-MLA kernel (always batch invariant), given q_pe made contiguous so that
+    every call sees the same strides.
+    """
     if _use_triton(q_latent):
         from shardinfer.kernels import mla_decode
         if max_seq_len is None and not isinstance(seq_lens, torch.Tensor):
             max_seq_len = max(seq_lens, default=0)
-        return mla_decode.mla_paged_attention(q_latent, q_pe, cache, _as_int32(query_start_loc, q_latent.device),
+        return mla_decode.mla_paged_attention(q_latent, q_pe.contiguous(), cache,
+                                              _as_int32(query_start_loc, q_latent.device),
                                               _as_int32(seq_lens, q_latent.device), block_tables.to(torch.int32),
                                               scale, max_seq_len=max_seq_len)
     from shardinfer.kernels import reference_mla

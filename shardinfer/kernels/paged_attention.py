@@ -32,8 +32,6 @@ iff j <= p and, with a sliding window w, j > p - w); only rounding differs.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -330,15 +328,3 @@ def _heads_per_tile(group: int, block_m: int) -> int:
     while group % hb:
         hb //= 2
     return hb
-
-
-def workspace_bytes(num_tokens: int, num_heads: int, head_dim_v: int, max_seq_len: int,
-                    num_kv_heads: int, kv_chunk: int = KV_CHUNK) -> int:
-    """Bytes of float32 workspace one paged_attention call allocates, for memory planning."""
-    n_chunks = max(1, math.ceil(max_seq_len / kv_chunk))
-    group = num_heads // num_kv_heads
-    block_m = max(_MIN_BLOCK_M, next_pow2(group))
-    bq = block_m // _heads_per_tile(group, block_m)
-    per_token = num_heads * n_chunks * (head_dim_v + 2) * 4
-    slice_blocks = max(1, _WORKSPACE_BYTES // max(1, per_token * bq))
-    return min(num_tokens, slice_blocks * bq) * per_token

@@ -21,12 +21,6 @@ import torch
 from shardinfer.kernels import reference as ops
 
 
-def mla_store_latent(cache: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor,
-                     slot_mapping: torch.Tensor) -> None:
-    """Write [latent | k_pe] rows (latent [T, R], k_pe [T, Dr]) into cache [blocks, block_size, R + Dr]."""
-    ops.store_kv(cache, torch.cat([latent, k_pe.to(latent.dtype)], dim=-1), slot_mapping)
-
-
 def mla_absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
     """q_nope [T, H, Dn] x w_uk [H, Dn, R] -> per-head latent queries [T, H, R]."""
     out = ops.bmm_rows(q_nope.transpose(0, 1), w_uk, batch_invariant)  # [H, T, R]

@@ -6,6 +6,7 @@ knows about requests, padding or the scheduler.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,13 +38,7 @@ class KVLayerSpec:
 
     @property
     def values_per_token(self) -> int:
-        total = 0
-        for shape in self.entries:
-            n = 1
-            for s in shape:
-                n *= s
-            total += n
-        return total
+        return sum(math.prod(shape) for shape in self.entries)
 
 
 class CausalLM(Protocol):

@@ -149,12 +149,10 @@ def heads_matmul(x: torch.Tensor, w: torch.Tensor, w_nk: torch.Tensor, batch_inv
 
 def _paged_mla(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext,
                scale: float, batch_invariant: bool) -> torch.Tensor:
-    """The Triton kernel on CUDA (batch invariant by construction), the reference elsewhere."""
+    """ops.mla_paged_attention: the Triton kernel on CUDA (batch invariant by construction), the
+    reference elsewhere."""
     a = ctx.attn
-    if cache.is_cuda and ops.triton_available():
-        from shardinfer.kernels import mla_decode
-
-        return mla_decode.mla_paged_attention(q_latent, q_pe.contiguous(), cache, a.query_start_loc, a.seq_lens,
-                                              a.block_tables, scale, max_seq_len=a.max_seq_len)
-    return mla.mla_paged_attention(q_latent, q_pe, cache, a.query_start_loc_cpu, a.seq_lens_cpu,
-                                   a.block_tables, scale, batch_invariant)
+    # Device tensors feed the kernel (and CUDA graphs); the CPU reference loops over host lists.
+    qsl, lens = (a.query_start_loc, a.seq_lens) if q_latent.is_cuda else (a.query_start_loc_cpu, a.seq_lens_cpu)
+    return ops.mla_paged_attention(q_latent, q_pe, cache, qsl, lens, a.block_tables, scale, batch_invariant,
+                                   max_seq_len=a.max_seq_len)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shardinfer.engine.errors import ModelLoadError
@@ -105,16 +104,9 @@ class Router(nn.Module):
                                         if routing.uses_bias else None)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, E] float32. On CUDA one batch-invariant GEMM (the reference's row tiles would launch
-        T / 32 GEMMs), or cuBLAS when batch invariance is off."""
-        xf = x.float()
-        if x.is_cuda and ops.triton_available():
-            if not self.numerics.batch_invariant:
-                return F.linear(xf, self.weight)
-            from shardinfer.kernels.matmul import linear_batch_invariant
-
-            return linear_batch_invariant(xf.reshape(-1, xf.shape[-1]), self.weight)
-        return ops.linear(xf, self.weight, None, self.numerics.batch_invariant)
+        """[T, E] float32. On CUDA one batch-invariant GEMM (see ops.linear), or cuBLAS when batch
+        invariance is off."""
+        return ops.linear(x.float(), self.weight, None, self.numerics.batch_invariant)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_weights [T, k] float32, topk_ids [T, k] int64)."""

@@ -26,7 +26,7 @@ from shardinfer.engine.models.deepseek_block import DeepseekDecoderLayer
 from shardinfer.engine.models.deepseek_mla import DeepseekMLA, MLADims
 from shardinfer.engine.models.deepseek_mtp import MTPLayer
 from shardinfer.engine.models.fp8 import dequantize_checkpoint, fp8_block_size
-from shardinfer.engine.models.layers import Linear, RMSNorm
+from shardinfer.engine.models.layers import Linear, RMSNorm, copy_param
 from shardinfer.engine.models.rope import RopeTable
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -98,7 +98,7 @@ class DeepseekV3ForCausalLM(nn.Module):
                                      "of two with kv_lora_rank <= 1024 and qk_rope_head_dim >= 16 (DeepSeek-V2/V3 "
                                      "use 512 and 64); run this checkpoint with device='cpu'")
         self.to(device)
-        self.rope.cos, self.rope.sin = self.rope.cos.to(device), self.rope.sin.to(device)
+        self.rope.to(device)
 
     # ---- multi-token prediction (draft model) ------------------------------------------------
 
@@ -155,7 +155,7 @@ class DeepseekV3ForCausalLM(nn.Module):
             if param_name not in params:
                 unexpected.append(name)
                 continue
-            _copy(params[param_name], index, tensor, name)
+            copy_param(params[param_name], tensor, name, index)
             filled[param_name][index[: filled[param_name].ndim]] = True
         if unexpected:
             raise CheckpointError(f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
@@ -237,14 +237,6 @@ class DeepseekV3ForCausalLM(nn.Module):
         del self.mtp[keep:]
         for name in [n for n in filled if n.startswith("mtp.") and int(n.split(".")[1]) >= keep]:
             del filled[name]
-
-
-def _copy(param: torch.Tensor, index: tuple[int | slice, ...], value: torch.Tensor, name: str) -> None:
-    target = param.data[index] if index else param.data
-    if tuple(target.shape) != tuple(value.shape):
-        raise CheckpointError(f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, the model expects "
-                              f"{tuple(target.shape)}: is config.json the checkpoint's own?")
-    target.copy_(value.to(target.dtype))
 
 
 class DeepseekV2ForCausalLM(DeepseekV3ForCausalLM):

@@ -126,7 +126,7 @@ class DenseForCausalLM(nn.Module):
 
     def to_device(self, device: torch.device) -> None:
         self.to(device)
-        self.rope.cos, self.rope.sin = self.rope.cos.to(device), self.rope.sin.to(device)
+        self.rope.to(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -155,15 +155,15 @@ class DenseForCausalLM(nn.Module):
             "mlp.gate_proj": ("mlp.gate_up_proj", slice(0, inter)),
             "mlp.up_proj": ("mlp.gate_up_proj", slice(inter, 2 * inter)),
         }
-        expected = {(name, None) for name in params}
+        expected = set(params)
         for ours, (fused_target, _rows) in fused.items():
             for name in params:
                 if f".{fused_target}." in name:
-                    expected.discard((name, None))
-                    expected.add((name.replace(fused_target, ours), None))
+                    expected.discard(name)
+                    expected.add(name.replace(fused_target, ours))
         if c.tie_word_embeddings:
-            expected.discard(("lm_head.weight", None))
-        loaded: set[tuple[str, None]] = set()
+            expected.discard("lm_head.weight")
+        loaded: set[str] = set()
         unexpected: list[str] = []
         for name, tensor in weights:
             if name.endswith(_IGNORED_SUFFIXES):
@@ -180,8 +180,8 @@ class DenseForCausalLM(nn.Module):
                 unexpected.append(name)
                 continue
             copy_param(params[target], tensor, name, rows)
-            loaded.add((name.removeprefix("model."), None))
-        missing = sorted(n for n, _ in expected - loaded)
+            loaded.add(name.removeprefix("model."))
+        missing = sorted(expected - loaded)
         if unexpected:
             raise CheckpointError(f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
                                   f"that {c.architecture} does not use: is the architecture in config.json right?")

@@ -1,10 +1,11 @@
-"""Small layers shared by model families. Every matmul goes through `ops.linear` so that the
-numerics mode (batch invariance) and the device's kernels are chosen in one place."""
+"""Small layers shared by model families. Every matmul goes through `ops.linear`, which picks
+the kernel for the device and the numerics mode (batch invariance) in one place: the
+fixed-tile Triton matmul on CUDA when batch invariant, cuBLAS (F.linear) on CUDA otherwise, the
+row-tiled reference elsewhere."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shardinfer.engine.errors import CheckpointError
@@ -22,13 +23,6 @@ class Linear(nn.Module):
                      if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
-            if not self.numerics.batch_invariant:
-                return F.linear(x, self.weight, self.bias)  # cuBLAS picks its fastest (batch-dependent) plan
-            from shardinfer.kernels.matmul import linear_batch_invariant
-
-            flat = x.reshape(-1, x.shape[-1])
-            return linear_batch_invariant(flat, self.weight, self.bias).view(*x.shape[:-1], self.weight.shape[0])
         return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
 
 
@@ -45,9 +39,11 @@ class RMSNorm(nn.Module):
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
-def copy_param(param: torch.Tensor, value: torch.Tensor, name: str, rows: slice | None = None) -> None:
-    """Copy a checkpoint tensor into a parameter (or a row slice of it), checking the shape."""
-    target = param.data if rows is None else param.data[rows]
+def copy_param(param: torch.Tensor, value: torch.Tensor, name: str,
+               index: slice | tuple[int | slice, ...] | None = None) -> None:
+    """Copy a checkpoint tensor into a parameter, or into `param[index]` (a row slice, an expert's
+    rows of a stacked weight), checking the shape. No index (None or ()) means the whole tensor."""
+    target = param.data[index] if index else param.data
     if tuple(target.shape) != tuple(value.shape):
         raise CheckpointError(f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, "
                               f"the model expects {tuple(target.shape)}: is config.json the checkpoint's own?")

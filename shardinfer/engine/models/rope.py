@@ -83,13 +83,16 @@ class RopeTable:
     """cos/sin [max_positions, dim // 2] float32 on a device, gathered per token position."""
 
     def __init__(self, dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int,
-                 max_position_embeddings: int, device: torch.device | str = "cpu") -> None:
+                 max_position_embeddings: int) -> None:
         inv_freq, factor = rope_inv_freq(dim, base, scaling, max_position_embeddings)
         pos = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(pos, inv_freq)
-        self.cos = (freqs.cos() * factor).to(device)
-        self.sin = (freqs.sin() * factor).to(device)
-        self.max_positions = max_positions
+        self.cos = freqs.cos() * factor
+        self.sin = freqs.sin() * factor
+
+    def to(self, device: torch.device | str) -> None:
+        """Move the tables to `device` (a plain object, so Module.to does not reach them)."""
+        self.cos, self.sin = self.cos.to(device), self.sin.to(device)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions], self.sin[positions]

@@ -62,9 +62,13 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def _single_bits(device: torch.device) -> torch.Tensor:
-    """int32 [32] with word k = 1 << k (bit 31 is the sign bit, hence -2**31)."""
-    values = [1 << k for k in range(BITS_PER_WORD - 1)] + [-(1 << (BITS_PER_WORD - 1))]
-    return torch.tensor(values, dtype=torch.int32, device=device)
+    """int32 [32] with word k = 1 << k (bit 31 is the sign bit, hence -2**31).
+
+    Built on `device` (torch shifts int32 as unsigned, so 1 << 31 is -2**31 on CPU and CUDA alike):
+    no host list, so no pageable host-to-device copy per call.
+    """
+    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=device)
+    return torch.ones(BITS_PER_WORD, dtype=torch.int32, device=device).bitwise_left_shift(shifts)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
