@@ -110,9 +110,16 @@ def measured_configs(gpu_name: str) -> dict[tuple[int, int, torch.dtype], TileCo
     if not path.is_file():
         return {}
     table: dict[tuple[int, int, torch.dtype], TileConfig] = {}
-    for entry in json.loads(path.read_text())["entries"]:
-        dtype = getattr(torch, entry["dtype"])
-        table[(int(entry["n"]), int(entry["k"]), dtype)] = TileConfig(**entry["config"])
+    try:
+        for entry in json.loads(path.read_text())["entries"]:
+            dtype = getattr(torch, entry["dtype"])
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"dtype {entry['dtype']!r} is not a torch dtype")
+            table[(int(entry["n"]), int(entry["k"]), dtype)] = TileConfig(**entry["config"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"measured matmul tilings in {path} are unreadable ({type(e).__name__}: {e}); "
+                         "re-run bench/kernels/bench_matmul.py --write-configs on this GPU, or delete the "
+                         "file to use the default tilings") from e
     return table
 
 

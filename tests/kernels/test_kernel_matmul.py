@@ -135,6 +135,25 @@ def test_measured_configs_are_read_per_gpu_model(tmp_path, monkeypatch: pytest.M
         mm.measured_configs.cache_clear()
 
 
+@pytest.mark.parametrize("text", [
+    "{not json",
+    '{"entries": [{"n": 8, "k": 8, "dtype": "bfloat16"}]}',
+    '{"entries": [{"n": 8, "k": 8, "dtype": "Tensor", "config": {}}]}',
+    '{"entries": [{"n": 8, "k": 8, "dtype": "bfloat16", "config": {"block_m": 48, "block_n": 16, '
+    '"block_k": 16, "num_warps": 4, "num_stages": 2}}]}',
+])
+def test_unreadable_measured_configs_name_the_file_and_the_fix(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                               text: str) -> None:
+    monkeypatch.setattr(mm, "CONFIG_DIR", tmp_path)
+    mm.measured_configs.cache_clear()
+    mm.config_path("Broken GPU").write_text(text)
+    try:
+        with pytest.raises(ValueError, match=r"Broken_GPU\.json.*--write-configs.*delete the file"):
+            mm.tile_config(8, 8, torch.bfloat16, "Broken GPU")
+    finally:
+        mm.measured_configs.cache_clear()
+
+
 def test_rejects_bad_inputs(device: torch.device) -> None:
     x, w, b = _problem(4, 8, 16, torch.float32, device, seed=7)
     cases = [
