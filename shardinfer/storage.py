@@ -197,14 +197,8 @@ def put_bytes(fs: AbstractFileSystem, path: str, data: bytes) -> None:
     complete file object.
     """
     if is_local(fs):
-        directory = os.path.dirname(path) or "."
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+        tmp = _write_temp(path, data)
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):
@@ -212,6 +206,24 @@ def put_bytes(fs: AbstractFileSystem, path: str, data: bytes) -> None:
             raise
         return
     fs.pipe_file(path, data)
+
+
+def _write_temp(path: str, data: bytes) -> str:
+    """A fsynced private temporary file holding `data`, next to local `path` (its directory is
+    created); the caller moves or links it into place. A failed write leaves no temporary file."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return tmp
 
 
 def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> None:
@@ -227,17 +239,10 @@ def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> None:
 
 def _create_exclusive_local(path: str, data: bytes) -> None:
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    tmp = _write_temp(path, data)
     try:
         os.link(tmp, path)  # atomic, fails with EEXIST; the marker is never seen half written
-    except FileExistsError:
-        raise
-    except OSError as exc:
+    except OSError as exc:  # FileExistsError (EEXIST) is not in the list below: re-raised as is
         if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
             raise
         # No hard links here (some network or FUSE filesystems): O_EXCL still decides the race.

@@ -122,7 +122,8 @@ def run_processes(
         failures = _one_round(job, num_workers, stop, reporter, stats)
         if stop.is_set():
             raise Interrupted("stopped by a signal; uncommitted splits were abandoned — rerun to finish")
-        missing = [s.index for s in job.splits if s.index not in job.store.committed()]
+        committed = job.store.committed()
+        missing = [s.index for s in job.splits if s.index not in committed]
         if not missing:
             return
         if not failures:
@@ -137,11 +138,9 @@ def _one_round(
 ) -> list[int]:
     procs: list[subprocess.Popen[str]] = []
     threads = []
-    config_json = json.dumps(job.config.to_dict())
+    config = job.config.to_dict()
     for worker in range(num_workers):
-        payload = json.dumps(
-            {"config": json.loads(config_json), "worker": worker, "num_workers": num_workers}
-        )
+        payload = json.dumps({"config": config, "worker": worker, "num_workers": num_workers})
         env = dict(os.environ, SHARDINFER_WORKER_INDEX=str(worker))
         env.update(_gpu_env(job.config.model.device, worker))
         if job.config.model.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:

@@ -24,16 +24,16 @@ import pyarrow as pa
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
-from shardinfer.pipeline.errors import ConfigError, FingerprintMismatch, InputMissing, TooManyBadRows
+from shardinfer.pipeline.errors import (
+    ConfigError,
+    FingerprintMismatch,
+    InputMissing,
+    Retryable,
+    TooManyBadRows,
+)
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
 from shardinfer.pipeline.rows import ROW_INDEX_COLUMN, RowPreparer
-from shardinfer.pipeline.runner import (
-    SplitWorker,
-    WorkerResult,
-    WorkerSettings,
-    committed_indexes,
-    crash_point,
-)
+from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings, crash_point
 
 JOB_FORMAT_VERSION = 1
 
@@ -129,21 +129,18 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         success = read_success_or_none(store)
         state = "done" if success is not None and success_hash(success) == fingerprint["hash"] else "resume"
         return OpenedJob(
-            config, spec, sampling, fingerprint, store, stored, state, success, committed_indexes(store)
+            config, spec, sampling, fingerprint, store, stored, state, success, store.committed_indexes()
         )
     splits: list[Any] = []
     if plan:
-        from shardinfer.readers.errors import InputSchemaError
+        from shardinfer.readers.errors import InputColumnError
         from shardinfer.readers.splits import plan_splits
 
         try:
             splits = plan_splits(spec, config.job.split_rows)
-        except InputSchemaError as exc:
-            # A column the spec names but the input lacks is the spec's mistake (78), not bad data
-            # (65). The readers raise one class for both; their message for this case says so.
-            if "not found" in str(exc) and "input.id_column" in str(exc):
-                raise ConfigError(str(exc)) from None
-            raise
+        except InputColumnError as exc:
+            # A column the spec names but the input lacks is the spec's mistake (78), not bad data (65).
+            raise ConfigError(str(exc)) from None
         if not splits:
             raise InputMissing(f"input.path={config.input.path!r} has no rows to process")
         check_columns(config, spec, splits[0].path)
@@ -294,20 +291,7 @@ def committed_totals(store: Any, committed: dict[int, dict[str, Any]]) -> dict[s
 
 
 def split_stats_of(store: Any, marker: dict[str, Any]) -> dict[str, Any]:
-    import posixpath
-
-    import pyarrow.parquet as pq
-
-    from shardinfer.storage import RetryPolicy, with_retries
-
-    path = posixpath.join(store.root, marker["part"])
-
-    def footer() -> dict[bytes, bytes]:
-        with store.fs.open(path, "rb") as f:
-            return dict(pq.read_metadata(f).metadata or {})
-
-    meta = with_retries(getattr(store, "retries", None) or RetryPolicy(), f"read footer of {path}", footer)
-    raw = meta.get(b"shardinfer.split_stats")
+    raw = store.read_part_metadata(marker["part"]).get(b"shardinfer.split_stats")
     return dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
 
 
@@ -316,8 +300,6 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
     committed = job.store.committed()
     missing = [s.index for s in job.splits if s.index not in committed]
     if missing:
-        from shardinfer.pipeline.errors import Retryable
-
         raise Retryable(
             f"{len(missing)} split(s) still uncommitted (first: {missing[:5]}); rerun to finish them"
         )

@@ -15,8 +15,8 @@ deterministic, writes the same rows.
 
 from __future__ import annotations
 
+import json
 import os
-import posixpath
 import queue
 import re
 import signal
@@ -34,7 +34,6 @@ from shardinfer.pipeline.errors import Interrupted
 from shardinfer.pipeline.rows import PreparedRow, RowPreparer
 
 Event = dict[str, Any]
-_MARKER = re.compile(r"^(\d+)\.json$")
 CRASH_ENV = "SHARDINFER_TEST_CRASH_AT"
 
 
@@ -129,7 +128,7 @@ class SplitWorker:
         # One listing of _commits/ serves many splits; refreshing at most every 2 s keeps a big
         # job from listing the prefix once per split while still noticing other workers' commits.
         if time.monotonic() - self._committed_at > 2.0:
-            self._committed_cache = committed_indexes(self.store)
+            self._committed_cache = self.store.committed_indexes()
             self._committed_at = time.monotonic()
         return index in self._committed_cache
 
@@ -292,20 +291,6 @@ class SplitWorker:
             inflight[rid] = (row, j)
 
 
-def committed_indexes(store: Any) -> set[int]:
-    """Split indexes with a marker, from one listing of `_commits/` (no marker is read).
-
-    A marker appears atomically and complete, so its name alone says the split is done; reading
-    every marker (as `OutputStore.committed()` does) would cost one GET per split per refresh.
-    """
-    from shardinfer.storage import RetryPolicy, list_files, with_retries
-
-    directory = posixpath.join(store.root, "_commits")
-    policy = getattr(store, "retries", None) or RetryPolicy()
-    names = with_retries(policy, f"list {directory}", lambda: list_files(store.fs, directory))
-    return {int(m.group(1)) for m in (_MARKER.match(posixpath.basename(n)) for n in names) if m}
-
-
 def attempt_id(run_id: str) -> str:
     """A unique id for one attempt at one split: the run id (made file-name safe) plus randomness.
 
@@ -317,6 +302,4 @@ def attempt_id(run_id: str) -> str:
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value, sort_keys=True)

@@ -1,11 +1,18 @@
 """Reader stage: input paths/globs on any fsspec filesystem -> deterministic splits -> Arrow batches."""
 
-from shardinfer.readers.errors import InputMissingError, InputQueryError, InputSchemaError, ReaderError
+from shardinfer.readers.errors import (
+    InputColumnError,
+    InputMissingError,
+    InputQueryError,
+    InputSchemaError,
+    ReaderError,
+)
 from shardinfer.readers.spec import ROW_INDEX_COLUMN, InputSpec, Split
 from shardinfer.readers.splits import list_input_files, plan_splits, read_schema, read_split
 
 __all__ = [
     "ROW_INDEX_COLUMN",
+    "InputColumnError",
     "InputMissingError",
     "InputQueryError",
     "InputSchemaError",

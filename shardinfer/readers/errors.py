@@ -17,5 +17,13 @@ class InputSchemaError(ReaderError):
     """A file whose content does not fit: a missing column, corrupt Parquet, a bad JSONL line."""
 
 
+class InputColumnError(InputSchemaError):
+    """A column the spec names (input.id_column, prompt_column, messages_column) is not in the input.
+
+    Still an InputSchemaError for callers that catch bad input as one type; the job treats it as a
+    mistake in the spec (exit 78) rather than bad data.
+    """
+
+
 class InputQueryError(ReaderError):
     """An `input.query` that cannot run split by split (aggregation, join, ORDER BY, ...) or fails."""

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from shardinfer.readers.errors import InputSchemaError
+from shardinfer.readers.errors import InputColumnError, InputSchemaError
 from shardinfer.readers.jsonl_source import infer_jsonl_schema, iter_jsonl_rows, scan_jsonl
 from shardinfer.readers.listing import list_input_files, resolve_format
 from shardinfer.readers.parquet_source import iter_parquet_rows, parquet_layout, plan_file_ranges
@@ -48,7 +48,7 @@ def _row_schema(file_schema: pa.Schema, url: str, spec: InputSpec) -> pa.Schema:
     if missing:
         after = " after input.query" if spec.query else ""
         available = [n for n in schema.names if n != ROW_INDEX_COLUMN]
-        raise InputSchemaError(
+        raise InputColumnError(
             f"{url}: column(s) {missing} not found{after}; available columns: {available}; fix "
             "input.id_column / input.prompt_column / input.messages_column or the query"
         )

@@ -169,22 +169,43 @@ class OutputStore:
             self._retry(f"delete {part.path}", lambda: delete_if_present(self.fs, self._path(part.name)))
             return False
 
+    def _marker_paths(self) -> list[tuple[int, str]]:
+        """(split index, marker path) in listing order, from one listing of `_commits/`.
+
+        Names that are not `{split}.json` (crash leftovers such as temporary files) are skipped.
+        """
+        directory = self._path(COMMITS_DIR)
+        names = self._retry(f"list {full_url(self.fs, directory)}", lambda: list_files(self.fs, directory))
+        found = []
+        for path in names:
+            m = _MARKER_NAME.match(posixpath.basename(path))
+            if m:
+                found.append((int(m.group(1)), path))
+        return found
+
+    def committed_indexes(self) -> set[int]:
+        """Split indexes with a marker, from one listing of `_commits/` (no marker is read).
+
+        A marker appears atomically and complete, so its name alone says the split is done; reading
+        every marker (as `committed()` does) would cost one GET per split.
+        """
+        return {index for index, _ in self._marker_paths()}
+
     def committed(self) -> dict[int, dict[str, Any]]:
         """Split index -> marker, for every split committed so far."""
         directory = self._path(COMMITS_DIR)
-        names = self._retry(f"list {full_url(self.fs, directory)}", lambda: list_files(self.fs, directory))
-        paths = [p for p in names if _MARKER_NAME.match(posixpath.basename(p))]  # skips crash leftovers
+        found = self._marker_paths()
+        paths = [path for _, path in found]
         # One batched fetch: s3fs runs the GETs concurrently, which matters when resuming 10^4 splits.
         contents = self._retry(
             f"read markers in {full_url(self.fs, directory)}", lambda: cat_many(self.fs, paths)
         )
         markers: dict[int, dict[str, Any]] = {}
-        for path in paths:
+        for index, path in found:
             data = contents.get(path)
             if data is None:
                 continue  # deleted since the listing (a concurrent start-over)
             marker = parse_json(data, full_url(self.fs, path))
-            index = int(_MARKER_NAME.match(posixpath.basename(path)).group(1))  # type: ignore[union-attr]
             if marker.get("split") != index or "part" not in marker:
                 raise CorruptOutputError(
                     f"{full_url(self.fs, path)} is not a commit marker for split {index}: {marker}; "
@@ -192,6 +213,17 @@ class OutputStore:
                 )
             markers[index] = marker
         return dict(sorted(markers.items()))
+
+    def read_part_metadata(self, part: str) -> dict[bytes, bytes]:
+        """The Parquet key-value metadata of the part file named `part` (one footer read, no data pages)."""
+        path = self._path(part)
+
+        def footer() -> dict[bytes, bytes]:
+            with self.fs.open(path, "rb") as f:
+                return dict(pq.read_metadata(f).metadata or {})
+
+        meta: dict[bytes, bytes] = self._retry(f"read footer of {full_url(self.fs, path)}", footer)
+        return meta
 
     # --- finishing and reading back --------------------------------------------------------------
     def finalize(self, summary: dict[str, Any]) -> dict[str, Any]:
@@ -212,8 +244,11 @@ class OutputStore:
                 "run the job again to finish them"
             )
         referenced = {m["part"] for m in markers.values()}
-        orphans = [p for p in self._listing() if is_part_name(posixpath.basename(p))]
-        orphans = [p for p in orphans if posixpath.basename(p) not in referenced]
+        orphans = [
+            p
+            for p in self._listing()
+            if is_part_name(name := posixpath.basename(p)) and name not in referenced
+        ]
         for path in orphans:
             self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
         files = [
