@@ -25,3 +25,8 @@ def batch_logits(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tens
     for i in range(len(prompts)):
         engine.abort(f"logits-{i}")
     return out
+
+
+def output_key(outs) -> list[tuple]:  # type: ignore[no-untyped-def]
+    """What must match bitwise between runs: (token ids, logprobs, top logprobs) of every completion."""
+    return [(c.token_ids, c.logprobs, c.top_logprobs) for o in outs for c in o.outputs]

@@ -16,6 +16,13 @@ def _req(rid: str, tokens: list[int], **params) -> Request:
     return Request(rid, tokens, SamplingParams(**params), seed=0, max_tokens=8)
 
 
+def _fill(bm: BlockManager, req: Request, num_tokens: int) -> None:
+    """Admit `req` with no cached prefix, allocate blocks for `num_tokens` and register the full ones."""
+    bm.admit(req, [])
+    bm.allocate(req, num_tokens)
+    bm.register_full_blocks(req, num_tokens)
+
+
 def _blake(parent: int, tokens: list[int]) -> int:
     data = parent.to_bytes(8, "little") + np.asarray(tokens, dtype=np.int64).tobytes()
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
@@ -47,9 +54,7 @@ def test_allocate_takes_lowest_free_ids_in_order() -> None:
 def test_prefix_hit_reuses_blocks_and_counts_refs() -> None:
     bm = BlockManager(num_blocks=8, block_size=4)
     a = _req("a", list(range(10)))
-    bm.admit(a, [])
-    bm.allocate(a, 10)
-    bm.register_full_blocks(a, 10)
+    _fill(bm, a, 10)
     assert a.block_hashes == chain_hashes(list(range(10)), 4)
     b = _req("b", [*list(range(8)), 42, 43, 44])
     hit = bm.find_cached_prefix(b)
@@ -64,31 +69,23 @@ def test_prefix_hit_reuses_blocks_and_counts_refs() -> None:
 def test_fully_cached_prompt_leaves_its_last_block_to_compute() -> None:
     bm = BlockManager(num_blocks=8, block_size=4)
     a = _req("a", list(range(8)))
-    bm.admit(a, [])
-    bm.allocate(a, 8)
-    bm.register_full_blocks(a, 8)
+    _fill(bm, a, 8)
     assert bm.find_cached_prefix(_req("b", list(range(8)))) == [0]
 
 
 def test_prompt_logprob_requests_do_not_use_cached_blocks() -> None:
     bm = BlockManager(num_blocks=8, block_size=4)
     a = _req("a", list(range(8)))
-    bm.admit(a, [])
-    bm.allocate(a, 8)
-    bm.register_full_blocks(a, 8)
+    _fill(bm, a, 8)
     assert bm.find_cached_prefix(_req("b", list(range(9)), prompt_logprobs=0)) == []
 
 
 def test_freed_blocks_stay_cached_and_are_evicted_least_recently_freed_first() -> None:
     bm = BlockManager(num_blocks=4, block_size=2)
     a = _req("a", [1, 2, 3, 4])
-    bm.admit(a, [])
-    bm.allocate(a, 4)
-    bm.register_full_blocks(a, 4)
+    _fill(bm, a, 4)
     b = _req("b", [5, 6])
-    bm.admit(b, [])
-    bm.allocate(b, 2)
-    bm.register_full_blocks(b, 2)
+    _fill(bm, b, 2)
     assert (a.block_table, b.block_table) == ([0, 1], [2])
     bm.free_request(a)  # releases tail first: 1 then 0
     bm.free_request(b)
@@ -108,9 +105,7 @@ def test_freed_blocks_stay_cached_and_are_evicted_least_recently_freed_first() -
 def test_prefix_caching_off_never_hits() -> None:
     bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=False)
     a = _req("a", [1, 2, 3, 4])
-    bm.admit(a, [])
-    bm.allocate(a, 4)
-    bm.register_full_blocks(a, 4)
+    _fill(bm, a, 4)
     assert bm.find_cached_prefix(_req("b", [1, 2, 3, 4, 5])) == []
     assert bm.cached == {}
 

@@ -7,6 +7,7 @@ import torch
 
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine.sampling_noise import sample_seed
+from tests.engine.engine_helpers import output_key
 
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=24, seed=1234, ignore_eos=True,
                          logprobs=3)
@@ -19,23 +20,19 @@ def _prompts(n: int, vocab: int, shared_prefix: int = 0) -> list[list[int]]:
             for _ in range(n)]
 
 
-def _key(outs) -> list[tuple]:
-    return [(c.token_ids, c.logprobs, c.top_logprobs) for o in outs for c in o.outputs]
-
-
 @pytest.fixture(scope="module")
 def baseline(qwen3_dir):
     llm = LLM(qwen3_dir, device="cpu", dtype="float32", enable_prefix_caching=False)
     vocab = llm.llm_engine.model_config.vocab_size
     prompts = _prompts(6, vocab, shared_prefix=37)
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
-    return prompts, _key(llm.generate(prompts, greedy)), _key(llm.generate(prompts, SAMPLED))
+    return prompts, output_key(llm.generate(prompts, greedy)), output_key(llm.generate(prompts, SAMPLED))
 
 
 def _run(model_dir, prompts, **engine_kwargs):
     llm = LLM(model_dir, device="cpu", dtype="float32", **engine_kwargs)
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
-    return llm, _key(llm.generate(prompts, greedy)), _key(llm.generate(prompts, SAMPLED))
+    return llm, output_key(llm.generate(prompts, greedy)), output_key(llm.generate(prompts, SAMPLED))
 
 
 def test_prefix_caching_on_equals_off(qwen3_dir, baseline) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
 
-from pipeline_kit import cli, committed_rows, job_toml, tiny_model, write_shards
+from pipeline_kit import cli, committed_rows, standard_job, tiny_model, write_shards
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +30,9 @@ def reference(
 ) -> list[dict[str, Any]]:
     """The committed rows of one uninterrupted `local` run of the standard test job."""
     base = tmp_path_factory.mktemp("reference")
-    job = base / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards), str(base / "out")))
+    job, out = standard_job(base, model_dir, str(shards))
     result = cli("submit", str(job))
     assert result.returncode == 0, result.stderr
-    rows = committed_rows(str(base / "out"))
+    rows = committed_rows(str(out))
     assert len(rows) == 24
     return rows

@@ -15,9 +15,9 @@ from pipeline_kit import (
     cli_env,
     committed_rows,
     fine_grained_job,
-    job_toml,
     marker_parts,
     part_files,
+    standard_job,
     start_cli,
 )
 
@@ -70,9 +70,7 @@ def test_kill9_at_random_moments_then_resume(
 def test_kill_between_part_write_and_marker(
     tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
 ) -> None:
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards), str(out)))
+    job, out = standard_job(tmp_path, model_dir, str(shards))
     crashed = cli(
         "submit",
         str(job),
@@ -91,9 +89,7 @@ def test_kill_between_part_write_and_marker(
 def test_kill_while_writing_success(
     tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
 ) -> None:
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards), str(out)))
+    job, out = standard_job(tmp_path, model_dir, str(shards))
     crashed = cli("submit", str(job), env=cli_env(SHARDINFER_TEST_CRASH_AT="before_success"))
     assert crashed.returncode == -signal.SIGKILL
     assert _markers(out) == 6 and not (out / "_SUCCESS").exists()

@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import s3fs
-from pipeline_kit import cli, cli_env, committed_rows, fine_grained_job, job_toml, marker_parts, part_files
+from pipeline_kit import (
+    cli,
+    cli_env,
+    committed_rows,
+    fine_grained_job,
+    job_toml,
+    marker_parts,
+    part_files,
+    standard_job,
+    start_cli,
+)
 
 
 def test_local2_commits_every_split_exactly_once(
     tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
 ) -> None:
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards), str(out)))
+    job, out = standard_job(tmp_path, model_dir, str(shards))
     result = cli("submit", "--master", "local[2]", "--log-format", "json", str(job))
     assert result.returncode == 0, result.stderr
     assert committed_rows(str(out)) == reference
@@ -30,9 +40,7 @@ def test_local2_commits_every_split_exactly_once(
 def test_local2_dead_worker_is_reported_and_its_splits_redone(
     tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
 ) -> None:
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards), str(out)))
+    job, out = standard_job(tmp_path, model_dir, str(shards))
     env = cli_env(
         SHARDINFER_TEST_CRASH_AT="after_part",
         SHARDINFER_TEST_CRASH_SPLIT="1",
@@ -84,11 +92,6 @@ def test_s3_input_and_output_through_moto_with_faults(
 def test_local2_sigterm_reaches_the_workers_and_rerun_completes(
     tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
 ) -> None:
-    import signal
-    import time
-
-    from pipeline_kit import start_cli
-
     job, out = fine_grained_job(tmp_path, model_dir, str(shards))
     proc = start_cli("submit", "--master", "local[2]", str(job))
     deadline = time.monotonic() + 90

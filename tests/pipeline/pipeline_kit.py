@@ -80,14 +80,21 @@ def job_toml(model: Path | str, input_path: str, output_path: str, **sections: d
     )
 
 
+def standard_job(
+    tmp_path: Path, model: Path | str, input_path: str, **sections: dict[str, Any]
+) -> tuple[Path, Path]:
+    """(job file, output dir): `tmp_path/job.toml` written by job_toml, output to `tmp_path/out`."""
+    out = tmp_path / "out"
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model, input_path, str(out), **sections))
+    return job, out
+
 
 def fine_grained_job(tmp_path: Path, model: Path | str, input_path: str) -> tuple[Path, Path]:
     """(job file, output dir) for a job of one-row splits, one request at a time: many commit
     points, so a run interrupted at any instant dies with work left. Outputs are unchanged by it."""
-    out = tmp_path / "out"
-    job = tmp_path / "job.toml"
-    job.write_text(job_toml(model, input_path, str(out), job={"split_rows": 1, "max_inflight_requests": 1}))
-    return job, out
+    return standard_job(tmp_path, model, input_path, job={"split_rows": 1, "max_inflight_requests": 1})
+
 
 def _toml(value: Any) -> str:
     import json

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pyarrow as pa
@@ -66,3 +67,25 @@ def new_store(url: str, splits: list[Split], **kwargs: Any) -> OutputStore:
 def full_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows as read back from Parquet: every schema column present, absent ones null."""
     return [{name: row.get(name) for name in SCHEMA.names} for row in rows]
+
+
+def race_commits(
+    url: str, split: Split, writers: int, prefix: str, storage_options: dict[str, Any] | None = None
+) -> dict[str, bool]:
+    """`writers` threads named f"{prefix}{i}", each with its own store object (as separate processes
+    would have), write a part of `split`, meet at a barrier, then commit it at once: name -> won."""
+    barrier = threading.Barrier(writers)
+    results: dict[str, bool] = {}
+
+    def attempt(name: str) -> None:
+        own = OutputStore(url, storage_options)
+        part = own.write_part(split, name, table_for(split), {})
+        barrier.wait()
+        results[name] = own.commit(split, part)
+
+    threads = [threading.Thread(target=attempt, args=(f"{prefix}{i}",)) for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 import s3fs
-from store_helpers import full_rows, new_store, plan, rows_for, table_for
+from store_helpers import full_rows, new_store, plan, race_commits, rows_for, table_for
 
 from shardinfer.storage import RetryPolicy
 from shardinfer.writers import OutputStore, StorageError
@@ -70,20 +69,7 @@ def test_racing_writers_on_s3_commit_exactly_once(s3_bucket) -> None:
     url = s3_bucket.url("race")
     store = new_store(url, [split], storage_options=s3_bucket.storage_options)
     writers = 4
-    barrier = threading.Barrier(writers)
-    results: dict[str, bool] = {}
-
-    def attempt(name: str) -> None:
-        own = OutputStore(url, s3_bucket.storage_options)
-        part = own.write_part(split, name, table_for(split), {})
-        barrier.wait()
-        results[name] = own.commit(split, part)
-
-    threads = [threading.Thread(target=attempt, args=(f"w{i}",)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = race_commits(url, split, writers, "w", s3_bucket.storage_options)
     winners = [n for n, won in results.items() if won]
     assert len(results) == writers and len(winners) == 1
     fs = s3fs.S3FileSystem(**s3_bucket.storage_options)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import fsspec
 import pyarrow.parquet as pq
 import pytest
-from store_helpers import SCHEMA, full_rows, new_store, plan, rows_for, table_for
+from store_helpers import SCHEMA, full_rows, new_store, plan, race_commits, rows_for, table_for
 
 from shardinfer.readers import Split
 from shardinfer.writers import (
@@ -61,20 +60,7 @@ def test_racing_threads_commit_exactly_once(out_url: str) -> None:
     (split,) = plan(1)
     store = new_store(out_url, [split])
     writers = 6
-    barrier = threading.Barrier(writers)
-    results: dict[str, bool] = {}
-
-    def attempt(name: str) -> None:
-        own = OutputStore(out_url)  # each worker has its own store object, as separate processes would
-        part = own.write_part(split, name, table_for(split), {})
-        barrier.wait()
-        results[name] = own.commit(split, part)
-
-    threads = [threading.Thread(target=attempt, args=(f"t{i}",)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = race_commits(out_url, split, writers, "t")
     winners = [name for name, won in results.items() if won]
     assert len(results) == writers and len(winners) == 1
     assert store.committed()[0]["part"] == f"part-00000-{winners[0]}.parquet"

@@ -20,6 +20,7 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.deepseek_v3 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from shardinfer.engine.models.loader import iter_checkpoint_tensors
 from shardinfer.testing.tiny_checkpoint import FAMILY_DEFAULTS, build_tokenizer, make_tiny_checkpoint
+from tests.engine.hf_reference import hf_logits  # transformers' logits [len, vocab] (float32), no cache
 
 # Tiny configs, one per regime the tests cover (transformers DeepseekV3Config keys).
 YARN_MSCALE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32,
@@ -101,14 +102,6 @@ def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, batch_
     model = cls(config, Numerics(dtype, batch_invariant), max_positions)
     model.load_weights(iter_checkpoint_tensors(model_dir))
     return model.eval()
-
-
-
-
-@torch.no_grad()
-def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """transformers' logits [len, vocab] (float32) for one sequence, no cache."""
-    return hf_model(torch.tensor([token_ids])).logits[0].float()
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ import torch
 from deepseek_helpers import deepseek_checkpoint, hf_greedy, load_hf
 
 from shardinfer import LLM, SamplingParams
+from tests.engine.engine_helpers import output_key
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, seed=7, ignore_eos=True, logprobs=2)
@@ -18,13 +19,9 @@ SHARED = [9, 8, 7, 6, 5, 4, 3, 2, 1, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
 PROMPTS = [[*SHARED, 40, 41, 42], [*SHARED, 50], [60, 61, 62, 63, 64], SHARED[:7]]
 
 
-def _key(outs) -> list[tuple]:  # type: ignore[no-untyped-def]
-    return [(c.token_ids, c.logprobs, c.top_logprobs) for o in outs for c in o.outputs]
-
-
 def _run(model_dir: Path, **engine_kwargs: object) -> tuple[LLM, list[tuple], list[tuple]]:
     llm = LLM(model_dir, device="cpu", dtype="float32", block_size=4, **engine_kwargs)
-    return llm, _key(llm.generate(PROMPTS, GREEDY)), _key(llm.generate(PROMPTS, SAMPLED))
+    return llm, output_key(llm.generate(PROMPTS, GREEDY)), output_key(llm.generate(PROMPTS, SAMPLED))
 
 
 @pytest.fixture(scope="module")
