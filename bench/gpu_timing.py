@@ -27,15 +27,27 @@ def median_ms(fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
 
 def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
-    src = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
+    rate = _timed_copy(1 << 31)
+    torch.cuda.empty_cache()  # hand the 4 GiB back: an engine built next sizes its KV cache from free memory
+    return rate
+
+
+def _timed_copy(n_bytes: int) -> float:
+    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    return 2 * src.numel() / (median_ms(lambda: dst.copy_(src), reps=10) * 1e-3)
+    return 2 * n_bytes / (median_ms(lambda: dst.copy_(src), reps=10) * 1e-3)
 
 
 def matmul_rate() -> float:
     """bf16 8192^3 matmul rate in FLOP/s."""
-    m = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    return 2 * 8192**3 / (median_ms(lambda: m @ m, reps=10) * 1e-3)
+    rate = _timed_matmul(8192)
+    torch.cuda.empty_cache()
+    return rate
+
+
+def _timed_matmul(n: int) -> float:
+    m = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    return 2 * n**3 / (median_ms(lambda: m @ m, reps=10) * 1e-3)
 
 
 def ceilings() -> tuple[float, float]:

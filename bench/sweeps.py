@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
-import os
 import sys
 import tempfile
 import time
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_timing import copy_bandwidth, matmul_rate
-from bench.workloads import SHAPES, build_checkpoint, requests
+from bench.gpu_timing import copy_bandwidth, decode_bytes, matmul_rate
+from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 
 
@@ -59,8 +59,7 @@ def decode_point(llm: LLM, batch: int, vocab: int, bw: float, profile_to: Path |
             profile_to.write_text(table)
             print(table[:6000])
             profiler, profile_to = None, None
-    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    per_token = sum(s.values_per_token for s in engine.model.kv_cache_specs()) * engine.dtype.itemsize
+    weights, per_token = decode_bytes(engine)
     times_sorted = sorted(times)
     med = times_sorted[len(times) // 2] if times else float("nan")
     med_kv = sorted(kv)[len(kv) // 2] if kv else 0
@@ -87,7 +86,7 @@ def main() -> None:
     llm = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
               max_num_seqs=max(args.batches), max_num_batched_tokens=16384, max_model_len=1024)
     now = dt.datetime.now(dt.UTC)
-    common = {"gpu": torch.cuda.get_device_name(0), "commit": os.environ.get("BENCH_COMMIT"),
+    common = {"gpu": torch.cuda.get_device_name(0), "commit": bench_commit(),
               "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
               "copy_bandwidth_GBps": bw / 1e9, "torch": torch.__version__}
     out_dir = Path(args.out)
@@ -104,15 +103,17 @@ def main() -> None:
               "shardinfer_output_tok_s": max((p["output_tok_s"] or 0) for p in points),
               "transformers_output_tok_s": None,
               "decode_floor_fraction": next((p["floor_fraction"] for p in points if p["batch"] == 256), None)}
-    (out_dir / f"decode-{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(decode, indent=2))
+    (out_dir / f"decode-{args.workload}-{stamp}.json").write_text(json.dumps(decode, indent=2))
     if args.skip_prefill:
         return
     rate = matmul_rate()
-    engine = llm.llm_engine
     reqs = requests(256, shape["vocab_size"], (2048, 2048), (1, 1), seed=9)
+    # Free the decode engine first: llm2 sizes its KV cache from the memory the device has free.
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
     llm2 = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
                max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=4096, enable_prefix_caching=False)
-    del llm, engine
     torch.cuda.synchronize()
     t = time.perf_counter()
     llm2.generate([ids for ids, _ in reqs], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
@@ -125,7 +126,7 @@ def main() -> None:
             llm2.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-        (out_dir / f"profile-prefill-{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.txt").write_text(table)
+        (out_dir / f"profile-prefill-{args.workload}-{stamp}.txt").write_text(table)
         print(table[:5000])
     model = llm2.llm_engine.model
     params = sum(p.numel() for p in model.parameters())
@@ -142,7 +143,7 @@ def main() -> None:
                "note": "FLOPs = 2 * active parameters * tokens (attention excluded; MoE: top-k of the routed experts)"}
     print(f"prefill: {tokens / wall:.0f} prompt tok/s, {flops / wall / 1e12:.0f} TFLOP/s "
           f"of {rate / 1e12:.0f} measured ({flops / wall / rate:.0%})")
-    (out_dir / f"prefill-{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(prefill, indent=2))
+    (out_dir / f"prefill-{args.workload}-{stamp}.json").write_text(json.dumps(prefill, indent=2))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +23,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_timing import copy_bandwidth
-from bench.workloads import SHAPES, build_checkpoint, requests
+from bench.gpu_timing import copy_bandwidth, decode_bytes
+from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 
 
@@ -80,14 +78,14 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
     engine._launch = launch  # type: ignore[method-assign]
     idle_ms = sum(max(0.0, marks[i][1].elapsed_time(marks[i + 1][0])) for i in range(len(marks) - 1))
     stats = engine.stats()
+    weight_bytes, kv_bytes_per_token = decode_bytes(engine)
     return {"output_tok_s": out_tokens / wall, "wall_s": wall, "output_tokens": out_tokens,
             "steps": stats["steps"], "preemptions": stats["preemptions"],
             "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
             "host_gap_s": wall - busy, "decode_steps": decode_steps, "gpu_idle_between_steps_s": idle_ms / 1e3,
             "async_scheduling": engine.async_scheduling,
             "graphed_steps": graphed_n, "graphed_s": graphed_s, "eager_steps": eager_n, "eager_s": eager_s,
-            "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
-            "kv_bytes_per_token": sum(s.values_per_token for s in engine.model.kv_cache_specs()) * 2}
+            "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_bytes_per_token}
 
 
 def run_transformers(model_dir: Path, reqs: list[tuple[list[int], int]], out_len: int) -> dict[str, Any]:
@@ -171,10 +169,7 @@ def main() -> None:
         floor_frac = floor_s / med_s
         decode_summary = {"batch": top, "median_step_ms": med_s * 1e3, "floor_ms": floor_s * 1e3,
                           "kv_tokens": med_kv, "n_steps": len(chosen)}
-    # BENCH_COMMIT names the commit where the tree travels without its .git (a copy on another machine).
-    commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-        cwd=Path(__file__).parent).stdout.strip() or None
+    commit = bench_commit()
     now = dt.datetime.now(dt.UTC)
     result = {"workload": args.workload, "gpu": torch.cuda.get_device_name(0), "commit": commit,
               "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",

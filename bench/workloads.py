@@ -7,7 +7,9 @@ weights still give honest throughput.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,14 @@ SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(family="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096),
 }
+
+
+def bench_commit() -> str | None:
+    """The commit benchmarked: BENCH_COMMIT where the tree travels without its .git (a copy on
+    another machine), else `git rev-parse --short HEAD` of this checkout (None outside git)."""
+    return os.environ.get("BENCH_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        cwd=Path(__file__).parent).stdout.strip() or None
 
 
 def requests(n: int, vocab: int, in_range: tuple[int, int], out_range: tuple[int, int],
