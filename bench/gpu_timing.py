@@ -53,3 +53,10 @@ def _timed_matmul(n: int) -> float:
 def ceilings() -> tuple[float, float]:
     """(copy bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
     return copy_bandwidth(), matmul_rate()
+
+
+def decode_bytes(engine: Any) -> tuple[int, int]:
+    """(weight bytes, KV-cache bytes per token) of an engine: what one decode step must read."""
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    per_token = sum(s.values_per_token for s in engine.model.kv_cache_specs()) * engine.dtype.itemsize
+    return weights, per_token
