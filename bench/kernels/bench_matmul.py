@@ -10,10 +10,13 @@ it (per layer x layers, plus lm_head once), which is what the <= 10% budget is a
 Then, within --sweep-budget-s seconds, a sweep times other fixed tilings per shape at a few M
 (tile sizes, pipeline depth, persistent or one-tile grid, pointer or TMA operand loads), checks
 each stays bitwise row invariant, and prints the best per (N, K) as CONFIG_OVERRIDES lines for
-shardinfer/kernels/matmul.py (any one fixed tiling per shape keeps invariance). The score is
-the geometric mean of ours/cuBLAS over the sweep's M values, so decode and prefill count alike.
+shardinfer/kernels/matmul.py (any one fixed tiling per shape keeps invariance). The score is a
+weighted geometric mean of ours/cuBLAS over the sweep's M values, weighted like a throughput run
+spends its GEMM time (SWEEP_WEIGHTS: mostly decode steps at batch 256, then prefill chunks).
 
     python bench/kernels/bench_matmul.py [--out DIR] [--sweep-budget-s 240] [--models 0.6b,8b]
+    python bench/kernels/bench_matmul.py --from-sweep results/kernels-matmul-sweep-....json --write-configs
+        (re-pick the winners of a saved sweep, e.g. after changing the weights; no timing)
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ MODELS = {  # name: (layers, {projection: (N, K)})
 }
 MS = (1, 16, 64, 256, 1024, 4096, 8192)
 SWEEP_MS = (1, 64, 256, 4096)
+# How a throughput run's GEMM time splits over batch sizes (bench/RESULTS.md: decode at batch
+# ~256 takes about two thirds of the wall time, prefill chunks most of the rest). A single
+# tiling serves every M, so it should be fastest where the time goes; an M=1 win that costs
+# M=256 time is a loss for this engine.
+SWEEP_WEIGHTS = {1: 0.05, 64: 0.15, 256: 0.5, 4096: 0.3}
 CANDIDATES = {
     "128x128x64_w8_s4": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4),
     "128x128x64_w8_s3": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3),
@@ -232,7 +240,7 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
                 results.append(rec)
                 print(f"  {model} {proj:>8} {name:<26} failed: {rec['error']}")
                 continue
-            score = math.exp(sum(math.log(us[m] / cub[m]) for m in SWEEP_MS) / len(SWEEP_MS))
+            score = weighted_score(us, cub)
             rec.update({"us": us, "score": score})
             results.append(rec)
             if rec["invariant"] and (best is None or score < best[0]):
@@ -252,6 +260,31 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
     return results
 
 
+def weighted_score(us: dict[int, float], cublas_us: dict[int, float]) -> float:
+    """exp(sum_M w_M log(ours_M / cuBLAS_M)): 1.0 means cuBLAS's speed where the time goes."""
+    return math.exp(sum(w * math.log(us[m] / cublas_us[m]) for m, w in SWEEP_WEIGHTS.items()))
+
+
+def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]]) -> dict[tuple[int, int], mm.TileConfig]:
+    """The best invariant tiling per (N, K) of a saved sweep under the current weights."""
+    cub: dict[tuple[int, int], dict[int, float]] = {}
+    for r in cublas_rows:
+        cub.setdefault((r["N"], r["K"]), {})[int(r["M"])] = float(r["cublas_us"])
+    best: dict[tuple[int, int], tuple[float, str, mm.TileConfig]] = {}
+    for rec in json.loads(sweep_path.read_text())["results"]:
+        if not rec.get("invariant") or "us" not in rec:
+            continue
+        nk = (rec["N"], rec["K"])
+        us = {int(m): float(v) for m, v in rec["us"].items()}
+        score = weighted_score(us, cub[nk])
+        fields = {f: rec[f] for f in mm.TileConfig.__dataclass_fields__}
+        if nk not in best or score < best[nk][0]:
+            best[nk] = (score, rec["config"], mm.TileConfig(**fields))
+    for (n, k), (score, name, _) in sorted(best.items()):
+        print(f"  N={n:>6} K={k:>5}: {name:<28} score {score:.3f}")
+    return {nk: cfg for nk, (_, _, cfg) in best.items()}
+
+
 def write(out: Path, name: str, record: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
@@ -259,22 +292,24 @@ def write(out: Path, name: str, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
-def write_configs(chosen: dict[tuple[int, int], mm.TileConfig], out: Path, meta: dict[str, Any]) -> None:
+def write_configs(chosen: dict[tuple[int, int], mm.TileConfig], out: Path | None, meta: dict[str, Any],
+                  gpu_name: str) -> None:
     """Merge the winners into the GPU's config file (entries for other shapes are kept)."""
-    path = mm.config_path(torch.cuda.get_device_name())
+    path = mm.config_path(gpu_name)
     entries = {(e["n"], e["k"], e["dtype"]): e for e in
                (json.loads(path.read_text())["entries"] if path.is_file() else [])}
     dtype_name = str(DTYPE).removeprefix("torch.")
     for (n, k), cfg in chosen.items():
         entries[(n, k, dtype_name)] = {"n": n, "k": k, "dtype": dtype_name, "config": asdict(cfg)}
     record = {"gpu": meta["gpu"], "triton": meta["triton"], "date": meta["date"],
-              "how": "bench/kernels/bench_matmul.py sweep: geometric mean of time over cuBLAS at M in "
-                     f"{list(SWEEP_MS)}, bitwise row invariance checked",
+              "how": "bench/kernels/bench_matmul.py sweep: geometric mean of time over cuBLAS weighted by M "
+                     f"{SWEEP_WEIGHTS}, bitwise row invariance checked",
               "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"], e["dtype"]))}
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1)
     path.write_text(text)
-    (out / path.name).write_text(text)
+    if out is not None:  # a copy beside the run's results, to fetch from a GPU machine
+        (out / path.name).write_text(text)
     print(f"wrote {path} ({len(record['entries'])} shapes)")
 
 
@@ -285,7 +320,23 @@ def main() -> None:
     ap.add_argument("--models", default="0.6b,8b", help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--write-configs", action="store_true",
                     help="write the sweep's winners to shardinfer/kernels/matmul_configs/<gpu>.json (and --out)")
+    ap.add_argument("--from-sweep", default=None,
+                    help="re-pick winners from this saved sweep JSON (and the kernels-matmul JSON of the same "
+                         "run beside it, for cuBLAS times) instead of timing anything")
     args = ap.parse_args()
+    if args.from_sweep:
+        sweep_path = Path(args.from_sweep)
+        table = sorted(sweep_path.parent.glob("kernels-matmul-2*.json"))
+        same_run = [p for p in table if p.name < sweep_path.name.replace("-sweep", "")] or table
+        if not same_run:
+            ap.error(f"--from-sweep: no kernels-matmul-*.json with cuBLAS times beside {sweep_path}")
+        rows = json.loads(same_run[-1].read_text())["rows"]
+        print(f"re-picking from {sweep_path.name} with cuBLAS times of {same_run[-1].name}")
+        chosen = repick(sweep_path, rows)
+        if args.write_configs:
+            meta = json.loads(sweep_path.read_text())
+            write_configs(chosen, None, meta, meta["gpu"])
+        return
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
@@ -308,7 +359,7 @@ def main() -> None:
         chosen: dict[tuple[int, int], mm.TileConfig] = {}
         results = sweep(models, rows, args.sweep_budget_s, chosen)
         if args.write_configs and chosen:
-            write_configs(chosen, Path(args.out), meta)
+            write_configs(chosen, Path(args.out), meta, torch.cuda.get_device_name())
         write(Path(args.out), "kernels-matmul-sweep", {"workload": "kernels-matmul-sweep", **meta,
                                                        "results": results})
 
