@@ -133,18 +133,15 @@ def heads_matmul(x: torch.Tensor, w: torch.Tensor, w_nk: torch.Tensor, batch_inv
     """Per-head products x[:, h] @ w[h] on the GPU path: x [T, H, K], w [H, K, N], w_nk = w^T per head
     [H, N, K] -> [T, H, N].
 
-    Batch invariant: one fixed-tile Triton matmul per head, which reads each head's weight once
-    (the CPU reference's row tiles would copy the weights once per tile). Otherwise cuBLAS's
-    batched GEMM.
+    Batch invariant: the per-head Triton matmul (kernels/heads_matmul.py), one launch for all
+    heads that reads x through its strides and each head's weight once (the CPU reference's row
+    tiles would copy the weights once per tile). Otherwise cuBLAS's batched GEMM on w.
     """
     if not batch_invariant:
         return torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
-    from shardinfer.kernels.matmul import linear_batch_invariant
+    from shardinfer.kernels.heads_matmul import heads_matmul as heads_matmul_kernel
 
-    out = x.new_empty(x.shape[0], x.shape[1], w.shape[-1])
-    for h in range(x.shape[1]):
-        out[:, h] = linear_batch_invariant(x[:, h], w_nk[h])
-    return out
+    return heads_matmul_kernel(x, w_nk)
 
 
 def _paged_mla(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext,
