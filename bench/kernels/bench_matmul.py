@@ -47,6 +47,10 @@ MODELS = {  # name: (layers, {projection: (N, K)})
                   "lm_head": (151936, 1024)}),
     "8b": (36, {"qkv": (6144, 4096), "gate_up": (24576, 4096), "o": (4096, 4096), "down": (4096, 12288),
                 "lm_head": (151936, 4096)}),
+    # DeepSeek-V3 architecture at Moonlight-16B-A3B size: attention and shared-expert projections
+    # (the routed experts run in the fused MoE kernel, the one dense layer is left out).
+    "moe-16b": (27, {"q": (3072, 2048), "kv_a": (576, 2048), "o": (2048, 2048), "shared_gate_up": (5632, 2048),
+                     "shared_down": (2048, 2816), "lm_head": (163840, 2048)}),
 }
 MS = (1, 16, 64, 256, 1024, 4096, 8192)
 SWEEP_MS = (1, 64, 256, 4096)

@@ -45,9 +45,13 @@ PREFILL = (1024, 2048, 4096, 8192)
 DECODE = (64, 256)
 # The default first; --sweep adds the others (each is one fixed tiling for every T: batch invariant).
 TILINGS = [moe.DEFAULT_TILES]
-SWEEP = [MoeTiles(64, 128, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 64, 64, 4, 3),
-         MoeTiles(64, 64, 64, 4, 4), MoeTiles(32, 64, 128, 4, 3), MoeTiles(16, 64, 128, 4, 4),
-         MoeTiles(64, 128, 32, 4, 4)]
+SWEEP = [MoeTiles(64, 128, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3), MoeTiles(32, 64, 128, 4, 3),
+         MoeTiles(16, 64, 128, 4, 4),
+         # expert weights through TMA
+         MoeTiles(64, 64, 64, 4, 4, tma=True), MoeTiles(64, 128, 64, 4, 4, tma=True),
+         MoeTiles(64, 128, 64, 8, 4, tma=True), MoeTiles(128, 128, 64, 8, 3, tma=True),
+         MoeTiles(32, 128, 128, 4, 3, tma=True), MoeTiles(16, 128, 128, 4, 4, tma=True),
+         MoeTiles(32, 64, 128, 4, 4, tma=True), MoeTiles(64, 256, 64, 8, 3, tma=True)]
 
 
 

@@ -8,35 +8,151 @@
     score_hj = (q_latent_h . c_j + q_pe_h . k_pe_j) * scale
 
 This is multi-query attention with a single 576-wide key head whose first R columns are also
-the value, so it runs on paged_attention's two-phase, fixed-chunk machinery (same causal
-varlen semantics, same batch invariance argument): each key tile is loaded once and used both
-as K (two dots, latent and rope) and, transposed in registers, as V. A tile holds BLOCK_M
-(token, head) rows; with 16 heads (the moe-16b shape) a decode token fills one tile exactly.
+the value. It runs on paged_attention's two-phase, fixed-chunk machinery (`pa.two_phase`: same
+causal varlen semantics, same workspace, same in-order chunk merge, same batch invariance
+argument) with its own chunk kernel, shaped for the latent:
+
+* a key tile is BLOCK_N consecutive cache rows, loaded once and used for the scores (three
+  dots: both halves of the latent and the rope part) and again, as is, for the values;
+* the latent is handled as two R/2-wide halves with one float32 accumulator each, so no
+  operand is wider than 256 columns (the tensor-memory accelerator's box limit, and half the
+  registers per accumulator);
+* with `tma=True` (Hopper and later) the three operand tiles come through TMA descriptors over
+  the cache seen as [num_blocks * block_size, R + Dr]; a tile then must not cross a page
+  (block_size % BLOCK_N == 0), and rows past the sequence's last key, which hold whatever the
+  pool has there, are zeroed before the value product (their scores are masked to -inf);
+* a tile holds BLOCK_M (token, head) rows; with 16 heads (the moe-16b shape) a decode token
+  fills one tile exactly.
+
+Why it is batch invariant: a row's result is a fixed function of its own keys, cut into chunks
+and tiles at absolute positions; masked keys leave (m, l, acc) bit-for-bit unchanged (see
+paged_attention's docstring), and MMA rows do not mix. The tile config, kv_chunk and the TMA
+switch fix the rounding: keep them constant per deployment.
 Semantics = reference_mla.mla_paged_attention; only rounding differs.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from shardinfer.kernels import paged_attention as pa
-from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, next_pow2
+from shardinfer.kernels._common import (
+    FLOAT_DTYPES,
+    check_same_device,
+    check_tensor,
+    fail,
+    interpreting,
+    next_pow2,
+)
 
 MLA_BLOCK_M = 16
 MLA_BLOCK_N = 32
+MLA_NUM_WARPS = 8
+MLA_NUM_STAGES = 2
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit(do_not_specialize=["num_seqs", "block_base"])
+def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                      sqt, sqh, spt, sph, sbt, num_seqs, block_base, scale_log2, n_heads, n_chunks,
+                      GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BQ: tl.constexpr, CHUNK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                      BLOCK_N: tl.constexpr, RH: tl.constexpr, DPE: tl.constexpr, PAGE: tl.constexpr,
+                      PRECISION: tl.constexpr, TMA: tl.constexpr):
+    qblock = block_base + tl.program_id(0)
+    c = tl.program_id(2)
+    seq, q_start, tok0 = pa._locate(qsl_ptr, num_seqs, qblock, BQ)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    ctx = tl.load(sl_ptr + seq) - q_len
+    n_tok = tl.minimum(q_len - tok0, BQ)
+    kv_lo = c * CHUNK
+    kv_hi = tl.minimum(c * CHUNK + CHUNK, ctx + tok0 + n_tok)
+    if (n_tok > 0) & (kv_lo < kv_hi):
+        _, tok, head, row_ok = pa._tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
+        pos = ctx + tok
+        h = tl.arange(0, RH)
+        e = tl.arange(0, DPE)
+        q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
+        q_lo = tl.load(q_ptr + q_rows[:, None] + h[None, :], mask=row_ok[:, None], other=0.0)
+        q_hi = tl.load(q_ptr + q_rows[:, None] + RH + h[None, :], mask=row_ok[:, None], other=0.0)
+        pe_rows = (q_start + tok).to(tl.int64) * spt + head * sph
+        q_pe = tl.load(qpe_ptr + pe_rows[:, None] + e[None, :], mask=row_ok[:, None], other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc_lo = tl.zeros([BLOCK_M, RH], tl.float32)
+        acc_hi = tl.zeros([BLOCK_M, RH], tl.float32)
+        for start in range(kv_lo, kv_hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            n_ok = n < kv_hi
+            if TMA:
+                # The whole tile lies in one page (PAGE % BLOCK_N == 0): one block-table read.
+                page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + start // PAGE)
+                row0 = page * PAGE + start % PAGE
+                lat_lo = lat_desc.load([row0, 0])
+                lat_hi = lat_desc.load([row0, RH])
+                k_pe = pe_desc.load([row0, 0])
+            else:
+                page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+                row = (page * PAGE + n % PAGE) * (2 * RH + DPE)
+                lat_lo = tl.load(c_ptr + row[:, None] + h[None, :], mask=n_ok[:, None], other=0.0)
+                lat_hi = tl.load(c_ptr + row[:, None] + RH + h[None, :], mask=n_ok[:, None], other=0.0)
+                k_pe = tl.load(c_ptr + row[:, None] + 2 * RH + e[None, :], mask=n_ok[:, None], other=0.0)
+            s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
+            s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
+            s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
+            s = s * scale_log2
+            s = tl.where(n_ok[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives exact zeros.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if TMA:  # rows past the last key are stale pool memory, possibly NaN: 0 * NaN is NaN
+                lat_lo = tl.where(n_ok[:, None], lat_lo, 0.0)
+                lat_hi = tl.where(n_ok[:, None], lat_hi, 0.0)
+            p = p.to(lat_lo.dtype)
+            acc_lo = acc_lo * alpha[:, None] + tl.dot(p, lat_lo, input_precision=PRECISION)
+            acc_hi = acc_hi * alpha[:, None] + tl.dot(p, lat_hi, input_precision=PRECISION)
+            m_i = m_new
+        tok_base = pa._slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
+        w = ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks + c
+        tl.store(pm_ptr + w, m_i, mask=row_ok)
+        tl.store(pl_ptr + w, l_i, mask=row_ok)
+        acc_rows = pacc_ptr + w[:, None] * (2 * RH) + h[None, :]
+        tl.store(acc_rows, acc_lo, mask=row_ok[:, None])
+        tl.store(acc_rows + RH, acc_hi, mask=row_ok[:, None])
+
+
+@functools.cache
+def _has_tma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def default_tma(cache: torch.Tensor, block_n: int = MLA_BLOCK_N) -> bool:
+    """TMA where the hardware has it and a key tile fits in a page; fixed per GPU and cache layout."""
+    if cache.shape[1] % block_n:
+        return False
+    return cache.is_cuda and not interpreting() and _has_tma(cache.device.index or 0)
 
 
 def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                         query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                         scale: float, max_seq_len: int | None = None, kv_chunk: int = pa.KV_CHUNK,
-                        block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = 8,
-                        num_stages: int = 2) -> torch.Tensor:
+                        block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
+                        num_stages: int = MLA_NUM_STAGES, tma: bool | None = None) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
     q_latent [T, H, R] and q_pe [T, H, Dr] of one float dtype, last dims contiguous; cache
     [num_blocks, block_size, R + Dr] contiguous, same dtype; query_start_loc [B + 1], seq_lens [B],
-    block_tables [B, max_blocks] int32 on the same device. R <= 1024 and Dr must be powers of two
-    (512 and 64 for DeepSeek-V3). Tile config and kv_chunk fix the rounding: keep them constant.
+    block_tables [B, max_blocks] int32 on the same device. R (32..512) and Dr (16..256) must be
+    powers of two (512 and 64 for DeepSeek-V3). tma=None picks `default_tma(cache, block_n)`.
+    Tile config, kv_chunk and tma fix the rounding: keep them constant.
     """
     check_tensor("q_latent", q_latent, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     check_tensor("q_pe", q_pe, dtypes=(q_latent.dtype,), ndim=3, last_dim_contiguous=True)
@@ -47,15 +163,37 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
         raise fail("q_pe.shape", tuple(q_pe.shape), f"need ({t}, {h}, Dr) like q_latent")
     if cache.shape[-1] != r + dr:
         raise fail("cache.shape[-1]", cache.shape[-1], f"need R + Dr = {r + dr}")
-    if r > 1024 or next_pow2(r) != r or dr < 1 or next_pow2(dr) != dr:
-        raise fail("(R, Dr)", (r, dr), "need powers of two with R <= 1024")
+    if not (32 <= r <= 512 and 16 <= dr <= 256 and next_pow2(r) == r and next_pow2(dr) == dr):
+        raise fail("(R, Dr)", (r, dr), "need powers of two with 32 <= R <= 512 and 16 <= Dr <= 256")
     if block_m not in (16, 32, 64):
         raise fail("block_m", block_m, "need 16, 32 or 64")
-    empty_k = cache.view(cache.shape[0], cache.shape[1], 1, cache.shape[2])
+    if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:
+        raise fail("block_n", block_n, f"need 16, 32, 64 or 128, dividing kv_chunk={kv_chunk}")
+    page = cache.shape[1]
+    use_tma = default_tma(cache, block_n) if tma is None else tma
+    if use_tma and page % block_n:
+        raise fail("tma", True, f"a TMA key tile of {block_n} rows must not cross a {page}-token page; "
+                   "pass tma=False or a block_n dividing the page")
+    empty_k = cache.view(cache.shape[0], page, 1, cache.shape[2])
     # Reuse the dense launcher's checks on the index tensors (one KV head, D = R + Dr).
     pa._check(torch.empty(0, h, r + dr, dtype=q_latent.dtype, device=q_latent.device), empty_k, empty_k,
               query_start_loc, seq_lens, block_tables, None, kv_chunk, max_seq_len)
     check_same_device(q_latent=q_latent, q_pe=q_pe, cache=cache)
-    strides = (cache.stride(0), cache.stride(1), 0)
-    return pa.launch(q_latent, q_pe, cache, cache, strides, strides, 1, r, r, query_start_loc, seq_lens,
-                     block_tables, scale, None, max_seq_len, kv_chunk, block_m, block_n, num_warps, num_stages)
+    rows = cache.view(-1, r + dr)
+    if use_tma:
+        lat_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(rows, list(rows.shape), [r + dr, 1],
+                                                                     [block_n, r // 2])
+        pe_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(rows[:, r:], [rows.shape[0], dr], [r + dr, 1],
+                                                                    [block_n, dr])
+    else:
+        lat_desc = pe_desc = cache  # unused stand-ins on the pointer path
+    precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
+
+    def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:
+        _mla_chunk_kernel[grid](
+            q_latent, q_pe, cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
+            q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1), block_tables.stride(0),
+            seq_lens.shape[0], base, float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr,
+            PAGE=page, PRECISION=precision, TMA=use_tma, num_warps=num_warps, num_stages=num_stages, **common)
+
+    return pa.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from shardinfer.kernels._common import (
     FLOAT_DTYPES,
@@ -50,6 +51,9 @@ class MoeTiles:
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    # Expert weights through the tensor-memory accelerator (Hopper and later). The gathered token
+    # rows always use pointer loads: they are scattered over x, which TMA tiles cannot express.
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -85,10 +89,29 @@ def _mma(a, b, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, n_cols, k_dim, a_row_div,
-                         sa, swe, swn, so, n_experts, up_offset,
+def _weight_tile(w_base, w_desc, desc_row, cols, col_ok, k0, k_dim, swn,
+                 BLOCK_K: tl.constexpr, TMA: tl.constexpr):
+    """The [BLOCK_K, BLOCK_N] tile (w[expert, cols, k0:k0 + BLOCK_K])^T of a row-major [E, rows, K] weight.
+
+    TMA: the descriptor sees the weight as [E * rows, K] and desc_row = expert * rows + first col;
+    tile rows past the expert's own (a partial last column block) read the next expert's rows or
+    zeros, and are dropped at the store; columns past K are zero-filled by the copy engine.
+    """
+    if TMA:
+        tile = w_desc.load([desc_row, k0]).T
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        tile = tl.load(w_base + cols[None, :] * swn + ks[:, None], mask=col_ok[None, :] & (ks < k_dim)[:, None],
+                       other=0.0)
+    return tile
+
+
+@triton.jit
+def _grouped_gemm_kernel(a_ptr, w_ptr, w_desc, out_ptr, sorted_ptr, block_expert_ptr, n_cols, k_dim, a_row_div,
+                         sa, swe, swn, so, n_experts, up_offset, rows_per_expert,
                          GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                         BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+                         TMA: tl.constexpr):
     """out[slot, n] = a[slot // a_row_div] . w[e, n] (GATED: silu(. w[e, n]) * (. w[e, up_offset + n]))."""
     tile = tl.program_id(0)
     expert = tl.load(block_expert_ptr + tile)
@@ -97,20 +120,22 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_ptr, block_expert_ptr, n_
         slot = tl.load(sorted_ptr + tile * BLOCK_M + rows)
         row_ok = slot >= 0
         a_row = tl.where(row_ok, slot // a_row_div, 0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n0 = tl.program_id(1) * BLOCK_N
+        cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < n_cols
         w_base = w_ptr + expert.to(tl.int64) * swe
+        desc_row = expert * rows_per_expert + n0
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, k_dim, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < k_dim
-            a = tl.load(a_ptr + a_row[:, None] * sa + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_base + cols[None, :] * swn + ks[:, None], mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+            a = tl.load(a_ptr + a_row[:, None] * sa + ks[None, :], mask=row_ok[:, None] & (ks < k_dim)[None, :],
+                        other=0.0)
+            w = _weight_tile(w_base, w_desc, desc_row, cols, col_ok, k0, k_dim, swn, BLOCK_K, TMA)
             acc = _mma(a, w, acc, PRECISION, INTERPRET)
             if GATED:
-                wu = tl.load(w_base + (up_offset + cols)[None, :] * swn + ks[:, None],
-                             mask=col_ok[None, :] & k_ok[:, None], other=0.0)
+                wu = _weight_tile(w_base + up_offset * swn, w_desc, desc_row + up_offset, cols, col_ok, k0, k_dim,
+                                  swn, BLOCK_K, TMA)
                 acc_up = _mma(a, wu, acc_up, PRECISION, INTERPRET)
         dtype = out_ptr.dtype.element_ty
         if GATED:
@@ -133,6 +158,18 @@ def _combine_kernel(slot_out_ptr, weight_ptr, out_ptr, hidden, TOP_K: tl.constex
         v = tl.load(slot_out_ptr + (t * TOP_K + j) * hidden + cols, mask=mask, other=0.0).to(tl.float32)
         acc = acc + v * tl.load(weight_ptr + t * TOP_K + j)
     tl.store(out_ptr + t * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _weight_descriptor(w: torch.Tensor, cfg: MoeTiles) -> TensorDescriptor | torch.Tensor:
+    """A [E * rows, K] TMA descriptor of an expert weight [E, rows, K], or the weight itself
+    (an unused stand-in) on the pointer path."""
+    if not cfg.tma:
+        return w
+    e, rows, k = w.shape
+    if (k * w.element_size()) % 16 or w.data_ptr() % 16:
+        raise fail("expert weight", f"shape {tuple(w.shape)} at a {w.data_ptr() % 16}-byte offset",
+                   "a tma=True tiling needs 16-byte aligned rows; use a tma=False tiling for this shape")
+    return TensorDescriptor(w, [e * rows, k], [k, 1], [cfg.block_n, cfg.block_k])
 
 
 def padded_slots(n_slots: int, n_experts: int, block_m: int) -> int:
@@ -214,15 +251,17 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     n_tiles = block_expert.shape[0]
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpreting(),
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  TMA=cfg.tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
     _grouped_gemm_kernel[(n_tiles, triton.cdiv(inter, cfg.block_n))](
-        x, w_gate_up, act, sorted_slots, block_expert, inter, hidden, top_k, x.stride(0), w_gate_up.stride(0),
-        w_gate_up.stride(1), act.stride(0), n_experts, inter, GATED=True, **common)
+        x, w_gate_up, _weight_descriptor(w_gate_up, cfg), act, sorted_slots, block_expert, inter, hidden, top_k,
+        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), n_experts, inter, two_i,
+        GATED=True, **common)
     slot_out = torch.empty(t * top_k, hidden, dtype=x.dtype, device=x.device)
     _grouped_gemm_kernel[(n_tiles, triton.cdiv(hidden, cfg.block_n))](
-        act, w_down, slot_out, sorted_slots, block_expert, hidden, inter, 1, act.stride(0), w_down.stride(0),
-        w_down.stride(1), slot_out.stride(0), n_experts, 0, GATED=False, **common)
+        act, w_down, _weight_descriptor(w_down, cfg), slot_out, sorted_slots, block_expert, hidden, inter, 1,
+        act.stride(0), w_down.stride(0), w_down.stride(1), slot_out.stride(0), n_experts, 0, hidden,
+        GATED=False, **common)
     block = min(1024, next_pow2(hidden))
     _combine_kernel[(t, triton.cdiv(hidden, block))](slot_out, topk_weights, out, hidden, TOP_K=top_k, BLOCK=block)
     return out

@@ -32,6 +32,9 @@ iff j <= p and, with a sliding window w, j > p - w); only rounding differs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -279,8 +282,44 @@ def launch(q: torch.Tensor, q_pe: torch.Tensor | None, k_cache: torch.Tensor, v_
     """
     if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:
         raise fail("block_n", block_n, f"need 16, 32, 64 or 128, dividing kv_chunk={kv_chunk}")
-    t, hq = q.shape[0], q.shape[1]
+    window = int(sliding_window) if sliding_window is not None else 0
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    dpe = q_pe.shape[-1] if q_pe is not None else 0
+    qpe = q_pe if q_pe is not None else q
     page = k_cache.shape[1]
+
+    def phase1(grid: tuple[int, int, int], base: int, ws: Workspace, common: dict[str, object]) -> None:
+        _attn_chunk_kernel[grid](
+            q, qpe, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
+            q.stride(0), q.stride(1), qpe.stride(0), qpe.stride(1), *k_strides, *v_strides,
+            block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
+            ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
+            BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, DPE=dpe, SHARED_KV=q_pe is not None,
+            num_warps=num_warps, num_stages=num_stages, **common)
+
+    return two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window, phase1)
+
+
+@dataclass
+class Workspace:
+    """Phase 1's float32 partials of one slice of q blocks: acc [rows, Hq, chunks, Dv], m and l [rows, Hq, chunks]."""
+
+    acc: torch.Tensor
+    m: torch.Tensor
+    l: torch.Tensor  # noqa: E741 (the softmax denominator's usual name)
+    n_chunks: int
+
+
+def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+              max_seq_len: int | None, kv_chunk: int, block_m: int, sliding_window: int | None,
+              phase1: Callable[[tuple[int, int, int], int, Workspace, dict[str, object]], None]) -> torch.Tensor:
+    """Run a chunk kernel (`phase1(grid, first q block, workspace, tile constants)`) over slices of
+    q blocks, each followed by the in-order merge of its chunks; returns out [T, Hq, Dv].
+
+    The tile geometry (heads per tile, q-block length, head slices) and the workspace layout come
+    from here, so every chunk kernel writing this layout shares the merge and its invariance.
+    """
+    t, hq = q.shape[0], q.shape[1]
     b = seq_lens.shape[0]
     out = torch.empty(t, hq, dv, dtype=q.dtype, device=q.device)
     if t == 0 or b == 0:
@@ -296,26 +335,17 @@ def launch(q: torch.Tensor, q_pe: torch.Tensor | None, k_cache: torch.Tensor, v_
     per_token = hq * n_chunks * (dv + 2) * 4
     slice_blocks = max(1, min(n_qblocks, _WORKSPACE_BYTES // max(1, per_token * bq)))
     ws_rows = min(t, slice_blocks * bq)
-    pacc = torch.empty(ws_rows, hq, n_chunks, dv, dtype=torch.float32, device=q.device)
     pm = torch.empty(ws_rows, hq, n_chunks, dtype=torch.float32, device=q.device)
-    pl = torch.empty_like(pm)
+    ws = Workspace(torch.empty(ws_rows, hq, n_chunks, dv, dtype=torch.float32, device=q.device), pm,
+                   torch.empty_like(pm), n_chunks)
     window = int(sliding_window) if sliding_window is not None else 0
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    dpe = q_pe.shape[-1] if q_pe is not None else 0
-    qpe = q_pe if q_pe is not None else q
-    common = dict(GROUP=group, HB=hb, N_HSPLIT=n_hsplit, BLOCK_M=block_m, BQ=bq, CHUNK=kv_chunk,
-                  HAS_WINDOW=sliding_window is not None)
+    common: dict[str, object] = dict(GROUP=group, HB=hb, N_HSPLIT=n_hsplit, BLOCK_M=block_m, BQ=bq, CHUNK=kv_chunk,
+                                     HAS_WINDOW=sliding_window is not None)
     for base in range(0, n_qblocks, slice_blocks):
         n = min(slice_blocks, n_qblocks - base)
-        _attn_chunk_kernel[(n, hk * n_hsplit, n_chunks)](
-            q, qpe, k_cache, v_cache, block_tables, query_start_loc, seq_lens, pacc, pm, pl,
-            q.stride(0), q.stride(1), qpe.stride(0), qpe.stride(1), *k_strides, *v_strides,
-            block_tables.stride(0), b, base, float(scale) * _LOG2E, window, hq, n_chunks,
-            BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv, BLOCK_DV=max(16, next_pow2(dv)),
-            PAGE=page, PRECISION=precision, DPE=dpe, SHARED_KV=q_pe is not None,
-            num_warps=num_warps, num_stages=num_stages, **common)
+        phase1((n, hk * n_hsplit, n_chunks), base, ws, common)
         _combine_kernel[(n, hk * n_hsplit)](
-            out, query_start_loc, seq_lens, pacc, pm, pl, out.stride(0), out.stride(1),
+            out, query_start_loc, seq_lens, ws.acc, ws.m, ws.l, out.stride(0), out.stride(1),
             b, base, window, hq, n_chunks, DV=dv, BLOCK_DV=max(16, next_pow2(dv)), num_warps=4, **common)
     return out
 

@@ -35,7 +35,7 @@ class MlaBatch:
         return reference_mla.mla_paged_attention(self.q_latent, self.q_pe, self.cache, self.qsl, self.seq_lens,
                                                  self.block_tables, scale)
 
-    def run(self, device: torch.device, scale: float, rows: slice | None = None, **kw: int) -> torch.Tensor:
+    def run(self, device: torch.device, scale: float, rows: slice | None = None, **kw: int | bool) -> torch.Tensor:
         if rows is None:
             qsl, sl, bt, lo, hi = self.qsl, self.seq_lens, self.block_tables, 0, self.qsl[-1]
         else:
@@ -57,9 +57,29 @@ def test_matches_reference_and_is_batch_invariant(device: torch.device) -> None:
         assert torch.equal(alone, out[b.qsl[i]:b.qsl[i + 1]])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter's dot mishandles bf16
+def test_tma_tiles_match_reference_and_are_batch_invariant(device: torch.device, dtype: torch.dtype) -> None:
+    """Key tiles through TMA descriptors (one page read per tile). The pages past each sequence's
+    last key are filled with NaN: the tile rows read there must not reach the output."""
+    b = MlaBatch([3, 1, 2], [0, 90, 37], heads=8, rank=32, rope=16, block_size=32, dtype=dtype, seed=5)
+    ref = reference_mla.mla_paged_attention(b.q_latent.float(), b.q_pe.float(), b.cache.float(), b.qsl,
+                                            b.seq_lens, b.block_tables, 0.2)
+    for i, length in enumerate(b.seq_lens):
+        page, slot = divmod(length, 32)
+        if slot:
+            b.cache[b.block_tables[i, page], slot:] = float("nan")
+    out = b.run(device, 0.2, kv_chunk=64, block_n=16, tma=True)
+    assert rel_err(out.float(), ref) < (1e-5 if dtype == torch.float32 else TOL[dtype])
+    for i in range(3):
+        alone = b.run(device, 0.2, rows=slice(i, i + 1), kv_chunk=64, block_n=16, tma=True)
+        assert torch.equal(alone, out[b.qsl[i]:b.qsl[i + 1]])
+    with pytest.raises(ValueError, match="must not cross"):
+        b.run(device, 0.2, kv_chunk=128, block_n=64, tma=True)
+
+
 def test_heads_split_across_tiles(device: torch.device) -> None:
     """More heads than a tile holds (DeepSeek-V3's 128 with 16-row tiles): heads go to several programs."""
-    b = MlaBatch([2, 1], [5, 33], heads=32, rank=16, rope=16, block_size=8, dtype=torch.float32, seed=2)
+    b = MlaBatch([2, 1], [5, 33], heads=32, rank=32, rope=16, block_size=8, dtype=torch.float32, seed=2)
     assert rel_err(b.run(device, 0.3, kv_chunk=64), b.reference(0.3)) < 1e-5
 
 
@@ -75,12 +95,15 @@ def test_rejects_bad_inputs(device: torch.device) -> None:
         mla_paged_attention(ql, qp.half(), cache, qsl, sl, bt, 1.0)
     with pytest.raises(ValueError, match=r"powers of two"):
         mla_paged_attention(ql[..., :24], qp, cache[..., 8:].contiguous(), qsl, sl, bt, 1.0)
+    with pytest.raises(ValueError, match=r"block_n"):
+        mla_paged_attention(ql, qp, cache, qsl, sl, bt, 1.0, block_n=48)
     with pytest.raises(ValueError, match=r"seq_lens.dtype"):
         mla_paged_attention(ql, qp, cache, qsl, sl.long(), bt, 1.0)
 
 
 @pytest.mark.gpu
-def test_deepseek_shapes_bf16() -> None:
+@pytest.mark.parametrize("tma", [False, True])
+def test_deepseek_shapes_bf16(tma: bool) -> None:
     dev = torch.device("cuda")
     q_lens = [300] + [1] * 31
     ctx = [200] + [97 * i for i in range(31)]
@@ -88,7 +111,7 @@ def test_deepseek_shapes_bf16() -> None:
     scale = 192 ** -0.5
     ref = reference_mla.mla_paged_attention(b.q_latent.float(), b.q_pe.float(), b.cache.float(), b.qsl,
                                             b.seq_lens, b.block_tables, scale)
-    out = b.run(dev, scale)
+    out = b.run(dev, scale, tma=tma)
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     for i in (0, 5):
-        assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1)), out[b.qsl[i]:b.qsl[i + 1]])
+        assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1), tma=tma), out[b.qsl[i]:b.qsl[i + 1]])

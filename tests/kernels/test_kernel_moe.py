@@ -91,15 +91,33 @@ def test_rejects_bad_inputs(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
-def test_moe16b_shapes_bf16() -> None:
+@pytest.mark.parametrize("tiles", [None, MoeTiles(64, 128, 64, 4, 4, tma=True), MoeTiles(16, 128, 128, 4, 4, tma=True)],
+                         ids=["default", "tma_64x128", "tma_16x128"])
+def test_moe16b_shapes_bf16(tiles: MoeTiles | None) -> None:
     """Moonlight/moe-16b expert shapes: hidden 2048, moe_intermediate 1408, 64 experts, top-6."""
     dev = torch.device("cuda")
     x, ids, w, wgu, wd = (a.to(dev) for a in _problem(300, 2048, 1408, 64, 6, torch.bfloat16, seed=4))
     ref = reference_moe.moe_experts(x.float(), ids, w, wgu.float(), wd.float())
-    out = fused_moe(x, ids, w, wgu, wd)
+    out = fused_moe(x, ids, w, wgu, wd, tiles=tiles)
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     for i in (0, 123):
-        assert torch.equal(fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], wgu, wd), out[i:i + 1])
+        assert torch.equal(fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], wgu, wd, tiles=tiles), out[i:i + 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tma_weights_match_reference_and_stay_invariant(device: torch.device, dtype: torch.dtype) -> None:
+    # inter=40 with block_n=32 leaves a partial last column block, whose TMA tile reads past the
+    # expert's gate rows into its up rows (and past the last expert into zero fill): those
+    # columns must be dropped at the store. hidden=48 leaves a partial K tile (zero-filled).
+    x, ids, w, wgu, wd = _problem(t=7, hidden=48, inter=40, experts=4, top_k=3, dtype=dtype, seed=8)
+    tiles = MoeTiles(block_m=16, block_n=32, block_k=32, num_warps=4, num_stages=2, tma=True)
+    args = [a.to(device) for a in (x, ids, w, wgu, wd)]
+    out = fused_moe(*args, tiles=tiles)
+    ref = reference_moe.moe_experts(x.float(), ids, w, wgu.float(), wd.float())
+    assert rel_err(out.cpu().float(), ref) < (1e-5 if dtype == torch.float32 else 4 * TOL[dtype])
+    for i in (0, 6):
+        alone = fused_moe(args[0][i:i + 1], args[1][i:i + 1], args[2][i:i + 1], args[3], args[4], tiles=tiles)
+        assert torch.equal(alone, out[i:i + 1]), f"token {i}"
 
 
 def test_other_tiling_matches_reference_and_bad_tiling_is_refused(device: torch.device) -> None:
