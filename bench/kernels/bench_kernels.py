@@ -3,7 +3,9 @@
 Decode attention is memory-bound: a step must read every running sequence's K and V once, plus
 q and out; floor = those bytes / the measured device-to-device copy bandwidth (bytes read +
 written). We print achieved GB/s and its fraction of that bandwidth. Prefill attention and MoE
-GEMMs are reported in TFLOP/s against a measured bf16 matmul rate. Every timing is the median
+GEMMs are reported in TFLOP/s against a measured bf16 matmul rate. MLA's per-head products
+(heads_matmul) are timed in µs against torch.bmm and the per-head launch loop they replace, in
+GB/s of the bytes they must move (weights + x + out). Every timing is the median
 of CUDA-event timings after warm-up, on random data, with block tables scattered over the pool.
 Each attention config is also checked: close to the baseline config, and a row computed alone
 bit-identical to the same row in the batch.
@@ -28,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import ceilings, median_ms
-from shardinfer.kernels import mla_decode, moe, reference_moe, rmsnorm, sampling
+from shardinfer.kernels import heads_matmul, matmul, mla_decode, moe, reference_moe, rmsnorm, sampling
 from shardinfer.kernels import paged_attention as pa
 
 BF16 = torch.bfloat16
@@ -112,22 +114,37 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
 
 
 def sweep_mla(bw: float) -> list[dict[str, Any]]:
-    """moe-16b MLA decode: 16 heads, latent 512 + rope 64 per token, 64-token pages."""
+    """moe-16b MLA decode: 16 heads, latent 512 + rope 64 per token, 64-token pages, ctx 2048.
+
+    Tile configs of mla_decode's kernel (pointer or TMA key tiles), each checked against the
+    first config (bf16 rounding) and for a row computed alone being bit-identical to the same row
+    in the batch; (tma, block_n, warps, stages, kv_chunk)."""
     rows = []
     batches = {b: DecodeBatch(b, 2048, 16, 64, (576,), (512, 64)) for b in (64, 256)}
-    for bm, bn, warps in [(16, 32, 4), (16, 64, 4), (16, 64, 8), (32, 32, 8), (16, 32, 8)]:
-        row: dict[str, Any] = {"block_m": bm, "block_n": bn, "num_warps": warps}
+    configs = [(False, 32, 8, 2, 512), (True, 32, 8, 2, 512), (True, 32, 4, 3, 512), (True, 64, 8, 2, 512),
+               (True, 64, 4, 2, 512), (True, 32, 8, 3, 256), (True, 64, 8, 2, 256), (True, 16, 4, 4, 256),
+               (False, 64, 8, 2, 512), (False, 32, 4, 3, 256)]
+    baseline: dict[int, torch.Tensor] = {}
+    for tma, bn, warps, stages, chunk in configs:
+        row: dict[str, Any] = {"tma": tma, "block_m": 16, "block_n": bn, "num_warps": warps, "num_stages": stages,
+                               "kv_chunk": chunk}
         try:
             for b, db in batches.items():
-                def run(db: DecodeBatch = db, bm: int = bm, bn: int = bn, warps: int = warps) -> torch.Tensor:
-                    return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt,
-                                                          0.1, max_seq_len=db.ctx, block_m=bm, block_n=bn,
-                                                          num_warps=warps)
+                def run(db: DecodeBatch = db, lo: int = 0, hi: int = b, bn: int = bn, warps: int = warps,
+                        stages: int = stages, chunk: int = chunk, tma: bool = tma) -> torch.Tensor:
+                    return mla_decode.mla_paged_attention(
+                        db.qs[0][lo:hi], db.qs[1][lo:hi], db.caches[0], db.qsl[: hi - lo + 1], db.sl[lo:hi],
+                        db.bt[lo:hi], 0.1, max_seq_len=db.ctx, kv_chunk=chunk, block_n=bn, num_warps=warps,
+                        num_stages=stages, tma=tma)
+                out = run()
+                baseline.setdefault(b, out)
                 ms = median_ms(run)
                 nbytes = b * db.ctx * 576 * 2 + b * 16 * (576 + 512) * 2
                 row[f"b{b}_ms"] = ms
                 row[f"b{b}_GBs"] = nbytes / (ms * 1e-3) / 1e9
                 row[f"b{b}_of_copy_bw"] = nbytes / (ms * 1e-3) / bw
+                row[f"b{b}_rel_err_vs_first"] = rel_err(out, baseline[b])
+                row[f"b{b}_row_alone_bitwise"] = bool(torch.equal(run(lo=5, hi=6), out[5:6]))
         except Exception as exc:
             row["error"] = repr(exc)[:300]
         rows.append(row)
@@ -156,6 +173,45 @@ def bench_moe(bw: float, flops: float) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_heads_matmul(bw: float) -> list[dict[str, Any]]:
+    """moe-16b MLA per-head products (16 heads, bf16): W_UK 128 -> 512 on the strided q[..., :128]
+    view, W_UV 512 -> 128 on the contiguous attention output. One kernel launch for all heads
+    vs torch.bmm (not batch invariant) and the per-head linear_batch_invariant loop it replaced."""
+    heads = 16
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    rows = []
+    for k, n in ((128, 512), (512, 128)):
+        w_nk = torch.randn(heads, n, k, device="cuda", dtype=BF16, generator=gen) * k ** -0.5
+        w = w_nk.transpose(1, 2).contiguous()  # [H, K, N], the bmm layout
+        for t in (64, 256):
+            q = torch.randn(t, heads, k + 64, device="cuda", dtype=BF16, generator=gen)
+            x = q[..., :k] if k == 128 else q[..., :k].contiguous()
+
+            def loop(x: torch.Tensor = x, w_nk: torch.Tensor = w_nk) -> torch.Tensor:
+                out = x.new_empty(x.shape[0], heads, w_nk.shape[1])
+                for h in range(heads):
+                    out[:, h] = matmul.linear_batch_invariant(x[:, h], w_nk[h])
+                return out
+
+            runs = {"kernel": lambda x=x, w_nk=w_nk: heads_matmul.heads_matmul(x, w_nk),
+                    "bmm": lambda x=x, w=w: torch.bmm(x.transpose(0, 1), w).transpose(0, 1),
+                    "per_head_loop": loop}
+            out = runs["kernel"]()
+            nbytes = heads * (n * k + t * k + t * n) * 2
+            row: dict[str, Any] = {"k": k, "n": n, "tokens": t, "bytes": nbytes,
+                                   "rel_err_vs_bmm": rel_err(out, runs["bmm"]().float()),
+                                   "row_alone_bitwise": bool(torch.equal(heads_matmul.heads_matmul(x[5:6], w_nk),
+                                                                         out[5:6]))}
+            for name, fn in runs.items():
+                ms = median_ms(fn, reps=50)
+                row[f"{name}_us"] = ms * 1e3
+                row[f"{name}_GBs"] = nbytes / (ms * 1e-3) / 1e9
+                row[f"{name}_of_copy_bw"] = nbytes / (ms * 1e-3) / bw
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def bench_small() -> dict[str, float]:
     res: dict[str, float] = {}
     x = torch.randn(256, 4096, device="cuda", dtype=BF16)
@@ -177,6 +233,7 @@ def bench_small() -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -188,8 +245,11 @@ def main() -> None:
                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "batch_invariant": True,
                               "torch": torch.__version__, "copy_bandwidth_Bps": bw, "bf16_matmul_flops": flops}
     path = out / f"kernels-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
-    for name, fn in [("small", bench_small), ("moe", lambda: bench_moe(bw, flops)), ("mla_decode", lambda: sweep_mla(bw)),
+    for name, fn in [("small", bench_small), ("moe", lambda: bench_moe(bw, flops)),
+                     ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
                      ("paged_attention", lambda: sweep_dense(bw, flops))]:
+        if args.only and name not in args.only.split(","):
+            continue
         try:
             record[name] = fn()
         except Exception:
