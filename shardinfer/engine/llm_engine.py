@@ -5,6 +5,8 @@ finished outputs out. The pipeline drives it directly; `LLM` wraps it for whole 
                 -> _complete: read tokens back, check stops -> finished? -> RequestOutput
 
 With asynchronous scheduling, step N's _launch happens before step N-1's _complete (docs/engine.md).
+When step N samples rows that need N-1's tokens on the host (grammar masks, penalties), N-1's
+_complete runs between step N's forward and its sampling instead: the forward is already queued.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from shardinfer.engine.block_manager import BlockManager
 from shardinfer.engine.config import EngineConfig
 from shardinfer.engine.device_copy import values_to_device
 from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
-from shardinfer.engine.model_runner import InputFixup, ModelRunner
+from shardinfer.engine.model_runner import InputFixup, ModelRunner, StepLogits
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.registry import load_model
@@ -41,6 +43,10 @@ from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 from shardinfer.engine.stop_checker import check_stop
 from shardinfer.engine.tokenizer import Tokenizer
 
+# PendingStep.output_slots markers for rows that own no placeholder.
+DRAFTS = -1
+DISCARDED = -2
+
 
 @dataclass
 class PendingStep:
@@ -48,7 +54,9 @@ class PendingStep:
 
     requests: list[Request]  # the requests that sampled, in sampling-row order
     counts: list[int]  # sampling rows per request: 1, or 1 + its draft tokens
-    output_slots: list[int]  # where each one's placeholder sits in its output_token_ids (-1: drafts)
+    # Where each one's placeholder sits in its output_token_ids (DRAFTS: drafts hold the slots;
+    # DISCARDED: the request finished before this step sampled, so its row's token is dropped).
+    output_slots: list[int]
     sampled: DeviceSample | None
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
     batch: ScheduledBatch
@@ -106,10 +114,12 @@ class LLMEngine:
         self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
                                  else self.device.type == "cuda" and not self.speculative)
         self._pending: PendingStep | None = None
+        self._completed_in_launch: list[RequestOutput] = []
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0,
-                         "finished_requests": 0, "draft_tokens": 0, "accepted_draft_tokens": 0}
+                         "finished_requests": 0, "draft_tokens": 0, "accepted_draft_tokens": 0,
+                         "synchronous_steps": 0, "deferred_sampling_steps": 0}
         self._grammar_compiler: Any = None
 
     # -- requests -------------------------------------------------------------------------------
@@ -189,8 +199,10 @@ class LLMEngine:
 
         With asynchronous scheduling, step N is launched on the device before step N-1's
         sampled tokens are read back, so the host's bookkeeping of N-1 (and the scheduling and
-        batch building of N) overlaps the device's work. Steps that need the previous tokens on
-        the host first (grammar masks, penalties, prompt logprobs) wait for them.
+        batch building of N) overlaps the device's work. Rows whose sampling needs N-1's tokens
+        on the host (grammar masks, penalties) get them between N's forward and N's sampling, so
+        that wait, the matchers' advance and the mask filling overlap N's forward. Only prompt
+        logprobs make a step wait for N-1 before its forward.
         """
         if self.speculative:
             self._add_drafts()
@@ -199,6 +211,8 @@ class LLMEngine:
             self._trim_drafts(batch)
         finished: list[RequestOutput] = []
         if self._pending is not None and (not self.async_scheduling or self._needs_host_tokens(batch)):
+            if self.async_scheduling:
+                self.counters["synchronous_steps"] += 1
             finished += self._complete(self._pending)
             self._pending = None
             if batch.requests and any(r.finishing or r.status.finished for r in batch.requests):
@@ -212,6 +226,8 @@ class LLMEngine:
                                    "too small for one request; raise the KV budget or lower max_model_len")
             return finished
         launched = self._launch(batch)
+        finished += self._completed_in_launch
+        self._completed_in_launch = []
         if self._pending is not None:
             finished += self._complete(self._pending)
         if self.async_scheduling:
@@ -234,13 +250,32 @@ class LLMEngine:
         return keep
 
     def _needs_host_tokens(self, batch: ScheduledBatch) -> bool:
-        for req in batch.requests:
-            p = req.params
-            if req.grammar is not None or p.prompt_logprobs is not None or p.has_penalties:
-                return True
-        return False
+        """Whether the previous step must be read back before this batch's forward: prompt
+        logprobs track which positions were scored on the host, also across preemption."""
+        return any(req.params.prompt_logprobs is not None for req in batch.requests)
+
+    @staticmethod
+    def _needs_tokens_to_sample(sampling: list[Request]) -> bool:
+        """Whether a sampling row needs its request's in-flight token on the host: a grammar mask
+        comes from the matcher that token advances, penalties count the tokens."""
+        return any(req.num_placeholders and (req.grammar is not None or req.params.has_penalties)
+                   for req in sampling)
 
     def _launch(self, batch: ScheduledBatch) -> PendingStep:
+        """Queue the batch's forward, then its sampling.
+
+        When a sampling row needs the pending step's tokens on the host, the pending step is
+        completed in between, while the forward runs (its finished outputs go to
+        _completed_in_launch)."""
+        step_logits = self._forward(batch)
+        if self._pending is not None and self._needs_tokens_to_sample(step_logits.sample_requests):
+            self.counters["deferred_sampling_steps"] += 1
+            self._completed_in_launch += self._complete(self._pending)
+            self._pending = None
+        return self._sample(step_logits, batch)
+
+    def _forward(self, batch: ScheduledBatch) -> StepLogits:
+        """Queue the batch's forward pass (inputs still on the device come from the pending step)."""
         for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
             if req.num_computed_tokens < req.num_prompt_tokens:
                 self.counters["prompt_tokens"] += min(n, req.num_prompt_tokens - req.num_computed_tokens)
@@ -248,6 +283,13 @@ class LLMEngine:
         step_logits = self.runner.execute(batch, fixup)
         self.scheduler.after_step(batch)
         self.counters["steps"] += 1
+        return step_logits
+
+    def _sample(self, step_logits: StepLogits, batch: ScheduledBatch) -> PendingStep:
+        """Queue the sampling of a forward's rows and put a placeholder where each token will go.
+
+        A request may have finished since its forward was queued (the previous step, completed in
+        between, stopped it): its row is sampled without a mask and its token dropped."""
         reqs, counts = step_logits.sample_requests, step_logits.sample_counts
         sampled = None
         slots: list[int] = []
@@ -259,12 +301,16 @@ class LLMEngine:
                 # Row j scores the token at position (tokens before the drafts) + j.
                 base = req.num_tokens - (count - 1)
                 rows.extend(self._sampling_row(req, base + j) for j in range(count))
-            grammar = self._grammar_masks([(r, first_rows[i]) for i, r in enumerate(reqs) if r.grammar is not None])
+            grammar = self._grammar_masks([(r, first_rows[i]) for i, r in enumerate(reqs)
+                                           if r.grammar is not None and not r.status.finished])
             sampled = sample_on_device(step_logits.sample_logits, rows, grammar)
             sampled.stage()
             for i, (req, count) in enumerate(zip(reqs, counts, strict=True)):
+                if req.status.finished:
+                    slots.append(DISCARDED)
+                    continue
                 if count > 1:  # drafts already hold this step's slots
-                    slots.append(-1)
+                    slots.append(DRAFTS)
                     continue
                 req.output_token_ids.append(PLACEHOLDER)
                 req.num_placeholders += 1
@@ -304,10 +350,10 @@ class LLMEngine:
         row = 0
         for i, req in enumerate(step.requests):
             first, row = row, row + step.counts[i]
-            if req.status.finished or self.requests.get(req.request_id) is not req:
-                continue  # aborted, or finished by an earlier token while this one was in flight
             slot = step.output_slots[i]
-            if slot < 0:
+            if slot == DISCARDED or req.status.finished or self.requests.get(req.request_id) is not req:
+                continue  # aborted, or finished by an earlier token while this one was in flight
+            if slot == DRAFTS:
                 self._verify_drafts(req, result, first, step.counts[i] - 1)
             else:
                 req.output_token_ids[slot] = result.token_ids[first]
@@ -418,8 +464,9 @@ class LLMEngine:
         blocked: list[int] = []
         if req.num_output_tokens < p.min_tokens:
             blocked = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.tokenizer.eos_token_ids))
+        # A finished request's row is sampled only to be dropped: its matcher gives no mask.
         return SamplingRow(p, req.seed, position, req.prompt_token_ids, req.output_token_ids, blocked,
-                           req.grammar is not None)
+                           req.grammar is not None and not req.status.finished)
 
     def _grammar_masks(self, constrained: list[tuple[Request, int]]) -> GrammarMasks | None:
         """The next-token mask of each (request, sampling row), filled in one call on the compiler's threads."""
@@ -490,6 +537,10 @@ class LLMEngine:
             finished=req.status.finished, metrics={"preemptions": float(req.num_preemptions)})
 
     def stats(self) -> dict[str, float]:
+        """Counters since the engine was built. With asynchronous scheduling, synchronous_steps
+        counts steps whose forward waited for the previous step's tokens (prompt logprobs), and
+        deferred_sampling_steps those that read the previous step back between their forward and
+        their sampling (grammar masks, penalties); both stay 0 without it."""
         out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
         out["prefix_cache_hit_rate"] = self.block_manager.prefix_hit_rate
         out["preemptions"] = float(self.scheduler.num_preemptions)
