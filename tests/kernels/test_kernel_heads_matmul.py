@@ -2,15 +2,22 @@
 strided inputs, launcher checks.
 
 The unmarked tests run anywhere (Triton's CPU interpreter without a GPU) on tiny shapes, with a
-small tiling so a few rows already span several row tiles, a ragged column tile and a K tail.
-The `gpu` tests run DeepSeek MLA's real shapes (moe-16b: 16 heads, W_UK 128 -> 512,
-W_UV 512 -> 128) compiled on the device.
+small tiling so a few rows already span several row tiles, a ragged column tile and a K tail;
+one compiles the kernel for Hopper (sm_90) without a GPU. The `gpu` tests run DeepSeek MLA's
+real shapes (moe-16b: 16 heads, W_UK 128 -> 512, W_UV 512 -> 128) compiled on the device.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import triton
 from kernel_checks import TOL, rel_err
 
 from shardinfer.kernels import _common
@@ -118,6 +125,45 @@ def test_rejects_cpu_tensors_when_compiled(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(_common, "interpreting", lambda: False)
     with pytest.raises(ValueError, match="need CUDA tensors"):
         heads_matmul(torch.randn(2, 2, 8), torch.randn(2, 4, 8))
+
+
+_COMPILE = r'''
+import json, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from shardinfer.kernels import heads_matmul as hm
+
+cfg = hm.heads_tiles(16, 128, 512, torch.bfloat16)
+args = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", **{name: "i32" for name in (
+    "T", "N", "K", "stride_xt", "stride_xh", "stride_wh", "stride_wn", "stride_yt", "stride_yh")}}
+constexprs = dict(EVEN_K=True, PRECISION="tf32", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  INTERPRET=False)
+# What a launch at the model's shapes specialises on: 16-byte aligned pointers, 16-divisible
+# sizes and strides; never T (do_not_specialize).
+attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(args) if name != "T"}
+k = triton.compile(ASTSource(fn=hm._heads_matmul_kernel, signature={**args, **{c: "constexpr" for c in constexprs}},
+                             constexprs=constexprs, attrs=attrs),
+                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+ptx = k.asm["ptx"]
+print(json.dumps({"cp_async": "cp.async" in ptx, "wgmma": "wgmma.mma_async" in ptx, "spills": "ld.local" in ptx,
+                  "shared": k.metadata.shared}))
+'''
+
+
+@pytest.mark.skipif("nvidia" not in triton.backends.backends, reason="Triton's NVIDIA backend is not installed")
+def test_compiles_for_hopper_pipelined() -> None:
+    """The interpreter accepts programs the GPU compiler rejects: compile to sm_90 PTX (in a child
+    process, since this one runs the interpreter) at the bf16 W_UK shape and check the K loop is
+    pipelined (cp.async), runs on wgmma, and nothing spills."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["cp_async"] and facts["wgmma"] and not facts["spills"], facts
+    assert facts["shared"] <= 232448, facts  # an H100/H200's shared memory per block
 
 
 # ---- real shapes on the GPU -------------------------------------------------------------------
