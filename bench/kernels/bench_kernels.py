@@ -82,7 +82,7 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
 
             def run(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, qsl: torch.Tensor, sl: torch.Tensor,
                     bt: torch.Tensor, max_len: int, cfg: dict[str, int] = cfg) -> torch.Tensor:
-                return pa.launch(q, None, kc, vc, kc.stride()[:3], vc.stride()[:3], hk, d, d, qsl, sl, bt,
+                return pa.launch(q, kc, vc, kc.stride()[:3], vc.stride()[:3], hk, d, d, qsl, sl, bt,
                                  d ** -0.5, None, max_len, cfg["kv_chunk"], cfg["block_m"], cfg["block_n"],
                                  cfg["num_warps"], cfg["num_stages"])
 

@@ -17,7 +17,7 @@ argument) with its own chunk kernel, shaped for the latent:
 * the latent is handled as two R/2-wide halves with one float32 accumulator each, so no
   operand is wider than 256 columns (the tensor-memory accelerator's box limit, and half the
   registers per accumulator);
-* with `tma=True` (Hopper and later) the three operand tiles come through TMA descriptors over
+* with `tma=True` (Hopper and later; measured slower, so off by default) the three operand tiles come through TMA descriptors over
   the cache seen as [num_blocks * block_size, R + Dr]; a tile then must not cross a page
   (block_size % BLOCK_N == 0), and rows past the sequence's last key, which hold whatever the
   pool has there, are zeroed before the value product (their scores are masked to -inf);
@@ -33,8 +33,6 @@ Semantics = reference_mla.mla_paged_attention; only rounding differs.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -46,14 +44,18 @@ from shardinfer.kernels._common import (
     check_same_device,
     check_tensor,
     fail,
-    interpreting,
     next_pow2,
 )
 
+# Tile config, fixed because it fixes the rounding. Chosen by bench/kernels/bench_kernels.py's MLA
+# sweep on an H200 (bench/kernels/NOTES.md): 64-key pointer tiles read the latent at 46% of copy
+# bandwidth at batch 256, ctx 2048, against 26-32% for the same tiles through TMA and 38% for
+# 32-key tiles; 512-key chunks beat 256.
 MLA_BLOCK_M = 16
-MLA_BLOCK_N = 32
+MLA_BLOCK_N = 64
 MLA_NUM_WARPS = 8
 MLA_NUM_STAGES = 2
+MLA_KV_CHUNK = 512
 _LOG2E = 1.4426950408889634
 
 
@@ -129,29 +131,18 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
         tl.store(acc_rows + RH, acc_hi, mask=row_ok[:, None])
 
 
-@functools.cache
-def _has_tma(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def default_tma(cache: torch.Tensor, block_n: int = MLA_BLOCK_N) -> bool:
-    """TMA where the hardware has it and a key tile fits in a page; fixed per GPU and cache layout."""
-    if cache.shape[1] % block_n:
-        return False
-    return cache.is_cuda and not interpreting() and _has_tma(cache.device.index or 0)
-
-
 def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                         query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                        scale: float, max_seq_len: int | None = None, kv_chunk: int = pa.KV_CHUNK,
+                        scale: float, max_seq_len: int | None = None, kv_chunk: int = MLA_KV_CHUNK,
                         block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
-                        num_stages: int = MLA_NUM_STAGES, tma: bool | None = None) -> torch.Tensor:
+                        num_stages: int = MLA_NUM_STAGES, tma: bool = False) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
     q_latent [T, H, R] and q_pe [T, H, Dr] of one float dtype, last dims contiguous; cache
     [num_blocks, block_size, R + Dr] contiguous, same dtype; query_start_loc [B + 1], seq_lens [B],
     block_tables [B, max_blocks] int32 on the same device. R (32..512) and Dr (16..256) must be
-    powers of two (512 and 64 for DeepSeek-V3). tma=None picks `default_tma(cache, block_n)`.
+    powers of two (512 and 64 for DeepSeek-V3). tma=True (Hopper and later) loads key tiles through
+    TMA descriptors; measured slower than the pointer path on an H200, so off by default.
     Tile config, kv_chunk and tma fix the rounding: keep them constant.
     """
     check_tensor("q_latent", q_latent, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
@@ -170,7 +161,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:
         raise fail("block_n", block_n, f"need 16, 32, 64 or 128, dividing kv_chunk={kv_chunk}")
     page = cache.shape[1]
-    use_tma = default_tma(cache, block_n) if tma is None else tma
+    use_tma = tma
     if use_tma and page % block_n:
         raise fail("tma", True, f"a TMA key tile of {block_n} rows must not cross a {page}-token page; "
                    "pass tma=False or a block_n dividing the page")

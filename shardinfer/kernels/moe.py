@@ -177,31 +177,59 @@ def padded_slots(n_slots: int, n_experts: int, block_m: int) -> int:
     return -(-(n_slots + n_experts * (block_m - 1)) // block_m) * block_m
 
 
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, n_slots, BLOCK: tl.constexpr):
+    """counts[e] = how many slots chose expert e (program e scans every slot)."""
+    e = tl.program_id(0)
+    hits = tl.zeros([BLOCK], tl.int32)
+    for s0 in range(0, n_slots, BLOCK):
+        s = s0 + tl.arange(0, BLOCK)
+        hits += (tl.load(ids_ptr + s, mask=s < n_slots, other=-1) == e).to(tl.int32)
+    tl.store(counts_ptr + e, tl.sum(hits, 0))
+
+
+@triton.jit
+def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, n_slots, n_experts,
+                  BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, E_POW2: tl.constexpr):
+    """Program e writes its slots, in slot order, from its padded run's start, and marks its tiles."""
+    e = tl.program_id(0)
+    ex = tl.arange(0, E_POW2)
+    padded = (tl.load(counts_ptr + ex, mask=ex < n_experts, other=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    start = tl.sum(tl.where(ex < e, padded, 0), 0)
+    end = start + tl.sum(tl.where(ex == e, padded, 0), 0)
+    for tile in range(start // BLOCK_M, end // BLOCK_M):
+        tl.store(block_expert_ptr + tile, e)
+    seen = start * 0
+    for s0 in range(0, n_slots, BLOCK):
+        s = s0 + tl.arange(0, BLOCK)
+        hit = (tl.load(ids_ptr + s, mask=s < n_slots, other=-1) == e).to(tl.int32)
+        rank = seen + tl.cumsum(hit, 0) - 1
+        tl.store(sorted_ptr + start + rank, s.to(tl.int32), mask=hit > 0)
+        seen += tl.sum(hit, 0)
+
+
 def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int = DEFAULT_TILES.block_m
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted_slots [P] int32 with -1 padding, block_expert [P / block_m] int32, n_experts = none).
 
     Slots (t * k + j) are grouped by expert in increasing slot order; each expert's group starts
-    at a multiple of block_m. P = padded_slots(...) is a static bound. Every op here keeps
-    shapes fixed and reads nothing back to the host, so it can be captured in a CUDA graph: a
-    slot's rank within its expert is a running count over a [T*k, E] one-hot (no sort: CUB's
-    stable and segmented sorts are not capturable at every size; torch.bincount and one_hot
-    read the largest id back to the host). Integer sums are exact in any order.
+    at a multiple of block_m (semantics: reference_moe.align_to_experts). P = padded_slots(...)
+    is a static bound. Two small kernels with one program per expert (count, then place by a
+    running count in slot order) and two fills: fixed shapes, no host read, so it can be captured
+    in a CUDA graph (CUB's sorts are not capturable at every size). Integer counts are exact.
     """
-    flat = topk_ids.reshape(-1).long()
+    flat = topk_ids.reshape(-1)
     n_slots = flat.numel()
-    device = flat.device
-    hits = (flat[:, None] == torch.arange(n_experts, device=device)[None, :]).to(torch.int32)  # [T*k, E]
-    rank = hits.cumsum(0, dtype=torch.int32).gather(1, flat[:, None]).squeeze(1) - 1  # earlier slots, same expert
-    counts = hits.sum(0, dtype=torch.int64)
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    starts = ends - padded
     total = padded_slots(n_slots, n_experts, block_m)
-    sorted_slots = torch.full((total,), -1, dtype=torch.int32, device=device)
-    sorted_slots.scatter_(0, starts[flat] + rank, torch.arange(n_slots, dtype=torch.int32, device=device))
-    tile_starts = torch.arange(0, total, block_m, device=device)
-    block_expert = torch.searchsorted(ends, tile_starts, right=True).to(torch.int32)
+    sorted_slots = torch.full((total,), -1, dtype=torch.int32, device=flat.device)
+    block_expert = torch.full((total // block_m,), n_experts, dtype=torch.int32, device=flat.device)
+    if n_slots == 0 or n_experts == 0:
+        return sorted_slots, block_expert
+    counts = torch.empty(n_experts, dtype=torch.int32, device=flat.device)
+    block = 1024
+    _count_kernel[(n_experts,)](flat, counts, n_slots, BLOCK=block, num_warps=4)
+    _place_kernel[(n_experts,)](flat, counts, sorted_slots, block_expert, n_slots, n_experts, BLOCK_M=block_m,
+                                BLOCK=block, E_POW2=next_pow2(n_experts), num_warps=4)
     return sorted_slots, block_expert
 
 

@@ -89,15 +89,14 @@ def _tile_rows(kvh_split, tok0, q_len, GROUP: tl.constexpr, HB: tl.constexpr, BL
 
 
 @triton.jit(do_not_specialize=["num_seqs", "block_base", "window"])
-def _attn_chunk_kernel(q_ptr, qpe_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                       sqt, sqh, spt, sph, skb, sks, skh, svb, svs, svh, sbt,
+def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                       sqt, sqh, skb, sks, skh, svb, svs, svh, sbt,
                        num_seqs, block_base, scale_log2, window, n_heads, n_chunks,
                        GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BQ: tl.constexpr,
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
-                       PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       DPE: tl.constexpr, SHARED_KV: tl.constexpr):
+                       PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = _locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -119,11 +118,6 @@ def _attn_chunk_kernel(q_ptr, qpe_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pa
         dv = tl.arange(0, BLOCK_DV)
         q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
         q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
-        if DPE > 0:
-            # MLA: a second, roped key part stored right after the latent in each cache row.
-            e = tl.arange(0, DPE)
-            pe_rows = (q_start + tok).to(tl.int64) * spt + head * sph
-            q_pe = tl.load(qpe_ptr + pe_rows[:, None] + e[None, :], mask=row_ok[:, None], other=0.0)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -134,9 +128,6 @@ def _attn_chunk_kernel(q_ptr, qpe_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pa
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
             s = tl.dot(q, k, input_precision=PRECISION)
-            if DPE > 0:
-                k_pe = tl.load(k_ptr + k_off[None, :] + D + e[:, None], mask=n_ok[None, :], other=0.0)
-                s = s + tl.dot(q_pe, k_pe, input_precision=PRECISION)
             s = s * scale_log2
             visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
             if HAS_WINDOW:
@@ -148,12 +139,8 @@ def _attn_chunk_kernel(q_ptr, qpe_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pa
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            if SHARED_KV:
-                v = tl.trans(k)  # MLA: the value is the latent already loaded as the key
-            else:
-                v_off = page * svb + (n % PAGE) * svs + kvh * svh
-                v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :],
-                            other=0.0)
+            v_off = page * svb + (n % PAGE) * svs + kvh * svh
+            v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         tok_base = _slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
@@ -264,37 +251,34 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]
     group = q.shape[1] // hk
-    return launch(q, None, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
+    return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages)
 
 
-def launch(q: torch.Tensor, q_pe: torch.Tensor | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            k_strides: tuple[int, int, int], v_strides: tuple[int, int, int], hk: int, d: int, dv: int,
            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
-    k/v strides are (block, slot, kv head); with q_pe the key row is [D latent | DPE rope] and the
-    value is the latent itself (v_cache is k_cache): MLA's absorbed form.
+    k/v strides are (block, slot, kv head).
     """
     if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:
         raise fail("block_n", block_n, f"need 16, 32, 64 or 128, dividing kv_chunk={kv_chunk}")
     window = int(sliding_window) if sliding_window is not None else 0
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    dpe = q_pe.shape[-1] if q_pe is not None else 0
-    qpe = q_pe if q_pe is not None else q
     page = k_cache.shape[1]
 
     def phase1(grid: tuple[int, int, int], base: int, ws: Workspace, common: dict[str, object]) -> None:
         _attn_chunk_kernel[grid](
-            q, qpe, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
-            q.stride(0), q.stride(1), qpe.stride(0), qpe.stride(1), *k_strides, *v_strides,
+            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
+            q.stride(0), q.stride(1), *k_strides, *v_strides,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
-            BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, DPE=dpe, SHARED_KV=q_pe is not None,
+            BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision,
             num_warps=num_warps, num_stages=num_stages, **common)
 
     return two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window, phase1)

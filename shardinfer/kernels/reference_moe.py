@@ -124,3 +124,26 @@ def _slots_capturable(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.
         y = _expert(x, w_gate_up[expert], w_down[expert], batch_invariant)
         slot_out = torch.where((topk_ids == expert).unsqueeze(-1), y.unsqueeze(1), slot_out)
     return slot_out
+
+
+def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of moe.align_to_experts: (sorted_slots [P] int32, -1 padded; block_expert [P / block_m]).
+
+    Slots t * k + j grouped by expert in increasing slot order, each expert's run padded to a
+    multiple of block_m; tiles past the last run belong to expert n_experts (none).
+    P = ceil((T * k + n_experts * (block_m - 1)) / block_m) * block_m.
+    """
+    flat = topk_ids.reshape(-1).long()
+    n_slots = flat.numel()
+    counts = torch.bincount(flat, minlength=n_experts)[:n_experts]
+    padded = (counts + block_m - 1) // block_m * block_m
+    starts = torch.cumsum(padded, 0) - padded
+    total = -(-(n_slots + n_experts * (block_m - 1)) // block_m) * block_m
+    sorted_slots = torch.full((total,), -1, dtype=torch.int32)
+    block_expert = torch.full((total // block_m,), n_experts, dtype=torch.int32)
+    for e in range(n_experts):
+        slots = (flat == e).nonzero().flatten()
+        first = int(starts[e])
+        sorted_slots[first : first + slots.numel()] = slots.to(torch.int32)
+        block_expert[first // block_m : (first + int(padded[e])) // block_m] = e
+    return sorted_slots, block_expert

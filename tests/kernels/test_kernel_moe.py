@@ -53,6 +53,19 @@ def test_token_alone_equals_token_in_batch(device: torch.device, dtype: torch.dt
     assert torch.equal(fused_moe(args[0][perm], args[1][perm], args[2][perm], args[3], args[4]), full[perm])
 
 
+@pytest.mark.parametrize("t,k,experts,block_m", [(1, 1, 1, 16), (9, 2, 3, 16), (300, 6, 64, 64), (90, 8, 256, 16),
+                                                 (5, 3, 40, 32)])
+def test_align_matches_reference(device: torch.device, t: int, k: int, experts: int, block_m: int) -> None:
+    gen = torch.Generator().manual_seed(t + k)
+    # Skewed choices, so some experts get several tiles and others none.
+    ids = (torch.rand(t, k, generator=gen) ** 3 * experts).long().clamp(max=experts - 1)
+    want = reference_moe.align_to_experts(ids, experts, block_m)
+    got = align_to_experts(ids.to(device), experts, block_m)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    got32 = align_to_experts(ids.int().to(device), experts, block_m)
+    assert torch.equal(got32[0].cpu(), want[0])
+
+
 def test_align_shapes_depend_on_shapes_only() -> None:
     # The grids are sized from these shapes, so a CUDA graph captured for one routing replays
     # correctly for any other: all slots on one expert (the worst padding) or spread out.
