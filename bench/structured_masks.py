@@ -6,6 +6,10 @@ Trains a byte-level BPE of the asked size on Python sources of the standard libr
 vocabulary looks like a real one: code, words, whitespace runs, punctuation), then walks `batch`
 matchers through a JSON Schema, timing at each step:
   batched  StructuredOutputCompiler.fill_bitmasks for the whole batch (llguidance thread pool)
+           over copies of the compiler's template; the serial and bool copies below share its
+           lexer cache, so two runs in three find states another method has just built
+  shared   the same batched call over copies of a private template that nothing else touches:
+           what the engine's copies of one compiled grammar cost (the rows share one cache)
   independent  the same batched call over matchers each compiled on its own: no lexer cache
            shared between rows (more work in all, but nothing for threads to contend on)
   serial   GrammarMatcher.fill_bitmask one row after another
@@ -48,10 +52,14 @@ SCHEMA = {
 }
 
 
-def train_tokenizer(vocab: int, out: Path) -> Path:
+def stdlib_sources() -> list[str]:
+    """The Python standard library's top-level modules: code, prose, whitespace, punctuation."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(stdlib.glob("*.py"))
-    text = [f.read_text(errors="ignore") for f in files]
+    return [f.read_text(errors="ignore") for f in sorted(stdlib.glob("*.py"))]
+
+
+def train_tokenizer(vocab: int, out: Path) -> Path:
+    text = stdlib_sources()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -85,15 +93,22 @@ def main() -> None:
     # another one just computed for the same state.
     sets = {name: [compiler.matcher(so_args) for _ in range(args.batch)] for name in ("batched", "serial", "bool")}
     compiled = compiler.compile(so_args)
+    template = llguidance.LLMatcher(compiler.tokenizer, compiled.grammar, log_level=0)
+    t0 = time.perf_counter()
+    sets["shared"] = [GrammarMatcher(compiled, template.deep_copy()) for _ in range(args.batch)]
+    t_shared = time.perf_counter() - t0
+    t0 = time.perf_counter()
     sets["independent"] = [GrammarMatcher(compiled, llguidance.LLMatcher(compiler.tokenizer, compiled.grammar,
                                                                          log_level=0))
                            for _ in range(args.batch)]
+    t_independent = time.perf_counter() - t0
     own_bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
+    shared_bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     gen = torch.Generator().manual_seed(0)
     bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     single = allocate_bitmask(args.batch, compiler.vocab_size)
     logits = torch.randn(args.batch, compiler.vocab_size)
-    times = {"batched": 0.0, "independent": 0.0, "serial": 0.0, "bool": 0.0, "apply": 0.0}
+    times = {"batched": 0.0, "shared": 0.0, "independent": 0.0, "serial": 0.0, "bool": 0.0, "apply": 0.0}
     rows = 0
     for step in range(args.steps):
         live = [i for i, m in enumerate(sets["batched"]) if not m.is_finished()]
@@ -102,6 +117,8 @@ def main() -> None:
         rows += len(live)
         methods = {
             "batched": lambda live=live: compiler.fill_bitmasks([(sets["batched"][i], i) for i in live], bitmask),
+            "shared": lambda live=live: compiler.fill_bitmasks([(sets["shared"][i], i) for i in live],
+                                                               shared_bitmask),
             "independent": lambda live=live: compiler.fill_bitmasks([(sets["independent"][i], i) for i in live],
                                                                     own_bitmask),
             "serial": lambda live=live: [sets["serial"][i].fill_bitmask(single, i) for i in live],
@@ -110,10 +127,10 @@ def main() -> None:
         }
         # Matcher copies share llguidance's lexer cache, so whoever runs first at a new state pays
         # for building it: rotate the order so every method goes first equally often. The
-        # independent matchers share nothing with anyone, so their place in the order is moot.
+        # shared and independent matchers share nothing with anyone, so their place in the order is moot.
         order = ["batched", "serial", "bool"]
         shift = step % 3
-        for name in [*order[shift:], *order[:shift], "independent", "apply"]:
+        for name in [*order[shift:], *order[:shift], "shared", "independent", "apply"]:
             t0 = time.perf_counter()
             methods[name]()
             times[name] += time.perf_counter() - t0
@@ -125,7 +142,11 @@ def main() -> None:
                 matchers[i].accept(token)
     steps = rows / args.batch
     report = {"vocab": compiler.vocab_size, "batch": args.batch, "steps": round(steps, 1),
-              "tokenizer_build_s": round(t_tok, 3), "compile_ms": round(t_compile * 1e3, 2)}
+              "tokenizer_build_s": round(t_tok, 3), "compile_ms": round(t_compile * 1e3, 2),
+              "threads": args.threads,
+              # Building one sample's matcher: a template copy, or a grammar compiled for it alone.
+              "shared_matcher_build_us": round(t_shared / args.batch * 1e6, 1),
+              "independent_matcher_build_us": round(t_independent / args.batch * 1e6, 1)}
     for k, v in times.items():
         report[f"{k}_ms_per_step"] = round(v / steps * 1e3, 3)
         report[f"{k}_us_per_token"] = round(v / rows * 1e6, 1)

@@ -2,7 +2,8 @@
 
     so_args = {"schema_type": "json" | "regex" | "ebnf" | "lark", "schema": ...}
         -> canonical text (cache key)  -> llguidance grammar  -> CompiledGrammar (template matcher)
-        -> GrammarMatcher per sample (a deep copy of the template: microseconds)
+        -> GrammarMatcher per sample (a deep copy of the template: microseconds; or, with
+           independent_matchers=True, a matcher compiled for that sample alone: ~1.5 ms)
 
 llguidance reads the model's tokenizer.json itself (through the Rust `tokenizers` crate), so no
 Python tokenizer object is needed at run time. The tokenizer is built once per compiler, with
@@ -54,8 +55,14 @@ class CompiledGrammar:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     _template: llguidance.LLMatcher = field(repr=False, compare=False)
+    _tokenizer: llguidance.LLTokenizer = field(repr=False, compare=False)
 
-    def new_matcher(self) -> GrammarMatcher:
+    def new_matcher(self, independent: bool = False) -> GrammarMatcher:
+        """A matcher at the grammar's start: a copy of the template, which shares the template's
+        lexer cache (and its lock) with every other copy, or with independent=True one built from
+        the grammar alone, which shares nothing (see StructuredOutputCompiler)."""
+        if independent:
+            return GrammarMatcher(self, llguidance.LLMatcher(self._tokenizer, self.grammar, log_level=0))
         return GrammarMatcher(self, self._template.deep_copy())
 
 
@@ -100,11 +107,24 @@ class StructuredOutputCompiler:
     """Compiles so_args for one model's tokenizer; shared by every request of an engine."""
 
     def __init__(self, tokenizer_json: str | os.PathLike[str], eos_token_ids: Sequence[int], vocab_size: int,
-                 cache_size: int = 256, num_threads: int | None = None) -> None:
+                 cache_size: int = 256, num_threads: int | None = None, independent_matchers: bool = False) -> None:
         """tokenizer_json: the text of tokenizer.json, or its path.
         eos_token_ids: ids that end a sample; allowed exactly when the grammar may end.
         vocab_size: the model's logits width (>= the tokenizer's vocabulary).
         num_threads: threads for batched mask computation (llguidance's default when None).
+        independent_matchers: build each sample's matcher from the grammar alone instead of
+            copying the compiled template. Copies share the template's lexer cache behind one
+            lock, so filling their masks does not speed up with threads; independent matchers
+            share nothing and do, but each recomputes what copies share and takes ~1 ms to build
+            (a copy: ~2 us). Measured with bench/structured_masks.py (32k-token BPE, its JSON
+            Schema, mask fill per decode step, medians of 3-6 runs on an otherwise idle 2-core
+            CPU):
+                                    batch 64, 1 -> 2 threads    batch 256, 1 -> 2 threads
+                shared copies       6.6 -> 7.0 ms               27.1 -> 31.0 ms
+                independent         10.9 -> 7.3 ms              44.4 -> 28.9 ms
+            Independent matchers scale (x1.5 per doubling here) but with two cores never beat
+            copies on one thread, hence the default False; with many cores they may win (not
+            measured: bench/structured_decode.py --independent-matchers measures it end to end).
         """
         text = _read_tokenizer_json(tokenizer_json)
         eos = tuple(int(t) for t in eos_token_ids)
@@ -129,6 +149,7 @@ class StructuredOutputCompiler:
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._num_threads = num_threads
+        self.independent_matchers = independent_matchers
         self._executor: llguidance.LLExecutor | None = None
         self.num_compiles = 0  # distinct compilations done (cache misses), for tests and metrics
 
@@ -158,7 +179,7 @@ class StructuredOutputCompiler:
 
     def matcher(self, so_args: dict[str, Any]) -> GrammarMatcher:
         """A fresh matcher at the start of so_args' grammar; raises GrammarError when it is invalid."""
-        return self.compile(so_args).new_matcher()
+        return self.compile(so_args).new_matcher(self.independent_matchers)
 
     def _compile(self, schema_type: str, text: str) -> CompiledGrammar:
         self.num_compiles += 1
@@ -181,7 +202,7 @@ class StructuredOutputCompiler:
         if template.is_error():
             raise GrammarError(_reason(schema_type, template.get_error()))
         return CompiledGrammar(schema_type, text, grammar, self.tokenizer_id, self.vocab_size,
-                               self.eos_token_ids, template)
+                               self.eos_token_ids, template, self.tokenizer)
 
     # ---- batched masks -------------------------------------------------------------------
     def fill_bitmasks(self, matchers: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor) -> None:

@@ -7,6 +7,7 @@ import torch
 
 from shardinfer.engine.structured import (
     GrammarViolation,
+    StructuredOutputCompiler,
     allocate_bitmask,
     apply_bitmask,
     unpack_bitmask,
@@ -144,6 +145,26 @@ def test_batched_fill_matches_single_masks(compiler, random_walk):
         assert single[0].equal(bitmask[row])
     for row in (1, 4, 9):
         assert (bitmask[row] == -1).all()
+
+
+def test_independent_matchers_give_the_masks_of_copies(compiler, tokenizer_path, eos_id, random_walk):
+    """Matchers built per sample (no lexer cache shared with the template) walk the same grammar:
+    the same mask at every step of a walk, batched and alone, and each starts fresh."""
+    independent = StructuredOutputCompiler(tokenizer_path, [eos_id], compiler.vocab_size, independent_matchers=True)
+    schemas = [SCHEMA, {"schema_type": "regex", "schema": r"[a-z]{2,9}"}]
+    for seed in range(4):
+        so_args = schemas[seed % 2]
+        tokens, masks = _walk_with_masks(compiler.matcher(so_args), random_walk, seed)
+        m = independent.matcher(so_args)
+        assert m.ll_matcher is not independent.matcher(so_args).ll_matcher
+        bitmask = allocate_bitmask(2, compiler.vocab_size)
+        for t, want in zip([*tokens, None], masks, strict=True):
+            assert m.allowed_mask().equal(want)
+            independent.fill_bitmasks([(m, 1)], bitmask)
+            assert unpack_bitmask(bitmask, compiler.vocab_size)[1].equal(want)
+            if t is not None:
+                m.accept(t)
+        assert m.num_accepted == len(tokens)
 
 
 def test_fill_rejects_wrong_bitmask(compiler):
