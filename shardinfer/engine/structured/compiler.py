@@ -3,7 +3,7 @@
     so_args = {"schema_type": "json" | "regex" | "ebnf" | "lark", "schema": ...}
         -> canonical text (cache key)  -> llguidance grammar  -> CompiledGrammar (template matcher)
         -> GrammarMatcher per sample (a deep copy of the template: microseconds; or, with
-           independent_matchers=True, a matcher compiled for that sample alone: ~1.5 ms)
+           independent_matchers=True, a matcher compiled for that sample alone: ~1 ms)
 
 llguidance reads the model's tokenizer.json itself (through the Rust `tokenizers` crate), so no
 Python tokenizer object is needed at run time. The tokenizer is built once per compiler, with
