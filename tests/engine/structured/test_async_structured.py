@@ -162,6 +162,9 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
         c = got[i].outputs[0]
         if c.finish_reason == "stop":
             check(c.text)
+    # A grammar that cannot go on ends its request with "stop" at once, without an eos.
+    fixed = got[6].outputs[0]
+    assert (fixed.finish_reason, fixed.stop_reason) == ("stop", None) and len(fixed.text) == 3
 
 
 def test_grammar_steps_stay_pipelined(qwen3_dir: Path) -> None:
