@@ -1,9 +1,11 @@
-"""Rebuild bench/RESULTS.md's table from every result JSON under bench/results/.
+"""Rebuild bench/RESULTS.md's tables from every result JSON under bench/results/.
 
     python bench/record.py
 
-Each row: date, GPU, commit, workload, batch invariance, shardinfer and transformers output tok/s,
-their ratio, and the decode step's fraction of its HBM floor.
+Throughput rows (bench/throughput.py): date, GPU, commit, workload, batch invariance, shardinfer and
+transformers output tok/s, their ratio, and the decode step's fraction of its HBM floor.
+Structured-output rows (bench/structured_decode.py): decode step time with every request under a
+JSON Schema against the same requests unconstrained, and the relative cost.
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ each JSON's `transformers` entry), or static `generate` where `generate_batch` c
 """
 
 
+SO_HEADER = """
+## Structured outputs
+
+`bench/structured_decode.py`: every request under a JSON Schema (random-init weights, a 32k
+byte-level BPE vocabulary), then the same requests unconstrained with the lengths the constrained
+run produced. Mean pure-decode step time of each, the host time filling grammar masks per step,
+and the cost (constrained / plain - 1; target <= +5%).
+
+| date (UTC) | GPU | commit | workload | requests | matchers | mean batch | plain step ms | constrained step ms | mask fill ms | cost |
+|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
+
 def fmt(v: object, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
@@ -40,8 +55,21 @@ def main() -> None:
                     f"{r['batch_invariant']} | {r.get('requests', '—')} | {fmt(r['shardinfer_output_tok_s'], '.0f')} | "
                     f"{fmt(r.get('transformers_output_tok_s'), '.0f')} | {fmt(r.get('ratio'), '.1f')} | "
                     f"{fmt(r.get('decode_floor_fraction'), '.2f')} |")
-    (HERE / "RESULTS.md").write_text(HEADER + "\n".join(rows) + "\n")
-    print(f"{len(rows)} rows")
+    so_rows = []
+    for r in sorted(records, key=lambda r: str(r.get("date", ""))):
+        if r.get("bench") != "structured_decode" or r.get("device") != "cuda":
+            continue
+        c, p = r["constrained"], r["plain"]
+        matchers = "independent" if r.get("independent_matchers") else "shared copies"
+        so_rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
+                       f"{r['requests']} | {matchers} | {c['mean_decode_batch']:.0f} | {p['mean_decode_step_ms']:.2f} | "
+                       f"{c['mean_decode_step_ms']:.2f} | {c['mask_fill_ms_per_decode_step']:.2f} | "
+                       f"{100 * (c['mean_decode_step_ms'] / p['mean_decode_step_ms'] - 1):+.0f}% |")
+    text = HEADER + "\n".join(rows) + "\n"
+    if so_rows:
+        text += SO_HEADER + "\n".join(so_rows) + "\n"
+    (HERE / "RESULTS.md").write_text(text)
+    print(f"{len(rows)} throughput rows, {len(so_rows)} structured-output rows")
 
 
 if __name__ == "__main__":
