@@ -76,6 +76,17 @@ def test_default_tiling_without_bias(device: torch.device, dtype: torch.dtype) -
         assert torch.equal(mm.linear_batch_invariant(x[i:i + 1], w), full[i:i + 1])
 
 
+def test_router_shaped_float32_default_splits_k_and_stays_invariant(device: torch.device) -> None:
+    """MoE router logits: float32, 64 experts x hidden 1024. The default tiling splits K (a split
+    fixed by K alone), which must still give every row the same bits whatever the batch."""
+    assert mm.tile_config(64, 1024, torch.float32).split_k > 1
+    x, w, _ = _problem(37, 64, 1024, torch.float32, device, seed=11)
+    full = mm.linear_batch_invariant(x, w)
+    assert rel_err(full, _ref(x, w, None)) < TOL[torch.float32]
+    for start, rows in [(0, 1), (36, 1), (5, 20)]:
+        assert torch.equal(mm.linear_batch_invariant(x[start:start + rows], w), full[start:start + rows])
+
+
 def test_row_strided_input(device: torch.device) -> None:
     """A column slice of a wider activation (row stride > K) is read in place."""
     wide, w, b = _problem(9, 20, 64, torch.float32, device, seed=5)
