@@ -2,7 +2,7 @@
 
     python bench/structured_decode.py --workload dense-small --requests 256     # a GPU
     python bench/structured_decode.py --workload tiny --requests 16             # CPU smoke run
-        [--max-tokens 128] [--tokenizer-vocab V] [--independent-matchers] [--mask-threads N]
+        [--max-tokens 128] [--tokenizer-vocab V] [--independent-matchers [auto|on|off]] [--mask-threads N]
         [--async-scheduling auto|on|off] [--max-num-seqs 256] [--out bench/results]
 
 Runs N requests constrained by the JSON Schema of bench/structured_masks.py, then the same N
@@ -177,8 +177,9 @@ def main() -> None:
     ap.add_argument("--in-range", type=int, nargs=2, default=(32, 128))
     ap.add_argument("--tokenizer-vocab", type=int, default=None,
                     help="BPE size replacing the checkpoint's tokenizer (0: keep it; default 32000 if it fits)")
-    ap.add_argument("--independent-matchers", action="store_true",
-                    help="matchers built per request instead of copies of the compiled grammar")
+    ap.add_argument("--independent-matchers", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
+                    help="matchers built per request instead of copies of the compiled grammar "
+                         "(auto: the engine's default, independent from 4 CPUs)")
     ap.add_argument("--mask-threads", type=int, default=None, help="llguidance threads (default: its own choice)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
@@ -203,12 +204,14 @@ def main() -> None:
     llm = LLM(model_dir, device=device, dtype="bfloat16" if device == "cuda" else "float32",
               max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, enable_prefix_caching=False,
-              async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling])
+              async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
+              structured_independent_matchers={"auto": None, "on": True, "off": False}[args.independent_matchers])
     engine = llm.llm_engine
-    # The engine's own compiler, built with this run's matcher and thread settings.
-    engine._grammar_compiler = StructuredOutputCompiler(
-        str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
-        num_threads=args.mask_threads, independent_matchers=args.independent_matchers)
+    if args.mask_threads is not None:
+        # The engine's own compiler, with this run's thread count (the engine keeps llguidance's).
+        engine._grammar_compiler = StructuredOutputCompiler(
+            str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
+            num_threads=args.mask_threads, independent_matchers=engine.config.independent_matchers)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     prompts = [ids for ids, _ in requests(args.requests, shape["vocab_size"], tuple(args.in_range), (1, 1))]
     # Warm-up: kernels, CUDA graphs, llguidance's tokenizer and the schema's compilation.
@@ -239,7 +242,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "commit": bench_commit(),
         "date": now.isoformat(), "requests": args.requests, "max_tokens": args.max_tokens,
         "in_range": args.in_range, "tokenizer_vocab": tok_vocab or None, "schema": SCHEMA,
-        "async_scheduling": engine.async_scheduling, "independent_matchers": args.independent_matchers,
+        "async_scheduling": engine.async_scheduling, "independent_matchers": engine.grammar_compiler().independent_matchers,
         "mask_threads": args.mask_threads,
         "settings": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                      "max_model_len": args.max_model_len},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,16 @@ import torch
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16,
           "float": torch.float32}
+
+INDEPENDENT_MATCHERS_MIN_CPUS = 4
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: the affinity mask where the OS has one (a container or
+    taskset may allow fewer than os.cpu_count()), else os.cpu_count()."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @dataclass
@@ -33,6 +44,9 @@ class EngineConfig:
     speculative_ngram_tokens: int = 0  # prompt-lookup draft tokens verified per step (0: off)
     speculative_mtp: bool = False  # draft one token per step with the checkpoint's MTP layer
     seed: int = 0  # seed for requests that give none (0 = draw one at random per request)
+    # Grammar matchers built per sample instead of copied from the compiled grammar (None: when
+    # the process may use >= 4 CPUs; see independent_matchers below and docs/structured-outputs.md).
+    structured_independent_matchers: bool | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
@@ -52,6 +66,23 @@ class EngineConfig:
             raise ValueError("choose one drafter: speculative_ngram_tokens or speculative_mtp")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
+        independent = self.structured_independent_matchers
+        if independent is not None and not isinstance(independent, bool):
+            raise ValueError(f"structured_independent_matchers={independent!r}: "
+                             "use true, false, or leave it unset (independent when >= 4 CPUs)")
+
+    @property
+    def independent_matchers(self) -> bool:
+        """Whether grammar matchers are built per sample (structured_independent_matchers resolved).
+
+        Independent matchers share no lexer cache, so llguidance fills their masks in parallel, but
+        each recomputes what copies share. Mask fill per decode step (JSON Schema, 32k-token BPE):
+        on a 16-core GPU host at batch ~190, 8.5 ms independent vs 14.8 ms copies; on 2 cores at
+        batch 64, copies 6.6-7.0 ms vs independent 7.3-10.9 ms. Hence independent from 4 CPUs.
+        """
+        if self.structured_independent_matchers is not None:
+            return self.structured_independent_matchers
+        return usable_cpus() >= INDEPENDENT_MATCHERS_MIN_CPUS
 
     @property
     def torch_device(self) -> torch.device:

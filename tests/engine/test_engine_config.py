@@ -1,0 +1,56 @@
+"""Engine arguments that pick implementation strategies: validation, defaults, and wiring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardinfer import LLM
+from shardinfer.engine import config as config_module
+from shardinfer.engine.config import EngineConfig
+from shardinfer.jobs.spec import valid_keys
+
+JSON = {"schema_type": "json", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, "true"])
+def test_structured_independent_matchers_must_be_a_bool_or_unset(value: object) -> None:
+    with pytest.raises(ValueError, match="structured_independent_matchers="):
+        EngineConfig(model="m", structured_independent_matchers=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("cpus", "want"), [(1, False), (2, False), (3, False), (4, True), (16, True)])
+def test_unset_independent_matchers_follow_the_cpu_count(monkeypatch: pytest.MonkeyPatch, cpus: int,
+                                                         want: bool) -> None:
+    monkeypatch.setattr(config_module, "usable_cpus", lambda: cpus)
+    assert EngineConfig(model="m").independent_matchers is want
+    # An explicit setting wins over the CPU count either way.
+    assert EngineConfig(model="m", structured_independent_matchers=not want).independent_matchers is (not want)
+
+
+def test_usable_cpus_is_positive_and_bounded_by_the_machine() -> None:
+    import os
+
+    assert 1 <= config_module.usable_cpus() <= (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_engine_compiler_gets_the_matcher_setting(qwen3_dir: Path, setting: bool) -> None:
+    engine = LLM(qwen3_dir, device="cpu", dtype="float32", structured_independent_matchers=setting).llm_engine
+    compiler = engine.grammar_compiler()
+    assert compiler.independent_matchers is setting
+    # Either kind of matcher starts at the grammar's beginning: an object opens with "{".
+    allowed = compiler.matcher(JSON).allowed_mask()
+    assert allowed[engine.tokenizer.encode("{", add_special_tokens=False)[0]]
+
+
+def test_engine_compiler_default_follows_the_cpu_count(monkeypatch: pytest.MonkeyPatch, qwen3_dir: Path) -> None:
+    monkeypatch.setattr(config_module, "usable_cpus", lambda: 8)
+    assert LLM(qwen3_dir, device="cpu", dtype="float32").llm_engine.grammar_compiler().independent_matchers
+    monkeypatch.setattr(config_module, "usable_cpus", lambda: 2)
+    assert not LLM(qwen3_dir, device="cpu", dtype="float32").llm_engine.grammar_compiler().independent_matchers
+
+
+def test_job_spec_accepts_the_setting() -> None:
+    assert "structured_independent_matchers" in valid_keys("engine")
