@@ -469,9 +469,7 @@ class LLMEngine:
         blocked: list[int] = []
         if req.num_output_tokens < p.min_tokens:
             blocked = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.tokenizer.eos_token_ids))
-        # A finished request's row is sampled only to be dropped: its matcher gives no mask.
-        return SamplingRow(p, req.seed, position, req.prompt_token_ids, req.output_token_ids, blocked,
-                           req.grammar is not None and not req.status.finished)
+        return SamplingRow(p, req.seed, position, req.prompt_token_ids, req.output_token_ids, blocked)
 
     def _grammar_masks(self, constrained: list[tuple[Request, int]]) -> GrammarMasks | None:
         """The next-token mask of each (request, sampling row), filled in one call on the compiler's threads."""

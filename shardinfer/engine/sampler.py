@@ -29,7 +29,6 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     blocked_token_ids: list[int]  # ids that may not be sampled now (eos / stop ids before min_tokens)
-    has_grammar: bool = False  # a structured-output mask applies (see GrammarMasks)
 
 
 @dataclass
@@ -117,26 +116,27 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
                      grammar: GrammarMasks | None = None) -> DeviceSample:
     """logits [B, V] float32, one row per sampling request; nothing waits for the device.
 
-    Per-row processing (penalties, masks) touches only the rows that ask for it; the choice
-    itself is one batched call: the Triton kernel on CUDA, the reference on CPU (same sets, same
-    noise), so CPU and GPU runs follow one definition.
+    Per-row processing (penalties, blocked ids) touches only the rows that ask for it; grammar
+    masks are one batched operation for all their rows; the choice itself is one batched call: the
+    Triton kernel on CUDA, the reference on CPU (same sets, same noise), so CPU and GPU runs follow
+    one definition.
     """
     logits = logits.float()
     logprobs_all = torch.log_softmax(logits, dim=-1)
     x = logits
     special = [i for i, r in enumerate(rows) if _needs_processing(r)]
-    if special:
-        x = logits.clone()
-        for i in special:
-            row = rows[i]
+    masked = grammar is not None and bool(grammar.rows)
+    if special or masked:
+        x = logits.clone()  # the masks write in place; the caller's logits stay as they were
+    for i in special:
+        row = rows[i]
+        if row.params.has_penalties:
             x[i] = _apply_penalties(x[i], row)
-            if row.blocked_token_ids:
-                x[i, values_to_device(row.blocked_token_ids, torch.long, x.device)] = float("-inf")
-    if grammar is not None and grammar.rows:
-        from shardinfer.engine.structured import apply_bitmask
-
-        # One batched unpack-and-mask on the logits' device for every constrained row.
-        apply_bitmask(x, grammar.bitmask, values_to_device(grammar.rows, torch.long, x.device))
+        if row.blocked_token_ids:
+            x[i, values_to_device(row.blocked_token_ids, torch.long, x.device)] = float("-inf")
+    if masked:
+        assert grammar is not None
+        _apply_grammar(x, grammar)
     dev = x.device
 
     def col(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -157,7 +157,21 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
 
 
 def _needs_processing(row: SamplingRow) -> bool:
-    return bool(row.blocked_token_ids or row.has_grammar or row.params.has_penalties)
+    """Rows that need work of their own; grammar rows do not (their masks are applied together),
+    so a constrained step launches no per-row operation for them."""
+    return bool(row.blocked_token_ids or row.params.has_penalties)
+
+
+def _apply_grammar(x: torch.Tensor, grammar: GrammarMasks) -> None:
+    """Mask x's constrained rows in one batched unpack-and-mask on x's device. When every row is
+    constrained in order (a step where all requests carry a grammar), x is masked in place with no
+    row index to copy over or gather and scatter through."""
+    from shardinfer.engine.structured import apply_bitmask
+
+    if len(grammar.rows) == x.shape[0] and grammar.rows == list(range(x.shape[0])):
+        apply_bitmask(x, grammar.bitmask)
+    else:
+        apply_bitmask(x, grammar.bitmask, values_to_device(grammar.rows, torch.long, x.device))
 
 
 def top_k_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:

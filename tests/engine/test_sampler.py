@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardinfer import LLM, SamplingParams
-from shardinfer.engine.sampler import SamplingRow, sample
+from shardinfer.engine.sampler import GrammarMasks, SamplingRow, sample
 from shardinfer.engine.sampling_noise import gumbel_noise
 
 V = 12
@@ -144,3 +144,33 @@ def test_chat_template_runs_sandboxed(tmp_path, qwen3_dir) -> None:
     llm = LLM(tmp_path, device="cpu")
     with pytest.raises(ValueError, match="chat template failed to render"):
         llm.chat([[{"role": "user", "content": "x"}]])
+
+
+def _bitmask(allowed: list[set[int]]) -> torch.Tensor:
+    """int32 [len(allowed), 1] bitmask (V <= 32) allowing each row's set."""
+    return torch.tensor([[sum(1 << t for t in ids) - (1 << 32 if 31 in ids else 0)] for ids in allowed],
+                        dtype=torch.int32)
+
+
+@pytest.mark.parametrize("constrained", [[0, 1, 2, 3], [1, 3], [2]], ids=["all", "some", "one"])
+def test_grammar_masks_equal_masking_each_row_alone(constrained: list[int]) -> None:
+    """Masks applied to the whole batch at once, alongside penalties and blocked ids, choose what
+    each row chooses alone with its disallowed logits at -inf; the caller's logits are untouched."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, V)
+    rows = [_row(SamplingParams(temperature=1.0), seed=1, position=4),
+            _row(SamplingParams(temperature=1.0, repetition_penalty=1.5), seed=2, out=[0, 3, 3]),
+            SamplingRow(SamplingParams(temperature=0.7), 3, 2, [1], [5], [7, 9]),  # blocked ids
+            _row(SamplingParams(temperature=0.0), position=1)]
+    allowed = [{0, 3, 7}, {1, 2, 3, 11}, {5, 7, 9, 10}, {4, 8}]
+    before = logits.clone()
+    got = sample(logits, rows, GrammarMasks(_bitmask([allowed[i] for i in constrained]), constrained))
+    assert logits.equal(before)
+    raw = torch.log_softmax(logits, dim=-1)
+    for i, row in enumerate(rows):
+        alone = logits[i : i + 1].clone()
+        if i in constrained:
+            alone[0, [t for t in range(V) if t not in allowed[i]]] = float("-inf")
+            assert got.token_ids[i] in allowed[i]
+        assert got.token_ids[i] == sample(alone, [row]).token_ids[0]
+        assert got.logprobs[i] == raw[i, got.token_ids[i]].item()
