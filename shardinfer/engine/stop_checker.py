@@ -22,10 +22,14 @@ def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
         text = tokenizer.decode(req.output_token_ids[: n_out - 1], p.skip_special_tokens)
         return RequestStatus.FINISHED_STOPPED, token, text
     total = req.num_prompt_tokens + n_out
-    if not p.stop and req.grammar is None and n_out < req.max_tokens and total < max_model_len:
-        return None, None, ""  # nothing needs the text yet: decode once, at the end
+    if not p.stop:
+        # Nothing needs the text before the end: decode it once, when the request ends, rather
+        # than the whole output again after every token.
+        status = _end_status(req, n_out, total, max_model_len)
+        text = tokenizer.decode(req.output_token_ids[:n_out], p.skip_special_tokens) if status is not None else ""
+        return status, None, text
     text = tokenizer.decode(req.output_token_ids[:n_out], p.skip_special_tokens)
-    if may_stop and p.stop:
+    if may_stop:
         # Only a match that ends in the newest token's text is new; earlier text was checked before.
         window_start = max(0, len(req.output_text) - max(len(s) for s in p.stop))
         best: tuple[int, str] | None = None
@@ -37,8 +41,13 @@ def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
             idx, s = best
             cut = idx + len(s) if p.include_stop_str_in_output else idx
             return RequestStatus.FINISHED_STOPPED, s, text[:cut]
+    return _end_status(req, n_out, total, max_model_len), None, text
+
+
+def _end_status(req: Request, n_out: int, total: int, max_model_len: int) -> RequestStatus | None:
+    """The checks after stop strings: a finished grammar, then max_tokens and max_model_len."""
     if req.grammar is not None and req.grammar.is_finished():
-        return RequestStatus.FINISHED_STOPPED, None, text
+        return RequestStatus.FINISHED_STOPPED
     if n_out >= req.max_tokens or total >= max_model_len:
-        return RequestStatus.FINISHED_LENGTH, None, text
-    return None, None, text
+        return RequestStatus.FINISHED_LENGTH
+    return None

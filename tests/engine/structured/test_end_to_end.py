@@ -96,3 +96,29 @@ def test_preemption_keeps_grammar_state(model_dir: Path, llm: LLM):
         assert a.finish_reason == "stop"
         jsonschema.validate(json.loads(a.text), SCHEMA)
         assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, a.finish_reason)
+
+
+def test_text_is_decoded_once_per_request_without_stop_strings(llm: LLM, monkeypatch: pytest.MonkeyPatch):
+    """A grammar request without stop strings needs its text only when it ends: one decode per
+    request, whichever way it ends (grammar finished, eos, max_tokens), with the same text as
+    decoding its tokens."""
+    tokenizer = llm.llm_engine.tokenizer
+    decode = tokenizer.decode
+    calls: list[int] = []
+
+    def counted(ids: list[int], skip_special_tokens: bool = True) -> str:
+        calls.append(len(ids))
+        return decode(ids, skip_special_tokens)
+
+    monkeypatch.setattr(tokenizer, "decode", counted)
+    so_args = {"schema_type": "json", "schema": SCHEMA}
+    params = [SamplingParams(temperature=1.0, max_tokens=80, seed=s, so_args=so_args) for s in range(3)]
+    params.append(SamplingParams(temperature=1.0, max_tokens=5, seed=9, so_args=so_args))
+    outs = llm.generate(["JSON:"] * len(params), params)
+    assert len(calls) == len(params)
+    eos = set(tokenizer.eos_token_ids)
+    assert {o.outputs[0].finish_reason for o in outs} == {"stop", "length"}
+    for o in outs:
+        c = o.outputs[0]
+        ids = c.token_ids[:-1] if c.token_ids and c.token_ids[-1] in eos else c.token_ids
+        assert c.text == decode(ids)
