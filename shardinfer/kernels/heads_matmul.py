@@ -20,7 +20,7 @@ Batch invariance (row t's values bitwise independent of T and of where row t lan
   whose alignment differs from a fresh [T, H, K] tensor's is copied, so every T runs the very
   same machine code (Triton compiles one variant per pointer alignment and stride divisibility).
 - Under Triton's CPU interpreter tl.dot is numpy's BLAS, which rounds a row differently at
-  different positions of the block; `_mma` uses a broadcast product summed over K in order
+  different positions of the block; `_mma.mma` uses a broadcast product summed over K in order
   there, so the CPU tests check invariance bit for bit, as the GPU tests do.
 """
 
@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, interpreting
+from shardinfer.kernels._mma import k_loop
 
 MAX_GRID_YZ = 65535  # CUDA's limit on the grid's 2nd and 3rd dims (column tiles, heads)
 
@@ -73,17 +74,6 @@ def heads_tiles(h: int, k: int, n: int, dtype: torch.dtype) -> HeadsTiles:
     return HeadsTiles(64, 64, 64)
 
 
-@triton.jit
-def _mma(a, b, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + a @ b for one BLOCK_K step, in float32."""
-    if INTERPRET:
-        # Position-independent in the interpreter (see the module docstring), in K order.
-        acc = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-    else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    return acc
-
-
 @triton.jit(do_not_specialize=["T"])
 def _heads_matmul_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_xh, stride_wh, stride_wn,
                          stride_yt, stride_yh, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
@@ -98,18 +88,8 @@ def _heads_matmul_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_xh, str
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + head * stride_xh + safe_rows[:, None] * stride_xt + offs_k[None, :]
     w_ptrs = w_ptr + head * stride_wh + safe_cols[None, :] * stride_wn + offs_k[:, None]  # w_nk[h].T tile
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(x_ptrs)
-            b = tl.load(w_ptrs)
-        else:  # K is fixed per layer, so this tail mask is the same for every T
-            k_left = K - kt * BLOCK_K
-            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        acc = _mma(a, b, acc, PRECISION, INTERPRET)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    acc = k_loop(x_ptrs, w_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), 0, tl.cdiv(K, BLOCK_K), K, EVEN_K,
+                 BLOCK_K, PRECISION, INTERPRET)
     y_ptrs = y_ptr + head * stride_yh + rows.to(tl.int64)[:, None] * stride_yt + cols[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < T) & (cols[None, :] < N))
 

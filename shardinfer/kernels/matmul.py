@@ -50,6 +50,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, interpreting
+from shardinfer.kernels._mma import k_loop, mma
 
 
 @dataclass(frozen=True)
@@ -155,21 +156,6 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _mma(a, b, acc, IEEE: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + a @ b for one BLOCK_K step, in float32."""
-    if INTERPRET:
-        # The CPU interpreter's tl.dot is numpy's BLAS matmul, whose result for a row depends on
-        # the row's position in the block (and which mishandles bfloat16); a broadcast product
-        # summed over K in order is position-independent there.
-        acc = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-    elif IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit
 def _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -233,7 +219,7 @@ def _combine_splits_kernel(ws_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.c
 
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                   HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
                    SPLIT_K: tl.constexpr, INTERPRET: tl.constexpr):
@@ -261,18 +247,8 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, strid
         cols = tl.where(cols < N, cols, 0).to(tl.int64)
         x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] + k_first * BLOCK_K
         w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn + k_first * BLOCK_K  # weight.T tile
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_first, k_last):
-            if EVEN_K:
-                a = tl.load(x_ptrs)
-                b = tl.load(w_ptrs)
-            else:
-                k_left = K - kt * BLOCK_K
-                a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-                b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            acc = _mma(a, b, acc, IEEE, INTERPRET)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
+        acc = k_loop(x_ptrs, w_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), k_first, k_last, K, EVEN_K,
+                     BLOCK_K, PRECISION, INTERPRET)
         out_tile += step
         _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, N, stride_ym, HAS_BIAS,
                       GROUP_M, SPLIT_K, BLOCK_M, BLOCK_N)
@@ -280,7 +256,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, strid
 
 @triton.jit(do_not_specialize=["M"])
 def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, ws_ptr, M, N, K, stride_ym,
-                       HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
                        SPLIT_K: tl.constexpr, INTERPRET: tl.constexpr):
@@ -305,7 +281,7 @@ def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, ws_ptr, M, N, K, stride_ym,
         for kt in range(k_first, k_last):
             a = x_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-            acc = _mma(a, b.T, acc, IEEE, INTERPRET)
+            acc = mma(a, b.T, acc, PRECISION, INTERPRET)
         out_tile += step
         _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, N, stride_ym, HAS_BIAS,
                       GROUP_M, SPLIT_K, BLOCK_M, BLOCK_N)
@@ -357,7 +333,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     cap = (_sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k
     grid = (min(cap, tiles) if config.persistent else tiles,)
-    common = dict(HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=config.block_m,
+    common = dict(HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=config.block_m,
                   BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
                   PERSISTENT=config.persistent, NUM_PROGRAMS=cap, SPLIT_K=config.split_k,
                   INTERPRET=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages)

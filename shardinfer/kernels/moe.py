@@ -40,6 +40,7 @@ from shardinfer.kernels._common import (
     interpreting,
     next_pow2,
 )
+from shardinfer.kernels._mma import mma
 
 
 @dataclass(frozen=True)
@@ -73,19 +74,6 @@ TILE_OVERRIDES: dict[tuple[int, int, torch.dtype], MoeTiles] = {}
 def moe_tiles(hidden: int, inter: int, dtype: torch.dtype) -> MoeTiles:
     """The one tiling used for every token count of an expert shape."""
     return TILE_OVERRIDES.get((hidden, inter, dtype), DEFAULT_TILES)
-
-
-@triton.jit
-def _mma(a, b, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + a @ b for one BLOCK_K step, in float32."""
-    if INTERPRET:
-        # The interpreter's tl.dot is numpy's BLAS, which rounds a row differently at different
-        # row positions of the block; a broadcast product summed over K is position-independent,
-        # so the CPU tests can check batch invariance bit for bit, as the GPU tests do.
-        acc = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-    else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    return acc
 
 
 @triton.jit
@@ -132,11 +120,11 @@ def _grouped_gemm_kernel(a_ptr, w_ptr, w_desc, out_ptr, sorted_ptr, block_expert
             a = tl.load(a_ptr + a_row[:, None] * sa + ks[None, :], mask=row_ok[:, None] & (ks < k_dim)[None, :],
                         other=0.0)
             w = _weight_tile(w_base, w_desc, desc_row, cols, col_ok, k0, k_dim, swn, BLOCK_K, TMA)
-            acc = _mma(a, w, acc, PRECISION, INTERPRET)
+            acc = mma(a, w, acc, PRECISION, INTERPRET)
             if GATED:
                 wu = _weight_tile(w_base + up_offset * swn, w_desc, desc_row + up_offset, cols, col_ok, k0, k_dim,
                                   swn, BLOCK_K, TMA)
-                acc_up = _mma(a, wu, acc_up, PRECISION, INTERPRET)
+                acc_up = mma(a, wu, acc_up, PRECISION, INTERPRET)
         dtype = out_ptr.dtype.element_ty
         if GATED:
             g = acc.to(dtype).to(tl.float32)
