@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 import torch
 
 
@@ -11,6 +18,19 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if torch.isnan(o).any() or torch.isnan(r).any():
         return float("inf")
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def compile_in_child(script: str) -> Any:
+    """Run a kernel-compiling script in a child process with Triton's interpreter off (this test
+    process has it on, which replaces every kernel by a Python one); return the JSON it prints
+    last."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1",
+           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # Relative-error bounds: one rounding of the output dtype plus float32 reduction-order noise.

@@ -9,16 +9,10 @@ real shapes (moe-16b: 16 heads, W_UK 128 -> 512, W_UV 512 -> 128) compiled on th
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import triton
-from kernel_checks import TOL, rel_err
+from kernel_checks import TOL, compile_in_child, rel_err
 
 from shardinfer.kernels import _common
 from shardinfer.kernels.heads_matmul import HeadsTiles, heads_matmul
@@ -155,13 +149,7 @@ def test_compiles_for_hopper_pipelined() -> None:
     """The interpreter accepts programs the GPU compiler rejects: compile to sm_90 PTX (in a child
     process, since this one runs the interpreter) at the bf16 W_UK shape and check the K loop is
     pipelined (cp.async), runs on wgmma, and nothing spills."""
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1",
-           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, cwd=root,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    facts = compile_in_child(_COMPILE)
     assert facts["cp_async"] and facts["wgmma"] and not facts["spills"], facts
     assert facts["shared"] <= 232448, facts  # an H100/H200's shared memory per block
 

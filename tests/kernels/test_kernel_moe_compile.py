@@ -11,14 +11,9 @@ this process has Triton's interpreter switched on, which replaces every kernel b
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import triton
+from kernel_checks import compile_in_child
 
 if "nvidia" not in triton.backends.backends:
     pytest.skip("Triton's NVIDIA backend is not installed", allow_module_level=True)
@@ -62,13 +57,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled() -> dict[str, dict[str, object]]:
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1",
-           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, cwd=root,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, dict[str, object]] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, dict[str, object]] = compile_in_child(_COMPILE)
     return result
 
 
