@@ -48,10 +48,10 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
     def timed_launch(batch: Any) -> Any:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        pending = launch(batch)
+        launched = launch(batch)
         end.record()
         marks.append((start, end))
-        return pending
+        return launched
 
     engine._launch = timed_launch  # type: ignore[method-assign]
     torch.cuda.synchronize()

@@ -114,7 +114,6 @@ class LLMEngine:
         self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
                                  else self.device.type == "cuda" and not self.speculative)
         self._pending: PendingStep | None = None
-        self._completed_in_launch: list[RequestOutput] = []
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0,
@@ -230,9 +229,8 @@ class LLMEngine:
                 raise RuntimeError("no request could be scheduled although some are waiting: the KV cache is "
                                    "too small for one request; raise the KV budget or lower max_model_len")
             return finished
-        launched = self._launch(batch)
-        finished += self._completed_in_launch
-        self._completed_in_launch = []
+        launched, completed = self._launch(batch)
+        finished += completed
         if self._pending is not None:
             finished += self._complete(self._pending)
         if self.async_scheduling:
@@ -266,18 +264,19 @@ class LLMEngine:
         return any(req.num_placeholders and (req.grammar is not None or req.params.has_penalties)
                    for req in sampling)
 
-    def _launch(self, batch: ScheduledBatch) -> PendingStep:
-        """Queue the batch's forward, then its sampling.
+    def _launch(self, batch: ScheduledBatch) -> tuple[PendingStep, list[RequestOutput]]:
+        """Queue the batch's forward, then its sampling; return the launched step and the requests
+        finished on the way.
 
         When a sampling row needs the pending step's tokens on the host, the pending step is
-        completed in between, while the forward runs (its finished outputs go to
-        _completed_in_launch)."""
+        completed in between, while the forward runs."""
         step_logits = self._forward(batch)
+        finished: list[RequestOutput] = []
         if self._pending is not None and self._needs_tokens_to_sample(step_logits.sample_requests):
             self.counters["deferred_sampling_steps"] += 1
-            self._completed_in_launch += self._complete(self._pending)
+            finished = self._complete(self._pending)
             self._pending = None
-        return self._sample(step_logits, batch)
+        return self._sample(step_logits, batch), finished
 
     def _forward(self, batch: ScheduledBatch) -> StepLogits:
         """Queue the batch's forward pass (inputs still on the device come from the pending step)."""
