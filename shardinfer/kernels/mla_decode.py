@@ -161,8 +161,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:
         raise fail("block_n", block_n, f"need 16, 32, 64 or 128, dividing kv_chunk={kv_chunk}")
     page = cache.shape[1]
-    use_tma = tma
-    if use_tma and page % block_n:
+    if tma and page % block_n:
         raise fail("tma", True, f"a TMA key tile of {block_n} rows must not cross a {page}-token page; "
                    "pass tma=False or a block_n dividing the page")
     empty_k = cache.view(cache.shape[0], page, 1, cache.shape[2])
@@ -170,8 +169,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     pa._check(torch.empty(0, h, r + dr, dtype=q_latent.dtype, device=q_latent.device), empty_k, empty_k,
               query_start_loc, seq_lens, block_tables, None, kv_chunk, max_seq_len)
     check_same_device(q_latent=q_latent, q_pe=q_pe, cache=cache)
-    rows = cache.view(-1, r + dr)
-    if use_tma:
+    if tma:
+        rows = cache.view(-1, r + dr)
         lat_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(rows, list(rows.shape), [r + dr, 1],
                                                                      [block_n, r // 2])
         pe_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(rows[:, r:], [rows.shape[0], dr], [r + dr, 1],
@@ -185,6 +184,6 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
             q_latent, q_pe, cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
             q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1), block_tables.stride(0),
             seq_lens.shape[0], base, float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr,
-            PAGE=page, PRECISION=precision, TMA=use_tma, num_warps=num_warps, num_stages=num_stages, **common)
+            PAGE=page, PRECISION=precision, TMA=tma, num_warps=num_warps, num_stages=num_stages, **common)
 
     return pa.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1)
