@@ -330,6 +330,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.from_sweep:
         sweep_path = Path(args.from_sweep)
+        if not sweep_path.is_file():
+            ap.error(f"--from-sweep {sweep_path}: no such file; pass a kernels-matmul-sweep-*.json from a sweep run")
         table = sorted(sweep_path.parent.glob("kernels-matmul-2*.json"))
         same_run = [p for p in table if p.name < sweep_path.name.replace("-sweep", "")] or table
         if not same_run:

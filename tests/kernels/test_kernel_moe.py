@@ -133,6 +133,13 @@ def test_tma_weights_match_reference_and_stay_invariant(device: torch.device, dt
         assert torch.equal(alone, out[i:i + 1]), f"token {i}"
 
 
+def test_tma_refuses_rows_the_copy_engine_cannot_address(device: torch.device) -> None:
+    # hidden 30 in float32: 120-byte weight rows, not a multiple of 16 bytes.
+    x, ids, w, wgu, wd = _problem(t=3, hidden=30, inter=16, experts=2, top_k=1, dtype=torch.float32, seed=9)
+    with pytest.raises(ValueError, match="tma=False"):
+        fused_moe(*(a.to(device) for a in (x, ids, w, wgu, wd)), tiles=MoeTiles(16, 16, 16, 4, 2, tma=True))
+
+
 def test_other_tiling_matches_reference_and_bad_tiling_is_refused(device: torch.device) -> None:
     x, ids, w, wgu, wd = _problem(t=7, hidden=48, inter=40, experts=4, top_k=3, dtype=torch.float32, seed=8)
     ref = reference_moe.moe_experts(x, ids, w, wgu, wd)
