@@ -2,7 +2,7 @@
 
     python bench/structured_decode.py --workload dense-small --requests 256     # a GPU
     python bench/structured_decode.py --workload tiny --requests 16             # CPU smoke run
-        [--max-tokens 128] [--tokenizer-vocab V] [--independent-matchers [auto|on|off]] [--mask-threads N]
+        [--max-tokens 128] [--tokenizer-vocab V] [--independent-matchers [auto|on|off]] [--mask-threads N] [--templates K]
         [--async-scheduling auto|on|off] [--max-num-seqs 256] [--out bench/results]
 
 Runs N requests constrained by the JSON Schema of bench/structured_masks.py, then the same N
@@ -181,6 +181,7 @@ def main() -> None:
                     help="matchers built per request instead of copies of the compiled grammar "
                          "(auto: the engine's default, independent from 4 CPUs)")
     ap.add_argument("--mask-threads", type=int, default=None, help="llguidance threads (default: its own choice)")
+    ap.add_argument("--templates", type=int, default=None, help="templates per grammar (default: one per thread)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--max-num-seqs", type=int, default=256)
@@ -207,11 +208,13 @@ def main() -> None:
               async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
               structured_independent_matchers={"auto": None, "on": True, "off": False}[args.independent_matchers])
     engine = llm.llm_engine
-    if args.mask_threads is not None:
-        # The engine's own compiler, with this run's thread count (the engine keeps llguidance's).
+    if args.mask_threads is not None or args.templates is not None:
+        # The engine's own compiler, with this run's thread and template counts (the engine keeps
+        # llguidance's thread count and one template per thread).
         engine._grammar_compiler = StructuredOutputCompiler(
             str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
-            num_threads=args.mask_threads, independent_matchers=engine.config.independent_matchers)
+            num_threads=args.mask_threads, independent_matchers=engine.config.independent_matchers,
+            templates=args.templates)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     prompts = [ids for ids, _ in requests(args.requests, shape["vocab_size"], tuple(args.in_range), (1, 1))]
     # Warm-up: kernels, CUDA graphs, llguidance's tokenizer and the schema's compilation.
@@ -243,7 +246,7 @@ def main() -> None:
         "date": now.isoformat(), "requests": args.requests, "max_tokens": args.max_tokens,
         "in_range": args.in_range, "tokenizer_vocab": tok_vocab or None, "schema": SCHEMA,
         "async_scheduling": engine.async_scheduling, "independent_matchers": engine.grammar_compiler().independent_matchers,
-        "mask_threads": args.mask_threads,
+        "mask_threads": args.mask_threads, "templates": engine.grammar_compiler().templates,
         "settings": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                      "max_model_len": args.max_model_len},
         "constrained": constrained, "plain": plain, "constrained_decoding_cost": cost,

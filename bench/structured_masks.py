@@ -8,8 +8,10 @@ matchers through a JSON Schema, timing at each step:
   batched  StructuredOutputCompiler.fill_bitmasks for the whole batch (llguidance thread pool)
            over copies of the compiler's template; the serial and bool copies below share its
            lexer cache, so two runs in three find states another method has just built
-  shared   the same batched call over copies of a private template that nothing else touches:
-           what the engine's copies of one compiled grammar cost (the rows share one cache)
+  shared   the same batched call over copies of ONE private template that nothing else touches
+           (the rows share one cache, behind one lock)
+  pooled   the same over copies of --templates private templates taken in turn (default: one
+           per mask thread), what the engine's matchers are
   independent  the same batched call over matchers each compiled on its own: no lexer cache
            shared between rows (more work in all, but nothing for threads to contend on)
   serial   GrammarMatcher.fill_bitmask one row after another
@@ -77,13 +79,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=None, help="llguidance threads (default: its own choice)")
+    ap.add_argument("--templates", type=int, default=None, help="templates for 'pooled' (default: one per thread)")
     ap.add_argument("--out", default=None, help="folder for structured-masks-<vocab>-b<batch>.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = train_tokenizer(args.vocab, Path(tmp))
         tok_vocab = Tokenizer.from_file(str(path)).get_vocab_size()
         t0 = time.perf_counter()
-        compiler = StructuredOutputCompiler(path, [0], tok_vocab, num_threads=args.threads)
+        compiler = StructuredOutputCompiler(path, [0], tok_vocab, num_threads=args.threads, templates=args.templates)
         t_tok = time.perf_counter() - t0
     t0 = time.perf_counter()
     so_args = {"schema_type": "json", "schema": SCHEMA}
@@ -97,6 +100,8 @@ def main() -> None:
     t0 = time.perf_counter()
     sets["shared"] = [GrammarMatcher(compiled, template.deep_copy()) for _ in range(args.batch)]
     t_shared = time.perf_counter() - t0
+    pool = [llguidance.LLMatcher(compiler.tokenizer, compiled.grammar, log_level=0) for _ in range(compiler.templates)]
+    sets["pooled"] = [GrammarMatcher(compiled, pool[i % len(pool)].deep_copy()) for i in range(args.batch)]
     t0 = time.perf_counter()
     sets["independent"] = [GrammarMatcher(compiled, llguidance.LLMatcher(compiler.tokenizer, compiled.grammar,
                                                                          log_level=0))
@@ -104,11 +109,12 @@ def main() -> None:
     t_independent = time.perf_counter() - t0
     own_bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     shared_bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
+    pooled_bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     gen = torch.Generator().manual_seed(0)
     bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     single = allocate_bitmask(args.batch, compiler.vocab_size)
     logits = torch.randn(args.batch, compiler.vocab_size)
-    times = {"batched": 0.0, "shared": 0.0, "independent": 0.0, "serial": 0.0, "bool": 0.0, "apply": 0.0}
+    times = {"batched": 0.0, "shared": 0.0, "pooled": 0.0, "independent": 0.0, "serial": 0.0, "bool": 0.0, "apply": 0.0}
     rows = 0
     for step in range(args.steps):
         live = [i for i, m in enumerate(sets["batched"]) if not m.is_finished()]
@@ -119,6 +125,8 @@ def main() -> None:
             "batched": lambda live=live: compiler.fill_bitmasks([(sets["batched"][i], i) for i in live], bitmask),
             "shared": lambda live=live: compiler.fill_bitmasks([(sets["shared"][i], i) for i in live],
                                                                shared_bitmask),
+            "pooled": lambda live=live: compiler.fill_bitmasks([(sets["pooled"][i], i) for i in live],
+                                                               pooled_bitmask),
             "independent": lambda live=live: compiler.fill_bitmasks([(sets["independent"][i], i) for i in live],
                                                                     own_bitmask),
             "serial": lambda live=live: [sets["serial"][i].fill_bitmask(single, i) for i in live],
@@ -127,10 +135,10 @@ def main() -> None:
         }
         # Matcher copies share llguidance's lexer cache, so whoever runs first at a new state pays
         # for building it: rotate the order so every method goes first equally often. The
-        # shared and independent matchers share nothing with anyone, so their place in the order is moot.
+        # shared, pooled and independent matchers share nothing with anyone, so their place in the order is moot.
         order = ["batched", "serial", "bool"]
         shift = step % 3
-        for name in [*order[shift:], *order[:shift], "shared", "independent", "apply"]:
+        for name in [*order[shift:], *order[:shift], "shared", "pooled", "independent", "apply"]:
             t0 = time.perf_counter()
             methods[name]()
             times[name] += time.perf_counter() - t0
@@ -143,7 +151,7 @@ def main() -> None:
     steps = rows / args.batch
     report = {"vocab": compiler.vocab_size, "batch": args.batch, "steps": round(steps, 1),
               "tokenizer_build_s": round(t_tok, 3), "compile_ms": round(t_compile * 1e3, 2),
-              "threads": args.threads,
+              "threads": args.threads, "templates": compiler.templates,
               # Building one sample's matcher: a template copy, or a grammar compiled for it alone.
               "shared_matcher_build_us": round(t_shared / args.batch * 1e6, 1),
               "independent_matcher_build_us": round(t_independent / args.batch * 1e6, 1)}

@@ -2,8 +2,9 @@
 
     so_args = {"schema_type": "json" | "regex" | "ebnf" | "lark", "schema": ...}
         -> canonical text (cache key)  -> llguidance grammar  -> CompiledGrammar (template matcher)
-        -> GrammarMatcher per sample (a deep copy of the template: microseconds; or, with
-           independent_matchers=True, a matcher compiled for that sample alone: ~1 ms)
+        -> GrammarMatcher per sample (a deep copy of one of a few templates, taken in turn:
+           microseconds; or, with independent_matchers=True, a matcher compiled for that sample
+           alone: ~1 ms)
 
 llguidance reads the model's tokenizer.json itself (through the Rust `tokenizers` crate), so no
 Python tokenizer object is needed at run time. The tokenizer is built once per compiler, with
@@ -22,7 +23,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 import llguidance
 import torch
 
+from shardinfer.engine.config import usable_cpus
 from shardinfer.engine.structured.bitmask import check_host_bitmask
 from shardinfer.engine.structured.matcher import GrammarMatcher
 
@@ -44,6 +46,36 @@ class GrammarError(ValueError):
     error_code = "invalid_schema"
 
 
+class _TemplatePool:
+    """Up to `size` compiled templates of one grammar; samples are copied from them in turn.
+
+    A copy shares its template's lexer cache, behind that template's lock: copies of ONE template
+    fill their masks one at a time however many threads llguidance has. Spreading the samples over
+    as many templates as there are mask threads lets the threads work side by side while each
+    template's cache still warms up from many samples. Templates are compiled on first use, so a
+    grammar used by one sample costs one compilation.
+    """
+
+    def __init__(self, first: llguidance.LLMatcher, build: Callable[[], llguidance.LLMatcher], size: int) -> None:
+        self._templates = [first]
+        self._build = build
+        self.size = max(1, size)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> llguidance.LLMatcher:
+        """The template the next sample is copied from (round robin, compiling it if new)."""
+        with self._lock:
+            i = self._next
+            self._next = (i + 1) % self.size
+            if i == len(self._templates):
+                self._templates.append(self._build())
+            return self._templates[i]
+
+    def __len__(self) -> int:
+        return len(self._templates)
+
+
 @dataclass(frozen=True)
 class CompiledGrammar:
     """A validated grammar bound to one tokenizer; `new_matcher()` starts a sample at its beginning."""
@@ -54,16 +86,22 @@ class CompiledGrammar:
     tokenizer_id: str
     vocab_size: int
     eos_token_ids: tuple[int, ...]
-    _template: llguidance.LLMatcher = field(repr=False, compare=False)
+    _templates: _TemplatePool = field(repr=False, compare=False)
     _tokenizer: llguidance.LLTokenizer = field(repr=False, compare=False)
 
     def new_matcher(self, independent: bool = False) -> GrammarMatcher:
-        """A matcher at the grammar's start: a copy of the template, which shares the template's
-        lexer cache (and its lock) with every other copy, or with independent=True one built from
-        the grammar alone, which shares nothing (see StructuredOutputCompiler)."""
+        """A matcher at the grammar's start: a copy of one of the grammar's templates (sharing that
+        template's lexer cache, and its lock, with the other copies of it), or with
+        independent=True one built from the grammar alone, which shares nothing (see
+        StructuredOutputCompiler)."""
         if independent:
             return GrammarMatcher(self, llguidance.LLMatcher(self._tokenizer, self.grammar, log_level=0))
-        return GrammarMatcher(self, self._template.deep_copy())
+        return GrammarMatcher(self, self._templates.take().deep_copy())
+
+    @property
+    def num_templates(self) -> int:
+        """Templates compiled so far (at most the compiler's `templates`)."""
+        return len(self._templates)
 
 
 def canonical_schema(so_args: Any) -> tuple[str, str]:
@@ -107,26 +145,21 @@ class StructuredOutputCompiler:
     """Compiles so_args for one model's tokenizer; shared by every request of an engine."""
 
     def __init__(self, tokenizer_json: str | os.PathLike[str], eos_token_ids: Sequence[int], vocab_size: int,
-                 cache_size: int = 256, num_threads: int | None = None, independent_matchers: bool = False) -> None:
+                 cache_size: int = 256, num_threads: int | None = None, independent_matchers: bool = False,
+                 templates: int | None = None) -> None:
         """tokenizer_json: the text of tokenizer.json, or its path.
         eos_token_ids: ids that end a sample; allowed exactly when the grammar may end.
         vocab_size: the model's logits width (>= the tokenizer's vocabulary).
         num_threads: threads for batched mask computation; None: llguidance's default, 80% of the
             CPUs the process may use, at least 1 and at most 32.
+        templates: how many templates of each grammar sample matchers are copied from, in turn
+            (None: one per mask thread). Copies of one template share its lexer cache behind one
+            lock, so the batched fill of copies of a single template runs one row at a time;
+            with a template per thread the threads fill side by side and every cache still warms
+            up from many samples.
         independent_matchers: build each sample's matcher from the grammar alone instead of
-            copying the compiled template. Copies share the template's lexer cache behind one
-            lock, so filling their masks does not speed up with threads; independent matchers
-            share nothing and do, but each recomputes what copies share and takes ~1 ms to build
-            (a copy: ~2 us). Measured with bench/structured_masks.py (32k-token BPE, its JSON
-            Schema, mask fill per decode step, medians of 3-6 runs on an otherwise idle 2-core
-            CPU):
-                                    batch 64, 1 -> 2 threads    batch 256, 1 -> 2 threads
-                shared copies       6.6 -> 7.0 ms               27.1 -> 31.0 ms
-                independent         10.9 -> 7.3 ms              44.4 -> 28.9 ms
-            Independent matchers scale (x1.5 per doubling here) but with two cores never beat
-            copies on one thread. On a 16-core GPU host (bench/structured_decode.py, batch ~190,
-            12 threads) they win: 8.5 ms per step vs 14.8 ms for copies. The engine chooses by CPU
-            count (EngineConfig.structured_independent_matchers); this default stays False.
+            copying a template: nothing shared, but each matcher recomputes what copies share
+            and takes ~1 ms to build (a copy: ~2 us). Measurements: docs/structured-outputs.md.
         """
         text = _read_tokenizer_json(tokenizer_json)
         eos = tuple(int(t) for t in eos_token_ids)
@@ -150,7 +183,12 @@ class StructuredOutputCompiler:
         self._cache: OrderedDict[tuple[str, str, str], CompiledGrammar | GrammarError] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads={num_threads} must be >= 1 (or None for llguidance's default)")
+        if templates is not None and templates < 1:
+            raise ValueError(f"templates={templates} must be >= 1 (or None for one per mask thread)")
         self._num_threads = num_threads
+        self.templates = templates if templates is not None else (num_threads or default_mask_threads())
         self.independent_matchers = independent_matchers
         self._executor: llguidance.LLExecutor | None = None
         self.num_compiles = 0  # distinct compilations done (cache misses), for tests and metrics
@@ -203,8 +241,13 @@ class StructuredOutputCompiler:
         template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if template.is_error():
             raise GrammarError(_reason(schema_type, template.get_error()))
+        tokenizer = self.tokenizer
+
+        def build() -> llguidance.LLMatcher:
+            return llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+
         return CompiledGrammar(schema_type, text, grammar, self.tokenizer_id, self.vocab_size,
-                               self.eos_token_ids, template, self.tokenizer)
+                               self.eos_token_ids, _TemplatePool(template, build, self.templates), tokenizer)
 
     # ---- batched masks -------------------------------------------------------------------
     def fill_bitmasks(self, matchers: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor) -> None:
@@ -261,6 +304,11 @@ class StructuredOutputCompiler:
     def cache_info(self) -> dict[str, int]:
         with self._lock:
             return {"entries": len(self._cache), "max_entries": self._cache_size, "compiles": self.num_compiles}
+
+
+def default_mask_threads() -> int:
+    """llguidance's default executor size: 80% of the CPUs the process may use, 1 to 32."""
+    return max(1, min(32, usable_cpus() * 4 // 5))
 
 
 def _read_tokenizer_json(source: str | os.PathLike[str]) -> str:

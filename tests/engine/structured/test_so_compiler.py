@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from shardinfer.engine.structured import GrammarError, StructuredOutputCompiler, canonical_schema
+from shardinfer.engine.structured import (
+    GrammarError,
+    StructuredOutputCompiler,
+    allocate_bitmask,
+    canonical_schema,
+    unpack_bitmask,
+)
+from shardinfer.engine.structured.compiler import default_mask_threads
 
 OBJ = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["b"]}
 
@@ -113,3 +120,35 @@ def test_constructor_errors_name_the_value(tokenizer_path: Path, eos_id: int, to
         StructuredOutputCompiler(tokenizer_path, [], tok_vocab)
     with pytest.raises(ValueError, match=r"neither tokenizer\.json text nor a file path"):
         StructuredOutputCompiler(str(tokenizer_path) + ".missing", [eos_id], tok_vocab)
+
+
+def test_samples_are_copied_from_templates_in_turn(tokenizer_path: Path, eos_id: int, tok_vocab: int, random_walk):
+    pooled = StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, num_threads=2, templates=3)
+    so_args = {"schema_type": "json", "schema": OBJ}
+    grammar = pooled.compile(so_args)
+    assert grammar.num_templates == 1  # the one compiled to validate the schema; others on demand
+    matchers = [pooled.matcher(so_args) for _ in range(7)]
+    assert grammar.num_templates == 3
+    # Copies of different templates, filled in one batched call while they walk, give the masks
+    # of matchers built from the grammar alone (which share nothing with any template).
+    alone = [grammar.new_matcher(independent=True) for _ in matchers]
+    walks = [random_walk(m, seed=i) for i, m in enumerate(alone)]
+    bitmask = allocate_bitmask(len(matchers), tok_vocab)
+    for step in range(max(map(len, walks))):
+        live = [i for i, w in enumerate(walks) if step < len(w)]
+        pooled.fill_bitmasks([(matchers[i], i) for i in live], bitmask)
+        for i in live:
+            ref = grammar.new_matcher(independent=True)
+            for t in walks[i][:step]:
+                ref.accept(t)
+            assert unpack_bitmask(bitmask[i : i + 1], tok_vocab)[0].equal(ref.allowed_mask()), (i, step)
+            matchers[i].accept(walks[i][step])
+
+
+def test_default_templates_follow_the_mask_threads(tokenizer_path: Path, eos_id: int, tok_vocab: int):
+    assert StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, num_threads=5).templates == 5
+    assert StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab).templates == default_mask_threads()
+    with pytest.raises(ValueError, match="templates=0"):
+        StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, templates=0)
+    with pytest.raises(ValueError, match="num_threads=0"):
+        StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, num_threads=0)
