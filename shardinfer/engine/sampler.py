@@ -122,7 +122,6 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
     one definition.
     """
     logits = logits.float()
-    logprobs_all = torch.log_softmax(logits, dim=-1)
     x = logits
     special = [i for i, r in enumerate(rows) if _needs_processing(r)]
     masked = grammar is not None and bool(grammar.rows)
@@ -149,11 +148,25 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
     seeds = col([r.seed for r in rows], torch.int64)
     positions = col([r.position for r in rows], torch.int64)
     noise = None if x.is_cuda else gumbel_noise(seeds, positions, x.shape[-1])
-    chosen = ops.sample(x, temperature, top_k, top_p, min_p, seeds, positions, noise).to(dev)
-    lps = logprobs_all.gather(1, chosen.view(-1, 1)).view(-1)
+    # Whether any row filters is known here, on the host; a row's token is the same either way.
+    filtered = any(_filters(r.params, x.shape[-1]) for r in rows)
+    chosen, lps, lse = ops.sample_with_logprobs(logits, x, temperature, top_k, top_p, min_p, seeds, positions,
+                                                filtered, noise)
     k_per_row = [r.params.logprobs or 0 for r in rows]
-    top = torch.topk(logprobs_all, max(k_per_row), dim=-1) if max(k_per_row) else None
-    return DeviceSample(chosen, lps, (top.values, top.indices) if top is not None else None, k_per_row)
+    top = None
+    if max(k_per_row):
+        # The raw logits' top ids, as logprobs with the same lse as the sampled token's.
+        values, indices = torch.topk(logits, max(k_per_row), dim=-1)
+        top = (values - lse.view(-1, 1), indices)
+    return DeviceSample(chosen, lps, top, k_per_row)
+
+
+def _filters(p: SamplingParams, vocab: int) -> bool:
+    """Whether a row restricts its candidates by top_k / top_p / min_p (kernels/sampling.py's
+    definitions of "off"); greedy rows never do."""
+    if p.temperature <= 0.0:
+        return False
+    return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
 
 
 def _needs_processing(row: SamplingRow) -> bool:

@@ -133,6 +133,28 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     return reference_sampling.sample(logits, temperature, top_k, top_p, min_p, noise)
 
 
+def sample_with_logprobs(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                         top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                         filtered: bool, noise: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token [B] int64, logprob [B] float32, lse [B] float32): `sample` on x, and the chosen
+    token's log-probability under the RAW logits (raw[token] - logsumexp(raw), lse per row).
+
+    filtered: some row has top_k / top_p / min_p. On CUDA a step without filters samples with
+    the row-split kernel (kernels/sampling_split.py), which picks the token the filtered kernel
+    would; with filters the filtered kernel chooses and the split kernel only adds the logprobs.
+    """
+    if _use_triton(x):
+        from shardinfer.kernels import sampling_split
+        if not filtered:
+            return sampling_split.sample(raw, x, temperature, seeds, positions)
+        tokens = sample(x, temperature, top_k, top_p, min_p, seeds, positions)
+        return (tokens, *sampling_split.logprobs_of(raw, tokens))
+    tokens = sample(x, temperature, top_k, top_p, min_p, seeds, positions, noise).to(x.device)
+    lse = torch.logsumexp(raw, dim=-1)
+    return tokens, raw.gather(1, tokens.view(-1, 1)).view(-1) - lse, lse
+
+
 def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                         query_start_loc: list[int] | torch.Tensor, seq_lens: list[int] | torch.Tensor,
                         block_tables: torch.Tensor, scale: float, batch_invariant: bool = True,

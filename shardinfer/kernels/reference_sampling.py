@@ -6,7 +6,7 @@ order. It sorts where the kernel binary-searches; both define the same sets:
 
   x = logits / T; top_k keeps x >= the k-th largest x; top_p, over the top_k survivors sorted
   by x descending, finds the first index j where the cumulative exp(x - max) reaches
-  top_p * (their total) and keeps x >= x_(j); min_p keeps exp(x - max) >= min_p. The token is
+  top_p * (their total) and keeps x >= x_(j); min_p > 0 keeps exp(x - max) >= min_p. The token is
   argmax over kept ids of x + noise, ties to the lowest id; T == 0 is argmax of the logits.
 
 These are the sets engine/sampler.py's `_truncate` keeps (top-k, then top-p and min-p on the
@@ -49,7 +49,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                 j = int(torch.searchsorted(cum, target)[0])
                 j = min(j, vocab - 1)
                 keep &= x >= x[order[j]]
-            keep &= e >= float(min_p[r])
+            if float(min_p[r]) > 0.0:  # off at 0: every id stays, +inf logits included
+                keep &= e >= float(min_p[r])
             score = torch.where(keep, x + noise[r].to(x.device), torch.full_like(x, float("-inf")))
         best = score.max()
         hit = ids[score == best]

@@ -10,7 +10,8 @@ Filters (the semantics of reference_sampling.sample, HF's warper order):
   top_k  keep ids whose x >= the k-th largest x (ties kept); off when k <= 0 or k >= V.
   top_p  over the top_k survivors, sorted by x descending, keep the shortest prefix whose
          softmax mass reaches top_p, plus every id tied with its last member; off when p >= 1.
-  min_p  keep ids with exp(x - max x) >= min_p (probability >= min_p * the top probability).
+  min_p  keep ids with exp(x - max x) >= min_p (probability >= min_p * the top probability); off
+         when min_p <= 0 (so a row without filters keeps every id, as sampling_split assumes).
 
 Thresholds are found without sorting: x is mapped to an order-preserving int32 key and a
 16-way search over keys counts (top_k) or sums softmax mass (top_p) for 16 candidate
@@ -171,7 +172,8 @@ def _sample_kernel(logits_ptr, sl, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_
         for start in range(0, vocab, BLOCK):
             ids = start + offs
             x = _load_scaled(row_ptr, ids, vocab, temp)
-            allowed = (_key(x).to(tl.int64) >= t_p) & (tl.exp(x - m) >= min_p) & (ids < vocab)
+            min_p_off = (tl.zeros_like(x) + min_p) <= 0.0  # min_p 0 keeps even ids exp(x - m) cannot rank
+            allowed = (_key(x).to(tl.int64) >= t_p) & (min_p_off | (tl.exp(x - m) >= min_p)) & (ids < vocab)
             score = tl.where(allowed, x + _gumbel(h_row, ids, USE_LIBDEVICE), float("-inf"))
             bmax = tl.max(score, 0)
             bid = tl.min(tl.where(score == bmax, ids, vocab), 0)
