@@ -119,6 +119,9 @@ class SplitWorker:
         self._writes: queue.Queue[Any] = queue.Queue()
         self._open_splits = threading.Semaphore(max(1, settings.max_splits_in_flight))
         self._fatal: list[BaseException] = []
+        # Set when the engine loop has ended, for whatever reason: the preparation thread stops
+        # feeding rows nobody will read, so run() can wait for it before the process exits.
+        self._engine_done = threading.Event()
         self._committed_cache: set[int] = set()
         self._committed_at = 0.0
         self.result = WorkerResult()
@@ -133,7 +136,7 @@ class SplitWorker:
         return index in self._committed_cache
 
     def _put(self, item: Any) -> bool:
-        while not self.stop.is_set():
+        while not (self.stop.is_set() or self._engine_done.is_set()):
             try:
                 self._rows.put(item, timeout=0.1)
                 return True
@@ -150,7 +153,7 @@ class SplitWorker:
                     self.result.skipped.append(split.index)
                     continue
                 while not self._open_splits.acquire(timeout=0.1):
-                    if self.stop.is_set():
+                    if self.stop.is_set() or self._engine_done.is_set():
                         return
                 if not self._put(("begin", split)):
                     return
@@ -207,8 +210,12 @@ class SplitWorker:
         try:
             self._engine_loop()
         finally:
+            self._engine_done.set()
             self._writes.put(None)
             writer.join()
+            # A process exiting while this thread is inside native code (a parquet read, a
+            # tokenizer call) can abort in the C++ runtime: wait for it to reach a check.
+            prep.join(timeout=30)
         self.result.engine_stats = dict(self.engine.stats()) if hasattr(self.engine, "stats") else {}
         if self._fatal:
             raise self._fatal[0]
