@@ -9,10 +9,11 @@ it (per layer x layers, plus lm_head once), which is what the <= 10% budget is a
 
 Then, within --sweep-budget-s seconds, a sweep times other fixed tilings per shape at a few M
 (tile sizes, pipeline depth, persistent or one-tile grid, pointer or TMA operand loads), checks
-each stays bitwise row invariant, and prints the best per (N, K) as CONFIG_OVERRIDES lines for
-shardinfer/kernels/matmul.py (any one fixed tiling per shape keeps invariance). The score is a
-weighted geometric mean of ours/cuBLAS over the sweep's M values, weighted like a throughput run
-spends its GEMM time (SWEEP_WEIGHTS: mostly decode steps at batch 256, then prefill chunks).
+each stays bitwise row invariant, and picks per (N, K) a family of interchangeable tilings (same
+split_k: they sum every row in the same order, see shardinfer/kernels/matmul.py) with its fastest
+member at each sweep M serving a range of M (BUCKETS). Families are ranked by a weighted geometric
+mean of ours/cuBLAS over the sweep's M values, weighted like a throughput run spends its GEMM time
+(SWEEP_WEIGHTS: mostly decode steps at batch 256, then prefill chunks).
 
     python bench/kernels/bench_matmul.py [--out DIR] [--sweep-budget-s 240] [--models 0.6b,8b]
     python bench/kernels/bench_matmul.py --from-sweep results/kernels-matmul-sweep-....json --write-configs
@@ -212,14 +213,12 @@ def compile_candidates() -> tuple[dict[str, mm.TileConfig], list[dict[str, Any]]
     return ok, failed
 
 
-def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
-          chosen: dict[tuple[int, int], mm.TileConfig]) -> list[dict[str, Any]]:
-    """Time the candidates per shape; the best invariant one per (N, K) goes into `chosen`."""
+def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float) -> list[dict[str, Any]]:
+    """Time the candidates per shape at SWEEP_MS (pick_tilings then chooses from the records)."""
     deadline = time.monotonic() + budget_s
     print(f"\nsweep (budget {budget_s:.0f} s): geometric-mean ours/cuBLAS over M in {SWEEP_MS}")
     candidates, results = compile_candidates()
     shapes = [(model, proj, nk) for model in models for proj, nk in MODELS[model][1].items()]
-    overrides = []
     for idx, (model, proj, (n, k)) in enumerate(shapes):
         # Split what is left evenly over the shapes still to do, so a slow shape cannot starve the rest.
         shape_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(shapes) - idx)
@@ -229,7 +228,6 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
         cub = {int(r["M"]): float(r["cublas_us"]) for r in rows
                if r["N"] == n and r["K"] == k and r["M"] in SWEEP_MS}
         shipped = mm.tile_config(n, k, DTYPE)
-        best: tuple[float, str] | None = None
         for name, cfg in candidates.items():
             if time.monotonic() > shape_deadline:
                 print(f"  {model} {proj:>8}: shape budget spent; skipped {name} and later candidates")
@@ -247,20 +245,11 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
             score = weighted_score(us, cub)
             rec.update({"us": us, "score": score})
             results.append(rec)
-            if rec["invariant"] and (best is None or score < best[0]):
-                best = (score, name)
             print(f"  {model} {proj:>8} {name:<26} {'*' if rec['shipped'] else ' '} score {score:5.3f}  "
                   + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in SWEEP_MS)
                   + ("" if rec["invariant"] else "  NOT INVARIANT"))
-        if best is not None:
-            chosen[(n, k)] = candidates[best[1]]
-            overrides.append(f"    ({n}, {k}, torch.bfloat16): {candidates[best[1]]!r},"
-                             f"  # {model} {proj}: {best[1]}, score {best[0]:.3f}")
         del ws, xs, x_inv
         torch.cuda.empty_cache()
-    if overrides:
-        print("\nbest invariant tiling per shape (* marks the shipped one above); as CONFIG_OVERRIDES entries:\n"
-              + "\n".join(overrides))
     return results
 
 
@@ -269,24 +258,63 @@ def weighted_score(us: dict[int, float], cublas_us: dict[int, float]) -> float:
     return math.exp(sum(w * math.log(us[m] / cublas_us[m]) for m, w in SWEEP_WEIGHTS.items()))
 
 
-def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]]) -> dict[tuple[int, int], mm.TileConfig]:
-    """The best invariant tiling per (N, K) of a saved sweep under the current weights."""
+# Which sweep point's winner serves which batch sizes: M <= 16 the M=1 winner, <= 128 the M=64
+# one, <= 1024 the M=256 one, larger M the M=4096 one. Any split is invariant; only speed moves.
+BUCKETS = ((16, 1), (128, 64), (1024, 256))
+REST_M = 4096
+
+
+def _family(rec: dict[str, Any]) -> tuple[int, ...]:
+    """Records whose tilings are interchangeable (mm.check_interchangeable) share a family."""
+    if rec["split_k"] == 1 and rec["K"] % 128 == 0:
+        return (1,)
+    return (rec["split_k"], rec["block_k"])
+
+
+def pick_tilings(records: list[dict[str, Any]], cub: dict[tuple[int, int], dict[int, float]]
+                 ) -> dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]]:
+    """Per (N, K): the family of interchangeable tilings whose per-M winners give the best
+    weighted score, as a Tiling with one winner per range of M, the score and the names."""
+    families: dict[tuple[int, int], dict[tuple[int, ...], list[dict[str, Any]]]] = {}
+    for rec in records:
+        if not rec.get("invariant") or "us" not in rec:
+            continue
+        families.setdefault((rec["N"], rec["K"]), {}).setdefault(_family(rec), []).append(rec)
+    chosen: dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]] = {}
+    for nk, fams in families.items():
+        for recs in fams.values():
+            winner = {m: min(recs, key=lambda r, m=m: float(r["us"][str(m)] if str(m) in r["us"] else r["us"][m]))
+                      for m in SWEEP_MS}
+            us = {m: float(w["us"].get(str(m), w["us"].get(m))) for m, w in winner.items()}
+            score = weighted_score(us, cub[nk])
+
+            def config(rec: dict[str, Any]) -> mm.TileConfig:
+                return mm.TileConfig(**{f: rec[f] for f in mm.TileConfig.__dataclass_fields__})
+
+            rest = config(winner[REST_M])
+            by_m: list[tuple[int, mm.TileConfig]] = []
+            for max_m, m in BUCKETS:
+                by_m.append((max_m, config(winner[m])))
+            while by_m and by_m[-1][1] == rest:  # ranges that use the rest's tiling anyway
+                by_m.pop()
+            tiling = mm.Tiling(rest, tuple(by_m))
+            mm.check_interchangeable(nk[1], DTYPE, tiling.configs)
+            names = [winner[m]["config"] for _, m in BUCKETS] + [winner[REST_M]["config"]]
+            if nk not in chosen or score < chosen[nk][0]:
+                chosen[nk] = (score, tiling, names)
+    return chosen
+
+
+def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]]) -> dict[tuple[int, int], mm.Tiling]:
+    """The best tilings per (N, K) of a saved sweep under the current weights and buckets."""
     cub: dict[tuple[int, int], dict[int, float]] = {}
     for r in cublas_rows:
         cub.setdefault((r["N"], r["K"]), {})[int(r["M"])] = float(r["cublas_us"])
-    best: dict[tuple[int, int], tuple[float, str, mm.TileConfig]] = {}
-    for rec in json.loads(sweep_path.read_text())["results"]:
-        if not rec.get("invariant") or "us" not in rec:
-            continue
-        nk = (rec["N"], rec["K"])
-        us = {int(m): float(v) for m, v in rec["us"].items()}
-        score = weighted_score(us, cub[nk])
-        fields = {f: rec[f] for f in mm.TileConfig.__dataclass_fields__}
-        if nk not in best or score < best[nk][0]:
-            best[nk] = (score, rec["config"], mm.TileConfig(**fields))
-    for (n, k), (score, name, _) in sorted(best.items()):
-        print(f"  N={n:>6} K={k:>5}: {name:<28} score {score:.3f}")
-    return {nk: cfg for nk, (_, _, cfg) in best.items()}
+    chosen = pick_tilings(json.loads(sweep_path.read_text())["results"], cub)
+    for (n, k), (score, _, names) in sorted(chosen.items()):
+        print(f"  N={n:>6} K={k:>5}: score {score:.3f}  " + "  ".join(
+            f"M<={max_m}:{nm}" for (max_m, _), nm in zip(BUCKETS, names, strict=False)) + f"  rest:{names[-1]}")
+    return {nk: t for nk, (_, t, _) in chosen.items()}
 
 
 def write(out: Path, name: str, record: dict[str, Any]) -> None:
@@ -296,18 +324,24 @@ def write(out: Path, name: str, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
-def write_configs(chosen: dict[tuple[int, int], mm.TileConfig], out: Path | None, meta: dict[str, Any],
+def write_configs(chosen: dict[tuple[int, int], mm.Tiling], out: Path | None, meta: dict[str, Any],
                   gpu_name: str) -> None:
     """Merge the winners into the GPU's config file (entries for other shapes are kept)."""
     path = mm.config_path(gpu_name)
     entries = {(e["n"], e["k"], e["dtype"]): e for e in
                (json.loads(path.read_text())["entries"] if path.is_file() else [])}
     dtype_name = str(DTYPE).removeprefix("torch.")
-    for (n, k), cfg in chosen.items():
-        entries[(n, k, dtype_name)] = {"n": n, "k": k, "dtype": dtype_name, "config": asdict(cfg)}
+    for (n, k), tiling in chosen.items():
+        entry: dict[str, Any] = {"n": n, "k": k, "dtype": dtype_name, "config": asdict(tiling.rest)}
+        if tiling.by_m:
+            entry["by_m"] = [{"max_m": max_m, "config": asdict(cfg)} for max_m, cfg in tiling.by_m]
+        entries[(n, k, dtype_name)] = entry
     record = {"gpu": meta["gpu"], "triton": meta["triton"], "date": meta["date"],
-              "how": "bench/kernels/bench_matmul.py sweep: geometric mean of time over cuBLAS weighted by M "
-                     f"{SWEEP_WEIGHTS}, bitwise row invariance checked",
+              "how": "bench/kernels/bench_matmul.py sweep: per family of interchangeable tilings (same split_k; "
+                     "bench/kernels/matmul_equivalence.py), the fastest at M = "
+                     f"{[m for _, m in BUCKETS] + [REST_M]} serves M <= {[b for b, _ in BUCKETS]} and beyond; the "
+                     f"family with the best geometric mean of time over cuBLAS weighted by M {SWEEP_WEIGHTS} wins; "
+                     "bitwise row invariance checked",
               "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"], e["dtype"]))}
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1)
@@ -362,12 +396,13 @@ def main() -> None:
     write(Path(args.out), "kernels-matmul", {"workload": "kernels-matmul", **meta, "rows": rows,
                                              "forward_weighted": forward, "shipped_configs": shipped})
     if args.sweep_budget_s > 0:
-        chosen: dict[tuple[int, int], mm.TileConfig] = {}
-        results = sweep(models, rows, args.sweep_budget_s, chosen)
-        if args.write_configs and chosen:
-            write_configs(chosen, Path(args.out), meta, torch.cuda.get_device_name())
+        results = sweep(models, rows, args.sweep_budget_s)
         write(Path(args.out), "kernels-matmul-sweep", {"workload": "kernels-matmul-sweep", **meta,
                                                        "results": results})
+        print("\nfastest interchangeable tilings per shape, by M:")
+        chosen = repick(sorted(Path(args.out).glob("kernels-matmul-sweep-*.json"))[-1], rows)
+        if args.write_configs and chosen:
+            write_configs(chosen, Path(args.out), meta, torch.cuda.get_device_name())
 
 
 if __name__ == "__main__":

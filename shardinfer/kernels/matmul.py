@@ -2,13 +2,13 @@
 
 A GEMM library picks its tiling, split-K factor and even its instruction path from the problem
 shape, so the same row of x can be reduced over K in a different order at M=1 than inside
-M=4096, and round differently. Here every (N, K, dtype) gets ONE tile configuration, chosen
-without looking at M, and the kernel never splits K: each output tile is computed by one
-program that walks K from 0 to K in BLOCK_K steps into one float32 accumulator. The kernel is
-also compiled without specialising on M (`do_not_specialize`), and activations whose alignment
-differs from a fresh tensor's are copied first, so every M runs the very same machine code; M
-only decides how many tiles exist and how many programs the grid launches. Row i of the result
-is then bitwise identical whether it is computed alone or inside any batch, whichever tile and
+M=4096, and round differently. Here every (N, K, dtype) gets ONE reduction order, fixed
+without looking at M: each output tile is computed by one program that walks K in BLOCK_K steps
+into one float32 accumulator (or a fixed number of K ranges, below). The kernel is compiled
+without specialising on M (`do_not_specialize`), and activations whose alignment differs from a
+fresh tensor's are copied first, so a tiling runs the very same machine code at every M; M only
+decides how many tiles exist and how many programs the grid launches. Row i of the result is
+then bitwise identical whether it is computed alone or inside any batch, whichever tile and
 tile row it lands in (the tests check this at the engine's shapes).
 
 Tile order (`_tile_coords`): GROUP_M consecutive row tiles sweep the column tiles together so
@@ -29,10 +29,22 @@ still the same for every M (what a library's split-K breaks is that it picks the
 shape). It turns a decode GEMM's few long K loops into many short ones, so more SMs stream the
 weights; prefill pays for the partials' round trip, which is why it is a per-shape choice.
 
+Tilings by batch size: what fixes a row's result is the order of its K reduction, i.e. the
+split into K ranges (split_k, and BLOCK_K, which places the range boundaries) and the chain of
+MMA steps over each range. Tile height and width, warps, pipeline stages, persistence and the
+operand path only decide which program computes the row and how its operands arrive. On the
+H200 every candidate tiling with the same split_k gave bitwise identical rows at all the
+engine's shapes, BLOCK_K 64 and 128 included where K is a multiple of both
+(`bench/kernels/matmul_equivalence.py`; the GPU tests check the shipped tilings). So a problem
+may use a different tiling per range of M as long as all of them are interchangeable
+(`check_interchangeable`): same split_k; same BLOCK_K when split (the boundaries move
+otherwise) or K a multiple of every BLOCK_K; tensor-core tiles (16-bit inputs, BLOCK_M >= 64,
+4+ warps: one warpgroup MMA path).
+
 Measured tilings: `bench/kernels/bench_matmul.py --write-configs` times fixed tilings per
-(N, K) on a GPU and writes the fastest invariant one to `matmul_configs/<gpu name>.json`; that
-file, when present for the GPU in use, overrides the defaults. The choice is still made once per
-(N, K, dtype) on a given GPU model, never per M.
+(N, K) on a GPU and writes the fastest interchangeable set, one tiling per range of M, to
+`matmul_configs/<gpu name>.json`; that file, when present for the GPU in use, overrides the
+defaults.
 """
 
 from __future__ import annotations
@@ -78,9 +90,46 @@ class TileConfig:
                 raise ValueError(f"TileConfig.{name}: got {getattr(self, name)}, need >= 1")
 
 
+@dataclass(frozen=True)
+class Tiling:
+    """The tilings of one (N, K, dtype) problem: `by_m` holds (max_m, config) in ascending max_m,
+    the first whose max_m >= M is used; `rest` serves larger M (and every M when by_m is empty)."""
+
+    rest: TileConfig
+    by_m: tuple[tuple[int, TileConfig], ...] = ()
+
+    def for_m(self, m: int) -> TileConfig:
+        for max_m, config in self.by_m:
+            if m <= max_m:
+                return config
+        return self.rest
+
+    @property
+    def configs(self) -> list[TileConfig]:
+        return [c for _, c in self.by_m] + [self.rest]
+
+
+def check_interchangeable(k: int, dtype: torch.dtype, configs: list[TileConfig]) -> None:
+    """Raise ValueError unless every config sums a row's K products in the same order, so a
+    problem may switch between them by M and stay batch invariant (module docstring)."""
+    distinct = set(configs)
+    if len(distinct) < 2:
+        return
+    splits = {c.split_k for c in distinct}
+    if len(splits) > 1:
+        raise ValueError(f"tilings {sorted(distinct, key=repr)} mix split_k {sorted(splits)}: one problem's "
+                         "tilings must share split_k, or rows would be summed differently at other batch sizes")
+    block_ks = {c.block_k for c in distinct}
+    if len(block_ks) > 1 and (splits != {1} or any(k % bk for bk in block_ks)):
+        raise ValueError(f"tilings with block_k {sorted(block_ks)} at K={k} split K differently; use one block_k "
+                         "(different block_k are interchangeable only unsplit and with K a multiple of each)")
+    if dtype not in (torch.bfloat16, torch.float16) or any(c.block_m < 64 or c.num_warps < 4 for c in distinct):
+        raise ValueError(f"tilings by batch size are only for 16-bit inputs on tensor-core tiles (block_m >= 64, "
+                         f">= 4 warps); got {dtype} with {sorted(distinct, key=repr)}")
+
+
 # Measured winners per (N, K, dtype) go here; anything absent falls back to `_default_config`.
-# Never key an entry on M: that would give a row a different reduction order at another batch size.
-CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig] = {}
+CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig | Tiling] = {}
 
 
 def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
@@ -110,18 +159,23 @@ def config_path(gpu_name: str) -> Path:
 
 
 @functools.cache
-def measured_configs(gpu_name: str) -> dict[tuple[int, int, torch.dtype], TileConfig]:
+def measured_configs(gpu_name: str) -> dict[tuple[int, int, torch.dtype], Tiling]:
     """The tilings measured for this GPU model, keyed by (N, K, dtype); empty when none were."""
     path = config_path(gpu_name)
     if not path.is_file():
         return {}
-    table: dict[tuple[int, int, torch.dtype], TileConfig] = {}
+    table: dict[tuple[int, int, torch.dtype], Tiling] = {}
     try:
         for entry in json.loads(path.read_text())["entries"]:
             dtype = getattr(torch, entry["dtype"])
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"dtype {entry['dtype']!r} is not a torch dtype")
-            table[(int(entry["n"]), int(entry["k"]), dtype)] = TileConfig(**entry["config"])
+            by_m = tuple((int(b["max_m"]), TileConfig(**b["config"])) for b in entry.get("by_m", ()))
+            if [m for m, _ in by_m] != sorted({m for m, _ in by_m}):
+                raise ValueError(f"by_m of N={entry['n']} K={entry['k']} must list increasing max_m")
+            tiling = Tiling(TileConfig(**entry["config"]), by_m)
+            check_interchangeable(int(entry["k"]), dtype, tiling.configs)
+            table[(int(entry["n"]), int(entry["k"]), dtype)] = tiling
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(f"measured matmul tilings in {path} are unreadable ({type(e).__name__}: {e}); "
                          "re-run bench/kernels/bench_matmul.py --write-configs on this GPU, or delete the "
@@ -134,15 +188,22 @@ def _gpu_name(device_index: int) -> str:
     return torch.cuda.get_device_name(device_index)
 
 
-def tile_config(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None) -> TileConfig:
-    """The one configuration used for every M of an (N, K, dtype) problem on a GPU model."""
-    if (n, k, dtype) in CONFIG_OVERRIDES:
-        return CONFIG_OVERRIDES[(n, k, dtype)]
+def tiling(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None) -> Tiling:
+    """The tilings of an (N, K, dtype) problem on a GPU model, by batch size."""
+    override = CONFIG_OVERRIDES.get((n, k, dtype))
+    if override is not None:
+        return override if isinstance(override, Tiling) else Tiling(override)
     if gpu_name is not None:
         measured = measured_configs(gpu_name).get((n, k, dtype))
         if measured is not None:
             return measured
-    return _default_config(n, k, dtype)
+    return Tiling(_default_config(n, k, dtype))
+
+
+def tile_config(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None, m: int | None = None) -> TileConfig:
+    """The configuration an (N, K, dtype) problem runs at batch size m (None: the one for large M)."""
+    t = tiling(n, k, dtype, gpu_name)
+    return t.rest if m is None else t.for_m(m)
 
 
 @triton.jit
@@ -382,12 +443,13 @@ def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor,
     weight: [N, K] contiguous, x's dtype; bias: [N] contiguous, x's dtype, or None.
     Returns a contiguous [M, N] tensor of x's dtype. Accumulates in float32 (IEEE float32
     products for float32 inputs, never TF32); the bias is added in float32 before the one final
-    rounding. The tiling comes from `tile_config(N, K, dtype)`, never from M.
+    rounding. The tiling comes from `tile_config(N, K, dtype, gpu, M)`: per range of M, among
+    tilings that sum every row in the same order (`check_interchangeable`).
     Raises ValueError naming the argument when a precondition fails.
     """
     x, weight, bias = _check(x, weight, bias)
     gpu = _gpu_name(x.device.index or 0) if x.device.type == "cuda" else None
-    return _run(x, weight, bias, tile_config(weight.shape[0], weight.shape[1], x.dtype, gpu))
+    return _run(x, weight, bias, tile_config(weight.shape[0], weight.shape[1], x.dtype, gpu, x.shape[0]))
 
 
 def linear_with_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

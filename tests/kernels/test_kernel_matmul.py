@@ -146,12 +146,65 @@ def test_measured_configs_are_read_per_gpu_model(tmp_path, monkeypatch: pytest.M
         mm.measured_configs.cache_clear()
 
 
+def test_tilings_by_batch_size_pick_the_first_range_holding_m(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mm, "CONFIG_DIR", tmp_path)
+    mm.measured_configs.cache_clear()
+    small = mm.TileConfig(64, 32, 64, num_warps=4, num_stages=5)
+    mid = mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True)
+    rest = mm.TileConfig(128, 256, 128, num_warps=8, num_stages=3)
+    mm.config_path("Some GPU").write_text(json.dumps({"entries": [
+        {"n": 1024, "k": 2048, "dtype": "bfloat16", "config": dataclasses.asdict(rest),
+         "by_m": [{"max_m": 16, "config": dataclasses.asdict(small)},
+                  {"max_m": 1024, "config": dataclasses.asdict(mid)}]}]}))
+    try:
+        got = {m: mm.tile_config(1024, 2048, torch.bfloat16, "Some GPU", m) for m in (1, 16, 17, 1024, 1025, 8192)}
+        assert got == {1: small, 16: small, 17: mid, 1024: mid, 1025: rest, 8192: rest}
+        assert mm.tile_config(1024, 2048, torch.bfloat16, "Some GPU") == rest  # no M: the large-M tiling
+    finally:
+        mm.measured_configs.cache_clear()
+
+
+@pytest.mark.parametrize(("configs", "k", "dtype", "match"), [
+    ([mm.TileConfig(64, 64, 64, 4, 3), mm.TileConfig(64, 64, 64, 4, 3, split_k=2)], 1024, torch.bfloat16,
+     "mix split_k"),
+    ([mm.TileConfig(64, 64, 64, 4, 3, split_k=2), mm.TileConfig(64, 64, 128, 4, 3, split_k=2)], 1024,
+     torch.bfloat16, "split K differently"),
+    ([mm.TileConfig(64, 64, 64, 4, 3), mm.TileConfig(64, 64, 128, 4, 3)], 1000, torch.bfloat16,
+     "split K differently"),
+    ([mm.TileConfig(32, 64, 64, 4, 3), mm.TileConfig(64, 64, 64, 4, 3)], 1024, torch.bfloat16, "tensor-core"),
+    ([mm.TileConfig(64, 64, 32, 4, 3), mm.TileConfig(128, 64, 32, 4, 3)], 1024, torch.float32, "16-bit"),
+])
+def test_tilings_that_would_sum_rows_differently_are_refused(configs: list[mm.TileConfig], k: int,
+                                                            dtype: torch.dtype, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        mm.check_interchangeable(k, dtype, configs)
+
+
+def test_interchangeable_tilings_pass() -> None:
+    mm.check_interchangeable(1024, torch.bfloat16, [mm.TileConfig(64, 32, 128, 4, 3), mm.TileConfig(128, 256, 64, 8, 3,
+                                                                                                    tma=True)])
+    mm.check_interchangeable(1000, torch.float32, [mm.TileConfig(32, 64, 32, 4, 3)] * 2)  # one tiling: always fine
+
+
+def test_shipped_tilings_load_and_are_interchangeable() -> None:
+    """The measured file in the package parses, and every shape's tilings share one reduction order."""
+    mm.measured_configs.cache_clear()
+    shipped = mm.measured_configs("NVIDIA H200")
+    assert len(shipped) >= 16
+    assert any(t.by_m for t in shipped.values())
+    for (_, k, dtype), t in shipped.items():
+        mm.check_interchangeable(k, dtype, t.configs)
+
+
 @pytest.mark.parametrize("text", [
     "{not json",
     '{"entries": [{"n": 8, "k": 8, "dtype": "bfloat16"}]}',
     '{"entries": [{"n": 8, "k": 8, "dtype": "Tensor", "config": {}}]}',
     '{"entries": [{"n": 8, "k": 8, "dtype": "bfloat16", "config": {"block_m": 48, "block_n": 16, '
     '"block_k": 16, "num_warps": 4, "num_stages": 2}}]}',
+    '{"entries": [{"n": 8, "k": 64, "dtype": "bfloat16", "config": {"block_m": 64, "block_n": 16, "block_k": 16, '
+    '"num_warps": 4, "num_stages": 2}, "by_m": [{"max_m": 8, "config": {"block_m": 64, "block_n": 16, '
+    '"block_k": 16, "num_warps": 4, "num_stages": 2, "split_k": 2}}]}]}',
 ])
 def test_unreadable_measured_configs_name_the_file_and_the_fix(tmp_path, monkeypatch: pytest.MonkeyPatch,
                                                                text: str) -> None:
@@ -205,7 +258,13 @@ QWEN3_SHAPES = {  # (N, K) of each projection
     "8b_qkv": (6144, 4096), "8b_gate_up": (24576, 4096), "8b_o": (4096, 4096),
     "8b_down": (4096, 12288), "8b_lm_head": (151936, 4096),
 }
-BATCH_SIZES = (1, 7, 64, 300)  # each compared with the same rows inside M=4096
+MOE16B_SHAPES = {  # attention and shared-expert projections of the moe-16b benchmark model
+    "q": (3072, 2048), "kv_a": (576, 2048), "o": (2048, 2048), "shared_gate_up": (5632, 2048),
+    "shared_down": (2048, 2816), "lm_head": (163840, 2048),
+}
+# Each compared with the same rows inside M=4096; with the shipped tilings these sizes fall in
+# every range of M that has its own tiling (<= 16, <= 128, <= 1024, larger).
+BATCH_SIZES = (1, 7, 64, 300)
 
 
 def _gpu_problem(n: int, k: int, dtype: torch.dtype, bias: bool,
@@ -245,6 +304,14 @@ def _check_invariant_and_accurate(x: torch.Tensor, w: torch.Tensor, b: torch.Ten
 def test_qwen3_shapes_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     n, k = QWEN3_SHAPES[shape]
     x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=False, seed=n + k)
+    _check_invariant_and_accurate(x, w, b, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(MOE16B_SHAPES))
+def test_moe16b_shapes_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    n, k = MOE16B_SHAPES[shape]
+    x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=False, seed=n + 3 * k)
     _check_invariant_and_accurate(x, w, b, monkeypatch)
 
 
