@@ -99,6 +99,12 @@ class LLMEngine:
         uniform_window = windows.pop() if len(windows) == 1 else None
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, admission,
                                    uniform_window)
+        if self.device.type == "cuda" and cfg.batch_invariant:
+            from shardinfer.engine.models.layers import Linear
+            from shardinfer.kernels.matmul import warm_up
+
+            # Compile the large-batch matmul tilings now, not in the first long prefill step.
+            warm_up([m.weight for m in self.model.modules() if isinstance(m, Linear)])
         graphs = None
         # The MTP drafter continues from each step's hidden states, which decode graphs do not keep.
         if self.device.type == "cuda" and not cfg.enforce_eager and not cfg.speculative_mtp:

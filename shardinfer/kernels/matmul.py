@@ -452,6 +452,41 @@ def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor,
     return _run(x, weight, bias, tile_config(weight.shape[0], weight.shape[1], x.dtype, gpu, x.shape[0]))
 
 
+def warm_up_sizes(t: Tiling) -> list[int]:
+    """One batch size per distinct tiling of `t` (the top of each range, then one past the last)."""
+    sizes: list[int] = []
+    seen: list[TileConfig] = []
+    for max_m, config in t.by_m:
+        if config not in seen:
+            seen.append(config)
+            sizes.append(max_m)
+    if t.rest not in seen:
+        sizes.append(t.by_m[-1][0] + 1 if t.by_m else 1)
+    return sizes
+
+
+def warm_up(weights: list[torch.Tensor]) -> int:
+    """Run every tiling the given CUDA weights' problems may use once, on zero activations, so
+    Triton compiles them now and not inside the first long prefill; returns the calls made.
+
+    Decode CUDA graphs compile the tilings of small batches when they are captured; the tiling
+    for the largest M only ever runs in prefill steps.
+    """
+    calls = 0
+    done: set[tuple[int, int, torch.dtype, torch.device]] = set()
+    for w in weights:
+        if w.device.type != "cuda" or w.dim() != 2 or w.dtype not in FLOAT_DTYPES or not w.is_contiguous():
+            continue
+        key = (w.shape[0], w.shape[1], w.dtype, w.device)
+        if key in done:
+            continue
+        done.add(key)
+        for m in warm_up_sizes(tiling(w.shape[0], w.shape[1], w.dtype, _gpu_name(w.device.index or 0))):
+            linear_batch_invariant(torch.zeros(m, w.shape[1], dtype=w.dtype, device=w.device), w)
+            calls += 1
+    return calls
+
+
 def linear_with_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                        config: TileConfig) -> torch.Tensor:
     """`linear_batch_invariant` with an explicit tiling, for tuning and tests.

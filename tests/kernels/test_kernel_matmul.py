@@ -164,6 +164,20 @@ def test_tilings_by_batch_size_pick_the_first_range_holding_m(tmp_path, monkeypa
         mm.measured_configs.cache_clear()
 
 
+def test_warm_up_runs_each_distinct_tiling_once() -> None:
+    a = mm.TileConfig(64, 32, 64, 4, 5)
+    b = mm.TileConfig(128, 128, 64, 8, 4)
+    c = mm.TileConfig(128, 256, 64, 8, 3)
+    assert mm.warm_up_sizes(mm.Tiling(c)) == [1]
+    assert mm.warm_up_sizes(mm.Tiling(c, ((16, a), (128, a), (1024, b)))) == [16, 1024, 1025]
+    # A tiling already run for a range is not run again for large M.
+    assert mm.warm_up_sizes(mm.Tiling(c, ((16, a), (1024, c)))) == [16, 1024]
+
+
+def test_warm_up_skips_cpu_weights() -> None:
+    assert mm.warm_up([torch.zeros(8, 16)]) == 0
+
+
 @pytest.mark.parametrize(("configs", "k", "dtype", "match"), [
     ([mm.TileConfig(64, 64, 64, 4, 3), mm.TileConfig(64, 64, 64, 4, 3, split_k=2)], 1024, torch.bfloat16,
      "mix split_k"),
