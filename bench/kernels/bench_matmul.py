@@ -264,22 +264,25 @@ BUCKETS = ((16, 1), (128, 64), (1024, 256))
 REST_M = 4096
 
 
-def _family(rec: dict[str, Any]) -> tuple[int, ...]:
-    """Records whose tilings are interchangeable (mm.check_interchangeable) share a family."""
+def _family(rec: dict[str, Any], buckets: bool) -> tuple[Any, ...]:
+    """Records whose tilings are interchangeable (mm.check_interchangeable) share a family;
+    without buckets every tiling is a family of its own (one tiling for every M)."""
+    if not buckets:
+        return (rec["config"],)
     if rec["split_k"] == 1 and rec["K"] % 128 == 0:
         return (1,)
     return (rec["split_k"], rec["block_k"])
 
 
-def pick_tilings(records: list[dict[str, Any]], cub: dict[tuple[int, int], dict[int, float]]
+def pick_tilings(records: list[dict[str, Any]], cub: dict[tuple[int, int], dict[int, float]], buckets: bool = True
                  ) -> dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]]:
     """Per (N, K): the family of interchangeable tilings whose per-M winners give the best
     weighted score, as a Tiling with one winner per range of M, the score and the names."""
-    families: dict[tuple[int, int], dict[tuple[int, ...], list[dict[str, Any]]]] = {}
+    families: dict[tuple[int, int], dict[tuple[Any, ...], list[dict[str, Any]]]] = {}
     for rec in records:
         if not rec.get("invariant") or "us" not in rec:
             continue
-        families.setdefault((rec["N"], rec["K"]), {}).setdefault(_family(rec), []).append(rec)
+        families.setdefault((rec["N"], rec["K"]), {}).setdefault(_family(rec, buckets), []).append(rec)
     chosen: dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]] = {}
     for nk, fams in families.items():
         for recs in fams.values():
@@ -305,12 +308,13 @@ def pick_tilings(records: list[dict[str, Any]], cub: dict[tuple[int, int], dict[
     return chosen
 
 
-def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]]) -> dict[tuple[int, int], mm.Tiling]:
+def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]], buckets: bool = True
+           ) -> dict[tuple[int, int], mm.Tiling]:
     """The best tilings per (N, K) of a saved sweep under the current weights and buckets."""
     cub: dict[tuple[int, int], dict[int, float]] = {}
     for r in cublas_rows:
         cub.setdefault((r["N"], r["K"]), {})[int(r["M"])] = float(r["cublas_us"])
-    chosen = pick_tilings(json.loads(sweep_path.read_text())["results"], cub)
+    chosen = pick_tilings(json.loads(sweep_path.read_text())["results"], cub, buckets)
     for (n, k), (score, _, names) in sorted(chosen.items()):
         print(f"  N={n:>6} K={k:>5}: score {score:.3f}  " + "  ".join(
             f"M<={max_m}:{nm}" for (max_m, _), nm in zip(BUCKETS, names, strict=False)) + f"  rest:{names[-1]}")
@@ -358,6 +362,9 @@ def main() -> None:
     ap.add_argument("--models", default="0.6b,8b", help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--write-configs", action="store_true",
                     help="write the sweep's winners to shardinfer/kernels/matmul_configs/<gpu>.json (and --out)")
+    ap.add_argument("--one-tiling", action="store_true",
+                    help="one tiling per shape for every M instead of one per range of M (on the Qwen3 shapes the "
+                         "per-range tilings measured slower end to end: bench/RESULTS.md)")
     ap.add_argument("--from-sweep", default=None,
                     help="re-pick winners from this saved sweep JSON (and the kernels-matmul JSON of the same "
                          "run beside it, for cuBLAS times) instead of timing anything")
@@ -372,7 +379,7 @@ def main() -> None:
             ap.error(f"--from-sweep: no kernels-matmul-*.json with cuBLAS times beside {sweep_path}")
         rows = json.loads(same_run[-1].read_text())["rows"]
         print(f"re-picking from {sweep_path.name} with cuBLAS times of {same_run[-1].name}")
-        chosen = repick(sweep_path, rows)
+        chosen = repick(sweep_path, rows, not args.one_tiling)
         if args.write_configs:
             meta = json.loads(sweep_path.read_text())
             write_configs(chosen, None, meta, meta["gpu"])
@@ -400,7 +407,7 @@ def main() -> None:
         write(Path(args.out), "kernels-matmul-sweep", {"workload": "kernels-matmul-sweep", **meta,
                                                        "results": results})
         print("\nfastest interchangeable tilings per shape, by M:")
-        chosen = repick(sorted(Path(args.out).glob("kernels-matmul-sweep-*.json"))[-1], rows)
+        chosen = repick(sorted(Path(args.out).glob("kernels-matmul-sweep-*.json"))[-1], rows, not args.one_tiling)
         if args.write_configs and chosen:
             write_configs(chosen, Path(args.out), meta, torch.cuda.get_device_name())
 
