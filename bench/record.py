@@ -60,7 +60,12 @@ def main() -> None:
         if r.get("bench") != "structured_decode" or r.get("device") != "cuda":
             continue
         c, p = r["constrained"], r["plain"]
-        matchers = "independent" if r.get("independent_matchers") else "shared copies"
+        if r.get("independent_matchers"):
+            matchers = "independent"
+        elif r.get("templates"):  # copies spread over this many templates of the grammar
+            matchers = f"copies of {r['templates']} templates"
+        else:
+            matchers = "shared copies"
         so_rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
                        f"{r['requests']} | {matchers} | {c['mean_decode_batch']:.0f} | {p['mean_decode_step_ms']:.2f} | "
                        f"{c['mean_decode_step_ms']:.2f} | {c['mask_fill_ms_per_decode_step']:.2f} | "
