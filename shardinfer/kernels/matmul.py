@@ -42,9 +42,9 @@ otherwise) or K a multiple of every BLOCK_K; tensor-core tiles (16-bit inputs, B
 4+ warps: one warpgroup MMA path).
 
 Measured tilings: `bench/kernels/bench_matmul.py --write-configs` times fixed tilings per
-(N, K) on a GPU and writes the fastest interchangeable set, one tiling per range of M, to
-`matmul_configs/<gpu name>.json`; that file, when present for the GPU in use, overrides the
-defaults.
+(N, K) on a GPU and writes the fastest interchangeable set, one tiling per range of M (or with
+`--one-tiling` one tiling for every M), to `matmul_configs/<gpu name>.json`; that file, when
+present for the GPU in use, overrides the defaults.
 """
 
 from __future__ import annotations
