@@ -7,12 +7,15 @@ finished outputs out. The pipeline drives it directly; `LLM` wraps it for whole 
 With asynchronous scheduling, step N's _launch happens before step N-1's _complete (docs/engine.md).
 When step N samples rows that need N-1's tokens on the host (grammar masks, penalties), N-1's
 _complete runs between step N's forward and its sampling instead: the forward is already queued.
+Grammar masks are then filled on a worker thread while the engine thread returns and schedules
+step N+1; N's sampling is queued at the start of step N+1, before N+1's forward.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,19 @@ class PendingStep:
     sampled: DeviceSample | None
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
     batch: ScheduledBatch
+
+
+@dataclass
+class SamplingPlan:
+    """A forward's sampling rows prepared on the host (placeholders already in place); what is
+    left is the grammar masks and queueing the sampling itself."""
+
+    step_logits: StepLogits
+    batch: ScheduledBatch
+    rows: list[SamplingRow]
+    output_slots: list[int]
+    constrained: list[tuple[Request, int]]  # (request, sampling row) that need a grammar mask
+    masks: Future[GrammarMasks | None] | None = None  # a fill running on the mask thread
 
 
 class LLMEngine:
@@ -120,6 +136,10 @@ class LLMEngine:
         self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
                                  else self.device.type == "cuda" and not self.speculative)
         self._pending: PendingStep | None = None
+        # A step whose forward is queued and whose grammar masks are being filled on the mask
+        # thread; its sampling is queued at the start of the next step().
+        self._unsampled: SamplingPlan | None = None
+        self._mask_thread: ThreadPoolExecutor | None = None
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0,
@@ -211,14 +231,20 @@ class LLMEngine:
         sampled tokens are read back, so the host's bookkeeping of N-1 (and the scheduling and
         batch building of N) overlaps the device's work. Rows whose sampling needs N-1's tokens
         on the host (grammar masks, penalties) get them between N's forward and N's sampling, so
-        that wait, the matchers' advance and the mask filling overlap N's forward. Only prompt
-        logprobs make a step wait for N-1 before its forward.
+        that wait, the matchers' advance and the mask filling overlap N's forward. The masks are
+        filled on a worker thread, so the engine thread meanwhile schedules N+1; N's sampling is
+        queued here, first thing in step N+1, before N+1's forward. Only prompt logprobs make a
+        step wait for N-1 before its forward.
         """
         if self.speculative:
             self._add_drafts()
         batch = self.scheduler.schedule()
         if self.speculative:
             self._trim_drafts(batch)
+        if self._unsampled is not None:
+            plan, self._unsampled = self._unsampled, None
+            assert self._pending is None and plan.masks is not None
+            self._pending = self._launch_sampling(plan, plan.masks.result())
         finished: list[RequestOutput] = []
         if self._pending is not None and (not self.async_scheduling or self._needs_host_tokens(batch)):
             if self.async_scheduling:
@@ -241,7 +267,8 @@ class LLMEngine:
             finished += self._complete(self._pending)
         if self.async_scheduling:
             self._pending = launched
-        else:
+        else:  # synchronous: the sampling is never left to a later step
+            assert launched is not None
             self._pending = None
             finished += self._complete(launched)
         return finished
@@ -270,9 +297,9 @@ class LLMEngine:
         return any(req.num_placeholders and (req.grammar is not None or req.params.has_penalties)
                    for req in sampling)
 
-    def _launch(self, batch: ScheduledBatch) -> tuple[PendingStep, list[RequestOutput]]:
-        """Queue the batch's forward, then its sampling; return the launched step and the requests
-        finished on the way.
+    def _launch(self, batch: ScheduledBatch) -> tuple[PendingStep | None, list[RequestOutput]]:
+        """Queue the batch's forward, then its sampling; return the launched step (None when its
+        sampling waits for masks being filled: `_unsampled`) and the requests finished on the way.
 
         When a sampling row needs the pending step's tokens on the host, the pending step is
         completed in between, while the forward runs."""
@@ -282,7 +309,16 @@ class LLMEngine:
             self.counters["deferred_sampling_steps"] += 1
             finished = self._complete(self._pending)
             self._pending = None
-        return self._sample(step_logits, batch), finished
+        plan = self._plan_sampling(step_logits, batch)
+        if self.async_scheduling and plan.constrained and self._pending is None:
+            # Nothing else touches the matchers until the next step() queues this sampling, so
+            # the fill runs beside the engine thread's scheduling of that step.
+            if self._mask_thread is None:
+                self._mask_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardinfer-masks")
+            plan.masks = self._mask_thread.submit(self._grammar_masks, plan.constrained)
+            self._unsampled = plan
+            return None, finished
+        return self._launch_sampling(plan, self._grammar_masks(plan.constrained)), finished
 
     def _forward(self, batch: ScheduledBatch) -> StepLogits:
         """Queue the batch's forward pass (inputs still on the device come from the pending step)."""
@@ -295,40 +331,46 @@ class LLMEngine:
         self.counters["steps"] += 1
         return step_logits
 
-    def _sample(self, step_logits: StepLogits, batch: ScheduledBatch) -> PendingStep:
-        """Queue the sampling of a forward's rows and put a placeholder where each token will go.
+    def _plan_sampling(self, step_logits: StepLogits, batch: ScheduledBatch) -> SamplingPlan:
+        """A forward's sampling rows, with a placeholder where each token will go.
 
         A request may have finished since its forward was queued (the previous step, completed in
         between, stopped it): its row is sampled without a mask and its token dropped."""
         reqs, counts = step_logits.sample_requests, step_logits.sample_counts
-        sampled = None
+        rows: list[SamplingRow] = []
         slots: list[int] = []
-        if reqs:
-            rows: list[SamplingRow] = []
-            first_rows: list[int] = []
-            for req, count in zip(reqs, counts, strict=True):
-                first_rows.append(len(rows))
-                # Row j scores the token at position (tokens before the drafts) + j.
-                base = req.num_tokens - (count - 1)
-                rows.extend(self._sampling_row(req, base + j) for j in range(count))
-            grammar = self._grammar_masks([(r, first_rows[i]) for i, r in enumerate(reqs)
-                                           if r.grammar is not None and not r.status.finished])
-            sampled = sample_on_device(step_logits.sample_logits, rows, grammar)
+        first_rows: list[int] = []
+        for req, count in zip(reqs, counts, strict=True):
+            first_rows.append(len(rows))
+            # Row j scores the token at position (tokens before the drafts) + j.
+            base = req.num_tokens - (count - 1)
+            rows.extend(self._sampling_row(req, base + j) for j in range(count))
+        constrained = [(r, first_rows[i]) for i, r in enumerate(reqs)
+                       if r.grammar is not None and not r.status.finished]
+        for i, (req, count) in enumerate(zip(reqs, counts, strict=True)):
+            if req.status.finished:
+                slots.append(DISCARDED)
+                continue
+            if count > 1:  # drafts already hold this step's slots
+                slots.append(DRAFTS)
+                continue
+            req.output_token_ids.append(PLACEHOLDER)
+            req.num_placeholders += 1
+            req.sample_slot = first_rows[i]
+            slots.append(req.num_output_tokens - 1)
+            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+                req.finishing = True
+        return SamplingPlan(step_logits, batch, rows, slots, constrained)
+
+    def _launch_sampling(self, plan: SamplingPlan, grammar: GrammarMasks | None) -> PendingStep:
+        """Queue the sampling of a planned step's rows (nothing waits for the device)."""
+        logits = plan.step_logits
+        sampled = None
+        if plan.rows:
+            sampled = sample_on_device(logits.sample_logits, plan.rows, grammar)
             sampled.stage()
-            for i, (req, count) in enumerate(zip(reqs, counts, strict=True)):
-                if req.status.finished:
-                    slots.append(DISCARDED)
-                    continue
-                if count > 1:  # drafts already hold this step's slots
-                    slots.append(DRAFTS)
-                    continue
-                req.output_token_ids.append(PLACEHOLDER)
-                req.num_placeholders += 1
-                req.sample_slot = first_rows[i]
-                slots.append(req.num_output_tokens - 1)
-                if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
-                    req.finishing = True
-        return PendingStep(reqs, counts, slots, sampled, step_logits.prompt_logits, batch)
+        return PendingStep(logits.sample_requests, logits.sample_counts, plan.output_slots, sampled,
+                           logits.prompt_logits, plan.batch)
 
     def _input_fixup(self, batch: ScheduledBatch) -> InputFixup | None:
         """Inputs that are the previous step's sampled tokens, not yet known on the host."""
@@ -474,7 +516,10 @@ class LLMEngine:
         blocked: list[int] = []
         if req.num_output_tokens < p.min_tokens:
             blocked = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.tokenizer.eos_token_ids))
-        return SamplingRow(p, req.seed, position, req.prompt_token_ids, req.output_token_ids, blocked)
+        # Penalties count the tokens known now: a copy, since the placeholder of the token this row
+        # samples is appended before the sampling is queued (the other rows never read the list).
+        outputs = list(req.output_token_ids) if p.has_penalties else req.output_token_ids
+        return SamplingRow(p, req.seed, position, req.prompt_token_ids, outputs, blocked)
 
     def _grammar_masks(self, constrained: list[tuple[Request, int]]) -> GrammarMasks | None:
         """The next-token mask of each (request, sampling row), filled in one call on the compiler's threads."""

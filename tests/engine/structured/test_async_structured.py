@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class StepWatch:
         self.steps: list[list[str]] = []
         self.masked_rows = 0
         self.skipped_rows = 0  # grammar requests finished before their row's sampling
+        self.fill_threads: list[str] = []  # the thread each mask fill ran on
         self._sampling: list[Any] = []
         self._wrap(engine, "step", self._on_step)
         self._wrap(engine, "_complete", self._on_complete)
@@ -106,6 +108,7 @@ class StepWatch:
         for req, _ in constrained:
             assert not req.status.finished and not req.grammar.is_finished(), req.request_id
         self.masked_rows += len(constrained)
+        self.fill_threads.append(threading.current_thread().name)
         self.skipped_rows += sum(r.grammar is not None and r.status.finished for r in self._sampling)
         return original(constrained)
 
@@ -136,9 +139,13 @@ def _run(model_dir: Path, async_scheduling: bool, **kwargs: Any) -> tuple[list[A
     {"max_num_seqs": 4, "admission_batch": 2},
 ], ids=["plain", "preempting", "few-seqs"])
 def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None) -> None:
-    want, sync_engine, _ = _run(qwen3_dir, False, **engine_kwargs)
+    want, sync_engine, sync_watch = _run(qwen3_dir, False, **engine_kwargs)
     got, engine, watch = _run(qwen3_dir, True, **engine_kwargs)
     assert _key(got) == _key(want)
+    # Asynchronously, masks are filled on the mask thread (while the engine thread schedules the
+    # next step), at least for the steps that follow a deferred read-back; synchronously, never.
+    assert any(name.startswith("shardinfer-masks") for name in watch.fill_threads)
+    assert sync_watch.fill_threads and not any(n.startswith("shardinfer-masks") for n in sync_watch.fill_threads)
     stats = engine.stats()
     assert stats["synchronous_steps"] == 0 and stats["deferred_sampling_steps"] > 0
     assert sync_engine.stats()["deferred_sampling_steps"] == 0
@@ -149,7 +156,7 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
     assert reasons == {"stop", "length"}
     if "num_kv_blocks" in engine_kwargs:
         assert stats["preemptions"] > 0
-    assert not engine.has_unfinished() and engine._pending is None
+    assert not engine.has_unfinished() and engine._pending is None and engine._unsampled is None
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     # Constrained outputs that ended on their own are valid: the masks applied on the right state.
     checks: list[tuple[int, Callable[[str], object]]] = [
