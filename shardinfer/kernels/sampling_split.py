@@ -37,7 +37,7 @@ _BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["vocab"])
-def _chunk_kernel(raw_ptr, sr, x_ptr, sx, temp_ptr, seed_ptr, pos_ptr, best_ptr, best_id_ptr, max_ptr, sum_ptr,
+def _sample_chunks_kernel(raw_ptr, sr, x_ptr, sx, temp_ptr, seed_ptr, pos_ptr, best_ptr, best_id_ptr, max_ptr, sum_ptr,
                   vocab, n_chunks, SAMPLE: tl.constexpr, SAME: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
     row = tl.program_id(0)
@@ -86,7 +86,7 @@ def _chunk_kernel(raw_ptr, sr, x_ptr, sx, temp_ptr, seed_ptr, pos_ptr, best_ptr,
 
 
 @triton.jit(do_not_specialize=["vocab"])
-def _combine_kernel(raw_ptr, sr, best_ptr, best_id_ptr, max_ptr, sum_ptr, tokens_ptr, logprob_ptr, lse_ptr,
+def _sample_combine_kernel(raw_ptr, sr, best_ptr, best_id_ptr, max_ptr, sum_ptr, tokens_ptr, logprob_ptr, lse_ptr,
                     vocab, n_chunks, SAMPLE: tl.constexpr, BLOCK_C: tl.constexpr):
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
@@ -121,12 +121,14 @@ def _launch(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, seeds
         return logprobs, lse
     stats = torch.empty(3, b, n_chunks, dtype=torch.float32, device=dev)  # best score, max, sum exp
     best_id = torch.empty(b, n_chunks, dtype=torch.int32, device=dev)
-    _chunk_kernel[(b, n_chunks)](raw, raw.stride(0), x, x.stride(0), temperature, seeds, positions, stats[0],
-                                 best_id, stats[1], stats[2], vocab, n_chunks, SAMPLE=sample,
-                                 SAME=x.data_ptr() == raw.data_ptr() and x.stride(0) == raw.stride(0),
-                                 CHUNK=_CHUNK, BLOCK=_BLOCK, USE_LIBDEVICE=not interpreting(), num_warps=4)
-    _combine_kernel[(b,)](raw, raw.stride(0), stats[0], best_id, stats[1], stats[2], tokens, logprobs, lse, vocab,
-                          n_chunks, SAMPLE=sample, BLOCK_C=triton.next_power_of_2(n_chunks), num_warps=4)
+    same = x.data_ptr() == raw.data_ptr() and x.stride(0) == raw.stride(0)
+    _sample_chunks_kernel[(b, n_chunks)](raw, raw.stride(0), x, x.stride(0), temperature, seeds, positions,
+                                         stats[0], best_id, stats[1], stats[2], vocab, n_chunks, SAMPLE=sample,
+                                         SAME=same, CHUNK=_CHUNK, BLOCK=_BLOCK, USE_LIBDEVICE=not interpreting(),
+                                         num_warps=4)
+    _sample_combine_kernel[(b,)](raw, raw.stride(0), stats[0], best_id, stats[1], stats[2], tokens, logprobs, lse,
+                                 vocab, n_chunks, SAMPLE=sample, BLOCK_C=triton.next_power_of_2(n_chunks),
+                                 num_warps=4)
     return logprobs, lse
 
 
