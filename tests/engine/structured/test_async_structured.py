@@ -190,3 +190,30 @@ def test_grammar_steps_stay_pipelined(qwen3_dir: Path) -> None:
     assert launched[0] == ["execute"]
     assert all(s == ["execute", "complete"] for s in launched[1:]), launched
     assert engine.stats()["synchronous_steps"] == 0 and engine.stats()["deferred_sampling_steps"] > 0
+
+
+def test_abort_while_masks_are_filled(qwen3_dir: Path) -> None:
+    """A request aborted while its step's masks are being filled (its sampling not yet queued)
+    leaves the others exactly as they are without it (rows are batch invariant)."""
+    prompts = [[3 + i, 7, 11 + i] for i in range(4)]
+    params = [SamplingParams(temperature=1.0, max_tokens=30, seed=i, so_args=JSON) for i in range(4)]
+    want = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=True).generate(prompts[1:], params[1:])
+    engine = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=True).llm_engine
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"r{i}", prompt, p)
+    done = {}
+    while engine.has_unfinished():
+        plan = engine._unsampled
+        if plan is not None and any(r.request_id == "r0" for r in plan.step_logits.sample_requests):
+            break
+        done.update({o.request_id: o for o in engine.step()})
+    else:
+        pytest.fail("r0 never sampled in a step whose masks were filled on the mask thread")
+    aborted = engine.abort("r0")
+    assert aborted is not None and aborted.outputs[0].finish_reason == "abort"
+    while engine.has_unfinished():
+        done.update({o.request_id: o for o in engine.step()})
+    assert engine._unsampled is None and engine._pending is None
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert [done[f"r{i}"].outputs[0].token_ids for i in (1, 2, 3)] == [o.outputs[0].token_ids for o in want]
+    assert "r0" not in done
