@@ -213,20 +213,23 @@ def compile_candidates() -> tuple[dict[str, mm.TileConfig], list[dict[str, Any]]
     return ok, failed
 
 
-def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float) -> list[dict[str, Any]]:
-    """Time the candidates per shape at SWEEP_MS (pick_tilings then chooses from the records)."""
+def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
+          extra_ms: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    """Time the candidates per shape at SWEEP_MS (pick_tilings then chooses from the records) and
+    at `extra_ms`, which are recorded and printed but not scored (e.g. prefill chunk sizes)."""
+    sweep_ms = tuple(sorted(set(SWEEP_MS) | set(extra_ms)))
     deadline = time.monotonic() + budget_s
-    print(f"\nsweep (budget {budget_s:.0f} s): geometric-mean ours/cuBLAS over M in {SWEEP_MS}")
+    print(f"\nsweep (budget {budget_s:.0f} s): geometric-mean ours/cuBLAS over M in {SWEEP_MS}; timed at {sweep_ms}")
     candidates, results = compile_candidates()
     shapes = [(model, proj, nk) for model in models for proj, nk in MODELS[model][1].items()]
     for idx, (model, proj, (n, k)) in enumerate(shapes):
         # Split what is left evenly over the shapes still to do, so a slow shape cannot starve the rest.
         shape_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(shapes) - idx)
         ws = weights(n, k, seed=n + k)
-        xs = {m: activations(m, k, seed=m) for m in SWEEP_MS}
+        xs = {m: activations(m, k, seed=m) for m in sweep_ms}
         x_inv = activations(4096, k, seed=7)
         cub = {int(r["M"]): float(r["cublas_us"]) for r in rows
-               if r["N"] == n and r["K"] == k and r["M"] in SWEEP_MS}
+               if r["N"] == n and r["K"] == k and r["M"] in sweep_ms}
         shipped = mm.tile_config(n, k, DTYPE)
         for name, cfg in candidates.items():
             if time.monotonic() > shape_deadline:
@@ -236,7 +239,7 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float) -> lis
                                    "shipped": cfg == shipped, **asdict(cfg)}
             try:
                 rec["invariant"] = invariant(x_inv, ws[0], cfg)
-                us = {m: measure(xs[m], ws, cfg) for m in SWEEP_MS}
+                us = {m: measure(xs[m], ws, cfg) for m in sweep_ms}
             except Exception as exc:  # e.g. out of memory at this shape: record it, keep sweeping
                 rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 results.append(rec)
@@ -246,7 +249,7 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float) -> lis
             rec.update({"us": us, "score": score})
             results.append(rec)
             print(f"  {model} {proj:>8} {name:<26} {'*' if rec['shipped'] else ' '} score {score:5.3f}  "
-                  + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in SWEEP_MS)
+                  + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in sweep_ms if m in cub)
                   + ("" if rec["invariant"] else "  NOT INVARIANT"))
         del ws, xs, x_inv
         torch.cuda.empty_cache()
@@ -362,6 +365,8 @@ def main() -> None:
     ap.add_argument("--models", default="0.6b,8b", help="comma-separated subset of " + ",".join(MODELS))
     ap.add_argument("--write-configs", action="store_true",
                     help="write the sweep's winners to shardinfer/kernels/matmul_configs/<gpu>.json (and --out)")
+    ap.add_argument("--extra-ms", type=int, nargs="*", default=[],
+                    help="also time the sweep at these M (recorded, not scored; e.g. 1024 8192 for prefill chunks)")
     ap.add_argument("--one-tiling", action="store_true",
                     help="one tiling per shape for every M instead of one per range of M (on the Qwen3 shapes the "
                          "per-range tilings measured slower end to end: bench/RESULTS.md)")
@@ -403,7 +408,7 @@ def main() -> None:
     write(Path(args.out), "kernels-matmul", {"workload": "kernels-matmul", **meta, "rows": rows,
                                              "forward_weighted": forward, "shipped_configs": shipped})
     if args.sweep_budget_s > 0:
-        results = sweep(models, rows, args.sweep_budget_s)
+        results = sweep(models, rows, args.sweep_budget_s, tuple(args.extra_ms))
         write(Path(args.out), "kernels-matmul-sweep", {"workload": "kernels-matmul-sweep", **meta,
                                                        "results": results})
         print("\nfastest interchangeable tilings per shape, by M:")
