@@ -52,7 +52,8 @@ from shardinfer.engine.structured import StructuredOutputCompiler
 from shardinfer.testing.tiny_checkpoint import SPECIAL_TOKENS
 
 SO_ARGS = {"schema_type": "json", "schema": SCHEMA}
-COUNTERS = ("steps", "generated_tokens", "preemptions", "synchronous_steps", "deferred_sampling_steps")
+COUNTERS = ("steps", "generated_tokens", "preemptions", "synchronous_steps", "deferred_sampling_steps",
+            "grammar_mask_wait_s")
 
 
 def with_tokenizer(model_dir: Path, vocab: int, out_dir: Path) -> Path:
@@ -149,6 +150,9 @@ def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], sync: 
         "full_batch": full_batch, "full_batch_decode_steps": len(full),
         "full_batch_mean_step_ms": statistics.fmean(full) * 1e3 if full else None,
         "mask_fill_ms_per_decode_step": clock.mask_fill_s / len(steps) * 1e3 if steps else None,
+        # The part of the fill the engine thread waited for (not hidden behind planning the next step).
+        "mask_wait_ms_per_decode_step": ((engine.stats()["grammar_mask_wait_s"] - before["grammar_mask_wait_s"])
+                                         / len(steps) * 1e3 if steps else None),
         "finish_reasons": {r: sum(c.finish_reason == r for c in completions)
                            for r in sorted({str(c.finish_reason) for c in completions})},
         "stats": {k: v - before[k] for k, v in engine.stats().items() if k in COUNTERS},

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,9 +143,10 @@ class LLMEngine:
         self._mask_thread: ThreadPoolExecutor | None = None
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
-        self.counters = {"prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0,
-                         "finished_requests": 0, "draft_tokens": 0, "accepted_draft_tokens": 0,
-                         "synchronous_steps": 0, "deferred_sampling_steps": 0}
+        self.counters: dict[str, float] = {
+            "prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0, "finished_requests": 0,
+            "draft_tokens": 0, "accepted_draft_tokens": 0, "synchronous_steps": 0, "deferred_sampling_steps": 0,
+            "grammar_mask_wait_s": 0.0}
         self._grammar_compiler: Any = None
 
     # -- requests -------------------------------------------------------------------------------
@@ -244,7 +246,10 @@ class LLMEngine:
         if self._unsampled is not None:
             plan, self._unsampled = self._unsampled, None
             assert self._pending is None and plan.masks is not None
-            self._pending = self._launch_sampling(plan, plan.masks.result())
+            waited = time.perf_counter()
+            masks = plan.masks.result()
+            self.counters["grammar_mask_wait_s"] += time.perf_counter() - waited
+            self._pending = self._launch_sampling(plan, masks)
         finished: list[RequestOutput] = []
         if self._pending is not None and (not self.async_scheduling or self._needs_host_tokens(batch)):
             if self.async_scheduling:
@@ -593,7 +598,9 @@ class LLMEngine:
         """Counters since the engine was built. With asynchronous scheduling, synchronous_steps
         counts steps whose forward waited for the previous step's tokens (prompt logprobs), and
         deferred_sampling_steps those that read the previous step back between their forward and
-        their sampling (grammar masks, penalties); both stay 0 without it."""
+        their sampling (grammar masks, penalties); both stay 0 without it. grammar_mask_wait_s is
+        the time the engine thread waited for grammar masks filled on the mask thread: the part of
+        the fill that planning the next step did not hide."""
         out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
         out["prefix_cache_hit_rate"] = self.block_manager.prefix_hit_rate
         out["preemptions"] = float(self.scheduler.num_preemptions)

@@ -149,6 +149,7 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
     stats = engine.stats()
     assert stats["synchronous_steps"] == 0 and stats["deferred_sampling_steps"] > 0
     assert sync_engine.stats()["deferred_sampling_steps"] == 0
+    assert sync_engine.stats()["grammar_mask_wait_s"] == 0 <= stats["grammar_mask_wait_s"]
     # The workload exercises what it is meant to: grammar requests ending while their next row was
     # already in the forward (skipped, not masked), every finish reason, preemption where asked.
     assert watch.skipped_rows > 0 and watch.masked_rows > 0
