@@ -12,11 +12,21 @@ from bench.kernels.bench_matmul import pick_tilings
 from shardinfer.kernels import matmul as mm
 
 N, K = 4096, 4096
-SMALL = mm.TileConfig(64, 32, 64, num_warps=4, num_stages=5)
-MID = mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True)
-BIG = mm.TileConfig(128, 256, 64, num_warps=8, num_stages=3, tma=True)
-SPLIT = mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True, split_k=2)
 CUBLAS = {1: 10.0, 64: 10.0, 256: 20.0, 4096: 200.0}
+
+
+# Built when called, not at import: the kernel tests re-import kernels/matmul.py (to switch on
+# Triton's interpreter), and a TileConfig of the old class never equals one of the new.
+def _small() -> mm.TileConfig:
+    return mm.TileConfig(64, 32, 64, num_warps=4, num_stages=5)
+
+
+def _mid() -> mm.TileConfig:
+    return mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True)
+
+
+def _big() -> mm.TileConfig:
+    return mm.TileConfig(128, 256, 64, num_warps=8, num_stages=3, tma=True)
 
 
 def _rec(name: str, cfg: mm.TileConfig, us: dict[int, float], invariant: bool = True) -> dict[str, Any]:
@@ -26,11 +36,11 @@ def _rec(name: str, cfg: mm.TileConfig, us: dict[int, float], invariant: bool = 
 
 def _records() -> list[dict[str, Any]]:
     return [
-        _rec("small", SMALL, {1: 12.0, 64: 11.0, 256: 40.0, 4096: 700.0}),
-        _rec("mid", MID, {1: 20.0, 64: 18.0, 256: 22.0, 4096: 260.0}),
-        _rec("big", BIG, {1: 30.0, 64: 30.0, 256: 35.0, 4096: 190.0}),
+        _rec("small", _small(), {1: 12.0, 64: 11.0, 256: 40.0, 4096: 700.0}),
+        _rec("mid", _mid(), {1: 20.0, 64: 18.0, 256: 22.0, 4096: 260.0}),
+        _rec("big", _big(), {1: 30.0, 64: 30.0, 256: 35.0, 4096: 190.0}),
         # Fastest at M=256 on its own, but its family (split 2) has nothing fast at 4096.
-        _rec("split", SPLIT, {1: 11.0, 64: 11.0, 256: 21.0, 4096: 400.0}),
+        _rec("split", mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True, split_k=2), {1: 11.0, 64: 11.0, 256: 21.0, 4096: 400.0}),
         # Never chosen: not bitwise row invariant in the sweep.
         _rec("broken", mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4), {m: 1.0 for m in CUBLAS},
              invariant=False),
@@ -41,9 +51,10 @@ def test_each_range_of_m_gets_its_familys_fastest_tiling() -> None:
     score, tiling, names = pick_tilings(_records(), {(N, K): CUBLAS})[(N, K)]
     # The unsplit family wins (its per-M best beats split-2 where the time goes); within it the
     # M=1 winner serves M <= 16, the M=64 one M <= 128, the M=256 one M <= 1024, the M=4096 one the rest.
-    assert tiling == mm.Tiling(BIG, ((16, SMALL), (128, SMALL), (1024, MID)))
+    small, mid, big = _small(), _mid(), _big()
+    assert tiling == mm.Tiling(big, ((16, small), (128, small), (1024, mid)))
     assert names == ["small", "small", "mid", "big"]
-    assert [tiling.for_m(m) for m in (1, 100, 256, 5000)] == [SMALL, SMALL, MID, BIG]
+    assert [tiling.for_m(m) for m in (1, 100, 256, 5000)] == [small, small, mid, big]
     mm.check_interchangeable(K, torch.bfloat16, tiling.configs)
     assert score == pytest.approx(
         (12 / 10) ** 0.05 * (11 / 10) ** 0.15 * (22 / 20) ** 0.5 * (190 / 200) ** 0.3)
@@ -51,10 +62,10 @@ def test_each_range_of_m_gets_its_familys_fastest_tiling() -> None:
 
 def test_one_tiling_mode_picks_a_single_config_for_every_m() -> None:
     _, tiling, _ = pick_tilings(_records(), {(N, K): CUBLAS}, buckets=False)[(N, K)]
-    assert tiling.by_m == () and tiling.rest == MID  # the best weighted score of a single tiling
+    assert tiling.by_m == () and tiling.rest == _mid()  # the best weighted score of a single tiling
 
 
 def test_ranges_that_would_repeat_the_large_m_tiling_are_dropped() -> None:
-    recs = [_rec("big", BIG, {1: 5.0, 64: 5.0, 256: 5.0, 4096: 5.0}), *_records()[:2]]
+    recs = [_rec("big", _big(), {1: 5.0, 64: 5.0, 256: 5.0, 4096: 5.0}), *_records()[:2]]
     _, tiling, _ = pick_tilings(recs, {(N, K): CUBLAS})[(N, K)]
-    assert tiling == mm.Tiling(BIG)
+    assert tiling == mm.Tiling(_big())
