@@ -277,50 +277,69 @@ def _family(rec: dict[str, Any], buckets: bool) -> tuple[Any, ...]:
     return (rec["split_k"], rec["block_k"])
 
 
-def pick_tilings(records: list[dict[str, Any]], cub: dict[tuple[int, int], dict[int, float]], buckets: bool = True
-                 ) -> dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]]:
+def _us(rec: dict[str, Any], m: int) -> float:
+    return float(rec["us"][str(m)] if str(m) in rec["us"] else rec["us"][m])
+
+
+def _config(rec: dict[str, Any]) -> mm.TileConfig:
+    return mm.TileConfig(**{f: rec[f] for f in mm.TileConfig.__dataclass_fields__})
+
+
+def _ranged(nk: tuple[int, int], rest: dict[str, Any], winners: dict[int, dict[str, Any]],
+            buckets: tuple[tuple[int, int], ...], cub: dict[int, float]) -> tuple[float, mm.Tiling, list[str]]:
+    """A Tiling with winners[m] for each (max_m, m) range and `rest` beyond, its score and names."""
+    by_m = [(max_m, _config(winners[m])) for max_m, m in buckets]
+    while by_m and by_m[-1][1] == _config(rest):  # ranges that use the rest's tiling anyway
+        by_m.pop()
+    tiling = mm.Tiling(_config(rest), tuple(by_m))
+    mm.check_interchangeable(nk[1], DTYPE, tiling.configs)
+    us = {m: _us(winners[m], m) for _, m in buckets} | {REST_M: _us(rest, REST_M)}
+    us.update({m: min(_us(w, m) for w in (*winners.values(), rest)) for m in SWEEP_MS if m not in us})
+    names = [f"M<={max_m}:{winners[m]['config']}" for max_m, m in buckets] + [f"rest:{rest['config']}"]
+    return weighted_score(us, cub), tiling, names
+
+
+def pick_tilings(records: list[dict[str, Any]], cub: dict[tuple[int, int], dict[int, float]], buckets: bool = True,
+                 decode_ranges_only: bool = False) -> dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]]:
     """Per (N, K): the family of interchangeable tilings whose per-M winners give the best
-    weighted score, as a Tiling with one winner per range of M, the score and the names."""
-    families: dict[tuple[int, int], dict[tuple[Any, ...], list[dict[str, Any]]]] = {}
+    weighted score, as a Tiling with one winner per range of M, the score and the names.
+
+    buckets=False: one tiling for every M (the best weighted score of a single tiling).
+    decode_ranges_only: that single tiling for M > 256 (prefill keeps it), and its family's
+    winners at M = 1, 64, 256 for M <= 16, 128, 256.
+    """
+    by_shape: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for rec in records:
-        if not rec.get("invariant") or "us" not in rec:
-            continue
-        families.setdefault((rec["N"], rec["K"]), {}).setdefault(_family(rec, buckets), []).append(rec)
+        if rec.get("invariant") and "us" in rec:
+            by_shape.setdefault((rec["N"], rec["K"]), []).append(rec)
     chosen: dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]] = {}
-    for nk, fams in families.items():
-        for recs in fams.values():
-            winner = {m: min(recs, key=lambda r, m=m: float(r["us"][str(m)] if str(m) in r["us"] else r["us"][m]))
-                      for m in SWEEP_MS}
-            us = {m: float(w["us"].get(str(m), w["us"].get(m))) for m, w in winner.items()}
-            score = weighted_score(us, cub[nk])
-
-            def config(rec: dict[str, Any]) -> mm.TileConfig:
-                return mm.TileConfig(**{f: rec[f] for f in mm.TileConfig.__dataclass_fields__})
-
-            rest = config(winner[REST_M])
-            by_m: list[tuple[int, mm.TileConfig]] = []
-            for max_m, m in BUCKETS:
-                by_m.append((max_m, config(winner[m])))
-            while by_m and by_m[-1][1] == rest:  # ranges that use the rest's tiling anyway
-                by_m.pop()
-            tiling = mm.Tiling(rest, tuple(by_m))
-            mm.check_interchangeable(nk[1], DTYPE, tiling.configs)
-            names = [winner[m]["config"] for _, m in BUCKETS] + [winner[REST_M]["config"]]
-            if nk not in chosen or score < chosen[nk][0]:
-                chosen[nk] = (score, tiling, names)
+    for nk, recs in by_shape.items():
+        if decode_ranges_only:
+            single = min(recs, key=lambda r: weighted_score({m: _us(r, m) for m in SWEEP_MS}, cub[nk]))
+            family = [r for r in recs if _family(r, True) == _family(single, True)]
+            winners = {m: min(family, key=lambda r, m=m: _us(r, m)) for m in (1, 64, 256)}
+            chosen[nk] = _ranged(nk, single, winners, ((16, 1), (128, 64), (256, 256)), cub[nk])
+            continue
+        families: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+        for rec in recs:
+            families.setdefault(_family(rec, buckets), []).append(rec)
+        for fam in families.values():
+            winners = {m: min(fam, key=lambda r, m=m: _us(r, m)) for m in SWEEP_MS}
+            pick = _ranged(nk, winners[REST_M], winners, BUCKETS, cub[nk])
+            if nk not in chosen or pick[0] < chosen[nk][0]:
+                chosen[nk] = pick
     return chosen
 
 
-def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]], buckets: bool = True
-           ) -> dict[tuple[int, int], mm.Tiling]:
+def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]], buckets: bool = True,
+           decode_ranges_only: bool = False) -> dict[tuple[int, int], mm.Tiling]:
     """The best tilings per (N, K) of a saved sweep under the current weights and buckets."""
     cub: dict[tuple[int, int], dict[int, float]] = {}
     for r in cublas_rows:
         cub.setdefault((r["N"], r["K"]), {})[int(r["M"])] = float(r["cublas_us"])
-    chosen = pick_tilings(json.loads(sweep_path.read_text())["results"], cub, buckets)
+    chosen = pick_tilings(json.loads(sweep_path.read_text())["results"], cub, buckets, decode_ranges_only)
     for (n, k), (score, _, names) in sorted(chosen.items()):
-        print(f"  N={n:>6} K={k:>5}: score {score:.3f}  " + "  ".join(
-            f"M<={max_m}:{nm}" for (max_m, _), nm in zip(BUCKETS, names, strict=False)) + f"  rest:{names[-1]}")
+        print(f"  N={n:>6} K={k:>5}: score {score:.3f}  " + "  ".join(names))
     return {nk: t for nk, (_, t, _) in chosen.items()}
 
 
@@ -370,6 +389,9 @@ def main() -> None:
     ap.add_argument("--one-tiling", action="store_true",
                     help="one tiling per shape for every M instead of one per range of M (on the Qwen3 shapes the "
                          "per-range tilings measured slower end to end: bench/RESULTS.md)")
+    ap.add_argument("--decode-ranges-only", action="store_true",
+                    help="keep the best single tiling for M > 256 (prefill) and use its family's winners only "
+                         "for M <= 16, 128, 256 (decode batches)")
     ap.add_argument("--from-sweep", default=None,
                     help="re-pick winners from this saved sweep JSON (and the kernels-matmul JSON of the same "
                          "run beside it, for cuBLAS times) instead of timing anything")
@@ -384,7 +406,7 @@ def main() -> None:
             ap.error(f"--from-sweep: no kernels-matmul-*.json with cuBLAS times beside {sweep_path}")
         rows = json.loads(same_run[-1].read_text())["rows"]
         print(f"re-picking from {sweep_path.name} with cuBLAS times of {same_run[-1].name}")
-        chosen = repick(sweep_path, rows, not args.one_tiling)
+        chosen = repick(sweep_path, rows, not args.one_tiling, args.decode_ranges_only)
         if args.write_configs:
             meta = json.loads(sweep_path.read_text())
             write_configs(chosen, None, meta, meta["gpu"])
@@ -412,7 +434,8 @@ def main() -> None:
         write(Path(args.out), "kernels-matmul-sweep", {"workload": "kernels-matmul-sweep", **meta,
                                                        "results": results})
         print("\nfastest interchangeable tilings per shape, by M:")
-        chosen = repick(sorted(Path(args.out).glob("kernels-matmul-sweep-*.json"))[-1], rows, not args.one_tiling)
+        chosen = repick(sorted(Path(args.out).glob("kernels-matmul-sweep-*.json"))[-1], rows, not args.one_tiling,
+                        args.decode_ranges_only)
         if args.write_configs and chosen:
             write_configs(chosen, Path(args.out), meta, torch.cuda.get_device_name())
 

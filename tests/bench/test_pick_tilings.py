@@ -53,7 +53,7 @@ def test_each_range_of_m_gets_its_familys_fastest_tiling() -> None:
     # M=1 winner serves M <= 16, the M=64 one M <= 128, the M=256 one M <= 1024, the M=4096 one the rest.
     small, mid, big = _small(), _mid(), _big()
     assert tiling == mm.Tiling(big, ((16, small), (128, small), (1024, mid)))
-    assert names == ["small", "small", "mid", "big"]
+    assert names == ["M<=16:small", "M<=128:small", "M<=1024:mid", "rest:big"]
     assert [tiling.for_m(m) for m in (1, 100, 256, 5000)] == [small, small, mid, big]
     mm.check_interchangeable(K, torch.bfloat16, tiling.configs)
     assert score == pytest.approx(
@@ -69,3 +69,10 @@ def test_ranges_that_would_repeat_the_large_m_tiling_are_dropped() -> None:
     recs = [_rec("big", _big(), {1: 5.0, 64: 5.0, 256: 5.0, 4096: 5.0}), *_records()[:2]]
     _, tiling, _ = pick_tilings(recs, {(N, K): CUBLAS})[(N, K)]
     assert tiling == mm.Tiling(_big())
+
+
+def test_decode_ranges_only_keeps_the_single_tiling_for_prefill() -> None:
+    _, tiling, names = pick_tilings(_records(), {(N, K): CUBLAS}, decode_ranges_only=True)[(N, K)]
+    # The best single tiling (mid) serves M > 256; its family's winners serve decode batches.
+    assert tiling == mm.Tiling(_mid(), ((16, _small()), (128, _small())))
+    assert names == ["M<=16:small", "M<=128:small", "M<=256:mid", "rest:mid"]
