@@ -24,6 +24,20 @@ def fail(name: str, got: object, need: str) -> ValueError:
     return ValueError(f"{name}: got {got}, {need}")
 
 
+def check_tiles(owner: object, blocks: Iterable[str], counts: Iterable[str]) -> None:
+    """A tiling dataclass's own check: each field in `blocks` a power of two >= 16 (tl.dot's
+    minimum), each in `counts` >= 1; the error names `Owner.field`."""
+    kind = type(owner).__name__
+    for name in blocks:
+        v = getattr(owner, name)
+        if v < 16 or v & (v - 1):
+            raise ValueError(f"{kind}.{name}: got {v}, need a power of two >= 16 (tl.dot's minimum)")
+    for name in counts:
+        if getattr(owner, name) < 1:
+            v = getattr(owner, name)
+            raise ValueError(f"{kind}.{name}: got {v}, need >= 1 (a tiling with {name}={v} cannot run)")
+
+
 def check_tensor(name: str, t: object, *, dtypes: Iterable[torch.dtype] | None = None,
                  ndim: int | Iterable[int] | None = None, last_dim_contiguous: bool = False,
                  contiguous: bool = False) -> torch.Tensor:

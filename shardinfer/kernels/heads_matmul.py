@@ -33,7 +33,14 @@ import torch
 import triton
 import triton.language as tl
 
-from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, interpreting
+from shardinfer.kernels._common import (
+    FLOAT_DTYPES,
+    check_same_device,
+    check_tensor,
+    check_tiles,
+    fail,
+    interpreting,
+)
 from shardinfer.kernels._mma import k_loop
 
 MAX_GRID_YZ = 65535  # CUDA's limit on the grid's 2nd and 3rd dims (column tiles, heads)
@@ -50,13 +57,7 @@ class HeadsTiles:
     num_stages: int = 3
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"HeadsTiles.{name}: got {v}, need a power of two >= 16 (tl.dot's minimum)")
-        if self.num_warps < 1 or self.num_stages < 1:
-            raise ValueError(f"HeadsTiles: got num_warps={self.num_warps}, num_stages={self.num_stages}; "
-                             "need both >= 1")
+        check_tiles(self, ("block_m", "block_n", "block_k"), ("num_warps", "num_stages"))
 
 
 # Measured winners per (H, K, N, dtype). Never key an entry on T: a row would then be reduced

@@ -61,7 +61,14 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, interpreting
+from shardinfer.kernels._common import (
+    FLOAT_DTYPES,
+    check_same_device,
+    check_tensor,
+    check_tiles,
+    fail,
+    interpreting,
+)
 from shardinfer.kernels._mma import k_loop, mma
 
 
@@ -81,13 +88,8 @@ class TileConfig:
     split_k: int = 1  # fixed number of K ranges, reduced in order by a second kernel
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"TileConfig.{name}: got {v}, need a power of two >= 16 (tl.dot's minimum)")
-        for name in ("num_warps", "num_stages", "group_m", "programs_per_sm", "split_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TileConfig.{name}: got {getattr(self, name)}, need >= 1")
+        check_tiles(self, ("block_m", "block_n", "block_k"),
+                    ("num_warps", "num_stages", "group_m", "programs_per_sm", "split_k"))
 
 
 @dataclass(frozen=True)

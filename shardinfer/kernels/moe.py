@@ -36,6 +36,7 @@ from shardinfer.kernels._common import (
     FLOAT_DTYPES,
     check_same_device,
     check_tensor,
+    check_tiles,
     fail,
     interpreting,
     next_pow2,
@@ -57,12 +58,7 @@ class MoeTiles:
     tma: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"MoeTiles.{name}: got {v}, need a power of two >= 16 (tl.dot's minimum)")
-        if self.num_warps < 1 or self.num_stages < 1:
-            raise ValueError(f"MoeTiles: got num_warps={self.num_warps}, num_stages={self.num_stages}; need >= 1")
+        check_tiles(self, ("block_m", "block_n", "block_k"), ("num_warps", "num_stages"))
 
 
 DEFAULT_TILES = MoeTiles()
