@@ -103,9 +103,7 @@ def main() -> None:
     pool = [llguidance.LLMatcher(compiler.tokenizer, compiled.grammar, log_level=0) for _ in range(compiler.templates)]
     sets["pooled"] = [GrammarMatcher(compiled, pool[i % len(pool)].deep_copy()) for i in range(args.batch)]
     t0 = time.perf_counter()
-    sets["independent"] = [GrammarMatcher(compiled, llguidance.LLMatcher(compiler.tokenizer, compiled.grammar,
-                                                                         log_level=0))
-                           for _ in range(args.batch)]
+    sets["independent"] = [compiled.new_matcher(independent=True) for _ in range(args.batch)]
     t_independent = time.perf_counter() - t0
     own_bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     shared_bitmask = allocate_bitmask(args.batch, compiler.vocab_size)

@@ -23,7 +23,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,12 +56,18 @@ class _TemplatePool:
     grammar used by one sample costs one compilation.
     """
 
-    def __init__(self, first: llguidance.LLMatcher, build: Callable[[], llguidance.LLMatcher], size: int) -> None:
+    def __init__(self, first: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer, grammar: str,
+                 size: int) -> None:
         self._templates = [first]
-        self._build = build
-        self.size = max(1, size)
+        self._tokenizer = tokenizer
+        self._grammar = grammar
+        self.size = size
         self._next = 0
         self._lock = threading.Lock()
+
+    def build(self) -> llguidance.LLMatcher:
+        """A matcher compiled from the grammar alone (shares nothing with the templates)."""
+        return llguidance.LLMatcher(self._tokenizer, self._grammar, log_level=0)
 
     def take(self) -> llguidance.LLMatcher:
         """The template the next sample is copied from (round robin, compiling it if new)."""
@@ -69,7 +75,7 @@ class _TemplatePool:
             i = self._next
             self._next = (i + 1) % self.size
             if i == len(self._templates):
-                self._templates.append(self._build())
+                self._templates.append(self.build())
             return self._templates[i]
 
     def __len__(self) -> int:
@@ -87,7 +93,6 @@ class CompiledGrammar:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     _templates: _TemplatePool = field(repr=False, compare=False)
-    _tokenizer: llguidance.LLTokenizer = field(repr=False, compare=False)
 
     def new_matcher(self, independent: bool = False) -> GrammarMatcher:
         """A matcher at the grammar's start: a copy of one of the grammar's templates (sharing that
@@ -95,7 +100,7 @@ class CompiledGrammar:
         independent=True one built from the grammar alone, which shares nothing (see
         StructuredOutputCompiler)."""
         if independent:
-            return GrammarMatcher(self, llguidance.LLMatcher(self._tokenizer, self.grammar, log_level=0))
+            return GrammarMatcher(self, self._templates.build())
         return GrammarMatcher(self, self._templates.take().deep_copy())
 
     @property
@@ -241,13 +246,8 @@ class StructuredOutputCompiler:
         template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if template.is_error():
             raise GrammarError(_reason(schema_type, template.get_error()))
-        tokenizer = self.tokenizer
-
-        def build() -> llguidance.LLMatcher:
-            return llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-
         return CompiledGrammar(schema_type, text, grammar, self.tokenizer_id, self.vocab_size,
-                               self.eos_token_ids, _TemplatePool(template, build, self.templates), tokenizer)
+                               self.eos_token_ids, _TemplatePool(template, self.tokenizer, grammar, self.templates))
 
     # ---- batched masks -------------------------------------------------------------------
     def fill_bitmasks(self, matchers: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor) -> None:
