@@ -119,3 +119,18 @@ def test_real_vocab_on_gpu() -> None:
     noise_torch_gpu = engine_noise(r["seeds"].to(dev), r["positions"].to(dev), vocab).cpu()
     assert _scaled_err(noise_gpu, noise_cpu) <= 8
     assert torch.equal(noise_gpu, noise_torch_gpu)  # same libdevice log as torch's CUDA log
+
+
+def test_min_p_zero_is_off_even_for_infinite_logits(device: torch.device) -> None:
+    """min_p = 0 keeps every id, so an overflowed (+inf) logit is sampled as the split kernel
+    (which has no filters) samples it; exp(x - max) is NaN there and would otherwise drop it."""
+    from shardinfer.kernels import sampling_split
+
+    logits = torch.randn(2, 300, generator=torch.Generator().manual_seed(8))
+    logits[:, 7] = float("inf")
+    r = {"logits": logits, "seeds": torch.tensor([1, 2]), "positions": torch.tensor([3, 4])}
+    got, ref = _sample_both(r, [1.0, 0.7], [-1, -1], [1.0, 1.0], [0.0, 0.0], device)
+    assert got.tolist() == ref.tolist() == [7, 7]
+    split, _, _ = sampling_split.sample(*(t.to(device) for t in (logits, logits, torch.tensor([1.0, 0.7]),
+                                                                  r["seeds"], r["positions"])))
+    assert split.cpu().tolist() == [7, 7]
