@@ -293,8 +293,7 @@ def _ranged(nk: tuple[int, int], rest: dict[str, Any], winners: dict[int, dict[s
         by_m.pop()
     tiling = mm.Tiling(_config(rest), tuple(by_m))
     mm.check_interchangeable(nk[1], DTYPE, tiling.configs)
-    us = {m: _us(winners[m], m) for _, m in buckets} | {REST_M: _us(rest, REST_M)}
-    us.update({m: min(_us(w, m) for w in (*winners.values(), rest)) for m in SWEEP_MS if m not in us})
+    us = {m: _us(winners[m], m) for _, m in buckets} | {REST_M: _us(rest, REST_M)}  # every SWEEP_MS point
     names = [f"M<={max_m}:{winners[m]['config']}" for max_m, m in buckets] + [f"rest:{rest['config']}"]
     return weighted_score(us, cub), tiling, names
 
@@ -386,12 +385,13 @@ def main() -> None:
                     help="write the sweep's winners to shardinfer/kernels/matmul_configs/<gpu>.json (and --out)")
     ap.add_argument("--extra-ms", type=int, nargs="*", default=[],
                     help="also time the sweep at these M (recorded, not scored; e.g. 1024 8192 for prefill chunks)")
-    ap.add_argument("--one-tiling", action="store_true",
-                    help="one tiling per shape for every M instead of one per range of M (on the Qwen3 shapes the "
-                         "per-range tilings measured slower end to end: bench/RESULTS.md)")
-    ap.add_argument("--decode-ranges-only", action="store_true",
-                    help="keep the best single tiling for M > 256 (prefill) and use its family's winners only "
-                         "for M <= 16, 128, 256 (decode batches)")
+    choice = ap.add_mutually_exclusive_group()  # how tilings are picked: at most one of these
+    choice.add_argument("--one-tiling", action="store_true",
+                        help="one tiling per shape for every M instead of one per range of M (on the Qwen3 shapes "
+                             "the per-range tilings measured slower end to end: bench/kernels/NOTES.md)")
+    choice.add_argument("--decode-ranges-only", action="store_true",
+                        help="keep the best single tiling for M > 256 (prefill) and use its family's winners "
+                             "only for M <= 16, 128, 256 (decode batches)")
     ap.add_argument("--from-sweep", default=None,
                     help="re-pick winners from this saved sweep JSON (and the kernels-matmul JSON of the same "
                          "run beside it, for cuBLAS times) instead of timing anything")

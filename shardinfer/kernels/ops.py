@@ -15,7 +15,8 @@ from shardinfer.kernels import reference
 from shardinfer.kernels.reference import bmm_rows
 
 __all__ = ["bmm_rows", "fused_add_rms_norm", "linear", "mla_paged_attention", "moe_experts", "paged_attention",
-           "rms_norm", "rope_interleaved", "rope_neox", "sample", "silu_and_mul", "store_kv", "triton_available"]
+           "rms_norm", "rope_interleaved", "rope_neox", "sample", "sample_with_logprobs", "silu_and_mul", "store_kv",
+           "triton_available"]
 
 
 @functools.cache

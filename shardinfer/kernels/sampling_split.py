@@ -37,9 +37,9 @@ _BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["vocab"])
-def _sample_chunks_kernel(raw_ptr, sr, x_ptr, sx, temp_ptr, seed_ptr, pos_ptr, best_ptr, best_id_ptr, max_ptr, sum_ptr,
-                  vocab, n_chunks, SAMPLE: tl.constexpr, SAME: tl.constexpr, CHUNK: tl.constexpr,
-                  BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+def _sample_chunks_kernel(raw_ptr, sr, x_ptr, sx, temp_ptr, seed_ptr, pos_ptr, best_ptr, best_id_ptr, max_ptr,
+                          sum_ptr, vocab, n_chunks, SAMPLE: tl.constexpr, SAME: tl.constexpr, CHUNK: tl.constexpr,
+                          BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     raw_row = raw_ptr + row.to(tl.int64) * sr
@@ -87,7 +87,7 @@ def _sample_chunks_kernel(raw_ptr, sr, x_ptr, sx, temp_ptr, seed_ptr, pos_ptr, b
 
 @triton.jit(do_not_specialize=["vocab"])
 def _sample_combine_kernel(raw_ptr, sr, best_ptr, best_id_ptr, max_ptr, sum_ptr, tokens_ptr, logprob_ptr, lse_ptr,
-                    vocab, n_chunks, SAMPLE: tl.constexpr, BLOCK_C: tl.constexpr):
+                           vocab, n_chunks, SAMPLE: tl.constexpr, BLOCK_C: tl.constexpr):
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
     inside = c < n_chunks
