@@ -196,8 +196,8 @@ class LLMEngine:
 
             # Mask threads: llguidance's own default, 80% of the CPUs the process may use (1 to 32),
             # is kept: from 4 CPUs, where matchers are independent and scale with threads, it
-            # gives 3 or more; on 2 CPUs it gives the 1 thread that copies fill fastest on (they
-            # share one locked lexer cache: 6.6 ms at 1 thread vs 7.0 ms at 2, batch 64).
+            # gives 3 or more; on 2 CPUs it gives 1 thread (and copies of one template), leaving
+            # the other CPU to the engine thread, which on a CPU device runs the model too.
             self._grammar_compiler = StructuredOutputCompiler(
                 str(self.tokenizer.path), list(self.tokenizer.eos_token_ids), self.model_config.vocab_size,
                 independent_matchers=self.config.independent_matchers)
