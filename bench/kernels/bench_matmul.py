@@ -349,8 +349,23 @@ def write(out: Path, name: str, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
+def how_picked(one_tiling: bool, decode_ranges_only: bool) -> str:
+    """The config file's account of how this run picked its tilings."""
+    if one_tiling:
+        ranges = "one tiling per shape for every M"
+    elif decode_ranges_only:
+        ranges = ("one tiling per shape for M > 256 (prefill chunks), and the fastest of its family (same split_k) "
+                  "at M = 1, 64, 256 for M <= 16, 128, 256 (decode batches)")
+    else:
+        ranges = (f"per family of interchangeable tilings (same split_k), the fastest at M = "
+                  f"{[m for _, m in BUCKETS] + [REST_M]} serves M <= {[b for b, _ in BUCKETS]} and beyond")
+    return (f"bench/kernels/bench_matmul.py sweep: {ranges}; ranked by the geometric mean of time over cuBLAS "
+            f"weighted by M {SWEEP_WEIGHTS}; tilings of one family give bitwise identical rows "
+            "(bench/kernels/matmul_equivalence.py); shapes not in this run keep their earlier entries")
+
+
 def write_configs(chosen: dict[tuple[int, int], mm.Tiling], out: Path | None, meta: dict[str, Any],
-                  gpu_name: str) -> None:
+                  gpu_name: str, how: str) -> None:
     """Merge the winners into the GPU's config file (entries for other shapes are kept)."""
     path = mm.config_path(gpu_name)
     entries = {(e["n"], e["k"], e["dtype"]): e for e in
@@ -362,11 +377,7 @@ def write_configs(chosen: dict[tuple[int, int], mm.Tiling], out: Path | None, me
             entry["by_m"] = [{"max_m": max_m, "config": asdict(cfg)} for max_m, cfg in tiling.by_m]
         entries[(n, k, dtype_name)] = entry
     record = {"gpu": meta["gpu"], "triton": meta["triton"], "date": meta["date"],
-              "how": "bench/kernels/bench_matmul.py sweep: per family of interchangeable tilings (same split_k; "
-                     "bench/kernels/matmul_equivalence.py), the fastest at M = "
-                     f"{[m for _, m in BUCKETS] + [REST_M]} serves M <= {[b for b, _ in BUCKETS]} and beyond; the "
-                     f"family with the best geometric mean of time over cuBLAS weighted by M {SWEEP_WEIGHTS} wins; "
-                     "bitwise row invariance checked",
+              "how": how,
               "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"], e["dtype"]))}
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1)
@@ -409,7 +420,7 @@ def main() -> None:
         chosen = repick(sweep_path, rows, not args.one_tiling, args.decode_ranges_only)
         if args.write_configs:
             meta = json.loads(sweep_path.read_text())
-            write_configs(chosen, None, meta, meta["gpu"])
+            write_configs(chosen, None, meta, meta["gpu"], how_picked(args.one_tiling, args.decode_ranges_only))
         return
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
@@ -437,7 +448,8 @@ def main() -> None:
         chosen = repick(sorted(Path(args.out).glob("kernels-matmul-sweep-*.json"))[-1], rows, not args.one_tiling,
                         args.decode_ranges_only)
         if args.write_configs and chosen:
-            write_configs(chosen, Path(args.out), meta, torch.cuda.get_device_name())
+            write_configs(chosen, Path(args.out), meta, torch.cuda.get_device_name(),
+                          how_picked(args.one_tiling, args.decode_ranges_only))
 
 
 if __name__ == "__main__":

@@ -125,8 +125,9 @@ def strict_matchers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(GrammarMatcher, "accept", checked)
 
 
-def _run(model_dir: Path, async_scheduling: bool, **kwargs: Any) -> tuple[list[Any], LLMEngine, StepWatch]:
-    llm = LLM(model_dir, device="cpu", dtype="float32", async_scheduling=async_scheduling, **kwargs)
+def _run(model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: str = "float32",
+         **kwargs: Any) -> tuple[list[Any], LLMEngine, StepWatch]:
+    llm = LLM(model_dir, device=device, dtype=dtype, async_scheduling=async_scheduling, **kwargs)
     engine = llm.llm_engine
     watch = StepWatch(engine)
     prompts, params = _workload(engine.model_config.vocab_size, engine.tokenizer.eos_token_ids[0])
@@ -173,6 +174,20 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
     # A grammar that cannot go on ends its request with "stop" at once, without an eos.
     fixed = got[6].outputs[0]
     assert (fixed.finish_reason, fixed.stop_reason) == ("stop", None) and len(fixed.text) == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine_kwargs", [{}, {"num_kv_blocks": 16, "block_size": 8}], ids=["plain", "preempting"])
+def test_gpu_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None) -> None:
+    """On CUDA (bf16, CUDA graphs): masks filled on the mask thread while the next step is
+    scheduled, the pending sampling queued at the next step, give synchronous scheduling's outputs."""
+    want, _, _ = _run(qwen3_dir, False, "cuda", "bfloat16", **engine_kwargs)
+    got, engine, watch = _run(qwen3_dir, True, "cuda", "bfloat16", **engine_kwargs)
+    assert _key(got) == _key(want)
+    assert any(name.startswith("shardinfer-masks") for name in watch.fill_threads)
+    assert engine.stats()["deferred_sampling_steps"] > 0 and watch.masked_rows > 0
+    if "num_kv_blocks" in engine_kwargs:
+        assert engine.stats()["preemptions"] > 0
 
 
 def test_grammar_steps_stay_pipelined(qwen3_dir: Path) -> None:
