@@ -88,6 +88,9 @@ class StepClock:
         self.decode_batch: list[int] = []
         self.mask_fill_s = 0.0
         self._batch: list[int] = []
+        # Every step, prefill or decode: (wall ms, rows, mask fill ms, mask wait ms), to find slow steps.
+        self.steps: list[tuple[float, int, float, float]] = []
+        self._fill_s = 0.0
         schedule = engine.scheduler.schedule
         masks = engine._grammar_masks
 
@@ -100,6 +103,7 @@ class StepClock:
             t0 = time.perf_counter()
             out = masks(constrained)
             self.mask_fill_s += time.perf_counter() - t0
+            self._fill_s += time.perf_counter() - t0
             return out
 
         engine.scheduler.schedule = scheduled  # type: ignore[method-assign]
@@ -113,8 +117,12 @@ class StepClock:
         sync()
         while self.engine.has_unfinished():
             t0 = time.perf_counter()
+            wait0, self._fill_s = self.engine.stats()["grammar_mask_wait_s"], 0.0
             outs += self.engine.step()
             elapsed = time.perf_counter() - t0
+            wait = self.engine.stats()["grammar_mask_wait_s"] - wait0
+            self.steps.append((round(elapsed * 1e3, 3), len(self._batch), round(self._fill_s * 1e3, 3),
+                               round(wait * 1e3, 3)))
             if self._batch and all(n == 1 for n in self._batch):
                 self.decode_s.append(elapsed)
                 self.decode_batch.append(len(self._batch))
@@ -156,6 +164,7 @@ def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], sync: 
         "finish_reasons": {r: sum(c.finish_reason == r for c in completions)
                            for r in sorted({str(c.finish_reason) for c in completions})},
         "stats": {k: v - before[k] for k, v in engine.stats().items() if k in COUNTERS},
+        "steps_ms_rows_fill_wait": clock.steps,
     }
     return summary, completions
 
