@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import math
 import statistics
@@ -88,9 +89,12 @@ class StepClock:
         self.decode_batch: list[int] = []
         self.mask_fill_s = 0.0
         self._batch: list[int] = []
-        # Every step, prefill or decode: (wall ms, rows, mask fill ms, mask wait ms), to find slow steps.
-        self.steps: list[tuple[float, int, float, float]] = []
+        # Every step, prefill or decode: (wall ms, rows, mask fill ms, mask wait ms, Python GC ms,
+        # CUDA allocator retries), to find slow steps and what made them slow.
+        self.steps: list[tuple[float, int, float, float, float, int]] = []
         self._fill_s = 0.0
+        self._gc_s = 0.0
+        self._gc_t0 = 0.0
         schedule = engine.scheduler.schedule
         masks = engine._grammar_masks
 
@@ -112,20 +116,35 @@ class StepClock:
     def unwrap(self) -> None:
         del self.engine.scheduler.schedule, self.engine._grammar_masks  # back to the class's methods
 
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self._gc_s += time.perf_counter() - self._gc_t0
+
+    @staticmethod
+    def _alloc_retries() -> int:
+        return int(torch.cuda.memory_stats().get("num_alloc_retries", 0)) if torch.cuda.is_available() else 0
+
     def run(self, sync: Callable[[], None]) -> list[Any]:
         outs: list[Any] = []
         sync()
-        while self.engine.has_unfinished():
-            t0 = time.perf_counter()
-            wait0, self._fill_s = self.engine.stats()["grammar_mask_wait_s"], 0.0
-            outs += self.engine.step()
-            elapsed = time.perf_counter() - t0
-            wait = self.engine.stats()["grammar_mask_wait_s"] - wait0
-            self.steps.append((round(elapsed * 1e3, 3), len(self._batch), round(self._fill_s * 1e3, 3),
-                               round(wait * 1e3, 3)))
-            if self._batch and all(n == 1 for n in self._batch):
-                self.decode_s.append(elapsed)
-                self.decode_batch.append(len(self._batch))
+        gc.callbacks.append(self._on_gc)
+        try:
+            while self.engine.has_unfinished():
+                t0 = time.perf_counter()
+                wait0, self._fill_s, self._gc_s = self.engine.stats()["grammar_mask_wait_s"], 0.0, 0.0
+                retries0 = self._alloc_retries()
+                outs += self.engine.step()
+                elapsed = time.perf_counter() - t0
+                wait = self.engine.stats()["grammar_mask_wait_s"] - wait0
+                self.steps.append((round(elapsed * 1e3, 3), len(self._batch), round(self._fill_s * 1e3, 3),
+                                   round(wait * 1e3, 3), round(self._gc_s * 1e3, 3), self._alloc_retries() - retries0))
+                if self._batch and all(n == 1 for n in self._batch):
+                    self.decode_s.append(elapsed)
+                    self.decode_batch.append(len(self._batch))
+        finally:
+            gc.callbacks.remove(self._on_gc)
         sync()
         return outs
 
@@ -164,7 +183,7 @@ def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], sync: 
         "finish_reasons": {r: sum(c.finish_reason == r for c in completions)
                            for r in sorted({str(c.finish_reason) for c in completions})},
         "stats": {k: v - before[k] for k, v in engine.stats().items() if k in COUNTERS},
-        "steps_ms_rows_fill_wait": clock.steps,
+        "steps_ms_rows_fill_wait_gc_retries": clock.steps,
     }
     return summary, completions
 
@@ -195,6 +214,8 @@ def main() -> None:
                          "(auto: the engine's default, independent from 4 CPUs)")
     ap.add_argument("--mask-threads", type=int, default=None, help="llguidance threads (default: its own choice)")
     ap.add_argument("--templates", type=int, default=None, help="templates per grammar (default: one per thread)")
+    ap.add_argument("--parallel-accept", default="auto", choices=["auto", "on", "off"],
+                    help="consume each step's grammar tokens on llguidance's thread pool (auto: from 4 mask threads)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--max-num-seqs", type=int, default=256)
@@ -228,6 +249,8 @@ def main() -> None:
             str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
             num_threads=args.mask_threads, independent_matchers=engine.config.independent_matchers,
             templates=args.templates)
+    if args.parallel_accept != "auto":
+        engine.grammar_compiler().parallel_accept = args.parallel_accept == "on"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     prompts = [ids for ids, _ in requests(args.requests, shape["vocab_size"], tuple(args.in_range), (1, 1))]
     # Warm-up: kernels, CUDA graphs, llguidance's tokenizer and the schema's compilation.
@@ -260,6 +283,7 @@ def main() -> None:
         "in_range": args.in_range, "tokenizer_vocab": tok_vocab or None, "schema": SCHEMA,
         "async_scheduling": engine.async_scheduling, "independent_matchers": engine.grammar_compiler().independent_matchers,
         "mask_threads": args.mask_threads, "templates": engine.grammar_compiler().templates,
+        "parallel_accept": engine.grammar_compiler().parallel_accept,
         "settings": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                      "max_model_len": args.max_model_len},
         "constrained": constrained, "plain": plain, "constrained_decoding_cost": cost,

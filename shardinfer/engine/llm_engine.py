@@ -19,7 +19,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +46,9 @@ from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 from shardinfer.engine.stop_checker import check_stop
 from shardinfer.engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from shardinfer.engine.structured import GrammarViolation
 
 # PendingStep.output_slots markers for rows that own no placeholder.
 DRAFTS = -1
@@ -404,18 +407,28 @@ class LLMEngine:
         result = step.sampled.result()
         finished: list[RequestOutput] = []
         drafting: list[Request] = []
+        live: list[tuple[Request, int, int, int]] = []  # (request, output slot or DRAFTS, first row, rows)
         row = 0
         for i, req in enumerate(step.requests):
             first, row = row, row + step.counts[i]
             slot = step.output_slots[i]
             if slot == DISCARDED or req.status.finished or self.requests.get(req.request_id) is not req:
                 continue  # aborted, or finished by an earlier token while this one was in flight
+            live.append((req, slot, first, step.counts[i]))
+        # The step's grammar tokens advance their matchers in one batched call (the next masks wait for it).
+        constrained = [(req, result.token_ids[first]) for req, slot, first, _ in live
+                       if slot != DRAFTS and req.grammar is not None]
+        violations = dict(zip((id(req) for req, _ in constrained),
+                              self.grammar_compiler().accept_tokens([(req.grammar, t) for req, t in constrained])
+                              if constrained else [], strict=True))
+        for req, slot, first, count in live:
             if slot == DRAFTS:
-                self._verify_drafts(req, result, first, step.counts[i] - 1)
+                self._verify_drafts(req, result, first, count - 1)
             else:
                 req.output_token_ids[slot] = result.token_ids[first]
                 req.num_placeholders -= 1
-                self._accept_token(req, slot, result.logprobs[first], result.top_logprobs[first])
+                self._accept_token(req, slot, result.logprobs[first], result.top_logprobs[first],
+                                   advance_grammar=False, violation=violations.get(id(req)))
             if req.status.finished:
                 finished.append(self._retire(req))
             else:
@@ -548,8 +561,11 @@ class LLMEngine:
             req.prompt_logprobs.append(v)
             req.prompt_top_logprobs.append(top_k_logprobs(lps[i], k) if k else None)
 
-    def _accept_token(self, req: Request, slot: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
-        """Output token `slot` is now known: record it, advance the grammar, check for a stop."""
+    def _accept_token(self, req: Request, slot: int, logprob: float, top: list[tuple[int, float]] | None,
+                      advance_grammar: bool = True, violation: GrammarViolation | None = None) -> None:
+        """Output token `slot` is now known: record it, advance the grammar, check for a stop.
+        advance_grammar=False: the matcher already took the token in `_complete`'s batched accept,
+        and `violation` is its refusal, if any."""
         token = req.output_token_ids[slot]
         req.output_logprobs.append(logprob)
         if top is not None:
@@ -557,7 +573,10 @@ class LLMEngine:
         self.counters["generated_tokens"] += 1
         if req.grammar is not None:
             try:
-                req.grammar.accept(token)
+                if violation is not None:
+                    raise violation
+                if advance_grammar:
+                    req.grammar.accept(token)
             except RuntimeError as exc:  # the mask should make this impossible; fail the request, not the step
                 req.error = f"structured output: {exc}"
                 req.output_text = self.tokenizer.decode(req.output_token_ids[:slot], req.params.skip_special_tokens)

@@ -33,7 +33,7 @@ import torch
 
 from shardinfer.engine.config import usable_cpus
 from shardinfer.engine.structured.bitmask import check_host_bitmask
-from shardinfer.engine.structured.matcher import GrammarMatcher
+from shardinfer.engine.structured.matcher import GrammarMatcher, GrammarViolation
 
 SCHEMA_TYPES = ("json", "regex", "ebnf", "lark")
 _SO_KEYS = {"schema_type", "schema"}
@@ -151,7 +151,7 @@ class StructuredOutputCompiler:
 
     def __init__(self, tokenizer_json: str | os.PathLike[str], eos_token_ids: Sequence[int], vocab_size: int,
                  cache_size: int = 256, num_threads: int | None = None, independent_matchers: bool = False,
-                 templates: int | None = None) -> None:
+                 templates: int | None = None, parallel_accept: bool | None = None) -> None:
         """tokenizer_json: the text of tokenizer.json, or its path.
         eos_token_ids: ids that end a sample; allowed exactly when the grammar may end.
         vocab_size: the model's logits width (>= the tokenizer's vocabulary).
@@ -165,6 +165,8 @@ class StructuredOutputCompiler:
         independent_matchers: build each sample's matcher from the grammar alone instead of
             copying a template: nothing shared, but each matcher recomputes what copies share
             and takes ~1 ms to build (a copy: ~2 us). Measurements: docs/structured-outputs.md.
+        parallel_accept: accept_tokens consumes a batch's tokens on llguidance's thread pool
+            (None: when there are at least 4 mask threads).
         """
         text = _read_tokenizer_json(tokenizer_json)
         eos = tuple(int(t) for t in eos_token_ids)
@@ -195,6 +197,10 @@ class StructuredOutputCompiler:
         self._num_threads = num_threads
         self.templates = templates if templates is not None else (num_threads or default_mask_threads())
         self.independent_matchers = independent_matchers
+        # Consuming a token costs a few microseconds per row; on the thread pool a full batch's
+        # accepts take less time than one after another once there are a few threads to share.
+        self.parallel_accept = (num_threads or default_mask_threads()) >= 4 if parallel_accept is None \
+            else parallel_accept
         self._executor: llguidance.LLExecutor | None = None
         self.num_compiles = 0  # distinct compilations done (cache misses), for tests and metrics
 
@@ -266,6 +272,33 @@ class StructuredOutputCompiler:
         if pairs:
             self._get_executor().unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), bitmask.shape[1] * 4,
                                                          bitmask.shape[0])
+
+    def accept_tokens(self, pairs: Sequence[tuple[GrammarMatcher, int]]) -> list[GrammarViolation | None]:
+        """Advance each matcher by its sampled token; per pair None, or the violation that leaves
+        that matcher unusable (the others are advanced all the same).
+
+        With parallel_accept the tokens are consumed in one call on llguidance's thread pool (the
+        GIL released once), else one after another: same states either way, since no two pairs
+        share a matcher."""
+        results: list[GrammarViolation | None] = [None] * len(pairs)
+        todo: list[int] = []
+        for i, (m, token) in enumerate(pairs):
+            try:
+                m.check_acceptable(token)
+                todo.append(i)
+            except GrammarViolation as e:
+                results[i] = e
+        if self.parallel_accept and len(todo) > 1:
+            oks = self._get_executor().consume_token_par([(pairs[i][0].ll_matcher, pairs[i][1]) for i in todo])
+        else:
+            oks = [pairs[i][0].ll_matcher.consume_token(pairs[i][1]) for i in todo]
+        for i, ok in zip(todo, oks, strict=True):
+            m, token = pairs[i]
+            try:
+                m.record_consumed(token, bool(ok))
+            except GrammarViolation as e:
+                results[i] = e
+        return results
 
     def fill_bitmasks_with_drafts(self, items: Sequence[tuple[GrammarMatcher, int, Sequence[int]]],
                                   bitmask: torch.Tensor) -> None:

@@ -63,10 +63,19 @@ class GrammarMatcher:
         After a violation the matcher is unusable (llguidance keeps the error state); the request
         should end with finish_reason "error".
         """
+        self.check_acceptable(token_id)
+        self.record_consumed(token_id, bool(self._m.consume_token(token_id)))
+
+    def check_acceptable(self, token_id: int) -> None:
+        """Raise GrammarViolation unless token_id may be handed to llguidance (usable matcher,
+        id inside the vocabulary); whether the grammar allows it is llguidance's answer."""
         self._check_usable()
         if not 0 <= token_id < self.vocab_size:
             raise GrammarViolation(f"token id {token_id} is outside the vocabulary [0, {self.vocab_size})")
-        if not self._m.consume_token(token_id):
+
+    def record_consumed(self, token_id: int, ok: bool) -> None:
+        """Book llguidance's answer to consuming token_id (here or in a batched call)."""
+        if not ok:
             raise GrammarViolation(f"token {token_id} is not allowed by the {self.grammar.schema_type} "
                                    f"grammar here: {self._m.get_error()[:500]}")
         self._num_accepted += 1

@@ -114,20 +114,23 @@ class StepWatch:
 
 @pytest.fixture
 def strict_matchers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A finished matcher must never be handed another token."""
-    accept = GrammarMatcher.accept
+    """A finished matcher must never be handed another token (every accept path checks first)."""
+    check = GrammarMatcher.check_acceptable
 
     def checked(self: GrammarMatcher, token_id: int) -> None:
         assert not self.is_finished(), f"token {token_id} given to a finished matcher"
-        accept(self, token_id)
+        check(self, token_id)
 
-    monkeypatch.setattr(GrammarMatcher, "accept", checked)
+    monkeypatch.setattr(GrammarMatcher, "check_acceptable", checked)
 
 
 def _run(model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: str = "float32",
          **kwargs: Any) -> tuple[list[Any], LLMEngine, StepWatch]:
+    parallel_accept = kwargs.pop("parallel_accept", None)
     llm = LLM(model_dir, device=device, dtype=dtype, async_scheduling=async_scheduling, **kwargs)
     engine = llm.llm_engine
+    if parallel_accept is not None:  # the default follows the machine's CPU count
+        engine.grammar_compiler().parallel_accept = parallel_accept
     watch = StepWatch(engine)
     prompts, params = _workload(engine.model_config.vocab_size, engine.tokenizer.eos_token_ids[0])
     return llm.generate(prompts, params), engine, watch
@@ -137,11 +140,13 @@ def _run(model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: st
     {},
     {"num_kv_blocks": 16, "block_size": 8},
     {"max_num_seqs": 4, "admission_batch": 2},
-], ids=["plain", "preempting", "few-seqs"])
+    {"parallel_accept": True},
+], ids=["plain", "preempting", "few-seqs", "parallel-accept"])
 def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None) -> None:
     import jsonschema  # a test dependency the GPU machine's tests in this file do not need
 
-    want, sync_engine, sync_watch = _run(qwen3_dir, False, **engine_kwargs)
+    want, sync_engine, sync_watch = _run(qwen3_dir, False, **{k: v for k, v in engine_kwargs.items()
+                                                              if k != "parallel_accept"})
     got, engine, watch = _run(qwen3_dir, True, **engine_kwargs)
     assert _key(got) == _key(want)
     # Asynchronously, masks are filled on the mask thread (while the engine thread schedules the
@@ -178,7 +183,8 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine_kwargs", [{}, {"num_kv_blocks": 16, "block_size": 8}], ids=["plain", "preempting"])
+@pytest.mark.parametrize("engine_kwargs", [{}, {"num_kv_blocks": 16, "block_size": 8}, {"parallel_accept": True}],
+                         ids=["plain", "preempting", "parallel-accept"])
 def test_gpu_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None) -> None:
     """On CUDA (bf16, CUDA graphs): masks filled on the mask thread while the next step is
     scheduled, the pending sampling queued at the next step, give synchronous scheduling's outputs."""

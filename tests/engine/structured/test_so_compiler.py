@@ -9,6 +9,7 @@ import pytest
 
 from shardinfer.engine.structured import (
     GrammarError,
+    GrammarViolation,
     StructuredOutputCompiler,
     allocate_bitmask,
     canonical_schema,
@@ -152,3 +153,36 @@ def test_default_templates_follow_the_mask_threads(tokenizer_path: Path, eos_id:
         StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, templates=0)
     with pytest.raises(ValueError, match="num_threads=0"):
         StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, num_threads=0)
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["thread-pool", "one-by-one"])
+def test_batched_accept_equals_accepting_one_by_one(tokenizer_path: Path, eos_id: int, tok_vocab: int, random_walk,
+                                                     parallel: bool):
+    """accept_tokens advances every matcher as accept() would, and reports a refused token (or an
+    id outside the vocabulary) for its pair alone, leaving that matcher unusable."""
+    batched = StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, num_threads=2, parallel_accept=parallel)
+    assert batched.parallel_accept is parallel
+    so_args = {"schema_type": "json", "schema": OBJ}
+    grammar = batched.compile(so_args)
+    walks = [random_walk(grammar.new_matcher(independent=True), seed=i) for i in range(6)]
+    matchers = [batched.matcher(so_args) for _ in walks]
+    refs = [grammar.new_matcher(independent=True) for _ in walks]
+    for step in range(max(map(len, walks))):
+        live = [i for i, w in enumerate(walks) if step < len(w)]
+        assert batched.accept_tokens([(matchers[i], walks[i][step]) for i in live]) == [None] * len(live)
+        for i in live:
+            refs[i].accept(walks[i][step])
+            assert matchers[i].num_accepted == refs[i].num_accepted == step + 1
+            assert matchers[i].is_finished() == refs[i].is_finished()
+            if not matchers[i].is_finished():
+                assert matchers[i].allowed_mask().equal(refs[i].allowed_mask()), (i, step)
+    fresh = [batched.matcher(so_args) for _ in range(3)]
+    first = walks[0][0]  # allowed at the start; "}" (a JSON object cannot start with it) is not
+    refused = next(t for t in range(tok_vocab) if not fresh[0].allowed_mask()[t])
+    out = batched.accept_tokens([(fresh[0], first), (fresh[1], refused), (fresh[2], tok_vocab + 5)])
+    assert out[0] is None and fresh[0].num_accepted == 1
+    assert isinstance(out[1], GrammarViolation) and f"token {refused} is not allowed" in str(out[1])
+    assert isinstance(out[2], GrammarViolation) and "outside the vocabulary" in str(out[2])
+    with pytest.raises(GrammarViolation, match="error state"):
+        fresh[1].allowed_mask()
+    assert fresh[2].num_accepted == 0 and fresh[2].allowed_mask().any()  # never handed to llguidance
