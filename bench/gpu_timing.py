@@ -25,6 +25,21 @@ def median_ms(fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
     return times[len(times) // 2]
 
 
+def graph_ms(fn: Callable[[], Any]) -> float:
+    """Median time of one CUDA-graph replay of fn (captured after a warm-up call): the device time
+    alone, as the engine's graphed steps see it, without the host's launch cost that median_ms
+    includes for kernels shorter than their launch."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return median_ms(graph.replay)
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
     rate = _timed_copy(1 << 31)

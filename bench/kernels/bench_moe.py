@@ -26,7 +26,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_timing import ceilings, median_ms
+from bench.gpu_timing import ceilings, graph_ms, median_ms
 from shardinfer.kernels import moe, moe_routing, reference_moe
 from shardinfer.kernels.moe import MoeTiles
 
@@ -54,19 +53,6 @@ SWEEP = [MoeTiles(64, 128, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3), MoeTiles(32,
          MoeTiles(32, 64, 128, 4, 4, tma=True), MoeTiles(64, 256, 64, 8, 3, tma=True)]
 
 
-
-
-def graph_ms(fn: Callable[[], Any]) -> float:
-    """Median time of one CUDA-graph replay of fn (captured after a warm-up call)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    return median_ms(graph.replay)
 
 
 class Problem:

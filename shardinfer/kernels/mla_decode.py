@@ -56,6 +56,7 @@ MLA_BLOCK_N = 64
 MLA_NUM_WARPS = 8
 MLA_NUM_STAGES = 2
 MLA_KV_CHUNK = 512
+MLA_PAGE_PREFETCH = True
 _LOG2E = 1.4426950408889634
 
 
@@ -65,7 +66,8 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
                       GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                       BQ: tl.constexpr, CHUNK: tl.constexpr, HAS_WINDOW: tl.constexpr,
                       BLOCK_N: tl.constexpr, RH: tl.constexpr, DPE: tl.constexpr, PAGE: tl.constexpr,
-                      PRECISION: tl.constexpr, TMA: tl.constexpr):
+                      PRECISION: tl.constexpr, TMA: tl.constexpr, CHUNK_PAGES: tl.constexpr,
+                      PAGE_PREFETCH: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = pa._locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -88,6 +90,12 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc_lo = tl.zeros([BLOCK_M, RH], tl.float32)
         acc_hi = tl.zeros([BLOCK_M, RH], tl.float32)
+        # The chunk's page ids, read once: no key tile's address then waits on a block-table load.
+        first_page = kv_lo // PAGE
+        pslot = tl.arange(0, CHUNK_PAGES)
+        bt_row = bt_ptr + seq.to(tl.int64) * sbt
+        chunk_pages = tl.load(bt_row + first_page + pslot, mask=(first_page + pslot) * PAGE < kv_hi,
+                              other=0).to(tl.int64)
         for start in range(kv_lo, kv_hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             n_ok = n < kv_hi
@@ -98,8 +106,15 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
                 lat_lo = lat_desc.load([row0, 0])
                 lat_hi = lat_desc.load([row0, RH])
                 k_pe = pe_desc.load([row0, 0])
+            elif PAGE_PREFETCH:
+                sel = (n // PAGE - first_page)[:, None] == pslot[None, :]
+                page = tl.sum(tl.where(sel, chunk_pages[None, :], 0), axis=1)
+                row = (page * PAGE + n % PAGE) * (2 * RH + DPE)
+                lat_lo = tl.load(c_ptr + row[:, None] + h[None, :], mask=n_ok[:, None], other=0.0)
+                lat_hi = tl.load(c_ptr + row[:, None] + RH + h[None, :], mask=n_ok[:, None], other=0.0)
+                k_pe = tl.load(c_ptr + row[:, None] + 2 * RH + e[None, :], mask=n_ok[:, None], other=0.0)
             else:
-                page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+                page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
                 row = (page * PAGE + n % PAGE) * (2 * RH + DPE)
                 lat_lo = tl.load(c_ptr + row[:, None] + h[None, :], mask=n_ok[:, None], other=0.0)
                 lat_hi = tl.load(c_ptr + row[:, None] + RH + h[None, :], mask=n_ok[:, None], other=0.0)
@@ -135,7 +150,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
                         query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                         scale: float, max_seq_len: int | None = None, kv_chunk: int = MLA_KV_CHUNK,
                         block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
-                        num_stages: int = MLA_NUM_STAGES, tma: bool = False) -> torch.Tensor:
+                        num_stages: int = MLA_NUM_STAGES, tma: bool = False,
+                        page_prefetch: bool = MLA_PAGE_PREFETCH) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
     q_latent [T, H, R] and q_pe [T, H, Dr] of one float dtype, last dims contiguous; cache
@@ -143,6 +159,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     block_tables [B, max_blocks] int32 on the same device. R (32..512) and Dr (16..256) must be
     powers of two (512 and 64 for DeepSeek-V3). tma=True (Hopper and later) loads key tiles through
     TMA descriptors; measured slower than the pointer path on an H200, so off by default.
+    page_prefetch (pointer path): read the chunk's page ids once before its key tiles instead of
+    one block-table read per tile.
     Tile config, kv_chunk and tma fix the rounding: keep them constant.
     """
     check_tensor("q_latent", q_latent, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
@@ -178,12 +196,14 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     else:
         lat_desc = pe_desc = cache  # unused stand-ins on the pointer path
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
+    chunk_pages = next_pow2(-(-kv_chunk // page) + 1)  # pages a chunk can touch (it need not start on one)
 
     def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:
         _mla_chunk_kernel[grid](
             q_latent, q_pe, cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
             q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1), block_tables.stride(0),
             seq_lens.shape[0], base, float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr,
-            PAGE=page, PRECISION=precision, TMA=tma, num_warps=num_warps, num_stages=num_stages, **common)
+            PAGE=page, PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch,
+            num_warps=num_warps, num_stages=num_stages, **common)
 
     return pa.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1)

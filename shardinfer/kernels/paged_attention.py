@@ -52,18 +52,24 @@ _MIN_BLOCK_M = 16
 # q blocks (the slicing changes which launch a row lands in, never its arithmetic).
 _WORKSPACE_BYTES = 256 << 20
 _LOG2E = 1.4426950408889634
+_LOCATE_SPAN: tl.constexpr = tl.constexpr(256)  # request offsets _locate reads per vector load
 
 
 @triton.jit
 def _locate(qsl_ptr, num_seqs, qblock, BQ: tl.constexpr):
-    """(request, first token index within it) of global q block `qblock`."""
+    """(request, first token index within it) of global q block `qblock`.
+
+    Request i's first q block is qsl[i] // BQ + i, strictly increasing in i, so the request is the
+    number of i in [1, num_seqs) whose first block is <= qblock. Counted over vector loads of
+    _LOCATE_SPAN start offsets: one load round trip for up to that many requests, where a binary
+    search makes log2(num_seqs) dependent ones, which a program with a large tile (one resident
+    per SM) cannot hide behind other programs' work."""
     lo = num_seqs * 0
-    hi = num_seqs + 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        ok = tl.load(qsl_ptr + mid) // BQ + mid <= qblock
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
+    for s0 in range(1, num_seqs, _LOCATE_SPAN):
+        i = s0 + tl.arange(0, _LOCATE_SPAN)
+        live = i < num_seqs
+        ok = live & (tl.load(qsl_ptr + i, mask=live, other=0) // BQ + i <= qblock)
+        lo += tl.sum(ok.to(tl.int32), axis=0)
     q_start = tl.load(qsl_ptr + lo)
     tok0 = (qblock - (q_start // BQ + lo)) * BQ
     return lo, q_start, tok0

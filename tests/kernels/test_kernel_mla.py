@@ -57,6 +57,16 @@ def test_matches_reference_and_is_batch_invariant(device: torch.device) -> None:
         assert torch.equal(alone, out[b.qsl[i]:b.qsl[i + 1]])
 
 
+@pytest.mark.parametrize("block_size", [16, 48, 128])  # pages smaller than, across, and larger than a chunk
+def test_page_prefetch_reads_the_same_keys(device: torch.device, block_size: int) -> None:
+    """The chunk's page ids read once up front give the bits of one block-table read per tile."""
+    b = MlaBatch([2, 1, 1], [61, 150, 7], heads=4, rank=32, rope=16, block_size=block_size, dtype=torch.float32,
+                 seed=6)
+    out = b.run(device, 0.25, kv_chunk=64, block_n=16, page_prefetch=True)
+    assert rel_err(out, b.reference(0.25)) < 1e-5
+    assert torch.equal(out, b.run(device, 0.25, kv_chunk=64, block_n=16, page_prefetch=False))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter's dot mishandles bf16
 def test_tma_tiles_match_reference_and_are_batch_invariant(device: torch.device, dtype: torch.dtype) -> None:
     """Key tiles through TMA descriptors (one page read per tile). The pages past each sequence's

@@ -35,6 +35,18 @@ def test_matches_reference_fp16_mha_and_dv(device: torch.device) -> None:
     assert rel_err(_run(b, 0.2, None, kv_chunk=64), ref) < 4 * TOL[torch.float16]
 
 
+def test_more_requests_than_one_locate_span(device: torch.device) -> None:
+    """Over 256 requests (decodes and short prefills mixed): programs find their request across
+    several of _locate's vector loads of request offsets."""
+    gen = torch.Generator().manual_seed(11)
+    q_lens = [int(n) for n in torch.randint(1, 4, (300,), generator=gen)]
+    q_lens[::7] = [1] * len(q_lens[::7])
+    ctx = [int(n) for n in torch.randint(0, 20, (300,), generator=gen)]
+    b = PagedBatch(q_lens, ctx, hq=2, hk=1, d=16, dv=16, block_size=8, dtype=torch.float32, device=device, seed=6)
+    ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.3)
+    assert rel_err(_run(b, 0.3, None, kv_chunk=64), ref) < 1e-5
+
+
 def test_never_reads_past_seq_len(device: torch.device) -> None:
     b = PagedBatch([2, 1], [9, 20], hq=2, hk=1, d=16, dv=16, block_size=16, dtype=torch.float32,
                    device=device, seed=3)
