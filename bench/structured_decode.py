@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.slow_steps import SlowStepSampler, summary_lines
 from bench.structured_masks import SCHEMA, stdlib_sources
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
@@ -95,6 +96,7 @@ class StepClock:
         self._fill_s = 0.0
         self._gc_s = 0.0
         self._gc_t0 = 0.0
+        self.slow_step_stacks: list[dict[str, Any]] = []
         schedule = engine.scheduler.schedule
         masks = engine._grammar_masks
 
@@ -130,13 +132,16 @@ class StepClock:
         outs: list[Any] = []
         sync()
         gc.callbacks.append(self._on_gc)
+        sampler = SlowStepSampler()
         try:
             while self.engine.has_unfinished():
+                sampler.begin(len(self.steps))
                 t0 = time.perf_counter()
                 wait0, self._fill_s, self._gc_s = self.engine.stats()["grammar_mask_wait_s"], 0.0, 0.0
                 retries0 = self._alloc_retries()
                 outs += self.engine.step()
                 elapsed = time.perf_counter() - t0
+                sampler.end()
                 wait = self.engine.stats()["grammar_mask_wait_s"] - wait0
                 self.steps.append((round(elapsed * 1e3, 3), len(self._batch), round(self._fill_s * 1e3, 3),
                                    round(wait * 1e3, 3), round(self._gc_s * 1e3, 3), self._alloc_retries() - retries0))
@@ -145,6 +150,7 @@ class StepClock:
                     self.decode_batch.append(len(self._batch))
         finally:
             gc.callbacks.remove(self._on_gc)
+            self.slow_step_stacks = sampler.close()
         sync()
         return outs
 
@@ -184,6 +190,8 @@ def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], sync: 
                            for r in sorted({str(c.finish_reason) for c in completions})},
         "stats": {k: v - before[k] for k, v in engine.stats().items() if k in COUNTERS},
         "steps_ms_rows_fill_wait_gc_retries": clock.steps,
+        "slow_step_stacks": clock.slow_step_stacks,
+        "decode_step_ms": [round(t * 1e3, 3) for t in steps],
     }
     return summary, completions
 
@@ -191,6 +199,18 @@ def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], sync: 
 def relative_cost(constrained: float | None, plain: float | None) -> float | None:
     """(t_constrained - t_plain) / t_plain, or None where a run had no such steps."""
     return (constrained - plain) / plain if constrained is not None and plain else None
+
+
+def paired_cost(constrained: list[float], plain: list[float]) -> float | None:
+    """The cost over decode steps paired by order (both runs have the same batch sizes), leaving
+    out pairs where either step took over three times its run's median: one-off stalls that hit
+    either run (bench/slow_steps.py samples where they come from) and would otherwise decide
+    the mean."""
+    if not constrained or len(constrained) != len(plain):
+        return None
+    lim_c, lim_p = 3 * statistics.median(constrained), 3 * statistics.median(plain)
+    pairs = [(c, p) for c, p in zip(constrained, plain, strict=True) if c <= lim_c and p <= lim_p]
+    return relative_cost(sum(c for c, _ in pairs), sum(p for _, p in pairs)) if pairs else None
 
 
 def parses_as_json(text: str) -> bool:
@@ -273,6 +293,7 @@ def main() -> None:
     if [len(c.token_ids) for c in plain_completions] != lengths:
         raise RuntimeError("the plain run did not generate the constrained run's token counts")
     cost = relative_cost(constrained["mean_decode_step_ms"], plain["mean_decode_step_ms"])
+    stall_free = paired_cost(constrained["decode_step_ms"], plain["decode_step_ms"])
     full_cost = relative_cost(constrained["full_batch_mean_step_ms"], plain["full_batch_mean_step_ms"])
 
     now = dt.datetime.now(dt.UTC)
@@ -287,7 +308,8 @@ def main() -> None:
         "settings": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                      "max_model_len": args.max_model_len},
         "constrained": constrained, "plain": plain, "constrained_decoding_cost": cost,
-        "constrained_decoding_cost_full_batch": full_cost, "torch": torch.__version__,
+        "constrained_decoding_cost_full_batch": full_cost,
+        "constrained_decoding_cost_stall_free": stall_free, "torch": torch.__version__,
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -303,6 +325,11 @@ def main() -> None:
     note = "  (CPU: not a performance figure)" if device == "cpu" else ""
     print(f"constrained decoding cost = (t_constrained - t_plain) / t_plain = {cost if cost is not None else nan:+.1%}"
           f"; at batch >= {full_batch}: {full_cost if full_cost is not None else nan:+.1%}{note}")
+    print(f"without one-off stalls (steps over 3x their run's median, either run): "
+          f"{stall_free if stall_free is not None else nan:+.1%}")
+    for name, r in (("constrained", constrained), ("plain", plain)):
+        for line in summary_lines(r["slow_step_stacks"]):
+            print(f"{name}: {line}")
     print(f"wrote {path}")
 
 

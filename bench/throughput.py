@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_timing import copy_bandwidth, decode_bytes
+from bench.slow_steps import SlowStepSampler, summary_lines
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 
@@ -61,10 +62,13 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
     busy = 0.0
     graphed_s = eager_s = 0.0
     graphed_n = eager_n = 0
+    sampler = SlowStepSampler()
     while engine.has_unfinished():
         s = time.perf_counter()
+        sampler.begin(graphed_n + eager_n)
         for out in engine.step():
             out_tokens += len(out.outputs[0].token_ids)
+        sampler.end()
         step_s = time.perf_counter() - s
         busy += step_s
         if engine.runner.last_step_graphed:
@@ -75,6 +79,7 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
             eager_s, eager_n = eager_s + step_s, eager_n + 1
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
+    slow_step_stacks = sampler.close()
     engine._launch = launch  # type: ignore[method-assign]
     idle_ms = sum(max(0.0, marks[i][1].elapsed_time(marks[i + 1][0])) for i in range(len(marks) - 1))
     stats = engine.stats()
@@ -85,7 +90,8 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
             "host_gap_s": wall - busy, "decode_steps": decode_steps, "gpu_idle_between_steps_s": idle_ms / 1e3,
             "async_scheduling": engine.async_scheduling,
             "graphed_steps": graphed_n, "graphed_s": graphed_s, "eager_steps": eager_n, "eager_s": eager_s,
-            "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_bytes_per_token}
+            "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_bytes_per_token,
+            "slow_step_stacks": slow_step_stacks}
 
 
 def run_transformers(model_dir: Path, reqs: list[tuple[list[int], int]], out_len: int) -> dict[str, Any]:
@@ -189,6 +195,8 @@ def main() -> None:
     print(f"{args.workload:<12} {args.batch_invariant:<4} {ours['output_tok_s']:>11.0f} "
           f"{(hf or {}).get('output_tok_s', float('nan')):>9.0f} {result['ratio'] or float('nan'):>7.1f} "
           f"{floor_frac if floor_frac is not None else float('nan'):>13.2f}")
+    for line in summary_lines(ours.get("slow_step_stacks", [])):
+        print(line)
     print("RESULT " + json.dumps(result))
 
 
