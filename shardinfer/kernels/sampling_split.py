@@ -119,7 +119,10 @@ def _launch(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, seeds
     lse = torch.empty(b, dtype=torch.float32, device=dev)
     if b == 0:
         return logprobs, lse
-    stats = torch.empty(3, b, n_chunks, dtype=torch.float32, device=dev)  # best score, max, sum exp
+    # Per (row, chunk): best score, max, sum of exp. Three tensors, not planes of one: a plane at
+    # b * n_chunks floats from the last is 16-byte aligned only for some b, and Triton compiles a
+    # variant per pointer alignment, which a run would then meet (and wait ~1 s for) mid-way.
+    stats = [torch.empty(b, n_chunks, dtype=torch.float32, device=dev) for _ in range(3)]
     best_id = torch.empty(b, n_chunks, dtype=torch.int32, device=dev)
     same = x.data_ptr() == raw.data_ptr() and x.stride(0) == raw.stride(0)
     _sample_chunks_kernel[(b, n_chunks)](raw, raw.stride(0), x, x.stride(0), temperature, seeds, positions,

@@ -115,3 +115,37 @@ def test_real_vocab_on_gpu() -> None:
     assert torch.allclose(lps.double(), _float64_logprobs(raw, got), atol=5e-5, rtol=0)
     alone = sampling_split.sample(*(t[40:41].to(dev) for t in (raw, raw, temp, seeds, positions)))
     assert int(alone[0]) == int(got[40]) and float(alone[1]) == float(lps[40])
+
+
+def _compiled_variants(fn: object) -> int:
+    return sum(len(caches[0]) for caches in fn.device_caches.values())  # type: ignore[attr-defined]
+
+
+@pytest.mark.gpu
+def test_batch_sizes_compile_nothing_new_on_gpu() -> None:
+    """Once the kernels ran at one batch size, other sizes reuse them: a size-dependent pointer
+    alignment would make Triton compile a variant mid-run (about a second of stall)."""
+    dev = torch.device("cuda")
+    vocab = 151936
+    gen = torch.Generator(device=dev).manual_seed(3)
+
+    def run(b: int, masked: bool) -> None:
+        raw = torch.randn(b, vocab, device=dev, generator=gen)
+        x = raw.clone() if masked else raw
+        t = torch.ones(b, device=dev)
+        ids = torch.arange(b, device=dev, dtype=torch.int64)
+        sampling_split.sample(raw, x, t, ids, ids)
+        sampling_split.logprobs_of(raw, ids)
+
+    for masked in (False, True):
+        run(256, masked)
+    torch.cuda.synchronize()
+    before = [_compiled_variants(k) for k in (sampling_split._sample_chunks_kernel,
+                                              sampling_split._sample_combine_kernel)]
+    for b in (255, 254, 253, 129, 7, 3, 2):
+        for masked in (False, True):
+            run(b, masked)
+    torch.cuda.synchronize()
+    after = [_compiled_variants(k) for k in (sampling_split._sample_chunks_kernel,
+                                             sampling_split._sample_combine_kernel)]
+    assert after == before
