@@ -33,6 +33,8 @@ Semantics = reference_mla.mla_paged_attention; only rounding differs.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -48,16 +50,24 @@ from shardinfer.kernels._common import (
 )
 
 # Tile config, fixed because it fixes the rounding. Chosen by bench/kernels/bench_kernels.py's MLA
-# sweep on an H200 (bench/kernels/NOTES.md): 64-key pointer tiles read the latent at 46% of copy
-# bandwidth at batch 256, ctx 2048, against 26-32% for the same tiles through TMA and 38% for
-# 32-key tiles; 512-key chunks beat 256.
+# sweep on an H200, timed as CUDA-graph replays (bench/kernels/NOTES.md): 64-key pointer tiles,
+# 4 warps and 1024-key chunks read the latent at 82% of copy bandwidth at batch 256, ctx 2048
+# (512-key chunks: 64%; 8 warps: 75%). The pipeline depth does not change the arithmetic: 2 stages
+# where there are more tokens than SMs (several programs per SM), 3 where each SM gets about one
+# program and must keep more of its own loads in flight (batch 64: 62% against 45%).
 MLA_BLOCK_M = 16
 MLA_BLOCK_N = 64
-MLA_NUM_WARPS = 8
+MLA_NUM_WARPS = 4
 MLA_NUM_STAGES = 2
-MLA_KV_CHUNK = 512
+MLA_NUM_STAGES_FEW_TOKENS = 3
+MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
 _LOG2E = 1.4426950408889634
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @triton.jit(do_not_specialize=["num_seqs", "block_base"])
@@ -150,7 +160,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
                         query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                         scale: float, max_seq_len: int | None = None, kv_chunk: int = MLA_KV_CHUNK,
                         block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
-                        num_stages: int = MLA_NUM_STAGES, tma: bool = False,
+                        num_stages: int | None = None, tma: bool = False,
                         page_prefetch: bool = MLA_PAGE_PREFETCH) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
@@ -161,7 +171,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     TMA descriptors; measured slower than the pointer path on an H200, so off by default.
     page_prefetch (pointer path): read the chunk's page ids once before its key tiles instead of
     one block-table read per tile.
-    Tile config, kv_chunk and tma fix the rounding: keep them constant.
+    Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
+    number of tokens, see MLA_NUM_STAGES) only sets how far loads run ahead.
     """
     check_tensor("q_latent", q_latent, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     check_tensor("q_pe", q_pe, dtypes=(q_latent.dtype,), ndim=3, last_dim_contiguous=True)
@@ -196,6 +207,9 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     else:
         lat_desc = pe_desc = cache  # unused stand-ins on the pointer path
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
+    if num_stages is None:
+        few = q_latent.is_cuda and t <= _sm_count(q_latent.device.index or 0)
+        num_stages = MLA_NUM_STAGES_FEW_TOKENS if few else MLA_NUM_STAGES
     chunk_pages = next_pow2(-(-kv_chunk // page) + 1)  # pages a chunk can touch (it need not start on one)
 
     def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:

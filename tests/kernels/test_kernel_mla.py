@@ -125,3 +125,19 @@ def test_deepseek_shapes_bf16(tma: bool) -> None:
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     for i in (0, 5):
         assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1), tma=tma), out[b.qsl[i]:b.qsl[i + 1]])
+
+
+@pytest.mark.gpu
+def test_pipeline_depth_keeps_the_bits() -> None:
+    """The launcher picks 3 stages for few tokens and 2 for many: a row decoded alone (3 stages)
+    must equal the same row in a batch of 200 decodes (2 stages on a 132-SM GPU), bit for bit."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(8)
+    ctx = [int(c) for c in torch.randint(1, 3000, (200,), generator=gen)]
+    b = MlaBatch([1] * 200, ctx, heads=16, rank=512, rope=64, block_size=64, dtype=torch.bfloat16, seed=9)
+    scale = 192 ** -0.5
+    out = b.run(dev, scale)
+    for stages in (2, 3):
+        assert torch.equal(b.run(dev, scale, num_stages=stages), out)
+    for i in (0, 77, 199):
+        assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1)), out[i:i + 1])
