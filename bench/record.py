@@ -22,6 +22,9 @@ largest steady batch (weights + that batch's KV over the measured copy bandwidth
 measured step time (1.0 = at the floor). The transformers column is its `generate_batch`
 (continuous batching) on the same checkpoint, with fewer requests and a fixed output length (see
 each JSON's `transformers` entry), or static `generate` where `generate_batch` cannot run the model.
+Since 2026-11-30 04:50 each JSON's `slow_step_stacks` shows where steps over 150 ms spent their
+time: a run on a machine whose Triton cache is cold includes kernel compiles there (moe-16b at
+7b9f5a6, 05:00: 8611 tok/s with 4.85 s of prefill-carrying steps; warm, 05:03-05:04: 2.4 s).
 
 | date (UTC) | GPU | commit | workload | batch_invariant | requests | shardinfer tok/s | transformers tok/s | ratio | decode/floor |
 |---|---|---|---|---|---|---|---|---|---|
@@ -34,10 +37,13 @@ SO_HEADER = """
 `bench/structured_decode.py`: every request under a JSON Schema (random-init weights, a 32k
 byte-level BPE vocabulary), then the same requests unconstrained with the lengths the constrained
 run produced. Mean pure-decode step time of each, the host time filling grammar masks per step,
-and the cost (constrained / plain - 1; target <= +5%).
+and the cost (constrained / plain - 1; target <= +5%). "accept": how a step's tokens advance the
+matchers (one batched call on llguidance's threads, or one by one; — before it was recorded).
+"stall-free": the cost over decode steps paired by order, leaving out steps over 3x their run's
+median in either run (one-off stalls: Triton compiles mid-run, which hit either run).
 
-| date (UTC) | GPU | commit | workload | requests | matchers | mean batch | plain step ms | constrained step ms | mask fill ms | cost |
-|---|---|---|---|---|---|---|---|---|---|---|
+| date (UTC) | GPU | commit | workload | requests | matchers | accept | mean batch | plain step ms | constrained step ms | mask fill ms | cost | stall-free |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -66,10 +72,14 @@ def main() -> None:
             matchers = f"copies of {r['templates']} templates"
         else:
             matchers = "shared copies"
+        accept = {True: "batched", False: "one by one"}.get(r.get("parallel_accept"), "—")  # type: ignore[call-overload]
+        stall_free = r.get("constrained_decoding_cost_stall_free")
         so_rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
-                       f"{r['requests']} | {matchers} | {c['mean_decode_batch']:.0f} | {p['mean_decode_step_ms']:.2f} | "
-                       f"{c['mean_decode_step_ms']:.2f} | {c['mask_fill_ms_per_decode_step']:.2f} | "
-                       f"{100 * (c['mean_decode_step_ms'] / p['mean_decode_step_ms'] - 1):+.0f}% |")
+                       f"{r['requests']} | {matchers} | {accept} | {c['mean_decode_batch']:.0f} | "
+                       f"{p['mean_decode_step_ms']:.2f} | {c['mean_decode_step_ms']:.2f} | "
+                       f"{c['mask_fill_ms_per_decode_step']:.2f} | "
+                       f"{100 * (c['mean_decode_step_ms'] / p['mean_decode_step_ms'] - 1):+.0f}% | "
+                       f"{'—' if stall_free is None else f'{100 * stall_free:+.1f}%'} |")
     text = HEADER + "\n".join(rows) + "\n"
     if so_rows:
         text += SO_HEADER + "\n".join(so_rows) + "\n"
