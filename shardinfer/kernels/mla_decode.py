@@ -70,7 +70,7 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@triton.jit(do_not_specialize=["num_seqs", "block_base"])
+@triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "n_chunks"])
 def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
                       sqt, sqh, spt, sph, sbt, num_seqs, block_base, scale_log2, n_heads, n_chunks,
                       GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,

@@ -161,7 +161,7 @@ def padded_slots(n_slots: int, n_experts: int, block_m: int) -> int:
     return -(-(n_slots + n_experts * (block_m - 1)) // block_m) * block_m
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])
 def _count_kernel(ids_ptr, counts_ptr, n_slots, BLOCK: tl.constexpr):
     """counts[e] = how many slots chose expert e (program e scans every slot)."""
     e = tl.program_id(0)
@@ -172,7 +172,7 @@ def _count_kernel(ids_ptr, counts_ptr, n_slots, BLOCK: tl.constexpr):
     tl.store(counts_ptr + e, tl.sum(hits, 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_slots"])
 def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, n_slots, n_experts,
                   BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, E_POW2: tl.constexpr):
     """Program e writes its slots, in slot order, from its padded run's start, and marks its tiles."""

@@ -94,7 +94,7 @@ def _tile_rows(kvh_split, tok0, q_len, GROUP: tl.constexpr, HB: tl.constexpr, BL
     return kvh, tok, head, row_ok
 
 
-@triton.jit(do_not_specialize=["num_seqs", "block_base", "window"])
+@triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "window", "n_chunks"])
 def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
                        sqt, sqh, skb, sks, skh, svb, svs, svh, sbt,
                        num_seqs, block_base, scale_log2, window, n_heads, n_chunks,
@@ -156,7 +156,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
         tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
 
 
-@triton.jit(do_not_specialize=["num_seqs", "block_base", "window"])
+@triton.jit(do_not_specialize=["num_seqs", "block_base", "window", "n_chunks"])
 def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
                     num_seqs, block_base, window, n_heads, n_chunks,
                     GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,

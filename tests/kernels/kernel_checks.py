@@ -75,3 +75,9 @@ class PagedBatch:
         return (self.q.to(dev), self.k_cache.to(dev), self.v_cache.to(dev),
                 torch.tensor(self.qsl, dtype=torch.int32, device=dev),
                 torch.tensor(self.seq_lens, dtype=torch.int32, device=dev), self.block_tables.to(dev))
+
+
+def compiled_variants(*kernels: object) -> list[int]:
+    """How many compiled variants each Triton kernel holds (all devices): a count that grows
+    between two calls means the second call compiled, i.e. a run would stall there."""
+    return [sum(len(caches[0]) for caches in k.device_caches.values()) for k in kernels]  # type: ignore[attr-defined]

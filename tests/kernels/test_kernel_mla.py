@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import TOL, rel_err
+from kernel_checks import TOL, compiled_variants, rel_err
 
-from shardinfer.kernels import reference_mla
+from shardinfer.kernels import mla_decode, reference_mla
+from shardinfer.kernels import paged_attention as pa
 from shardinfer.kernels.mla_decode import mla_paged_attention
 
 
@@ -141,3 +142,24 @@ def test_pipeline_depth_keeps_the_bits() -> None:
         assert torch.equal(b.run(dev, scale, num_stages=stages), out)
     for i in (0, 77, 199):
         assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1)), out[i:i + 1])
+
+
+@pytest.mark.gpu
+def test_batch_shapes_compile_nothing_new_on_gpu() -> None:
+    """Batches of up to 132 tokens (one pipeline depth) differing in request count, block-table
+    width (down to one page) and number of KV chunks reuse the first batch's kernels."""
+    dev = torch.device("cuda")
+
+    def run(q_lens: list[int], ctx: list[int], seed: int) -> None:
+        b = MlaBatch(q_lens, ctx, heads=16, rank=512, rope=64, block_size=64, dtype=torch.bfloat16, seed=seed)
+        b.run(dev, 0.1)
+
+    run([3, 1, 1], [0, 2500, 70], 1)
+    torch.cuda.synchronize()
+    kernels = (mla_decode._mla_chunk_kernel, pa._combine_kernel)
+    before = compiled_variants(*kernels)
+    shapes = [([1], [5]), ([2, 1], [0, 60]), ([1] * 17, [40 * i for i in range(17)]), ([1] * 100, [1100] * 100)]
+    for i, (q_lens, ctx) in enumerate(shapes):
+        run(q_lens, ctx, 2 + i)
+    torch.cuda.synchronize()
+    assert compiled_variants(*kernels) == before

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import TOL, PagedBatch, rel_err
+from kernel_checks import TOL, PagedBatch, compiled_variants, rel_err
 
+from shardinfer.kernels import paged_attention as pa
 from shardinfer.kernels import reference
 from shardinfer.kernels.paged_attention import paged_attention
 
@@ -137,3 +138,26 @@ def test_real_shapes_bf16(d: int, hq: int, hk: int, window: int | None) -> None:
     rest = paged_attention(q[301:700], kc, vc, torch.tensor([0, 399], dtype=torch.int32, device=dev),
                            torch.tensor([700], dtype=torch.int32, device=dev), bt[:1], scale, window).cpu()
     assert torch.equal(torch.cat([first, rest]), out[:700])
+
+
+@pytest.mark.gpu
+def test_batch_shapes_compile_nothing_new_on_gpu() -> None:
+    """Batches differing in request count, block-table width and number of KV chunks reuse the
+    kernels compiled for the first one: Triton specializes integer arguments that equal 1 or
+    divide by 16 unless told not to, and a new variant compiles mid-run (about a second)."""
+    dev = torch.device("cuda")
+
+    def run(q_lens: list[int], ctx: list[int], seed: int) -> None:
+        b = PagedBatch(q_lens, ctx, hq=32, hk=8, d=128, dv=128, block_size=16, dtype=torch.bfloat16, device=dev,
+                       seed=seed)
+        paged_attention(*b.args(), 128 ** -0.5, None)
+
+    run([40, 1, 1], [0, 3000, 17], 1)
+    torch.cuda.synchronize()
+    before = compiled_variants(pa._attn_chunk_kernel, pa._combine_kernel)
+    shapes = [([1], [5]), ([3, 1], [0, 250]), ([1] * 17, [30 * i for i in range(17)]), ([200, 1], [0, 511]),
+              ([1] * 64, [2100] * 64)]
+    for i, (q_lens, ctx) in enumerate(shapes):
+        run(q_lens, ctx, 2 + i)
+    torch.cuda.synchronize()
+    assert compiled_variants(pa._attn_chunk_kernel, pa._combine_kernel) == before

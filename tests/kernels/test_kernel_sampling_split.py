@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_checks import compiled_variants
 
 from shardinfer.engine.sampling_noise import gumbel_noise as engine_noise
 from shardinfer.kernels import reference_sampling, sampling, sampling_split
@@ -117,10 +118,6 @@ def test_real_vocab_on_gpu() -> None:
     assert int(alone[0]) == int(got[40]) and float(alone[1]) == float(lps[40])
 
 
-def _compiled_variants(fn: object) -> int:
-    return sum(len(caches[0]) for caches in fn.device_caches.values())  # type: ignore[attr-defined]
-
-
 @pytest.mark.gpu
 def test_batch_sizes_compile_nothing_new_on_gpu() -> None:
     """Once the kernels ran at one batch size, other sizes reuse them: a size-dependent pointer
@@ -140,12 +137,10 @@ def test_batch_sizes_compile_nothing_new_on_gpu() -> None:
     for masked in (False, True):
         run(256, masked)
     torch.cuda.synchronize()
-    before = [_compiled_variants(k) for k in (sampling_split._sample_chunks_kernel,
-                                              sampling_split._sample_combine_kernel)]
+    before = compiled_variants(sampling_split._sample_chunks_kernel, sampling_split._sample_combine_kernel)
     for b in (255, 254, 253, 129, 7, 3, 2):
         for masked in (False, True):
             run(b, masked)
     torch.cuda.synchronize()
-    after = [_compiled_variants(k) for k in (sampling_split._sample_chunks_kernel,
-                                             sampling_split._sample_combine_kernel)]
+    after = compiled_variants(sampling_split._sample_chunks_kernel, sampling_split._sample_combine_kernel)
     assert after == before
