@@ -10,8 +10,9 @@ matchers through a JSON Schema, timing at each step:
            lexer cache, so two runs in three find states another method has just built
   shared   the same batched call over copies of ONE private template that nothing else touches
            (the rows share one cache, behind one lock)
-  pooled   the same over copies of --templates private templates taken in turn (default: one
-           per mask thread), what the engine's matchers are
+  pooled   copies of --templates templates taken in turn (default: one per mask thread), from a
+           compiler of their own, whose fill gives each template's copies to one thread (what
+           the engine's copies are)
   independent  the same batched call over matchers each compiled on its own: no lexer cache
            shared between rows (more work in all, but nothing for threads to contend on)
   serial   GrammarMatcher.fill_bitmask one row after another
@@ -88,6 +89,8 @@ def main() -> None:
         t0 = time.perf_counter()
         compiler = StructuredOutputCompiler(path, [0], tok_vocab, num_threads=args.threads, templates=args.templates)
         t_tok = time.perf_counter() - t0
+        pooled_compiler = StructuredOutputCompiler(path, [0], tok_vocab, num_threads=args.threads,
+                                                   templates=args.templates)
     t0 = time.perf_counter()
     so_args = {"schema_type": "json", "schema": SCHEMA}
     compiler.compile(so_args)
@@ -100,8 +103,7 @@ def main() -> None:
     t0 = time.perf_counter()
     sets["shared"] = [GrammarMatcher(compiled, template.deep_copy()) for _ in range(args.batch)]
     t_shared = time.perf_counter() - t0
-    pool = [llguidance.LLMatcher(compiler.tokenizer, compiled.grammar, log_level=0) for _ in range(compiler.templates)]
-    sets["pooled"] = [GrammarMatcher(compiled, pool[i % len(pool)].deep_copy()) for i in range(args.batch)]
+    sets["pooled"] = [pooled_compiler.matcher(so_args) for _ in range(args.batch)]
     t0 = time.perf_counter()
     sets["independent"] = [compiled.new_matcher(independent=True) for _ in range(args.batch)]
     t_independent = time.perf_counter() - t0
@@ -123,8 +125,8 @@ def main() -> None:
             "batched": lambda live=live: compiler.fill_bitmasks([(sets["batched"][i], i) for i in live], bitmask),
             "shared": lambda live=live: compiler.fill_bitmasks([(sets["shared"][i], i) for i in live],
                                                                shared_bitmask),
-            "pooled": lambda live=live: compiler.fill_bitmasks([(sets["pooled"][i], i) for i in live],
-                                                               pooled_bitmask),
+            "pooled": lambda live=live: pooled_compiler.fill_bitmasks([(sets["pooled"][i], i) for i in live],
+                                                                      pooled_bitmask),
             "independent": lambda live=live: compiler.fill_bitmasks([(sets["independent"][i], i) for i in live],
                                                                     own_bitmask),
             "serial": lambda live=live: [sets["serial"][i].fill_bitmask(single, i) for i in live],

@@ -23,10 +23,11 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import llguidance
 import torch
@@ -38,6 +39,8 @@ from shardinfer.engine.structured.matcher import GrammarMatcher, GrammarViolatio
 SCHEMA_TYPES = ("json", "regex", "ebnf", "lark")
 _SO_KEYS = {"schema_type", "schema"}
 _MAX_ERROR_CHARS = 1000
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 class GrammarError(ValueError):
@@ -50,9 +53,10 @@ class _TemplatePool:
     """Up to `size` compiled templates of one grammar; samples are copied from them in turn.
 
     A copy shares its template's lexer cache, behind that template's lock: copies of ONE template
-    fill their masks one at a time however many threads llguidance has. Spreading the samples over
-    as many templates as there are mask threads lets the threads work side by side while each
-    template's cache still warms up from many samples. Templates are compiled on first use, so a
+    fill their masks one at a time however many threads there are. With as many templates as
+    mask threads, and each template's copies handed to one thread (the compiler's
+    `_per_template`), the threads work side by side and never wait on each other's locks, while
+    each template's cache still serves many samples. Templates are compiled on first use, so a
     grammar used by one sample costs one compilation.
     """
 
@@ -69,14 +73,14 @@ class _TemplatePool:
         """A matcher compiled from the grammar alone (shares nothing with the templates)."""
         return llguidance.LLMatcher(self._tokenizer, self._grammar, log_level=0)
 
-    def take(self) -> llguidance.LLMatcher:
-        """The template the next sample is copied from (round robin, compiling it if new)."""
+    def take(self) -> tuple[int, llguidance.LLMatcher]:
+        """(index, template) the next sample is copied from (round robin, compiling it if new)."""
         with self._lock:
             i = self._next
             self._next = (i + 1) % self.size
             if i == len(self._templates):
                 self._templates.append(self.build())
-            return self._templates[i]
+            return i, self._templates[i]
 
     def __len__(self) -> int:
         return len(self._templates)
@@ -101,7 +105,8 @@ class CompiledGrammar:
         StructuredOutputCompiler)."""
         if independent:
             return GrammarMatcher(self, self._templates.build())
-        return GrammarMatcher(self, self._templates.take().deep_copy())
+        index, template = self._templates.take()
+        return GrammarMatcher(self, template.deep_copy(), template=index)
 
     @property
     def num_templates(self) -> int:
@@ -159,9 +164,9 @@ class StructuredOutputCompiler:
             CPUs the process may use, at least 1 and at most 32.
         templates: how many templates of each grammar sample matchers are copied from, in turn
             (None: one per mask thread). Copies of one template share its lexer cache behind one
-            lock, so the batched fill of copies of a single template runs one row at a time;
-            with a template per thread the threads fill side by side and every cache still warms
-            up from many samples.
+            lock, so the batched fill gives each template's copies to one thread of their own
+            (a one-thread llguidance executor per template slot): the threads fill side by side,
+            and every cache still warms up from many samples.
         independent_matchers: build each sample's matcher from the grammar alone instead of
             copying a template: nothing shared, but each matcher recomputes what copies share
             and takes ~1 ms to build (a copy: ~2 us). Measurements: docs/structured-outputs.md.
@@ -202,6 +207,8 @@ class StructuredOutputCompiler:
         self.parallel_accept = (num_threads or default_mask_threads()) >= 4 if parallel_accept is None \
             else parallel_accept
         self._executor: llguidance.LLExecutor | None = None
+        self._slot_pool: ThreadPoolExecutor | None = None  # see _per_template
+        self._slot_executors: list[llguidance.LLExecutor] = []
         self.num_compiles = 0  # distinct compilations done (cache misses), for tests and metrics
 
     # ---- compiling -----------------------------------------------------------------------
@@ -269,9 +276,14 @@ class StructuredOutputCompiler:
                 raise ValueError(f"row={row} is outside the bitmask's {bitmask.shape[0]} rows")
             self._check_matcher(m)
             pairs.append((m.ll_matcher, row))
-        if pairs:
-            self._get_executor().unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), bitmask.shape[1] * 4,
-                                                         bitmask.shape[0])
+        if not pairs:
+            return
+        ptr, row_bytes, rows = bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
+        groups = self._by_template([m for m, _ in matchers], pairs)
+        if groups is None:
+            self._get_executor().unsafe_compute_mask_ptr(pairs, ptr, row_bytes, rows)
+        else:
+            self._per_template(groups, lambda ex, group: ex.unsafe_compute_mask_ptr(group, ptr, row_bytes, rows))
 
     def accept_tokens(self, pairs: Sequence[tuple[GrammarMatcher, int]]) -> list[GrammarViolation | None]:
         """Advance each matcher by its sampled token; per pair None, or the violation that leaves
@@ -289,7 +301,16 @@ class StructuredOutputCompiler:
             except GrammarViolation as e:
                 results[i] = e
         if self.parallel_accept and len(todo) > 1:
-            oks = self._get_executor().consume_token_par([(pairs[i][0].ll_matcher, pairs[i][1]) for i in todo])
+            items = [(pairs[i][0].ll_matcher, pairs[i][1]) for i in todo]
+            groups = self._by_template([pairs[i][0] for i in todo], list(enumerate(items)))
+            if groups is None:
+                oks = self._get_executor().consume_token_par(items)
+            else:  # each group's answers, put back in the order of `todo`
+                oks = [False] * len(todo)
+                answers = self._per_template(groups, lambda ex, group: ex.consume_token_par([it for _, it in group]))
+                for (_, group), ok_list in zip(groups, answers, strict=True):
+                    for (k, _), ok in zip(group, ok_list, strict=True):
+                        oks[k] = ok
         else:
             oks = [pairs[i][0].ll_matcher.consume_token(pairs[i][1]) for i in todo]
         for i, ok in zip(todo, oks, strict=True):
@@ -328,6 +349,37 @@ class StructuredOutputCompiler:
         if m.vocab_size != self.vocab_size:
             raise ValueError(f"a matcher for vocab_size={m.vocab_size} cannot fill a mask of {self.vocab_size}")
         m._check_usable()
+
+    def _by_template(self, matchers: Sequence[GrammarMatcher], items: list[_T]) -> list[tuple[int, list[_T]]] | None:
+        """items (one per matcher) grouped by the template slot their matcher was copied from, or
+        None when there is nothing to group (one template per grammar, or no copies).
+
+        Copies of one template share its lexer cache behind its lock: on llguidance's pool, whose
+        threads take rows regardless of template, they wait on each other. Grouped so that one
+        thread serves each slot, a template's copies share the states its cache has built (the
+        first row at a new state builds it, the others reuse it) without ever contending."""
+        if self.templates <= 1 or all(m.template is None for m in matchers):
+            return None
+        groups: dict[int, list[_T]] = {}
+        for k, (m, item) in enumerate(zip(matchers, items, strict=True)):
+            slot = (m.template if m.template is not None else k) % self.templates
+            groups.setdefault(slot, []).append(item)
+        return sorted(groups.items())
+
+    def _per_template(self, groups: list[tuple[int, list[_T]]],
+                      call: Callable[[llguidance.LLExecutor, list[_T]], _R]) -> list[_R]:
+        """call(slot's one-thread executor, group) for every group, the groups side by side on
+        one Python thread per slot (llguidance releases the GIL); results in group order."""
+        with self._lock:
+            if self._slot_pool is None:
+                self._slot_executors = [llguidance.LLExecutor(num_threads=1) for _ in range(self.templates)]
+                self._slot_pool = ThreadPoolExecutor(self.templates, thread_name_prefix="shardinfer-grammar")
+        pool, executors = self._slot_pool, self._slot_executors
+        if len(groups) == 1:  # nothing to run side by side
+            slot, group = groups[0]
+            return [call(executors[slot], group)]
+        futures = [pool.submit(call, executors[slot], group) for slot, group in groups]
+        return [f.result() for f in futures]
 
     def _get_executor(self) -> llguidance.LLExecutor:
         if self._executor is None:

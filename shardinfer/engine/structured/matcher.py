@@ -32,12 +32,16 @@ class GrammarViolation(RuntimeError):
 class GrammarMatcher:
     """Independent per-sample grammar state; cheap to create (a copy of the compiled template)."""
 
-    def __init__(self, grammar: CompiledGrammar, ll_matcher: llguidance.LLMatcher, num_accepted: int = 0) -> None:
+    def __init__(self, grammar: CompiledGrammar, ll_matcher: llguidance.LLMatcher, num_accepted: int = 0,
+                 template: int | None = None) -> None:
         self.grammar = grammar
         self.vocab_size = grammar.vocab_size
         self.eos_token_ids = grammar.eos_token_ids
         self._m = ll_matcher
         self._num_accepted = num_accepted
+        # Which of the grammar's templates this matcher is a copy of (it shares that template's
+        # lexer cache and lock); None for a matcher built from the grammar alone.
+        self.template = template
 
     # ---- masks ---------------------------------------------------------------------------
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -106,7 +110,7 @@ class GrammarMatcher:
 
     def fork(self) -> GrammarMatcher:
         """An independent copy at the same position (one per sample when n > 1)."""
-        return GrammarMatcher(self.grammar, self._m.deep_copy(), self._num_accepted)
+        return GrammarMatcher(self.grammar, self._m.deep_copy(), self._num_accepted, self.template)
 
     # ---- state ---------------------------------------------------------------------------
     def is_finished(self) -> bool:

@@ -20,7 +20,7 @@ import pytest
 
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine.llm_engine import LLMEngine
-from shardinfer.engine.structured import GrammarMatcher
+from shardinfer.engine.structured import GrammarMatcher, StructuredOutputCompiler
 
 SCHEMA = {
     "type": "object",
@@ -127,8 +127,13 @@ def strict_matchers(monkeypatch: pytest.MonkeyPatch) -> None:
 def _run(model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: str = "float32",
          **kwargs: Any) -> tuple[list[Any], LLMEngine, StepWatch]:
     parallel_accept = kwargs.pop("parallel_accept", None)
+    mask_threads = kwargs.pop("mask_threads", None)
     llm = LLM(model_dir, device=device, dtype=dtype, async_scheduling=async_scheduling, **kwargs)
     engine = llm.llm_engine
+    if mask_threads is not None:  # copies of one template per thread, each template's rows on one thread
+        engine._grammar_compiler = StructuredOutputCompiler(
+            str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
+            num_threads=mask_threads, independent_matchers=False)
     if parallel_accept is not None:  # the default follows the machine's CPU count
         engine.grammar_compiler().parallel_accept = parallel_accept
     watch = StepWatch(engine)
@@ -141,12 +146,13 @@ def _run(model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: st
     {"num_kv_blocks": 16, "block_size": 8},
     {"max_num_seqs": 4, "admission_batch": 2},
     {"parallel_accept": True},
-], ids=["plain", "preempting", "few-seqs", "parallel-accept"])
+    {"parallel_accept": True, "mask_threads": 3},
+], ids=["plain", "preempting", "few-seqs", "parallel-accept", "copies-per-template-thread"])
 def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None) -> None:
     import jsonschema  # a test dependency the GPU machine's tests in this file do not need
 
     want, sync_engine, sync_watch = _run(qwen3_dir, False, **{k: v for k, v in engine_kwargs.items()
-                                                              if k != "parallel_accept"})
+                                                              if k not in ("parallel_accept", "mask_threads")})
     got, engine, watch = _run(qwen3_dir, True, **engine_kwargs)
     assert _key(got) == _key(want)
     # Asynchronously, masks are filled on the mask thread (while the engine thread schedules the
@@ -164,6 +170,8 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
     assert reasons == {"stop", "length"}
     if "num_kv_blocks" in engine_kwargs:
         assert stats["preemptions"] > 0
+    if "mask_threads" in engine_kwargs:  # the fills and accepts ran per template slot
+        assert engine.grammar_compiler()._slot_pool is not None
     assert not engine.has_unfinished() and engine._pending is None and engine._unsampled is None
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     # Constrained outputs that ended on their own are valid: the masks applied on the right state.

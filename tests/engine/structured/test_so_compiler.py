@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,38 @@ def test_batched_accept_equals_accepting_one_by_one(tokenizer_path: Path, eos_id
     with pytest.raises(GrammarViolation, match="error state"):
         fresh[1].allowed_mask()
     assert fresh[2].num_accepted == 0 and fresh[2].allowed_mask().any()  # never handed to llguidance
+
+
+def test_copies_are_filled_one_thread_per_template(tokenizer_path: Path, eos_id: int, tok_vocab: int,
+                                                   monkeypatch: pytest.MonkeyPatch):
+    """Copies of one template never reach two threads at once: the batch is split by template
+    slot (matchers built alone, which share nothing, are spread over the slots), each slot on
+    its own thread; the masks are those of matchers built alone."""
+    compiler = StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, num_threads=3)
+    assert compiler.templates == 3
+    so_args = {"schema_type": "json", "schema": OBJ}
+    grammar = compiler.compile(so_args)
+    copies = [compiler.matcher(so_args) for _ in range(7)]
+    assert [m.template for m in copies] == [0, 1, 2, 0, 1, 2, 0]
+    assert copies[4].fork().template == 1
+    alone = grammar.new_matcher(independent=True)
+    assert alone.template is None
+    batch = [*copies, alone]
+    seen: list[tuple[int, list[int], str]] = []
+    per_template = compiler._per_template
+
+    def watched(groups, call):
+        def on_thread(ex, group):
+            seen.append((len(group), sorted(row for _, row in group), threading.current_thread().name))
+            return call(ex, group)
+        return per_template(groups, on_thread)
+
+    monkeypatch.setattr(compiler, "_per_template", watched)
+    bitmask = allocate_bitmask(len(batch), tok_vocab)
+    compiler.fill_bitmasks([(m, i) for i, m in enumerate(batch)], bitmask)
+    # Slots 0, 1, 2 hold rows {0, 3, 6}, {1, 4, 7 (the lone matcher, 7 % 3)}, {2, 5}.
+    assert sorted(rows for _, rows, _ in seen) == [[0, 3, 6], [1, 4, 7], [2, 5]]
+    assert all(name.startswith("shardinfer-grammar") for _, _, name in seen)
+    want = alone.allowed_mask()
+    for i in range(len(batch)):
+        assert unpack_bitmask(bitmask[i : i + 1], tok_vocab)[0].equal(want), i
