@@ -22,9 +22,11 @@ chunk the key tiles start at the same absolute positions whatever the batch; a t
 fully masked for a row (past its position, or before its window) leaves its running (m, l, acc)
 bit-for-bit unchanged (alpha = 1, p = 0, or everything stays exactly 0 before the first visible
 key); the MMA computes each output row from that row alone. So a row computed alone, in a
-prefill chunk, or among 255 decode rows gives identical bits. q blocks are found in-kernel by a
-binary search over query_start_loc (q block i of request s has index qsl[s] // BQ + s + i), so
-the launcher needs no host copy of the batch layout.
+prefill chunk, or among 255 decode rows gives identical bits. q blocks are found in-kernel from
+query_start_loc (q block i of request s has index qsl[s] // BQ + s + i; `_locate` counts the
+requests starting at or before a block), so the launcher needs no host copy of the batch layout.
+Integer arguments that depend on the batch (block-table width, number of KV chunks) are not
+specialized by Triton, so a new batch shape reuses the compiled kernel.
 
 Semantics = reference.paged_attention (causal; key j visible to a query at absolute position p
 iff j <= p and, with a sliding window w, j > p - w); only rounding differs.
