@@ -7,8 +7,10 @@ finished outputs out. The pipeline drives it directly; `LLM` wraps it for whole 
 With asynchronous scheduling, step N's _launch happens before step N-1's _complete (docs/engine.md).
 When step N samples rows that need N-1's tokens on the host (grammar masks, penalties), N-1's
 _complete runs between step N's forward and its sampling instead: the forward is already queued.
-Grammar masks are then filled on a worker thread while the engine thread returns and schedules
-step N+1; N's sampling is queued at the start of step N+1, before N+1's forward.
+With grammar rows, N-1's tokens are read back and accepted into the matchers first
+(_read_back), N's masks are filled on a worker thread from then on, and the engine thread
+meanwhile finishes N-1's bookkeeping, plans N's sampling, returns and schedules step N+1; N's
+sampling is queued at the start of step N+1, before N+1's forward.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ from shardinfer.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from shardinfer.engine.structured import GrammarViolation
+
+    # What _read_back hands _complete: the sampled tokens, the live rows (request, output slot or
+    # DRAFTS, first row, rows) and, per grammar row's request, the matcher's refusal or None.
+    Accepted = tuple[SampleResult, list[tuple[Request, int, int, int]], dict[int, GrammarViolation | None]]
 
 # PendingStep.output_slots markers for rows that own no placeholder.
 DRAFTS = -1
@@ -237,9 +243,10 @@ class LLMEngine:
         batch building of N) overlaps the device's work. Rows whose sampling needs N-1's tokens
         on the host (grammar masks, penalties) get them between N's forward and N's sampling, so
         that wait, the matchers' advance and the mask filling overlap N's forward. The masks are
-        filled on a worker thread, so the engine thread meanwhile schedules N+1; N's sampling is
-        queued here, first thing in step N+1, before N+1's forward. Only prompt logprobs make a
-        step wait for N-1 before its forward.
+        filled on a worker thread from the moment N-1's tokens are accepted, so the engine thread
+        meanwhile finishes N-1's bookkeeping, plans N's sampling and schedules N+1; N's sampling
+        is queued here, first thing in step N+1, before N+1's forward. Only prompt logprobs make
+        a step wait for N-1 before its forward.
         """
         if self.speculative:
             self._add_drafts()
@@ -315,18 +322,51 @@ class LLMEngine:
         finished: list[RequestOutput] = []
         if self._pending is not None and self._needs_tokens_to_sample(step_logits.sample_requests):
             self.counters["deferred_sampling_steps"] += 1
-            finished = self._complete(self._pending)
-            self._pending = None
+            pending, self._pending = self._pending, None
+            if self.async_scheduling and pending.sampled is not None:
+                # The masks need only the tokens and the advanced matchers: start filling them
+                # now, and do the rest of the pending step's bookkeeping and this step's planning
+                # on this thread meanwhile, off the path from those tokens to this sampling.
+                accepted = self._read_back(pending)
+                constrained = self._constrained_rows(step_logits, accepted[2])
+                if constrained:
+                    masks = self._fill_on_mask_thread(constrained)
+                    finished = self._complete(pending, accepted)
+                    plan = self._plan_sampling(step_logits, batch, constrained)
+                    plan.masks = masks
+                    self._unsampled = plan
+                    return None, finished
+                finished = self._complete(pending, accepted)
+            else:
+                finished = self._complete(pending)
         plan = self._plan_sampling(step_logits, batch)
         if self.async_scheduling and plan.constrained and self._pending is None:
             # Nothing else touches the matchers until the next step() queues this sampling, so
             # the fill runs beside the engine thread's scheduling of that step.
-            if self._mask_thread is None:
-                self._mask_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardinfer-masks")
-            plan.masks = self._mask_thread.submit(self._grammar_masks, plan.constrained)
+            plan.masks = self._fill_on_mask_thread(plan.constrained)
             self._unsampled = plan
             return None, finished
         return self._launch_sampling(plan, self._grammar_masks(plan.constrained)), finished
+
+    def _fill_on_mask_thread(self, constrained: list[tuple[Request, int]]) -> Future[GrammarMasks | None]:
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardinfer-masks")
+        return self._mask_thread.submit(self._grammar_masks, constrained)
+
+    @staticmethod
+    def _constrained_rows(step_logits: StepLogits, violations: dict[int, GrammarViolation | None]
+                          ) -> list[tuple[Request, int]]:
+        """(request, first sampling row) of the rows that need a grammar mask, decided as soon as
+        the previous step's tokens are accepted: not for finished requests, finished grammars or
+        matchers that refused their token. A request the previous step's other checks (stop
+        strings, stop ids) are about to end still gets one; its row is discarded unsampled-for."""
+        rows, first = [], 0
+        for req, count in zip(step_logits.sample_requests, step_logits.sample_counts, strict=True):
+            if (req.grammar is not None and not req.status.finished and not req.grammar.is_finished()
+                    and violations.get(id(req)) is None):
+                rows.append((req, first))
+            first += count
+        return rows
 
     def _forward(self, batch: ScheduledBatch) -> StepLogits:
         """Queue the batch's forward pass (inputs still on the device come from the pending step)."""
@@ -339,7 +379,8 @@ class LLMEngine:
         self.counters["steps"] += 1
         return step_logits
 
-    def _plan_sampling(self, step_logits: StepLogits, batch: ScheduledBatch) -> SamplingPlan:
+    def _plan_sampling(self, step_logits: StepLogits, batch: ScheduledBatch,
+                       constrained: list[tuple[Request, int]] | None = None) -> SamplingPlan:
         """A forward's sampling rows, with a placeholder where each token will go.
 
         A request may have finished since its forward was queued (the previous step, completed in
@@ -353,8 +394,9 @@ class LLMEngine:
             # Row j scores the token at position (tokens before the drafts) + j.
             base = req.num_tokens - (count - 1)
             rows.extend(self._sampling_row(req, base + j) for j in range(count))
-        constrained = [(r, first_rows[i]) for i, r in enumerate(reqs)
-                       if r.grammar is not None and not r.status.finished]
+        if constrained is None:
+            constrained = [(r, first_rows[i]) for i, r in enumerate(reqs)
+                           if r.grammar is not None and not r.status.finished]
         for i, (req, count) in enumerate(zip(reqs, counts, strict=True)):
             if req.status.finished:
                 slots.append(DISCARDED)
@@ -394,19 +436,12 @@ class LLMEngine:
                 index.append(req.sample_slot)
         return InputFixup(rows, index, self._pending.sampled.tokens) if rows else None
 
-    def _complete(self, step: PendingStep) -> list[RequestOutput]:
-        """Read a launched step's results back (its only host sync) and do the bookkeeping."""
-        for request_id, (first, logits) in step.prompt_logits.items():
-            req = self.requests.get(request_id)
-            if req is not None:
-                self._record_prompt_logprobs(req, first, logits)
-        if step.sampled is None:
-            if self.config.speculative_mtp:
-                self._mtp_step(step.batch, [])
-            return []
+    def _read_back(self, step: PendingStep) -> Accepted:
+        """Wait for a launched step's sampled tokens (its only host sync) and advance the grammar
+        matchers of its live rows by them, in one batched call: all that the next step's masks
+        need. The rest of the step's bookkeeping is `_complete`'s."""
+        assert step.sampled is not None
         result = step.sampled.result()
-        finished: list[RequestOutput] = []
-        drafting: list[Request] = []
         live: list[tuple[Request, int, int, int]] = []  # (request, output slot or DRAFTS, first row, rows)
         row = 0
         for i, req in enumerate(step.requests):
@@ -415,12 +450,27 @@ class LLMEngine:
             if slot == DISCARDED or req.status.finished or self.requests.get(req.request_id) is not req:
                 continue  # aborted, or finished by an earlier token while this one was in flight
             live.append((req, slot, first, step.counts[i]))
-        # The step's grammar tokens advance their matchers in one batched call (the next masks wait for it).
         constrained = [(req, result.token_ids[first]) for req, slot, first, _ in live
                        if slot != DRAFTS and req.grammar is not None]
         violations = dict(zip((id(req) for req, _ in constrained),
                               self.grammar_compiler().accept_tokens([(req.grammar, t) for req, t in constrained])
                               if constrained else [], strict=True))
+        return result, live, violations
+
+    def _complete(self, step: PendingStep, accepted: Accepted | None = None) -> list[RequestOutput]:
+        """Read a launched step's results back (its only host sync) and do the bookkeeping;
+        `accepted`: what `_read_back` already did for it."""
+        for request_id, (first, logits) in step.prompt_logits.items():
+            req = self.requests.get(request_id)
+            if req is not None:
+                self._record_prompt_logprobs(req, first, logits)
+        if step.sampled is None:
+            if self.config.speculative_mtp:
+                self._mtp_step(step.batch, [])
+            return []
+        result, live, violations = accepted if accepted is not None else self._read_back(step)
+        finished: list[RequestOutput] = []
+        drafting: list[Request] = []
         for req, slot, first, count in live:
             if slot == DRAFTS:
                 self._verify_drafts(req, result, first, count - 1)

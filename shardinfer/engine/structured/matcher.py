@@ -42,6 +42,7 @@ class GrammarMatcher:
         # Which of the grammar's templates this matcher is a copy of (it shares that template's
         # lexer cache and lock); None for a matcher built from the grammar alone.
         self.template = template
+        self._finished = self._read_finished()
 
     # ---- masks ---------------------------------------------------------------------------
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -80,9 +81,11 @@ class GrammarMatcher:
     def record_consumed(self, token_id: int, ok: bool) -> None:
         """Book llguidance's answer to consuming token_id (here or in a batched call)."""
         if not ok:
+            self._finished = False
             raise GrammarViolation(f"token {token_id} is not allowed by the {self.grammar.schema_type} "
                                    f"grammar here: {self._m.get_error()[:500]}")
         self._num_accepted += 1
+        self._finished = self._read_finished()
 
     def validate(self, token_ids: list[int]) -> int:
         """How many leading tokens of `token_ids` the grammar would accept in a row, without
@@ -101,12 +104,14 @@ class GrammarMatcher:
         if not self._m.rollback(n):
             raise GrammarViolation(f"llguidance could not roll back {n} tokens: {self._m.get_error()[:500]}")
         self._num_accepted -= n
+        self._finished = self._read_finished()
 
     def reset(self) -> None:
         """Back to the start of the grammar, as if no token had been accepted."""
         if not self._m.reset():
             raise GrammarViolation(f"llguidance could not reset the matcher: {self._m.get_error()[:500]}")
         self._num_accepted = 0
+        self._finished = self._read_finished()
 
     def fork(self) -> GrammarMatcher:
         """An independent copy at the same position (one per sample when n > 1)."""
@@ -116,8 +121,13 @@ class GrammarMatcher:
     def is_finished(self) -> bool:
         """True once the grammar is done: eos was accepted, or no token but eos may follow.
 
-        The engine can end the sample ("stop") here without sampling the eos.
+        The engine can end the sample ("stop") here without sampling the eos. Kept from the last
+        change of state rather than asked of llguidance, so that the engine thread can read it
+        while the mask thread fills this matcher's mask.
         """
+        return self._finished
+
+    def _read_finished(self) -> bool:
         return bool(self._m.is_stopped()) and not self._m.is_error()
 
     def can_finish(self) -> bool:

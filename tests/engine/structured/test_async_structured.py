@@ -78,10 +78,11 @@ class StepWatch:
         self.masked_rows = 0
         self.skipped_rows = 0  # grammar requests finished before their row's sampling
         self.fill_threads: list[str] = []  # the thread each mask fill ran on
-        self._sampling: list[Any] = []
+        self.completes_beside_fill = 0
         self._wrap(engine, "step", self._on_step)
         self._wrap(engine, "_complete", self._on_complete)
         self._wrap(engine, "_grammar_masks", self._on_masks)
+        self._wrap(engine, "_launch_sampling", self._on_launch_sampling)
         self._wrap(engine.runner, "execute", self._on_execute)
 
     @staticmethod
@@ -93,23 +94,30 @@ class StepWatch:
         self.steps.append([])
         return original()
 
-    def _on_complete(self, original: Callable[..., Any], step: Any) -> Any:
+    def _on_complete(self, original: Callable[..., Any], *args: Any) -> Any:
         self.steps[-1].append("complete")
-        return original(step)
+        # Given the tokens already read back and accepted: the masks were being filled meanwhile.
+        self.completes_beside_fill += len(args) > 1 and args[1] is not None
+        return original(*args)
 
     def _on_execute(self, original: Callable[..., Any], *args: Any) -> Any:
         self.steps[-1].append("execute")
-        logits = original(*args)
-        self._sampling = list(logits.sample_requests)
-        return logits
+        return original(*args)
 
     def _on_masks(self, original: Callable[..., Any], constrained: list[Any]) -> Any:
+        # Never a mask for a finished grammar. (On the mask thread the previous step's other
+        # checks may be ending a request meanwhile, by a stop string: its row is then discarded.)
         for req, _ in constrained:
-            assert not req.status.finished and not req.grammar.is_finished(), req.request_id
+            assert not req.grammar.is_finished(), req.request_id
         self.masked_rows += len(constrained)
         self.fill_threads.append(threading.current_thread().name)
-        self.skipped_rows += sum(r.grammar is not None and r.status.finished for r in self._sampling)
         return original(constrained)
+
+    def _on_launch_sampling(self, original: Callable[..., Any], plan: Any, grammar: Any) -> Any:
+        # Grammar requests that ended while their row was in the forward: sampled for nothing,
+        # their token dropped (the previous step's bookkeeping is complete here).
+        self.skipped_rows += sum(r.grammar is not None and r.status.finished for r in plan.step_logits.sample_requests)
+        return original(plan, grammar)
 
 
 @pytest.fixture
@@ -159,6 +167,8 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
     # next step), at least for the steps that follow a deferred read-back; synchronously, never.
     assert any(name.startswith("shardinfer-masks") for name in watch.fill_threads)
     assert sync_watch.fill_threads and not any(n.startswith("shardinfer-masks") for n in sync_watch.fill_threads)
+    # ...and, once the previous step's tokens are accepted, while its bookkeeping runs.
+    assert watch.completes_beside_fill > 0 and sync_watch.completes_beside_fill == 0
     stats = engine.stats()
     assert stats["synchronous_steps"] == 0 and stats["deferred_sampling_steps"] > 0
     assert sync_engine.stats()["deferred_sampling_steps"] == 0
