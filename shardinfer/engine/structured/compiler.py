@@ -290,8 +290,8 @@ class StructuredOutputCompiler:
         that matcher unusable (the others are advanced all the same).
 
         With parallel_accept the tokens are consumed in one call on llguidance's thread pool (the
-        GIL released once), else one after another: same states either way, since no two pairs
-        share a matcher."""
+        GIL released once; copies of a template on that template slot's thread, as for masks),
+        else one after another: same states either way, since no two pairs share a matcher."""
         results: list[GrammarViolation | None] = [None] * len(pairs)
         todo: list[int] = []
         for i, (m, token) in enumerate(pairs):
