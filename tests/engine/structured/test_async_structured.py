@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine.llm_engine import LLMEngine
@@ -258,3 +259,37 @@ def test_abort_while_masks_are_filled(qwen3_dir: Path) -> None:
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert [done[f"r{i}"].outputs[0].token_ids for i in (1, 2, 3)] == [o.outputs[0].token_ids for o in want]
     assert "r0" not in done
+
+
+def test_tokens_the_grammar_refuses_fail_their_request_alone(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               strict_matchers: None) -> None:
+    """Should a sampled token break its grammar (here: the masks of all but the first constrained
+    request are dropped), that request ends with finish_reason "error" and its matcher gets no
+    further mask or token; the others go on, the first one under its grammar. Asynchronously the
+    refusal is known right after the read-back, before the next masks are chosen: same outputs
+    as synchronous scheduling."""
+    import shardinfer.engine.sampler as sampler_module
+    from shardinfer.engine.structured import apply_bitmask
+
+    def first_row_only(x: Any, grammar: Any) -> None:
+        rows = [r for r in grammar.rows if r == 0]  # request 0 samples in row 0 while it runs
+        if rows:
+            apply_bitmask(x, grammar.bitmask[:1], torch.tensor(rows, dtype=torch.long))
+
+    monkeypatch.setattr(sampler_module, "_apply_grammar", first_row_only)
+    prompts = [[5, 6, 7], [9, 10, 11, 12], [3, 1, 4], [2, 7, 1, 8], [4, 4, 4]]
+    params = [SamplingParams(temperature=1.0, max_tokens=30, seed=i, so_args=JSON if i % 2 == 0 else None)
+              for i in range(len(prompts))]
+
+    def run(async_scheduling: bool) -> list[Any]:
+        llm = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=async_scheduling)
+        return llm.generate(prompts, params)
+
+    want = run(False)
+    got = run(True)
+    assert _key(got) == _key(want)
+    assert [o.outputs[0].finish_reason for o in got] == [got[0].outputs[0].finish_reason, "length", "error",
+                                                         "length", "error"]
+    assert got[0].outputs[0].finish_reason in ("stop", "length")
+    if got[0].outputs[0].finish_reason == "stop":  # its masks held: a JSON object
+        assert isinstance(json.loads(got[0].outputs[0].text), dict)
