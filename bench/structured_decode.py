@@ -135,10 +135,11 @@ class StepClock:
         sampler = SlowStepSampler()
         try:
             while self.engine.has_unfinished():
-                sampler.begin(len(self.steps))
-                t0 = time.perf_counter()
+                # Counter snapshots before the clock starts: the step's time is the engine's alone.
                 wait0, self._fill_s, self._gc_s = self.engine.stats()["grammar_mask_wait_s"], 0.0, 0.0
                 retries0 = self._alloc_retries()
+                sampler.begin(len(self.steps))
+                t0 = time.perf_counter()
                 outs += self.engine.step()
                 elapsed = time.perf_counter() - t0
                 sampler.end()

@@ -320,9 +320,12 @@ class LLMEngine:
         completed in between, while the forward runs."""
         step_logits = self._forward(batch)
         finished: list[RequestOutput] = []
+        constrained: list[tuple[Request, int]] | None = None  # None: chosen when planning
+        masks: Future[GrammarMasks | None] | None = None
         if self._pending is not None and self._needs_tokens_to_sample(step_logits.sample_requests):
             self.counters["deferred_sampling_steps"] += 1
             pending, self._pending = self._pending, None
+            accepted = None
             if self.async_scheduling and pending.sampled is not None:
                 # The masks need only the tokens and the advanced matchers: start filling them
                 # now, and do the rest of the pending step's bookkeeping and this step's planning
@@ -331,19 +334,14 @@ class LLMEngine:
                 constrained = self._constrained_rows(step_logits, accepted[2])
                 if constrained:
                     masks = self._fill_on_mask_thread(constrained)
-                    finished = self._complete(pending, accepted)
-                    plan = self._plan_sampling(step_logits, batch, constrained)
-                    plan.masks = masks
-                    self._unsampled = plan
-                    return None, finished
-                finished = self._complete(pending, accepted)
-            else:
-                finished = self._complete(pending)
-        plan = self._plan_sampling(step_logits, batch)
-        if self.async_scheduling and plan.constrained and self._pending is None:
+            finished = self._complete(pending, accepted)
+        plan = self._plan_sampling(step_logits, batch, constrained)
+        if masks is None and self.async_scheduling and plan.constrained and self._pending is None:
             # Nothing else touches the matchers until the next step() queues this sampling, so
             # the fill runs beside the engine thread's scheduling of that step.
-            plan.masks = self._fill_on_mask_thread(plan.constrained)
+            masks = self._fill_on_mask_thread(plan.constrained)
+        if masks is not None:
+            plan.masks = masks
             self._unsampled = plan
             return None, finished
         return self._launch_sampling(plan, self._grammar_masks(plan.constrained)), finished

@@ -7,6 +7,7 @@ check raises ValueError naming the argument, what it got and what it needs.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable
 
@@ -18,6 +19,12 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """The GPU's number of streaming multiprocessors (cached per device)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def fail(name: str, got: object, need: str) -> ValueError:

@@ -68,6 +68,7 @@ from shardinfer.kernels._common import (
     check_tiles,
     fail,
     interpreting,
+    sm_count,
 )
 from shardinfer.kernels._mma import k_loop, mma
 
@@ -350,10 +351,6 @@ def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, ws_ptr, M, N, K, stride_ym,
                       GROUP_M, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
 
 def _check(x: object, weight: object, bias: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     x = check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
@@ -393,7 +390,7 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
         stride_xm = k
     on_gpu = x.device.type == "cuda"
     # The interpreter has no SMs; 4 programs still exercise the persistent loop.
-    cap = (_sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
+    cap = (sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k
     grid = (min(cap, tiles) if config.persistent else tiles,)
     common = dict(HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=config.block_m,

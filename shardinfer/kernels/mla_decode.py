@@ -33,8 +33,6 @@ Semantics = reference_mla.mla_paged_attention; only rounding differs.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -47,6 +45,7 @@ from shardinfer.kernels._common import (
     check_tensor,
     fail,
     next_pow2,
+    sm_count,
 )
 
 # Tile config, fixed because it fixes the rounding. Chosen by bench/kernels/bench_kernels.py's MLA
@@ -64,10 +63,6 @@ MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
 _LOG2E = 1.4426950408889634
 
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "n_chunks"])
@@ -111,20 +106,17 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
             n_ok = n < kv_hi
             if TMA:
                 # The whole tile lies in one page (PAGE % BLOCK_N == 0): one block-table read.
-                page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + start // PAGE)
+                page = tl.load(bt_row + start // PAGE)
                 row0 = page * PAGE + start % PAGE
                 lat_lo = lat_desc.load([row0, 0])
                 lat_hi = lat_desc.load([row0, RH])
                 k_pe = pe_desc.load([row0, 0])
-            elif PAGE_PREFETCH:
-                sel = (n // PAGE - first_page)[:, None] == pslot[None, :]
-                page = tl.sum(tl.where(sel, chunk_pages[None, :], 0), axis=1)
-                row = (page * PAGE + n % PAGE) * (2 * RH + DPE)
-                lat_lo = tl.load(c_ptr + row[:, None] + h[None, :], mask=n_ok[:, None], other=0.0)
-                lat_hi = tl.load(c_ptr + row[:, None] + RH + h[None, :], mask=n_ok[:, None], other=0.0)
-                k_pe = tl.load(c_ptr + row[:, None] + 2 * RH + e[None, :], mask=n_ok[:, None], other=0.0)
             else:
-                page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+                if PAGE_PREFETCH:
+                    sel = (n // PAGE - first_page)[:, None] == pslot[None, :]
+                    page = tl.sum(tl.where(sel, chunk_pages[None, :], 0), axis=1)
+                else:
+                    page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
                 row = (page * PAGE + n % PAGE) * (2 * RH + DPE)
                 lat_lo = tl.load(c_ptr + row[:, None] + h[None, :], mask=n_ok[:, None], other=0.0)
                 lat_hi = tl.load(c_ptr + row[:, None] + RH + h[None, :], mask=n_ok[:, None], other=0.0)
@@ -208,7 +200,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
         lat_desc = pe_desc = cache  # unused stand-ins on the pointer path
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
     if num_stages is None:
-        few = q_latent.is_cuda and t <= _sm_count(q_latent.device.index or 0)
+        few = q_latent.is_cuda and t <= sm_count(q_latent.device.index or 0)
         num_stages = MLA_NUM_STAGES_FEW_TOKENS if few else MLA_NUM_STAGES
     chunk_pages = next_pow2(-(-kv_chunk // page) + 1)  # pages a chunk can touch (it need not start on one)
 

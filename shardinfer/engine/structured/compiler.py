@@ -200,12 +200,12 @@ class StructuredOutputCompiler:
         if templates is not None and templates < 1:
             raise ValueError(f"templates={templates} must be >= 1 (or None for one per mask thread)")
         self._num_threads = num_threads
-        self.templates = templates if templates is not None else (num_threads or default_mask_threads())
+        mask_threads = num_threads or default_mask_threads()
+        self.templates = templates if templates is not None else mask_threads
         self.independent_matchers = independent_matchers
         # Consuming a token costs a few microseconds per row; on the thread pool a full batch's
         # accepts take less time than one after another once there are a few threads to share.
-        self.parallel_accept = (num_threads or default_mask_threads()) >= 4 if parallel_accept is None \
-            else parallel_accept
+        self.parallel_accept = mask_threads >= 4 if parallel_accept is None else parallel_accept
         self._executor: llguidance.LLExecutor | None = None
         self._slot_pool: ThreadPoolExecutor | None = None  # see _per_template
         self._slot_executors: list[llguidance.LLExecutor] = []
