@@ -161,6 +161,27 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
     return rows
 
 
+def mla_scaling(bw: float) -> list[dict[str, Any]]:
+    """The shipped MLA decode configuration over batch and context (CUDA-graph replays): the time
+    per call against the latent bytes read, so a fixed per-call cost (launches, the pipeline's
+    fill and drain, the chunk merge) shows apart from the streaming rate."""
+    rows = []
+    for b in (64, 128, 256):
+        for ctx in (512, 2048, 8192):
+            db = DecodeBatch(b, ctx, 16, 64, (576,), (512, 64))
+
+            def run(db: DecodeBatch = db) -> torch.Tensor:
+                return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt, 0.1,
+                                                      max_seq_len=db.ctx)
+            nbytes = b * ctx * 576 * 2 + b * 16 * (576 + 512) * 2
+            ms = graph_ms(run)
+            rows.append({"batch": b, "ctx": ctx, "ms": ms, "GBs": nbytes / (ms * 1e-3) / 1e9,
+                         "of_copy_bw": nbytes / (ms * 1e-3) / bw})
+            print(json.dumps(rows[-1]), flush=True)
+            del db
+    return rows
+
+
 def bench_moe(bw: float, flops: float) -> list[dict[str, Any]]:
     """moe-16b routed experts: hidden 2048, intermediate 1408, 64 experts, top-6, bf16."""
     hidden, inter, experts, top_k = 2048, 1408, 64, 6
@@ -256,6 +277,7 @@ def main() -> None:
     path = out / f"kernels-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     for name, fn in [("small", bench_small), ("moe", lambda: bench_moe(bw, flops)),
                      ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
+                     ("mla_scaling", lambda: mla_scaling(bw)),
                      ("paged_attention", lambda: sweep_dense(bw, flops))]:
         if args.only and name not in args.only.split(","):
             continue
@@ -277,6 +299,10 @@ def main() -> None:
                     "error")
             print("mla " + " ".join(f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
                                     for k in keys if k in r))
+    for r in record.get("mla_scaling", []):
+        if isinstance(r, dict):
+            print(f"mla shipped batch={r['batch']} ctx={r['ctx']} {r['ms'] * 1e3:.1f} us "
+                  f"{r['GBs']:.0f} GB/s ({100 * r['of_copy_bw']:.0f}%)")
     print(f"wrote {path}")
 
 

@@ -56,9 +56,16 @@ class MoeTiles:
     # Expert weights through the tensor-memory accelerator (Hopper and later). The gathered token
     # rows always use pointer loads: they are scattered over x, which TMA tiles cannot express.
     tma: bool = False
+    # Launch order: programs walk every column block of `group_m` consecutive row tiles before
+    # the next group, so the programs running at once share a few tiles' token rows and one or
+    # two experts' weights in L2. 0: row tiles fastest, every column block's pass over all tiles
+    # in turn. Order only: no value depends on it.
+    group_m: int = 0
 
     def __post_init__(self) -> None:
         check_tiles(self, ("block_m", "block_n", "block_k"), ("num_warps", "num_stages"))
+        if self.group_m < 0:
+            raise ValueError(f"MoeTiles.group_m: got {self.group_m}, need >= 0 (0: row tiles fastest)")
 
 
 DEFAULT_TILES = MoeTiles()
@@ -90,21 +97,30 @@ def _weight_tile(w_base, w_desc, desc_row, cols, col_ok, k0, k_dim, swn,
     return tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tiles"])
 def _grouped_gemm_kernel(a_ptr, w_ptr, w_desc, out_ptr, sorted_ptr, block_expert_ptr, n_cols, k_dim, a_row_div,
-                         sa, swe, swn, so, n_experts, up_offset, rows_per_expert,
+                         sa, swe, swn, so, n_experts, up_offset, rows_per_expert, n_tiles,
                          GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-                         TMA: tl.constexpr):
+                         TMA: tl.constexpr, GROUP_M: tl.constexpr):
     """out[slot, n] = a[slot // a_row_div] . w[e, n] (GATED: silu(. w[e, n]) * (. w[e, up_offset + n]))."""
-    tile = tl.program_id(0)
+    n_blocks = tl.cdiv(n_cols, BLOCK_N)
+    pid = tl.program_id(0)
+    if GROUP_M == 0:
+        tile = pid % n_tiles
+        col_block = pid // n_tiles
+    else:
+        first = pid // (GROUP_M * n_blocks) * GROUP_M
+        size = tl.minimum(n_tiles - first, GROUP_M)
+        tile = first + pid % (GROUP_M * n_blocks) % size
+        col_block = pid % (GROUP_M * n_blocks) // size
     expert = tl.load(block_expert_ptr + tile)
     if expert < n_experts:  # tiles past the last expert's run (worst-case grid) do nothing
         rows = tl.arange(0, BLOCK_M)
         slot = tl.load(sorted_ptr + tile * BLOCK_M + rows)
         row_ok = slot >= 0
         a_row = tl.where(row_ok, slot // a_row_div, 0).to(tl.int64)
-        n0 = tl.program_id(1) * BLOCK_N
+        n0 = col_block * BLOCK_N
         cols = n0 + tl.arange(0, BLOCK_N)
         col_ok = cols < n_cols
         w_base = w_ptr + expert.to(tl.int64) * swe
@@ -263,16 +279,16 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     n_tiles = block_expert.shape[0]
     common = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpreting(),
-                  TMA=cfg.tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  TMA=cfg.tma, GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     act = torch.empty(t * top_k, inter, dtype=x.dtype, device=x.device)
-    _grouped_gemm_kernel[(n_tiles, triton.cdiv(inter, cfg.block_n))](
+    _grouped_gemm_kernel[(n_tiles * triton.cdiv(inter, cfg.block_n),)](
         x, w_gate_up, _weight_descriptor(w_gate_up, cfg), act, sorted_slots, block_expert, inter, hidden, top_k,
-        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), n_experts, inter, two_i,
+        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), act.stride(0), n_experts, inter, two_i, n_tiles,
         GATED=True, **common)
     slot_out = torch.empty(t * top_k, hidden, dtype=x.dtype, device=x.device)
-    _grouped_gemm_kernel[(n_tiles, triton.cdiv(hidden, cfg.block_n))](
+    _grouped_gemm_kernel[(n_tiles * triton.cdiv(hidden, cfg.block_n),)](
         act, w_down, _weight_descriptor(w_down, cfg), slot_out, sorted_slots, block_expert, hidden, inter, 1,
-        act.stride(0), w_down.stride(0), w_down.stride(1), slot_out.stride(0), n_experts, 0, hidden,
+        act.stride(0), w_down.stride(0), w_down.stride(1), slot_out.stride(0), n_experts, 0, hidden, n_tiles,
         GATED=False, **common)
     block = min(1024, next_pow2(hidden))
     _combine_kernel[(t, triton.cdiv(hidden, block))](slot_out, topk_weights, out, hidden, TOP_K=top_k, BLOCK=block)

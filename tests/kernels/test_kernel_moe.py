@@ -117,6 +117,32 @@ def test_moe16b_shapes_bf16(tiles: MoeTiles | None) -> None:
         assert torch.equal(fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], wgu, wd, tiles=tiles), out[i:i + 1])
 
 
+@pytest.mark.parametrize("group_m", [1, 2, 3])
+def test_launch_order_changes_no_value(device: torch.device, group_m: int) -> None:
+    # 40 tokens top-3 over 4 experts with 16-row tiles: about 11 row tiles and 3 column blocks
+    # (inter 40, block_n 16), so groups of 1-3 tiles include a partial last group.
+    x, ids, w, wgu, wd = _problem(t=40, hidden=32, inter=40, experts=4, top_k=3, dtype=torch.float32, seed=11)
+    args = [a.to(device) for a in (x, ids, w, wgu, wd)]
+    rows_first = fused_moe(*args, tiles=MoeTiles(16, 16, 16, 4, 2))
+    grouped = fused_moe(*args, tiles=MoeTiles(16, 16, 16, 4, 2, group_m=group_m))
+    assert torch.equal(grouped, rows_first)
+    assert rel_err(grouped.cpu(), reference_moe.moe_experts(x, ids, w, wgu, wd)) < 1e-5
+    with pytest.raises(ValueError, match=r"MoeTiles\.group_m"):
+        MoeTiles(group_m=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [MoeTiles(64, 64, 64, 4, 3, group_m=8), MoeTiles(128, 128, 64, 8, 3, group_m=8),
+                                   MoeTiles(128, 128, 64, 8, 4, group_m=8), MoeTiles(64, 128, 64, 4, 3, group_m=8)],
+                         ids=["64x64_g8", "128x128_g8", "128x128_s4_g8", "64x128_g8"])
+def test_wgmma_tilings_compute_the_default_bits(tiles: MoeTiles) -> None:
+    """Tilings whose MMAs all run on wgmma with the same K step give every (token, slot) row the
+    default tiling's bits; only such a tiling may serve other batch sizes than the default."""
+    dev = torch.device("cuda")
+    x, ids, w, wgu, wd = (a.to(dev) for a in _problem(1000, 2048, 1408, 64, 6, torch.bfloat16, seed=12))
+    assert torch.equal(fused_moe(x, ids, w, wgu, wd, tiles=tiles), fused_moe(x, ids, w, wgu, wd))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tma_weights_match_reference_and_stay_invariant(device: torch.device, dtype: torch.dtype) -> None:
     # inter=40 with block_n=32 leaves a partial last column block, whose TMA tile reads past the

@@ -38,13 +38,13 @@ def build(fn, args, divisible, constexprs, **options):
 tiles = moe.moe_tiles(2048, 1408, torch.bfloat16)
 gemm = {"a_ptr": "*bf16", "w_ptr": "*bf16", "w_desc": "*bf16", "out_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
         "n_cols": "i32", "k_dim": "i32", "a_row_div": "i32", "sa": "i32", "swe": "i32", "swn": "i32", "so": "i32",
-        "n_experts": "i32", "up_offset": "i32", "rows_per_expert": "i32"}
+        "n_experts": "i32", "up_offset": "i32", "rows_per_expert": "i32", "n_tiles": "i32"}
 out = {}
 for gated in (True, False):
     out["gate_up" if gated else "down"] = build(
-        moe._grouped_gemm_kernel, gemm, set(gemm) - {"a_row_div"},  # top-k (6) is not divisible by 16
+        moe._grouped_gemm_kernel, gemm, set(gemm) - {"a_row_div", "n_tiles"},  # top-k (6) is not divisible by 16
         dict(GATED=gated, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, PRECISION="tf32",
-             INTERPRET=False, TMA=tiles.tma), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+             INTERPRET=False, TMA=tiles.tma, GROUP_M=tiles.group_m), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 route = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i64", "stride_t": "i32",
          "n_experts": "i32", "per_group": "i32", "n_group": "i32", "scale": "fp32"}
 # DeepSeek-V3's own router: 256 experts in 8 groups, 4 kept, top-8.
