@@ -4,8 +4,11 @@ S3 fixtures (`moto_endpoint`, `s3_bucket`, `fault_proxy`) come from s3_server.py
 API (moto) on 127.0.0.1, never a mock of fsspec.
 """
 
+import gc
 import os
+from collections.abc import Iterator
 
+import pytest
 import torch
 
 # Without a GPU, Triton kernels run in Triton's CPU interpreter; it must be switched on before
@@ -23,3 +26,14 @@ except ImportError:  # tests/ imported as a package
     from tests.s3_server import fault_proxy, moto_endpoint, s3_bucket
 
 __all__ = ["fault_proxy", "moto_endpoint", "s3_bucket"]
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a GPU test, free what its engines held before the next test allocates: an engine sizes
+    its KV cache from the device's free memory, and test helpers that patch an engine's methods
+    keep it in a reference cycle that only the cycle collector frees."""
+    yield
+    if request.node.get_closest_marker("gpu") is not None and torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()

@@ -9,6 +9,9 @@ routing kernel (sigmoid + correction bias, scale 2.446) from random router logit
 * Decode sizes (T = 64, 256) are bound by reading the weights of every expert some token chose
   (3HI * 2 bytes each): reported in GB/s and as a fraction of the measured device-to-device
   copy bandwidth (bytes read + written, the convention of the other kernel benchmarks).
+* Each size's floor is the slower of the two (FLOPs at the matmul rate, touched weights at copy
+  bandwidth); "of floor" is that time over the measured one. Below about 2k tokens the weight
+  reads are the larger: 1024 tokens touch nearly every expert for a sixth of the FLOPs of 8192.
 
 Every time is the median of CUDA-event timings after warm-up. Decode sizes are also timed as a
 CUDA-graph replay (what the engine runs): the eager time includes the host launching ~15
@@ -42,12 +45,12 @@ BF16 = torch.bfloat16
 HIDDEN, INTER, EXPERTS, TOP_K, SCALE = 2048, 1408, 64, 6, 2.446
 PREFILL = (1024, 2048, 4096, 8192)
 DECODE = (64, 256)
-# The default first; --sweep adds the others (each is one fixed tiling for every T: batch invariant).
-TILINGS = [moe.DEFAULT_TILES]
-SWEEP = [MoeTiles(64, 64, 64, 4, 3, group_m=8), MoeTiles(128, 128, 64, 8, 3), MoeTiles(128, 128, 64, 8, 3, group_m=8),
-         MoeTiles(128, 128, 64, 8, 4, group_m=8), MoeTiles(128, 64, 64, 4, 3, group_m=8),
-         MoeTiles(64, 128, 64, 4, 3, group_m=8), MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=8),
-         MoeTiles(64, 256, 64, 8, 3, tma=True, group_m=8), MoeTiles(128, 128, 64, 8, 3, group_m=4)]
+# The shipped choice first (None: moe_tiles picks by batch size, as the engine runs it); --sweep
+# adds fixed tilings (each checked for the default tiling's bits, which a per-size choice needs).
+TILINGS: list[MoeTiles | None] = [None]
+SWEEP = [moe.DEFAULT_TILES, moe.LARGE_TILES, MoeTiles(64, 64, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3),
+         MoeTiles(128, 128, 64, 8, 3, group_m=16), MoeTiles(128, 128, 64, 8, 4, group_m=8),
+         MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=8), MoeTiles(128, 64, 64, 4, 3, group_m=8)]
 
 
 
@@ -69,7 +72,11 @@ class Problem:
         return x, ids, w, logits
 
 
-def check(p: Problem, tiles: MoeTiles) -> dict[str, Any]:
+def _tiles_row(tiles: MoeTiles | None) -> dict[str, Any] | str:
+    return asdict(tiles) if tiles is not None else "shipped (by batch size)"
+
+
+def check(p: Problem, tiles: MoeTiles | None) -> dict[str, Any]:
     """Accuracy against the float32 reference, bitwise batch invariance for one tiling, and whether
     it computes the default tiling's bits (then the two may serve different batch sizes)."""
     x, ids, w, _ = p.tokens(256)
@@ -82,16 +89,20 @@ def check(p: Problem, tiles: MoeTiles) -> dict[str, Any]:
     return {"rel_err_vs_fp32": rel, "token_alone_bitwise": invariant, "bits_equal_default": same_bits}
 
 
-def measure(p: Problem, tiles: MoeTiles, t: int, bw: float, flops: float) -> dict[str, Any]:
+def measure(p: Problem, tiles: MoeTiles | None, t: int, bw: float, flops: float) -> dict[str, Any]:
     x, ids, w, logits = p.tokens(t)
     ms = median_ms(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles))
     touched = int(torch.unique(ids).numel())
     weight_bytes = touched * 3 * HIDDEN * INTER * 2
     fl = 2 * t * TOP_K * 3 * HIDDEN * INTER
-    row: dict[str, Any] = {"tiles": asdict(tiles), "tokens": t, "ms": ms, "experts_touched": touched,
+    # The floor: the slower of doing the FLOPs at the matmul rate and reading the touched experts'
+    # weights at copy bandwidth (below ~2k tokens the weights dominate).
+    floor_ms = max(fl / flops, weight_bytes / bw) * 1e3
+    row: dict[str, Any] = {"tiles": _tiles_row(tiles), "tokens": t, "ms": ms, "experts_touched": touched,
                            "TFLOPs": fl / (ms * 1e-3) / 1e12, "of_matmul_rate": fl / (ms * 1e-3) / flops,
                            "weight_GBs": weight_bytes / (ms * 1e-3) / 1e9,
-                           "weight_of_copy_bw": weight_bytes / (ms * 1e-3) / bw}
+                           "weight_of_copy_bw": weight_bytes / (ms * 1e-3) / bw,
+                           "floor_ms": floor_ms, "of_floor": floor_ms / ms}
     if t in DECODE:
         gms = graph_ms(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles))
         row.update(graph_ms=gms, graph_weight_GBs=weight_bytes / (gms * 1e-3) / 1e9,
@@ -99,25 +110,26 @@ def measure(p: Problem, tiles: MoeTiles, t: int, bw: float, flops: float) -> dic
         row["routing_graph_ms"] = graph_ms(lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE))
     else:
         row["routing_ms"] = median_ms(lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE))
-    row["align_ms"] = median_ms(lambda: moe.align_to_experts(ids, EXPERTS, tiles.block_m))
+    cfg = tiles or moe.moe_tiles(HIDDEN, INTER, BF16, t * TOP_K / EXPERTS, x.device)
+    row["align_ms"] = median_ms(lambda: moe.align_to_experts(ids, EXPERTS, cfg.block_m))
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| tiles (m, n, k, warps, stages) | T | ms | graph ms | TFLOP/s (of matmul) | weights GB/s (of copy bw) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| tiles (m, n, k, warps, stages) | T | ms | graph ms | TFLOP/s (of matmul) | weights GB/s (of copy bw) "
+             "| of floor |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['tiles']} | {r.get('tokens', '')} | error: {r['error'][:60]} | | | |")
             continue
         c = r["tiles"]
-        tiles = (f"{c['block_m']}, {c['block_n']}, {c['block_k']}, {c['num_warps']}, {c['num_stages']}"
+        tiles = c if isinstance(c, str) else (f"{c['block_m']}, {c['block_n']}, {c['block_k']}, {c['num_warps']}, {c['num_stages']}"
                  f"{', tma' if c['tma'] else ''}{', g' + str(c['group_m']) if c['group_m'] else ''}")
         gms = f"{r['graph_ms']:.3f}" if "graph_ms" in r else ""
         gbs = r.get("graph_weight_GBs", r["weight_GBs"])
         frac = r.get("graph_weight_of_copy_bw", r["weight_of_copy_bw"])
         lines.append(f"| {tiles} | {r['tokens']} | {r['ms']:.3f} | {gms} | {r['TFLOPs']:.0f} "
-                     f"({100 * r['of_matmul_rate']:.0f}%) | {gbs:.0f} ({100 * frac:.0f}%) |")
+                     f"({100 * r['of_matmul_rate']:.0f}%) | {gbs:.0f} ({100 * frac:.0f}%) | {100 * r['of_floor']:.0f}% |")
     return "\n".join(lines)
 
 
@@ -149,13 +161,13 @@ def main() -> None:
     p = Problem()
     for tiles in TILINGS + (SWEEP if args.sweep else []):
         try:
-            record["checks"].append({"tiles": asdict(tiles), **check(p, tiles)})
+            record["checks"].append({"tiles": _tiles_row(tiles), **check(p, tiles)})
             print(json.dumps(record["checks"][-1]), flush=True)
             for t in DECODE + PREFILL:
                 record["rows"].append(measure(p, tiles, t, bw, flops))
                 print(json.dumps(record["rows"][-1]), flush=True)
         except Exception as exc:  # a tiling that does not compile or fit must not stop the sweep
-            record["rows"].append({"tiles": asdict(tiles), "error": f"{type(exc).__name__}: {exc}"[:1500]})
+            record["rows"].append({"tiles": _tiles_row(tiles), "error": f"{type(exc).__name__}: {exc}"[:1500]})
             print(record["rows"][-1]["error"], flush=True)
         path.write_text(json.dumps(record, indent=2))
     print()

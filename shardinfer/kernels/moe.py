@@ -15,9 +15,10 @@
 4. combine, grid (T,): out[t] = sum_j weight[t, j] * slot_out[t, j], in slot order, float32.
 
 Batch invariance: each GEMM row is one (token, slot) pair; its dot products run over the K
-dim in a fixed BLOCK_K order with one tile config per (H, I, dtype), never chosen from T, and
-MMA rows do not mix, so a token's output does not depend on which or how many other tokens
-chose the same expert, nor on the row of the tile it lands in. The combine sums a token's k
+dim in a fixed BLOCK_K order and MMA rows do not mix, so a token's output does not depend on
+which or how many other tokens chose the same expert, nor on the row of the tile it lands in.
+The tiling is chosen by batch size only among tilings verified to give every row the same bits
+(`moe_tiles`). The combine sums a token's k
 slots in slot order; nothing is accumulated with atomics. Rounding mirrors
 reference_moe.moe_experts: the GEMM outputs are rounded to x's dtype before the activation and
 before the weighted sum.
@@ -68,15 +69,32 @@ class MoeTiles:
             raise ValueError(f"MoeTiles.group_m: got {self.group_m}, need >= 0 (0: row tiles fastest)")
 
 
-DEFAULT_TILES = MoeTiles()
-# Measured winners per (hidden, intermediate, dtype). Never key an entry on the token count: a
-# row would then be reduced in another order at another batch size.
+DEFAULT_TILES = MoeTiles(group_m=8)
+# Prefill-sized batches (at least LARGE_TILE_ROWS (token, slot) rows per expert on average): twice
+# the rows and columns per tile, so each weight and token tile loaded feeds twice the MMA work.
+# bench_moe.py on an H200 (bench/kernels/NOTES.md): 8192 tokens 2.53 -> 1.93 ms, 2048 tokens
+# 0.86 -> 0.78 ms; at 1024 tokens and below the small tiles are as fast or faster.
+LARGE_TILES = MoeTiles(128, 128, 64, 8, 3, group_m=8)
+LARGE_TILE_ROWS = 128
+# Measured winners per (hidden, intermediate, dtype), replacing both tilings above.
 TILE_OVERRIDES: dict[tuple[int, int, torch.dtype], MoeTiles] = {}
 
 
-def moe_tiles(hidden: int, inter: int, dtype: torch.dtype) -> MoeTiles:
-    """The one tiling used for every token count of an expert shape."""
-    return TILE_OVERRIDES.get((hidden, inter, dtype), DEFAULT_TILES)
+def moe_tiles(hidden: int, inter: int, dtype: torch.dtype, rows_per_expert: float = 0.0,
+              device: torch.device | None = None) -> MoeTiles:
+    """The tiling for an expert shape and batch size (rows_per_expert = tokens * top_k / experts).
+
+    A tiling chosen by batch size must give every row the bits it gets at any other size. On
+    Hopper the two tilings do: both run the K loop in BLOCK_K = 64 steps on wgmma, whose rows do
+    not mix (GPU test: test_wgmma_tilings_compute_the_default_bits). Elsewhere (other GPUs, the
+    CPU interpreter) that is not verified, so one tiling serves every size there.
+    """
+    if (hidden, inter, dtype) in TILE_OVERRIDES:
+        return TILE_OVERRIDES[(hidden, inter, dtype)]
+    hopper = device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    if hopper and rows_per_expert >= LARGE_TILE_ROWS:
+        return LARGE_TILES
+    return DEFAULT_TILES
 
 
 @triton.jit
@@ -266,8 +284,8 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     t, hidden = x.shape
     n_experts, two_i, _ = w_gate_up.shape
     inter = two_i // 2
-    cfg = tiles or moe_tiles(hidden, inter, x.dtype)
     top_k = topk_ids.shape[1]
+    cfg = tiles or moe_tiles(hidden, inter, x.dtype, t * top_k / max(1, n_experts), x.device)
     out = torch.empty_like(x)
     if t == 0 or top_k == 0:
         return out.zero_()

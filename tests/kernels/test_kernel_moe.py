@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_checks import TOL, rel_err
 
-from shardinfer.kernels import reference_moe
+from shardinfer.kernels import moe, reference_moe
 from shardinfer.kernels.moe import MoeTiles, align_to_experts, fused_moe, padded_slots
 
 
@@ -141,6 +141,25 @@ def test_wgmma_tilings_compute_the_default_bits(tiles: MoeTiles) -> None:
     dev = torch.device("cuda")
     x, ids, w, wgu, wd = (a.to(dev) for a in _problem(1000, 2048, 1408, 64, 6, torch.bfloat16, seed=12))
     assert torch.equal(fused_moe(x, ids, w, wgu, wd, tiles=tiles), fused_moe(x, ids, w, wgu, wd))
+
+
+@pytest.mark.gpu
+def test_prefill_batch_tiles_keep_a_tokens_bits() -> None:
+    """2000 tokens top-6 over 64 experts (about 190 rows per expert) run on the large tiles; each
+    token alone runs on the small ones: the same bits either way."""
+    dev = torch.device("cuda")
+    x, ids, w, wgu, wd = (a.to(dev) for a in _problem(2000, 2048, 1408, 64, 6, torch.bfloat16, seed=13))
+    if torch.cuda.get_device_capability(dev) == (9, 0):
+        assert moe.moe_tiles(2048, 1408, torch.bfloat16, 2000 * 6 / 64, dev) == moe.LARGE_TILES
+    out = fused_moe(x, ids, w, wgu, wd)
+    for i in (0, 999, 1999):
+        assert torch.equal(fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], wgu, wd), out[i:i + 1]), f"token {i}"
+
+
+def test_tiling_by_batch_size_only_where_verified() -> None:
+    cpu = torch.device("cpu")
+    assert moe.moe_tiles(2048, 1408, torch.bfloat16, 10_000.0, cpu) == moe.DEFAULT_TILES
+    assert moe.moe_tiles(2048, 1408, torch.bfloat16, 10_000.0) == moe.DEFAULT_TILES
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -35,13 +35,13 @@ def build(fn, args, divisible, constexprs, **options):
     return {"cp_async": "cp.async" in ptx, "wgmma": "wgmma.mma_async" in ptx, "spills": "ld.local" in ptx,
             "shared": k.metadata.shared}
 
-tiles = moe.moe_tiles(2048, 1408, torch.bfloat16)
 gemm = {"a_ptr": "*bf16", "w_ptr": "*bf16", "w_desc": "*bf16", "out_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
         "n_cols": "i32", "k_dim": "i32", "a_row_div": "i32", "sa": "i32", "swe": "i32", "swn": "i32", "so": "i32",
         "n_experts": "i32", "up_offset": "i32", "rows_per_expert": "i32", "n_tiles": "i32"}
 out = {}
-for gated in (True, False):
-    out["gate_up" if gated else "down"] = build(
+for size, tiles, gated in [(s, t, g) for s, t in (("", moe.DEFAULT_TILES), ("large_", moe.LARGE_TILES))
+                          for g in (True, False)]:
+    out[size + ("gate_up" if gated else "down")] = build(
         moe._grouped_gemm_kernel, gemm, set(gemm) - {"a_row_div", "n_tiles"},  # top-k (6) is not divisible by 16
         dict(GATED=gated, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, PRECISION="tf32",
              INTERPRET=False, TMA=tiles.tma, GROUP_M=tiles.group_m), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
@@ -61,7 +61,7 @@ def compiled() -> dict[str, dict[str, object]]:
     return result
 
 
-@pytest.mark.parametrize("kernel", ["gate_up", "down"])
+@pytest.mark.parametrize("kernel", ["gate_up", "down", "large_gate_up", "large_down"])
 def test_grouped_gemm_is_pipelined_on_hopper(compiled: dict[str, dict[str, object]], kernel: str) -> None:
     facts = compiled[kernel]
     assert facts["cp_async"], "the K loop's loads are not pipelined"
