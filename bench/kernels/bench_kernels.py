@@ -164,20 +164,22 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
 def mla_scaling(bw: float) -> list[dict[str, Any]]:
     """The shipped MLA decode configuration over batch and context (CUDA-graph replays): the time
     per call against the latent bytes read, so a fixed per-call cost (launches, the pipeline's
-    fill and drain, the chunk merge) shows apart from the streaming rate."""
+    fill and drain, the chunk merge) shows apart from the streaming rate. Also at each pipeline
+    depth (stages change no bits, only how far loads run ahead): stages None is the launcher's
+    choice."""
     rows = []
     for b in (64, 128, 256):
         for ctx in (512, 2048, 8192):
             db = DecodeBatch(b, ctx, 16, 64, (576,), (512, 64))
-
-            def run(db: DecodeBatch = db) -> torch.Tensor:
-                return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt, 0.1,
-                                                      max_seq_len=db.ctx)
             nbytes = b * ctx * 576 * 2 + b * 16 * (576 + 512) * 2
-            ms = graph_ms(run)
-            rows.append({"batch": b, "ctx": ctx, "ms": ms, "GBs": nbytes / (ms * 1e-3) / 1e9,
-                         "of_copy_bw": nbytes / (ms * 1e-3) / bw})
-            print(json.dumps(rows[-1]), flush=True)
+            for stages in (None, 2, 3):
+                def run(db: DecodeBatch = db, stages: int | None = stages) -> torch.Tensor:
+                    return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt,
+                                                          0.1, max_seq_len=db.ctx, num_stages=stages)
+                ms = graph_ms(run)
+                rows.append({"batch": b, "ctx": ctx, "num_stages": stages, "ms": ms,
+                             "GBs": nbytes / (ms * 1e-3) / 1e9, "of_copy_bw": nbytes / (ms * 1e-3) / bw})
+                print(json.dumps(rows[-1]), flush=True)
             del db
     return rows
 
@@ -301,7 +303,7 @@ def main() -> None:
                                     for k in keys if k in r))
     for r in record.get("mla_scaling", []):
         if isinstance(r, dict):
-            print(f"mla shipped batch={r['batch']} ctx={r['ctx']} {r['ms'] * 1e3:.1f} us "
+            print(f"mla stages={r['num_stages'] or 'shipped'} batch={r['batch']} ctx={r['ctx']} {r['ms'] * 1e3:.1f} us "
                   f"{r['GBs']:.0f} GB/s ({100 * r['of_copy_bw']:.0f}%)")
     print(f"wrote {path}")
 
