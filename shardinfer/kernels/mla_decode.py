@@ -51,14 +51,15 @@ from shardinfer.kernels._common import (
 # Tile config, fixed because it fixes the rounding. Chosen by bench/kernels/bench_kernels.py's MLA
 # sweep on an H200, timed as CUDA-graph replays (bench/kernels/NOTES.md): 64-key pointer tiles,
 # 4 warps and 1024-key chunks read the latent at 82% of copy bandwidth at batch 256, ctx 2048
-# (512-key chunks: 64%; 8 warps: 75%). The pipeline depth does not change the arithmetic: 2 stages
-# where there are more tokens than SMs (several programs per SM), 3 where each SM gets about one
-# program and must keep more of its own loads in flight (batch 64: 62% against 45%).
+# (512-key chunks: 64%; 8 warps: 75%). The pipeline depth does not change the arithmetic: 3 stages
+# when the (q block, chunk) programs fit in one wave (no more than SMs: each SM runs one program
+# and must keep more of its own loads in flight; batch 64 ctx 2048: 61% against 44%), 2 when
+# there are several waves (batch 128 ctx 2048: 74% against 68%); see pipeline_stages.
 MLA_BLOCK_M = 16
 MLA_BLOCK_N = 64
 MLA_NUM_WARPS = 4
 MLA_NUM_STAGES = 2
-MLA_NUM_STAGES_FEW_TOKENS = 3
+MLA_NUM_STAGES_ONE_WAVE = 3
 MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
 _LOG2E = 1.4426950408889634
@@ -148,6 +149,20 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
         tl.store(acc_rows + RH, acc_hi, mask=row_ok[:, None])
 
 
+def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, block_m: int, sms: int) -> int:
+    """MLA_NUM_STAGES_ONE_WAVE when the (q block, chunk) programs fit one wave on `sms` SMs, else
+    MLA_NUM_STAGES (same bits either way).
+
+    Chunks are counted up to two: decode steps run as CUDA graphs captured with the longest
+    allowed context, so there max_seq_len says nothing about the real one; up to two chunks
+    (2048 keys) is where one wave gains most (batch 64 ctx 2048: 61% of copy bandwidth against
+    44%), and beyond it both depths are within a few points (batch 64 ctx 8192: 69% and 74%).
+    """
+    tokens_per_block = block_m // pa.heads_per_tile(heads, block_m)
+    programs = -(-tokens // tokens_per_block) * min(2, max(1, -(-max_seq_len // kv_chunk)))
+    return MLA_NUM_STAGES_ONE_WAVE if programs <= sms else MLA_NUM_STAGES
+
+
 def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                         query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                         scale: float, max_seq_len: int | None = None, kv_chunk: int = MLA_KV_CHUNK,
@@ -164,7 +179,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     page_prefetch (pointer path): read the chunk's page ids once before its key tiles instead of
     one block-table read per tile.
     Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
-    number of tokens, see MLA_NUM_STAGES) only sets how far loads run ahead.
+    number of programs, see MLA_NUM_STAGES) only sets how far loads run ahead.
     """
     check_tensor("q_latent", q_latent, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     check_tensor("q_pe", q_pe, dtypes=(q_latent.dtype,), ndim=3, last_dim_contiguous=True)
@@ -199,9 +214,11 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     else:
         lat_desc = pe_desc = cache  # unused stand-ins on the pointer path
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max().item()) if seq_lens.numel() else 0
     if num_stages is None:
-        few = q_latent.is_cuda and t <= sm_count(q_latent.device.index or 0)
-        num_stages = MLA_NUM_STAGES_FEW_TOKENS if few else MLA_NUM_STAGES
+        sms = sm_count(q_latent.device.index or 0) if q_latent.is_cuda else 0
+        num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms)
     chunk_pages = next_pow2(-(-kv_chunk // page) + 1)  # pages a chunk can touch (it need not start on one)
 
     def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:

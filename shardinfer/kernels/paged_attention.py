@@ -320,7 +320,7 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
         max_seq_len = int(seq_lens.max().item())
     n_chunks = max(1, -(-max_seq_len // kv_chunk))
     group = hq // hk
-    hb = _heads_per_tile(group, block_m)
+    hb = heads_per_tile(group, block_m)
     bq = block_m // hb
     n_hsplit = group // hb
     n_qblocks = t // bq + b
@@ -342,7 +342,7 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     return out
 
 
-def _heads_per_tile(group: int, block_m: int) -> int:
+def heads_per_tile(group: int, block_m: int) -> int:
     """The whole GQA group in one tile when it fits, else the largest power of two dividing it."""
     if group <= block_m:
         return group

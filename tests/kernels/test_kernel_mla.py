@@ -128,10 +128,23 @@ def test_deepseek_shapes_bf16(tma: bool) -> None:
         assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1), tma=tma), out[b.qsl[i]:b.qsl[i + 1]])
 
 
+def test_pipeline_depth_follows_the_waves_of_programs() -> None:
+    # 16 heads fill a 16-row tile: one program per (decode token, 1024-key chunk); an H200 has 132 SMs.
+    def stages(tokens: int, ctx: int) -> int:
+        return mla_decode.pipeline_stages(tokens, 16, ctx, 1024, 16, 132)
+    assert stages(64, 2048) == stages(132, 1024) == stages(128, 512) == mla_decode.MLA_NUM_STAGES_ONE_WAVE
+    assert stages(128, 2048) == stages(133, 512) == stages(256, 512) == mla_decode.MLA_NUM_STAGES
+    # A graph's max_seq_len is the longest allowed context: chunks count up to two.
+    assert stages(64, 8192) == mla_decode.MLA_NUM_STAGES_ONE_WAVE and stages(100, 8192) == mla_decode.MLA_NUM_STAGES
+    assert mla_decode.pipeline_stages(64, 16, 2048, 1024, 16, 0) == mla_decode.MLA_NUM_STAGES  # not on a GPU
+    # 8 heads in a 16-row tile: two decode tokens per program.
+    assert mla_decode.pipeline_stages(200, 8, 1000, 1024, 16, 132) == mla_decode.MLA_NUM_STAGES_ONE_WAVE
+
+
 @pytest.mark.gpu
 def test_pipeline_depth_keeps_the_bits() -> None:
-    """The launcher picks 3 stages for few tokens and 2 for many: a row decoded alone (3 stages)
-    must equal the same row in a batch of 200 decodes (2 stages on a 132-SM GPU), bit for bit."""
+    """The launcher picks 3 stages when its programs fit one wave and 2 otherwise: a row decoded
+    alone (3 stages) must equal the same row in a batch of 200 decodes (2 stages), bit for bit."""
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(8)
     ctx = [int(c) for c in torch.randint(1, 3000, (200,), generator=gen)]
@@ -146,8 +159,8 @@ def test_pipeline_depth_keeps_the_bits() -> None:
 
 @pytest.mark.gpu
 def test_batch_shapes_compile_nothing_new_on_gpu() -> None:
-    """Batches of up to 132 tokens (one pipeline depth) differing in request count, block-table
-    width (down to one page) and number of KV chunks reuse the first batch's kernels."""
+    """Batches that fit one wave of programs (one pipeline depth) differing in request count,
+    block-table width (down to one page) and number of KV chunks reuse the first batch's kernels."""
     dev = torch.device("cuda")
 
     def run(q_lens: list[int], ctx: list[int], seed: int) -> None:
@@ -158,7 +171,7 @@ def test_batch_shapes_compile_nothing_new_on_gpu() -> None:
     torch.cuda.synchronize()
     kernels = (mla_decode._mla_chunk_kernel, pa._combine_kernel)
     before = compiled_variants(*kernels)
-    shapes = [([1], [5]), ([2, 1], [0, 60]), ([1] * 17, [40 * i for i in range(17)]), ([1] * 100, [1100] * 100)]
+    shapes = [([1], [5]), ([2, 1], [0, 60]), ([1] * 17, [40 * i for i in range(17)]), ([1] * 60, [1100] * 60)]
     for i, (q_lens, ctx) in enumerate(shapes):
         run(q_lens, ctx, 2 + i)
     torch.cuda.synchronize()
