@@ -34,10 +34,16 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 def bench_commit() -> str | None:
     """The commit benchmarked: BENCH_COMMIT where the tree travels without its .git (a copy on
-    another machine), else `git rev-parse --short HEAD` of this checkout (None outside git)."""
-    return os.environ.get("BENCH_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-        cwd=Path(__file__).parent).stdout.strip() or None
+    another machine), else `git rev-parse --short HEAD` of this checkout (None outside git, or
+    without git)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent)
+    except OSError:  # no git on the machine
+        return None
+    return done.stdout.strip() or None
 
 
 def requests(n: int, vocab: int, in_range: tuple[int, int], out_range: tuple[int, int],

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -30,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import ceilings, graph_ms, median_ms
+from bench.workloads import bench_commit
 from shardinfer.kernels import heads_matmul, matmul, mla_decode, moe, reference_moe, rmsnorm, sampling
 from shardinfer.kernels import paged_attention as pa
 
@@ -113,6 +113,12 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
     return results
 
 
+def _mla_bytes(batch: int, ctx: int) -> int:
+    """HBM bytes of one moe-16b MLA decode call: the latent + rope cache of every key, and per
+    token 16 heads' queries (576 wide) and outputs (512 wide), bf16."""
+    return batch * ctx * 576 * 2 + batch * 16 * (576 + 512) * 2
+
+
 def sweep_mla(bw: float) -> list[dict[str, Any]]:
     """moe-16b MLA decode: 16 heads, latent 512 + rope 64 per token, 64-token pages, ctx 2048.
 
@@ -126,7 +132,7 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
     # The shipped default first (the others are compared with it), then its neighbours; earlier
     # sweeps' results are in NOTES.md. Configs differing only in warps, stages, page prefetch or
     # TMA should give the first one's bits (bitwise_vs_first).
-    # stages None: the launcher's choice by token count (3 at batch 64, 2 at batch 256).
+    # stages None: the launcher's choice (mla_decode.pipeline_stages: 3 at batch 64, 2 at batch 256).
     configs: list[tuple[bool, int, int, int | None, int, bool]] = [
         (False, 64, 4, None, 1024, True), (False, 64, 4, 2, 1024, True), (False, 64, 4, 3, 1024, True),
         (False, 64, 8, 2, 1024, True), (False, 64, 4, 2, 512, True)]
@@ -145,7 +151,7 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
                         num_stages=stages, tma=tma, page_prefetch=prefetch)
                 out = run()
                 baseline.setdefault(b, out)
-                nbytes = b * db.ctx * 576 * 2 + b * 16 * (576 + 512) * 2
+                nbytes = _mla_bytes(b, db.ctx)
                 row[f"b{b}_eager_ms"] = median_ms(run)
                 ms = graph_ms(run)
                 row[f"b{b}_ms"] = ms
@@ -171,7 +177,7 @@ def mla_scaling(bw: float) -> list[dict[str, Any]]:
     for b in (64, 128, 256):
         for ctx in (512, 2048, 8192):
             db = DecodeBatch(b, ctx, 16, 64, (576,), (512, 64))
-            nbytes = b * ctx * 576 * 2 + b * 16 * (576 + 512) * 2
+            nbytes = _mla_bytes(b, ctx)
             for stages in (None, 2, 3):
                 def run(db: DecodeBatch = db, stages: int | None = stages) -> torch.Tensor:
                     return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt,
@@ -269,8 +275,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = os.environ.get("BENCH_COMMIT") or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                              text=True).stdout.strip()
+    commit = bench_commit()
     bw, flops = ceilings()
     print(f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
           f"bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)

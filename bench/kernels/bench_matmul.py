@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +38,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.workloads import bench_commit
 from shardinfer.kernels import matmul as mm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -428,10 +428,7 @@ def main() -> None:
         ap.error(f"--models: unknown {unknown}; choose from {list(MODELS)}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = bench_commit()
     print(f"GPU {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     meta = {"gpu": torch.cuda.get_device_name(), "commit": commit, "torch": torch.__version__,
             "triton": triton.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -38,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import ceilings, graph_ms, median_ms
+from bench.workloads import bench_commit
 from shardinfer.kernels import moe, moe_routing, reference_moe
 from shardinfer.kernels.moe import MoeTiles
 
@@ -133,14 +133,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    except OSError:  # no git on the machine
-        return None
-    return done.stdout.strip() or None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for moe-<date>.json")
@@ -148,7 +140,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = os.environ.get("BENCH_COMMIT") or _git_commit()
+    commit = bench_commit()
     bw, flops = ceilings()
     print(f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
           f"bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)

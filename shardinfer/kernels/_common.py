@@ -27,6 +27,13 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def capability(device_index: int) -> tuple[int, int]:
+    """The GPU's compute capability (cached per device)."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return major, minor
+
+
 def fail(name: str, got: object, need: str) -> ValueError:
     return ValueError(f"{name}: got {got}, {need}")
 

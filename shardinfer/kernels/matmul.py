@@ -351,7 +351,6 @@ def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, ws_ptr, M, N, K, stride_ym,
                       GROUP_M, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
-
 def _check(x: object, weight: object, bias: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     x = check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
     weight = check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, contiguous=True)

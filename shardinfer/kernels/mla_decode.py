@@ -65,7 +65,6 @@ MLA_PAGE_PREFETCH = True
 _LOG2E = 1.4426950408889634
 
 
-
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "n_chunks"])
 def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
                       sqt, sqh, spt, sph, sbt, num_seqs, block_base, scale_log2, n_heads, n_chunks,

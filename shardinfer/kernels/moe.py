@@ -35,6 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from shardinfer.kernels._common import (
     FLOAT_DTYPES,
+    capability,
     check_same_device,
     check_tensor,
     check_tiles,
@@ -91,7 +92,7 @@ def moe_tiles(hidden: int, inter: int, dtype: torch.dtype, rows_per_expert: floa
     """
     if (hidden, inter, dtype) in TILE_OVERRIDES:
         return TILE_OVERRIDES[(hidden, inter, dtype)]
-    hopper = device is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    hopper = device is not None and device.type == "cuda" and capability(device.index or 0) == (9, 0)
     if hopper and rows_per_expert >= LARGE_TILE_ROWS:
         return LARGE_TILES
     return DEFAULT_TILES
