@@ -191,6 +191,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
         raise fail("cache.shape[-1]", cache.shape[-1], f"need R + Dr = {r + dr}")
     if not (32 <= r <= 512 and 16 <= dr <= 256 and next_pow2(r) == r and next_pow2(dr) == dr):
         raise fail("(R, Dr)", (r, dr), "need powers of two with 32 <= R <= 512 and 16 <= Dr <= 256")
+    if num_stages is not None and num_stages < 1:
+        raise fail("num_stages", num_stages, "need >= 1, or None for the launcher's choice by waves of programs")
     if block_m not in (16, 32, 64):
         raise fail("block_m", block_m, "need 16, 32 or 64")
     if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:

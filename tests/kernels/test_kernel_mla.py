@@ -110,6 +110,8 @@ def test_rejects_bad_inputs(device: torch.device) -> None:
         mla_paged_attention(ql, qp, cache, qsl, sl, bt, 1.0, block_n=48)
     with pytest.raises(ValueError, match=r"seq_lens.dtype"):
         mla_paged_attention(ql, qp, cache, qsl, sl.long(), bt, 1.0)
+    with pytest.raises(ValueError, match=r"num_stages: got 0"):
+        mla_paged_attention(ql, qp, cache, qsl, sl, bt, 1.0, num_stages=0)
 
 
 @pytest.mark.gpu
