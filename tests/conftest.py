@@ -4,7 +4,6 @@ S3 fixtures (`moto_endpoint`, `s3_bucket`, `fault_proxy`) come from s3_server.py
 API (moto) on 127.0.0.1, never a mock of fsspec.
 """
 
-import gc
 import os
 from collections.abc import Iterator
 
@@ -32,8 +31,11 @@ __all__ = ["fault_proxy", "moto_endpoint", "s3_bucket"]
 def _release_gpu_memory(request: pytest.FixtureRequest) -> Iterator[None]:
     """After a GPU test, free what its engines held before the next test allocates: an engine sizes
     its KV cache from the device's free memory, and test helpers that patch an engine's methods
-    keep it in a reference cycle that only the cycle collector frees."""
+    keep it in a reference cycle that only the cycle collector frees (GPU engines freeze their
+    startup objects out of the collector's view: `collect_dropped` hands them back first)."""
     yield
     if request.node.get_closest_marker("gpu") is not None and torch.cuda.is_available():
-        gc.collect()
+        from shardinfer.engine.heap import collect_dropped  # after TRITON_INTERPRET is settled above
+
+        collect_dropped()
         torch.cuda.empty_cache()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import torch
 from shardinfer.engine.block_manager import BlockManager
 from shardinfer.engine.config import EngineConfig
 from shardinfer.engine.device_copy import values_to_device
+from shardinfer.engine.heap import collect_dropped, freeze_startup_heap
 from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
 from shardinfer.engine.model_runner import InputFixup, ModelRunner, StepLogits
 from shardinfer.engine.models.base import Numerics
@@ -98,6 +100,11 @@ class LLMEngine:
                                     "model directory (config.json, *.safetensors, tokenizer.json)")
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.device = cfg.torch_device
+        if self.device.type == "cuda":
+            # An engine dropped in a reference cycle gives its memory back before this one
+            # loads weights and sizes its KV cache from the free memory (heap.py).
+            collect_dropped()
+            torch.cuda.empty_cache()
         self.dtype = cfg.torch_dtype
         self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
         self.generation_defaults = _generation_defaults(self.model_dir)
@@ -157,6 +164,10 @@ class LLMEngine:
             "draft_tokens": 0, "accepted_draft_tokens": 0, "synchronous_steps": 0, "deferred_sampling_steps": 0,
             "grammar_mask_wait_s": 0.0}
         self._grammar_compiler: Any = None
+        if self.device.type == "cuda":
+            # Startup's objects live as long as the engine: no full collection walks them again
+            # mid-run (heap.py). A CPU step is long next to such a pause, so CPU engines skip it.
+            freeze_startup_heap()
 
     # -- requests -------------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -347,9 +358,23 @@ class LLMEngine:
         return self._launch_sampling(plan, self._grammar_masks(plan.constrained)), finished
 
     def _fill_on_mask_thread(self, constrained: list[tuple[Request, int]]) -> Future[GrammarMasks | None]:
+        """Start filling the masks on the mask thread; returns once the fill has begun."""
         if self._mask_thread is None:
             self._mask_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shardinfer-masks")
-        return self._mask_thread.submit(self._grammar_masks, constrained)
+        started = threading.Event()
+
+        def fill() -> GrammarMasks | None:
+            started.set()
+            return self._grammar_masks(constrained)
+
+        future = self._mask_thread.submit(fill)
+        # A thread waiting for the GIL gets it when the holder blocks, or else only after the
+        # interpreter's switch interval (5 ms). The engine thread goes straight on to Python
+        # bookkeeping, so the fill would start up to 5 ms late, all of it on the path to this
+        # step's sampling. Blocking here hands the GIL over at once; the mask thread gives it
+        # back as soon as it is inside llguidance's fill.
+        started.wait()
+        return future
 
     @staticmethod
     def _constrained_rows(step_logits: StepLogits, violations: dict[int, GrammarViolation | None]

@@ -234,6 +234,36 @@ def test_grammar_steps_stay_pipelined(qwen3_dir: Path) -> None:
     assert engine.stats()["synchronous_steps"] == 0 and engine.stats()["deferred_sampling_steps"] > 0
 
 
+def test_mask_fill_has_begun_when_the_engine_thread_goes_on(qwen3_dir: Path) -> None:
+    """Handing a fill to the mask thread returns only once the fill runs there: left to take
+    the GIL on its own, the mask thread would wait for the engine thread's bookkeeping to block
+    or for the interpreter's switch interval, and the fill would start late."""
+    llm = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=True)
+    engine = llm.llm_engine
+    fill, hand_over = engine._grammar_masks, engine._fill_on_mask_thread
+    began: list[int] = []
+    seen_on_return: list[tuple[int, int]] = []  # (fills begun when it returned, fills handed over)
+
+    def recording_fill(constrained: Any) -> Any:
+        began.append(threading.get_ident())
+        return fill(constrained)
+
+    def checked_hand_over(constrained: Any) -> Any:
+        future = hand_over(constrained)
+        seen_on_return.append((len(began), len(seen_on_return) + 1))
+        return future
+
+    engine._grammar_masks = recording_fill  # type: ignore[method-assign]
+    engine._fill_on_mask_thread = checked_hand_over  # type: ignore[method-assign]
+    params = [SamplingParams(temperature=1.0, max_tokens=40, seed=i, so_args=JSON) for i in range(4)]
+    outs = llm.generate([[3 + i, 7, 11 + i] for i in range(4)], params)
+    assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
+    assert len(seen_on_return) > 5
+    assert all(begun == handed for begun, handed in seen_on_return), seen_on_return
+    main = threading.get_ident()
+    assert sum(t != main for t in began) == len(seen_on_return)  # each handed-over fill ran on the mask thread
+
+
 def test_abort_while_masks_are_filled(qwen3_dir: Path) -> None:
     """A request aborted while its step's masks are being filled (its sampling not yet queued)
     leaves the others exactly as they are without it (rows are batch invariant)."""
