@@ -120,50 +120,47 @@ def _mla_bytes(batch: int, ctx: int) -> int:
 
 
 def sweep_mla(bw: float) -> list[dict[str, Any]]:
-    """moe-16b MLA decode: 16 heads, latent 512 + rope 64 per token, 64-token pages, ctx 2048.
-
-    Tile configs of mla_decode's kernel (pointer or TMA key tiles, page ids per tile or per
-    chunk), each checked against the first config (bf16 rounding) and for a row computed alone
-    being bit-identical to the same row in the batch; (tma, block_n, warps, stages, kv_chunk,
-    page_prefetch). Timed as CUDA-graph replays (the engine's decode steps are graphed): eager
-    timing included the launcher's host time, which exceeds the kernels' at batch 64."""
+    """moe-16b MLA decode (16 heads, latent 512 + rope 64 per token, 64-token pages) over tile
+    configs (block_n, warps, stages, kv_chunk; pointer key tiles, page ids per chunk), at batch 64 /
+    128 / 256 and context 2048 / 8192, timed as CUDA-graph replays (the engine's decode steps are
+    graphed). Each config's rows are checked against the first config's (bf16 rounding; configs
+    differing only in stages give its bits) and for a row computed alone being bit-identical to
+    the same row in the batch. TMA key tiles lost everywhere in earlier sweeps (NOTES.md)."""
     rows = []
-    batches = {b: DecodeBatch(b, 2048, 16, 64, (576,), (512, 64)) for b in (64, 256)}
-    # The shipped default first (the others are compared with it), then its neighbours; earlier
-    # sweeps' results are in NOTES.md. Configs differing only in warps, stages, page prefetch or
-    # TMA should give the first one's bits (bitwise_vs_first).
-    # stages None: the launcher's choice (mla_decode.pipeline_stages: 3 at batch 64, 2 at batch 256).
-    configs: list[tuple[bool, int, int, int | None, int, bool]] = [
-        (False, 64, 4, None, 1024, True), (False, 64, 4, 2, 1024, True), (False, 64, 4, 3, 1024, True),
-        (False, 64, 8, 2, 1024, True), (False, 64, 4, 2, 512, True)]
-    baseline: dict[int, torch.Tensor] = {}
-    for tma, bn, warps, stages, chunk, prefetch in configs:
-        row: dict[str, Any] = {"tma": tma, "block_m": 16, "block_n": bn, "num_warps": warps, "num_stages": stages,
-                               "kv_chunk": chunk, "page_prefetch": prefetch}
+    batches = {(b, ctx): DecodeBatch(b, ctx, 16, 64, (576,), (512, 64)) for b in (64, 128, 256) for ctx in (2048, 8192)}
+    # The shipped default first (stages None: the launcher's choice, mla_decode.pipeline_stages),
+    # then its neighbours: smaller tiles and chunks (more programs, several per SM), other depths
+    # and warp counts.
+    configs: list[tuple[int, int, int | None, int]] = [
+        (64, 4, None, 1024), (64, 4, 2, 1024), (64, 8, 3, 1024), (32, 4, 2, 1024), (32, 4, 2, 512),
+        (32, 4, 3, 512), (32, 2, 2, 512), (32, 2, 3, 512), (16, 4, 4, 512)]
+    baseline: dict[tuple[int, int], torch.Tensor] = {}
+    for bn, warps, stages, chunk in configs:
+        row: dict[str, Any] = {"block_m": 16, "block_n": bn, "num_warps": warps, "num_stages": stages,
+                               "kv_chunk": chunk}
         try:
-            for b, db in batches.items():
+            for (b, ctx), db in batches.items():
                 def run(db: DecodeBatch = db, lo: int = 0, hi: int = b, bn: int = bn, warps: int = warps,
-                        stages: int | None = stages, chunk: int = chunk, tma: bool = tma,
-                        prefetch: bool = prefetch) -> torch.Tensor:
+                        stages: int | None = stages, chunk: int = chunk) -> torch.Tensor:
                     return mla_decode.mla_paged_attention(
                         db.qs[0][lo:hi], db.qs[1][lo:hi], db.caches[0], db.qsl[: hi - lo + 1], db.sl[lo:hi],
                         db.bt[lo:hi], 0.1, max_seq_len=db.ctx, kv_chunk=chunk, block_n=bn, num_warps=warps,
-                        num_stages=stages, tma=tma, page_prefetch=prefetch)
+                        num_stages=stages)
                 out = run()
-                baseline.setdefault(b, out)
-                nbytes = _mla_bytes(b, db.ctx)
-                row[f"b{b}_eager_ms"] = median_ms(run)
+                baseline.setdefault((b, ctx), out)
                 ms = graph_ms(run)
-                row[f"b{b}_ms"] = ms
-                row[f"b{b}_GBs"] = nbytes / (ms * 1e-3) / 1e9
-                row[f"b{b}_of_copy_bw"] = nbytes / (ms * 1e-3) / bw
-                row[f"b{b}_rel_err_vs_first"] = rel_err(out, baseline[b])
-                row[f"b{b}_bitwise_vs_first"] = bool(torch.equal(out, baseline[b]))
-                row[f"b{b}_row_alone_bitwise"] = bool(torch.equal(run(lo=5, hi=6), out[5:6]))
+                key = f"b{b}_ctx{ctx}"
+                row[f"{key}_ms"] = ms
+                row[f"{key}_of_copy_bw"] = _mla_bytes(b, ctx) / (ms * 1e-3) / bw
+                row[f"{key}_rel_err_vs_first"] = rel_err(out, baseline[(b, ctx)])
+                row[f"{key}_bitwise_vs_first"] = bool(torch.equal(out, baseline[(b, ctx)]))
+                row[f"{key}_row_alone_bitwise"] = bool(torch.equal(run(lo=5, hi=6), out[5:6]))
         except Exception as exc:
             row["error"] = repr(exc)[:300]
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
+                          if "of_copy_bw" in k or k in ("block_n", "num_warps", "num_stages", "kv_chunk", "error")}),
+              flush=True)
     return rows
 
 
@@ -295,18 +292,20 @@ def main() -> None:
             record[name] = {"error": traceback.format_exc()[-1500:]}
             print(record[name]["error"], flush=True)
         path.write_text(json.dumps(record, indent=2))
-    print("\nsummary (decode ctx 2048; GB/s and fraction of copy bandwidth)")
+    print("\nsummary (fraction of copy bandwidth; dense: decode ctx 2048)")
     for r in record.get("paged_attention", []):
         if isinstance(r, dict):
             print("dense " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                       for k, v in r.items() if not k.endswith("_ms")))
     for r in record.get("mla_decode", []):
         if isinstance(r, dict):
-            keys = ("tma", "block_n", "num_warps", "num_stages", "kv_chunk", "page_prefetch", "b64_of_copy_bw",
-                    "b256_of_copy_bw", "b64_row_alone_bitwise", "b256_row_alone_bitwise", "b256_bitwise_vs_first",
-                    "error")
-            print("mla " + " ".join(f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
-                                    for k in keys if k in r))
+            keys = ("block_n", "num_warps", "num_stages", "kv_chunk",
+                    *(f"b{b}_ctx{c}_of_copy_bw" for b in (64, 128, 256) for c in (2048, 8192)), "error")
+            print("mla " + " ".join(f"{k.removesuffix('_of_copy_bw')}={r[k]:.3g}" if isinstance(r[k], float)
+                                    else f"{k}={r[k]}" for k in keys if k in r))
+            bits = [k for k in r if k.endswith("_row_alone_bitwise") and not r[k]]
+            if bits:
+                print(f"    a row alone differs from the batch: {bits}")
     for r in record.get("mla_scaling", []):
         if isinstance(r, dict):
             print(f"mla stages={r['num_stages'] or 'shipped'} batch={r['batch']} ctx={r['ctx']} {r['ms'] * 1e3:.1f} us "

@@ -50,7 +50,12 @@ DECODE = (64, 256)
 TILINGS: list[MoeTiles | None] = [None]
 SWEEP = [moe.DEFAULT_TILES, moe.LARGE_TILES, MoeTiles(64, 64, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3),
          MoeTiles(128, 128, 64, 8, 3, group_m=16), MoeTiles(128, 128, 64, 8, 4, group_m=8),
-         MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=8), MoeTiles(128, 64, 64, 4, 3, group_m=8)]
+         MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=8), MoeTiles(128, 64, 64, 4, 3, group_m=8),
+         # Middle tilings for 64-192 rows per expert (1024-2048 tokens), where the 128-row tiles are
+         # partly padding: none beat the shipped choice (NOTES.md, 2026-11-30 07:49).
+         MoeTiles(64, 128, 64, 4, 3, group_m=8), MoeTiles(64, 128, 64, 4, 4, group_m=8),
+         MoeTiles(64, 256, 64, 8, 3, group_m=8), MoeTiles(128, 256, 64, 8, 2, group_m=8),
+         MoeTiles(128, 128, 64, 8, 4, group_m=4)]
 
 
 
