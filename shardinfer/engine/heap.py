@@ -12,7 +12,8 @@ what the run allocates.
 Frozen objects are still freed by reference counting; what freezing stops is collecting
 cycles among them. So before an engine is built, everything frozen is handed back to the
 collector and collected: an engine that was dropped while part of a reference cycle releases
-its device memory before the next one measures how much is free.
+its device memory before the next one measures how much is free. Both act on the whole
+process: objects a program froze itself (say, before forking workers) are unfrozen too.
 """
 
 from __future__ import annotations
