@@ -637,7 +637,7 @@ class LLMEngine:
     def _accept_token(self, req: Request, slot: int, logprob: float, top: list[tuple[int, float]] | None,
                       advance_grammar: bool = True, violation: GrammarViolation | None = None) -> None:
         """Output token `slot` is now known: record it, advance the grammar, check for a stop.
-        advance_grammar=False: the matcher already took the token in `_complete`'s batched accept,
+        advance_grammar=False: the matcher already took the token in `_read_back`'s batched accept,
         and `violation` is its refusal, if any."""
         token = req.output_token_ids[slot]
         req.output_logprobs.append(logprob)

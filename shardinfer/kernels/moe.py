@@ -18,8 +18,8 @@ Batch invariance: each GEMM row is one (token, slot) pair; its dot products run 
 dim in a fixed BLOCK_K order and MMA rows do not mix, so a token's output does not depend on
 which or how many other tokens chose the same expert, nor on the row of the tile it lands in.
 The tiling is chosen by batch size only among tilings verified to give every row the same bits
-(`moe_tiles`). The combine sums a token's k
-slots in slot order; nothing is accumulated with atomics. Rounding mirrors
+(`moe_tiles`). The combine sums a token's k slots in slot order; nothing is accumulated with
+atomics. Rounding mirrors
 reference_moe.moe_experts: the GEMM outputs are rounded to x's dtype before the activation and
 before the weighted sum.
 """
