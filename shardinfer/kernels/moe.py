@@ -3,25 +3,26 @@
     x [T, H]; topk_ids [T, k]; topk_weights [T, k] float32
     w_gate_up [E, 2I, H] ([gate | up] rows per expert); w_down [E, H, I]
 
-1. align (torch ops, no host sync, no data-dependent shape, no sort): the T*k (token, slot)
+1. align (two kernels, one program per expert: count, then place; no host sync, no
+   data-dependent shape, no sort): the T*k (token, slot)
    pairs are grouped by expert and each expert's run is padded to a multiple of BLOCK_M, so every tile of
    BLOCK_M rows belongs to one expert. Padding rows hold -1. The buffer has the worst-case size
    T*k + E*(BLOCK_M - 1) (rounded up to whole tiles), computed from shapes alone, and tiles past
    the last expert's are marked with expert id E and exit at once. So the launch grids depend
    on shapes only, and the whole layer can be captured in a CUDA graph.
-2. gate/up GEMM, grid (tiles, I / BLOCK_N): a tile gathers its tokens' rows of x, multiplies by
+2. gate/up GEMM, one program per (row tile, I / BLOCK_N column block), launched in groups of
+   row tiles (`MoeTiles.group_m`): a tile gathers its tokens' rows of x, multiplies by
    the expert's gate and up weights, and writes silu(gate) * up per slot ([T*k, I]).
-3. down GEMM, grid (tiles, H / BLOCK_N): per slot, [T*k, H] in x's dtype.
-4. combine, grid (T,): out[t] = sum_j weight[t, j] * slot_out[t, j], in slot order, float32.
+3. down GEMM, one program per (row tile, H / BLOCK_N column block): per slot, [T*k, H] in x's dtype.
+4. combine, grid (T, H / BLOCK): out[t] = sum_j weight[t, j] * slot_out[t, j], in slot order, float32.
 
 Batch invariance: each GEMM row is one (token, slot) pair; its dot products run over the K
 dim in a fixed BLOCK_K order and MMA rows do not mix, so a token's output does not depend on
 which or how many other tokens chose the same expert, nor on the row of the tile it lands in.
 The tiling is chosen by batch size only among tilings verified to give every row the same bits
 (`moe_tiles`). The combine sums a token's k slots in slot order; nothing is accumulated with
-atomics. Rounding mirrors
-reference_moe.moe_experts: the GEMM outputs are rounded to x's dtype before the activation and
-before the weighted sum.
+atomics. Rounding mirrors reference_moe.moe_experts: the GEMM outputs are rounded to x's dtype
+before the activation and before the weighted sum.
 """
 
 from __future__ import annotations
