@@ -121,7 +121,7 @@ def _mla_bytes(batch: int, ctx: int) -> int:
 
 def sweep_mla(bw: float) -> list[dict[str, Any]]:
     """moe-16b MLA decode (16 heads, latent 512 + rope 64 per token, 64-token pages) over tile
-    configs (block_n, warps, stages, kv_chunk; pointer key tiles, page ids per chunk), at batch 64 /
+    configs (block_m, block_n, warps, stages, kv_chunk; pointer key tiles, page ids per chunk), at batch 64 /
     128 / 256 and context 2048 / 8192, timed as CUDA-graph replays (the engine's decode steps are
     graphed). Each config's rows are checked against the first config's (bf16 rounding; configs
     differing only in stages give its bits) and for a row computed alone being bit-identical to
@@ -129,22 +129,22 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
     rows = []
     batches = {(b, ctx): DecodeBatch(b, ctx, 16, 64, (576,), (512, 64)) for b in (64, 128, 256) for ctx in (2048, 8192)}
     # The shipped default first (stages None: the launcher's choice, mla_decode.pipeline_stages),
-    # then its neighbours: smaller tiles and chunks (more programs, several per SM), other depths
-    # and warp counts.
-    configs: list[tuple[int, int, int | None, int]] = [
-        (64, 4, None, 1024), (64, 4, 2, 1024), (64, 8, 3, 1024), (32, 4, 2, 1024), (32, 4, 2, 512),
-        (32, 4, 3, 512), (32, 2, 2, 512), (32, 2, 3, 512), (16, 4, 4, 512)]
+    # its two-stage twin, then 64-row tiles: a decode token's 16 heads padded to the 64 rows of a
+    # Hopper wgmma (16-row tiles run on mma.sync; earlier sweeps covered their neighbours).
+    configs: list[tuple[int, int, int, int | None, int]] = [
+        (16, 64, 4, None, 1024), (16, 64, 4, 2, 1024), (64, 64, 8, 2, 1024), (64, 32, 8, 3, 1024),
+        (64, 32, 8, 4, 1024), (64, 16, 8, 4, 1024), (64, 64, 8, 2, 512), (64, 32, 8, 3, 512)]
     baseline: dict[tuple[int, int], torch.Tensor] = {}
-    for bn, warps, stages, chunk in configs:
-        row: dict[str, Any] = {"block_m": 16, "block_n": bn, "num_warps": warps, "num_stages": stages,
+    for bm, bn, warps, stages, chunk in configs:
+        row: dict[str, Any] = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages,
                                "kv_chunk": chunk}
         try:
             for (b, ctx), db in batches.items():
-                def run(db: DecodeBatch = db, lo: int = 0, hi: int = b, bn: int = bn, warps: int = warps,
-                        stages: int | None = stages, chunk: int = chunk) -> torch.Tensor:
+                def run(db: DecodeBatch = db, lo: int = 0, hi: int = b, bm: int = bm, bn: int = bn,
+                        warps: int = warps, stages: int | None = stages, chunk: int = chunk) -> torch.Tensor:
                     return mla_decode.mla_paged_attention(
                         db.qs[0][lo:hi], db.qs[1][lo:hi], db.caches[0], db.qsl[: hi - lo + 1], db.sl[lo:hi],
-                        db.bt[lo:hi], 0.1, max_seq_len=db.ctx, kv_chunk=chunk, block_n=bn, num_warps=warps,
+                        db.bt[lo:hi], 0.1, max_seq_len=db.ctx, kv_chunk=chunk, block_m=bm, block_n=bn, num_warps=warps,
                         num_stages=stages)
                 out = run()
                 baseline.setdefault((b, ctx), out)
@@ -159,7 +159,7 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
             row["error"] = repr(exc)[:300]
         rows.append(row)
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
-                          if "of_copy_bw" in k or k in ("block_n", "num_warps", "num_stages", "kv_chunk", "error")}),
+                          if "of_copy_bw" in k or k in ("block_m", "block_n", "num_warps", "num_stages", "kv_chunk", "error")}),
               flush=True)
     return rows
 
@@ -299,7 +299,7 @@ def main() -> None:
                                       for k, v in r.items() if not k.endswith("_ms")))
     for r in record.get("mla_decode", []):
         if isinstance(r, dict):
-            keys = ("block_n", "num_warps", "num_stages", "kv_chunk",
+            keys = ("block_m", "block_n", "num_warps", "num_stages", "kv_chunk",
                     *(f"b{b}_ctx{c}_of_copy_bw" for b in (64, 128, 256) for c in (2048, 8192)), "error")
             print("mla " + " ".join(f"{k.removesuffix('_of_copy_bw')}={r[k]:.3g}" if isinstance(r[k], float)
                                     else f"{k}={r[k]}" for k in keys if k in r))
