@@ -15,7 +15,8 @@ Keys are cut into chunks of KV_CHUNK absolute positions (a fixed length, never f
 
   phase 1  grid (q blocks, Hk, chunks): each program runs an online softmax over one chunk
            and writes the row's unnormalised partial (m, l, acc) to a float32 workspace.
-  phase 2  grid (q blocks, Hk): merges each row's chunks in increasing chunk order.
+  phase 2  grid (q blocks, Hk, value-column slices): merges each row's chunks in increasing
+           chunk order.
 
 Why this is batch invariant: a row's result is a fixed function of its own chunks. Within a
 chunk the key tiles start at the same absolute positions whatever the batch; a tile that is
@@ -158,13 +159,40 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
         tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
 
 
+@triton.jit
+def _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, use, dv, DV: tl.constexpr):
+    """Chunk c's (m, l, acc slice) of each row; rows not using it read (-inf, 0, 0), an exact
+    no-op in _merge_partial."""
+    m_c = tl.load(pm_ptr + w_row + c, mask=use, other=float("-inf"))
+    l_c = tl.load(pl_ptr + w_row + c, mask=use, other=0.0)
+    a_c = tl.load(pacc_ptr + (w_row + c)[:, None] * DV + dv[None, :], mask=use[:, None] & (dv < DV)[None, :],
+                  other=0.0)
+    return m_c, l_c, a_c
+
+
+@triton.jit
+def _merge_partial(m_run, l_run, acc, m_c, l_c, a_c):
+    m_new = tl.maximum(m_run, m_c)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_run - m_safe)
+    beta = tl.exp2(m_c - m_safe)
+    return m_new, l_run * alpha + l_c * beta, acc * alpha[:, None] + a_c * beta[:, None]
+
+
 @triton.jit(do_not_specialize=["num_seqs", "block_base", "window", "n_chunks"])
 def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
                     num_seqs, block_base, window, n_heads, n_chunks,
                     GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BQ: tl.constexpr,
-                    DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
+                    DV: tl.constexpr, DV_SLICE: tl.constexpr, CHUNK: tl.constexpr,
                     HAS_WINDOW: tl.constexpr):
+    """Grid (q blocks, head slices, DV / DV_SLICE): merges one slice of the value columns.
+
+    Each row's chunks are merged one at a time in increasing order, as a fixed function of the
+    row. The loads of four consecutive chunks are issued before their four merges (a chunk a row
+    does not use is an exact no-op), so a program waits on one memory round trip per four chunks
+    instead of one per chunk, and splitting the value columns puts several programs on a row:
+    neither changes any arithmetic."""
     qblock = block_base + tl.program_id(0)
     seq, q_start, tok0 = _locate(qsl_ptr, num_seqs, qblock, BQ)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
@@ -173,7 +201,7 @@ def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh
     if n_tok > 0:
         _, tok, head, row_ok = _tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
         pos = ctx + tok
-        dv = tl.arange(0, BLOCK_DV)
+        dv = tl.program_id(2) * DV_SLICE + tl.arange(0, DV_SLICE)
         c_last = pos // CHUNK
         c_first = pos * 0
         c_begin = 0
@@ -185,25 +213,31 @@ def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh
         w_row = ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks
         m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_run = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-        for c in range(c_begin, c_end):
-            # Chunks outside a row's range read as (m=-inf, l=0, acc=0): an exact no-op below.
-            use = row_ok & (c >= c_first) & (c <= c_last)
-            m_c = tl.load(pm_ptr + w_row + c, mask=use, other=float("-inf"))
-            l_c = tl.load(pl_ptr + w_row + c, mask=use, other=0.0)
-            a_c = tl.load(pacc_ptr + (w_row + c)[:, None] * DV + dv[None, :],
-                          mask=use[:, None] & (dv < DV)[None, :], other=0.0)
-            m_new = tl.maximum(m_run, m_c)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_run - m_safe)
-            beta = tl.exp2(m_c - m_safe)
-            l_run = l_run * alpha + l_c * beta
-            acc = acc * alpha[:, None] + a_c * beta[:, None]
-            m_run = m_new
+        acc = tl.zeros([BLOCK_M, DV_SLICE], tl.float32)
+        for c in range(c_begin, c_end, 4):
+            # c_last < c_end, so chunks past the end are masked out like any unused chunk.
+            m0, l0, a0 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, row_ok & (c >= c_first) & (c <= c_last),
+                                       dv, DV)
+            m1, l1, a1 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 1,
+                                       row_ok & (c + 1 >= c_first) & (c + 1 <= c_last), dv, DV)
+            m2, l2, a2 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 2,
+                                       row_ok & (c + 2 >= c_first) & (c + 2 <= c_last), dv, DV)
+            m3, l3, a3 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 3,
+                                       row_ok & (c + 3 >= c_first) & (c + 3 <= c_last), dv, DV)
+            m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m0, l0, a0)
+            m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m1, l1, a1)
+            m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m2, l2, a2)
+            m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m3, l3, a3)
         out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
         o_rows = (q_start + tok).to(tl.int64) * sot + head * soh
         tl.store(out_ptr + o_rows[:, None] + dv[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & (dv < DV)[None, :])
+
+
+def combine_slice(block_m: int, dv: int) -> int:
+    """Value columns per merge program: at most 2048 float32 per loaded chunk of a tile (four in
+    flight stay within the registers), at least 16."""
+    return max(16, min(next_pow2(dv), 2048 // block_m))
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -336,9 +370,10 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     for base in range(0, n_qblocks, slice_blocks):
         n = min(slice_blocks, n_qblocks - base)
         phase1((n, hk * n_hsplit, n_chunks), base, ws, common)
-        _combine_kernel[(n, hk * n_hsplit)](
+        dv_slice = combine_slice(block_m, dv)
+        _combine_kernel[(n, hk * n_hsplit, triton.cdiv(dv, dv_slice))](
             out, query_start_loc, seq_lens, ws.acc, ws.m, ws.l, out.stride(0), out.stride(1),
-            b, base, window, hq, n_chunks, DV=dv, BLOCK_DV=max(16, next_pow2(dv)), num_warps=4, **common)
+            b, base, window, hq, n_chunks, DV=dv, DV_SLICE=dv_slice, num_warps=4, **common)
     return out
 
 

@@ -48,6 +48,23 @@ def test_more_requests_than_one_locate_span(device: torch.device) -> None:
     assert rel_err(_run(b, 0.3, None, kv_chunk=64), ref) < 1e-5
 
 
+@pytest.mark.parametrize("window", [None, 200])
+def test_every_chunk_count_merges(device: torch.device, window: int | None) -> None:
+    """Decodes over 1 to 9 chunks (every remainder of the merge's groups of four), with a value
+    width split over two merge programs: each row matches the reference and equals itself alone."""
+    ctx = [64 * k - 1 for k in range(1, 10)]
+    b = PagedBatch([1] * 9, ctx, hq=4, hk=2, d=16, dv=256, block_size=16, dtype=torch.float32, device=device,
+                   seed=12)
+    assert pa.combine_slice(16, 256) == 128
+    ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.3, window)
+    out = _run(b, 0.3, window, kv_chunk=64)
+    assert rel_err(out, ref) < 1e-5
+    q, kc, vc, qsl, sl, bt = b.args()
+    for i in (0, 3, 8):
+        alone = paged_attention(q[i:i + 1], kc, vc, qsl[:2], sl[i:i + 1], bt[i:i + 1], 0.3, window, kv_chunk=64)
+        assert torch.equal(alone.cpu(), out[i:i + 1])
+
+
 def test_never_reads_past_seq_len(device: torch.device) -> None:
     b = PagedBatch([2, 1], [9, 20], hq=2, hk=1, d=16, dv=16, block_size=16, dtype=torch.float32,
                    device=device, seed=3)
