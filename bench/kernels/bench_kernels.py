@@ -129,12 +129,12 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
     rows = []
     batches = {(b, ctx): DecodeBatch(b, ctx, 16, 64, (576,), (512, 64)) for b in (64, 128, 256) for ctx in (2048, 8192)}
     # The shipped default first (stages None: the launcher's choice, mla_decode.pipeline_stages),
-    # then its neighbours: smaller tiles and chunks (more programs, several per SM), other depths
-    # and warp counts. (64-row tiles, a token's 16 heads padded to a Hopper wgmma's rows, read
+    # then its neighbours: shorter chunks (more programs, two per SM at two stages), smaller tiles,
+    # other depths and warp counts. (64-row tiles, a token's 16 heads padded to a Hopper wgmma's rows, read
     # 18-31% of copy bandwidth: NOTES.md.)
     configs: list[tuple[int, int, int, int | None, int]] = [
-        (16, 64, 4, None, 1024), (16, 64, 4, 2, 1024), (16, 64, 8, 3, 1024), (16, 32, 4, 2, 1024),
-        (16, 32, 4, 2, 512), (16, 32, 4, 3, 512), (16, 32, 2, 2, 512), (16, 32, 2, 3, 512), (16, 16, 4, 4, 512)]
+        (16, 64, 4, None, 1024), (16, 64, 4, 2, 1024), (16, 64, 4, 2, 512), (16, 64, 4, 3, 512),
+        (16, 64, 8, 2, 512), (16, 32, 4, 3, 512), (16, 32, 4, 4, 512), (16, 32, 4, 2, 1024)]
     baseline: dict[tuple[int, int], torch.Tensor] = {}
     for bm, bn, warps, stages, chunk in configs:
         row: dict[str, Any] = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages,
