@@ -40,6 +40,24 @@ def graph_ms(fn: Callable[[], Any]) -> float:
     return median_ms(graph.replay)
 
 
+def graph_ms_per_call(fns: list[Callable[[], Any]]) -> float:
+    """Median replay time of one CUDA graph holding every call in fns, divided by their number:
+    a call's device time as a graphed decode step sees it, where one graph launch covers all the
+    layers and a call pays only its kernels and the gaps between them. Give each call its own
+    data (larger than L2) so no call reads what the one before left in L2."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns:
+            fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return median_ms(graph.replay) / len(fns)
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
     rate = _timed_copy(1 << 31)
