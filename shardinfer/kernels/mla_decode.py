@@ -62,17 +62,27 @@ MLA_NUM_STAGES = 2
 MLA_NUM_STAGES_ONE_WAVE = 3
 MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
+# The last chunk program of a tile merges the tile's chunks (no second kernel; same arithmetic as
+# paged_attention's merge kernel, so the same bits).
+MLA_MERGE_IN_KERNEL = True
 _LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ: tl.constexpr):
+    """Workspace index of chunk 0 of each tile row's partials (rows of this slice of q blocks)."""
+    tok_base = pa._slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
+    return ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks
 
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "n_chunks"])
 def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                      sqt, sqh, spt, sph, sbt, num_seqs, block_base, scale_log2, n_heads, n_chunks,
-                      GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                      out_ptr, cnt_ptr, sqt, sqh, spt, sph, sot, soh, sbt, num_seqs, block_base, scale_log2, n_heads,
+                      n_chunks, GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                       BQ: tl.constexpr, CHUNK: tl.constexpr, HAS_WINDOW: tl.constexpr,
                       BLOCK_N: tl.constexpr, RH: tl.constexpr, DPE: tl.constexpr, PAGE: tl.constexpr,
                       PRECISION: tl.constexpr, TMA: tl.constexpr, CHUNK_PAGES: tl.constexpr,
-                      PAGE_PREFETCH: tl.constexpr):
+                      PAGE_PREFETCH: tl.constexpr, MERGE: tl.constexpr, DV_SLICE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = pa._locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -81,8 +91,8 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
     n_tok = tl.minimum(q_len - tok0, BQ)
     kv_lo = c * CHUNK
     kv_hi = tl.minimum(c * CHUNK + CHUNK, ctx + tok0 + n_tok)
+    _, tok, head, row_ok = pa._tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
     if (n_tok > 0) & (kv_lo < kv_hi):
-        _, tok, head, row_ok = pa._tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
         pos = ctx + tok
         h = tl.arange(0, RH)
         e = tl.arange(0, DPE)
@@ -139,13 +149,27 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
             acc_lo = acc_lo * alpha[:, None] + tl.dot(p, lat_lo, input_precision=PRECISION)
             acc_hi = acc_hi * alpha[:, None] + tl.dot(p, lat_hi, input_precision=PRECISION)
             m_i = m_new
-        tok_base = pa._slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
-        w = ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks + c
+        w = _partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
         tl.store(pm_ptr + w, m_i, mask=row_ok)
         tl.store(pl_ptr + w, l_i, mask=row_ok)
         acc_rows = pacc_ptr + w[:, None] * (2 * RH) + h[None, :]
         tl.store(acc_rows, acc_lo, mask=row_ok[:, None])
         tl.store(acc_rows + RH, acc_hi, mask=row_ok[:, None])
+    if MERGE:  # noqa: SIM102 (a constexpr test of its own drops the block at compile time)
+        if n_tok > 0:
+            # Every chunk program of the tile (with keys or not) counts itself in once its partial
+            # is stored; the last to arrive merges the tile's chunks in order and resets the counter
+            # for the next launch. The barrier puts all of this program's stores before the release;
+            # the merge reads the others' partials past L1 (".cg").
+            tl.debug_barrier()
+            slot = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == n_chunks - 1:
+                tl.store(slot, 0)
+                w_row = _partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
+                for d0 in range(0, 2 * RH, DV_SLICE):
+                    pa.merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head, row_ok,
+                                  ctx, tok0, n_tok, 0, d0 + tl.arange(0, DV_SLICE), 2 * RH, DV_SLICE, BLOCK_M, CHUNK,
+                                  False, ".cg")
 
 
 def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, block_m: int, sms: int) -> int:
@@ -167,7 +191,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
                         scale: float, max_seq_len: int | None = None, kv_chunk: int = MLA_KV_CHUNK,
                         block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
                         num_stages: int | None = None, tma: bool = False,
-                        page_prefetch: bool = MLA_PAGE_PREFETCH) -> torch.Tensor:
+                        page_prefetch: bool = MLA_PAGE_PREFETCH, merge: bool = MLA_MERGE_IN_KERNEL) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
     q_latent [T, H, R] and q_pe [T, H, Dr] of one float dtype, last dims contiguous; cache
@@ -176,7 +200,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     powers of two (512 and 64 for DeepSeek-V3). tma=True (Hopper and later) loads key tiles through
     TMA descriptors; measured slower than the pointer path on an H200, so off by default.
     page_prefetch (pointer path): read the chunk's page ids once before its key tiles instead of
-    one block-table read per tile.
+    one block-table read per tile. merge: the last of a tile's chunk programs to finish merges the
+    chunks (same bits as the separate merge kernel, which merge=False launches).
     Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
     number of programs, see MLA_NUM_STAGES) only sets how far loads run ahead.
     """
@@ -225,9 +250,11 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:
         _mla_chunk_kernel[grid](
             q_latent, q_pe, cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
-            q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1), block_tables.stride(0),
-            seq_lens.shape[0], base, float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr,
-            PAGE=page, PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch,
-            num_warps=num_warps, num_stages=num_stages, **common)
+            ws.out, ws.counters if merge else ws.m, q_latent.stride(0), q_latent.stride(1), q_pe.stride(0),
+            q_pe.stride(1), ws.out.stride(0), ws.out.stride(1), block_tables.stride(0), seq_lens.shape[0], base,
+            float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr, PAGE=page,
+            PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
+            DV_SLICE=pa.combine_slice(block_m, r), num_warps=num_warps, num_stages=num_stages, **common)
 
-    return pa.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1)
+    return pa.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
+                        merge_in_phase1=merge)

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, next_pow2
+from shardinfer.kernels.launch_counters import launch_counters
 
 # Tile config, fixed because it fixes the rounding (see paged_attention's docstring). Chosen by
 # the sweep in bench/kernels/bench_kernels.py on an H200 (bench/kernels/NOTES.md): 16-row tiles
@@ -160,13 +161,13 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
 
 
 @triton.jit
-def _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, use, dv, DV: tl.constexpr):
+def _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, use, dv, DV: tl.constexpr, CACHE: tl.constexpr):
     """Chunk c's (m, l, acc slice) of each row; rows not using it read (-inf, 0, 0), an exact
     no-op in _merge_partial."""
-    m_c = tl.load(pm_ptr + w_row + c, mask=use, other=float("-inf"))
-    l_c = tl.load(pl_ptr + w_row + c, mask=use, other=0.0)
+    m_c = tl.load(pm_ptr + w_row + c, mask=use, other=float("-inf"), cache_modifier=CACHE)
+    l_c = tl.load(pl_ptr + w_row + c, mask=use, other=0.0, cache_modifier=CACHE)
     a_c = tl.load(pacc_ptr + (w_row + c)[:, None] * DV + dv[None, :], mask=use[:, None] & (dv < DV)[None, :],
-                  other=0.0)
+                  other=0.0, cache_modifier=CACHE)
     return m_c, l_c, a_c
 
 
@@ -179,6 +180,48 @@ def _merge_partial(m_run, l_run, acc, m_c, l_c, a_c):
     return m_new, l_run * alpha + l_c * beta, acc * alpha[:, None] + a_c * beta[:, None]
 
 
+@triton.jit
+def merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head, row_ok, ctx, tok0, n_tok,
+               window, dv, DV: tl.constexpr, DV_SLICE: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+               HAS_WINDOW: tl.constexpr, CACHE: tl.constexpr):
+    """Merge a tile's rows' chunk partials, value columns `dv`, and store the normalised output.
+
+    Each row's chunks are merged one at a time in increasing order, a fixed function of the row.
+    The loads of four consecutive chunks are issued before their four merges (a chunk a row does
+    not use is an exact no-op), so a program waits on one memory round trip per four chunks
+    instead of one per chunk, without changing any arithmetic. CACHE is the partials' load cache
+    modifier (".cg" when other programs of the same launch wrote them)."""
+    pos = ctx + tok
+    c_last = pos // CHUNK
+    c_first = pos * 0
+    c_begin = 0
+    if HAS_WINDOW:
+        c_first = tl.maximum(pos - window + 1, 0) // CHUNK
+        c_begin = tl.maximum(ctx + tok0 - window + 1, 0) // CHUNK
+    c_end = (ctx + tok0 + n_tok - 1) // CHUNK + 1
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV_SLICE], tl.float32)
+    for c in range(c_begin, c_end, 4):
+        # c_last < c_end, so chunks past the end are masked out like any unused chunk.
+        m0, l0, a0 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, row_ok & (c >= c_first) & (c <= c_last),
+                                   dv, DV, CACHE)
+        m1, l1, a1 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 1,
+                                   row_ok & (c + 1 >= c_first) & (c + 1 <= c_last), dv, DV, CACHE)
+        m2, l2, a2 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 2,
+                                   row_ok & (c + 2 >= c_first) & (c + 2 <= c_last), dv, DV, CACHE)
+        m3, l3, a3 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 3,
+                                   row_ok & (c + 3 >= c_first) & (c + 3 <= c_last), dv, DV, CACHE)
+        m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m0, l0, a0)
+        m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m1, l1, a1)
+        m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m2, l2, a2)
+        m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m3, l3, a3)
+    out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
+    o_rows = (q_start + tok).to(tl.int64) * sot + head * soh
+    tl.store(out_ptr + o_rows[:, None] + dv[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (dv < DV)[None, :])
+
+
 @triton.jit(do_not_specialize=["num_seqs", "block_base", "window", "n_chunks"])
 def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
                     num_seqs, block_base, window, n_heads, n_chunks,
@@ -186,13 +229,8 @@ def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh
                     BLOCK_M: tl.constexpr, BQ: tl.constexpr,
                     DV: tl.constexpr, DV_SLICE: tl.constexpr, CHUNK: tl.constexpr,
                     HAS_WINDOW: tl.constexpr):
-    """Grid (q blocks, head slices, DV / DV_SLICE): merges one slice of the value columns.
-
-    Each row's chunks are merged one at a time in increasing order, as a fixed function of the
-    row. The loads of four consecutive chunks are issued before their four merges (a chunk a row
-    does not use is an exact no-op), so a program waits on one memory round trip per four chunks
-    instead of one per chunk, and splitting the value columns puts several programs on a row:
-    neither changes any arithmetic."""
+    """Grid (q blocks, head slices, DV / DV_SLICE): merges one slice of the value columns of a
+    tile's rows (splitting the columns over programs changes no arithmetic)."""
     qblock = block_base + tl.program_id(0)
     seq, q_start, tok0 = _locate(qsl_ptr, num_seqs, qblock, BQ)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
@@ -200,38 +238,11 @@ def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh
     n_tok = tl.minimum(q_len - tok0, BQ)
     if n_tok > 0:
         _, tok, head, row_ok = _tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
-        pos = ctx + tok
-        dv = tl.program_id(2) * DV_SLICE + tl.arange(0, DV_SLICE)
-        c_last = pos // CHUNK
-        c_first = pos * 0
-        c_begin = 0
-        if HAS_WINDOW:
-            c_first = tl.maximum(pos - window + 1, 0) // CHUNK
-            c_begin = tl.maximum(ctx + tok0 - window + 1, 0) // CHUNK
-        c_end = (ctx + tok0 + n_tok - 1) // CHUNK + 1
         tok_base = _slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
         w_row = ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks
-        m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_run = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, DV_SLICE], tl.float32)
-        for c in range(c_begin, c_end, 4):
-            # c_last < c_end, so chunks past the end are masked out like any unused chunk.
-            m0, l0, a0 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, row_ok & (c >= c_first) & (c <= c_last),
-                                       dv, DV)
-            m1, l1, a1 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 1,
-                                       row_ok & (c + 1 >= c_first) & (c + 1 <= c_last), dv, DV)
-            m2, l2, a2 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 2,
-                                       row_ok & (c + 2 >= c_first) & (c + 2 <= c_last), dv, DV)
-            m3, l3, a3 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 3,
-                                       row_ok & (c + 3 >= c_first) & (c + 3 <= c_last), dv, DV)
-            m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m0, l0, a0)
-            m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m1, l1, a1)
-            m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m2, l2, a2)
-            m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m3, l3, a3)
-        out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
-        o_rows = (q_start + tok).to(tl.int64) * sot + head * soh
-        tl.store(out_ptr + o_rows[:, None] + dv[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & (dv < DV)[None, :])
+        dv = tl.program_id(2) * DV_SLICE + tl.arange(0, DV_SLICE)
+        merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head, row_ok, ctx, tok0, n_tok,
+                   window, dv, DV, DV_SLICE, BLOCK_M, CHUNK, HAS_WINDOW, "")
 
 
 def combine_slice(block_m: int, dv: int) -> int:
@@ -328,22 +339,29 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 @dataclass
 class Workspace:
-    """Phase 1's float32 partials of one slice of q blocks: acc [rows, Hq, chunks, Dv], m and l [rows, Hq, chunks]."""
+    """Phase 1's float32 partials of one slice of q blocks: acc [rows, Hq, chunks, Dv], m and l
+    [rows, Hq, chunks]. With the merge in phase 1 also the output and one arrival counter per
+    (q block, head slice) of the slice (`launch_counters`: 0 at the start, reset by the merger)."""
 
     acc: torch.Tensor
     m: torch.Tensor
     l: torch.Tensor  # noqa: E741 (the softmax denominator's usual name)
     n_chunks: int
+    out: torch.Tensor
+    counters: torch.Tensor | None
 
 
 def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
               max_seq_len: int | None, kv_chunk: int, block_m: int, sliding_window: int | None,
-              phase1: Callable[[tuple[int, int, int], int, Workspace, dict[str, object]], None]) -> torch.Tensor:
+              phase1: Callable[[tuple[int, int, int], int, Workspace, dict[str, object]], None],
+              merge_in_phase1: bool = False) -> torch.Tensor:
     """Run a chunk kernel (`phase1(grid, first q block, workspace, tile constants)`) over slices of
     q blocks, each followed by the in-order merge of its chunks; returns out [T, Hq, Dv].
 
     The tile geometry (heads per tile, q-block length, head slices) and the workspace layout come
     from here, so every chunk kernel writing this layout shares the merge and its invariance.
+    merge_in_phase1: the chunk kernel merges itself (the last of a tile's chunk programs to
+    finish calls merge_rows, see mla_decode), so no merge kernel is launched.
     """
     t, hq = q.shape[0], q.shape[1]
     b = seq_lens.shape[0]
@@ -362,14 +380,17 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     slice_blocks = max(1, min(n_qblocks, _WORKSPACE_BYTES // max(1, per_token * bq)))
     ws_rows = min(t, slice_blocks * bq)
     pm = torch.empty(ws_rows, hq, n_chunks, dtype=torch.float32, device=q.device)
+    counters = launch_counters(q.device, slice_blocks * hk * n_hsplit) if merge_in_phase1 else None
     ws = Workspace(torch.empty(ws_rows, hq, n_chunks, dv, dtype=torch.float32, device=q.device), pm,
-                   torch.empty_like(pm), n_chunks)
+                   torch.empty_like(pm), n_chunks, out, counters)
     window = int(sliding_window) if sliding_window is not None else 0
     common: dict[str, object] = dict(GROUP=group, HB=hb, N_HSPLIT=n_hsplit, BLOCK_M=block_m, BQ=bq, CHUNK=kv_chunk,
                                      HAS_WINDOW=sliding_window is not None)
     for base in range(0, n_qblocks, slice_blocks):
         n = min(slice_blocks, n_qblocks - base)
         phase1((n, hk * n_hsplit, n_chunks), base, ws, common)
+        if merge_in_phase1:
+            continue
         dv_slice = combine_slice(block_m, dv)
         _combine_kernel[(n, hk * n_hsplit, triton.cdiv(dv, dv_slice))](
             out, query_start_loc, seq_lens, ws.acc, ws.m, ws.l, out.stride(0), out.stride(1),

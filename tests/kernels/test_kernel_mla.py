@@ -94,6 +94,19 @@ def test_heads_split_across_tiles(device: torch.device) -> None:
     assert rel_err(b.run(device, 0.3, kv_chunk=64), b.reference(0.3)) < 1e-5
 
 
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_merge_in_kernel_gives_the_merge_kernels_bits(device: torch.device, block_m: int) -> None:
+    """The last chunk program of a tile merging the chunks equals the separate merge kernel bit for
+    bit, across 1 to 6 chunks, a prefill row and heads split over two tiles; a second call (its
+    arrival counters reset by the first) gives the same bits again."""
+    b = MlaBatch([3, 1, 1, 1, 1], [0, 63, 130, 250, 380], heads=32, rank=32, rope=16, block_size=16,
+                 dtype=torch.float32, seed=12)
+    merged = b.run(device, 0.2, kv_chunk=64, block_m=block_m, merge=True)
+    assert rel_err(merged, b.reference(0.2)) < 1e-5
+    assert torch.equal(merged, b.run(device, 0.2, kv_chunk=64, block_m=block_m, merge=False))
+    assert torch.equal(merged, b.run(device, 0.2, kv_chunk=64, block_m=block_m, merge=True))
+
+
 def test_rejects_bad_inputs(device: torch.device) -> None:
     b = MlaBatch([1], [4], heads=4, rank=32, rope=16, block_size=8, dtype=torch.float32, seed=3)
     ql, qp, cache = b.q_latent.to(device), b.q_pe.to(device), b.cache.to(device)
@@ -128,6 +141,36 @@ def test_deepseek_shapes_bf16(tma: bool) -> None:
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     for i in (0, 5):
         assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1), tma=tma), out[b.qsl[i]:b.qsl[i + 1]])
+
+
+@pytest.mark.gpu
+def test_merge_in_kernel_under_graph_replays() -> None:
+    """200 decodes at DeepSeek shapes (several waves of programs racing to be a tile's last):
+    replays of one captured graph, each with new queries, give the merge kernel's bits every time,
+    so every counter was back at 0 for the next replay."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(13)
+    ctx = [int(c) for c in torch.randint(1, 5000, (200,), generator=gen)]
+    b = MlaBatch([1] * 200, ctx, heads=16, rank=512, rope=64, block_size=64, dtype=torch.bfloat16, seed=14)
+    args = [t.to(dev) for t in (b.q_latent, b.q_pe, b.cache)]
+    index = [torch.tensor(b.qsl, dtype=torch.int32, device=dev), torch.tensor(b.seq_lens, dtype=torch.int32,
+                                                                              device=dev), b.block_tables.to(dev)]
+
+    def run(merge: bool) -> torch.Tensor:
+        return mla_paged_attention(*args, *index, 0.1, max_seq_len=5000, merge=merge)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run(True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = run(True)
+    torch.cuda.current_stream().wait_stream(stream)
+    for i in range(20):
+        args[0].copy_(torch.randn(args[0].shape, generator=gen.manual_seed(100 + i)).to(args[0].dtype))
+        graph.replay()
+        assert torch.equal(out, run(False))
 
 
 def test_pipeline_depth_follows_the_waves_of_programs() -> None:
