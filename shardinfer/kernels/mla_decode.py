@@ -246,6 +246,10 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
         sms = sm_count(q_latent.device.index or 0) if q_latent.is_cuda else 0
         num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms)
     chunk_pages = next_pow2(-(-kv_chunk // page) + 1)  # pages a chunk can touch (it need not start on one)
+    # The merging program takes the value columns in slices of 4096 float32 per chunk (half the
+    # latent with 16-row tiles), four chunks in flight: twice the merge kernel's slices, which the
+    # registers freed by the key loop hold without spilling (whole rows spill).
+    merge_slice = max(16, min(r, 4096 // block_m))
 
     def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:
         _mla_chunk_kernel[grid](
@@ -254,7 +258,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
             q_pe.stride(1), ws.out.stride(0), ws.out.stride(1), block_tables.stride(0), seq_lens.shape[0], base,
             float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr, PAGE=page,
             PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
-            DV_SLICE=pa.combine_slice(block_m, r), num_warps=num_warps, num_stages=num_stages, **common)
+            DV_SLICE=merge_slice, num_warps=num_warps, num_stages=num_stages, **common)
 
     return pa.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
                         merge_in_phase1=merge)
