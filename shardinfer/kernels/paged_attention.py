@@ -24,8 +24,9 @@ fully masked for a row (past its position, or before its window) leaves its runn
 bit-for-bit unchanged (alpha = 1, p = 0, or everything stays exactly 0 before the first visible
 key); the MMA computes each output row from that row alone. So a row computed alone, in a
 prefill chunk, or among 255 decode rows gives identical bits. q blocks are found in-kernel from
-query_start_loc (q block i of request s has index qsl[s] // BQ + s + i; `_locate` counts the
-requests starting at or before a block), so the launcher needs no host copy of the batch layout.
+query_start_loc (q block i of request s has index qsl[s] // BQ + s + i, or qsl[s] + i when a
+block is one token; `_locate` counts the requests starting at or before a block), so the
+launcher needs no host copy of the batch layout.
 Integer arguments that depend on the batch (block-table width, number of KV chunks) are not
 specialized by Triton, so a new batch shape reuses the compiled kernel.
 
@@ -63,8 +64,10 @@ _LOCATE_SPAN: tl.constexpr = tl.constexpr(256)  # request offsets _locate reads 
 def _locate(qsl_ptr, num_seqs, qblock, BQ: tl.constexpr):
     """(request, first token index within it) of global q block `qblock`.
 
-    Request i's first q block is qsl[i] // BQ + i, strictly increasing in i, so the request is the
-    number of i in [1, num_seqs) whose first block is <= qblock. Counted over vector loads of
+    Request i's first q block is qsl[i] // BQ + i (qsl[i] when BQ is 1: a block is a token, and no
+    request needs a partial block), increasing in i, so the request is the number of i in
+    [1, num_seqs) whose first block is <= qblock (with BQ 1, an empty request shares its start with
+    the next, which counts too and owns the token). Counted over vector loads of
     _LOCATE_SPAN start offsets: one load round trip for up to that many requests, where a binary
     search makes log2(num_seqs) dependent ones, which a program with a large tile (one resident
     per SM) cannot hide behind other programs' work."""
@@ -72,10 +75,13 @@ def _locate(qsl_ptr, num_seqs, qblock, BQ: tl.constexpr):
     for s0 in range(1, num_seqs, _LOCATE_SPAN):
         i = s0 + tl.arange(0, _LOCATE_SPAN)
         live = i < num_seqs
-        ok = live & (tl.load(qsl_ptr + i, mask=live, other=0) // BQ + i <= qblock)
+        if BQ == 1:
+            ok = live & (tl.load(qsl_ptr + i, mask=live, other=0) <= qblock)
+        else:
+            ok = live & (tl.load(qsl_ptr + i, mask=live, other=0) // BQ + i <= qblock)
         lo += tl.sum(ok.to(tl.int32), axis=0)
     q_start = tl.load(qsl_ptr + lo)
-    tok0 = (qblock - (q_start // BQ + lo)) * BQ
+    tok0 = qblock - q_start if BQ == 1 else (qblock - (q_start // BQ + lo)) * BQ
     return lo, q_start, tok0
 
 
@@ -375,7 +381,7 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     hb = heads_per_tile(group, block_m)
     bq = block_m // hb
     n_hsplit = group // hb
-    n_qblocks = t // bq + b
+    n_qblocks = t if bq == 1 else t // bq + b  # see _locate
     per_token = hq * n_chunks * (dv + 2) * 4
     slice_blocks = max(1, min(n_qblocks, _WORKSPACE_BYTES // max(1, per_token * bq)))
     ws_rows = min(t, slice_blocks * bq)

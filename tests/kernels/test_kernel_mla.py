@@ -107,6 +107,18 @@ def test_merge_in_kernel_gives_the_merge_kernels_bits(device: torch.device, bloc
     assert torch.equal(merged, b.run(device, 0.2, kv_chunk=64, block_m=block_m, merge=True))
 
 
+def test_one_token_blocks_over_many_requests(device: torch.device) -> None:
+    """16 heads fill a 16-row tile, so a q block is one token (q block index = token index): over
+    300 requests (more than one of _locate's vector loads), prefills and decodes mixed, including
+    an empty request, every token finds its request."""
+    gen = torch.Generator().manual_seed(15)
+    q_lens = [int(n) for n in torch.randint(1, 4, (300,), generator=gen)]
+    q_lens[7] = 0
+    ctx = [int(n) for n in torch.randint(0, 40, (300,), generator=gen)]
+    b = MlaBatch(q_lens, ctx, heads=16, rank=32, rope=16, block_size=16, dtype=torch.float32, seed=16)
+    assert rel_err(b.run(device, 0.3, kv_chunk=64), b.reference(0.3)) < 1e-5
+
+
 def test_rejects_bad_inputs(device: torch.device) -> None:
     b = MlaBatch([1], [4], heads=4, rank=32, rope=16, block_size=8, dtype=torch.float32, seed=3)
     ql, qp, cache = b.q_latent.to(device), b.q_pe.to(device), b.cache.to(device)
