@@ -21,10 +21,12 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -193,6 +195,51 @@ def mla_scaling(bw: float, calls_per_graph: int = 4) -> list[dict[str, Any]]:
     return rows
 
 
+def _kernel_us(fn: Callable[[], Any], replays: int = 20) -> dict[str, float]:
+    """Median device time per kernel name over `replays` CUDA-graph replays of fn (torch profiler)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            times.setdefault(e.name, []).append(e.device_time)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def mla_merge(bw: float, calls_per_graph: int = 4) -> list[dict[str, Any]]:
+    """The shipped MLA decode with the chunks merged by the last chunk program of each tile
+    (merge=True, shipped) against the separate merge kernel (merge=False): time per call with
+    `calls_per_graph` calls in one graph (each on its own cache), and each kernel's device time."""
+    rows = []
+    for b, ctx in ((64, 2048), (64, 8192), (128, 2048), (256, 512), (256, 2048)):
+        dbs = [DecodeBatch(b, ctx, 16, 64, (576,), (512, 64)) for _ in range(calls_per_graph)]
+        nbytes = _mla_bytes(b, ctx)
+        for merge in (True, False):
+            def run(db: DecodeBatch, merge: bool = merge) -> torch.Tensor:
+                return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt, 0.1,
+                                                      max_seq_len=db.ctx, merge=merge)
+            ms = graph_ms_per_call([lambda db=db, run=run: run(db) for db in dbs])
+            rows.append({"batch": b, "ctx": ctx, "merge_in_kernel": merge, "ms_per_call_in_graph": ms,
+                         "of_copy_bw_in_graph": nbytes / (ms * 1e-3) / bw,
+                         "kernel_us": _kernel_us(lambda run=run, db=dbs[0]: run(db))})
+            print(json.dumps(rows[-1]), flush=True)
+        dbs.clear()
+    return rows
+
+
 def bench_moe(bw: float, flops: float) -> list[dict[str, Any]]:
     """moe-16b routed experts: hidden 2048, intermediate 1408, 64 experts, top-6, bf16."""
     hidden, inter, experts, top_k = 2048, 1408, 64, 6
@@ -288,7 +335,7 @@ def main() -> None:
     path = out / f"kernels-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     for name, fn in [("small", bench_small), ("moe", lambda: bench_moe(bw, flops)),
                      ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
-                     ("mla_scaling", lambda: mla_scaling(bw)),
+                     ("mla_scaling", lambda: mla_scaling(bw)), ("mla_merge", lambda: mla_merge(bw)),
                      ("paged_attention", lambda: sweep_dense(bw, flops))]:
         if args.only and name not in args.only.split(","):
             continue
@@ -317,6 +364,11 @@ def main() -> None:
             print(f"mla stages={r['num_stages'] or 'shipped'} batch={r['batch']} ctx={r['ctx']} {r['ms'] * 1e3:.1f} us "
                   f"{r['GBs']:.0f} GB/s ({100 * r['of_copy_bw']:.0f}%); {r['calls_per_graph']} calls per graph: "
                   f"{r['ms_per_call_in_graph'] * 1e3:.1f} us ({100 * r['of_copy_bw_in_graph']:.0f}%)")
+    for r in record.get("mla_merge", []):
+        if isinstance(r, dict):
+            print(f"mla merge_in_kernel={r['merge_in_kernel']} batch={r['batch']} ctx={r['ctx']}: "
+                  f"{r['ms_per_call_in_graph'] * 1e3:.1f} us per call in a graph ({100 * r['of_copy_bw_in_graph']:.0f}%); "
+                  + ", ".join(f"{k[:24]} {v:.1f} us" for k, v in r["kernel_us"].items()))
     print(f"wrote {path}")
 
 
