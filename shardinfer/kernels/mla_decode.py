@@ -22,7 +22,12 @@ argument) with its own chunk kernel, shaped for the latent:
   (block_size % BLOCK_N == 0), and rows past the sequence's last key, which hold whatever the
   pool has there, are zeroed before the value product (their scores are masked to -inf);
 * a tile holds BLOCK_M (token, head) rows; with 16 heads (the moe-16b shape) a decode token
-  fills one tile exactly.
+  fills one tile exactly;
+* the chunks are merged inside the chunk kernel (`merge=True`, the default): each of a tile's
+  chunk programs, once its partial is stored, counts itself in on an arrival counter
+  (`launch_counters`), and the last to arrive runs paged attention's in-order merge
+  (`pa.merge_rows`, the merge kernel's own code, so the same bits) and resets the counter. This
+  saves the merge kernel's launch and its dependent loads at the end of every call.
 
 Why it is batch invariant: a row's result is a fixed function of its own keys, cut into chunks
 and tiles at absolute positions; masked keys leave (m, l, acc) bit-for-bit unchanged (see
