@@ -257,6 +257,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     merge_slice = max(16, min(r, 4096 // block_m))
 
     def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:
+        # Without the merge the counters are never touched: ws.m stands in for them.
         _mla_chunk_kernel[grid](
             q_latent, q_pe, cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
             ws.out, ws.counters if merge else ws.m, q_latent.stride(0), q_latent.stride(1), q_pe.stride(0),
