@@ -25,26 +25,8 @@ def median_ms(fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
     return times[len(times) // 2]
 
 
-def graph_ms(fn: Callable[[], Any]) -> float:
-    """Median time of one CUDA-graph replay of fn (captured after a warm-up call): the device time
-    alone, as the engine's graphed steps see it, without the host's launch cost that median_ms
-    includes for kernels shorter than their launch."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    return median_ms(graph.replay)
-
-
-def graph_ms_per_call(fns: list[Callable[[], Any]]) -> float:
-    """Median replay time of one CUDA graph holding every call in fns, divided by their number:
-    a call's device time as a graphed decode step sees it, where one graph launch covers all the
-    layers and a call pays only its kernels and the gaps between them. Give each call its own
-    data (larger than L2) so no call reads what the one before left in L2."""
+def capture_graph(fns: list[Callable[[], Any]]) -> torch.cuda.CUDAGraph:
+    """One CUDA graph of every call in fns, captured on a side stream after a warm-up pass."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -55,7 +37,22 @@ def graph_ms_per_call(fns: list[Callable[[], Any]]) -> float:
             for fn in fns:
                 fn()
     torch.cuda.current_stream().wait_stream(stream)
-    return median_ms(graph.replay) / len(fns)
+    return graph
+
+
+def graph_ms(fn: Callable[[], Any]) -> float:
+    """Median time of one CUDA-graph replay of fn (captured after a warm-up call): the device time
+    alone, as the engine's graphed steps see it, without the host's launch cost that median_ms
+    includes for kernels shorter than their launch."""
+    return median_ms(capture_graph([fn]).replay)
+
+
+def graph_ms_per_call(fns: list[Callable[[], Any]]) -> float:
+    """Median replay time of one CUDA graph holding every call in fns, divided by their number:
+    a call's device time as a graphed decode step sees it, where one graph launch covers all the
+    layers and a call pays only its kernels and the gaps between them. Give each call its own
+    data (larger than L2) so no call reads what the one before left in L2."""
+    return median_ms(capture_graph(fns).replay) / len(fns)
 
 
 def copy_bandwidth() -> float:

@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_timing import ceilings, graph_ms, graph_ms_per_call, median_ms
+from bench.gpu_timing import capture_graph, ceilings, graph_ms, graph_ms_per_call, median_ms
 from bench.workloads import bench_commit
 from shardinfer.kernels import heads_matmul, matmul, mla_decode, moe, reference_moe, rmsnorm, sampling
 from shardinfer.kernels import paged_attention as pa
@@ -197,14 +197,7 @@ def mla_scaling(bw: float, calls_per_graph: int = 4) -> list[dict[str, Any]]:
 
 def _kernel_us(fn: Callable[[], Any], replays: int = 20) -> dict[str, float]:
     """Median device time per kernel name over `replays` CUDA-graph replays of fn (torch profiler)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
+    graph = capture_graph([fn])
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

@@ -73,13 +73,6 @@ MLA_MERGE_IN_KERNEL = True
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
-def _partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ: tl.constexpr):
-    """Workspace index of chunk 0 of each tile row's partials (rows of this slice of q blocks)."""
-    tok_base = pa._slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
-    return ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks
-
-
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "n_chunks"])
 def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
                       out_ptr, cnt_ptr, sqt, sqh, spt, sph, sot, soh, sbt, num_seqs, block_base, scale_log2, n_heads,
@@ -154,7 +147,7 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
             acc_lo = acc_lo * alpha[:, None] + tl.dot(p, lat_lo, input_precision=PRECISION)
             acc_hi = acc_hi * alpha[:, None] + tl.dot(p, lat_hi, input_precision=PRECISION)
             m_i = m_new
-        w = _partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
+        w = pa.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
         tl.store(pm_ptr + w, m_i, mask=row_ok)
         tl.store(pl_ptr + w, l_i, mask=row_ok)
         acc_rows = pacc_ptr + w[:, None] * (2 * RH) + h[None, :]
@@ -170,7 +163,7 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
             slot = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
             if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == n_chunks - 1:
                 tl.store(slot, 0)
-                w_row = _partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
+                w_row = pa.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
                 for d0 in range(0, 2 * RH, DV_SLICE):
                     pa.merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head, row_ok,
                                   ctx, tok0, n_tok, 0, d0 + tl.arange(0, DV_SLICE), 2 * RH, DV_SLICE, BLOCK_M, CHUNK,
@@ -254,7 +247,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     # The merging program takes the value columns in slices of 4096 float32 per chunk (half the
     # latent with 16-row tiles), four chunks in flight: twice the merge kernel's slices, which the
     # registers freed by the key loop hold without spilling (whole rows spill).
-    merge_slice = max(16, min(r, 4096 // block_m))
+    merge_slice = pa.combine_slice(block_m, r, per_chunk=4096)
 
     def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:
         # Without the merge the counters are never touched: ws.m stands in for them.

@@ -93,6 +93,13 @@ def _slice_token_base(qsl_ptr, num_seqs, block_base, BQ: tl.constexpr):
 
 
 @triton.jit
+def partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ: tl.constexpr):
+    """Workspace index of chunk 0 of each tile row's partials (rows of this slice of q blocks)."""
+    tok_base = _slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
+    return ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks
+
+
+@triton.jit
 def _tile_rows(kvh_split, tok0, q_len, GROUP: tl.constexpr, HB: tl.constexpr, BLOCK_M: tl.constexpr,
                BQ: tl.constexpr, N_HSPLIT: tl.constexpr):
     """Row r of a tile: token tok0 + r // HB, query head of this tile's head slice r % HB."""
@@ -159,8 +166,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
             v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        tok_base = _slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
-        w = (((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks + c)
+        w = partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
         tl.store(pm_ptr + w, m_i, mask=row_ok)
         tl.store(pl_ptr + w, l_i, mask=row_ok)
         tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
@@ -244,17 +250,16 @@ def _combine_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh
     n_tok = tl.minimum(q_len - tok0, BQ)
     if n_tok > 0:
         _, tok, head, row_ok = _tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
-        tok_base = _slice_token_base(qsl_ptr, num_seqs, block_base, BQ)
-        w_row = ((q_start + tok - tok_base).to(tl.int64) * n_heads + head) * n_chunks
+        w_row = partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
         dv = tl.program_id(2) * DV_SLICE + tl.arange(0, DV_SLICE)
         merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head, row_ok, ctx, tok0, n_tok,
                    window, dv, DV, DV_SLICE, BLOCK_M, CHUNK, HAS_WINDOW, "")
 
 
-def combine_slice(block_m: int, dv: int) -> int:
-    """Value columns per merge program: at most 2048 float32 per loaded chunk of a tile (four in
-    flight stay within the registers), at least 16."""
-    return max(16, min(next_pow2(dv), 2048 // block_m))
+def combine_slice(block_m: int, dv: int, per_chunk: int = 2048) -> int:
+    """Value columns per merge program: at most `per_chunk` float32 per loaded chunk of a tile
+    (2048 for the merge kernel: four chunks in flight stay within the registers), at least 16."""
+    return max(16, min(next_pow2(dv), per_chunk // block_m))
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -392,12 +397,12 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     window = int(sliding_window) if sliding_window is not None else 0
     common: dict[str, object] = dict(GROUP=group, HB=hb, N_HSPLIT=n_hsplit, BLOCK_M=block_m, BQ=bq, CHUNK=kv_chunk,
                                      HAS_WINDOW=sliding_window is not None)
+    dv_slice = combine_slice(block_m, dv)
     for base in range(0, n_qblocks, slice_blocks):
         n = min(slice_blocks, n_qblocks - base)
         phase1((n, hk * n_hsplit, n_chunks), base, ws, common)
         if merge_in_phase1:
             continue
-        dv_slice = combine_slice(block_m, dv)
         _combine_kernel[(n, hk * n_hsplit, triton.cdiv(dv, dv_slice))](
             out, query_start_loc, seq_lens, ws.acc, ws.m, ws.l, out.stride(0), out.stride(1),
             b, base, window, hq, n_chunks, DV=dv, DV_SLICE=dv_slice, num_warps=4, **common)
