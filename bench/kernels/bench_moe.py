@@ -12,11 +12,16 @@ routing kernel (sigmoid + correction bias, scale 2.446) from random router logit
 * Each size's floor is the slower of the two (FLOPs at the matmul rate, touched weights at copy
   bandwidth); "of floor" is that time over the measured one. Below about 2k tokens the weight
   reads are the larger: 1024 tokens touch nearly every expert for a sixth of the FLOPs of 8192.
+* Prefill sizes also time cuBLAS on the same expert GEMMs with the tokens spread evenly (T*k/E
+  rows per expert, no routing, no padding, no combine: two torch.bmm), an anchor for what the
+  hardware gives these shapes.
 
-Every time is the median of CUDA-event timings after warm-up. Decode sizes are also timed as a
-CUDA-graph replay (what the engine runs): the eager time includes the host launching ~15
-kernels. Each tiling is checked first: close to a float32 reference, and a token computed alone
-bitwise equal to the same token in the batch.
+Every time is the median of CUDA-event timings after warm-up, each size both eager (one call
+between two events, the host launching its kernels inside the timing) and as a CUDA-graph
+replay: the kernels' device time, which is what a step sees when the host runs ahead of the
+GPU (graphed decode steps, and prefill steps, whose host work is shorter than their kernels).
+The fractions are of the graph time. Each tiling is checked first: close to a float32
+reference, and a token computed alone bitwise equal to the same token in the batch.
 
     python bench/kernels/bench_moe.py [--out DIR] [--sweep]    (DIR defaults to $OUT, else .)
 """
@@ -43,21 +48,22 @@ from shardinfer.kernels.moe import MoeTiles
 
 BF16 = torch.bfloat16
 HIDDEN, INTER, EXPERTS, TOP_K, SCALE = 2048, 1408, 64, 6, 2.446
-PREFILL = (1024, 2048, 4096, 8192)
+PREFILL = (512, 1024, 2048, 4096, 8192)
 DECODE = (64, 256)
 # The shipped choice first (None: moe_tiles picks by batch size, as the engine runs it); --sweep
 # adds fixed tilings (each checked for the default tiling's bits, which a per-size choice needs).
 TILINGS: list[MoeTiles | None] = [None]
-SWEEP = [moe.DEFAULT_TILES, moe.LARGE_TILES, MoeTiles(64, 64, 64, 4, 3), MoeTiles(128, 128, 64, 8, 3),
-         MoeTiles(128, 128, 64, 8, 3, group_m=16), MoeTiles(128, 128, 64, 8, 4, group_m=8),
-         MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=8), MoeTiles(128, 64, 64, 4, 3, group_m=8),
-         # Middle tilings for 64-192 rows per expert (1024-2048 tokens), where the 128-row tiles are
-         # partly padding: none beat the shipped choice (NOTES.md, 2026-11-30 07:49).
-         MoeTiles(64, 128, 64, 4, 3, group_m=8), MoeTiles(64, 128, 64, 4, 4, group_m=8),
-         MoeTiles(64, 256, 64, 8, 3, group_m=8), MoeTiles(128, 256, 64, 8, 2, group_m=8),
-         MoeTiles(128, 128, 64, 8, 4, group_m=4)]
-
-
+SWEEP = [moe.DEFAULT_TILES, moe.HOPPER_SMALL_TILES, moe.HOPPER_LARGE_TILES,
+         # The pointer tilings shipped before the expert-sorted layout (NOTES.md, 2026-11-30 06:17).
+         MoeTiles(128, 128, 64, 8, 3, group_m=8),
+         # Around the Hopper tilings (NOTES.md, "The expert-sorted layout"): stages, the down GEMM's
+         # width, TMA per operand.
+         MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=8, tma_rows=True, down_block_n=256),
+         MoeTiles(128, 128, 64, 8, 4, tma=True, group_m=8, tma_rows=True),
+         MoeTiles(128, 128, 64, 8, 4, group_m=8, tma_rows=True, down_block_n=256),
+         MoeTiles(128, 128, 64, 8, 4, tma=True, group_m=8, down_block_n=256),
+         MoeTiles(64, 64, 64, 4, 3, tma=True, group_m=8, tma_rows=True, down_block_n=128, down_num_stages=4),
+         MoeTiles(64, 128, 64, 4, 4, tma=True, group_m=8, tma_rows=True, down_block_n=128)]
 
 
 class Problem:
@@ -84,12 +90,14 @@ def _tiles_row(tiles: MoeTiles | None) -> dict[str, Any] | str:
 def check(p: Problem, tiles: MoeTiles | None) -> dict[str, Any]:
     """Accuracy against the float32 reference, bitwise batch invariance for one tiling, and whether
     it computes the default tiling's bits (then the two may serve different batch sizes)."""
-    x, ids, w, _ = p.tokens(256)
+    # 1000 tokens: ~94 rows per expert, so the shipped choice runs the large tiles on the batch and
+    # the small ones on each token alone.
+    x, ids, w, _ = p.tokens(1000)
     out = moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles)
     ref = reference_moe.moe_experts(x.float(), ids, w, p.wgu.float(), p.wd.float())
     rel = float((out.double() - ref.double()).norm() / ref.double().norm())
     invariant = all(torch.equal(moe.fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], p.wgu, p.wd, tiles=tiles),
-                                out[i:i + 1]) for i in (0, 97, 255))
+                                out[i:i + 1]) for i in (0, 497, 999))
     same_bits = torch.equal(out, moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=moe.DEFAULT_TILES))
     return {"rel_err_vs_fp32": rel, "token_alone_bitwise": invariant, "bits_equal_default": same_bits}
 
@@ -108,33 +116,51 @@ def measure(p: Problem, tiles: MoeTiles | None, t: int, bw: float, flops: float)
                            "weight_GBs": weight_bytes / (ms * 1e-3) / 1e9,
                            "weight_of_copy_bw": weight_bytes / (ms * 1e-3) / bw,
                            "floor_ms": floor_ms, "of_floor": floor_ms / ms}
+    gms = graph_ms(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles))
+    row.update(graph_ms=gms, graph_TFLOPs=fl / (gms * 1e-3) / 1e12, graph_of_matmul_rate=fl / (gms * 1e-3) / flops,
+               graph_weight_GBs=weight_bytes / (gms * 1e-3) / 1e9,
+               graph_weight_of_copy_bw=weight_bytes / (gms * 1e-3) / bw, graph_of_floor=floor_ms / gms)
     if t in DECODE:
-        gms = graph_ms(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles))
-        row.update(graph_ms=gms, graph_weight_GBs=weight_bytes / (gms * 1e-3) / 1e9,
-                   graph_weight_of_copy_bw=weight_bytes / (gms * 1e-3) / bw)
         row["routing_graph_ms"] = graph_ms(lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE))
     else:
         row["routing_ms"] = median_ms(lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE))
+        if tiles is None:
+            row.update(_cublas_anchor(p, t, flops))
     cfg = tiles or moe.moe_tiles(HIDDEN, INTER, BF16, t * TOP_K / EXPERTS, x.device)
-    row["align_ms"] = median_ms(lambda: moe.align_to_experts(ids, EXPERTS, cfg.block_m))
+    row["align_graph_ms"] = graph_ms(lambda: moe.align_to_experts(ids, EXPERTS, cfg.block_m))
     return row
 
 
+def _cublas_anchor(p: Problem, t: int, flops: float) -> dict[str, Any]:
+    """cuBLAS on the same expert GEMMs with T*k/E rows per expert: no routing, padding or combine."""
+    rows = t * TOP_K // EXPERTS
+    x = torch.randn(EXPERTS, rows, HIDDEN, device="cuda", dtype=BF16)
+    act = torch.randn(EXPERTS, rows, INTER, device="cuda", dtype=BF16)
+    wgu_t, wd_t = p.wgu.transpose(1, 2), p.wd.transpose(1, 2)
+    ms = graph_ms(lambda: (torch.bmm(x, wgu_t), torch.bmm(act, wd_t)))
+    fl = 2 * EXPERTS * rows * 3 * HIDDEN * INTER
+    return {"cublas_even_bmm_graph_ms": ms, "cublas_even_bmm_of_matmul_rate": fl / (ms * 1e-3) / flops}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| tiles (m, n, k, warps, stages) | T | ms | graph ms | TFLOP/s (of matmul) | weights GB/s (of copy bw) "
-             "| of floor |", "|---|---|---|---|---|---|---|"]
+    lines = ["| tiles (m, n, k, warps, stages) | T | eager ms | graph ms | TFLOP/s (of matmul) | weights GB/s "
+             "(of copy bw) | of floor | cuBLAS even bmm (of matmul) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['tiles']} | {r.get('tokens', '')} | error: {r['error'][:60]} | | | |")
+            lines.append(f"| {r['tiles']} | {r.get('tokens', '')} | error: {r['error'][:60]} | | | | | |")
             continue
         c = r["tiles"]
-        tiles = c if isinstance(c, str) else (f"{c['block_m']}, {c['block_n']}, {c['block_k']}, {c['num_warps']}, {c['num_stages']}"
-                 f"{', tma' if c['tma'] else ''}{', g' + str(c['group_m']) if c['group_m'] else ''}")
-        gms = f"{r['graph_ms']:.3f}" if "graph_ms" in r else ""
-        gbs = r.get("graph_weight_GBs", r["weight_GBs"])
-        frac = r.get("graph_weight_of_copy_bw", r["weight_of_copy_bw"])
-        lines.append(f"| {tiles} | {r['tokens']} | {r['ms']:.3f} | {gms} | {r['TFLOPs']:.0f} "
-                     f"({100 * r['of_matmul_rate']:.0f}%) | {gbs:.0f} ({100 * frac:.0f}%) | {100 * r['of_floor']:.0f}% |")
+        tiles = c if isinstance(c, str) else (
+            f"{c['block_m']}, {c['block_n']}, {c['block_k']}, {c['num_warps']}, {c['num_stages']}"
+            f"{', tma' if c['tma'] else ''}{', rows' if c['tma_rows'] else ''}"
+            f"{', g' + str(c['group_m']) if c['group_m'] else ''}"
+            f"{', down ' + str(c['down_block_n']) if c['down_block_n'] else ''}"
+            f"{' s' + str(c['down_num_stages']) if c['down_num_stages'] else ''}")
+        anchor = (f"{r['cublas_even_bmm_graph_ms']:.3f} ({100 * r['cublas_even_bmm_of_matmul_rate']:.0f}%)"
+                  if "cublas_even_bmm_graph_ms" in r else "")
+        lines.append(f"| {tiles} | {r['tokens']} | {r['ms']:.3f} | {r['graph_ms']:.3f} | {r['graph_TFLOPs']:.0f} "
+                     f"({100 * r['graph_of_matmul_rate']:.0f}%) | {r['graph_weight_GBs']:.0f} "
+                     f"({100 * r['graph_weight_of_copy_bw']:.0f}%) | {100 * r['graph_of_floor']:.0f}% | {anchor} |")
     return "\n".join(lines)
 
 

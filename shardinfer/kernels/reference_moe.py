@@ -126,8 +126,10 @@ def _slots_capturable(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.
     return slot_out
 
 
-def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference of moe.align_to_experts: (sorted_slots [P] int32, -1 padded; block_expert [P / block_m]).
+def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference of moe.align_to_experts: (sorted_slots [P] int32, -1 padded; block_expert [P / block_m];
+    slot_positions [T * k] int32, each slot's index in sorted_slots).
 
     Slots t * k + j grouped by expert in increasing slot order, each expert's run padded to a
     multiple of block_m; tiles past the last run belong to expert n_experts (none).
@@ -141,9 +143,11 @@ def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int) -> tu
     total = -(-(n_slots + n_experts * (block_m - 1)) // block_m) * block_m
     sorted_slots = torch.full((total,), -1, dtype=torch.int32)
     block_expert = torch.full((total // block_m,), n_experts, dtype=torch.int32)
+    slot_positions = torch.full((n_slots,), -1, dtype=torch.int32)
     for e in range(n_experts):
         slots = (flat == e).nonzero().flatten()
         first = int(starts[e])
         sorted_slots[first : first + slots.numel()] = slots.to(torch.int32)
+        slot_positions[slots] = torch.arange(first, first + slots.numel(), dtype=torch.int32)
         block_expert[first // block_m : (first + int(padded[e])) // block_m] = e
-    return sorted_slots, block_expert
+    return sorted_slots, block_expert, slot_positions

@@ -23,11 +23,12 @@ def _problem(t: int, hidden: int, inter: int, experts: int, top_k: int, dtype: t
 
 def test_align_groups_slots_by_expert() -> None:
     ids = torch.tensor([[2, 0], [2, 1], [0, 2]])
-    slots, block_expert = align_to_experts(ids, n_experts=4, block_m=4)
+    slots, block_expert, positions = align_to_experts(ids, n_experts=4, block_m=4)
     # slot t*k+j: expert 0 has slots 1, 4; expert 1 slot 3; expert 2 slots 0, 2, 5; expert 3 none.
     assert slots.tolist()[:12] == [1, 4, -1, -1, 3, -1, -1, -1, 0, 2, 5, -1]
     assert all(s == -1 for s in slots.tolist()[12:])
     assert block_expert.tolist()[:3] == [0, 1, 2] and all(e == 4 for e in block_expert.tolist()[3:])
+    assert positions.tolist() == [8, 0, 9, 4, 1, 10]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -61,9 +62,10 @@ def test_align_matches_reference(device: torch.device, t: int, k: int, experts: 
     ids = (torch.rand(t, k, generator=gen) ** 3 * experts).long().clamp(max=experts - 1)
     want = reference_moe.align_to_experts(ids, experts, block_m)
     got = align_to_experts(ids.to(device), experts, block_m)
-    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    for name, g, w in zip(got._fields, got, want, strict=True):
+        assert torch.equal(g.cpu(), w), name
     got32 = align_to_experts(ids.int().to(device), experts, block_m)
-    assert torch.equal(got32[0].cpu(), want[0])
+    assert torch.equal(got32.sorted_slots.cpu(), want[0]) and torch.equal(got32.slot_positions.cpu(), want[2])
 
 
 def test_align_shapes_depend_on_shapes_only() -> None:
@@ -71,11 +73,12 @@ def test_align_shapes_depend_on_shapes_only() -> None:
     # correctly for any other: all slots on one expert (the worst padding) or spread out.
     spread = torch.arange(12).view(6, 2) % 5
     piled = torch.full((6, 2), 3)
-    a_slots, a_blocks = align_to_experts(spread, n_experts=5, block_m=4)
-    b_slots, b_blocks = align_to_experts(piled, n_experts=5, block_m=4)
+    a_slots, a_blocks, _ = align_to_experts(spread, n_experts=5, block_m=4)
+    b_slots, b_blocks, b_positions = align_to_experts(piled, n_experts=5, block_m=4)
     assert a_slots.shape == b_slots.shape == (padded_slots(12, 5, 4),) == (28,)
     assert a_blocks.shape == b_blocks.shape == (7,)
     assert b_slots.tolist()[:12] == list(range(12)) and b_blocks.tolist() == [3, 3, 3, 5, 5, 5, 5]
+    assert b_positions.tolist() == list(range(12))
 
 
 def test_experts_nobody_chose_and_routing_kernel_ids(device: torch.device) -> None:
@@ -133,14 +136,19 @@ def test_launch_order_changes_no_value(device: torch.device, group_m: int) -> No
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [MoeTiles(64, 64, 64, 4, 3, group_m=8), MoeTiles(128, 128, 64, 8, 3, group_m=8),
-                                   MoeTiles(128, 128, 64, 8, 4, group_m=8), MoeTiles(64, 128, 64, 4, 3, group_m=8)],
-                         ids=["64x64_g8", "128x128_g8", "128x128_s4_g8", "64x128_g8"])
+                                   MoeTiles(128, 128, 64, 8, 4, group_m=8), MoeTiles(64, 128, 64, 4, 3, group_m=8),
+                                   moe.HOPPER_SMALL_TILES, moe.HOPPER_LARGE_TILES,
+                                   MoeTiles(128, 128, 64, 8, 3, tma_rows=True, down_block_n=256, down_num_stages=2)],
+                         ids=["64x64_g8", "128x128_g8", "128x128_s4_g8", "64x128_g8", "hopper_small", "hopper_large",
+                              "128x128_rows_down256"])
 def test_wgmma_tilings_compute_the_default_bits(tiles: MoeTiles) -> None:
     """Tilings whose MMAs all run on wgmma with the same K step give every (token, slot) row the
-    default tiling's bits; only such a tiling may serve other batch sizes than the default."""
+    default tiling's bits, whether operands arrive by pointer loads or TMA; only such a tiling
+    may serve other batch sizes than the default."""
     dev = torch.device("cuda")
     x, ids, w, wgu, wd = (a.to(dev) for a in _problem(1000, 2048, 1408, 64, 6, torch.bfloat16, seed=12))
-    assert torch.equal(fused_moe(x, ids, w, wgu, wd, tiles=tiles), fused_moe(x, ids, w, wgu, wd))
+    want = fused_moe(x, ids, w, wgu, wd, tiles=moe.DEFAULT_TILES)
+    assert torch.equal(fused_moe(x, ids, w, wgu, wd, tiles=tiles), want)
 
 
 @pytest.mark.gpu
@@ -150,16 +158,51 @@ def test_prefill_batch_tiles_keep_a_tokens_bits() -> None:
     dev = torch.device("cuda")
     x, ids, w, wgu, wd = (a.to(dev) for a in _problem(2000, 2048, 1408, 64, 6, torch.bfloat16, seed=13))
     if torch.cuda.get_device_capability(dev) == (9, 0):
-        assert moe.moe_tiles(2048, 1408, torch.bfloat16, 2000 * 6 / 64, dev) == moe.LARGE_TILES
+        assert moe.moe_tiles(2048, 1408, torch.bfloat16, 2000 * 6 / 64, dev) == moe.HOPPER_LARGE_TILES
+        assert moe.moe_tiles(2048, 1408, torch.bfloat16, 6 / 64, dev) == moe.HOPPER_SMALL_TILES
     out = fused_moe(x, ids, w, wgu, wd)
     for i in (0, 999, 1999):
         assert torch.equal(fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], wgu, wd), out[i:i + 1]), f"token {i}"
 
 
-def test_tiling_by_batch_size_only_where_verified() -> None:
+def test_tiling_by_batch_size_only_where_verified(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     assert moe.moe_tiles(2048, 1408, torch.bfloat16, 10_000.0, cpu) == moe.DEFAULT_TILES
     assert moe.moe_tiles(2048, 1408, torch.bfloat16, 10_000.0) == moe.DEFAULT_TILES
+    gpu = torch.device("cuda", 0)
+    for cap, rows, want in (((9, 0), 10_000.0, moe.HOPPER_LARGE_TILES), ((9, 0), 1.0, moe.HOPPER_SMALL_TILES),
+                            ((8, 0), 10_000.0, moe.DEFAULT_TILES), ((10, 0), 1.0, moe.DEFAULT_TILES)):
+        monkeypatch.setattr(moe, "capability", lambda index, cap=cap: cap)
+        assert moe.moe_tiles(2048, 1408, torch.bfloat16, rows, gpu) == want, (cap, rows)
+        # 60-byte rows (hidden 30 in bf16) cannot be TMA tiles: the pointer tiling serves them.
+        assert moe.moe_tiles(30, 1408, torch.bfloat16, rows, gpu) == moe.DEFAULT_TILES
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sorted_rows_through_tma_and_own_down_tiles(device: torch.device, dtype: torch.dtype) -> None:
+    # The down GEMM reads its input rows as whole tiles through TMA (inter=40 with block_k=32: the
+    # last K tile of each row is zero-filled past the row's end) on its own column block, warps
+    # and stages. The interpreter sums each K step in order, like wgmma on the GPU, so the bits
+    # must equal those of the tiling without either (numpy's sums depend on the weight tile's
+    # memory layout, which TMA weight tiles change here, so both keep tma=True).
+    x, ids, w, wgu, wd = _problem(t=11, hidden=48, inter=40, experts=4, top_k=3, dtype=dtype, seed=14)
+    args = [a.to(device) for a in (x, ids, w, wgu, wd)]
+    tiles = MoeTiles(16, 32, 32, 4, 2, tma=True, tma_rows=True, down_block_n=16, down_num_warps=2, down_num_stages=3)
+    out = fused_moe(*args, tiles=tiles)
+    ref = reference_moe.moe_experts(x.float(), ids, w, wgu.float(), wd.float())
+    assert rel_err(out.cpu().float(), ref) < (1e-5 if dtype == torch.float32 else 4 * TOL[dtype])
+    assert torch.equal(out, fused_moe(*args, tiles=MoeTiles(16, 32, 32, 4, 2, tma=True)))
+    with pytest.raises(ValueError, match=r"MoeTiles\.down_block_n"):
+        MoeTiles(down_block_n=24)
+    with pytest.raises(ValueError, match=r"MoeTiles\.down_num_warps"):
+        MoeTiles(down_num_warps=-1)
+
+
+def test_tma_rows_refuses_rows_the_copy_engine_cannot_address(device: torch.device) -> None:
+    # inter 6 in float32: 24-byte activation rows, not a multiple of 16 bytes.
+    x, ids, w, wgu, wd = _problem(t=3, hidden=16, inter=6, experts=2, top_k=1, dtype=torch.float32, seed=15)
+    with pytest.raises(ValueError, match=r"activation rows.*tma_rows=False"):
+        fused_moe(*(a.to(device) for a in (x, ids, w, wgu, wd)), tiles=MoeTiles(16, 16, 16, 4, 2, tma_rows=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -32,19 +32,28 @@ def build(fn, args, divisible, constexprs, **options):
     k = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=options)
     ptx = k.asm["ptx"]
-    return {"cp_async": "cp.async" in ptx, "wgmma": "wgmma.mma_async" in ptx, "spills": "ld.local" in ptx,
-            "shared": k.metadata.shared}
+    return {"cp_async": "cp.async.cg" in ptx or "cp.async.ca" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
+            "wgmma": "wgmma.mma_async" in ptx, "spills": "ld.local" in ptx, "shared": k.metadata.shared}
 
-gemm = {"a_ptr": "*bf16", "w_ptr": "*bf16", "w_desc": "*bf16", "out_ptr": "*bf16", "sorted_ptr": "*i32", "block_expert_ptr": "*i32",
-        "n_cols": "i32", "k_dim": "i32", "a_row_div": "i32", "sa": "i32", "swe": "i32", "swn": "i32", "so": "i32",
-        "n_experts": "i32", "up_offset": "i32", "rows_per_expert": "i32", "n_tiles": "i32"}
 out = {}
-for size, tiles, gated in [(s, t, g) for s, t in (("", moe.DEFAULT_TILES), ("large_", moe.LARGE_TILES))
-                          for g in (True, False)]:
-    out[size + ("gate_up" if gated else "down")] = build(
-        moe._grouped_gemm_kernel, gemm, set(gemm) - {"a_row_div", "n_tiles"},  # top-k (6) is not divisible by 16
-        dict(GATED=gated, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, PRECISION="tf32",
-             INTERPRET=False, TMA=tiles.tma, GROUP_M=tiles.group_m), num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+for size, tiles in (("", moe.DEFAULT_TILES), ("hopper_small_", moe.HOPPER_SMALL_TILES),
+                    ("hopper_large_", moe.HOPPER_LARGE_TILES)):
+    for gated in (True, False):
+        block_n, warps, stages = (tiles.block_n, tiles.num_warps, tiles.num_stages) if gated else tiles.down()
+        a_tma = tiles.tma_rows and not gated
+        a_desc = f"tensordesc<bf16[{tiles.block_m}, {tiles.block_k}]>" if a_tma else "*bf16"
+        w_desc = f"tensordesc<bf16[{block_n}, {tiles.block_k}]>" if tiles.tma else "*bf16"
+        gemm = {"a_ptr": "*bf16", "a_desc": a_desc, "w_ptr": "*bf16", "w_desc": w_desc, "out_ptr": "*bf16",
+                "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "n_cols": "i32", "k_dim": "i32", "a_row_div": "i32",
+                "sa": "i32", "swe": "i32", "swn": "i32", "so": "i32", "n_experts": "i32", "up_offset": "i32",
+                "rows_per_expert": "i32", "n_tiles": "i32"}
+        # top-k (6) is not divisible by 16; descriptors carry no divisibility hint
+        divisible = set(gemm) - {"a_row_div", "n_tiles", "a_desc", "w_desc"}
+        out[size + ("gate_up" if gated else "down")] = build(
+            moe._grouped_gemm_kernel, gemm, divisible,
+            dict(GATED=gated, A_SORTED=not gated, A_TMA=a_tma, W_TMA=tiles.tma, BLOCK_M=tiles.block_m,
+                 BLOCK_N=block_n, BLOCK_K=tiles.block_k, PRECISION="tf32", INTERPRET=False, GROUP_M=tiles.group_m),
+            num_warps=warps, num_stages=stages)
 route = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i64", "stride_t": "i32",
          "n_experts": "i32", "per_group": "i32", "n_group": "i32", "scale": "fp32"}
 # DeepSeek-V3's own router: 256 experts in 8 groups, 4 kept, top-8.
@@ -61,10 +70,16 @@ def compiled() -> dict[str, dict[str, object]]:
     return result
 
 
-@pytest.mark.parametrize("kernel", ["gate_up", "down", "large_gate_up", "large_down"])
+@pytest.mark.parametrize("kernel", ["gate_up", "down", "hopper_small_gate_up", "hopper_small_down",
+                                    "hopper_large_gate_up", "hopper_large_down"])
 def test_grouped_gemm_is_pipelined_on_hopper(compiled: dict[str, dict[str, object]], kernel: str) -> None:
     facts = compiled[kernel]
-    assert facts["cp_async"], "the K loop's loads are not pipelined"
+    # Pointer loads pipeline through cp.async, TMA tiles through bulk tensor copies: the gate/up
+    # GEMM's gathered token rows always take the first, every operand of a TMA tiling's down GEMM
+    # the second.
+    tma_only = kernel.startswith("hopper") and kernel.endswith("down")
+    assert facts["cp_async"] != tma_only, "the K loop's pointer loads are not pipelined"
+    assert facts["tma"] == kernel.startswith("hopper"), "TMA operands are not loaded by the copy engine"
     assert facts["wgmma"] and not facts["spills"]
     assert int(str(facts["shared"])) <= HOPPER_SHARED_BYTES
 
