@@ -247,13 +247,22 @@ def padded_slots(n_slots: int, n_experts: int, block_m: int) -> int:
     return -(-(n_slots + n_experts * (block_m - 1)) // block_m) * block_m
 
 
-@triton.jit(do_not_specialize=["n_slots"])
-def _count_kernel(ids_ptr, counts_ptr, n_slots, BLOCK: tl.constexpr):
-    """counts[e] = how many slots chose expert e (program e scans every slot)."""
+@triton.jit(do_not_specialize=["n_slots", "n_rows", "n_tiles"])
+def _count_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, n_slots, n_rows, n_tiles, n_experts,
+                  BLOCK: tl.constexpr):
+    """counts[e] = how many slots chose expert e (program e scans every slot). The programs also
+    fill the layout's blanks, each its share: -1 in every row and n_experts (none) in every tile,
+    which the place kernel then overwrites where slots and experts' tiles go (one launch instead
+    of two fills and this one)."""
     e = tl.program_id(0)
+    lanes = tl.arange(0, BLOCK)
+    for r0 in range(e * BLOCK, n_rows, n_experts * BLOCK):
+        tl.store(sorted_ptr + r0 + lanes, tl.full([BLOCK], -1, tl.int32), mask=r0 + lanes < n_rows)
+    for b0 in range(e * BLOCK, n_tiles, n_experts * BLOCK):
+        tl.store(block_expert_ptr + b0 + lanes, tl.full([BLOCK], 0, tl.int32) + n_experts, mask=b0 + lanes < n_tiles)
     hits = tl.zeros([BLOCK], tl.int32)
     for s0 in range(0, n_slots, BLOCK):
-        s = s0 + tl.arange(0, BLOCK)
+        s = s0 + lanes
         hits += (tl.load(ids_ptr + s, mask=s < n_slots, other=-1) == e).to(tl.int32)
     tl.store(counts_ptr + e, tl.sum(hits, 0))
 
@@ -302,21 +311,24 @@ class Alignment(NamedTuple):
 def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int = DEFAULT_TILES.block_m) -> Alignment:
     """Group the slots (t * k + j) by expert in increasing slot order, each expert's group starting
     at a multiple of block_m. P = padded_slots(...) is a static bound. Two small kernels with one
-    program per expert (count, then place by a running count in slot order) and two fills: fixed
-    shapes, no host read, so it can be captured in a CUDA graph (CUB's sorts are not capturable
-    at every size). Integer counts are exact.
+    program per expert (count and fill the blanks, then place by a running count in slot order):
+    fixed shapes, no host read, so it can be captured in a CUDA graph (CUB's sorts are not
+    capturable at every size). Integer counts are exact.
     """
     flat = topk_ids.reshape(-1)
     n_slots = flat.numel()
     total = padded_slots(n_slots, n_experts, block_m)
-    sorted_slots = torch.full((total,), -1, dtype=torch.int32, device=flat.device)
-    block_expert = torch.full((total // block_m,), n_experts, dtype=torch.int32, device=flat.device)
     slot_positions = torch.empty(n_slots, dtype=torch.int32, device=flat.device)
     if n_slots == 0 or n_experts == 0:
-        return Alignment(sorted_slots, block_expert, slot_positions)
+        return Alignment(torch.full((total,), -1, dtype=torch.int32, device=flat.device),
+                         torch.full((total // block_m,), n_experts, dtype=torch.int32, device=flat.device),
+                         slot_positions)
+    sorted_slots = torch.empty(total, dtype=torch.int32, device=flat.device)
+    block_expert = torch.empty(total // block_m, dtype=torch.int32, device=flat.device)
     counts = torch.empty(n_experts, dtype=torch.int32, device=flat.device)
     block, warps = ALIGN_BLOCK, ALIGN_WARPS
-    _count_kernel[(n_experts,)](flat, counts, n_slots, BLOCK=block, num_warps=warps)
+    _count_kernel[(n_experts,)](flat, counts, sorted_slots, block_expert, n_slots, total, total // block_m, n_experts,
+                                BLOCK=block, num_warps=warps)
     _place_kernel[(n_experts,)](flat, counts, sorted_slots, slot_positions, block_expert, n_slots, n_experts,
                                 BLOCK_M=block_m, BLOCK=block, E_POW2=next_pow2(n_experts), num_warps=warps)
     return Alignment(sorted_slots, block_expert, slot_positions)

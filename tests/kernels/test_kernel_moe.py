@@ -54,9 +54,14 @@ def test_token_alone_equals_token_in_batch(device: torch.device, dtype: torch.dt
     assert torch.equal(fused_moe(args[0][perm], args[1][perm], args[2][perm], args[3], args[4]), full[perm])
 
 
-@pytest.mark.parametrize("t,k,experts,block_m", [(1, 1, 1, 16), (9, 2, 3, 16), (300, 6, 64, 64), (90, 8, 256, 16),
-                                                 (5, 3, 40, 32)])
-def test_align_matches_reference(device: torch.device, t: int, k: int, experts: int, block_m: int) -> None:
+@pytest.mark.parametrize("t,k,experts,block_m,scan", [(1, 1, 1, 16, 0), (9, 2, 3, 16, 0), (300, 6, 64, 64, 0),
+                                                      (90, 8, 256, 16, 0), (5, 3, 40, 32, 0), (40, 3, 4, 16, 16)])
+def test_align_matches_reference(device: torch.device, t: int, k: int, experts: int, block_m: int, scan: int,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # scan=16: each program takes several steps over the 120 slots, and the 192 rows and 12
+    # tiles are filled with blanks in strides shared by the 4 programs.
+    if scan:
+        monkeypatch.setattr(moe, "ALIGN_BLOCK", scan)
     gen = torch.Generator().manual_seed(t + k)
     # Skewed choices, so some experts get several tiles and others none.
     ids = (torch.rand(t, k, generator=gen) ** 3 * experts).long().clamp(max=experts - 1)
