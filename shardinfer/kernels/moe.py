@@ -122,7 +122,7 @@ def moe_tiles(hidden: int, inter: int, dtype: torch.dtype, rows_per_expert: floa
     if (hidden, inter, dtype) in TILE_OVERRIDES:
         return TILE_OVERRIDES[(hidden, inter, dtype)]
     hopper = device is not None and device.type == "cuda" and capability(device.index or 0) == (9, 0)
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     if not hopper or (hidden * size) % 16 or (inter * size) % 16:
         return DEFAULT_TILES
     return HOPPER_LARGE_TILES if rows_per_expert >= LARGE_TILE_ROWS else HOPPER_SMALL_TILES
