@@ -22,8 +22,8 @@ call: the host's launches overlap the GPU's work, as in a model's forward) and a
 replay: the kernels' device time, which is what a step sees when the host runs ahead of the
 GPU (graphed decode steps, and prefill steps, whose host work is shorter than their kernels).
 The host's own launch time per call is recorded beside them. The fractions are of the graph
-time. Each tiling is checked first: close to a float32
-reference, and a token computed alone bitwise equal to the same token in the batch.
+time. Each tiling is checked first: close to a float32 reference, and a token computed alone
+bitwise equal to the same token in the batch.
 
     python bench/kernels/bench_moe.py [--out DIR] [--sweep]    (DIR defaults to $OUT, else .)
 """
@@ -107,7 +107,11 @@ def check(p: Problem, tiles: MoeTiles | None) -> dict[str, Any]:
 
 def measure(p: Problem, tiles: MoeTiles | None, t: int, bw: float, flops: float) -> dict[str, Any]:
     x, ids, w, logits = p.tokens(t)
-    ms = median_ms(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles))
+
+    def run() -> torch.Tensor:
+        return moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles)
+
+    ms = median_ms(run)
     touched = int(torch.unique(ids).numel())
     weight_bytes = touched * 3 * HIDDEN * INTER * 2
     fl = 2 * t * TOP_K * 3 * HIDDEN * INTER
@@ -119,8 +123,8 @@ def measure(p: Problem, tiles: MoeTiles | None, t: int, bw: float, flops: float)
                            "weight_GBs": weight_bytes / (ms * 1e-3) / 1e9,
                            "weight_of_copy_bw": weight_bytes / (ms * 1e-3) / bw,
                            "floor_ms": floor_ms, "of_floor": floor_ms / ms}
-    gms = graph_ms(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles))
-    row.update(_host_and_back_to_back(lambda: moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles)))
+    gms = graph_ms(run)
+    row.update(_host_and_back_to_back(run))
     row.update(graph_ms=gms, graph_TFLOPs=fl / (gms * 1e-3) / 1e12, graph_of_matmul_rate=fl / (gms * 1e-3) / flops,
                graph_weight_GBs=weight_bytes / (gms * 1e-3) / 1e9,
                graph_weight_of_copy_bw=weight_bytes / (gms * 1e-3) / bw, graph_of_floor=floor_ms / gms)

@@ -3,8 +3,8 @@
     x [T, H]; topk_ids [T, k]; topk_weights [T, k] float32
     w_gate_up [E, 2I, H] ([gate | up] rows per expert); w_down [E, H, I]
 
-1. align (two kernels, one program per expert: count, then place; no host sync, no
-   data-dependent shape, no sort): the T*k (token, slot) pairs are grouped by expert and each
+1. align (two kernels, one program per expert: count and fill the blanks, then place; no host
+   sync, no data-dependent shape, no sort): the T*k (token, slot) pairs are grouped by expert and each
    expert's run is padded to a multiple of BLOCK_M, so every tile of BLOCK_M rows belongs to
    one expert: the expert-sorted layout. Padding rows hold -1; slot_positions maps each slot
    back to its row. The layout has the worst-case size T*k + E*(BLOCK_M - 1) (rounded up to

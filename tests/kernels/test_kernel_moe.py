@@ -203,6 +203,23 @@ def test_sorted_rows_through_tma_and_own_down_tiles(device: torch.device, dtype:
         MoeTiles(down_num_warps=-1)
 
 
+def test_chosen_tma_tiling_falls_back_for_weights_at_an_unaddressable_offset(device: torch.device,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Expert weights 4 bytes into their storage (say, a view into a fused tensor): a TMA tiling
+    # the launcher chose itself gives way to the pointer tiling instead of refusing the call; one
+    # asked for by name is refused, naming the fix.
+    x, ids, w, wgu, wd = _problem(t=6, hidden=16, inter=16, experts=3, top_k=2, dtype=torch.float32, seed=16)
+    args = [a.to(device) for a in (x, ids, w)]
+    offset = [torch.empty(t.numel() + 1, device=device)[1:].view(t.shape).copy_(t) for t in (wgu, wd)]
+    assert offset[0].data_ptr() % 16 and offset[0].is_contiguous()
+    tma = MoeTiles(16, 16, 16, 4, 2, tma=True)
+    monkeypatch.setattr(moe, "moe_tiles", lambda *a, **k: tma)
+    out = fused_moe(*args, *offset)
+    assert rel_err(out.cpu(), reference_moe.moe_experts(x, ids, w, wgu, wd)) < 1e-5
+    with pytest.raises(ValueError, match=r"expert weight.*tma=False"):
+        fused_moe(*args, *offset, tiles=tma)
+
+
 def test_tma_rows_refuses_rows_the_copy_engine_cannot_address(device: torch.device) -> None:
     # inter 6 in float32: 24-byte activation rows, not a multiple of 16 bytes.
     x, ids, w, wgu, wd = _problem(t=3, hidden=16, inter=6, experts=2, top_k=1, dtype=torch.float32, seed=15)
