@@ -2,8 +2,8 @@
 
 Object stores fail transiently (throttling, 5xx, dropped connections). s3fs and botocore already
 retry a few times inside one call; this module adds one outer, bounded layer with exponential
-backoff so a job survives a longer blip, and then gives up with a `StorageError` (the job maps it
-to exit code 75, "retry later"). Errors that retrying cannot fix (a missing file, a denied
+backoff so a job survives a longer blip, and then gives up with a `StorageError` (exit code 75,
+"retry later"). Errors that retrying cannot fix (a missing file, a denied
 permission, a marker that already exists) are re-raised at once.
 
 Create-if-absent (`create_exclusive`) is the primitive the commit protocol rests on:
@@ -30,11 +30,9 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec import AbstractFileSystem
 
+from shardinfer.errors import StorageError
+
 T = TypeVar("T")
-
-
-class StorageError(OSError):
-    """A storage call that still failed after the bounded retries (exit code 75: retry the job later)."""
 
 
 # Errors a retry cannot fix. FileExistsError matters most: it is how a lost commit race surfaces.

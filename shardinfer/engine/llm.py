@@ -10,6 +10,7 @@ from typing import Any
 
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.outputs import RequestOutput
+from shardinfer.engine.prompt_checks import check_prompt
 from shardinfer.engine.sampling_noise import sample_seed
 from shardinfer.engine.sampling_params import SamplingParams
 
@@ -58,11 +59,9 @@ class LLM:
         for i, prompt in enumerate(prompts):
             try:
                 ids = engine.tokenize_prompt(prompt)
+                check_prompt(ids, engine.max_model_len)
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
-            if len(ids) >= engine.max_model_len:
-                raise ValueError(f"prompt {i} has {len(ids)} tokens; max_model_len={engine.max_model_len} leaves "
-                                 "no room to generate: shorten it or raise max_model_len")
             if params_list[i].so_args is not None:  # a bad schema raises GrammarError before any work
                 engine.grammar_compiler().compile(params_list[i].so_args)
             token_ids.append(ids)

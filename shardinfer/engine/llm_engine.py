@@ -37,6 +37,7 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.registry import load_model
 from shardinfer.engine.ngram_drafter import propose
 from shardinfer.engine.outputs import CompletionOutput, RequestOutput
+from shardinfer.engine.prompt_checks import check_prompt
 from shardinfer.engine.request import PLACEHOLDER, Request, RequestStatus
 from shardinfer.engine.sampler import (
     DeviceSample,
@@ -191,11 +192,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         ids = self.tokenize_prompt(prompt)
-        if not ids:
-            raise ValueError("prompt is empty after tokenization: give at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} leaves no room "
-                             "to generate: shorten the prompt or raise max_model_len")
+        check_prompt(ids, self.max_model_len)
         room = self.max_model_len - len(ids)
         max_tokens = min(params.max_tokens, room) if params.max_tokens is not None else room
         seed = params.seed if params.seed is not None else (self.config.seed or secrets.randbits(63))

@@ -15,7 +15,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from shardinfer.engine.errors import ModelLoadError
+from shardinfer.errors import ModelLoadError
 
 
 def _token_text(value: Any) -> str | None:

@@ -1,6 +1,6 @@
 """The `shardinfer` command: submit, generate, validate, status (spark-submit style).
 
-Every path out of `main` is an exit code from pipeline.errors, so a scheduler can tell a
+Every path out of `main` is an exit code from shardinfer.errors, so a scheduler can tell a
 retryable failure (75) from a job that needs fixing (64/65/66/78) without reading logs.
 """
 
@@ -14,9 +14,9 @@ import threading
 import time
 from typing import Any
 
+from shardinfer.errors import EXIT_OK, JobError, UsageError, exit_code_for, is_credentials_error
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, parse_conf, resolve
-from shardinfer.pipeline.errors import EXIT_OK, JobError, UsageError, exit_code_for
 
 # The executor (and with it torch) is imported only once a job is about to run, so usage and
 # spec errors come back in a fraction of a second.
@@ -118,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, SystemExit):
             return int(exc.code or 0)
         message = str(exc) if isinstance(exc, JobError) or code != 1 else f"{type(exc).__name__}: {exc}"
-        if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
-            message = (f"object storage credentials not found ({exc}): set them in the environment "
-                       "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile) or in "
-                       "input.storage_options / output.storage_options")
+        if is_credentials_error(exc):
+            message = (
+                f"object storage credentials not found ({exc}): set them in the environment "
+                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile) or in "
+                "input.storage_options / output.storage_options"
+            )
         reporter.error(message, exit_code=code)
         if code == 1 and reporter.verbose:
             import traceback

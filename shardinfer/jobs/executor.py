@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Any
 
+from shardinfer.errors import EXIT_RETRYABLE, Interrupted, Retryable, UsageError
 from shardinfer.jobs.progress import Reporter
-from shardinfer.pipeline.errors import EXIT_RETRYABLE, Interrupted, Retryable, UsageError
 from shardinfer.pipeline.job import OpenedJob, run_worker
 
 _MASTER = re.compile(r"^local(?:\[(\*|\d+)\])?$")

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.errors import ConfigError, UsageError
 from shardinfer.pipeline.config import SCHEMA_FIELDS, TYPED_SECTIONS, JobConfig
-from shardinfer.pipeline.errors import ConfigError, UsageError
 
 SECTIONS = ("job", "input", "model", "engine", "sampling", "output")
 _ENGINE_EXCLUDED = {"model", "device", "dtype"}  # set through [model]

@@ -10,8 +10,8 @@ import json
 import sys
 from typing import Any
 
+from shardinfer.errors import EXIT_OK, InputMissing
 from shardinfer.jobs.spec import ResolvedSpec
-from shardinfer.pipeline.errors import EXIT_OK, InputMissing
 from shardinfer.pipeline.job import OpenedJob, committed_totals, read_success_or_none
 
 

@@ -2,7 +2,7 @@
 
 The payload is the resolved job config plus this worker's index; the split plan comes from the
 output's `_job.json`, written by the parent before any worker starts. Events go to stdout as
-JSON lines; logs and errors to stderr; the exit code follows pipeline.errors.
+JSON lines; logs and errors to stderr; the exit code follows shardinfer.errors.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any
 
+from shardinfer.errors import EXIT_OK, exit_code_for
 from shardinfer.pipeline.config import JobConfig
-from shardinfer.pipeline.errors import EXIT_OK, exit_code_for
 
 
 def _emit(event: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardinfer.engine.outputs import CompletionOutput, RequestOutput
+from shardinfer.errors import ENGINE_ERROR
 from shardinfer.pipeline.rows import PreparedRow
 
 
@@ -47,7 +48,7 @@ def ok_record(
     row: PreparedRow, sample_index: int, out: RequestOutput, comp: CompletionOutput, options: OutputOptions
 ) -> dict[str, Any]:
     if comp.finish_reason == "error":
-        return error_record(row, sample_index, "engine_error", comp.error or "the engine failed this request")
+        return error_record(row, sample_index, ENGINE_ERROR, comp.error or "the engine failed this request")
     rec = base_record(row, sample_index)
     rec.update(
         status="ok",

@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from shardinfer.errors import ConfigError
 from shardinfer.pipeline.config import JobConfig
-from shardinfer.pipeline.errors import ConfigError
 
 FINGERPRINT_VERSION = 1
 # Engine arguments that change numerics (and therefore tokens); scheduling knobs such as

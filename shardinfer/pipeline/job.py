@@ -22,15 +22,17 @@ from typing import Any
 import pyarrow as pa
 
 from shardinfer.engine.sampling_params import SamplingParams
-from shardinfer.pipeline.assembly import OutputOptions
-from shardinfer.pipeline.config import JobConfig
-from shardinfer.pipeline.errors import (
+from shardinfer.errors import (
     ConfigError,
+    CorruptOutputError,
     FingerprintMismatch,
+    InputColumnError,
     InputMissing,
     Retryable,
     TooManyBadRows,
 )
+from shardinfer.pipeline.assembly import OutputOptions
+from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
 from shardinfer.pipeline.rows import ROW_INDEX_COLUMN, RowPreparer
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings, crash_point
@@ -133,7 +135,6 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         )
     splits: list[Any] = []
     if plan:
-        from shardinfer.readers.errors import InputColumnError
         from shardinfer.readers.splits import plan_splits
 
         try:
@@ -150,8 +151,6 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
 def read_success_or_none(store: Any) -> dict[str, Any] | None:
     """`_SUCCESS`, or None when absent or unreadable: a kill while it was being written leaves a
     truncated file, and the cure is to finalize again (every split is committed), not to fail."""
-    from shardinfer.writers.errors import CorruptOutputError
-
     try:
         success = store.read_success()
     except CorruptOutputError:

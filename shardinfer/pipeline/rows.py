@@ -12,8 +12,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from shardinfer.engine.prompt_checks import check_prompt
 from shardinfer.engine.sampling_noise import derive_seed
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.errors import (
+    BAD_OVERRIDE,
+    EMPTY_PROMPT,
+    INVALID_ROW,
+    TEMPLATE_ERROR,
+    TOKENIZER_ERROR,
+    RequestError,
+    RowError,
+)
 from shardinfer.pipeline.config import InputSection
 
 ROW_INDEX_COLUMN = "__row_index"
@@ -25,15 +35,6 @@ class Tokenizer(Protocol):
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> str: ...
-
-
-class RowError(Exception):
-    """A row that cannot become a request; `code` goes to the output's error_code column."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass
@@ -89,7 +90,7 @@ class RowPreparer:
         prepared = PreparedRow(split_index, pos, row_id, params.n, seeds, passthrough)
         if self.inp.id_column and row.get(self.inp.id_column) is None:
             prepared.error = RowError(
-                "invalid_row",
+                INVALID_ROW,
                 f"id_column {self.inp.id_column!r} is null in this row; "
                 "every row needs an id (row_id falls back to file:row)",
             )
@@ -111,13 +112,13 @@ class RowPreparer:
             try:
                 changes[name] = self._coerce(name, value)
             except (TypeError, ValueError) as exc:
-                raise RowError("bad_override", f"column {name!r} value {value!r}: {exc}") from None
+                raise RowError(BAD_OVERRIDE, f"column {name!r} value {value!r}: {exc}") from None
         if not changes:
             return self.base
         try:
             return self.base.replace(**changes)
         except (TypeError, ValueError) as exc:
-            raise RowError("bad_override", str(exc)) from None
+            raise RowError(BAD_OVERRIDE, str(exc)) from None
 
     def _coerce(self, name: str, value: Any) -> Any:
         """Convert an Arrow/JSON cell into the SamplingParams field's type, strictly."""
@@ -162,7 +163,7 @@ class RowPreparer:
         if inp.messages_column:
             messages = row.get(inp.messages_column)
             if messages is None:
-                raise RowError("empty_prompt", f"messages column {inp.messages_column!r} is null")
+                raise RowError(EMPTY_PROMPT, f"messages column {inp.messages_column!r} is null")
             if isinstance(messages, str):
                 try:
                     messages = json.loads(messages)
@@ -175,33 +176,27 @@ class RowPreparer:
                 or not messages
                 or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)
             ):
-                raise RowError(
-                    "invalid_row", "messages must be a non-empty list of {role, content} objects"
-                )
+                raise RowError(INVALID_ROW, "messages must be a non-empty list of {role, content} objects")
             try:
                 text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
             except Exception as exc:  # a template or tokenizer failure is this row's problem
-                raise RowError("template_error", f"chat template failed: {exc}") from None
+                raise RowError(TEMPLATE_ERROR, f"chat template failed: {exc}") from None
         else:
             prompt = row.get(inp.prompt_column)
             if prompt is None or prompt == "":
-                raise RowError("empty_prompt", f"prompt column {inp.prompt_column!r} is null or empty")
+                raise RowError(EMPTY_PROMPT, f"prompt column {inp.prompt_column!r} is null or empty")
             if not isinstance(prompt, str):
                 raise RowError(
-                    "invalid_row",
+                    INVALID_ROW,
                     f"prompt column {inp.prompt_column!r} holds {type(prompt).__name__}, expected a string",
                 )
             try:
                 ids = self.tokenizer.encode(prompt, add_special_tokens=True)
             except Exception as exc:  # tokenizers raise bare Exceptions on odd input
-                raise RowError("tokenizer_error", f"tokenizer failed: {exc}") from None
-        if not ids:
-            raise RowError("empty_prompt", "the prompt tokenizes to zero tokens")
-        if len(ids) >= self.max_model_len:
-            raise RowError(
-                "prompt_too_long",
-                f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} "
-                "leaves no room to generate",
-            )
+                raise RowError(TOKENIZER_ERROR, f"tokenizer failed: {exc}") from None
+        try:
+            check_prompt(ids, self.max_model_len)
+        except RequestError as exc:
+            raise RowError.of(exc) from None
         return ids

@@ -29,8 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from shardinfer.errors import INVALID_REQUEST, Interrupted, ShardinferError
 from shardinfer.pipeline.assembly import OutputOptions, SplitAssembly, error_record, ok_record, split_stats
-from shardinfer.pipeline.errors import Interrupted
 from shardinfer.pipeline.rows import PreparedRow, RowPreparer
 
 Event = dict[str, Any]
@@ -286,13 +286,8 @@ class SplitWorker:
             rid = f"{row.split_index}/{row.pos}/{j}"
             try:
                 self.engine.add_request(rid, row.prompt_ids, params)
-            except ValueError as exc:
-                if getattr(exc, "error_code", None):  # GrammarError: "invalid_schema"
-                    code = str(exc.error_code)  # type: ignore[attr-defined]
-                elif "max_model_len" in str(exc) or "too long" in str(exc):
-                    code = "prompt_too_long"
-                else:
-                    code = "invalid_request"
+            except ValueError as exc:  # the engine refuses a request with a ValueError, and goes on
+                code = exc.error_code if isinstance(exc, ShardinferError) else INVALID_REQUEST
                 assembly.put(row.pos, j, error_record(row, j, code, str(exc)))
                 continue
             inflight[rid] = (row, j)

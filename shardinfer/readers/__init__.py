@@ -1,6 +1,6 @@
 """Reader stage: input paths/globs on any fsspec filesystem -> deterministic splits -> Arrow batches."""
 
-from shardinfer.readers.errors import (
+from shardinfer.errors import (
     InputColumnError,
     InputMissingError,
     InputQueryError,

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import pyarrow as pa
 
-from shardinfer.readers.errors import InputSchemaError
+from shardinfer.errors import InputSchemaError
 from shardinfer.readers.listing import is_compressed
 from shardinfer.readers.spec import ROW_INDEX_COLUMN
 from shardinfer.storage import RetryPolicy, filesystem, with_retries

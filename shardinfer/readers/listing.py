@@ -12,7 +12,7 @@ import posixpath
 
 from fsspec import AbstractFileSystem
 
-from shardinfer.readers.errors import InputMissingError, InputSchemaError
+from shardinfer.errors import InputMissingError, InputSchemaError
 from shardinfer.readers.spec import InputSpec
 from shardinfer.storage import RetryPolicy, filesystem, full_url, with_retries
 

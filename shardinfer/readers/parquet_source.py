@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
-from shardinfer.readers.errors import InputSchemaError
+from shardinfer.errors import InputSchemaError
 from shardinfer.readers.spec import ROW_INDEX_COLUMN
 from shardinfer.storage import RetryPolicy, filesystem, with_retries
 

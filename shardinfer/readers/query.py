@@ -23,7 +23,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from shardinfer.readers.errors import InputQueryError
+from shardinfer.errors import InputQueryError
 from shardinfer.readers.spec import ROW_INDEX_COLUMN
 
 _HINT = (

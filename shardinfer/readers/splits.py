@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from shardinfer.readers.errors import InputColumnError, InputSchemaError
+from shardinfer.errors import InputColumnError, InputSchemaError
 from shardinfer.readers.jsonl_source import infer_jsonl_schema, iter_jsonl_rows, scan_jsonl
 from shardinfer.readers.listing import list_input_files, resolve_format
 from shardinfer.readers.parquet_source import iter_parquet_rows, parquet_layout, plan_file_ranges

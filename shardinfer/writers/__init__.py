@@ -1,6 +1,6 @@
 """Writer stage: the output schema, part files, and the create-if-absent commit protocol."""
 
-from shardinfer.writers.errors import (
+from shardinfer.errors import (
     CorruptOutputError,
     IncompleteOutputError,
     JobFileConflictError,

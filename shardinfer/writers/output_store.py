@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardinfer.errors import CorruptOutputError, IncompleteOutputError, JobFileConflictError
 from shardinfer.storage import (
     RetryPolicy,
     create_exclusive,
@@ -39,7 +40,6 @@ from shardinfer.storage import (
     read_bytes_or_none,
     with_retries,
 )
-from shardinfer.writers.errors import CorruptOutputError, IncompleteOutputError, JobFileConflictError
 from shardinfer.writers.job_file import splits_from_job, utc_now
 from shardinfer.writers.parts import (
     PartInfo,

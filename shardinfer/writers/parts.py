@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
-from shardinfer.writers.errors import CorruptOutputError
+from shardinfer.errors import CorruptOutputError
 from shardinfer.writers.schema import BASE_COLUMNS, OUTPUT_SCHEMA_VERSION, SCHEMA_VERSION_KEY, output_schema
 
 _ATTEMPT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardinfer import LLM, SamplingParams
-from shardinfer.engine.errors import CheckpointError, ModelLoadError
+from shardinfer.errors import CheckpointError, ModelLoadError
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from shardinfer.errors import ConfigError, UsageError
 from shardinfer.jobs.spec import load_properties, parse_conf, resolve
-from shardinfer.pipeline.errors import ConfigError, UsageError
 
 BASE = {
     "model": {"path": "m"},

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardinfer.engine.errors import ModelLoadError
+from shardinfer.errors import ModelLoadError
 
 
 @dataclass(frozen=True)

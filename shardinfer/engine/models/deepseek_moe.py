@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardinfer.engine.errors import ModelLoadError
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear
+from shardinfer.errors import ModelLoadError
 from shardinfer.kernels import ops
 from shardinfer.kernels import reference_moe as moe
 

@@ -18,7 +18,6 @@ from typing import cast
 import torch
 from torch import nn
 
-from shardinfer.engine.errors import CheckpointError, ModelLoadError
 from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
@@ -28,6 +27,7 @@ from shardinfer.engine.models.deepseek_mtp import MTPLayer
 from shardinfer.engine.models.fp8 import dequantize_checkpoint, fp8_block_size
 from shardinfer.engine.models.layers import Linear, RMSNorm, copy_param
 from shardinfer.engine.models.rope import RopeTable
+from shardinfer.errors import CheckpointError, ModelLoadError
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")

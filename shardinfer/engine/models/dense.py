@@ -13,12 +13,12 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from shardinfer.engine.errors import CheckpointError, ModelLoadError
 from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm, copy_param
 from shardinfer.engine.models.rope import RopeTable
+from shardinfer.errors import CheckpointError, ModelLoadError
 from shardinfer.kernels import ops
 
 # Checkpoint tensors that carry no model state (old exports keep rope caches).

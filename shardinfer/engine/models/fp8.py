@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from shardinfer.engine.errors import CheckpointError, ModelLoadError
+from shardinfer.errors import CheckpointError, ModelLoadError
 
 SCALE_SUFFIX = ".weight_scale_inv"
 FP8_DTYPES = (torch.float8_e4m3fn,)

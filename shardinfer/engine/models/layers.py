@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from shardinfer.engine.errors import CheckpointError
 from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import Numerics
+from shardinfer.errors import CheckpointError
 from shardinfer.kernels import ops
 
 

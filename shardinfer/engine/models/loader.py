@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from shardinfer.engine.errors import CheckpointError, ModelLoadError
+from shardinfer.errors import CheckpointError, ModelLoadError
 
 INDEX_FILE = "model.safetensors.index.json"
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from shardinfer.engine.errors import ModelLoadError
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.loader import iter_checkpoint_tensors
+from shardinfer.errors import ModelLoadError
 
 _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("shardinfer.engine.models.dense", "DenseForCausalLM"),

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from shardinfer.engine.errors import ModelLoadError
+from shardinfer.errors import ModelLoadError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 

@@ -35,18 +35,13 @@ import torch
 from shardinfer.engine.config import usable_cpus
 from shardinfer.engine.structured.bitmask import check_host_bitmask
 from shardinfer.engine.structured.matcher import GrammarMatcher, GrammarViolation
+from shardinfer.errors import GrammarError
 
 SCHEMA_TYPES = ("json", "regex", "ebnf", "lark")
 _SO_KEYS = {"schema_type", "schema"}
 _MAX_ERROR_CHARS = 1000
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-
-
-class GrammarError(ValueError):
-    """An invalid schema or grammar; the job records the row with error_code "invalid_schema"."""
-
-    error_code = "invalid_schema"
 
 
 class _TemplatePool:

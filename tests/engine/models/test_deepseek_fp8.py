@@ -14,8 +14,8 @@ import torch
 from deepseek_helpers import PagedRunner, deepseek_checkpoint, generate_batch, hf_logits, load_hf, load_model
 from safetensors.torch import load_file, save_file
 
-from shardinfer.engine.errors import CheckpointError, ModelLoadError
 from shardinfer.engine.models.fp8 import dequantize_block_fp8, dequantize_checkpoint, fp8_block_size
+from shardinfer.errors import CheckpointError, ModelLoadError
 
 FP8_MAX = 448.0
 BLOCK = (32, 32)

@@ -26,7 +26,7 @@ from deepseek_helpers import (
     write_with_extra_shard,
 )
 
-from shardinfer.engine.errors import CheckpointError
+from shardinfer.errors import CheckpointError
 
 PROMPT = [7, 3, 19, 44, 2, 81, 5, 60, 12, 9, 33]
 

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from shardinfer.engine.errors import ModelLoadError
 from shardinfer.engine.models.deepseek_moe import RoutingConfig
+from shardinfer.errors import ModelLoadError
 from shardinfer.kernels.reference_moe import _slots_capturable, _slots_gathered, grouped_topk, moe_experts
 
 
