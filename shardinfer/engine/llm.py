@@ -11,7 +11,7 @@ from typing import Any
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.outputs import RequestOutput
 from shardinfer.engine.prompt_checks import check_prompt
-from shardinfer.engine.sampling_noise import sample_seed
+from shardinfer.engine.sampling_noise import sample_seeds
 from shardinfer.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -69,9 +69,9 @@ class LLM:
         for i, (ids, params) in enumerate(zip(token_ids, params_list, strict=True)):
             seed = params.seed if params.seed is not None else (engine.config.seed or secrets.randbits(63))
             names = []
-            for j in range(params.n):
+            for j, sample in enumerate(sample_seeds(seed, params.n)):
                 rid = f"{id(self)}-{engine._arrivals}-{i}-{j}"
-                single = params.replace(n=1, seed=sample_seed(seed, j))
+                single = params.replace(n=1, seed=sample)
                 engine.add_request(rid, ids, single)
                 prompt = prompts[i]
                 engine.requests[rid].prompt = prompt if isinstance(prompt, str) else None

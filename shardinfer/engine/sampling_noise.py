@@ -66,3 +66,16 @@ def derive_seed(seed: int, *keys: int | str) -> int:
 def sample_seed(seed: int, sample_index: int) -> int:
     """Seed of sample j of a request with n > 1: sample 0 keeps the request's seed."""
     return seed if sample_index == 0 else derive_seed(seed, "sample", sample_index)
+
+
+def sample_seeds(seed: int, n: int, row_id: str | None = None) -> list[int]:
+    """The seeds of the n samples of one row: the one place both the job and `LLM` derive them.
+
+    A job's row (`row_id` given) seeds sample j with `derive_seed(seed, row_id, j)`: the row's
+    output then depends on its id, never on its position in the input or its batch. A prompt of
+    `LLM.generate` (no row id; its seed is already the request's own) keeps that seed for sample 0,
+    so n=1 samples exactly what the same seeded request would, and derives the others.
+    """
+    if row_id is not None:
+        return [derive_seed(seed, row_id, j) for j in range(n)]
+    return [sample_seed(seed, j) for j in range(n)]

@@ -25,7 +25,7 @@ from typing import Any
 
 from shardinfer.errors import EXIT_RETRYABLE, Interrupted, Retryable, UsageError
 from shardinfer.jobs.progress import Reporter
-from shardinfer.pipeline.job import OpenedJob, run_worker
+from shardinfer.pipeline.job import OpenedJob, run_worker, schema_to_text
 
 _MASTER = re.compile(r"^local(?:\[(\*|\d+)\])?$")
 STOP_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
@@ -63,7 +63,9 @@ def _gpu_env(device: str, worker: int) -> dict[str, str]:
     if device not in ("auto", "cuda"):
         return {}  # cpu, or an explicit cuda:N the user chose for every worker
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [d for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(_device_count())]
+    ids = (
+        [d for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(_device_count())]
+    )
     return {"CUDA_VISIBLE_DEVICES": ids[worker % len(ids)].strip()} if ids else {}
 
 
@@ -139,8 +141,11 @@ def _one_round(
     procs: list[subprocess.Popen[str]] = []
     threads = []
     config = job.config.to_dict()
+    schema = schema_to_text(job.input_schema)  # read once here, not once per worker
     for worker in range(num_workers):
-        payload = json.dumps({"config": config, "worker": worker, "num_workers": num_workers})
+        payload = json.dumps(
+            {"config": config, "worker": worker, "num_workers": num_workers, "input_schema": schema}
+        )
         env = dict(os.environ, SHARDINFER_WORKER_INDEX=str(worker))
         env.update(_gpu_env(job.config.model.device, worker))
         if job.config.model.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:

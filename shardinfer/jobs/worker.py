@@ -1,7 +1,8 @@
 """Entry point of one `local[N]` worker process: `python -m shardinfer.jobs.worker < payload.json`.
 
-The payload is the resolved job config plus this worker's index; the split plan comes from the
-output's `_job.json`, written by the parent before any worker starts. Events go to stdout as
+The payload is the resolved job config, this worker's index and the input schema the parent
+read; the split plan comes from the output's `_job.json`, written by the parent before any
+worker starts. Events go to stdout as
 JSON lines; logs and errors to stderr; the exit code follows shardinfer.errors.
 """
 
@@ -41,10 +42,12 @@ def main() -> int:
     threading.Thread(target=_watch_parent, args=(stop, os.getppid()), daemon=True).start()
     try:
         from shardinfer.jobs.executor import worker_order
-        from shardinfer.pipeline.job import open_job, run_worker
+        from shardinfer.pipeline.job import open_job, run_worker, schema_from_text
 
         config = JobConfig.from_dict(payload["config"])
         job = open_job(config, plan=False)
+        if payload.get("input_schema"):
+            job.input_schema_ = schema_from_text(payload["input_schema"])
         order = worker_order(job.splits, int(payload["worker"]), int(payload["num_workers"]))
         result = run_worker(job, order, stop, config.job.run_id, emit=_emit)
         _emit(

@@ -113,23 +113,45 @@ def resolved_numerics(config: JobConfig) -> tuple[str, str]:
         raise ConfigError(f"[model] is invalid: {exc}") from None
 
 
+def diff_fingerprints(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Dotted names of the components that differ (added or removed keys count), sorted; `hash` aside.
+
+    Nested dicts are compared key by key so the message can say `sampling.defaults.temperature`
+    rather than just `sampling.defaults`; where one side is a dict and the other is not, the name
+    of that level is the difference. Both sides are first put through JSON, as the stored one was,
+    so a tuple and the list it was saved as compare equal.
+    """
+    return [name for name, _, _ in _changes(old, new)]
+
+
 def diff_fingerprint_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Lines `component.key: old -> new` for each leaf that differs (nested dicts are walked)."""
-    a, b = _leaves(old), _leaves(new)
-    return [
-        f"{key}: {_short(a.get(key))} -> {_short(b.get(key))}"
-        for key in sorted(set(a) | set(b))
-        if key != "hash" and _canonical(a.get(key)) != _canonical(b.get(key))
-    ]
+    """Lines `component.key: old -> new`, one per name `diff_fingerprints` reports."""
+    return [f"{name}: {_short(a)} -> {_short(b)}" for name, a, b in _changes(old, new)]
 
 
-def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(value, dict) or not value:
-        return {prefix: value}
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        out.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
-    return out
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted name, old value, new value) of each difference; an absent side is None."""
+    found = _walk(_as_json(old), _as_json(new), "")
+    return [(name, a, b) for name, a, b in found if name != "hash"]
+
+
+def _as_json(value: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(json.dumps(value, sort_keys=True, default=str)))
+
+
+_ABSENT = object()
+
+
+def _walk(old: dict[str, Any], new: dict[str, Any], prefix: str) -> list[tuple[str, Any, Any]]:
+    changed: list[tuple[str, Any, Any]] = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += _walk(a, b, f"{name}.")
+        elif a is _ABSENT or b is _ABSENT or a != b:
+            changed.append((name, None if a is _ABSENT else a, None if b is _ABSENT else b))
+    return changed
 
 
 def _short(value: Any, limit: int = 80) -> str:

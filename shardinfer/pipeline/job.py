@@ -13,6 +13,7 @@ exists, whoever wrote it.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Callable
@@ -34,8 +35,9 @@ from shardinfer.errors import (
 from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
-from shardinfer.pipeline.rows import ROW_INDEX_COLUMN, RowPreparer
+from shardinfer.pipeline.rows import RowPreparer
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings, crash_point
+from shardinfer.splits import ROW_INDEX_COLUMN, plan_from_records
 
 JOB_FORMAT_VERSION = 1
 
@@ -51,6 +53,17 @@ class OpenedJob:
     state: str  # "new" | "resume" | "done"
     success: dict[str, Any] | None = None
     committed: set[int] = field(default_factory=set)  # split indexes with a marker when opened
+    # The schema of the batches the readers yield: read once per job (planning reads it anyway)
+    # and handed to worker processes, which then never open an input file just to learn it.
+    input_schema_: pa.Schema | None = None
+
+    @property
+    def input_schema(self) -> pa.Schema:
+        if self.input_schema_ is None:
+            from shardinfer.readers.splits import read_schema
+
+            self.input_schema_ = read_schema(self.input_spec, self.splits[0].path)
+        return self.input_schema_
 
     @property
     def store(self) -> Any:
@@ -125,9 +138,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
                 f"Changed: {'; '.join(changes) or 'fingerprint format'}. Write to a new output path, restore "
                 "the old settings, or pass --conf job.start_over=true to discard the old output."
             )
-        from shardinfer.readers.spec import Split
-
-        stored = [Split.from_dict(d) for d in existing["splits"]]
+        stored = plan_from_records(existing["splits"])
         success = read_success_or_none(store)
         state = "done" if success is not None and success_hash(success) == fingerprint["hash"] else "resume"
         return OpenedJob(
@@ -144,8 +155,10 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
             raise ConfigError(str(exc)) from None
         if not splits:
             raise InputMissing(f"input.path={config.input.path!r} has no rows to process")
-        check_columns(config, spec, splits[0].path)
-    return OpenedJob(config, spec, sampling, fingerprint, store, splits, "new")
+    job = OpenedJob(config, spec, sampling, fingerprint, store, splits, "new")
+    if splits:
+        check_columns(config, job.input_schema)
+    return job
 
 
 def read_success_or_none(store: Any) -> dict[str, Any] | None:
@@ -163,19 +176,21 @@ def success_hash(success: dict[str, Any]) -> str | None:
     return fp.get("hash") if isinstance(fp, dict) else fp
 
 
-def input_schema(job: OpenedJob) -> pa.Schema:
-    from shardinfer.readers.splits import read_schema
+def schema_to_text(schema: pa.Schema) -> str:
+    """An Arrow schema as text for a JSON message (Arrow IPC bytes, base64): how a job hands its
+    input schema to worker processes."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 
-    return read_schema(job.input_spec, job.splits[0].path)
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-def check_columns(config: JobConfig, spec: Any, path: str) -> None:
+def check_columns(config: JobConfig, schema: pa.Schema) -> None:
     """Override and passthrough columns must exist (the readers check id/prompt/messages)."""
     import difflib
 
-    from shardinfer.readers.splits import read_schema
-
-    names = [n for n in read_schema(spec, path).names if n != ROW_INDEX_COLUMN]
+    names = [n for n in schema.names if n != ROW_INDEX_COLUMN]
     for key in ("override_columns", "passthrough_columns"):
         for col in getattr(config.input, key):
             if col not in names:
@@ -207,7 +222,7 @@ def write_plan(job: OpenedJob, run_id: str) -> None:
 def output_schema_of(job: OpenedJob) -> pa.Schema:
     from shardinfer.writers.schema import output_schema
 
-    schema = input_schema(job)
+    schema = job.input_schema
     passthrough = pa.schema([schema.field(c) for c in job.config.input.passthrough_columns])
     opts = job.output_options
     try:

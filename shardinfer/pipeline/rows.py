@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shardinfer.engine.prompt_checks import check_prompt
-from shardinfer.engine.sampling_noise import derive_seed
+from shardinfer.engine.sampling_noise import sample_seeds
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import (
     BAD_OVERRIDE,
@@ -25,8 +25,7 @@ from shardinfer.errors import (
     RowError,
 )
 from shardinfer.pipeline.config import InputSection
-
-ROW_INDEX_COLUMN = "__row_index"
+from shardinfer.splits import ROW_INDEX_COLUMN
 
 
 class Tokenizer(Protocol):
@@ -86,7 +85,7 @@ class RowPreparer:
             n = self.base.n
             return PreparedRow(split_index, pos, row_id, n, [None] * n, passthrough, error=err)
         base_seed = params.seed if params.seed is not None else self.job_seed
-        seeds: list[int | None] = [derive_seed(base_seed, row_id, j) for j in range(params.n)]
+        seeds: list[int | None] = list(sample_seeds(base_seed, params.n, row_id))
         prepared = PreparedRow(split_index, pos, row_id, params.n, seeds, passthrough)
         if self.inp.id_column and row.get(self.inp.id_column) is None:
             prepared.error = RowError(

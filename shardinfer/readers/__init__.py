@@ -7,8 +7,9 @@ from shardinfer.errors import (
     InputSchemaError,
     ReaderError,
 )
-from shardinfer.readers.spec import ROW_INDEX_COLUMN, InputSpec, Split
+from shardinfer.readers.spec import InputSpec
 from shardinfer.readers.splits import list_input_files, plan_splits, read_schema, read_split
+from shardinfer.splits import ROW_INDEX_COLUMN, Split
 
 __all__ = [
     "ROW_INDEX_COLUMN",

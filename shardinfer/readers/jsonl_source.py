@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from shardinfer.errors import InputSchemaError
 from shardinfer.readers.listing import is_compressed
-from shardinfer.readers.spec import ROW_INDEX_COLUMN
+from shardinfer.splits import ROW_INDEX_COLUMN
 from shardinfer.storage import RetryPolicy, filesystem, with_retries
 
 SCHEMA_SAMPLE_LINES = 1000

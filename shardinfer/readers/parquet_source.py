@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from shardinfer.errors import InputSchemaError
-from shardinfer.readers.spec import ROW_INDEX_COLUMN
+from shardinfer.splits import ROW_INDEX_COLUMN
 from shardinfer.storage import RetryPolicy, filesystem, with_retries
 
 _RETRY = RetryPolicy()

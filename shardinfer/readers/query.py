@@ -24,7 +24,7 @@ import duckdb
 import pyarrow as pa
 
 from shardinfer.errors import InputQueryError
-from shardinfer.readers.spec import ROW_INDEX_COLUMN
+from shardinfer.splits import ROW_INDEX_COLUMN
 
 _HINT = (
     "only row-wise queries are supported (SELECT columns or expressions FROM input WHERE ...), because "

@@ -20,7 +20,8 @@ from shardinfer.readers.jsonl_source import infer_jsonl_schema, iter_jsonl_rows,
 from shardinfer.readers.listing import list_input_files, resolve_format
 from shardinfer.readers.parquet_source import iter_parquet_rows, parquet_layout, plan_file_ranges
 from shardinfer.readers.query import QueryRunner
-from shardinfer.readers.spec import ROW_INDEX_COLUMN, InputSpec, Split
+from shardinfer.readers.spec import InputSpec
+from shardinfer.splits import ROW_INDEX_COLUMN, Split
 
 __all__ = ["InputSpec", "Split", "list_input_files", "plan_splits", "read_schema", "read_split"]
 

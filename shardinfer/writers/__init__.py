@@ -7,7 +7,7 @@ from shardinfer.errors import (
     OutputError,
     StorageError,
 )
-from shardinfer.writers.job_file import diff_fingerprints, make_job_record, splits_from_job
+from shardinfer.writers.job_file import make_job_record, splits_from_job
 from shardinfer.writers.output_store import OutputStore, PartInfo
 from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema, seed_to_int64
 
@@ -20,7 +20,6 @@ __all__ = [
     "OutputStore",
     "PartInfo",
     "StorageError",
-    "diff_fingerprints",
     "make_job_record",
     "output_schema",
     "seed_to_int64",

@@ -54,7 +54,7 @@ from shardinfer.writers.parts import (
 from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema
 
 if TYPE_CHECKING:
-    from shardinfer.readers.spec import Split
+    from shardinfer.splits import Split
 
 JOB_FILE = "_job.json"
 SUCCESS_FILE = "_SUCCESS"

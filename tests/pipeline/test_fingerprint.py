@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from shardinfer.pipeline.config import JobConfig
-from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
+from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts, diff_fingerprints
 
 
 def _config(model_path: Path, **changes: dict) -> JobConfig:
@@ -58,3 +58,31 @@ def test_fingerprint_tracks_model_files_and_settings(tmp_path: Path, model_dir: 
     weights = _fp(_config(model))
     keys = [line.split(":")[0] for line in diff_fingerprint_parts(template, weights)]
     assert keys == ["model.config_sha256", "model.weights.model.safetensors"]
+
+
+def test_diff_fingerprints_names_nested_added_and_removed_keys() -> None:
+    old = {
+        "model": {"path": "m", "dtype": "bf16"},
+        "sampling": {"temperature": 0.0},
+        "template": "t",
+        "gone": 1,
+    }
+    new = {
+        "model": {"path": "m", "dtype": "fp32"},
+        "sampling": {"temperature": 0.0, "top_p": 0.9},
+        "template": "t",
+    }
+    assert diff_fingerprints(old, new) == ["gone", "model.dtype", "sampling.top_p"]
+    assert diff_fingerprints(old, old) == []
+    # A tuple saved to JSON comes back as a list: that is not drift.
+    assert diff_fingerprints({"stop": ["a", "b"]}, {"stop": ("a", "b")}) == []
+    assert diff_fingerprints({"x": {"a": 1}}, {"x": 1}) == ["x"]
+
+
+def test_diff_lines_show_old_and_new_values() -> None:
+    old = {"hash": "a", "engine.numerics": {"dtype": "float32"}, "job.seed": 1}
+    new = {"hash": "b", "engine.numerics": {"dtype": "bfloat16"}, "job.seed": 1, "extra": [1]}
+    assert diff_fingerprint_parts(old, new) == [
+        'engine.numerics.dtype: "float32" -> "bfloat16"',
+        "extra: null -> [1]",
+    ]

@@ -118,3 +118,16 @@ def test_attempt_ids_are_file_name_safe_and_unique() -> None:
     for value in [*ids, attempt_id(""), attempt_id("x" * 200)]:
         assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value), value
     assert next(iter(ids)).startswith("scheduled__2024-01-01T00_00_00_00_00-")
+
+
+def test_sample_seeds_for_rows_and_for_prompts() -> None:
+    import hashlib
+
+    from shardinfer.engine.sampling_noise import sample_seeds
+
+    def by_hand(*parts: object) -> int:  # blake2b-64 of "seed:key:..." as DESIGN.md's hash
+        digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") & (2**63 - 1)
+
+    assert sample_seeds(42, 2, "3:17") == [by_hand(42, "3:17", 0), by_hand(42, "3:17", 1)]
+    assert sample_seeds(42, 3) == [42, by_hand(42, "sample", 1), by_hand(42, "sample", 2)]

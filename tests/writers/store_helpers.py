@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardinfer.readers import Split
+from shardinfer.splits import Split
 from shardinfer.writers import OutputStore, make_job_record, output_schema
 
 PASSTHROUGH = pa.schema([("lang", pa.string())])

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from store_helpers import SCHEMA, full_rows, new_store, plan, race_commits, rows_for, table_for
 
-from shardinfer.readers import Split
+from shardinfer.splits import Split
 from shardinfer.writers import (
     CorruptOutputError,
     IncompleteOutputError,
