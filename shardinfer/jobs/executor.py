@@ -26,6 +26,7 @@ from typing import Any
 from shardinfer.errors import EXIT_RETRYABLE, Interrupted, Retryable, UsageError
 from shardinfer.jobs.progress import Reporter
 from shardinfer.pipeline.job import OpenedJob, run_worker, schema_to_text
+from shardinfer.pipeline.runner import WORKER_DONE, WorkerResult
 
 _MASTER = re.compile(r"^local(?:\[(\*|\d+)\])?$")
 STOP_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
@@ -84,10 +85,10 @@ class RunStats:
         self.committed = 0
         self.lost = 0
 
-    def add(self, result: dict[str, Any]) -> None:
-        self.engine.append(result.get("engine_stats", {}))
-        self.committed += len(result.get("committed", []))
-        self.lost += len(result.get("lost", []))
+    def add(self, result: WorkerResult) -> None:
+        self.engine.append(result.engine_stats)
+        self.committed += len(result.committed)
+        self.lost += len(result.lost)
 
     def summary(self, wall_s: float, workers: int) -> dict[str, Any]:
         prompt = sum(e.get("prompt_tokens", 0.0) for e in self.engine)
@@ -107,8 +108,7 @@ class RunStats:
 
 
 def run_in_process(job: OpenedJob, stop: threading.Event, reporter: Reporter, stats: RunStats) -> None:
-    result = run_worker(job, job.splits, stop, job.config.job.run_id, emit=reporter.handle)
-    stats.add({"engine_stats": result.engine_stats, "committed": result.committed, "lost": result.lost})
+    stats.add(run_worker(job, job.splits, stop, job.config.job.run_id, emit=reporter.handle))
 
 
 def run_processes(
@@ -202,7 +202,7 @@ def _pump(proc: subprocess.Popen[str], reporter: Reporter, stats: RunStats) -> N
             event = json.loads(line)
         except ValueError:
             continue
-        if event.get("event") == "worker_done":
-            stats.add(event)
+        if event.get("event") == WORKER_DONE:
+            stats.add(WorkerResult.from_event(event))
         else:
             reporter.handle(event)

@@ -50,14 +50,7 @@ def main() -> int:
             job.input_schema_ = schema_from_text(payload["input_schema"])
         order = worker_order(job.splits, int(payload["worker"]), int(payload["num_workers"]))
         result = run_worker(job, order, stop, config.job.run_id, emit=_emit)
-        _emit(
-            {
-                "event": "worker_done",
-                "committed": result.committed,
-                "lost": result.lost,
-                "engine_stats": result.engine_stats,
-            }
-        )
+        _emit(result.to_event())
         return EXIT_OK
     except BaseException as exc:
         print(f"[shardinfer] ERROR worker {payload.get('worker')}: {exc}", file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ from typing import Any
 from shardinfer.engine.outputs import CompletionOutput, RequestOutput
 from shardinfer.errors import ENGINE_ERROR
 from shardinfer.pipeline.rows import PreparedRow
+from shardinfer.splits import Split
 
 
 @dataclass
@@ -74,7 +75,7 @@ def ok_record(
 class SplitAssembly:
     """The records of one split in flight, slot per (row position, sample index)."""
 
-    split: Any  # the readers' Split this assembly belongs to
+    split: Split
     rows: list[PreparedRow] = field(default_factory=list)
     records: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
     expected_rows: int | None = None  # set when the reader reaches the split's end
@@ -92,7 +93,7 @@ class SplitAssembly:
 
     @property
     def split_index(self) -> int:
-        return int(self.split.index)
+        return self.split.index
 
     @property
     def complete(self) -> bool:

@@ -18,7 +18,7 @@ import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -37,7 +37,12 @@ from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
 from shardinfer.pipeline.rows import RowPreparer
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings, crash_point
-from shardinfer.splits import ROW_INDEX_COLUMN, plan_from_records
+from shardinfer.pipeline.seams import Engine
+from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records
+
+if TYPE_CHECKING:
+    from shardinfer.readers.spec import InputSpec
+    from shardinfer.writers.output_store import OutputStore
 
 JOB_FORMAT_VERSION = 1
 
@@ -45,11 +50,11 @@ JOB_FORMAT_VERSION = 1
 @dataclass
 class OpenedJob:
     config: JobConfig
-    input_spec: Any  # readers.InputSpec
+    input_spec: InputSpec
     sampling: SamplingParams
     fingerprint: dict[str, Any]
-    store_: Any  # writers.OutputStore, None until the location exists (reading must not create it)
-    splits: list[Any]  # readers.Split, in plan order
+    store_: OutputStore | None  # None until the location exists (reading must not create it)
+    splits: list[Split]  # in plan order
     state: str  # "new" | "resume" | "done"
     success: dict[str, Any] | None = None
     committed: set[int] = field(default_factory=set)  # split indexes with a marker when opened
@@ -66,7 +71,7 @@ class OpenedJob:
         return self.input_schema_
 
     @property
-    def store(self) -> Any:
+    def store(self) -> OutputStore:
         if self.store_ is None:
             self.store_ = open_store(self.config)
         return self.store_
@@ -86,7 +91,7 @@ def resolve_sampling(config: JobConfig) -> SamplingParams:
         raise ConfigError(f"[sampling] is invalid: {exc}") from None
 
 
-def input_spec_of(config: JobConfig) -> Any:
+def input_spec_of(config: JobConfig) -> InputSpec:
     from shardinfer.readers.spec import InputSpec
 
     inp = config.input
@@ -104,7 +109,7 @@ def input_spec_of(config: JobConfig) -> Any:
         raise ConfigError(str(exc)) from None
 
 
-def open_store(config: JobConfig) -> Any:
+def open_store(config: JobConfig) -> OutputStore:
     from shardinfer.writers.output_store import OutputStore
 
     return OutputStore(config.output.path, dict(config.output.storage_options))
@@ -144,7 +149,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         return OpenedJob(
             config, spec, sampling, fingerprint, store, stored, state, success, store.committed_indexes()
         )
-    splits: list[Any] = []
+    splits: list[Split] = []
     if plan:
         from shardinfer.readers.splits import plan_splits
 
@@ -161,7 +166,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     return job
 
 
-def read_success_or_none(store: Any) -> dict[str, Any] | None:
+def read_success_or_none(store: OutputStore) -> dict[str, Any] | None:
     """`_SUCCESS`, or None when absent or unreadable: a kill while it was being written leaves a
     truncated file, and the cure is to finalize again (every split is committed), not to fail."""
     try:
@@ -246,7 +251,7 @@ def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
     }
 
 
-def build_engine(config: JobConfig) -> Any:
+def build_engine(config: JobConfig) -> Engine:
     from shardinfer.engine.llm_engine import LLMEngine
 
     try:
@@ -259,11 +264,11 @@ def build_engine(config: JobConfig) -> Any:
 
 def run_worker(
     job: OpenedJob,
-    order: list[Any],
+    order: list[Split],
     stop: threading.Event,
     run_id: str,
     emit: Callable[[dict[str, Any]], None] = lambda e: None,
-    engine: Any = None,
+    engine: Engine | None = None,
 ) -> WorkerResult:
     """Process the uncommitted splits of `order` with one engine; raises Interrupted on stop."""
     cfg = job.config
@@ -290,7 +295,7 @@ def run_worker(
     return worker.run(order)
 
 
-def committed_totals(store: Any, committed: dict[int, dict[str, Any]]) -> dict[str, int]:
+def committed_totals(store: OutputStore, committed: dict[int, dict[str, Any]]) -> dict[str, int]:
     """Sum the per-split stats (assembly.split_stats) each committed part carries in its footer.
 
     Commit markers record rows, bytes and hash only, so the counts come from the parts' Parquet
@@ -304,7 +309,7 @@ def committed_totals(store: Any, committed: dict[int, dict[str, Any]]) -> dict[s
     return totals
 
 
-def split_stats_of(store: Any, marker: dict[str, Any]) -> dict[str, Any]:
+def split_stats_of(store: OutputStore, marker: dict[str, Any]) -> dict[str, Any]:
     raw = store.read_part_metadata(marker["part"]).get(b"shardinfer.split_stats")
     return dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
 

@@ -25,15 +25,31 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from shardinfer.errors import INVALID_REQUEST, Interrupted, ShardinferError
 from shardinfer.pipeline.assembly import OutputOptions, SplitAssembly, error_record, ok_record, split_stats
+from shardinfer.pipeline.messages import (
+    PreparationDone,
+    PrepMessage,
+    RowPrepared,
+    SplitOpened,
+    SplitRead,
+    SplitToWrite,
+    WriteMessage,
+    WriterStop,
+)
 from shardinfer.pipeline.rows import PreparedRow, RowPreparer
+from shardinfer.pipeline.seams import Engine, SplitStore
+from shardinfer.splits import Split
+
+if TYPE_CHECKING:
+    from shardinfer.readers.spec import InputSpec
 
 Event = dict[str, Any]
+WORKER_DONE = "worker_done"  # the event a worker process ends with, carrying its WorkerResult
 CRASH_ENV = "SHARDINFER_TEST_CRASH_AT"
 
 
@@ -77,9 +93,24 @@ class WorkerResult:
     skipped: list[int] = field(default_factory=list)  # already committed when reached
     engine_stats: dict[str, Any] = field(default_factory=dict)
 
+    def to_event(self) -> Event:
+        """The `worker_done` event a worker process sends its parent (one JSON line)."""
+        return {
+            "event": WORKER_DONE,
+            "committed": self.committed,
+            "lost": self.lost,
+            "skipped": self.skipped,
+            "engine_stats": self.engine_stats,
+        }
 
-class _Done:
-    """Sentinel: the preparer has no more splits."""
+    @classmethod
+    def from_event(cls, event: Event) -> WorkerResult:
+        return cls(
+            committed=[int(i) for i in event.get("committed", [])],
+            lost=[int(i) for i in event.get("lost", [])],
+            skipped=[int(i) for i in event.get("skipped", [])],
+            engine_stats=dict(event.get("engine_stats", {})),
+        )
 
 
 class SplitWorker:
@@ -88,10 +119,10 @@ class SplitWorker:
     def __init__(
         self,
         *,
-        engine: Any,
+        engine: Engine,
         preparer: RowPreparer,
-        store: Any,
-        input_spec: Any,
+        store: SplitStore,
+        input_spec: InputSpec,
         schema: pa.Schema,
         metadata: dict[str, str],
         options: OutputOptions,
@@ -115,8 +146,8 @@ class SplitWorker:
         self.stop = stop
         self.emit = emit
         self._read_split = read_split
-        self._rows: queue.Queue[Any] = queue.Queue(maxsize=max(16, settings.batch_rows))
-        self._writes: queue.Queue[Any] = queue.Queue()
+        self._rows: queue.Queue[PrepMessage] = queue.Queue(maxsize=max(16, settings.batch_rows))
+        self._writes: queue.Queue[WriteMessage] = queue.Queue()
         self._open_splits = threading.Semaphore(max(1, settings.max_splits_in_flight))
         self._fatal: list[BaseException] = []
         # Set when the engine loop has ended, for whatever reason: the preparation thread stops
@@ -135,7 +166,7 @@ class SplitWorker:
             self._committed_at = time.monotonic()
         return index in self._committed_cache
 
-    def _put(self, item: Any) -> bool:
+    def _put(self, item: PrepMessage) -> bool:
         while not (self.stop.is_set() or self._engine_done.is_set()):
             try:
                 self._rows.put(item, timeout=0.1)
@@ -144,7 +175,7 @@ class SplitWorker:
                 continue
         return False
 
-    def _prepare_loop(self, order: list[Any]) -> None:
+    def _prepare_loop(self, order: list[Split]) -> None:
         try:
             for split in order:
                 if self.stop.is_set():
@@ -155,38 +186,37 @@ class SplitWorker:
                 while not self._open_splits.acquire(timeout=0.1):
                     if self.stop.is_set() or self._engine_done.is_set():
                         return
-                if not self._put(("begin", split)):
+                if not self._put(SplitOpened(split)):
                     return
                 pos = 0
                 for batch in self._read_split(split, self.input_spec, self.settings.batch_rows):
                     for row in batch.to_pylist():
                         prepared = self.preparer.prepare(split.index, split.file_index, pos, row)
                         pos += 1
-                        if not self._put(("row", prepared)):
+                        if not self._put(RowPrepared(prepared)):
                             return
-                if not self._put(("end", split.index, pos)):
+                if not self._put(SplitRead(split.index, pos)):
                     return
         except BaseException as exc:  # surfaced on the engine thread, which owns the exit code
             self._fatal.append(exc)
         finally:
-            self._put(_Done())
+            self._put(PreparationDone())
 
     # ---- writer thread ------------------------------------------------------------------
     def _write_loop(self) -> None:
         while True:
             item = self._writes.get()
-            if item is None:
+            if isinstance(item, WriterStop):
                 return
-            split, records = item
             try:
-                self._write_split(split, records)
+                self._write_split(item.split, item.records)
             except BaseException as exc:
                 self._fatal.append(exc)
                 return
             finally:
                 self._open_splits.release()
 
-    def _write_split(self, split: Any, records: list[dict[str, Any]]) -> None:
+    def _write_split(self, split: Split, records: list[dict[str, Any]]) -> None:
         table = pa.Table.from_pylist(records, schema=self.schema)
         stats = split_stats(records)
         attempt = attempt_id(self.settings.run_id)
@@ -200,7 +230,7 @@ class SplitWorker:
         self.emit({"event": "split_done", "split": split.index, "won": won, **stats})
 
     # ---- engine loop --------------------------------------------------------------------
-    def run(self, order: list[Any]) -> WorkerResult:
+    def run(self, order: list[Split]) -> WorkerResult:
         prep = threading.Thread(
             target=self._prepare_loop, args=(order,), name="shardinfer-prepare", daemon=True
         )
@@ -211,12 +241,12 @@ class SplitWorker:
             self._engine_loop()
         finally:
             self._engine_done.set()
-            self._writes.put(None)
+            self._writes.put(WriterStop())
             writer.join()
             # A process exiting while this thread is inside native code (a parquet read, a
             # tokenizer call) can abort in the C++ runtime: wait for it to reach a check.
             prep.join(timeout=30)
-        self.result.engine_stats = dict(self.engine.stats()) if hasattr(self.engine, "stats") else {}
+        self.result.engine_stats = dict(self.engine.stats())
         if self._fatal:
             raise self._fatal[0]
         if self.stop.is_set():
@@ -246,14 +276,14 @@ class SplitWorker:
                     item = self._rows.get(timeout=0.05) if idle else self._rows.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(item, _Done):
-                    prep_done = True
-                elif item[0] == "begin":
-                    open_splits[item[1].index] = SplitAssembly(item[1])
-                elif item[0] == "end":
-                    open_splits[item[1]].expected_rows = item[2]
+                if isinstance(item, RowPrepared):
+                    self._admit(item.row, open_splits[item.row.split_index], inflight)
+                elif isinstance(item, SplitOpened):
+                    open_splits[item.split.index] = SplitAssembly(item.split)
+                elif isinstance(item, SplitRead):
+                    open_splits[item.split_index].expected_rows = item.rows
                 else:
-                    self._admit(item[1], open_splits[item[1].split_index], inflight)
+                    prep_done = True
             if engine.has_unfinished():
                 for out in engine.step():
                     row, j = inflight.pop(out.request_id)
@@ -263,7 +293,7 @@ class SplitWorker:
                     rows_since += 1
             for index in [i for i, a in open_splits.items() if a.complete]:
                 done = open_splits.pop(index)
-                self._writes.put((done.split, done.ordered_records()))
+                self._writes.put(SplitToWrite(done.split, done.ordered_records()))
             now = time.monotonic()
             if now - last_emit >= self.settings.progress_interval_s and (tokens_since or rows_since):
                 self.emit({"event": "progress", "records": rows_since, "completion_tokens": tokens_since})
@@ -282,6 +312,7 @@ class SplitWorker:
             for j in range(row.n):
                 assembly.put(row.pos, j, error_record(row, j, row.error.code, row.error.message))
             return
+        assert row.prompt_ids is not None  # RowPreparer sets it on every row without an error
         for j, params in enumerate(row.params):
             rid = f"{row.split_index}/{row.pos}/{j}"
             try:
