@@ -14,7 +14,7 @@ MODEL = Path(__file__).parent / "models" / "tiny-dsv3-demo"
 
 def main() -> None:
     llm = LLM(MODEL, device="cpu", dtype="float32")
-    # The demo model was trained on these task formats (tools/demo_data/tasks.py).
+    # The demo model was trained on these task formats (tools/demo_training/tasks.py).
     tasks = ["What is 123 + 456?", "Reverse the letters: s h a r d", "Sort these words alphabetically: rabbit pencil anchor",
              "Extract name, age and city as JSON: Nina, 31, lives in Oslo."]
     greedy = SamplingParams(temperature=0.0, max_tokens=32, logprobs=2)

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo_data import corpus, evaluate, model, report, tasks, train
+from demo_training import corpus, evaluate, model, report, tasks, train
 
 NAME = "tiny-dsv3-demo"
 CI_WINDOWS = 4  # 4 x 512 tokens: about 2k tokens of held-out text for the CI perplexity check

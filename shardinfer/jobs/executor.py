@@ -146,7 +146,7 @@ def _one_round(
         payload = json.dumps(
             {"config": config, "worker": worker, "num_workers": num_workers, "input_schema": schema}
         )
-        env = dict(os.environ, SHARDINFER_WORKER_INDEX=str(worker))
+        env = dict(os.environ)
         env.update(_gpu_env(job.config.model.device, worker))
         if job.config.model.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             # N CPU workers share the cores; torch's default (all cores each) oversubscribes them.

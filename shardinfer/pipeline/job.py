@@ -36,9 +36,10 @@ from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
 from shardinfer.pipeline.rows import RowPreparer
-from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings, crash_point
+from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
 from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records
+from shardinfer.testing.faults import crash_point
 
 if TYPE_CHECKING:
     from shardinfer.readers.spec import InputSpec

@@ -67,7 +67,6 @@ class RowPreparer:
         self.base = SamplingParams(**sampling)
         self.inp = input_section
         self.job_seed = job_seed
-        self.field_types = {f: type(getattr(self.base, f)) for f in SamplingParams.field_names()}
 
     def row_id(self, row: dict[str, Any], file_index: int) -> str:
         if self.inp.id_column:

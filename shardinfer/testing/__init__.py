@@ -1,1 +1,2 @@
-"""Helpers that build small local checkpoints for tests, benchmarks and the offline demo."""
+"""Helpers for tests, benchmarks and the offline demo: small local checkpoints (tiny_checkpoint) and
+the crash tests' fault injection (faults)."""

@@ -9,7 +9,7 @@ from shardinfer.errors import (
 )
 from shardinfer.writers.job_file import make_job_record, splits_from_job
 from shardinfer.writers.output_store import OutputStore, PartInfo
-from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema, seed_to_int64
+from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema
 
 __all__ = [
     "OUTPUT_SCHEMA_VERSION",
@@ -22,6 +22,5 @@ __all__ = [
     "StorageError",
     "make_job_record",
     "output_schema",
-    "seed_to_int64",
     "splits_from_job",
 ]

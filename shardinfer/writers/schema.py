@@ -15,9 +15,6 @@ import pyarrow as pa
 OUTPUT_SCHEMA_VERSION = 1
 SCHEMA_VERSION_KEY = b"shardinfer.output_schema_version"
 
-STATUS_OK = "ok"
-STATUS_ERROR = "error"
-
 _BASE_FIELDS = [
     pa.field("row_id", pa.string(), nullable=False),
     pa.field("sample_index", pa.int32(), nullable=False),
@@ -41,18 +38,6 @@ _PROMPT_FIELD = pa.field("prompt_logprobs", pa.list_(pa.float32()))
 BASE_COLUMNS = tuple(f.name for f in _BASE_FIELDS)
 OPTIONAL_COLUMNS = tuple(f.name for f in [*_TOP_FIELDS, _PROMPT_FIELD])
 RESERVED_COLUMNS = frozenset(BASE_COLUMNS + OPTIONAL_COLUMNS)
-
-SEED_MODULUS = 2**63
-
-
-def seed_to_int64(seed: int) -> int:
-    """Store a 64-bit unsigned seed in the int64 `seed` column: its value modulo 2**63 (always >= 0).
-
-    Document-level contract: the column holds `seed % 2**63`; seeds below 2**63 are stored unchanged.
-    """
-    if seed < 0:
-        raise ValueError(f"seed={seed}: seeds are unsigned; derive them with the job's seed hash")
-    return seed % SEED_MODULUS
 
 
 def output_schema(
@@ -84,21 +69,3 @@ def output_schema(
             raise ValueError(f"passthrough columns {passthrough.names} repeat a name; each must be unique")
         fields += list(passthrough)
     return pa.schema(fields, metadata={SCHEMA_VERSION_KEY: str(OUTPUT_SCHEMA_VERSION).encode()})
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s columns in its order and types; a clear error if it cannot be."""
-    missing = [n for n in schema.names if n not in table.column_names]
-    extra = [n for n in table.column_names if n not in schema.names]
-    if missing or extra:
-        raise ValueError(
-            f"output table does not match the output schema: missing {missing}, unexpected {extra}; "
-            "build it with writers.schema.output_schema(...)"
-        )
-    try:
-        return table.select(schema.names).cast(schema)
-    except (ValueError, TypeError, pa.ArrowNotImplementedError) as exc:  # ArrowInvalid is a ValueError
-        raise ValueError(
-            f"output table does not fit the output schema ({exc}); row_id, sample_index and status "
-            "must never be null"
-        ) from exc

@@ -50,8 +50,8 @@ def test_engine_greedy_task_accuracy(engine: Any, metrics: dict[str, Any]) -> No
 
 
 def test_mtp_agreement_matches_record(hf_model: Any, metrics: dict[str, Any], model_dir: Path) -> None:
-    from demo_data.evaluate import mtp_agreement
-    from demo_data.model import load_mtp
+    from demo_training.evaluate import mtp_agreement
+    from demo_training.model import load_mtp
     from safetensors.torch import load_file
 
     mtp = load_mtp(load_file(str(model_dir / "model.safetensors")), hf_model.config).eval()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, conform, output_schema, seed_to_int64
+from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema
 
 # The contract, written out by hand from the design (not derived from the code under test).
 EXPECTED_BASE = [
@@ -50,29 +50,3 @@ def test_colliding_passthrough_is_refused(name: str) -> None:
     with pytest.raises(ValueError, match=f"input column '{name}'") as info:
         output_schema(pa.schema([(name, pa.string())]))
     assert "rename" in str(info.value)
-
-
-def test_seed_storage_and_conform() -> None:
-    assert seed_to_int64(5) == 5
-    assert seed_to_int64(2**63 - 1) == 2**63 - 1
-    assert seed_to_int64(2**64 - 1) == 2**63 - 1
-    with pytest.raises(ValueError, match="unsigned"):
-        seed_to_int64(-1)
-    schema = output_schema(pa.schema([("id", pa.string())]))
-    loose = pa.table({"id": ["a"], **{n: pa.array([None], t) for n, t in EXPECTED_BASE}})
-    with pytest.raises(ValueError, match="must never be null"):
-        conform(loose, schema)
-    filled = loose.set_column(1, "row_id", pa.array(["0:0"]))
-    filled = filled.set_column(2, "sample_index", pa.array([0], pa.int32()))
-    filled = filled.set_column(3, "status", pa.array(["ok"]))
-    fixed = conform(filled, schema)
-    assert fixed.schema.names == schema.names
-    assert fixed.to_pylist()[0] == {
-        **{n: None for n, _ in EXPECTED_BASE},
-        "row_id": "0:0",
-        "sample_index": 0,
-        "status": "ok",
-        "id": "a",
-    }
-    with pytest.raises(ValueError, match=r"missing \['id'\]"):
-        conform(loose.drop_columns(["id"]), schema)
