@@ -25,9 +25,14 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
             prompts = [prompts]  # type: ignore[list-item]
         prompt_list = list(prompts)  # type: ignore[arg-type]
         if sampling_params is None:
@@ -37,17 +42,41 @@ class LLM:
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompt_list):
-                raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts: "
-                                 "pass one, or one per prompt")
+                raise ValueError(
+                    f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts: "
+                    "pass one, or one per prompt"
+                )
         return self._run(prompt_list, params_list)
 
-    def chat(self, conversations: list[list[dict[str, Any]]] | list[dict[str, Any]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # type: ignore[list-item]
-        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
-                 for c in conversations]
+    def chat(
+        self,
+        messages: list[list[dict[str, Any]]] | list[dict[str, Any]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> list[RequestOutput]:
+        """Generate from conversations through the chat template, rendered as transformers'
+        apply_chat_template renders it. One conversation or a list of them; tools: JSON-schema
+        tool definitions; chat_template_kwargs: extra template variables (Qwen3's
+        enable_thinking); continue_final_message: continue the last (assistant) message instead of
+        opening a new turn (with add_generation_prompt=False); chat_template: use this template
+        instead of the model's."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        texts = [
+            self.tokenizer.apply_chat_template(
+                c,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,  # type: ignore[arg-type]
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+                chat_template=chat_template,
+            )
+            for c in conversations
+        ]
         # The template already places any BOS token, so encode without adding special tokens again.
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         return self.generate(ids, sampling_params)

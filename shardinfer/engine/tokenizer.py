@@ -1,20 +1,22 @@
 """Tokenizer and chat template of a model directory, without transformers.
 
 `tokenizer.json` is read by `tokenizers`; special tokens and the chat template come from
-`tokenizer_config.json`; the template is rendered by jinja2's sandboxed environment so a
-checkpoint's template cannot reach Python internals.
+`tokenizer_config.json`; the chat template is compiled once, on first use, and rendered in the
+environment transformers uses (engine/chat_template.py), inside jinja2's sandbox so a checkpoint's
+template cannot reach Python internals.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from shardinfer.engine.chat_template import SPECIAL_TOKEN_NAMES, ChatTemplate
 from shardinfer.errors import ModelLoadError
 
 
@@ -30,8 +32,10 @@ class Tokenizer:
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
-            raise ModelLoadError(f"no tokenizer.json in {str(model_dir)!r}: shardinfer reads tokenizers in the "
-                                 "`tokenizers` JSON format (save one with tokenizer.save_pretrained)")
+            raise ModelLoadError(
+                f"no tokenizer.json in {str(model_dir)!r}: shardinfer reads tokenizers in the "
+                "`tokenizers` JSON format (save one with tokenizer.save_pretrained)"
+            )
         self.path = path
         self._tok = HFTokenizer.from_file(str(path))
         cfg_path = model_dir / "tokenizer_config.json"
@@ -54,34 +58,64 @@ class Tokenizer:
                 ids.append(eos_id)
         self.eos_token_ids: tuple[int, ...] = tuple(ids)
         self.bos_token_id = self._tok.token_to_id(self.bos_token) if self.bos_token else None
-        self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._env.globals["raise_exception"] = _raise_template_error
+        # What a template sees as bos_token, eos_token, ...: the named special tokens that are set.
+        self.special_tokens = {
+            name: text for name in SPECIAL_TOKEN_NAMES if (text := _token_text(cfg.get(name))) is not None
+        }
+        self._compiled: ChatTemplate | None = None
+        self._compile_lock = threading.Lock()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
-        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None and (
-                not ids or ids[0] != self.bos_token_id):
+        if (
+            add_special_tokens
+            and self.add_bos_token
+            and self.bos_token_id is not None
+            and (not ids or ids[0] != self.bos_token_id)
+        ):
             ids.insert(0, self.bos_token_id)
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **extra: Any) -> str:
-        if not self.chat_template:
-            raise ValueError("this model's tokenizer_config.json has no chat_template: use generate() with "
-                             "plain prompts, or add a chat_template to the model directory")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"chat message {i} is {m!r}: each message must be a dict with 'role' and 'content'")
-        try:
-            template = self._env.from_string(self.chat_template)
-            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra)
-        except TemplateError as exc:
-            raise ValueError(f"chat template failed to render: {exc}") from exc
+    def compiled_chat_template(self) -> ChatTemplate:
+        """The model's chat template, compiled on first use and kept for every later row."""
+        if self._compiled is None:
+            if not self.chat_template:
+                raise ValueError(
+                    "this model's tokenizer_config.json has no chat_template: use generate() with "
+                    "plain prompts, or add a chat_template to the model directory"
+                )
+            with self._compile_lock:
+                if self._compiled is None:
+                    self._compiled = ChatTemplate(self.chat_template, self.special_tokens)
+        return self._compiled
 
-
-def _raise_template_error(message: str) -> None:
-    raise TemplateError(message)
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        chat_template: str | None = None,
+    ) -> str:
+        """The prompt text of one conversation, as transformers' apply_chat_template(tokenize=False)
+        gives it; raises ValueError (ChatTemplateError) naming what is wrong. chat_template: a
+        template to use instead of the model's (compiled for this call)."""
+        template = (
+            ChatTemplate(chat_template, self.special_tokens)
+            if chat_template is not None
+            else self.compiled_chat_template()
+        )
+        return template.render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            documents=documents,
+            chat_template_kwargs=chat_template_kwargs,
+        )

@@ -36,6 +36,8 @@ class InputSection:
     id_column: str = ""
     prompt_column: str = ""
     messages_column: str = ""
+    # Extra variables for the chat template, e.g. {enable_thinking = false} for Qwen3.
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # Columns whose non-null values replace the job's sampling value of the same name, per row.
     override_columns: list[str] = field(default_factory=list)
     # Input columns copied unchanged into every output record of the row.

@@ -95,6 +95,8 @@ def compute_fingerprint(
         "override_columns": sorted(inp.override_columns),
         "passthrough_columns": list(inp.passthrough_columns),
     }
+    if inp.chat_template_kwargs:  # only when set, so jobs without it keep their fingerprint
+        parts["input.rows"]["chat_template_kwargs"] = inp.chat_template_kwargs
     parts["output.schema_version"] = schema_version
     parts["hash"] = _sha256_bytes(_canonical({k: v for k, v in parts.items() if k != "hash"}).encode())
     return parts

@@ -32,7 +32,11 @@ class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str: ...
 
 
@@ -176,7 +180,11 @@ class RowPreparer:
             ):
                 raise RowError(INVALID_ROW, "messages must be a non-empty list of {role, content} objects")
             try:
-                text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                text = self.tokenizer.apply_chat_template(
+                    messages,
+                    add_generation_prompt=True,
+                    chat_template_kwargs=self.inp.chat_template_kwargs or None,
+                )
                 ids = self.tokenizer.encode(text, add_special_tokens=False)
             except Exception as exc:  # a template or tokenizer failure is this row's problem
                 raise RowError(TEMPLATE_ERROR, f"chat template failed: {exc}") from None

@@ -1,0 +1,252 @@
+"""Chat templates rendered as Hugging Face renders them, compiled once per tokenizer.
+
+A checkpoint's `chat_template` is written against the jinja environment of transformers'
+`apply_chat_template`, so the same messages must give the same prompt text here, character for
+character, or a model sees prompts unlike the ones it was trained and evaluated on. What that
+environment adds to plain jinja, and what we set the same way:
+
+- jinja2's immutable sandbox (a template from a checkpoint is untrusted code), `trim_blocks` and
+  `lstrip_blocks`, and the `loopcontrols` extension (`{% break %}`, `{% continue %}`);
+- `raise_exception(message)` and `strftime_now(format)` as globals;
+- a `tojson` filter that is plain `json.dumps` (no ASCII or HTML escaping) with its `indent`,
+  `separators` and `sort_keys` arguments;
+- a `{% generation %}` block (a marker for assistant-token masks in training): rendered as its body;
+- what the template sees: messages with None-valued keys dropped, a message's reasoning under
+  each of its names, `tools`, `documents`, `add_generation_prompt`, the tokenizer's special
+  tokens and any extra keyword arguments (`chat_template_kwargs`, e.g. Qwen3's `enable_thinking`).
+
+Compiling costs far more than rendering, so a `ChatTemplate` compiles its source once and renders
+many times. `ChatTemplateEnvironment` is the one place the environment is built: a subclass
+(a per-row time or loop budget, say) plugs in through `ChatTemplate(..., environment=...)`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import jinja2.ext
+import jinja2.nodes
+from jinja2.exceptions import SecurityError, TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+# The names a message's reasoning travels under; templates read one of them (Qwen3:
+# reasoning_content, gpt-oss: thinking), so each message carries it under all.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+# The named special tokens a template may reference, read from tokenizer_config.json.
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+# Appended to the final message for continue_final_message: where it lands in the rendered text
+# is where the continued message ends, whatever the template puts after it.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that does not compile or render, or messages it cannot take."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # jinja's own tojson escapes <, >, & and ' for HTML; prompts are not HTML.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _Namespace(jinja2.utils.Namespace):
+    """jinja's `namespace()` refusing underscore-prefixed names, which lead towards Python internals."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:
+        # No named `self`, as in jinja's own Namespace: `namespace(self=...)` must stay possible.
+        self, rest = args[0], args[1:]
+        attrs = dict(*rest, **kwargs)
+        for name in attrs:
+            _Namespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _Namespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"a chat template may not set the namespace attribute {name!r}: rename it")
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: marks assistant text for training masks; a prompt
+    renders its body unchanged."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja.ext.Extension declares it a plain class attribute
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller: Any) -> str:
+        return str(caller())
+
+
+class ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
+    """The jinja environment of Hugging Face chat templates (see the module docstring)."""
+
+    def __init__(self, **options: Any) -> None:
+        extensions = [jinja2.ext.loopcontrols, _GenerationBlock, *options.pop("extensions", [])]
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=extensions, **options)
+        self.filters["tojson"] = _tojson
+        self.globals["raise_exception"] = _raise_exception
+        self.globals["strftime_now"] = _strftime_now
+        self.globals["namespace"] = _Namespace
+
+
+def plain_data(value: Any) -> Any:
+    """`value` rebuilt from plain JSON types: what a template sees cannot carry methods of rich
+    objects (numpy scalars, tensors) that the sandbox does not know to be unsafe."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {plain_data(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_data(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain_data(v) for v in value)
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item):
+        return plain_data(item())
+    raise ChatTemplateError(
+        f"chat template input holds a {type(value).__name__} ({value!r}): give plain "
+        "JSON values (str, int, float, bool, None, lists and dicts)"
+    )
+
+
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+    """Messages as the template sees them: plain dicts with None-valued keys dropped (an Arrow struct
+    or an API response has `tool_calls: None` where a template expects the key to be absent) and the
+    reasoning under each of its names."""
+    if not isinstance(messages, list | tuple) or not messages:
+        raise ChatTemplateError(
+            f"chat messages are {messages!r}: give a non-empty list of {{'role': ..., 'content': ...}} dicts"
+        )
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or "role" not in message:
+            raise ChatTemplateError(
+                f"chat message {i} is {message!r}: each message must be a dict with a 'role'"
+            )
+        msg = {k: v for k, v in plain_data(message).items() if v is not None}
+        reasoning = next((msg[k] for k in REASONING_FIELDS if k in msg), None)
+        if reasoning is not None:
+            msg = {"thinking": reasoning, **msg, "reasoning_content": reasoning}
+        out.append(msg)
+    return out
+
+
+class ChatTemplate:
+    """A chat template compiled once; `render` is safe to call from several threads."""
+
+    def __init__(
+        self,
+        source: str,
+        special_tokens: Mapping[str, str] | None = None,
+        environment: ChatTemplateEnvironment | None = None,
+    ) -> None:
+        self.source = source
+        self.special_tokens = dict(special_tokens or {})
+        env = environment if environment is not None else ChatTemplateEnvironment()
+        try:
+            self._template = env.from_string(source)
+        except TemplateError as exc:
+            raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
+
+    def render(
+        self,
+        messages: Any,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text of `messages`. continue_final_message: end the text inside the final
+        (assistant) message so the model continues it, instead of opening a new one."""
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError(
+                "continue_final_message=True and add_generation_prompt=True contradict each other: "
+                "continue the final message, or open a new assistant turn, not both"
+            )
+        chat = normalize_messages(messages)
+        if tools is not None and (
+            not isinstance(tools, list | tuple) or not all(isinstance(t, Mapping) for t in tools)
+        ):
+            raise ChatTemplateError(f"tools={tools!r} must be a list of JSON-schema dicts")
+        final: Any = ""
+        if continue_final_message:
+            final = chat[-1].get("content")
+            if not isinstance(final, str):
+                raise ChatTemplateError(
+                    "continue_final_message=True needs a final message whose content is a string, "
+                    f"got {final!r}"
+                )
+            chat[-1]["content"] = final + _CONTINUE_TAG
+        kwargs = {**self.special_tokens, **plain_data(dict(chat_template_kwargs or {}))}
+        try:
+            text = self._template.render(
+                messages=chat,
+                tools=plain_data(tools),
+                documents=plain_data(documents),
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
+        except TemplateError as exc:
+            raise ChatTemplateError(f"the chat template failed to render: {exc}") from exc
+        if continue_final_message:
+            text = _cut_after_final_message(text, final)
+        return text
+
+
+def _cut_after_final_message(text: str, final: str) -> str:
+    """The rendered text up to the end of the final message's content (where its tag landed)."""
+    tag = _CONTINUE_TAG.strip()
+    if final.strip() not in text or tag not in text:
+        raise ChatTemplateError(
+            "continue_final_message=True, but the chat template does not render the final "
+            "message's content: it cannot be continued with this template"
+        )
+    at = text.rindex(tag)
+    if text[at : at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        return text[:at]
+    return text[:at].rstrip()  # the template trimmed the tag's trailing space, and the message's with it

@@ -1,0 +1,207 @@
+"""Chat templates render exactly as transformers' apply_chat_template renders them.
+
+The templates in chat_templates/ are written in the style of real checkpoints' templates (Llama 3
+with tools, Qwen3 with thinking, DeepSeek-V3, Mistral): whitespace control, namespaces, `{% break %}`,
+`tojson` with arguments, `raise_exception`, `strftime_now`, non-ASCII special tokens. Each is put in
+a tokenizer directory, loaded by our Tokenizer and by transformers' AutoTokenizer, and the same
+messages must give the same text, character for character.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardinfer.engine.chat_template import ChatTemplate, ChatTemplateEnvironment, ChatTemplateError
+from shardinfer.engine.tokenizer import Tokenizer
+from shardinfer.testing.tiny_checkpoint import build_tokenizer
+
+TEMPLATES = Path(__file__).parent / "chat_templates"
+
+SPECIAL_TOKENS = {
+    "llama3_tools": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "qwen3_thinking": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    "deepseek_v3": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
+    "mistral": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+}
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city <in °C> & wind",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TOOL_CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}
+
+PLAIN = [
+    {"role": "system", "content": '  You answer briefly; quote "exactly".  '},
+    {"role": "user", "content": "Wie spät ist es in Zürich? 東京は?"},
+]
+MULTI_TURN = [
+    {"role": "user", "content": "Hi <b>there</b> & welcome"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Two plus two?"},
+]
+WITH_TOOLS = [
+    {"role": "system", "content": "Use tools when they help."},
+    {"role": "user", "content": "Weather in Zürich?"},
+    {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+    {"role": "tool", "content": '{"temp": 21, "sky": "clear"}'},
+]
+THINKING_HISTORY = [
+    {"role": "user", "content": "What is 7 * 6?"},
+    {"role": "assistant", "content": "<think>\n7 sixes.\n</think>\n\n42"},
+    {"role": "user", "content": "And 6 * 9?"},
+    {"role": "assistant", "content": "54", "reasoning_content": "six nines"},
+]
+
+
+def _tokenizer_dir(root: Path, name: str) -> Path:
+    out = root / name
+    build_tokenizer(out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        cfg.pop(key, None)
+    cfg.update(SPECIAL_TOKENS[name])
+    cfg["chat_template"] = (TEMPLATES / f"{name}.jinja").read_text()
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False))
+    return out
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("chat_templates")
+    cache: dict[str, tuple[Tokenizer, Any]] = {}
+
+    def load(name: str) -> tuple[Tokenizer, Any]:
+        if name not in cache:
+            path = _tokenizer_dir(root, name)
+            cache[name] = (Tokenizer(path), AutoTokenizer.from_pretrained(str(path)))
+        return cache[name]
+
+    return load
+
+
+CASES = [
+    ("llama3_tools", PLAIN, {}),
+    ("llama3_tools", MULTI_TURN, {}),
+    ("llama3_tools", WITH_TOOLS, {"tools": [WEATHER_TOOL]}),
+    ("llama3_tools", PLAIN, {"chat_template_kwargs": {"date_string": "26 Jul 2024"}}),
+    ("qwen3_thinking", PLAIN, {}),
+    ("qwen3_thinking", MULTI_TURN, {"chat_template_kwargs": {"enable_thinking": False}}),
+    ("qwen3_thinking", WITH_TOOLS, {"tools": [WEATHER_TOOL]}),
+    ("qwen3_thinking", THINKING_HISTORY, {}),
+    ("qwen3_thinking", THINKING_HISTORY, {"add_generation_prompt": False}),
+    ("deepseek_v3", PLAIN, {}),
+    ("deepseek_v3", MULTI_TURN, {"add_generation_prompt": False}),
+    (
+        "deepseek_v3",
+        [*WITH_TOOLS[:2], {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "21"}],
+        {},
+    ),
+    ("mistral", PLAIN, {}),
+    ("mistral", MULTI_TURN, {}),
+]
+
+
+@pytest.mark.parametrize(("name", "messages", "options"), CASES)
+def test_renders_as_transformers(
+    both: Any, name: str, messages: list[dict[str, Any]], options: dict[str, Any]
+) -> None:
+    ours, theirs = both(name)
+    add = options.get("add_generation_prompt", True)
+    kwargs = options.get("chat_template_kwargs", {})
+    expected = theirs.apply_chat_template(
+        messages, tools=options.get("tools"), add_generation_prompt=add, tokenize=False, **kwargs
+    )
+    got = ours.apply_chat_template(
+        messages, add_generation_prompt=add, tools=options.get("tools"), chat_template_kwargs=kwargs
+    )
+    assert got == expected
+
+
+@pytest.mark.parametrize("name", ["llama3_tools", "qwen3_thinking", "mistral"])
+def test_continue_final_message_as_transformers(both: Any, name: str) -> None:
+    ours, theirs = both(name)
+    messages = [*MULTI_TURN, {"role": "assistant", "content": "Two plus two is "}]
+    expected = theirs.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+    got = ours.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+    assert got == expected
+    assert got.rstrip().endswith("Two plus two is")
+
+
+def test_raise_exception_reaches_the_caller_with_its_message(both: Any) -> None:
+    ours, theirs = both("mistral")
+    bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(Exception, match="must alternate") as hf_error:
+        theirs.apply_chat_template(bad, tokenize=False)
+    with pytest.raises(ChatTemplateError, match="must alternate") as our_error:
+        ours.apply_chat_template(bad)
+    assert str(hf_error.value) in str(our_error.value)
+
+
+def test_template_compiles_once_per_tokenizer(both: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ours, _ = both("qwen3_thinking")
+    compiled: list[str] = []
+    original = ChatTemplateEnvironment.from_string
+
+    def counting(self: ChatTemplateEnvironment, source: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled.append(source)
+        return original(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(ChatTemplateEnvironment, "from_string", counting)
+    ours._compiled = None
+    texts = {ours.apply_chat_template([{"role": "user", "content": f"row {i}"}]) for i in range(50)}
+    assert len(texts) == 50
+    assert len(compiled) == 1
+
+
+def test_tojson_arguments_and_no_escaping() -> None:
+    template = ChatTemplate(
+        "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ x | tojson(separators=(',', ':')) }}"
+        "|{{ x | tojson(sort_keys=true) }}"
+    )
+    x = {"b": "<é>&'", "a": [1, 2]}
+    expected = "|".join(
+        [
+            json.dumps(x, ensure_ascii=False),
+            json.dumps(x, ensure_ascii=False, indent=2),
+            json.dumps(x, ensure_ascii=False, separators=(",", ":")),
+            json.dumps(x, ensure_ascii=False, sort_keys=True),
+        ]
+    )
+    assert template.render([{"role": "user", "content": "-"}], chat_template_kwargs={"x": x}) == expected
+
+
+def test_generation_block_renders_its_body() -> None:
+    template = ChatTemplate(
+        "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}"
+    )
+    assert template.render([{"role": "assistant", "content": "hi"}]) == "[hi]"
+
+
+def test_sandbox_refuses_python_internals() -> None:
+    escape = ChatTemplate("{{ messages.__class__.__mro__ }}")
+    with pytest.raises(ChatTemplateError):
+        escape.render([{"role": "user", "content": "x"}])
+    with pytest.raises(ChatTemplateError, match="'_x'"):
+        ChatTemplate("{% set ns = namespace(_x=1) %}{{ ns._x }}").render([{"role": "user", "content": "x"}])
+
+
+def test_bad_messages_and_options_are_refused() -> None:
+    template = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}")
+    with pytest.raises(ChatTemplateError, match="'role'"):
+        template.render([{"content": "no role"}])
+    with pytest.raises(ChatTemplateError, match="non-empty list"):
+        template.render([])
+    with pytest.raises(ChatTemplateError, match="contradict"):
+        template.render([{"role": "assistant", "content": "a"}], continue_final_message=True)
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% for m in messages %}")
