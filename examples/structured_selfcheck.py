@@ -99,7 +99,7 @@ def main() -> int:
     llm = LLM(model, device=args.device, dtype=args.dtype)
     prompts = [prompt for _, prompt, _, _ in CASES]
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, n=args.samples,
-                             seed=args.seed, so_args=so_args) for _, _, so_args, _ in CASES]
+                             seed=args.seed, structured_output=so) for _, _, so, _ in CASES]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start

@@ -91,8 +91,9 @@ class LLM:
                 check_prompt(ids, engine.max_model_len)
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
-            if params_list[i].so_args is not None:  # a bad schema raises GrammarError before any work
-                engine.grammar_compiler().compile(params_list[i].so_args)
+            # A bad schema raises GrammarError before any work.
+            if params_list[i].structured_output is not None:
+                engine.grammar_compiler().compile(params_list[i].structured_output)
             token_ids.append(ids)
         groups: list[list[str]] = []
         for i, (ids, params) in enumerate(zip(token_ids, params_list, strict=True)):

@@ -2,6 +2,9 @@
 
 Every bad value raises ValueError naming the field, the value and the accepted range, so a
 job can turn it into an error record for that row and go on.
+
+`structured_output` constrains the output (docs/structured-outputs.md); `so_args` is its older
+name, still accepted as a keyword and readable as an attribute.
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_TOP_LOGPROBS = 20
-SO_SCHEMA_TYPES = ("json", "regex", "ebnf", "lark")
+SO_SCHEMA_TYPES = ("json", "regex", "ebnf", "lark", "choice")
+TOP_K_OFF = -1  # also accepted: 0, vLLM's and generation_config.json's "off"
 
 
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = TOP_K_OFF
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
@@ -35,9 +39,22 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
-    so_args: dict[str, Any] | None = None
+    structured_output: dict[str, Any] | None = None
+    # The older name of structured_output: a keyword alias, mirrored after construction. Not part
+    # of equality, repr or to_json_dict, so either spelling makes the same params.
+    so_args: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.so_args is not None:
+            if self.structured_output is not None and self.structured_output != self.so_args:
+                raise ValueError(
+                    "SamplingParams got both structured_output and so_args (its older name) with "
+                    "different values: pass structured_output only"
+                )
+            self.structured_output = self.so_args
+        self.so_args = self.structured_output
+        if self.top_k == 0:
+            self.top_k = TOP_K_OFF
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -52,8 +69,8 @@ class SamplingParams:
             raise bad("temperature", self.temperature, "must be >= 0 (0 means greedy)")
         if not (0.0 < self.top_p <= 1.0):
             raise bad("top_p", self.top_p, "must be in (0, 1]")
-        if self.top_k == 0 or self.top_k < -1:
-            raise bad("top_k", self.top_k, "must be -1 (off) or >= 1")
+        if self.top_k < -1:
+            raise bad("top_k", self.top_k, "must be -1 or 0 (off) or >= 1")
         if not (0.0 <= self.min_p <= 1.0):
             raise bad("min_p", self.min_p, "must be in [0, 1]")
         if not (self.repetition_penalty > 0.0):
@@ -78,11 +95,17 @@ class SamplingParams:
                 raise bad(name, value, f"must be None or in [0, {MAX_TOP_LOGPROBS}]")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise bad("stop", self.stop, "must be a list of non-empty strings")
-        if self.so_args is not None:
-            if not isinstance(self.so_args, dict) or "schema_type" not in self.so_args:
-                raise bad("so_args", self.so_args, 'expected {"schema_type": "json"|"regex"|"ebnf"|"lark", "schema": ...}')
-            if self.so_args["schema_type"] not in SO_SCHEMA_TYPES:
-                raise bad("so_args", self.so_args, f"schema_type must be one of {SO_SCHEMA_TYPES}")
+        so = self.structured_output
+        if so is not None:
+            if not isinstance(so, dict) or "schema_type" not in so:
+                raise bad(
+                    "structured_output",
+                    so,
+                    'expected {"schema_type": "json"|"regex"|"ebnf"|"lark", "schema": ...} or '
+                    '{"schema_type": "choice", "choices": [...]}',
+                )
+            if so["schema_type"] not in SO_SCHEMA_TYPES:
+                raise bad("structured_output", so, f"schema_type must be one of {SO_SCHEMA_TYPES}")
 
     @property
     def greedy(self) -> bool:
@@ -94,11 +117,16 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def replace(self, **changes: Any) -> SamplingParams:
-        return dataclasses.replace(self, **changes)
+        if "so_args" in changes:
+            changes["structured_output"] = changes.pop("so_args")
+        # The alias is rebuilt from structured_output, so a changed value is not contradicted by the old one.
+        return dataclasses.replace(self, so_args=None, **changes)
 
     def to_json_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict (used in fingerprints and manifests)."""
-        return json.loads(json.dumps(dataclasses.asdict(self), sort_keys=True, default=str))
+        """A JSON-safe dict (used in fingerprints and manifests); the alias so_args is left out."""
+        data = dataclasses.asdict(self)
+        del data["so_args"]
+        return json.loads(json.dumps(data, sort_keys=True, default=str))
 
     @classmethod
     def field_names(cls) -> list[str]:

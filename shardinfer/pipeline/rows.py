@@ -130,7 +130,7 @@ class RowPreparer:
             if not isinstance(value, list | tuple):
                 raise TypeError(f"expected a list for {name}")
             return list(value)
-        if name == "so_args":
+        if name in ("structured_output", "so_args"):
             if isinstance(value, str):
                 value = json.loads(value)
             if not isinstance(value, dict):

@@ -1,6 +1,6 @@
 """Structured outputs: grammar-constrained sampling through llguidance.
 
-`StructuredOutputCompiler` turns a request's so_args (JSON Schema, regex, GBNF or Lark) into a
+`StructuredOutputCompiler` turns a request's structured output (JSON Schema, regex, GBNF, Lark or a choice) into a
 `CompiledGrammar`; each sample walks it with a `GrammarMatcher`, whose packed token bitmask is
 applied to the logits (`apply_bitmask`) before sampling. See docs/structured-outputs.md.
 """

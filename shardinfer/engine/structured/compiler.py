@@ -1,6 +1,8 @@
-"""Turning a request's `so_args` into a grammar over the model's tokens, once per distinct schema.
+"""Turning a request's structured output into a grammar over the model's tokens, once per distinct schema.
 
-    so_args = {"schema_type": "json" | "regex" | "ebnf" | "lark", "schema": ...}
+    structured_output = {"schema_type": "json", "schema": ..., "whitespace": "flexible" | "compact"}
+                      | {"schema_type": "regex" | "ebnf" | "lark", "schema": ...}
+                      | {"schema_type": "choice", "choices": [str, ...]}
         -> canonical text (cache key)  -> llguidance grammar  -> CompiledGrammar (template matcher)
         -> GrammarMatcher per sample (a deep copy of one of a few templates, taken in turn:
            microseconds; or, with independent_matchers=True, a matcher compiled for that sample
@@ -37,8 +39,9 @@ from shardinfer.engine.structured.bitmask import check_host_bitmask
 from shardinfer.engine.structured.matcher import GrammarMatcher, GrammarViolation
 from shardinfer.errors import GrammarError
 
-SCHEMA_TYPES = ("json", "regex", "ebnf", "lark")
-_SO_KEYS = {"schema_type", "schema"}
+SCHEMA_TYPES = ("json", "regex", "ebnf", "lark", "choice")
+JSON_WHITESPACE = ("flexible", "compact")
+_SO_KEYS = {"schema_type", "schema", "whitespace", "choices"}
 _MAX_ERROR_CHARS = 1000
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -55,8 +58,9 @@ class _TemplatePool:
     grammar used by one sample costs one compilation.
     """
 
-    def __init__(self, first: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer, grammar: str,
-                 size: int) -> None:
+    def __init__(
+        self, first: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer, grammar: str, size: int
+    ) -> None:
         self._templates = [first]
         self._tokenizer = tokenizer
         self._grammar = grammar
@@ -109,49 +113,107 @@ class CompiledGrammar:
         return len(self._templates)
 
 
-def canonical_schema(so_args: Any) -> tuple[str, str]:
-    """(schema_type, canonical schema text) of `so_args`, or GrammarError naming what is wrong.
+def canonical_schema(structured_output: Any) -> tuple[str, str]:
+    """(schema_type, canonical schema text) of a structured output, or GrammarError naming what is wrong.
 
     JSON schemas are re-serialised compactly WITHOUT sorting keys: the order of "properties"
     is the order of the generated object's keys, so two schemas differing only in key order
-    are different grammars.
+    are different grammars. JSON output allows whitespace between tokens by default, as vLLM's
+    llguidance backend does: forced compact JSON is text the model rarely saw, and it pulls weak
+    models off their own distribution. `"whitespace": "compact"` asks for compact JSON; it is
+    written into the canonical text as llguidance's own per-schema option
+    (`"x-guidance": {"whitespace_flexible": false}`), so the text alone decides the grammar.
+    A choice is the JSON list of its strings.
     """
-    if not isinstance(so_args, dict):
-        raise GrammarError(f'so_args={so_args!r} must be a dict like {{"schema_type": "json", "schema": {{...}}}}')
-    unknown = sorted(set(so_args) - _SO_KEYS)
+    if not isinstance(structured_output, dict):
+        raise GrammarError(
+            f"structured_output={structured_output!r} must be a dict like "
+            '{"schema_type": "json", "schema": {...}}'
+        )
+    unknown = sorted(set(structured_output) - _SO_KEYS)
     if unknown:
-        raise GrammarError(f"so_args has unknown keys {unknown}; expected only {sorted(_SO_KEYS)}")
-    schema_type = so_args.get("schema_type")
+        raise GrammarError(f"structured_output has unknown keys {unknown}; expected only {sorted(_SO_KEYS)}")
+    schema_type = structured_output.get("schema_type")
     if schema_type not in SCHEMA_TYPES:
-        raise GrammarError(f"so_args schema_type={schema_type!r} is not one of {SCHEMA_TYPES}")
-    schema = so_args.get("schema")
+        raise GrammarError(f"structured_output schema_type={schema_type!r} is not one of {SCHEMA_TYPES}")
+    if schema_type != "json" and "whitespace" in structured_output:
+        raise GrammarError(f'"whitespace" applies to schema_type "json" only, not {schema_type!r}: remove it')
+    if schema_type != "choice" and "choices" in structured_output:
+        raise GrammarError(
+            f'"choices" goes with schema_type "choice", not {schema_type!r}: '
+            'use {"schema_type": "choice", "choices": [...]}'
+        )
+    schema = structured_output.get("schema")
     if schema_type == "json":
-        if schema is None or (isinstance(schema, str) and not schema.strip()):
-            return "json", "{}"  # empty schema: any JSON value
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as e:
-                raise GrammarError(f"json schema is not valid JSON ({e}); pass a dict or a JSON string") from e
-        if schema is True:
-            return "json", "{}"  # JSON Schema's `true` accepts everything, like {}
-        if not isinstance(schema, dict):
-            raise GrammarError(f"json schema must be a JSON object (a dict), got {schema!r:.200}")
-        try:
-            return "json", json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise GrammarError(f"json schema cannot be serialised as JSON ({e}); use only JSON types") from e
+        return "json", _canonical_json_schema(schema, structured_output.get("whitespace", "flexible"))
+    if schema_type == "choice":
+        return "choice", _canonical_choices(structured_output)
     if not isinstance(schema, str) or not schema.strip():
         raise GrammarError(f"{schema_type} schema must be a non-empty string, got {schema!r}")
     return schema_type, schema
 
 
-class StructuredOutputCompiler:
-    """Compiles so_args for one model's tokenizer; shared by every request of an engine."""
+def _canonical_json_schema(schema: Any, whitespace: Any) -> str:
+    if whitespace not in JSON_WHITESPACE:
+        raise GrammarError(
+            f"whitespace={whitespace!r} is not one of {JSON_WHITESPACE} "
+            "(flexible: whitespace allowed between tokens, the default; compact: none)"
+        )
+    if schema is None or (isinstance(schema, str) and not schema.strip()) or schema is True:
+        schema = {}  # no schema, or JSON Schema's `true`: any JSON value
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"json schema is not valid JSON ({e}); pass a dict or a JSON string") from e
+    if not isinstance(schema, dict):
+        raise GrammarError(f"json schema must be a JSON object (a dict), got {schema!r:.200}")
+    if whitespace == "compact":
+        options = schema.get("x-guidance", {})
+        if not isinstance(options, dict):
+            raise GrammarError(f"json schema's x-guidance={options!r} must be an object")
+        if options.get("whitespace_flexible") is True:
+            raise GrammarError(
+                'whitespace="compact" contradicts the schema\'s "x-guidance": '
+                '{"whitespace_flexible": true}: keep one of them'
+            )
+        schema = {**schema, "x-guidance": {**options, "whitespace_flexible": False}}
+    try:
+        return json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise GrammarError(f"json schema cannot be serialised as JSON ({e}); use only JSON types") from e
 
-    def __init__(self, tokenizer_json: str | os.PathLike[str], eos_token_ids: Sequence[int], vocab_size: int,
-                 cache_size: int = 256, num_threads: int | None = None, independent_matchers: bool = False,
-                 templates: int | None = None, parallel_accept: bool | None = None) -> None:
+
+def _canonical_choices(structured_output: dict[str, Any]) -> str:
+    if "choices" in structured_output and "schema" in structured_output:
+        raise GrammarError('give the choices once, as "choices": [...] (not also as "schema")')
+    choices = structured_output.get("choices", structured_output.get("schema"))
+    if (
+        not isinstance(choices, list | tuple)
+        or not choices
+        or not all(isinstance(c, str) and c for c in choices)
+    ):
+        raise GrammarError(
+            f"choices={choices!r} must be a non-empty list of non-empty strings, "
+            'e.g. {"schema_type": "choice", "choices": ["yes", "no"]}'
+        )
+    return json.dumps(list(choices), ensure_ascii=False)
+
+
+class StructuredOutputCompiler:
+    """Compiles structured outputs for one model's tokenizer; shared by every request of an engine."""
+
+    def __init__(
+        self,
+        tokenizer_json: str | os.PathLike[str],
+        eos_token_ids: Sequence[int],
+        vocab_size: int,
+        cache_size: int = 256,
+        num_threads: int | None = None,
+        independent_matchers: bool = False,
+        templates: int | None = None,
+        parallel_accept: bool | None = None,
+    ) -> None:
         """tokenizer_json: the text of tokenizer.json, or its path.
         eos_token_ids: ids that end a sample; allowed exactly when the grammar may end.
         vocab_size: the model's logits width (>= the tokenizer's vocabulary).
@@ -179,9 +241,11 @@ class StructuredOutputCompiler:
         try:
             self.tokenizer = llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos))
         except (ValueError, RuntimeError) as e:
-            raise ValueError(f"llguidance cannot build a tokenizer from tokenizer.json with vocab_size={vocab_size} "
-                             f"(vocab_size must be at least the tokenizer's vocabulary, added tokens included): "
-                             f"{e}") from e
+            raise ValueError(
+                f"llguidance cannot build a tokenizer from tokenizer.json with vocab_size={vocab_size} "
+                f"(vocab_size must be at least the tokenizer's vocabulary, added tokens included): "
+                f"{e}"
+            ) from e
         self.vocab_size = vocab_size
         self.eos_token_ids = eos
         digest = hashlib.sha256(text.encode())
@@ -207,9 +271,9 @@ class StructuredOutputCompiler:
         self.num_compiles = 0  # distinct compilations done (cache misses), for tests and metrics
 
     # ---- compiling -----------------------------------------------------------------------
-    def compile(self, so_args: dict[str, Any]) -> CompiledGrammar:
-        """The compiled grammar for so_args (cached); raises GrammarError when it is invalid."""
-        schema_type, text = canonical_schema(so_args)
+    def compile(self, structured_output: dict[str, Any]) -> CompiledGrammar:
+        """The compiled grammar of a structured output (cached); raises GrammarError when it is invalid."""
+        schema_type, text = canonical_schema(structured_output)
         key = (schema_type, text, self.tokenizer_id)
         with self._lock:
             hit = self._cache.get(key)
@@ -230,19 +294,21 @@ class StructuredOutputCompiler:
             raise GrammarError(str(hit))
         return hit
 
-    def matcher(self, so_args: dict[str, Any]) -> GrammarMatcher:
-        """A fresh matcher at the start of so_args' grammar; raises GrammarError when it is invalid."""
-        return self.compile(so_args).new_matcher(self.independent_matchers)
+    def matcher(self, structured_output: dict[str, Any]) -> GrammarMatcher:
+        """A fresh matcher at the start of structured_output' grammar; raises GrammarError when it is invalid."""
+        return self.compile(structured_output).new_matcher(self.independent_matchers)
 
     def _compile(self, schema_type: str, text: str) -> CompiledGrammar:
         self.num_compiles += 1
         try:
             if schema_type == "json":
-                # Compact JSON by default: no free whitespace between tokens, so a sample cannot
-                # spend its budget on blanks; a schema may opt back in with
-                # {"x-guidance": {"whitespace_flexible": true}} (llguidance applies it over these defaults).
+                # Whitespace allowed by default (canonical_schema says why); a schema's own
+                # "x-guidance" options, compact output among them, apply over these defaults.
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    text, defaults={"whitespace_flexible": False})
+                    text, defaults={"whitespace_flexible": True}
+                )
+            elif schema_type == "choice":
+                grammar = llguidance.grammar_from("choice", text)
             elif schema_type == "regex":
                 grammar = llguidance.LLMatcher.grammar_from_regex(text)
             elif schema_type == "lark":
@@ -254,8 +320,15 @@ class StructuredOutputCompiler:
         template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if template.is_error():
             raise GrammarError(_reason(schema_type, template.get_error()))
-        return CompiledGrammar(schema_type, text, grammar, self.tokenizer_id, self.vocab_size,
-                               self.eos_token_ids, _TemplatePool(template, self.tokenizer, grammar, self.templates))
+        return CompiledGrammar(
+            schema_type,
+            text,
+            grammar,
+            self.tokenizer_id,
+            self.vocab_size,
+            self.eos_token_ids,
+            _TemplatePool(template, self.tokenizer, grammar, self.templates),
+        )
 
     # ---- batched masks -------------------------------------------------------------------
     def fill_bitmasks(self, matchers: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor) -> None:
@@ -278,7 +351,9 @@ class StructuredOutputCompiler:
         if groups is None:
             self._get_executor().unsafe_compute_mask_ptr(pairs, ptr, row_bytes, rows)
         else:
-            self._per_template(groups, lambda ex, group: ex.unsafe_compute_mask_ptr(group, ptr, row_bytes, rows))
+            self._per_template(
+                groups, lambda ex, group: ex.unsafe_compute_mask_ptr(group, ptr, row_bytes, rows)
+            )
 
     def accept_tokens(self, pairs: Sequence[tuple[GrammarMatcher, int]]) -> list[GrammarViolation | None]:
         """Advance each matcher by its sampled token; per pair None, or the violation that leaves
@@ -302,7 +377,9 @@ class StructuredOutputCompiler:
                 oks = self._get_executor().consume_token_par(items)
             else:  # each group's answers, put back in the order of `todo`
                 oks = [False] * len(todo)
-                answers = self._per_template(groups, lambda ex, group: ex.consume_token_par([it for _, it in group]))
+                answers = self._per_template(
+                    groups, lambda ex, group: ex.consume_token_par([it for _, it in group])
+                )
                 for (_, group), ok_list in zip(groups, answers, strict=True):
                     for (k, _), ok in zip(group, ok_list, strict=True):
                         oks[k] = ok
@@ -316,8 +393,9 @@ class StructuredOutputCompiler:
                 results[i] = e
         return results
 
-    def fill_bitmasks_with_drafts(self, items: Sequence[tuple[GrammarMatcher, int, Sequence[int]]],
-                                  bitmask: torch.Tensor) -> None:
+    def fill_bitmasks_with_drafts(
+        self, items: Sequence[tuple[GrammarMatcher, int, Sequence[int]]], bitmask: torch.Tensor
+    ) -> None:
         """Masks for verifying speculative drafts: for each (matcher, row, draft), row `row` gets
         the mask at the matcher's position and row `row + i + 1` the mask after draft[: i + 1].
 
@@ -329,23 +407,30 @@ class StructuredOutputCompiler:
         entries = []
         for m, row, draft in items:
             if row < 0 or row + len(draft) >= bitmask.shape[0]:
-                raise ValueError(f"rows {row}..{row + len(draft)} for a draft of {len(draft)} tokens do not fit "
-                                 f"in the bitmask's {bitmask.shape[0]} rows")
+                raise ValueError(
+                    f"rows {row}..{row + len(draft)} for a draft of {len(draft)} tokens do not fit "
+                    f"in the bitmask's {bitmask.shape[0]} rows"
+                )
             self._check_matcher(m)
             entries.append((m.ll_matcher, row, [int(t) for t in draft]))
         if entries:
             self._get_executor().unsafe_compute_mask_ptr_with_draft_token(
-                entries, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
+                entries, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
+            )
 
     def _check_bitmask(self, bitmask: torch.Tensor) -> None:
         check_host_bitmask(bitmask, self.vocab_size)
 
     def _check_matcher(self, m: GrammarMatcher) -> None:
         if m.vocab_size != self.vocab_size:
-            raise ValueError(f"a matcher for vocab_size={m.vocab_size} cannot fill a mask of {self.vocab_size}")
+            raise ValueError(
+                f"a matcher for vocab_size={m.vocab_size} cannot fill a mask of {self.vocab_size}"
+            )
         m._check_usable()
 
-    def _by_template(self, matchers: Sequence[GrammarMatcher], items: list[_T]) -> list[tuple[int, list[_T]]] | None:
+    def _by_template(
+        self, matchers: Sequence[GrammarMatcher], items: list[_T]
+    ) -> list[tuple[int, list[_T]]] | None:
         """items (one per matcher) grouped by the template slot their matcher was copied from, or
         None when there is nothing to group (one template per grammar, or no copies).
 
@@ -361,8 +446,9 @@ class StructuredOutputCompiler:
             groups.setdefault(slot, []).append(item)
         return sorted(groups.items())
 
-    def _per_template(self, groups: list[tuple[int, list[_T]]],
-                      call: Callable[[llguidance.LLExecutor, list[_T]], _R]) -> list[_R]:
+    def _per_template(
+        self, groups: list[tuple[int, list[_T]]], call: Callable[[llguidance.LLExecutor, list[_T]], _R]
+    ) -> list[_R]:
         """call(slot's one-thread executor, group) for every group, the groups side by side on
         one Python thread per slot (llguidance releases the GIL); results in group order."""
         with self._lock:
@@ -383,7 +469,11 @@ class StructuredOutputCompiler:
 
     def cache_info(self) -> dict[str, int]:
         with self._lock:
-            return {"entries": len(self._cache), "max_entries": self._cache_size, "compiles": self.num_compiles}
+            return {
+                "entries": len(self._cache),
+                "max_entries": self._cache_size,
+                "compiles": self.num_compiles,
+            }
 
 
 def default_mask_threads() -> int:
@@ -401,7 +491,9 @@ def _read_tokenizer_json(source: str | os.PathLike[str]) -> str:
     except OSError:  # e.g. a long string that is neither JSON nor a usable path
         is_file = False
     if not is_file:
-        raise ValueError(f"tokenizer_json={str(source)[:200]!r} is neither tokenizer.json text nor a file path")
+        raise ValueError(
+            f"tokenizer_json={str(source)[:200]!r} is neither tokenizer.json text nor a file path"
+        )
     return path.read_text(encoding="utf-8")
 
 

@@ -7,7 +7,7 @@ of accepted tokens so `rollback` can refuse to undo more than was done.
 
 Life of a matcher inside the engine (see docs/structured-outputs.md):
 
-    m = compiler.matcher(params.so_args)        # one per sample
+    m = compiler.matcher(params.structured_output)        # one per sample
     loop: fill_bitmask / allowed_mask -> sample under the mask -> m.accept(token)
     stop when the token is an eos, or m.is_finished() (the grammar cannot go on)
 """
