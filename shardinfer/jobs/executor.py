@@ -27,6 +27,7 @@ from shardinfer.errors import EXIT_RETRYABLE, Interrupted, Retryable, UsageError
 from shardinfer.jobs.progress import Reporter
 from shardinfer.pipeline.job import OpenedJob, run_worker, schema_to_text
 from shardinfer.pipeline.runner import WORKER_DONE, WorkerResult
+from shardinfer.splits import Split
 
 _MASTER = re.compile(r"^local(?:\[(\*|\d+)\])?$")
 STOP_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
@@ -70,7 +71,7 @@ def _gpu_env(device: str, worker: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ids[worker % len(ids)].strip()} if ids else {}
 
 
-def worker_order(splits: list[Any], worker: int, num_workers: int) -> list[Any]:
+def worker_order(splits: list[Split], worker: int, num_workers: int) -> list[Split]:
     """Own splits first (index % N == worker), then everyone else's from the far end."""
     own = [s for s in splits if s.index % num_workers == worker]
     rest = [s for s in splits if s.index % num_workers != worker]

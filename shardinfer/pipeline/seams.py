@@ -9,7 +9,7 @@ fakes that refuse requests or fail commits.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -39,7 +39,9 @@ class Engine(Protocol):
 
     def step(self) -> list[RequestOutput]: ...
 
-    def abort(self, request_id: str) -> Any: ...
+    def abort(self, request_id: str) -> object:
+        """Drop a request (the worker does so for every request in flight when it stops)."""
+        ...
 
     def has_unfinished(self) -> bool: ...
 
