@@ -74,11 +74,15 @@ class BlockManager:
         """Block ids holding the longest cached prefix of the request's tokens.
 
         At least one token is always left to compute (its logits give the next token), so a
-        fully cached sequence gives up its last block.
+        fully cached sequence gives up its last block. A request that wants prompt logprobs needs
+        the logits of every position from the one scoring its next unscored prompt token, so only
+        the tokens before that position may come from the cache.
         """
-        if not self.enable_prefix_caching or request.wants_prompt_logprobs:
+        if not self.enable_prefix_caching:
             return []
         num_tokens = request.num_tokens
+        if request.wants_prompt_logprobs and not request.prompt_logprobs_done:
+            num_tokens = min(num_tokens, len(request.prompt_logprobs))
         bs = self.block_size
         hit: list[int] = []
         parent = HASH_SEED

@@ -183,9 +183,15 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad[0]} is out of range: ids must be in [0, {vocab})")
         return ids
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    prompt_logprobs_from: int = 1) -> None:
         """Queue one request (params.n must be 1). Raises ValueError for an unusable prompt or params,
-        leaving every other request untouched."""
+        leaving every other request untouched.
+
+        `prompt_logprobs_from` (with params.prompt_logprobs set): the first prompt position whose
+        logprob is wanted; earlier entries stay None. Scoring a continuation after a shared context
+        sets it to the context length, so the context may come from the prefix cache (the positions
+        before the last context token need no logits) and only the continuation's logits are computed."""
         params = params if params is not None else self.default_params()
         if params.n != 1:
             raise ValueError(f"LLMEngine.add_request takes n=1 (got n={params.n}); LLM.generate expands n")
@@ -201,8 +207,11 @@ class LLMEngine:
         if params.so_args is not None:
             req.grammar = self.grammar_compiler().matcher(params.so_args)
         if params.prompt_logprobs is not None:
-            req.prompt_logprobs = [None]
-            req.prompt_top_logprobs = [None]
+            if not 1 <= prompt_logprobs_from < len(ids):
+                raise ValueError(f"prompt_logprobs_from={prompt_logprobs_from} is outside the prompt: it must be in "
+                                 f"[1, {len(ids) - 1}] for a prompt of {len(ids)} tokens")
+            req.prompt_logprobs = [None] * prompt_logprobs_from
+            req.prompt_top_logprobs = [None] * prompt_logprobs_from
         self._arrivals += 1
         self.requests[request_id] = req
         self.scheduler.add(req)
