@@ -260,10 +260,7 @@ class SplitWorker:
                     prep_done = True
             if engine.has_unfinished():
                 for out in engine.step():
-                    row, j = inflight.pop(out.request_id)
-                    comp = out.outputs[0]
-                    open_splits[row.split_index].put(row.pos, j, ok_record(row, j, out, comp, self.options))
-                    tokens_since += len(comp.token_ids)
+                    tokens_since += self._finish(out, inflight, open_splits)
                     rows_since += 1
             for index in [i for i, a in open_splits.items() if a.complete]:
                 done = open_splits.pop(index)
@@ -277,6 +274,16 @@ class SplitWorker:
                 if tokens_since or rows_since:
                     self.emit({"event": "progress", "records": rows_since, "completion_tokens": tokens_since})
                 return
+
+    def _finish(
+        self, out: Any, inflight: dict[str, tuple[PreparedRow, int]], open_splits: dict[int, SplitAssembly]
+    ) -> int:
+        """File a finished request's record in its split; returns the tokens it generated.
+        (Scoring jobs override this and `_admit`: see score_worker.py.)"""
+        row, j = inflight.pop(out.request_id)
+        comp = out.outputs[0]
+        open_splits[row.split_index].put(row.pos, j, ok_record(row, j, out, comp, self.options))
+        return len(comp.token_ids)
 
     def _admit(
         self, row: PreparedRow, assembly: SplitAssembly, inflight: dict[str, tuple[PreparedRow, int]]
