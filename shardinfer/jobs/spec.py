@@ -23,7 +23,7 @@ from typing import Any
 
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import ConfigError, UsageError
-from shardinfer.pipeline.config import SCHEMA_FIELDS, TYPED_SECTIONS, JobConfig
+from shardinfer.pipeline.config import SCHEMA_FIELDS, TASKS, TYPED_SECTIONS, JobConfig
 
 SECTIONS = ("job", "input", "model", "engine", "sampling", "output")
 _ENGINE_EXCLUDED = {"model", "device", "dtype"}  # set through [model]
@@ -224,7 +224,7 @@ def _fill_defaults(config: JobConfig, sources: dict[str, str], today: datetime.d
     if not job.run_id:
         job.run_id = f"manual__{datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')}"
         sources["job.run_id"] = "generated"
-    if not config.input.prompt_column and not config.input.messages_column:
+    if config.job.task == "generate" and not config.input.prompt_column and not config.input.messages_column:
         config.input.prompt_column = "prompt"
         sources.setdefault("input.prompt_column", "default")
     for section in (config.input, config.output):
@@ -252,6 +252,7 @@ def validate(config: JobConfig) -> None:
         if not value:
             raise ConfigError(f"{key} is not set: add it to the job file or pass --conf {key}=...")
     inp = config.input
+    validate_task(config)
     if inp.prompt_column and inp.messages_column:
         raise ConfigError(
             f"input.prompt_column={inp.prompt_column!r} and input.messages_column="
@@ -284,3 +285,51 @@ def validate(config: JobConfig) -> None:
         SamplingParams(**config.sampling)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[sampling]: {exc}") from None
+
+
+def validate_task(config: JobConfig) -> None:
+    """job.task and the input columns it reads: a score job names a context and its continuations,
+    or a document, and nothing that only a generation job reads."""
+    job, inp = config.job, config.input
+    if job.task not in TASKS:
+        raise ConfigError(
+            f"job.task={job.task!r}{nearest(job.task, list(TASKS))}: must be one of {', '.join(TASKS)}"
+        )
+    score_columns = {
+        "input.context_column": inp.context_column,
+        "input.continuations_column": inp.continuations_column,
+        "input.document_column": inp.document_column,
+    }
+    if job.task == "generate":
+        named = [k for k, v in score_columns.items() if v]
+        if named:
+            raise ConfigError(
+                f'{", ".join(named)} only apply to score jobs: set job.task="score" or remove them'
+            )
+        return
+    if inp.prompt_column or inp.messages_column or inp.override_columns:
+        raise ConfigError(
+            "a score job reads input.context_column + input.continuations_column (or "
+            "input.document_column), not input.prompt_column, input.messages_column or "
+            "input.override_columns: remove those keys"
+        )
+    pair = bool(inp.context_column or inp.continuations_column)
+    if pair and inp.document_column:
+        raise ConfigError(
+            f"input.document_column={inp.document_column!r} and input.context_column/continuations_column "
+            "are both set: a score job scores continuations after a context, or whole documents, not both"
+        )
+    if pair and not (inp.context_column and inp.continuations_column):
+        missing = "input.context_column" if not inp.context_column else "input.continuations_column"
+        raise ConfigError(
+            f"{missing} is not set: scoring continuations needs both a context and a continuations column"
+        )
+    if not pair and not inp.document_column:
+        raise ConfigError(
+            'job.task="score" needs input.context_column and input.continuations_column (multiple choice, '
+            "cloze) or input.document_column (rolling perplexity)"
+        )
+    if job.rolling_window_tokens < 0:
+        raise ConfigError(
+            f"job.rolling_window_tokens={job.rolling_window_tokens}: must be >= 1, or 0 for the longest"
+        )

@@ -26,6 +26,10 @@ class JobSection:
     max_splits_in_flight: int = 2  # splits read ahead and held for reassembly, per worker
     batch_rows: int = 256  # rows per Arrow record batch when reading
     start_over: bool = False  # discard an existing output location with another fingerprint
+    task: str = "generate"  # "generate" | "score" (loglikelihoods of given text: docs/jobs.md)
+    # Score jobs over documents: model input positions per rolling window; 0 = the longest the
+    # engine takes (max_model_len - 2: a window's prompt is window + 1 tokens, plus one sampled).
+    rolling_window_tokens: int = 0
 
 
 @dataclass
@@ -38,6 +42,11 @@ class InputSection:
     messages_column: str = ""
     # Extra variables for the chat template, e.g. {enable_thinking = false} for Qwen3.
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Score jobs: a context and its continuation(s) (a string or a list of strings) per row, or a
+    # document scored whole in rolling windows.
+    context_column: str = ""
+    continuations_column: str = ""
+    document_column: str = ""
     # Columns whose non-null values replace the job's sampling value of the same name, per row.
     override_columns: list[str] = field(default_factory=list)
     # Input columns copied unchanged into every output record of the row.
@@ -81,6 +90,8 @@ class JobConfig:
             output=OutputSection(**data.get("output", {})),
         )
 
+
+TASKS = ("generate", "score")
 
 # Sampling fields a row may not override: they decide which columns the output has.
 SCHEMA_FIELDS = ("logprobs", "prompt_logprobs")

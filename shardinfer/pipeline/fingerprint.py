@@ -97,6 +97,13 @@ def compute_fingerprint(
     }
     if inp.chat_template_kwargs:  # only when set, so jobs without it keep their fingerprint
         parts["input.rows"]["chat_template_kwargs"] = inp.chat_template_kwargs
+    if config.job.task == "score":  # absent for generation jobs, whose fingerprints stay as they were
+        parts["score"] = {
+            "context_column": inp.context_column,
+            "continuations_column": inp.continuations_column,
+            "document_column": inp.document_column,
+            "rolling_window_tokens": config.job.rolling_window_tokens,
+        }
     parts["output.schema_version"] = schema_version
     parts["hash"] = _sha256_bytes(_canonical({k: v for k, v in parts.items() if k != "hash"}).encode())
     return parts

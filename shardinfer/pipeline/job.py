@@ -193,19 +193,20 @@ def schema_from_text(text: str) -> pa.Schema:
 
 
 def check_columns(config: JobConfig, schema: pa.Schema) -> None:
-    """Override and passthrough columns must exist (the readers check id/prompt/messages)."""
+    """Score, override and passthrough columns must exist (the readers check id/prompt/messages)."""
     import difflib
 
     names = [n for n in schema.names if n != ROW_INDEX_COLUMN]
-    for key in ("override_columns", "passthrough_columns"):
-        for col in getattr(config.input, key):
-            if col not in names:
-                near = difflib.get_close_matches(col, names, n=1)
-                hint = f" (did you mean {near[0]!r}?)" if near else ""
-                raise ConfigError(
-                    f"input.{key} names column {col!r}, which the input does not have{hint}; "
-                    f"available: {names}"
-                )
+    inp = config.input
+    named = [(k, getattr(inp, k)) for k in ("context_column", "continuations_column", "document_column")]
+    named += [(k, col) for k in ("override_columns", "passthrough_columns") for col in getattr(inp, k)]
+    for key, col in named:
+        if col and col not in names:
+            near = difflib.get_close_matches(col, names, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(
+                f"input.{key} names column {col!r}, which the input does not have{hint}; available: {names}"
+            )
 
 
 def write_plan(job: OpenedJob, run_id: str) -> None:
@@ -232,6 +233,10 @@ def output_schema_of(job: OpenedJob) -> pa.Schema:
     passthrough = pa.schema([schema.field(c) for c in job.config.input.passthrough_columns])
     opts = job.output_options
     try:
+        if job.config.job.task == "score":
+            from shardinfer.writers.schema import score_output_schema
+
+            return score_output_schema(passthrough)
         return output_schema(passthrough, opts.top_logprobs, opts.prompt_logprobs)
     except ValueError as exc:
         raise ConfigError(f"input.passthrough_columns: {exc}") from None
@@ -274,14 +279,28 @@ def run_worker(
     """Process the uncommitted splits of `order` with one engine; raises Interrupted on stop."""
     cfg = job.config
     engine = engine if engine is not None else build_engine(cfg)
-    preparer = RowPreparer(engine.tokenizer, engine.max_model_len, cfg.sampling, cfg.input, cfg.job.seed)
+    preparer: Any
+    worker_class: type[SplitWorker] = SplitWorker
+    if cfg.job.task == "score":
+        from shardinfer.pipeline.score_rows import ScorePreparer
+        from shardinfer.pipeline.score_worker import ScoreWorker
+
+        try:
+            preparer = ScorePreparer(
+                engine.tokenizer, engine.max_model_len, cfg.input, cfg.job.rolling_window_tokens
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        worker_class = ScoreWorker
+    else:
+        preparer = RowPreparer(engine.tokenizer, engine.max_model_len, cfg.sampling, cfg.input, cfg.job.seed)
     settings = WorkerSettings(
         max_inflight_requests=cfg.job.max_inflight_requests,
         max_splits_in_flight=cfg.job.max_splits_in_flight,
         batch_rows=cfg.job.batch_rows,
         run_id=run_id,
     )
-    worker = SplitWorker(
+    worker = worker_class(
         engine=engine,
         preparer=preparer,
         store=job.store,

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from shardinfer.errors import CorruptOutputError
-from shardinfer.writers.schema import BASE_COLUMNS, OUTPUT_SCHEMA_VERSION, SCHEMA_VERSION_KEY, output_schema
+from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, SCHEMA_VERSION_KEY, base_fields_of
 
 _ATTEMPT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PART_NAME = re.compile(r"^part-.*\.parquet$")
@@ -59,14 +59,14 @@ def is_part_name(name: str) -> bool:
 
 def check_base_columns(table: pa.Table) -> None:
     """The fixed output columns must be there with their exact types (passthrough is free)."""
-    expected = output_schema()
-    for name in BASE_COLUMNS:
+    for field in base_fields_of(table.schema):  # a score job's table has the score columns
+        name = field.name
         index = table.schema.get_field_index(name)
         if index < 0:
             raise ValueError(
                 f"output table lacks column {name!r}; build it with writers.schema.output_schema(...)"
             )
-        want = expected.field(name).type
+        want = field.type
         if table.schema.field(index).type != want:
             raise ValueError(
                 f"output column {name!r} has type {table.schema.field(index).type}, expected {want}"

@@ -35,7 +35,35 @@ _TOP_FIELDS = [
 ]
 _PROMPT_FIELD = pa.field("prompt_logprobs", pa.list_(pa.float32()))
 
+# Score jobs (job.task = "score"): one row per (input row, continuation); documents scored in
+# rolling windows have one row each, continuation_index 0, and the windows they were cut into.
+# `token_ids`/`token_logprobs` are the scored tokens; `prompt_tokens` all tokens the engine read.
+_WINDOW_TYPE = pa.struct(
+    [
+        pa.field("first_token", pa.int32()),  # index in the document's tokens of the first scored one
+        pa.field("num_tokens", pa.int32()),  # tokens scored in this window
+        pa.field("context_tokens", pa.int32()),  # tokens it was conditioned on (the prefix token first)
+    ]
+)
+_SCORE_FIELDS = [
+    pa.field("row_id", pa.string(), nullable=False),
+    pa.field("continuation_index", pa.int32(), nullable=False),
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("error_code", pa.string()),
+    pa.field("error_message", pa.string()),
+    pa.field("logprob_sum", pa.float64()),
+    pa.field("is_greedy", pa.bool_()),
+    pa.field("num_tokens", pa.int32()),
+    pa.field("num_bytes", pa.int32()),
+    pa.field("token_ids", pa.list_(pa.int32())),
+    pa.field("token_logprobs", pa.list_(pa.float32())),
+    pa.field("prompt_tokens", pa.int32()),
+    pa.field("windows", pa.list_(_WINDOW_TYPE)),
+]
+OUTPUT_KIND_KEY = b"shardinfer.output_kind"
+
 BASE_COLUMNS = tuple(f.name for f in _BASE_FIELDS)
+SCORE_COLUMNS = tuple(f.name for f in _SCORE_FIELDS)
 OPTIONAL_COLUMNS = tuple(f.name for f in [*_TOP_FIELDS, _PROMPT_FIELD])
 RESERVED_COLUMNS = frozenset(BASE_COLUMNS + OPTIONAL_COLUMNS)
 
@@ -53,9 +81,26 @@ def output_schema(
         fields += _TOP_FIELDS
     if prompt_logprobs:
         fields.append(_PROMPT_FIELD)
+    return _with_passthrough(fields, passthrough, RESERVED_COLUMNS, None)
+
+
+def score_output_schema(passthrough: pa.Schema | None = None) -> pa.Schema:
+    """The output schema of a score job: the score columns, then passthrough (checked as above)."""
+    return _with_passthrough(list(_SCORE_FIELDS), passthrough, frozenset(SCORE_COLUMNS), b"score")
+
+
+def base_fields_of(schema: pa.Schema) -> list[pa.Field]:
+    """The fixed columns a table of this kind (its schema's output-kind metadata) must have."""
+    kind = (schema.metadata or {}).get(OUTPUT_KIND_KEY, b"generate")
+    return list(_SCORE_FIELDS) if kind == b"score" else list(_BASE_FIELDS)
+
+
+def _with_passthrough(
+    fields: list[pa.Field], passthrough: pa.Schema | None, reserved: frozenset[str], kind: bytes | None
+) -> pa.Schema:
     if passthrough is not None:
         for f in passthrough:
-            if f.name in RESERVED_COLUMNS:
+            if f.name in reserved:
                 raise ValueError(
                     f"input column {f.name!r} has the name of an output column; rename it in input.query "
                     f"(e.g. SELECT {f.name} AS input_{f.name}, ...) or leave it out of the passthrough columns"
@@ -68,4 +113,7 @@ def output_schema(
         if len(set(passthrough.names)) != len(passthrough.names):
             raise ValueError(f"passthrough columns {passthrough.names} repeat a name; each must be unique")
         fields += list(passthrough)
-    return pa.schema(fields, metadata={SCHEMA_VERSION_KEY: str(OUTPUT_SCHEMA_VERSION).encode()})
+    metadata = {SCHEMA_VERSION_KEY: str(OUTPUT_SCHEMA_VERSION).encode()}
+    if kind is not None:  # generation tables carry no kind key: it is the default
+        metadata[OUTPUT_KIND_KEY] = kind
+    return pa.schema(fields, metadata=metadata)

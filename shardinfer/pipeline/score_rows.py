@@ -1,0 +1,187 @@
+"""Score jobs' rows: an input row becomes scoring spans, and finished spans become output records.
+
+A row with a context and continuations gives one span (and one output record) per continuation;
+a row with a document gives one span per rolling window and one output record for the document.
+As for generation, everything wrong with one row (a null or non-string cell, a text that
+tokenises to nothing, a span longer than the model takes) becomes that row's error record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardinfer.pipeline.config import InputSection
+from shardinfer.pipeline.rows import PreparedRow, RowError, RowPreparer, Tokenizer
+from shardinfer.pipeline.scoring import (
+    ScoreInputError,
+    Span,
+    SpanScore,
+    encode_text,
+    max_span_tokens,
+    prefix_token_id,
+    rolling_windows,
+    split_pair,
+)
+
+
+@dataclass
+class ScoreRow(PreparedRow):
+    """A prepared row of a score job: its spans and the texts whose bytes are counted."""
+
+    spans: list[Span] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # one per output record
+    rolling: bool = False
+
+
+class ScorePreparer:
+    """Tokenises score rows (the harness's convention, see scoring.py); thread-safe like RowPreparer."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, max_model_len: int, input_section: InputSection, window_tokens: int
+    ) -> None:
+        self.tokenizer: Any = tokenizer
+        self.inp = input_section
+        self.max_span = max_span_tokens(max_model_len)
+        # A window's span is window + 1 tokens (its input positions and the last scored token).
+        self.window = window_tokens or self.max_span - 1
+        if self.window + 1 > self.max_span:
+            raise ValueError(
+                f"job.rolling_window_tokens={window_tokens} needs spans of {window_tokens + 1} tokens but the "
+                f"engine takes at most {self.max_span} (max_model_len={max_model_len}); lower it or raise "
+                "engine.max_model_len"
+            )
+        self._ids = RowPreparer(tokenizer, max_model_len, {}, input_section, 0)
+
+    def prepare(self, split_index: int, file_index: int, pos: int, row: dict[str, Any]) -> ScoreRow:
+        row_id = self._ids.row_id(row, file_index)
+        passthrough = {c: row.get(c) for c in self.inp.passthrough_columns}
+        prepared = ScoreRow(split_index, pos, row_id, 1, [None], passthrough)
+        try:
+            if self.inp.id_column and row.get(self.inp.id_column) is None:
+                raise RowError("invalid_row", f"id_column {self.inp.id_column!r} is null in this row")
+            if self.inp.document_column:
+                self._document(prepared, row)
+            else:
+                self._pairs(prepared, row)
+        except RowError as err:
+            prepared.error = err
+            prepared.spans = []
+        return prepared
+
+    def _text(self, row: dict[str, Any], column: str) -> str:
+        value = row.get(column)
+        if value is None:
+            raise RowError("empty_prompt", f"column {column!r} is null")
+        if not isinstance(value, str):
+            raise RowError(
+                "invalid_row", f"column {column!r} holds {type(value).__name__}, expected a string"
+            )
+        return value
+
+    def _pairs(self, prepared: ScoreRow, row: dict[str, Any]) -> None:
+        context = self._text(row, self.inp.context_column)
+        raw = row.get(self.inp.continuations_column)
+        conts = [raw] if isinstance(raw, str) else raw
+        if not isinstance(conts, list) or not conts or not all(isinstance(c, str) for c in conts):
+            raise RowError(
+                "invalid_row",
+                f"column {self.inp.continuations_column!r} must hold a string or a non-empty list of "
+                f"strings, got {raw!r:.80}",
+            )
+        prepared.n = len(conts)
+        prepared.seeds = [None] * len(conts)
+        prepared.texts = list(conts)
+        for j, cont in enumerate(conts):
+            try:
+                span = split_pair(self.tokenizer, context, cont)
+            except ScoreInputError as exc:
+                raise RowError("empty_prompt", f"continuation {j}: {exc}") from None
+            except Exception as exc:  # tokenizers raise bare Exceptions on odd input
+                raise RowError("tokenizer_error", f"tokenizer failed: {exc}") from None
+            self._check_length(span, f"continuation {j}")
+            prepared.spans.append(span)
+
+    def _document(self, prepared: ScoreRow, row: dict[str, Any]) -> None:
+        text = self._text(row, self.inp.document_column)
+        try:
+            tokens = encode_text(self.tokenizer, text)
+            prefix = prefix_token_id(self.tokenizer)
+        except ScoreInputError as exc:
+            raise RowError("invalid_request", str(exc)) from None
+        except Exception as exc:  # tokenizers raise bare Exceptions on odd input
+            raise RowError("tokenizer_error", f"tokenizer failed: {exc}") from None
+        if not tokens:
+            raise RowError(
+                "empty_prompt", f"document column {self.inp.document_column!r} tokenises to nothing"
+            )
+        prepared.rolling = True
+        prepared.texts = [text]
+        prepared.spans = rolling_windows(tokens, prefix, self.window)
+
+    def _check_length(self, span: Span, what: str) -> None:
+        if len(span.prompt_ids) > self.max_span:
+            raise RowError(
+                "prompt_too_long",
+                f"{what}: context and continuation have {len(span.prompt_ids)} tokens; the engine scores at "
+                f"most {self.max_span} (max_model_len - 1): shorten the context or raise engine.max_model_len",
+            )
+
+
+def score_error_record(row: PreparedRow, index: int, code: str, message: str) -> dict[str, Any]:
+    return {
+        "row_id": row.row_id,
+        "continuation_index": index,
+        "status": "error",
+        "error_code": code,
+        "error_message": message,
+        **row.passthrough,
+    }
+
+
+def pair_record(row: ScoreRow, index: int, score: SpanScore) -> dict[str, Any]:
+    span = row.spans[index]
+    return _ok_record(row, index, span.continuation_ids, [score], len(span.prompt_ids), None)
+
+
+def document_record(row: ScoreRow, scores: list[SpanScore]) -> dict[str, Any]:
+    tokens: list[int] = []
+    windows = []
+    for span in row.spans:
+        windows.append(
+            {
+                "first_token": len(tokens),
+                "num_tokens": len(span.continuation_ids),
+                "context_tokens": len(span.context_ids),
+            }
+        )
+        tokens += span.continuation_ids
+    read = sum(len(s.prompt_ids) for s in row.spans)
+    return _ok_record(row, 0, tokens, scores, read, windows)
+
+
+def _ok_record(
+    row: ScoreRow,
+    index: int,
+    token_ids: list[int],
+    scores: list[SpanScore],
+    prompt_tokens: int,
+    windows: list[dict[str, int]] | None,
+) -> dict[str, Any]:
+    logprobs = [lp for s in scores for lp in s.token_logprobs]
+    return {
+        "row_id": row.row_id,
+        "continuation_index": index,
+        "status": "ok",
+        "error_code": None,
+        "error_message": None,
+        "logprob_sum": float(sum(s.logprob_sum for s in scores)),
+        "is_greedy": all(s.is_greedy for s in scores),
+        "num_tokens": len(token_ids),
+        "num_bytes": len(row.texts[index].encode("utf-8")),
+        "token_ids": token_ids,
+        "token_logprobs": logprobs,
+        "prompt_tokens": prompt_tokens,
+        "windows": windows,
+        **row.passthrough,
+    }

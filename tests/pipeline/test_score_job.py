@@ -1,0 +1,227 @@
+"""Score jobs end to end through the CLI, checked against transformers on the same checkpoint.
+
+The reference scores are computed here from a float64 log-softmax of transformers' logits over
+the full context + continuation, with the split point computed independently of the code under
+test (the context's tokens are a prefix of the whole's for these texts); the rolling windows come
+from lm-evaluation-harness's own window functions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from pipeline_kit import _toml, cli, cli_env, job_toml
+
+from shardinfer.engine.tokenizer import Tokenizer
+
+CONTEXT = "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with"
+ROWS = [
+    {
+        "id": "r0",
+        "ctx": CONTEXT,
+        "choices": [" a single step.", " a thousand dogs.", " Parquet", " fox"],
+        "k": 0,
+    },
+    {"id": "r1", "ctx": "What is the capital of France?", "choices": [" Paris.", " London"], "k": 1},
+    {"id": "r2", "ctx": "def add(a, b):", "choices": ["\n    return a + b"], "k": 2},
+]
+DOCUMENT = (
+    "Parquet shards stream through a reader into the engine; outputs are committed exactly once. "
+    "Hello, world! How are you today? I am fine, thank you."
+)
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir: Path) -> Any:
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def _hf_scores(hf: Any, context_ids: list[int], cont_ids: list[int]) -> tuple[list[float], bool]:
+    with torch.no_grad():
+        logits = hf(torch.tensor([context_ids + cont_ids])).logits[0].double()
+    lps = torch.log_softmax(logits[len(context_ids) - 1 : -1], dim=-1)
+    target = torch.tensor(cont_ids)
+    values = lps.gather(1, target[:, None])[:, 0].tolist()
+    return values, bool((lps.argmax(-1) == target).all())
+
+
+def _write_input(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "input.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def _score_job(tmp_path: Path, model_dir: Path, input_path: Path, name: str = "job", **sections: Any) -> Path:
+    """A score job file (no prompt column, no sampling section) writing to tmp_path/out-{name}."""
+    spec: dict[str, dict[str, Any]] = {
+        "job": {"task": "score", "split_rows": 4, "max_inflight_requests": 8},
+        "input": {"path": str(input_path), "id_column": "id"},
+        "model": {"path": str(model_dir), "device": "cpu", "dtype": "float32"},
+        "engine": {"num_kv_blocks": 128, "max_num_seqs": 8},
+        "output": {"path": str(tmp_path / f"out-{name}")},
+    }
+    for section, body in sections.items():
+        spec[section] = {**spec[section], **body}
+    job = tmp_path / f"{name}.toml"
+    job.write_text(
+        "\n".join(f"[{k}]\n" + "".join(f"{n} = {_toml(v)}\n" for n, v in b.items()) for k, b in spec.items())
+    )
+    return job
+
+
+def _submit(job: Path) -> int:
+    """Run `shardinfer submit` in this process (a subprocess only where a kill is part of the test)."""
+    from shardinfer.jobs.cli import main
+
+    return main(["submit", str(job)])
+
+
+def _rows_by_key(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    from shardinfer.writers.output_store import OutputStore
+
+    table = OutputStore(str(out)).read_committed_table()
+    return {(r["row_id"], r["continuation_index"]): r for r in table.to_pylist()}
+
+
+def test_pair_scores_match_transformers_and_share_the_context(
+    tmp_path: Path, model_dir: Path, hf: Any
+) -> None:
+    tok = Tokenizer(model_dir)
+    job = _score_job(
+        tmp_path, model_dir, _write_input(tmp_path, ROWS),
+        job={"split_rows": 2},
+        input={"context_column": "ctx", "continuations_column": "choices", "passthrough_columns": ["k"]},
+    )  # fmt: skip
+    assert _submit(job) == 0
+    out = tmp_path / "out-job"
+    got = _rows_by_key(out)
+    assert len(got) == 7
+    hits = queried = 0
+    for row in ROWS:
+        choices = row["choices"]
+        ctx_ids = tok.encode(row["ctx"])
+        for j, choice in enumerate(choices):
+            whole = tok.encode(row["ctx"] + choice)
+            assert whole[: len(ctx_ids)] == ctx_ids  # these texts split cleanly at the boundary
+            cont_ids = whole[len(ctx_ids) :]
+            want, greedy = _hf_scores(hf, ctx_ids, cont_ids)
+            rec = got[(row["id"], j)]
+            assert rec["status"] == "ok" and rec["k"] == row["k"]
+            assert rec["token_ids"] == cont_ids
+            assert rec["num_tokens"] == len(cont_ids)
+            assert rec["num_bytes"] == len(choice.encode())
+            assert rec["is_greedy"] == greedy
+            assert rec["prompt_tokens"] == len(whole)
+            assert rec["windows"] is None
+            assert max(abs(a - b) for a, b in zip(rec["token_logprobs"], want, strict=True)) < 1e-4
+            assert abs(rec["logprob_sum"] - sum(want)) < 1e-4
+            queried += len(whole)
+            if j > 0:  # a follower finds the context's full blocks (all but the last position's)
+                hits += (len(ctx_ids) - 1) // 16 * 16
+    success = json.loads((out / "_SUCCESS").read_text())
+    assert success["summary"]["prefix_cache_hit_rate"] == round(hits / queried, 4)
+    assert hits > 0
+
+
+def test_rolling_document_matches_transformers_over_the_harness_windows(
+    tmp_path: Path, model_dir: Path, hf: Any
+) -> None:
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    tok = Tokenizer(model_dir)
+    rows = [{"id": "d0", "doc": DOCUMENT}, {"id": "d1", "doc": "Hello"}]
+    job = _score_job(
+        tmp_path, model_dir, _write_input(tmp_path, rows),
+        job={"rolling_window_tokens": 12}, input={"document_column": "doc"},
+    )  # fmt: skip
+    assert _submit(job) == 0
+    got = _rows_by_key(tmp_path / "out-job")
+    bos = tok.bos_token_id
+    for row in rows:
+        tokens = tok.encode(row["doc"])
+        windows = [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, bos, 12, 1)]
+        want = [v for ctx, cont in windows for v in _hf_scores(hf, ctx, cont)[0]]
+        rec = got[(row["id"], 0)]
+        assert rec["num_tokens"] == len(tokens) and rec["token_ids"] == tokens
+        assert rec["num_bytes"] == len(row["doc"].encode())
+        assert [(w["num_tokens"], w["context_tokens"]) for w in rec["windows"]] == [
+            (len(cont), len(ctx)) for ctx, cont in windows
+        ]
+        assert max(abs(a - b) for a, b in zip(rec["token_logprobs"], want, strict=True)) < 1e-4
+        assert abs(rec["logprob_sum"] - sum(want)) < 1e-4
+    assert len(got[("d0", 0)]["windows"]) > 2
+
+
+def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
+    rows = [
+        {"id": "ok", "ctx": "Hello,", "choices": [" world", " fox"]},
+        {"id": "null", "ctx": None, "choices": [" world"]},
+        {"id": "empty", "ctx": "Hello", "choices": []},
+        {"id": "long", "ctx": "fox " * 200, "choices": [" dog"]},
+    ]
+    job = _score_job(
+        tmp_path, model_dir, _write_input(tmp_path, rows),
+        job={"max_error_fraction": 1.0},
+        input={"context_column": "ctx", "continuations_column": "choices"},
+        engine={"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 128},
+    )  # fmt: skip
+    assert _submit(job) == 0
+    got = _rows_by_key(tmp_path / "out-job")
+    assert [got[("ok", j)]["status"] for j in (0, 1)] == ["ok", "ok"]
+    assert got[("null", 0)]["error_code"] == "empty_prompt"
+    assert got[("empty", 0)]["error_code"] == "invalid_row"
+    assert got[("long", 0)]["error_code"] == "prompt_too_long"
+    assert "max_model_len" in got[("long", 0)]["error_message"]
+
+
+def test_resume_after_a_kill_and_fingerprint_of_score_columns(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One continuation per row, given as a plain string (a string column).
+    rows = [
+        {"id": f"r{i}", "ctx": f"Hello number {i}:", "choices": [" fox", " dog", " seed"][i % 3]}
+        for i in range(4)
+    ]
+    input_path = _write_input(tmp_path, rows)
+    sections: dict[str, Any] = {
+        "job": {"split_rows": 1},
+        "input": {"context_column": "ctx", "continuations_column": "choices"},
+    }
+    fresh = _score_job(tmp_path, model_dir, input_path, "fresh", **sections)
+    assert _submit(fresh) == 0
+    killed = _score_job(tmp_path, model_dir, input_path, "killed", **sections)
+    once = tmp_path / "crashed-once"
+    env = cli_env(SHARDINFER_TEST_CRASH_AT="after_commit", SHARDINFER_TEST_CRASH_SPLIT="1",
+                  SHARDINFER_TEST_CRASH_ONCE=str(once))  # fmt: skip
+    assert cli("submit", str(killed), env=env).returncode == -9
+    assert _submit(killed) == 0
+    assert committed_rows_score(tmp_path / "out-killed") == committed_rows_score(tmp_path / "out-fresh")
+    # Another context column is another dataset: resuming into this output is refused.
+    swapped = dict(sections, input={"context_column": "id", "continuations_column": "choices"})
+    other = _score_job(tmp_path, model_dir, input_path, "killed", **swapped)
+    assert _submit(other) == 78
+    assert "score.context_column" in capsys.readouterr().err
+
+
+def committed_rows_score(out: Path) -> list[dict[str, Any]]:
+    return sorted(_rows_by_key(out).values(), key=lambda r: (r["row_id"], r["continuation_index"]))
+
+
+def test_generation_and_score_keys_do_not_mix(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardinfer.jobs.cli import main
+
+    input_path = _write_input(tmp_path, ROWS)
+    job = tmp_path / "mixed.toml"
+    job.write_text(job_toml(model_dir, str(input_path), str(tmp_path / "o"), input={"context_column": "ctx"}))
+    assert main(["validate", str(job)]) == 78
+    assert "only apply to score jobs" in capsys.readouterr().err
