@@ -74,6 +74,29 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--properties-file", metavar="FILE")
     validate.add_argument("job_file", metavar="JOB.toml")
 
+    ev = sub.add_parser("eval", help="run lm-evaluation-harness tasks on a model; dump results and samples")
+    ev.add_argument("--model", required=True, help="local Hugging Face model directory")
+    ev.add_argument("--tasks", required=True, help="comma-separated harness task names")
+    ev.add_argument("--output", required=True, help="output URL (results.json and Parquet samples)")
+    ev.add_argument("--include-path", help="a folder of extra task YAML files")
+    ev.add_argument("--num-fewshot", type=int, help="few-shot examples per prompt (default: each task's)")
+    ev.add_argument("--limit", type=float, help="documents per task (a count, or a fraction below 1)")
+    ev.add_argument("--seed", type=int, default=1234, help="harness and sampling seed (default 1234)")
+    ev.add_argument(
+        "--apply-chat-template", action="store_true", help="render prompts through the chat template"
+    )
+    ev.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ev.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | ...")
+    ev.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="engine.KEY=VALUE",
+        help="an engine argument (repeatable)",
+    )
+    ev.add_argument("--storage-options", default="{}", help="fsspec storage options of the output, as JSON")
+    ev.add_argument("--run-id", default="eval", help="run id recorded with the output")
+
     status = sub.add_parser("status", help="progress of a job from its output location")
     status.add_argument("output", metavar="OUTPUT_URL")
     status.add_argument("--storage-options", default="{}", help="fsspec storage options as JSON")
@@ -95,11 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
-            raise UsageError("shardinfer: give a command: submit, generate, validate or status (see --help)")
+            raise UsageError(
+                "shardinfer: give a command: submit, generate, eval, validate or status (see --help)"
+            )
         if args.command == "status":
             from shardinfer.jobs.status import show_status
 
             return show_status(args.output, json.loads(args.storage_options), as_json=args.json)
+        if args.command == "eval":
+            from shardinfer.jobs.eval_command import run_eval, settings_from_args
+
+            run_eval(settings_from_args(args), log=lambda m: reporter.info(m))
+            return EXIT_OK
         if args.command == "generate":
             job_file = {
                 "model": {"path": args.model},

@@ -60,6 +60,24 @@ _SCORE_FIELDS = [
     pa.field("prompt_tokens", pa.int32()),
     pa.field("windows", pa.list_(_WINDOW_TYPE)),
 ]
+# `shardinfer eval` dumps: one row per (task, document, filter), what the harness logged for it.
+_EVAL_SAMPLE_FIELDS = [
+    pa.field("row_id", pa.string(), nullable=False),  # "{task}/{doc_id}/{filter}"
+    pa.field("task", pa.string(), nullable=False),
+    pa.field("doc_id", pa.int64(), nullable=False),
+    pa.field("filter", pa.string()),
+    pa.field("request_type", pa.string()),
+    pa.field("prompt", pa.string()),  # the context the model saw (the document, for rolling tasks)
+    pa.field("target", pa.string()),
+    pa.field("choices", pa.list_(pa.string())),  # loglikelihood tasks: the continuations scored
+    pa.field("loglikelihoods", pa.list_(pa.float64())),  # one per choice (one per document, rolling)
+    pa.field("is_greedy", pa.list_(pa.bool_())),
+    pa.field("responses", pa.list_(pa.string())),  # generation tasks: the generated texts
+    pa.field("filtered_answer", pa.string()),  # after the task's filters (the chosen choice, for MC)
+    pa.field("metrics", pa.map_(pa.string(), pa.float64())),  # this sample's scalar metric values
+    pa.field("metrics_json", pa.string()),  # every metric value as the harness gave it
+    pa.field("doc_json", pa.string()),
+]
 OUTPUT_KIND_KEY = b"shardinfer.output_kind"
 
 BASE_COLUMNS = tuple(f.name for f in _BASE_FIELDS)
@@ -89,10 +107,15 @@ def score_output_schema(passthrough: pa.Schema | None = None) -> pa.Schema:
     return _with_passthrough(list(_SCORE_FIELDS), passthrough, frozenset(SCORE_COLUMNS), b"score")
 
 
+def eval_samples_schema() -> pa.Schema:
+    """The schema of an eval dump's parts (`shardinfer eval`)."""
+    return _with_passthrough(list(_EVAL_SAMPLE_FIELDS), None, frozenset(), b"eval_samples")
+
+
 def base_fields_of(schema: pa.Schema) -> list[pa.Field]:
     """The fixed columns a table of this kind (its schema's output-kind metadata) must have."""
     kind = (schema.metadata or {}).get(OUTPUT_KIND_KEY, b"generate")
-    return list(_SCORE_FIELDS) if kind == b"score" else list(_BASE_FIELDS)
+    return list({b"score": _SCORE_FIELDS, b"eval_samples": _EVAL_SAMPLE_FIELDS}.get(kind, _BASE_FIELDS))
 
 
 def _with_passthrough(

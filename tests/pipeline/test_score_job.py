@@ -96,10 +96,12 @@ def test_pair_scores_match_transformers_and_share_the_context(
 ) -> None:
     tok = Tokenizer(model_dir)
     job = _score_job(
-        tmp_path, model_dir, _write_input(tmp_path, ROWS),
+        tmp_path,
+        model_dir,
+        _write_input(tmp_path, ROWS),
         job={"split_rows": 2},
         input={"context_column": "ctx", "continuations_column": "choices", "passthrough_columns": ["k"]},
-    )  # fmt: skip
+    )
     assert _submit(job) == 0
     out = tmp_path / "out-job"
     got = _rows_by_key(out)
@@ -139,9 +141,12 @@ def test_rolling_document_matches_transformers_over_the_harness_windows(
     tok = Tokenizer(model_dir)
     rows = [{"id": "d0", "doc": DOCUMENT}, {"id": "d1", "doc": "Hello"}]
     job = _score_job(
-        tmp_path, model_dir, _write_input(tmp_path, rows),
-        job={"rolling_window_tokens": 12}, input={"document_column": "doc"},
-    )  # fmt: skip
+        tmp_path,
+        model_dir,
+        _write_input(tmp_path, rows),
+        job={"rolling_window_tokens": 12},
+        input={"document_column": "doc"},
+    )
     assert _submit(job) == 0
     got = _rows_by_key(tmp_path / "out-job")
     bos = tok.bos_token_id
@@ -168,11 +173,13 @@ def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
         {"id": "long", "ctx": "fox " * 200, "choices": [" dog"]},
     ]
     job = _score_job(
-        tmp_path, model_dir, _write_input(tmp_path, rows),
+        tmp_path,
+        model_dir,
+        _write_input(tmp_path, rows),
         job={"max_error_fraction": 1.0},
         input={"context_column": "ctx", "continuations_column": "choices"},
         engine={"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 128},
-    )  # fmt: skip
+    )
     assert _submit(job) == 0
     got = _rows_by_key(tmp_path / "out-job")
     assert [got[("ok", j)]["status"] for j in (0, 1)] == ["ok", "ok"]
@@ -199,8 +206,11 @@ def test_resume_after_a_kill_and_fingerprint_of_score_columns(
     assert _submit(fresh) == 0
     killed = _score_job(tmp_path, model_dir, input_path, "killed", **sections)
     once = tmp_path / "crashed-once"
-    env = cli_env(SHARDINFER_TEST_CRASH_AT="after_commit", SHARDINFER_TEST_CRASH_SPLIT="1",
-                  SHARDINFER_TEST_CRASH_ONCE=str(once))  # fmt: skip
+    env = cli_env(
+        SHARDINFER_TEST_CRASH_AT="after_commit",
+        SHARDINFER_TEST_CRASH_SPLIT="1",
+        SHARDINFER_TEST_CRASH_ONCE=str(once),
+    )
     assert cli("submit", str(killed), env=env).returncode == -9
     assert _submit(killed) == 0
     assert committed_rows_score(tmp_path / "out-killed") == committed_rows_score(tmp_path / "out-fresh")

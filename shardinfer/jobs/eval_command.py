@@ -1,0 +1,196 @@
+"""`shardinfer eval`: lm-evaluation-harness on the engine, its results and every sample dumped.
+
+    <output>/results.json                    the harness's results (metrics, configs, versions)
+    <output>/part-{split}-{attempt}.parquet  one part per task (split k = the k-th task by name): its
+                                             logged samples (writers.schema.eval_samples_schema)
+    <output>/_commits/, _job.json, _SUCCESS  the job commit protocol, one split per task
+
+The run is fingerprinted like a job (model files, tasks, shots, limit, seed, chat template,
+harness version): a rerun of the same command over a complete output does nothing, one over an
+interrupted output commits the tasks still missing (the evaluation is deterministic, so their
+samples are those the first run would have written), and one with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardinfer.pipeline.errors import ConfigError, FingerprintMismatch
+
+RESULTS_FILE = "results.json"
+
+
+@dataclass
+class EvalSettings:
+    model: str
+    tasks: list[str]
+    output: str
+    include_path: str | None = None
+    num_fewshot: int | None = None
+    limit: float | None = None
+    seed: int = 1234
+    apply_chat_template: bool = False
+    device: str = "auto"
+    dtype: str = "auto"
+    engine: dict[str, Any] = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    run_id: str = "eval"
+
+
+def settings_from_args(args: Any) -> EvalSettings:
+    """EvalSettings from `shardinfer eval`'s parsed flags (engine arguments through --conf engine.KEY=...)."""
+    from shardinfer.jobs.spec import coerce, parse_conf, valid_keys
+
+    engine_keys = valid_keys("engine")
+    engine: dict[str, Any] = {}
+    for item in args.conf:
+        key, value, raw = parse_conf(item)
+        section, _, name = key.partition(".")
+        if section != "engine" or name not in engine_keys:
+            raise ConfigError(
+                f"--conf {item!r}: shardinfer eval takes engine.KEY=VALUE with KEY one of {', '.join(sorted(engine_keys))}"
+            )
+        engine[name] = coerce(key, value, engine_keys[name], raw)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ConfigError(f"--tasks {args.tasks!r} names no task")
+    limit = args.limit
+    if limit is not None and limit >= 1:
+        limit = int(limit)
+    try:
+        storage = json.loads(args.storage_options)
+    except ValueError as exc:
+        raise ConfigError(f"--storage-options is not JSON: {exc}") from None
+    return EvalSettings(
+        model=args.model,
+        tasks=tasks,
+        output=args.output,
+        include_path=args.include_path,
+        num_fewshot=args.num_fewshot,
+        limit=limit,
+        seed=args.seed,
+        apply_chat_template=args.apply_chat_template,
+        device=args.device,
+        dtype=args.dtype,
+        engine=engine,
+        storage_options=storage,
+        run_id=args.run_id,
+    )
+
+
+def fingerprint(settings: EvalSettings) -> dict[str, Any]:
+    from shardinfer.pipeline.fingerprint import model_identity
+
+    parts: dict[str, Any] = dict(model_identity(settings.model))
+    parts["eval"] = {
+        "tasks": list(settings.tasks),
+        "include_path": settings.include_path,
+        "num_fewshot": settings.num_fewshot,
+        "limit": settings.limit,
+        "seed": settings.seed,
+        "apply_chat_template": settings.apply_chat_template,
+        "dtype": settings.dtype,
+        "lm_eval": importlib.metadata.version("lm_eval"),
+    }
+    parts["hash"] = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return parts
+
+
+def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
+    """Run the harness and commit its results and samples; returns the `_SUCCESS` record."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError as exc:
+        raise ConfigError(
+            f"shardinfer eval needs lm-evaluation-harness ({exc}): pip install 'shardinfer[eval]'"
+        ) from None
+    from shardinfer.integrations.lm_eval import ShardinferLM
+    from shardinfer.writers.output_store import OutputStore
+
+    fp = fingerprint(settings)
+    store = OutputStore(settings.output, settings.storage_options)
+    existing = store.read_job()
+    if existing is not None and existing.get("fingerprint", {}).get("hash") != fp["hash"]:
+        raise FingerprintMismatch(
+            f"{settings.output} holds an eval of other settings (model, tasks, shots, limit, seed or "
+            "chat template); write to a new output URL"
+        )
+    success = store.read_success()
+    if success is not None and (success.get("fingerprint") or {}).get("hash") == fp["hash"]:
+        log(f"already complete: {settings.output} holds this eval's results; nothing to do")
+        return dict(success)
+    # Indexing the harness's built-in tasks takes a while: skip it when --include-path has them all.
+    manager = TaskManager(include_path=settings.include_path, include_defaults=False) if settings.include_path else None
+    if manager is None or any(t not in manager.all_tasks for t in settings.tasks):
+        manager = TaskManager(include_path=settings.include_path)
+    unknown = [t for t in settings.tasks if t not in manager.all_tasks]
+    if unknown:
+        raise ConfigError(
+            f"--tasks names {unknown}, which the harness does not know; add the folder of their YAML files "
+            "with --include-path, or see `lm_eval ls tasks`"
+        )
+    lm = ShardinferLM(
+        settings.model, device=settings.device, dtype=settings.dtype, seed=settings.seed, **settings.engine
+    )
+    results = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=list(settings.tasks),
+        num_fewshot=settings.num_fewshot,
+        limit=settings.limit,
+        task_manager=manager,
+        log_samples=True,
+        apply_chat_template=settings.apply_chat_template,
+        random_seed=settings.seed,
+        numpy_random_seed=settings.seed,
+        torch_random_seed=settings.seed,
+        fewshot_random_seed=settings.seed,
+    )
+    if results is None:
+        raise RuntimeError("the harness returned no results")
+    return commit_results(store, settings, fp, dict(results), log)
+
+
+def commit_results(
+    store: Any, settings: EvalSettings, fp: dict[str, Any], results: dict[str, Any], log: Any
+) -> dict[str, Any]:
+    """Write results.json, one committed part per task, then `_SUCCESS` (the job protocol's order)."""
+    import pyarrow as pa
+
+    from shardinfer.jobs.eval_dump import sample_rows, to_json
+    from shardinfer.pipeline.runner import attempt_id
+    from shardinfer.readers.spec import Split
+    from shardinfer.storage import put_bytes
+    from shardinfer.writers.job_file import make_job_record
+    from shardinfer.writers.schema import eval_samples_schema
+
+    samples: dict[str, list[dict[str, Any]]] = results.pop("samples", {}) or {}
+    tasks = sorted(samples)
+    request_types = {t: str(results.get("configs", {}).get(t, {}).get("output_type", "")) for t in tasks}
+    rows = {t: sample_rows(t, request_types[t], samples[t]) for t in tasks}
+    splits = [Split(i, i, task, 0, len(rows[task])) for i, task in enumerate(tasks)]
+    if store.read_job() is None:
+        store.write_job(make_job_record(settings.run_id, fp, splits, {"eval_tasks": tasks}))
+    put_bytes(store.fs, f"{store.root}/{RESULTS_FILE}", (to_json(results) + "\n").encode())
+    committed = store.committed_indexes()
+    schema = eval_samples_schema()
+    for split in splits:
+        if split.index in committed:
+            continue
+        table = pa.Table.from_pylist(rows[split.path], schema=schema)
+        meta = {
+            "shardinfer.fingerprint": fp["hash"],
+            "shardinfer.run_id": settings.run_id,
+            "shardinfer.eval_task": split.path,
+        }
+        part = store.write_part(split, attempt_id(settings.run_id), table, meta)
+        store.commit(split, part)
+        log(f"committed {split.path}: {table.num_rows} samples")
+    headline = {
+        t: {k: v for k, v in r.items() if isinstance(v, int | float)} for t, r in results["results"].items()
+    }
+    return dict(store.finalize({"results": headline, "results_file": RESULTS_FILE}))

@@ -1,0 +1,53 @@
+"""`shardinfer eval` on the bundled demo model and its bundled tasks: results and every sample,
+committed like a job's parts; a rerun of the same command finds the output complete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_MODEL = ROOT / "examples" / "models" / "tiny-dsv3-demo"
+DEMO_TASKS = ROOT / "examples" / "evals" / "tiny-dsv3-demo"
+
+
+def test_eval_dumps_results_and_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardinfer import LLM, SamplingParams
+    from shardinfer.jobs.cli import main
+    from shardinfer.writers.output_store import OutputStore
+
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS), "--tasks",
+            "demo_tasks_mc,demo_tasks_gen", "--limit", "4", "--device", "cpu", "--dtype", "float32",
+            "--output", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["results"]) == {"demo_tasks_mc", "demo_tasks_gen"}
+    rows = OutputStore(str(out)).read_committed_table().to_pylist()
+    assert sorted((r["task"], r["doc_id"]) for r in rows) == sorted(
+        (t, i) for t in ("demo_tasks_mc", "demo_tasks_gen") for i in range(4)
+    )
+    docs = [json.loads(x) for x in (DEMO_TASKS / "tasks_gen.jsonl").read_text().splitlines()[:4]]
+    llm = LLM(str(DEMO_MODEL), device="cpu", dtype="float32")
+    greedy = llm.chat([[{"role": "user", "content": d["prompt"]}] for d in docs],
+                      SamplingParams(temperature=0.0, max_tokens=48))  # fmt: skip
+    gen = sorted((r for r in rows if r["task"] == "demo_tasks_gen"), key=lambda r: r["doc_id"])
+    for row, doc, want in zip(gen, docs, greedy, strict=True):
+        assert row["responses"] == [want.outputs[0].text.split("\n")[0]]
+        assert row["target"] == doc["answer"]
+        assert dict(row["metrics"])["exact_match"] == float(row["filtered_answer"] == doc["answer"])
+    accuracy = sum(dict(r["metrics"])["exact_match"] for r in gen) / 4
+    assert results["results"]["demo_tasks_gen"]["exact_match,first-line"] == accuracy
+    for row in (r for r in rows if r["task"] == "demo_tasks_mc"):
+        assert len(row["loglikelihoods"]) == len(row["choices"]) == 4
+        best = row["choices"][row["loglikelihoods"].index(max(row["loglikelihoods"]))]
+        assert row["filtered_answer"] == best
+        assert dict(row["metrics"])["acc"] == float(best == row["choices"][int(row["target"])])
+    success = json.loads((out / "_SUCCESS").read_text())
+    assert success["totals"]["rows"] == 8
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "already complete" in capsys.readouterr().err
+    assert json.loads((out / "_SUCCESS").read_text()) == success
