@@ -125,7 +125,11 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
         log(f"already complete: {settings.output} holds this eval's results; nothing to do")
         return dict(success)
     # Indexing the harness's built-in tasks takes a while: skip it when --include-path has them all.
-    manager = TaskManager(include_path=settings.include_path, include_defaults=False) if settings.include_path else None
+    manager = (
+        TaskManager(include_path=settings.include_path, include_defaults=False)
+        if settings.include_path
+        else None
+    )
     if manager is None or any(t not in manager.all_tasks for t in settings.tasks):
         manager = TaskManager(include_path=settings.include_path)
     unknown = [t for t in settings.tasks if t not in manager.all_tasks]
@@ -163,7 +167,7 @@ def commit_results(
 
     from shardinfer.jobs.eval_dump import sample_rows, to_json
     from shardinfer.pipeline.runner import attempt_id
-    from shardinfer.readers.spec import Split
+    from shardinfer.splits import Split
     from shardinfer.storage import put_bytes
     from shardinfer.writers.job_file import make_job_record
     from shardinfer.writers.schema import eval_samples_schema

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardinfer.errors import EMPTY_PROMPT, INVALID_REQUEST, INVALID_ROW, PROMPT_TOO_LONG, TOKENIZER_ERROR
 from shardinfer.pipeline.config import InputSection
 from shardinfer.pipeline.rows import PreparedRow, RowError, RowPreparer, Tokenizer
 from shardinfer.pipeline.scoring import (
@@ -59,7 +60,7 @@ class ScorePreparer:
         prepared = ScoreRow(split_index, pos, row_id, 1, [None], passthrough)
         try:
             if self.inp.id_column and row.get(self.inp.id_column) is None:
-                raise RowError("invalid_row", f"id_column {self.inp.id_column!r} is null in this row")
+                raise RowError(INVALID_ROW, f"id_column {self.inp.id_column!r} is null in this row")
             if self.inp.document_column:
                 self._document(prepared, row)
             else:
@@ -72,11 +73,9 @@ class ScorePreparer:
     def _text(self, row: dict[str, Any], column: str) -> str:
         value = row.get(column)
         if value is None:
-            raise RowError("empty_prompt", f"column {column!r} is null")
+            raise RowError(EMPTY_PROMPT, f"column {column!r} is null")
         if not isinstance(value, str):
-            raise RowError(
-                "invalid_row", f"column {column!r} holds {type(value).__name__}, expected a string"
-            )
+            raise RowError(INVALID_ROW, f"column {column!r} holds {type(value).__name__}, expected a string")
         return value
 
     def _pairs(self, prepared: ScoreRow, row: dict[str, Any]) -> None:
@@ -85,7 +84,7 @@ class ScorePreparer:
         conts = [raw] if isinstance(raw, str) else raw
         if not isinstance(conts, list) or not conts or not all(isinstance(c, str) for c in conts):
             raise RowError(
-                "invalid_row",
+                INVALID_ROW,
                 f"column {self.inp.continuations_column!r} must hold a string or a non-empty list of "
                 f"strings, got {raw!r:.80}",
             )
@@ -96,9 +95,9 @@ class ScorePreparer:
             try:
                 span = split_pair(self.tokenizer, context, cont)
             except ScoreInputError as exc:
-                raise RowError("empty_prompt", f"continuation {j}: {exc}") from None
+                raise RowError(EMPTY_PROMPT, f"continuation {j}: {exc}") from None
             except Exception as exc:  # tokenizers raise bare Exceptions on odd input
-                raise RowError("tokenizer_error", f"tokenizer failed: {exc}") from None
+                raise RowError(TOKENIZER_ERROR, f"tokenizer failed: {exc}") from None
             self._check_length(span, f"continuation {j}")
             prepared.spans.append(span)
 
@@ -108,13 +107,11 @@ class ScorePreparer:
             tokens = encode_text(self.tokenizer, text)
             prefix = prefix_token_id(self.tokenizer)
         except ScoreInputError as exc:
-            raise RowError("invalid_request", str(exc)) from None
+            raise RowError(INVALID_REQUEST, str(exc)) from None
         except Exception as exc:  # tokenizers raise bare Exceptions on odd input
-            raise RowError("tokenizer_error", f"tokenizer failed: {exc}") from None
+            raise RowError(TOKENIZER_ERROR, f"tokenizer failed: {exc}") from None
         if not tokens:
-            raise RowError(
-                "empty_prompt", f"document column {self.inp.document_column!r} tokenises to nothing"
-            )
+            raise RowError(EMPTY_PROMPT, f"document column {self.inp.document_column!r} tokenises to nothing")
         prepared.rolling = True
         prepared.texts = [text]
         prepared.spans = rolling_windows(tokens, prefix, self.window)
@@ -122,7 +119,7 @@ class ScorePreparer:
     def _check_length(self, span: Span, what: str) -> None:
         if len(span.prompt_ids) > self.max_span:
             raise RowError(
-                "prompt_too_long",
+                PROMPT_TOO_LONG,
                 f"{what}: context and continuation have {len(span.prompt_ids)} tokens; the engine scores at "
                 f"most {self.max_span} (max_model_len - 1): shorten the context or raise engine.max_model_len",
             )

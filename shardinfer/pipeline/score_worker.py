@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardinfer.errors import ENGINE_ERROR, INVALID_REQUEST
 from shardinfer.pipeline.assembly import SplitAssembly
 from shardinfer.pipeline.rows import PreparedRow
 from shardinfer.pipeline.runner import SplitWorker
@@ -53,9 +54,9 @@ class ScoreWorker(SplitWorker):
         except ValueError as exc:
             if row.rolling:
                 self._drop_document(row, f"{row.split_index}/{row.pos}", inflight)
-                assembly.put(row.pos, 0, score_error_record(row, 0, "invalid_request", str(exc)))
+                assembly.put(row.pos, 0, score_error_record(row, 0, INVALID_REQUEST, str(exc)))
             else:
-                assembly.put(row.pos, k, score_error_record(row, k, "invalid_request", str(exc)))
+                assembly.put(row.pos, k, score_error_record(row, k, INVALID_REQUEST, str(exc)))
             return False
         inflight[rid] = (row, k)
         return True
@@ -96,4 +97,4 @@ class ScoreWorker(SplitWorker):
         if row.rolling:
             self._drop_document(row, f"{row.split_index}/{row.pos}", inflight)
             k = 0
-        assembly.put(row.pos, k, score_error_record(row, k, "engine_error", message))
+        assembly.put(row.pos, k, score_error_record(row, k, ENGINE_ERROR, message))
