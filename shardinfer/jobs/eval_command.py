@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardinfer.pipeline.errors import ConfigError, FingerprintMismatch
+from shardinfer.errors import ConfigError, FingerprintMismatch
 
 RESULTS_FILE = "results.json"
 
