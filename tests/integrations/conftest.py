@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def run_harness(model: Any, model_args: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_harness(
+    model: Any, model_args: dict[str, Any] | None = None, tasks: list[str] = TASKS, chat: bool = False
+) -> dict[str, Any]:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -40,8 +43,9 @@ def run_harness(model: Any, model_args: dict[str, Any] | None = None) -> dict[st
         lm_eval.simple_evaluate(
             model=model,
             model_args=model_args,
-            tasks=TASKS,
+            tasks=tasks,
             task_manager=manager,
+            apply_chat_template=chat,
             log_samples=True,
             bootstrap_iters=0,
             device="cpu",
@@ -49,7 +53,7 @@ def run_harness(model: Any, model_args: dict[str, Any] | None = None) -> dict[st
     )
 
 
-def hf_reference(model_dir: Path) -> dict[str, Any]:
+def hf_reference(model_dir: Path, tasks: list[str] = TASKS, chat: bool = False) -> dict[str, Any]:
     """The harness's own transformers model on the checkpoint, float32 on CPU.
 
     The tokenizer is handed over built from tokenizer.json: transformers' AutoTokenizer would pick
@@ -64,8 +68,9 @@ def hf_reference(model_dir: Path) -> dict[str, Any]:
         eos_token="<|eos|>",
         pad_token="<|eos|>",
     )
+    tok.chat_template = json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"]
     args = {"pretrained": str(model_dir), "dtype": "float32", "max_length": MAX_LENGTH, "tokenizer": tok}
-    return run_harness("hf", args)
+    return run_harness("hf", args, tasks, chat)
 
 
 @pytest.fixture(scope="session")

@@ -52,3 +52,25 @@ def test_greedy_generations_and_filtered_answers(harness_runs: Any, family: str)
         assert a["filtered_resps"] == b["filtered_resps"]
         assert a["exact_match"] == b["exact_match"]
     assert any(a["resps"][0][0] for a, _ in pairs)  # something was generated
+
+
+def test_chat_templated_prompts(tiny_models: Any) -> None:
+    """With the harness's apply_chat_template, prompts go through the model's chat template (our
+    sandboxed rendering against transformers'): the same scores and the same generations."""
+    from conftest import hf_reference, run_harness
+
+    from shardinfer.integrations.lm_eval import ShardinferLM
+
+    model_dir = tiny_models["dense"]
+    lm = ShardinferLM(str(model_dir), device="cpu", dtype="float32", max_length=32)
+    ours = run_harness(lm, tasks=["si_mc", "si_gen"], chat=True)
+    ref = hf_reference(model_dir, ["si_mc", "si_gen"], chat=True)
+    for a, b in zip(_samples(ours, "si_mc"), _samples(ref, "si_mc"), strict=True):
+        assert a["arguments"] == b["arguments"]
+        assert a["arguments"][0][0].startswith("<|bos|><|user|>")
+        for (lp, greedy), (lp_ref, greedy_ref) in zip(
+            (r[0] for r in a["resps"]), (r[0] for r in b["resps"]), strict=True
+        ):
+            assert abs(lp - lp_ref) < 1e-4 and greedy == greedy_ref
+    for a, b in zip(_samples(ours, "si_gen"), _samples(ref, "si_gen"), strict=True):
+        assert a["arguments"] == b["arguments"] and a["resps"] == b["resps"]
