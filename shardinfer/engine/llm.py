@@ -1,40 +1,96 @@
-"""`LLM`: the whole-batch API. Expands n samples into single requests with derived seeds, runs
-the streaming engine to completion and returns outputs in input order."""
+"""`LLM`: the whole-batch API, shaped like vLLM's. Takes vLLM's prompt forms, expands n samples
+into single requests with derived seeds, runs the streaming engine to completion and returns
+outputs in input order.
+
+Seeds: a request without `SamplingParams.seed` gets `derive_seed(engine seed, "request", position)`,
+position counting every prompt this LLM has been given since it was built, so identical prompts
+are sampled independently and a fresh LLM with the same seed given the same calls samples the
+same. Engine seed 0 (the default) draws a random seed per request instead.
+"""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.outputs import RequestOutput
 from shardinfer.engine.prompt_checks import check_prompt
-from shardinfer.engine.sampling_noise import sample_seeds
+from shardinfer.engine.sampling_noise import derive_seed, sample_seeds
 from shardinfer.engine.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+# vLLM's prompt forms: text, token ids, {"prompt": text}, {"prompt_token_ids": ids}.
+Prompt = str | list[int] | Mapping[str, Any]
+_PROMPT_FORMS = (
+    'a string, a list of token ids, {"prompt": str}, {"prompt_token_ids": [int, ...]}, or a list of these'
+)
+
+
+def _is_token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list | tuple)
+        and bool(value)
+        and all(isinstance(t, Integral) and not isinstance(t, bool) for t in value)
+    )
+
+
+def normalize_prompts(prompts: Any) -> list[str | list[int]]:
+    """vLLM's prompt forms -> a list of texts and token-id lists; anything else is a ValueError
+    naming the prompt and the accepted forms (a dict is never mistaken for a list of its keys)."""
+    if isinstance(prompts, str | Mapping) or _is_token_ids(prompts):
+        prompts = [prompts]
+    if not isinstance(prompts, list | tuple):
+        raise ValueError(f"prompts is a {type(prompts).__name__} ({prompts!r:.100}): give {_PROMPT_FORMS}")
+    return [_one_prompt(i, p) for i, p in enumerate(prompts)]
+
+
+def _one_prompt(i: int, prompt: Any) -> str | list[int]:
+    if isinstance(prompt, str):
+        return prompt
+    if _is_token_ids(prompt):
+        return [int(t) for t in prompt]
+    if isinstance(prompt, Mapping):
+        keys = set(prompt)
+        if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+            return str(prompt["prompt"])
+        if keys == {"prompt_token_ids"} and _is_token_ids(prompt["prompt_token_ids"]):
+            return [int(t) for t in prompt["prompt_token_ids"]]
+        raise ValueError(
+            f"prompt {i} is the dict {prompt!r:.200}: a prompt dict holds exactly one key, "
+            '"prompt" (a string) or "prompt_token_ids" (a non-empty list of ints)'
+        )
+    raise ValueError(
+        f"prompt {i} is a {type(prompt).__name__} ({prompt!r:.100}): each prompt must be "
+        f"{_PROMPT_FORMS.removesuffix(', or a list of these')}"
+    )
 
 
 class LLM:
     def __init__(self, model: str | Path, **engine_kwargs: Any) -> None:
         self.llm_engine = LLMEngine(model, **engine_kwargs)
+        self._positions = 0  # prompts taken so far: the position that seeds unseeded requests
 
     @property
     def tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (encode, decode, apply_chat_template), as vLLM's LLM.get_tokenizer."""
         return self.llm_engine.tokenizer
 
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
     ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompt_list = list(prompts)  # type: ignore[arg-type]
+        """One RequestOutput per prompt, in input order. sampling_params: one for all prompts, one
+        per prompt, or None for the checkpoint's defaults (generation_config.json). use_tqdm: show
+        a progress bar over prompts (or a tqdm-like callable to build it)."""
+        prompt_list = normalize_prompts(prompts)
         if sampling_params is None:
             params_list = [self.llm_engine.default_params()] * len(prompt_list)
         elif isinstance(sampling_params, SamplingParams):
@@ -46,12 +102,13 @@ class LLM:
                     f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts: "
                     "pass one, or one per prompt"
                 )
-        return self._run(prompt_list, params_list)
+        return self._run(prompt_list, params_list, use_tqdm)
 
     def chat(
         self,
         messages: list[list[dict[str, Any]]] | list[dict[str, Any]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
@@ -70,7 +127,7 @@ class LLM:
             self.tokenizer.apply_chat_template(
                 c,
                 add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,  # type: ignore[arg-type]
+                continue_final_message=continue_final_message,
                 tools=tools,
                 chat_template_kwargs=chat_template_kwargs,
                 chat_template=chat_template,
@@ -79,9 +136,20 @@ class LLM:
         ]
         # The template already places any BOS token, so encode without adding special tokens again.
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        return self.generate(ids, sampling_params)
+        return self.generate(ids, sampling_params, use_tqdm)
 
-    def _run(self, prompts: list[Prompt], params_list: list[SamplingParams]) -> list[RequestOutput]:
+    def _request_seed(self, params: SamplingParams, position: int) -> int:
+        if params.seed is not None:
+            return int(params.seed)
+        engine_seed = self.llm_engine.config.seed
+        return derive_seed(engine_seed, "request", position) if engine_seed else secrets.randbits(63)
+
+    def _run(
+        self,
+        prompts: list[str | list[int]],
+        params_list: list[SamplingParams],
+        use_tqdm: bool | Callable[..., Any],
+    ) -> list[RequestOutput]:
         engine = self.llm_engine
         # Validate every prompt before queueing any, so a bad one costs no work.
         token_ids = []
@@ -91,32 +159,61 @@ class LLM:
                 check_prompt(ids, engine.max_model_len)
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from exc
-            # A bad schema raises GrammarError before any work.
-            if params_list[i].structured_output is not None:
+            if (
+                params_list[i].structured_output is not None
+            ):  # a bad schema raises GrammarError before any work
                 engine.grammar_compiler().compile(params_list[i].structured_output)
             token_ids.append(ids)
+        first_position, self._positions = self._positions, self._positions + len(prompts)
         groups: list[list[str]] = []
+        owner: dict[str, int] = {}
         for i, (ids, params) in enumerate(zip(token_ids, params_list, strict=True)):
-            seed = params.seed if params.seed is not None else (engine.config.seed or secrets.randbits(63))
+            seed = self._request_seed(params, first_position + i)
             names = []
             for j, sample in enumerate(sample_seeds(seed, params.n)):
                 rid = f"{id(self)}-{engine._arrivals}-{i}-{j}"
-                single = params.replace(n=1, seed=sample)
-                engine.add_request(rid, ids, single)
+                engine.add_request(rid, ids, params.replace(n=1, seed=sample))
                 prompt = prompts[i]
                 engine.requests[rid].prompt = prompt if isinstance(prompt, str) else None
                 names.append(rid)
+                owner[rid] = i
             groups.append(names)
         done: dict[str, RequestOutput] = {}
-        while engine.has_unfinished():
-            for out in engine.step():
-                done[out.request_id] = out
-        results = []
-        for names in groups:
-            parts = [done[n] for n in names]
-            first = parts[0]
-            for j, part in enumerate(parts):
-                part.outputs[0].index = j
-            first.outputs = [p.outputs[0] for p in parts]
-            results.append(first)
-        return results
+        remaining = [len(g) for g in groups]
+        bar = _progress_bar(use_tqdm, len(groups))
+        try:
+            while engine.has_unfinished():
+                for out in engine.step():
+                    done[out.request_id] = out
+                    i = owner[out.request_id]
+                    remaining[i] -= 1
+                    if bar is not None and remaining[i] == 0:
+                        bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [self._merge([done[n] for n in names], params_list[i]) for i, names in enumerate(groups)]
+
+    def _merge(self, parts: list[RequestOutput], params: SamplingParams) -> RequestOutput:
+        """One RequestOutput holding a prompt's n samples, with the API's decoded top-logprob tokens."""
+        first = parts[0]
+        for j, part in enumerate(parts):
+            completion = part.outputs[0]
+            completion.index = j
+            if completion.top_logprobs is not None:
+                completion.top_logprob_tokens = [
+                    [self.tokenizer.decode([t], skip_special_tokens=False) for t, _ in step]
+                    for step in completion.top_logprobs
+                ]
+        first.outputs = [p.outputs[0] for p in parts]
+        return first
+
+
+def _progress_bar(use_tqdm: bool | Callable[..., Any], total: int) -> Any:
+    if not use_tqdm or total == 0:
+        return None
+    if callable(use_tqdm):
+        return use_tqdm(total=total, desc="Processed prompts", unit="prompt")
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", unit="prompt", dynamic_ncols=True)

@@ -15,7 +15,6 @@ sampling is queued at the start of step N+1, before N+1's forward.
 
 from __future__ import annotations
 
-import json
 import secrets
 import threading
 import time
@@ -47,7 +46,7 @@ from shardinfer.engine.sampler import (
     sample_on_device,
     top_k_logprobs,
 )
-from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.engine.sampling_params import SamplingParams, checkpoint_sampling_defaults
 from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 from shardinfer.engine.stop_checker import check_stop
 from shardinfer.engine.tokenizer import Tokenizer
@@ -108,7 +107,7 @@ class LLMEngine:
             torch.cuda.empty_cache()
         self.dtype = cfg.torch_dtype
         self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
-        self.generation_defaults = _generation_defaults(self.model_dir)
+        self.generation_defaults = checkpoint_sampling_defaults(self.model_dir)
         limit = cfg.max_model_len or self.model_config.max_position_embeddings
         if limit > self.model_config.max_position_embeddings:
             raise ValueError(f"max_model_len={limit} exceeds the model's max_position_embeddings="
@@ -705,15 +704,3 @@ class LLMEngine:
         out["kv_blocks"] = float(self.block_manager.num_blocks)
         return out
 
-
-def _generation_defaults(model_dir: Path) -> dict[str, Any]:
-    """Sampling defaults from generation_config.json (used when a caller passes no SamplingParams)."""
-    path = model_dir / "generation_config.json"
-    if not path.is_file():
-        return {}
-    raw = json.loads(path.read_text())
-    keep = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
-    out = {k: raw[k] for k in keep if raw.get(k) is not None}
-    if raw.get("do_sample") is False:
-        out["temperature"] = 0.0
-    return out

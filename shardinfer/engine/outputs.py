@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -14,12 +15,21 @@ class CompletionOutput:
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, k (id, logprob), best first
     finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     seed: int = 0
-    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    # As vLLM: the stop string or stop_token_ids entry that ended the sample; None when it ended
+    # at an end-of-sequence token, at max_tokens, or without finishing.
+    stop_reason: str | int | None = None
     error: str | None = None
+    # LLM.generate only: top_logprobs' token ids decoded one by one, in the same places.
+    top_logprob_tokens: list[list[str]] | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def cumulative_logprob(self) -> float:
+        """The sample's log probability under the raw model distribution: the sum of its tokens'."""
+        return math.fsum(self.logprobs)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MAX_TOP_LOGPROBS = 20
@@ -131,3 +132,55 @@ class SamplingParams:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+
+# generation_config.json keys that are sampling defaults, and the SamplingParams field each sets.
+_GENERATION_CONFIG_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
+
+
+def checkpoint_sampling_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """The sampling defaults a checkpoint's generation_config.json sets, as SamplingParams fields.
+
+    `do_sample: false` means greedy (temperature 0); `top_k: 0` means off, as in vLLM and
+    transformers. Nothing else of the file is a sampling default (eos ids come with the model).
+    A missing file or directory gives {}: the SamplingParams field defaults then apply.
+    """
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{str(path)!r} is not valid JSON ({exc}): fix or remove it") from None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"{str(path)!r} holds {type(raw).__name__}, expected a JSON object: fix or remove it"
+        )
+    out = {name: raw[key] for key, name in _GENERATION_CONFIG_KEYS.items() if raw.get(key) is not None}
+    if raw.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
+
+
+def default_sampling_params(model_dir: str | Path, **overrides: Any) -> SamplingParams:
+    """The one place sampling defaults are resolved, for the Python API and for jobs alike:
+    `overrides` (a job's [sampling], a caller's values), over the checkpoint's
+    generation_config.json, over SamplingParams' own field defaults."""
+    defaults = checkpoint_sampling_defaults(model_dir)
+    try:
+        return SamplingParams(**{**defaults, **overrides})
+    except ValueError as exc:
+        from_checkpoint = sorted(set(defaults) - set(overrides))
+        if from_checkpoint:
+            raise ValueError(
+                f"{exc} (defaults {from_checkpoint} come from the checkpoint's generation_config.json; "
+                "set them explicitly to override)"
+            ) from None
+        raise

@@ -18,9 +18,11 @@ def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
     n_out = req.num_output_tokens if n_out is None else n_out
     token = req.output_token_ids[n_out - 1]
     may_stop = n_out >= p.min_tokens
-    if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in tokenizer.eos_token_ids)):
+    is_eos = not p.ignore_eos and token in tokenizer.eos_token_ids
+    if may_stop and (is_eos or token in p.stop_token_ids):
         text = tokenizer.decode(req.output_token_ids[: n_out - 1], p.skip_special_tokens)
-        return RequestStatus.FINISHED_STOPPED, token, text
+        # vLLM's stop_reason: the stop token id, but None for an end-of-sequence token.
+        return RequestStatus.FINISHED_STOPPED, None if is_eos else token, text
     total = req.num_prompt_tokens + n_out
     if not p.stop:
         # Nothing needs the text before the end: decode it once, when the request ends, rather

@@ -148,6 +148,7 @@ class Reporter:
         lines = [
             f"rows ok        {summary.get('rows_ok', 0)}",
             f"rows error     {summary.get('rows_error', 0)}",
+            f"cut by length  {summary.get('rows_cut_by_max_tokens', 0)} (finish_reason length: max_tokens reached)",
             f"tokens in      {summary.get('prompt_tokens', 0)}",
             f"tokens out     {summary.get('completion_tokens', 0)}",
             f"this run       {summary.get('run_completion_tokens', 0)} tokens generated in "

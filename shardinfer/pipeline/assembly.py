@@ -112,4 +112,6 @@ def split_stats(records: list[dict[str, Any]]) -> dict[str, int]:
         "rows_error": len(records) - ok,
         "prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records if r["status"] == "ok"),
         "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records),
+        # Samples that ran out of room (max_tokens, or max_model_len) instead of finishing.
+        "rows_cut_by_max_tokens": sum(1 for r in records if r.get("finish_reason") == "length"),
     }

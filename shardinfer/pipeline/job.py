@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.engine.sampling_params import SamplingParams, default_sampling_params
 from shardinfer.errors import (
     ConfigError,
     CorruptOutputError,
@@ -86,8 +86,9 @@ class OpenedJob:
 
 
 def resolve_sampling(config: JobConfig) -> SamplingParams:
+    """[sampling] over the checkpoint's generation_config.json, as the Python API resolves them."""
     try:
-        return SamplingParams(**config.sampling)
+        return default_sampling_params(config.model.path, **config.sampling)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[sampling] is invalid: {exc}") from None
 
@@ -293,7 +294,7 @@ def run_worker(
             raise ConfigError(str(exc)) from None
         worker_class = ScoreWorker
     else:
-        preparer = RowPreparer(engine.tokenizer, engine.max_model_len, cfg.sampling, cfg.input, cfg.job.seed)
+        preparer = RowPreparer(engine.tokenizer, engine.max_model_len, job.sampling, cfg.input, cfg.job.seed)
     settings = WorkerSettings(
         max_inflight_requests=cfg.job.max_inflight_requests,
         max_splits_in_flight=cfg.job.max_splits_in_flight,
@@ -321,7 +322,14 @@ def committed_totals(store: OutputStore, committed: dict[int, dict[str, Any]]) -
     Commit markers record rows, bytes and hash only, so the counts come from the parts' Parquet
     key-value metadata: one footer read per split, no data pages.
     """
-    totals = {"records": 0, "rows_ok": 0, "rows_error": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    totals = {
+        "records": 0,
+        "rows_ok": 0,
+        "rows_error": 0,
+        "rows_cut_by_max_tokens": 0,  # absent from parts written before it was counted: 0
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+    }
     for marker in committed.values():
         stats = split_stats_of(store, marker)
         for key in totals:

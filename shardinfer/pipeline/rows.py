@@ -62,13 +62,14 @@ class RowPreparer:
         self,
         tokenizer: Tokenizer,
         max_model_len: int,
-        sampling: dict[str, Any],
+        sampling: dict[str, Any] | SamplingParams,
         input_section: InputSection,
         job_seed: int,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
-        self.base = SamplingParams(**sampling)
+        # The job's resolved sampling (checkpoint defaults included), or [sampling] as a dict.
+        self.base = sampling if isinstance(sampling, SamplingParams) else SamplingParams(**sampling)
         self.inp = input_section
         self.job_seed = job_seed
 
