@@ -1,8 +1,13 @@
 """Per-split reassembly: results arrive in engine completion order, parts are written in input order.
 
 A split is complete when its reader has delivered every row (so the row count is known) and
-every (row, sample) slot holds a record. Only then is it handed to the writer; an incomplete
+every (row, sample) slot holds a result. Only then is it handed to the writer; an incomplete
 split is never written, which is what lets an interrupted worker simply drop it.
+
+The engine thread only files results here: a slot holds the engine's completion as it came
+(`Finished`) or the reason the row failed (`Failed`). Turning them into columns, which touches
+every token, happens on the writer thread (pipeline/part_table.py), so the engine thread spends
+no time per token on output.
 """
 
 from __future__ import annotations
@@ -24,60 +29,48 @@ class OutputOptions:
     prompt_logprobs: bool = False
 
 
-def base_record(row: PreparedRow, sample_index: int) -> dict[str, Any]:
-    return {
-        "row_id": row.row_id,
-        "sample_index": sample_index,
-        "seed": row.seeds[sample_index] if sample_index < len(row.seeds) else None,
-        **row.passthrough,
-    }
+@dataclass(frozen=True)
+class Finished:
+    """One sample the engine finished: its completion, the prompt's length and prompt logprobs."""
+
+    completion: CompletionOutput
+    prompt_tokens: int
+    prompt_logprobs: list[float | None] | None
+
+    @classmethod
+    def of(cls, out: RequestOutput) -> Finished:
+        # Only the prompt's length is kept, not its ids: a split's slots wait for its slowest row.
+        return cls(out.outputs[0], len(out.prompt_token_ids), out.prompt_logprobs)
 
 
-def error_record(row: PreparedRow, sample_index: int, code: str, message: str) -> dict[str, Any]:
-    rec = base_record(row, sample_index)
-    rec.update(
-        status="error",
-        error_code=code,
-        error_message=message,
-        prompt_tokens=len(row.prompt_ids) if row.prompt_ids is not None else None,
-        completion_tokens=0,
-    )
-    return rec
+@dataclass(frozen=True)
+class Failed:
+    """One sample that produced no completion: the row's error code and message."""
+
+    code: str
+    message: str
 
 
-def ok_record(
-    row: PreparedRow, sample_index: int, out: RequestOutput, comp: CompletionOutput, options: OutputOptions
-) -> dict[str, Any]:
+Result = Finished | Failed
+# What a slot holds: a result, or a ready-made output record (score jobs file those: score_worker.py).
+Slot = Result | dict[str, Any]
+
+
+def engine_result(out: RequestOutput) -> Result:
+    """The slot value of a finished request: an engine failure of the request becomes an error record."""
+    comp = out.outputs[0]
     if comp.finish_reason == "error":
-        return error_record(row, sample_index, ENGINE_ERROR, comp.error or "the engine failed this request")
-    rec = base_record(row, sample_index)
-    rec.update(
-        status="ok",
-        error_code=None,
-        error_message=None,
-        text=comp.text,
-        token_ids=list(comp.token_ids),
-        token_logprobs=[float(x) for x in comp.logprobs],
-        finish_reason=comp.finish_reason,
-        prompt_tokens=len(out.prompt_token_ids),
-        completion_tokens=len(comp.token_ids),
-    )
-    if options.top_logprobs:
-        tops = comp.top_logprobs or []
-        rec["top_token_ids"] = [[t for t, _ in step] for step in tops]
-        rec["top_logprobs"] = [[float(lp) for _, lp in step] for step in tops]
-    if options.prompt_logprobs:
-        rec["prompt_logprobs"] = list(out.prompt_logprobs) if out.prompt_logprobs is not None else None
-    return rec
+        return Failed(ENGINE_ERROR, comp.error or "the engine failed this request")
+    return Finished.of(out)
 
 
 @dataclass
 class SplitAssembly:
-    """The records of one split in flight, slot per (row position, sample index)."""
+    """The results of one split in flight, slot per (row position, sample index)."""
 
     split: Split
     rows: list[PreparedRow] = field(default_factory=list)
-    records: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    results: dict[tuple[int, int], Slot] = field(default_factory=dict)
     expected_rows: int | None = None  # set when the reader reaches the split's end
     missing: int = 0  # slots still waiting for the engine
 
@@ -85,11 +78,11 @@ class SplitAssembly:
         self.rows.append(row)
         self.missing += row.n
 
-    def put(self, pos: int, sample_index: int, record: dict[str, Any]) -> None:
+    def put(self, pos: int, sample_index: int, result: Slot) -> None:
         key = (pos, sample_index)
-        if key not in self.records:
+        if key not in self.results:
             self.missing -= 1
-        self.records[key] = record
+        self.results[key] = result
 
     @property
     def split_index(self) -> int:
@@ -99,19 +92,6 @@ class SplitAssembly:
     def complete(self) -> bool:
         return self.expected_rows is not None and len(self.rows) == self.expected_rows and self.missing == 0
 
-    def ordered_records(self) -> list[dict[str, Any]]:
-        return [self.records[(row.pos, j)] for row in self.rows for j in range(row.n)]
-
-
-def split_stats(records: list[dict[str, Any]]) -> dict[str, int]:
-    """Counts stored with each commit, summed by `status` and the final summary."""
-    ok = sum(1 for r in records if r["status"] == "ok")
-    return {
-        "records": len(records),
-        "rows_ok": ok,
-        "rows_error": len(records) - ok,
-        "prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records if r["status"] == "ok"),
-        "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records),
-        # Samples that ran out of room (max_tokens, or max_model_len) instead of finishing.
-        "rows_cut_by_max_tokens": sum(1 for r in records if r.get("finish_reason") == "length"),
-    }
+    def ordered(self) -> list[tuple[PreparedRow, int, Slot]]:
+        """(row, sample index, result) of every output record, in input order."""
+        return [(row, j, self.results[(row.pos, j)]) for row in self.rows for j in range(row.n)]

@@ -30,6 +30,8 @@ class JobSection:
     # Score jobs over documents: model input positions per rolling window; 0 = the longest the
     # engine takes (max_model_len - 2: a window's prompt is window + 1 tokens, plus one sampled).
     rolling_window_tokens: int = 0
+    # A local file to append the worker's timeline to (pipeline/timeline.py); "" = none.
+    timeline_path: str = ""
 
 
 @dataclass

@@ -38,6 +38,7 @@ from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprin
 from shardinfer.pipeline.rows import RowPreparer
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
+from shardinfer.pipeline.timeline import open_timeline
 from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records
 from shardinfer.testing.faults import crash_point
 
@@ -279,7 +280,12 @@ def run_worker(
 ) -> WorkerResult:
     """Process the uncommitted splits of `order` with one engine; raises Interrupted on stop."""
     cfg = job.config
+    timeline = open_timeline(cfg.job.timeline_path)
+    if timeline is not None:
+        timeline.mark("engine_build_start")
     engine = engine if engine is not None else build_engine(cfg)
+    if timeline is not None:
+        timeline.mark("engine_ready", phases=dict(getattr(engine, "startup_phases", {}) or {}))
     preparer: Any
     worker_class: type[SplitWorker] = SplitWorker
     if cfg.job.task == "score":
@@ -312,6 +318,7 @@ def run_worker(
         settings=settings,
         stop=stop,
         emit=emit,
+        timeline=timeline,
     )
     return worker.run(order)
 

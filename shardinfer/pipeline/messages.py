@@ -1,6 +1,6 @@
 """The messages between the split worker's threads, one class each (see runner.py's diagram).
 
-preparation thread -> engine loop: `SplitOpened`, then one `RowPrepared` per row, then
+preparation thread -> engine loop: `SplitOpened`, then one `RowsPrepared` per read batch, then
 `SplitRead` once the reader reached the split's end (now its row count is known); after the last
 split, `PreparationDone`. engine loop -> writer thread: `SplitToWrite`, then `WriterStop`.
 """
@@ -8,8 +8,8 @@ split, `PreparationDone`. engine loop -> writer thread: `SplitToWrite`, then `Wr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from shardinfer.pipeline.part_table import Entry
 from shardinfer.pipeline.rows import PreparedRow
 from shardinfer.splits import Split
 
@@ -20,8 +20,8 @@ class SplitOpened:
 
 
 @dataclass(frozen=True)
-class RowPrepared:
-    row: PreparedRow
+class RowsPrepared:
+    rows: list[PreparedRow]  # one read batch, in input order
 
 
 @dataclass(frozen=True)
@@ -35,13 +35,13 @@ class PreparationDone:
     """No more splits: every split of the worker's order was sent or skipped (or preparation failed)."""
 
 
-PrepMessage = SplitOpened | RowPrepared | SplitRead | PreparationDone
+PrepMessage = SplitOpened | RowsPrepared | SplitRead | PreparationDone
 
 
 @dataclass(frozen=True)
 class SplitToWrite:
     split: Split
-    records: list[dict[str, Any]]  # in input order
+    entries: list[Entry]  # (row, sample index, result) of every record, in input order
 
 
 @dataclass(frozen=True)

@@ -21,26 +21,30 @@ import re
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from shardinfer.engine.heap import freeze_startup_heap
 from shardinfer.errors import INVALID_REQUEST, Interrupted, ShardinferError
-from shardinfer.pipeline.assembly import OutputOptions, SplitAssembly, error_record, ok_record, split_stats
+from shardinfer.pipeline.assembly import Failed, OutputOptions, SplitAssembly, engine_result
 from shardinfer.pipeline.messages import (
     PreparationDone,
     PrepMessage,
-    RowPrepared,
+    RowsPrepared,
     SplitOpened,
     SplitRead,
     SplitToWrite,
     WriteMessage,
     WriterStop,
 )
+from shardinfer.pipeline.part_table import Entry, build_part_table
 from shardinfer.pipeline.rows import PreparedRow, RowPreparer
 from shardinfer.pipeline.seams import Engine, SplitStore
+from shardinfer.pipeline.timeline import Timeline
 from shardinfer.splits import Split
 from shardinfer.testing.faults import crash_point
 
@@ -104,6 +108,7 @@ class SplitWorker:
         stop: threading.Event,
         emit: Callable[[Event], None] = lambda e: None,
         read_split: Callable[..., Iterable[pa.RecordBatch]] | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
         if read_split is None:
             from shardinfer.readers.splits import read_split as default_read_split
@@ -120,7 +125,10 @@ class SplitWorker:
         self.stop = stop
         self.emit = emit
         self._read_split = read_split
-        self._rows: queue.Queue[PrepMessage] = queue.Queue(maxsize=max(16, settings.batch_rows))
+        self.timeline = timeline
+        # Prepared rows travel a read batch at a time (one queue hand-off per batch, not per row);
+        # two batches queued plus the one being admitted bound the read-ahead beyond open splits.
+        self._rows: queue.Queue[PrepMessage] = queue.Queue(maxsize=2)
         self._writes: queue.Queue[WriteMessage] = queue.Queue()
         self._open_splits = threading.Semaphore(max(1, settings.max_splits_in_flight))
         self._fatal: list[BaseException] = []
@@ -164,17 +172,27 @@ class SplitWorker:
                     return
                 pos = 0
                 for batch in self._read_split(split, self.input_spec, self.settings.batch_rows):
-                    for row in batch.to_pylist():
-                        prepared = self.preparer.prepare(split.index, split.file_index, pos, row)
-                        pos += 1
-                        if not self._put(RowPrepared(prepared)):
-                            return
+                    rows = batch.to_pylist()
+                    prepared = self._prepare_batch(split, pos, rows)
+                    if not self._put(RowsPrepared(prepared)):
+                        return
+                    pos += len(rows)
                 if not self._put(SplitRead(split.index, pos)):
                     return
         except BaseException as exc:  # surfaced on the engine thread, which owns the exit code
             self._fatal.append(exc)
         finally:
             self._put(PreparationDone())
+
+    def _prepare_batch(self, split: Split, first_pos: int, rows: list[dict[str, Any]]) -> list[PreparedRow]:
+        batch = getattr(self.preparer, "prepare_batch", None)
+        if batch is not None:
+            return list(batch(split.index, split.file_index, first_pos, rows))
+        # A preparer of its own (score jobs) that prepares row by row.
+        return [
+            self.preparer.prepare(split.index, split.file_index, first_pos + k, row)
+            for k, row in enumerate(rows)
+        ]
 
     # ---- writer thread ------------------------------------------------------------------
     def _write_loop(self) -> None:
@@ -183,16 +201,15 @@ class SplitWorker:
             if isinstance(item, WriterStop):
                 return
             try:
-                self._write_split(item.split, item.records)
+                self._write_split(item.split, item.entries)
             except BaseException as exc:
                 self._fatal.append(exc)
                 return
             finally:
                 self._open_splits.release()
 
-    def _write_split(self, split: Split, records: list[dict[str, Any]]) -> None:
-        table = pa.Table.from_pylist(records, schema=self.schema)
-        stats = split_stats(records)
+    def _write_split(self, split: Split, entries: list[Entry]) -> None:
+        table, stats = build_part_table(entries, self.schema, self.options)
         attempt = attempt_id(self.settings.run_id)
         meta = dict(self.metadata)
         meta["shardinfer.split_stats"] = _json(stats)
@@ -201,22 +218,34 @@ class SplitWorker:
         won = self.store.commit(split, part)
         crash_point("after_commit", split.index)
         (self.result.committed if won else self.result.lost).append(split.index)
+        if self.timeline is not None:
+            self.timeline.mark("split_committed", split=split.index, won=won, **stats)
         self.emit({"event": "split_done", "split": split.index, "won": won, **stats})
 
     # ---- engine loop --------------------------------------------------------------------
     def run(self, order: list[Split]) -> WorkerResult:
+        # Imports, the engine and the job's setup live as long as the worker: out of the cyclic
+        # collector's view, its collections walk only the rows in flight (engine/heap.py), not
+        # the whole heap each time the per-row churn crosses a threshold.
+        freeze_startup_heap()
         prep = threading.Thread(
             target=self._prepare_loop, args=(order,), name="shardinfer-prepare", daemon=True
         )
         writer = threading.Thread(target=self._write_loop, name="shardinfer-write", daemon=True)
         prep.start()
         writer.start()
+        if self.timeline is not None:
+            self.timeline.watch_engine(self.engine)
         try:
             self._engine_loop()
         finally:
+            if self.timeline is not None:
+                self.timeline.engine_done()
             self._engine_done.set()
             self._writes.put(WriterStop())
             writer.join()
+            if self.timeline is not None:
+                self.timeline.close()
             # A process exiting while this thread is inside native code (a parquet read, a
             # tokenizer call) can abort in the C++ runtime: wait for it to reach a check.
             prep.join(timeout=30)
@@ -235,6 +264,7 @@ class SplitWorker:
         open_splits: dict[int, SplitAssembly] = {}
         inflight: dict[str, tuple[PreparedRow, int]] = {}
         prep_done = False
+        pending: deque[PreparedRow] = deque()  # rows of the newest prepared batch not yet admitted
         tokens_since = 0
         rows_since = 0
         last_emit = time.monotonic()
@@ -244,14 +274,20 @@ class SplitWorker:
                     engine.abort(rid)
                 return
             # Admission: pull prepared rows while the engine has room (backpressure bound).
+            # Messages are taken in order, and the next only once `pending` is empty, so a split's
+            # SplitRead is seen after every one of its rows was admitted.
             while not prep_done and engine.num_unfinished < self.settings.max_inflight_requests:
+                if pending:
+                    row = pending.popleft()
+                    self._admit(row, open_splits[row.split_index], inflight)
+                    continue
                 idle = not engine.has_unfinished()
                 try:
                     item = self._rows.get(timeout=0.05) if idle else self._rows.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(item, RowPrepared):
-                    self._admit(item.row, open_splits[item.row.split_index], inflight)
+                if isinstance(item, RowsPrepared):
+                    pending.extend(item.rows)
                 elif isinstance(item, SplitOpened):
                     open_splits[item.split.index] = SplitAssembly(item.split)
                 elif isinstance(item, SplitRead):
@@ -259,12 +295,16 @@ class SplitWorker:
                 else:
                     prep_done = True
             if engine.has_unfinished():
+                step_tokens = 0
                 for out in engine.step():
-                    tokens_since += self._finish(out, inflight, open_splits)
+                    step_tokens += self._finish(out, inflight, open_splits)
                     rows_since += 1
+                tokens_since += step_tokens
+                if self.timeline is not None:
+                    self.timeline.step(step_tokens)
             for index in [i for i, a in open_splits.items() if a.complete]:
                 done = open_splits.pop(index)
-                self._writes.put(SplitToWrite(done.split, done.ordered_records()))
+                self._writes.put(SplitToWrite(done.split, done.ordered()))
             now = time.monotonic()
             if now - last_emit >= self.settings.progress_interval_s and (tokens_since or rows_since):
                 self.emit({"event": "progress", "records": rows_since, "completion_tokens": tokens_since})
@@ -278,12 +318,12 @@ class SplitWorker:
     def _finish(
         self, out: Any, inflight: dict[str, tuple[PreparedRow, int]], open_splits: dict[int, SplitAssembly]
     ) -> int:
-        """File a finished request's record in its split; returns the tokens it generated.
-        (Scoring jobs override this and `_admit`: see score_worker.py.)"""
+        """File a finished request's result in its split, as the engine gave it; returns the tokens
+        it generated. (Scoring jobs override this and `_admit`, filing ready-made records: see
+        score_worker.py.)"""
         row, j = inflight.pop(out.request_id)
-        comp = out.outputs[0]
-        open_splits[row.split_index].put(row.pos, j, ok_record(row, j, out, comp, self.options))
-        return len(comp.token_ids)
+        open_splits[row.split_index].put(row.pos, j, engine_result(out))
+        return len(out.outputs[0].token_ids)
 
     def _admit(
         self, row: PreparedRow, assembly: SplitAssembly, inflight: dict[str, tuple[PreparedRow, int]]
@@ -291,7 +331,7 @@ class SplitWorker:
         assembly.add_row(row)
         if row.error is not None:
             for j in range(row.n):
-                assembly.put(row.pos, j, error_record(row, j, row.error.code, row.error.message))
+                assembly.put(row.pos, j, Failed(row.error.code, row.error.message))
             return
         assert row.prompt_ids is not None  # RowPreparer sets it on every row without an error
         for j, params in enumerate(row.params):
@@ -300,7 +340,7 @@ class SplitWorker:
                 self.engine.add_request(rid, row.prompt_ids, params)
             except ValueError as exc:  # the engine refuses a request with a ValueError, and goes on
                 code = exc.error_code if isinstance(exc, ShardinferError) else INVALID_REQUEST
-                assembly.put(row.pos, j, error_record(row, j, code, str(exc)))
+                assembly.put(row.pos, j, Failed(code, str(exc)))
                 continue
             inflight[rid] = (row, j)
 

@@ -11,8 +11,10 @@ import pyarrow as pa
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import GrammarError, PromptTooLong
 from shardinfer.pipeline.assembly import OutputOptions, SplitAssembly
+from shardinfer.pipeline.part_table import build_part_table
 from shardinfer.pipeline.rows import PreparedRow
 from shardinfer.pipeline.runner import SplitWorker, WorkerSettings
+from shardinfer.writers.schema import output_schema
 
 
 class RefusingEngine:
@@ -42,7 +44,8 @@ def _record_for(error: ValueError) -> dict[str, Any]:
     inflight: dict[str, Any] = {}
     worker._admit(row, assembly, inflight)
     assert not inflight and assembly.missing == 0
-    return assembly.records[(0, 0)]
+    table, _ = build_part_table(assembly.ordered(), output_schema(), OutputOptions())
+    return dict(table.to_pylist()[0])
 
 
 def test_the_code_comes_from_the_class() -> None:
