@@ -66,7 +66,20 @@ class Tokenizer:
         self._compile_lock = threading.Lock()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        return self._with_bos(
+            list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids), add_special_tokens
+        )
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """`[encode(t) for t in texts]`, tokenised in parallel outside the interpreter lock (the
+        job's preparation thread then leaves the engine thread the interpreter). A tokenizer.json
+        that pads would pad a batch to its longest text, so it is encoded text by text."""
+        if self._tok.padding is not None:
+            return [self.encode(t, add_special_tokens) for t in texts]
+        encodings = self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [self._with_bos(list(e.ids), add_special_tokens) for e in encodings]
+
+    def _with_bos(self, ids: list[int], add_special_tokens: bool) -> list[int]:
         if (
             add_special_tokens
             and self.add_bos_token

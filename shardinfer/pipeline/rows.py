@@ -9,6 +9,7 @@ CPU work that would otherwise stall decode steps. Every failure here is a proper
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,6 +73,10 @@ class RowPreparer:
         self.base = sampling if isinstance(sampling, SamplingParams) else SamplingParams(**sampling)
         self.inp = input_section
         self.job_seed = job_seed
+        # Validated params per distinct set of override values: rows repeating a value (a
+        # max_tokens column, say) skip building and checking SamplingParams again. Shared by
+        # the preparation thread only; a race would at worst build one twice.
+        self._override_cache: dict[tuple[tuple[str, str, Any], ...], SamplingParams] = {}
 
     def row_id(self, row: dict[str, Any], file_index: int) -> str:
         if self.inp.id_column:
@@ -80,7 +85,37 @@ class RowPreparer:
                 return str(value)
         return f"{file_index}:{row[ROW_INDEX_COLUMN]}"
 
-    def prepare(self, split_index: int, file_index: int, pos: int, row: dict[str, Any]) -> PreparedRow:
+    def prepare_batch(
+        self, split_index: int, file_index: int, first_pos: int, rows: Sequence[dict[str, Any]]
+    ) -> list[PreparedRow]:
+        """`prepare` of consecutive rows, their text prompts tokenised in one batch call (which runs
+        outside the interpreter lock, in parallel); any row that call cannot take is tokenised
+        alone, so a failure stays that row's error record."""
+        encoded: list[list[int] | None] = [None] * len(rows)
+        batch_encode = getattr(self.tokenizer, "encode_batch", None)
+        if batch_encode is not None and not self.inp.messages_column:
+            column = self.inp.prompt_column
+            picked = [i for i, row in enumerate(rows) if isinstance(row.get(column), str) and row[column]]
+            try:
+                ids = batch_encode([rows[i][column] for i in picked], add_special_tokens=True)
+            except Exception:  # one odd text fails the whole call: fall back to row by row
+                ids = [None] * len(picked)
+            for i, one in zip(picked, ids, strict=True):
+                encoded[i] = one
+        return [
+            self.prepare(split_index, file_index, first_pos + k, row, encoded[k])
+            for k, row in enumerate(rows)
+        ]
+
+    def prepare(
+        self,
+        split_index: int,
+        file_index: int,
+        pos: int,
+        row: dict[str, Any],
+        encoded: list[int] | None = None,
+    ) -> PreparedRow:
+        """One row as requests, or an error record; `encoded`: its text prompt already tokenised."""
         row_id = self.row_id(row, file_index)
         passthrough = {c: row.get(c) for c in self.inp.passthrough_columns}
         try:
@@ -99,11 +134,11 @@ class RowPreparer:
             )
             return prepared
         try:
-            prepared.prompt_ids = self._prompt_ids(row)
+            prepared.prompt_ids = self._prompt_ids(row, encoded)
         except RowError as err:
             prepared.error = err
             return prepared
-        prepared.params = [params.replace(n=1, seed=s) for s in seeds]
+        prepared.params = [_seeded(params, s) for s in seeds if s is not None]
         return prepared
 
     def _params(self, row: dict[str, Any]) -> SamplingParams:
@@ -118,10 +153,19 @@ class RowPreparer:
                 raise RowError(BAD_OVERRIDE, f"column {name!r} value {value!r}: {exc}") from None
         if not changes:
             return self.base
+        key = _cache_key(changes)
+        cached = self._override_cache.get(key) if key is not None else None
+        if cached is not None:
+            return cached
         try:
-            return self.base.replace(**changes)
+            params = self.base.replace(**changes)
         except (TypeError, ValueError) as exc:
             raise RowError(BAD_OVERRIDE, str(exc)) from None
+        if key is not None:
+            if len(self._override_cache) >= _OVERRIDE_CACHE_SIZE:
+                self._override_cache.clear()
+            self._override_cache[key] = params
+        return params
 
     def _coerce(self, name: str, value: Any) -> Any:
         """Convert an Arrow/JSON cell into the SamplingParams field's type, strictly."""
@@ -161,7 +205,7 @@ class RowPreparer:
             return result
         return value
 
-    def _prompt_ids(self, row: dict[str, Any]) -> list[int]:
+    def _prompt_ids(self, row: dict[str, Any], encoded: list[int] | None = None) -> list[int]:
         inp = self.inp
         if inp.messages_column:
             messages = row.get(inp.messages_column)
@@ -199,7 +243,9 @@ class RowPreparer:
                     f"prompt column {inp.prompt_column!r} holds {type(prompt).__name__}, expected a string",
                 )
             try:
-                ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+                ids = (
+                    encoded if encoded is not None else self.tokenizer.encode(prompt, add_special_tokens=True)
+                )
             except Exception as exc:  # tokenizers raise bare Exceptions on odd input
                 raise RowError(TOKENIZER_ERROR, f"tokenizer failed: {exc}") from None
         try:
@@ -207,3 +253,25 @@ class RowPreparer:
         except RequestError as exc:
             raise RowError.of(exc) from None
         return ids
+
+
+_OVERRIDE_CACHE_SIZE = 4096
+
+
+def _cache_key(changes: dict[str, Any]) -> tuple[tuple[str, str, Any], ...] | None:
+    """A hashable key of override values, or None when one is a list or dict (not cached).
+    The type is part of the key: 1, 1.0 and True are equal in Python but not as parameters."""
+    items = tuple(sorted((name, type(v).__name__, v) for name, v in changes.items()))
+    try:
+        hash(items)
+    except TypeError:
+        return None
+    return items
+
+
+def _seeded(params: SamplingParams, seed: int) -> SamplingParams:
+    """`params.replace(n=1, seed=seed)` without validating again: `params` is valid, n=1 is, and
+    derived seeds are 63-bit by construction. A shallow copy: nothing mutates params' lists."""
+    out = object.__new__(SamplingParams)
+    out.__dict__.update(params.__dict__, n=1, seed=seed)
+    return out
