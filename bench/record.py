@@ -5,7 +5,8 @@
 Throughput rows (bench/throughput.py): date, GPU, commit, workload, batch invariance, shardinfer and
 transformers output tok/s, their ratio, and the decode step's fraction of its HBM floor.
 Structured-output rows (bench/structured_decode.py): decode step time with every request under a
-JSON Schema against the same requests unconstrained, and the relative cost.
+JSON Schema against the same requests unconstrained, and the relative cost. Job rows
+(bench/job_throughput.py, `job-*.json`): the whole job against the engine on the same rows.
 """
 
 from __future__ import annotations
@@ -47,6 +48,31 @@ median in either run (one-off stalls: Triton compiles mid-run, which hit either 
 """
 
 
+JOB_HEADER = """
+## Jobs
+
+`bench/job_throughput.py`: the whole `shardinfer submit` (Parquet shards in, committed parts
+out; per-row max_tokens, ignore_eos, logprobs=1) against the engine's own step loop on the same
+rows. Job tok/s: completion tokens over the job's wall from process start to exit; engine tok/s:
+over the generate wall alone. steady: job vs engine over the middle 80% of completed tokens;
+wall: job wall / (engine start + generate); start: process start to the first step; idle: the
+device's idle share between the job's first and last step launch.
+
+| date (UTC) | GPU | commit | workload | batch_invariant | master | rows | job tok/s | engine tok/s | steady | wall | start s | 1st commit s | gpu idle | peak RSS MB |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
+
+def job_row(r: dict) -> str:
+    start = r.get("startup_s") or {}
+    return (f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
+            f"{r['batch_invariant']} | {r.get('master', 'local')} | {r['rows']} | {fmt(r['job_output_tok_s'], '.0f')} | "
+            f"{fmt(r.get('engine_output_tok_s'), '.0f')} | {fmt(r.get('steady_ratio'), '.3f')} | "
+            f"{fmt(r.get('wall_ratio'), '.2f')} | {fmt(start.get('first_step_s'), '.1f')} | "
+            f"{fmt(r.get('time_to_first_commit_s'), '.1f')} | {fmt(r.get('gpu_idle_fraction'), '.3f')} | "
+            f"{fmt(r.get('peak_rss_mb'), '.0f')} |")
+
+
 def fmt(v: object, spec: str) -> str:
     return "—" if v is None else format(v, spec)
 
@@ -80,11 +106,15 @@ def main() -> None:
                        f"{c['mask_fill_ms_per_decode_step']:.2f} | "
                        f"{100 * (c['mean_decode_step_ms'] / p['mean_decode_step_ms'] - 1):+.0f}% | "
                        f"{'—' if stall_free is None else f'{100 * stall_free:+.1f}%'} |")
+    job_rows = [job_row(r) for r in sorted(records, key=lambda r: str(r.get("date", "")))
+                if r.get("bench") == "job_throughput" and r.get("device") == "cuda"]
     text = HEADER + "\n".join(rows) + "\n"
     if so_rows:
         text += SO_HEADER + "\n".join(so_rows) + "\n"
+    if job_rows:
+        text += JOB_HEADER + "\n".join(job_rows) + "\n"
     (HERE / "RESULTS.md").write_text(text)
-    print(f"{len(rows)} throughput rows, {len(so_rows)} structured-output rows")
+    print(f"{len(rows)} throughput rows, {len(so_rows)} structured-output rows, {len(job_rows)} job rows")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,307 @@
+"""The whole job against the bare engine: `shardinfer submit` on Parquet shards, then the engine's
+own step loop on the same rows, in one invocation.
+
+    python bench/job_throughput.py --workload dense-small|dense-8b|moe-16b [--rows 1024]
+                                   [--master local] [--job-conf KEY=VALUE]... [--out bench/results]
+    python bench/job_throughput.py --workload tiny --rows 64 --device cpu     # a CPU smoke run
+
+Writes `--files` Parquet files of text prompts (U[in-range] tokens each) with a per-row
+`max_tokens` column (U[out-range]) used as an override, runs `python -m shardinfer submit` as a
+subprocess (ignore_eos, logprobs=1, split_rows=128 unless `--job-conf` says otherwise) with
+`job.timeline_path` set, and then builds an engine in this process and steps it over the same
+prompts and lengths. Reports (and writes `job-<workload>-<stamp>.json` under `--out`):
+
+    job_output_tok_s     completion tokens / job wall (process start to exit)
+    engine_output_tok_s  the same tokens / the engine's generate wall (engine start excluded)
+    steady_ratio         job vs engine tokens/s over the middle 80% of completed tokens, each
+                         from its own timeline (the job's: pipeline/timeline.py)
+    wall_ratio           job wall / (engine start + generate)
+    startup_s            import, job planning, engine build (with the engine's own phases when
+                         it times them), first step, first committed split, from process start
+    gpu_idle_fraction    device time between the job's first and last step launch with nothing
+                         queued by the step loop
+    peak_rss_mb          the job process's peak RSS (its workers' with --master local[N])
+
+`python bench/record.py` adds the JSON to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.job_timeline import job_startup, steady_rate, timeline_points
+from bench.workloads import SHAPES, bench_commit, build_checkpoint
+
+IMPORTS = "import torch, shardinfer.engine.llm_engine, shardinfer.pipeline.job, shardinfer.jobs.cli"
+
+
+def make_rows(
+    model_dir: Path, n: int, in_range: tuple[int, int], out_range: tuple[int, int], seed: int = 0
+) -> list[dict[str, Any]]:
+    """n rows of text whose token counts are about U[in_range] (text decoded from random ids, so its
+    re-encoding differs a little) and a max_tokens drawn from U[out_range]."""
+    from shardinfer.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(model_dir)
+    vocab = tok._tok.get_vocab_size()
+    special = len(tok._tok.get_added_tokens_decoder())
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        ids = [rng.randrange(special, vocab) for _ in range(rng.randint(*in_range))]
+        rows.append({"id": f"row-{i:07d}", "prompt": tok.decode(ids), "max_tokens": rng.randint(*out_range)})
+    return rows
+
+
+def write_shards(rows: list[dict[str, Any]], directory: Path, files: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    per = -(-len(rows) // files)
+    for f in range(files):
+        chunk = rows[f * per : (f + 1) * per]
+        if chunk:
+            pq.write_table(
+                pa.Table.from_pylist(chunk), directory / f"prompts-{f:02d}.parquet", row_group_size=128
+            )
+
+
+def job_spec(args: argparse.Namespace, model_dir: Path, input_glob: str, output: Path, timeline: Path) -> str:
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    return f"""[job]
+seed = 1
+split_rows = 128
+timeline_path = {json.dumps(str(timeline))}
+[input]
+path = {json.dumps(input_glob)}
+id_column = "id"
+prompt_column = "prompt"
+override_columns = ["max_tokens"]
+[model]
+path = {json.dumps(str(model_dir))}
+device = "{args.device}"
+dtype = "{dtype}"
+[engine]
+{engine_toml(args)}
+[sampling]
+temperature = 1.0
+ignore_eos = true
+logprobs = 1
+[output]
+path = {json.dumps(str(output))}
+"""
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "batch_invariant": args.batch_invariant == "on",
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_model_len": args.max_model_len,
+    }
+
+
+def engine_toml(args: argparse.Namespace) -> str:
+    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in engine_kwargs(args).items())
+
+
+def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[float, float, int]:
+    """Runs the job; returns (spawn time, exit time, exit code) as wall-clock seconds."""
+    cmd = [sys.executable, "-m", "shardinfer", "submit", "--master", args.master, "--log-format", "json"]
+    for conf in args.job_conf:
+        cmd += ["--conf", conf]
+    cmd.append(str(spec_path))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    with open(log_path, "w") as log:
+        spawned = time.time()
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        exited = time.time()
+    return spawned, exited, code
+
+
+def import_seconds() -> float:
+    """Import time of what a job process imports, in a fresh interpreter (page cache warm)."""
+    code = f"import time; t = time.perf_counter(); {IMPORTS}; print(time.perf_counter() - t)"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    return float(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
+    )
+
+
+def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine's own step loop over the same prompts and lengths (what LLM.generate runs)."""
+    from shardinfer import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        model_dir,
+        device=args.device,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+        **engine_kwargs(args),
+    )
+    start_s = time.perf_counter() - t0
+    engine = llm.llm_engine
+    t1 = time.time()
+    for i, row in enumerate(rows):
+        params = SamplingParams(
+            temperature=1.0, max_tokens=row["max_tokens"], ignore_eos=True, logprobs=1, seed=i
+        )
+        engine.add_request(f"r{i}", row["prompt"], params)
+    points: list[tuple[float, int]] = [(t1, 0)]
+    tokens = 0
+    while engine.has_unfinished():
+        done = sum(len(out.outputs[0].token_ids) for out in engine.step())
+        if done:
+            tokens += done
+            points.append((time.time(), tokens))
+    wall = time.time() - t1
+    phases = dict(getattr(engine, "startup_phases", {}) or {})
+    del engine, llm
+    return {
+        "engine_start_s": start_s,
+        "generate_s": wall,
+        "completion_tokens": tokens,
+        "points": points,
+        "startup_phases": phases,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="dense-small", choices=sorted(SHAPES))
+    ap.add_argument("--rows", type=int, default=1024)
+    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--in-range", type=int, nargs=2, default=(100, 1024))
+    ap.add_argument("--out-range", type=int, nargs=2, default=(100, 1024))
+    ap.add_argument("--master", default="local", help="the job's --master (local, local[N], ray, ...)")
+    ap.add_argument(
+        "--job-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra --conf for the job, e.g. job.max_splits_in_flight=8 (repeatable)",
+    )
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--skip-engine", action="store_true", help="run the job only")
+    ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+
+    model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload, device=args.device)
+    rows = make_rows(model_dir, args.rows, tuple(args.in_range), tuple(args.out_range))
+    now = dt.datetime.now(dt.UTC)
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="job-bench-") as tmp:
+        work = Path(tmp)
+        write_shards(rows, work / "input", args.files)
+        timeline_path = work / "timeline.jsonl"
+        spec = work / "job.toml"
+        spec.write_text(
+            job_spec(args, model_dir, str(work / "input" / "*.parquet"), work / "output", timeline_path)
+        )
+        log_path = out_dir / f"job-{args.workload}-{stamp}.log"
+        spawned, exited, code = run_job(args, spec, log_path)
+        if code != 0:
+            sys.exit(f"the job exited {code}; see {log_path}")
+        peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        events = [json.loads(line) for line in timeline_path.read_text().splitlines() if line.strip()]
+    job_wall = exited - spawned
+    commits = [e for e in events if e["event"] == "split_committed" and e.get("won")]
+    job_tokens = sum(int(e["completion_tokens"]) for e in commits)
+    startup = job_startup(events, spawned, import_seconds())
+    device = next((e for e in events if e["event"] == "device"), {})
+    engine = None if args.skip_engine else run_engine(args, model_dir, rows)
+    job_rate = job_tokens / job_wall
+    steady_job = steady_rate(timeline_points(events))
+    result: dict[str, Any] = {
+        "bench": "job_throughput",
+        "workload": args.workload,
+        "gpu": _gpu_name(args.device),
+        "commit": bench_commit(),
+        "date": now.isoformat(),
+        "batch_invariant": args.batch_invariant == "on",
+        "rows": args.rows,
+        "master": args.master,
+        "device": args.device,
+        "job_conf": args.job_conf,
+        "job_output_tok_s": job_rate,
+        "engine_output_tok_s": None,
+        "steady_ratio": None,
+        "wall_ratio": None,
+        "startup_s": startup,
+        "time_to_first_commit_s": startup.get("first_commit_s"),
+        "gpu_idle_fraction": device.get("gpu_idle_fraction"),
+        "device_timeline": device,
+        "peak_rss_mb": peak_rss_mb,
+        "job_wall_s": job_wall,
+        "completion_tokens": job_tokens,
+        "job_steady_tok_s": steady_job,
+        "splits_committed": len(commits),
+        "in_range": list(args.in_range),
+        "out_range": list(args.out_range),
+        "files": args.files,
+        "engine_settings": engine_kwargs(args),
+    }
+    if engine is not None:
+        steady_engine = steady_rate(engine.pop("points"))
+        result.update(
+            engine_output_tok_s=engine["completion_tokens"] / engine["generate_s"],
+            steady_ratio=steady_job / steady_engine if steady_job and steady_engine else None,
+            wall_ratio=job_wall / (engine["engine_start_s"] + engine["generate_s"]),
+            engine=engine,
+            engine_steady_tok_s=steady_engine,
+        )
+        if engine["completion_tokens"] != job_tokens:
+            print(f"warning: the job generated {job_tokens} tokens, the engine {engine['completion_tokens']}")
+    path = out_dir / f"job-{args.workload}-{stamp}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(format_table(result))
+    print("RESULT " + json.dumps(result))
+
+
+def _gpu_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+
+
+def format_table(r: dict[str, Any]) -> str:
+    def f(v: Any, spec: str) -> str:
+        return "—" if v is None else format(v, spec)
+
+    s = r["startup_s"]
+    lines = [
+        f"{'workload':<12} {'rows':>6} {'job tok/s':>10} {'engine tok/s':>13} {'steady':>7} {'wall':>6} "
+        f"{'start s':>8} {'1st commit s':>13} {'gpu idle':>9} {'rss MB':>7}",
+        f"{r['workload']:<12} {r['rows']:>6} {f(r['job_output_tok_s'], '.0f'):>10} "
+        f"{f(r['engine_output_tok_s'], '.0f'):>13} {f(r['steady_ratio'], '.3f'):>7} {f(r['wall_ratio'], '.2f'):>6} "
+        f"{f(s.get('first_step_s'), '.1f'):>8} {f(r['time_to_first_commit_s'], '.1f'):>13} "
+        f"{f(r['gpu_idle_fraction'], '.3f'):>9} {f(r['peak_rss_mb'], '.0f'):>7}",
+        "startup: " + ", ".join(f"{k} {v:.2f}" for k, v in s.items() if isinstance(v, float)),
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

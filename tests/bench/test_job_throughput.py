@@ -1,0 +1,112 @@
+"""bench/job_throughput.py end to end on the CPU with a tiny checkpoint, and its timeline maths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.job_timeline import job_startup, steady_rate, timeline_points
+from bench.record import job_row
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_steady_rate_interpolates_the_middle_of_the_run() -> None:
+    # 0 tokens at t=0, 100 at t=10 (10/s), then 900 more in 5 s (180/s) to 1000 at t=15.
+    points = [(0.0, 0), (10.0, 100), (15.0, 1000)]
+    # 10% (100 tokens) at t=10; 90% (900) at t = 10 + 5 * 800/900.
+    assert steady_rate(points) == pytest.approx(800 / (5 * 800 / 900))
+    assert steady_rate([(0.0, 0)]) is None
+    assert steady_rate([(0.0, 0), (1.0, 0)]) is None
+
+
+def test_points_sum_workers_and_startup_is_measured_from_spawn() -> None:
+    events = [
+        {"event": "engine_build_start", "t": 103.0, "pid": 1},
+        {"event": "engine_ready", "t": 110.0, "pid": 1, "phases": {"model_load_s": 4.0}},
+        {"event": "first_step", "t": 111.0, "pid": 1},
+        {"event": "tokens", "t": 112.0, "pid": 1, "completion_tokens": 50},
+        {"event": "tokens", "t": 112.5, "pid": 2, "completion_tokens": 30},
+        {"event": "tokens", "t": 113.0, "pid": 1, "completion_tokens": 70},
+        {"event": "split_committed", "t": 114.0, "pid": 1, "completion_tokens": 70},
+    ]
+    assert timeline_points(events) == [(111.0, 0), (112.0, 50), (112.5, 80), (113.0, 100)]
+    assert job_startup(events, spawned=100.0, imports_s=2.0) == {
+        "import_s": 2.0,
+        "plan_s": 1.0,
+        "engine_build_s": 7.0,
+        "engine_model_load_s": 4.0,
+        "first_step_s": 11.0,
+        "first_commit_s": 14.0,
+    }
+
+
+@pytest.mark.slow
+def test_tiny_workload_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
+    rows, lo, hi = 12, 2, 5
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "job_throughput.py"),
+        "--workload",
+        "tiny",
+        "--device",
+        "cpu",
+        "--rows",
+        str(rows),
+        "--files",
+        "2",
+        "--in-range",
+        "8",
+        "24",
+        "--out-range",
+        str(lo),
+        str(hi),
+        "--max-num-seqs",
+        "8",
+        "--max-model-len",
+        "256",
+        "--job-conf",
+        "job.split_rows=4",
+        "--job-conf",
+        "engine.num_kv_blocks=64",
+        "--ckpt-dir",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [path] = (tmp_path / "out").glob("job-tiny-*.json")
+    result = json.loads(path.read_text())
+    for key in (
+        "workload",
+        "gpu",
+        "commit",
+        "date",
+        "batch_invariant",
+        "rows",
+        "job_output_tok_s",
+        "engine_output_tok_s",
+        "steady_ratio",
+        "wall_ratio",
+        "startup_s",
+        "gpu_idle_fraction",
+        "peak_rss_mb",
+    ):
+        assert key in result, key
+    # ignore_eos: every row generates exactly its max_tokens, through the job and the engine alike.
+    assert result["completion_tokens"] == result["engine"]["completion_tokens"]
+    assert rows * lo <= result["completion_tokens"] <= rows * hi
+    assert result["splits_committed"] == 4 and result["rows"] == rows
+    assert result["job_output_tok_s"] > 0 and result["engine_output_tok_s"] > 0 and result["peak_rss_mb"] > 0
+    assert result["gpu_idle_fraction"] is None  # no device to measure on the CPU
+    start = result["startup_s"]
+    assert (
+        start["import_s"] > 0
+        and 0 < start["engine_build_s"] < start["first_step_s"] < start["first_commit_s"]
+    )
+    assert "| tiny |" in job_row(result)
