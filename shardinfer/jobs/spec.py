@@ -269,12 +269,16 @@ def validate(config: JobConfig) -> None:
     counts = {
         "job.split_rows": job.split_rows,
         "job.max_inflight_requests": job.max_inflight_requests,
-        "job.max_splits_in_flight": job.max_splits_in_flight,
         "job.batch_rows": job.batch_rows,
     }
     for key, count in counts.items():
         if count < 1:
             raise ConfigError(f"{key}={count}: must be >= 1")
+    if job.max_splits_in_flight < 0:
+        raise ConfigError(
+            f"job.max_splits_in_flight={job.max_splits_in_flight}: must be >= 1, or 0 for enough splits "
+            "to keep job.max_inflight_requests rows admitted"
+        )
     if not 0.0 <= job.max_error_fraction <= 1.0:
         raise ConfigError(f"job.max_error_fraction={job.max_error_fraction}: must be in [0, 1]")
     try:

@@ -23,7 +23,9 @@ class JobSection:
     ds: str = ""  # the scheduled date (YYYY-MM-DD) for `{ds}` in output paths; default: today (UTC)
     # Backpressure: rows stop entering the engine while this many requests are unfinished.
     max_inflight_requests: int = 512  # twice the engine's default max_num_seqs: a queue to refill from
-    max_splits_in_flight: int = 2  # splits read ahead and held for reassembly, per worker
+    # Splits read ahead and held for reassembly, per worker; 0: enough to keep
+    # max_inflight_requests requests admitted while the slowest row of each split finishes.
+    max_splits_in_flight: int = 0
     batch_rows: int = 256  # rows per Arrow record batch when reading
     start_over: bool = False  # discard an existing output location with another fingerprint
     task: str = "generate"  # "generate" | "score" (loglikelihoods of given text: docs/jobs.md)

@@ -270,6 +270,18 @@ def build_engine(config: JobConfig) -> Engine:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
 
 
+def splits_in_flight(config: JobConfig, samples_per_row: int) -> int:
+    """job.max_splits_in_flight, or for 0 enough splits to keep max_inflight_requests requests
+    admitted: a split stays open until its slowest row is done, so the engine's queue is refilled
+    only from the splits opened after it. The window stays bounded (about max_inflight_requests
+    plus two splits' requests); it just no longer drains while one long row finishes."""
+    job = config.job
+    if job.max_splits_in_flight:
+        return job.max_splits_in_flight
+    per_split = max(1, job.split_rows * max(1, samples_per_row))
+    return max(2, -(-job.max_inflight_requests // per_split) + 1)
+
+
 def run_worker(
     job: OpenedJob,
     order: list[Split],
@@ -303,7 +315,7 @@ def run_worker(
         preparer = RowPreparer(engine.tokenizer, engine.max_model_len, job.sampling, cfg.input, cfg.job.seed)
     settings = WorkerSettings(
         max_inflight_requests=cfg.job.max_inflight_requests,
-        max_splits_in_flight=cfg.job.max_splits_in_flight,
+        max_splits_in_flight=splits_in_flight(cfg, job.sampling.n),
         batch_rows=cfg.job.batch_rows,
         run_id=run_id,
     )
