@@ -207,6 +207,13 @@ def main() -> None:
     args = ap.parse_args()
 
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload, device=args.device)
+    if args.device == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()  # a checkpoint built just now must not shrink the job's KV cache
     rows = make_rows(model_dir, args.rows, tuple(args.in_range), tuple(args.out_range))
     now = dt.datetime.now(dt.UTC)
     stamp = now.strftime("%Y%m%d-%H%M%S")

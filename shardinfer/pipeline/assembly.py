@@ -29,7 +29,7 @@ class OutputOptions:
     prompt_logprobs: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Finished:
     """One sample the engine finished: its completion, the prompt's length and prompt logprobs."""
 
@@ -43,7 +43,7 @@ class Finished:
         return cls(out.outputs[0], len(out.prompt_token_ids), out.prompt_logprobs)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Failed:
     """One sample that produced no completion: the row's error code and message."""
 
