@@ -99,7 +99,7 @@ class StepClock:
         self._gc_t0 = 0.0
         self.slow_step_stacks: list[dict[str, Any]] = []
         schedule = engine.scheduler.schedule
-        masks = engine._grammar_masks
+        masks = engine.grammar_masks.fill
 
         def scheduled() -> Any:
             batch = schedule()
@@ -113,10 +113,10 @@ class StepClock:
             return out
 
         engine.scheduler.schedule = scheduled  # type: ignore[method-assign]
-        engine._grammar_masks = timed_masks  # type: ignore[method-assign]
+        engine.grammar_masks.fill = timed_masks  # type: ignore[method-assign]
 
     def unwrap(self) -> None:
-        del self.engine.scheduler.schedule, self.engine._grammar_masks  # back to the class's methods
+        del self.engine.scheduler.schedule, self.engine.grammar_masks.fill  # back to the class's methods
 
     @property
     def mask_fill_s(self) -> float:
@@ -271,7 +271,7 @@ def main() -> None:
     if args.mask_threads is not None or args.templates is not None:
         # The engine's own compiler, with this run's thread and template counts (the engine keeps
         # llguidance's thread count and one template per thread).
-        engine._grammar_compiler = StructuredOutputCompiler(
+        engine.grammar_masks._compiler = StructuredOutputCompiler(
             str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
             num_threads=args.mask_threads, independent_matchers=engine.config.independent_matchers,
             templates=args.templates)

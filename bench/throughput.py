@@ -46,10 +46,10 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
     marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     launch = engine._launch
 
-    def timed_launch(batch: Any) -> Any:
+    def timed_launch(batch: Any, previous: Any) -> Any:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        launched = launch(batch)
+        launched = launch(batch, previous)
         end.record()
         marks.append((start, end))
         return launched

@@ -1,6 +1,8 @@
-"""Turns a scheduled batch into flat tensors, runs the model, and returns the logits rows the
-engine needs: one sampling row per request whose computed tokens reach its end, and, for
-requests asking for prompt logprobs, one row per prompt position in this chunk.
+"""Owns the model on its device: loads it, sizes and allocates the KV cache, warms the kernels up
+and captures the decode CUDA graphs; then, each step, turns a scheduled batch into flat tensors,
+runs the model, and returns the logits rows the engine needs: one sampling row per request whose
+computed tokens reach its end, and, for requests asking for prompt logprobs, one row per prompt
+position in this chunk.
 
 Pure-decode steps on CUDA replay a captured CUDA graph (engine/cuda_graphs.py); everything
 else runs eagerly.
@@ -10,15 +12,23 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from shardinfer.engine.config import EngineConfig
 from shardinfer.engine.device_copy import array_to_device, values_to_device
 from shardinfer.engine.forward_context import AttentionMetadata, ForwardContext
+from shardinfer.engine.heap import collect_dropped
+from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
+from shardinfer.engine.models.base import KVLayerSpec, Numerics
+from shardinfer.engine.models.config import ModelConfig
+from shardinfer.engine.models.registry import load_model
 from shardinfer.engine.request import Request
 from shardinfer.engine.scheduler import ScheduledBatch
+from shardinfer.kernels import ops
 
 
 @dataclass
@@ -90,21 +100,58 @@ def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
 
 
 class ModelRunner:
-    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, ...]], block_size: int,
-                 device: torch.device, batch_invariant: bool, graphs: Any = None,
-                 keep_last_forward: bool = False) -> None:
-        self.model = model
-        self.kv_caches = kv_caches
-        self.block_size = block_size
-        self.device = device
-        self.batch_invariant = batch_invariant
-        self.graphs = graphs  # a DecodeGraphs, or None
+    def __init__(self, config: EngineConfig, model_dir: Path, model_config: ModelConfig, max_model_len: int) -> None:
+        """Load the model and build everything it runs with. `max_model_len` is the longest sequence
+        asked for; `self.max_model_len` may be shorter, when the KV cache cannot hold that many tokens."""
+        cfg = config
+        self.device = cfg.torch_device
+        self.dtype = cfg.torch_dtype
+        self.block_size = cfg.block_size
+        self.batch_invariant = cfg.batch_invariant
+        if self.device.type == "cuda":
+            # An engine dropped in a reference cycle gives its memory back before this one
+            # loads weights and sizes its KV cache from the free memory (heap.py).
+            collect_dropped()
+            torch.cuda.empty_cache()
+        self.numerics = Numerics(self.dtype, cfg.batch_invariant)
+        self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
+        specs = self.model.kv_cache_specs()
+        if cfg.speculative_mtp:
+            if not getattr(self.model, "num_mtp_layers", 0):
+                raise ValueError(f"speculative_mtp=True but {model_config.architecture} at {cfg.model!r} has no "
+                                 "MTP layer (num_nextn_predict_layers): use speculative_ngram_tokens instead")
+            specs = specs + self.model.mtp_kv_cache_specs()  # MTP caches follow the main layers'
+        self.kv_specs: list[KVLayerSpec] = specs
+        self.num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, max_model_len)
+        # No request may need more blocks than exist, or preemption could never make room for it.
+        self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
+        self.kv_caches = allocate_kv_caches(specs, self.num_blocks, cfg.block_size, self.dtype, self.device)
+        if self.device.type == "cuda" and cfg.batch_invariant:
+            self._warm_up()
+        self.graphs: Any = None  # a DecodeGraphs, or None
+        # The MTP drafter continues from each step's hidden states, which decode graphs do not keep.
+        if self.device.type == "cuda" and not cfg.enforce_eager and not cfg.speculative_mtp:
+            self.graphs = self._capture_graphs(cfg.max_num_seqs)
         self.last_step_graphed = False
         # The last eager step's inputs and hidden states, for a draft model that continues from them;
         # kept only when asked (keep_last_forward), else they would pin the device memory of the
         # last step's hidden states.
-        self.keep_last_forward = keep_last_forward
+        self.keep_last_forward = cfg.speculative_mtp
         self.last_forward: tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor] | None = None
+
+    def _warm_up(self) -> None:
+        """Compile the large-batch matmul tilings now, not in the first long prefill step."""
+        from shardinfer.engine.models.layers import Linear
+
+        ops.warm_up_matmuls([m.weight for m in self.model.modules() if isinstance(m, Linear)])
+
+    def _capture_graphs(self, max_num_seqs: int) -> Any:
+        from shardinfer.engine.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.max_model_len, max_num_seqs,
+                              self.device, self.batch_invariant)
+        graphs.capture()
+        return graphs
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         return array_to_device(a, self.device)

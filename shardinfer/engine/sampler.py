@@ -1,4 +1,4 @@
-"""Token selection and logprobs for one step's sampling rows.
+"""Token selection and logprobs for one step's sampling rows, and the plan of those rows.
 
 Each row is processed alone (per-row ops only), so a row's token never depends on its batch:
   raw logits -> logprobs (returned: the raw model distribution)
@@ -7,18 +7,29 @@ Each row is processed alone (per-row ops only), so a row's token never depends o
      /T -> top-k, then top-p and min-p over the survivors (kernels/reference_sampling.py defines
      the sets) -> + Gumbel noise g(seed, position, token id) -> argmax.
 Ties go to the lowest token id.
+
+plan_sampling() turns a forward's logits rows into sampling rows on the host, putting a
+placeholder where each sampled token will go; launch_sampling() queues their sampling.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
 from shardinfer.engine.device_copy import values_to_device
+from shardinfer.engine.model_runner import StepLogits
+from shardinfer.engine.request import PLACEHOLDER, Request
 from shardinfer.engine.sampling_noise import gumbel_noise
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.engine.scheduler import ScheduledBatch
 from shardinfer.kernels import ops
+
+# SamplingPlan.output_slots markers for requests whose sampled token owns no placeholder.
+DRAFTS = -1  # the request's draft tokens hold this step's slots (speculative decoding)
+DISCARDED = -2  # the request finished before this step sampled: its row's token is dropped
 
 
 @dataclass
@@ -191,3 +202,64 @@ def top_k_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
     """The k most likely (id, logprob), best first, ties to the lower id."""
     ranked = torch.sort(logprobs, descending=True, stable=True)
     return list(zip(ranked.indices[:k].tolist(), ranked.values[:k].tolist(), strict=True))
+
+
+def sampling_row(req: Request, position: int, eos_token_ids: list[int] | tuple[int, ...]) -> SamplingRow:
+    """The row that samples `req`'s token at `position`."""
+    p = req.params
+    blocked: list[int] = []
+    if req.num_output_tokens < p.min_tokens:
+        blocked = list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
+    # Penalties count the tokens known now: a copy, since the placeholder of the token this row
+    # samples is appended before the sampling is queued (the other rows never read the list).
+    outputs = list(req.output_token_ids) if p.has_penalties else req.output_token_ids
+    return SamplingRow(p, req.seed, position, req.prompt_token_ids, outputs, blocked)
+
+
+@dataclass
+class SamplingPlan:
+    """A forward's sampling rows prepared on the host (placeholders already in place); what is
+    left is the grammar masks and queueing the sampling itself."""
+
+    step_logits: StepLogits
+    batch: ScheduledBatch
+    rows: list[SamplingRow]
+    # Where each request's sampled token goes in its output_token_ids, or DRAFTS / DISCARDED.
+    output_slots: list[int]
+    constrained: list[tuple[Request, int]]  # (request, sampling row) that need a grammar mask
+    masks: Future[GrammarMasks | None] | None = None  # a fill running on the mask thread
+
+
+def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids: list[int] | tuple[int, ...],
+                  max_model_len: int, constrained: list[tuple[Request, int]] | None = None) -> SamplingPlan:
+    """A forward's sampling rows, with a placeholder where each token will go.
+
+    A request may have finished since its forward was queued (the previous step, completed in
+    between, stopped it): its row is sampled without a mask and its token dropped.
+    `constrained`: the rows that get a grammar mask, when already chosen (None: chosen here)."""
+    reqs, counts = step_logits.sample_requests, step_logits.sample_counts
+    rows: list[SamplingRow] = []
+    slots: list[int] = []
+    first_rows: list[int] = []
+    for req, count in zip(reqs, counts, strict=True):
+        first_rows.append(len(rows))
+        # Row j scores the token at position (tokens before the drafts) + j.
+        base = req.num_tokens - (count - 1)
+        rows.extend(sampling_row(req, base + j, eos_token_ids) for j in range(count))
+    if constrained is None:
+        constrained = [(r, first_rows[i]) for i, r in enumerate(reqs)
+                       if r.grammar is not None and not r.status.finished]
+    for i, (req, count) in enumerate(zip(reqs, counts, strict=True)):
+        if req.status.finished:
+            slots.append(DISCARDED)
+            continue
+        if count > 1:  # drafts already hold this step's slots
+            slots.append(DRAFTS)
+            continue
+        req.output_token_ids.append(PLACEHOLDER)
+        req.num_placeholders += 1
+        req.sample_slot = first_rows[i]
+        slots.append(req.num_output_tokens - 1)
+        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
+            req.finishing = True
+    return SamplingPlan(step_logits, batch, rows, slots, constrained)

@@ -14,9 +14,10 @@ import torch
 from shardinfer.kernels import reference
 from shardinfer.kernels.reference import bmm_rows
 
-__all__ = ["bmm_rows", "fused_add_rms_norm", "linear", "mla_paged_attention", "moe_experts", "paged_attention",
-           "rms_norm", "rope_interleaved", "rope_neox", "sample", "sample_with_logprobs", "silu_and_mul", "store_kv",
-           "triton_available"]
+__all__ = ["bmm_rows", "fused_add_rms_norm", "grouped_topk", "heads_matmul", "linear", "mla_absorb_query",
+           "mla_paged_attention", "mla_project_value", "moe_experts", "paged_attention", "rms_norm",
+           "rope_interleaved", "rope_neox", "sample", "sample_with_logprobs", "silu_and_mul", "store_kv",
+           "triton_available", "warm_up_matmuls"]
 
 
 @functools.cache
@@ -45,6 +46,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         flat = x.reshape(-1, x.shape[-1])
         return linear_batch_invariant(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return reference.linear(x, weight, bias, batch_invariant)
+
+
+def warm_up_matmuls(weights: list[torch.Tensor]) -> int:
+    """Compile the batch-invariant matmul's large-batch tilings for these weights now, rather than
+    in the first long prefill step (kernels/matmul.py); returns the number of tilings compiled."""
+    from shardinfer.kernels.matmul import warm_up
+
+    return warm_up(weights)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -187,3 +196,51 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
         return moe.fused_moe(x.contiguous(), topk_ids, topk_weights.float().contiguous(), w_gate_up, w_down)
     from shardinfer.kernels import reference_moe
     return reference_moe.moe_experts(x, topk_ids, topk_weights, w_gate_up, w_down, batch_invariant)
+
+
+def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Tensor | None, top_k: int,
+                 n_group: int = 1, topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
+                 scoring_func: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+    """reference_moe.grouped_topk (DeepSeek expert routing); on CUDA the Triton routing kernel
+    (kernels/moe_routing.py)."""
+    if _use_triton(router_logits):
+        from shardinfer.kernels import moe_routing
+        return moe_routing.grouped_topk(router_logits, e_score_correction_bias, top_k, n_group, topk_group,
+                                        renormalize, routed_scaling_factor, scoring_func)
+    from shardinfer.kernels import reference_moe
+    return reference_moe.grouped_topk(router_logits, e_score_correction_bias, top_k, n_group, topk_group,
+                                      renormalize, routed_scaling_factor, scoring_func)
+
+
+def heads_matmul(x: torch.Tensor, w: torch.Tensor, w_nk: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
+    """Per-head products x[:, h] @ w[h]: x [T, H, K], w [H, K, N], w_nk = w^T per head [H, N, K] -> [T, H, N].
+
+    Batch invariant: the per-head Triton matmul (kernels/heads_matmul.py), one launch for all
+    heads that reads x through its strides and each head's weight once (the CPU reference's row
+    tiles would copy the weights once per tile). Otherwise cuBLAS's batched GEMM on w.
+    """
+    if not batch_invariant:
+        return torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
+    from shardinfer.kernels.heads_matmul import heads_matmul as heads_matmul_kernel
+
+    return heads_matmul_kernel(x, w_nk)
+
+
+def mla_absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor, w_uk_nk: torch.Tensor,
+                     batch_invariant: bool = True) -> torch.Tensor:
+    """reference_mla.mla_absorb_query (q_nope [T, H, Dn] x w_uk [H, Dn, R] -> [T, H, R]); on CUDA
+    heads_matmul, given w_uk_nk = w_uk^T per head [H, R, Dn]."""
+    if q_nope.is_cuda:
+        return heads_matmul(q_nope, w_uk, w_uk_nk, batch_invariant)
+    from shardinfer.kernels import reference_mla
+    return reference_mla.mla_absorb_query(q_nope, w_uk, batch_invariant)
+
+
+def mla_project_value(o_latent: torch.Tensor, w_uv_t: torch.Tensor, w_uv_nk: torch.Tensor,
+                      batch_invariant: bool = True) -> torch.Tensor:
+    """reference_mla.mla_project_value (o_latent [T, H, R] x w_uv_t [H, R, Dv] -> [T, H, Dv]); on
+    CUDA heads_matmul, given w_uv_nk = w_uv_t^T per head [H, Dv, R]."""
+    if o_latent.is_cuda:
+        return heads_matmul(o_latent, w_uv_t, w_uv_nk, batch_invariant)
+    from shardinfer.kernels import reference_mla
+    return reference_mla.mla_project_value(o_latent, w_uv_t, batch_invariant)

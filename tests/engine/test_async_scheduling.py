@@ -56,7 +56,7 @@ def test_async_equals_sync(qwen3_dir, engine_kwargs) -> None:
     if "num_kv_blocks" in engine_kwargs:
         assert fast.llm_engine.scheduler.num_preemptions > 0
     engine = fast.llm_engine
-    assert not engine.has_unfinished() and engine._pending is None
+    assert not engine.has_unfinished() and engine.in_flight is None
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shardinfer import LLM, SamplingParams
-from shardinfer.engine.ngram_drafter import propose
+from shardinfer.engine.drafting import propose
 
 
 def test_propose_takes_the_latest_longest_match() -> None:

@@ -82,7 +82,7 @@ class StepWatch:
         self.completes_beside_fill = 0
         self._wrap(engine, "step", self._on_step)
         self._wrap(engine, "_complete", self._on_complete)
-        self._wrap(engine, "_grammar_masks", self._on_masks)
+        self._wrap(engine.grammar_masks, "fill", self._on_masks)
         self._wrap(engine, "_launch_sampling", self._on_launch_sampling)
         self._wrap(engine.runner, "execute", self._on_execute)
 
@@ -140,7 +140,7 @@ def _run(model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: st
     llm = LLM(model_dir, device=device, dtype=dtype, async_scheduling=async_scheduling, **kwargs)
     engine = llm.llm_engine
     if mask_threads is not None:  # copies of one template per thread, each template's rows on one thread
-        engine._grammar_compiler = StructuredOutputCompiler(
+        engine.grammar_masks._compiler = StructuredOutputCompiler(
             str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
             num_threads=mask_threads, independent_matchers=False)
     if parallel_accept is not None:  # the default follows the machine's CPU count
@@ -183,7 +183,7 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
         assert stats["preemptions"] > 0
     if "mask_threads" in engine_kwargs:  # the fills and accepts ran per template slot
         assert engine.grammar_compiler()._slot_pool is not None
-    assert not engine.has_unfinished() and engine._pending is None and engine._unsampled is None
+    assert not engine.has_unfinished() and engine.in_flight is None
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     # Constrained outputs that ended on their own are valid: the masks applied on the right state.
     checks: list[tuple[int, Callable[[str], object]]] = [
@@ -240,7 +240,7 @@ def test_mask_fill_has_begun_when_the_engine_thread_goes_on(qwen3_dir: Path) -> 
     or for the interpreter's switch interval, and the fill would start late."""
     llm = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=True)
     engine = llm.llm_engine
-    fill, hand_over = engine._grammar_masks, engine._fill_on_mask_thread
+    fill, hand_over = engine.grammar_masks.fill, engine.grammar_masks.fill_on_mask_thread
     began: list[int] = []
     seen_on_return: list[tuple[int, int]] = []  # (fills begun when it returned, fills handed over)
 
@@ -253,8 +253,8 @@ def test_mask_fill_has_begun_when_the_engine_thread_goes_on(qwen3_dir: Path) -> 
         seen_on_return.append((len(began), len(seen_on_return) + 1))
         return future
 
-    engine._grammar_masks = recording_fill  # type: ignore[method-assign]
-    engine._fill_on_mask_thread = checked_hand_over  # type: ignore[method-assign]
+    engine.grammar_masks.fill = recording_fill  # type: ignore[method-assign]
+    engine.grammar_masks.fill_on_mask_thread = checked_hand_over  # type: ignore[method-assign]
     params = [SamplingParams(temperature=1.0, max_tokens=40, seed=i, so_args=JSON) for i in range(4)]
     outs = llm.generate([[3 + i, 7, 11 + i] for i in range(4)], params)
     assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
@@ -275,7 +275,7 @@ def test_abort_while_masks_are_filled(qwen3_dir: Path) -> None:
         engine.add_request(f"r{i}", prompt, p)
     done = {}
     while engine.has_unfinished():
-        plan = engine._unsampled
+        plan = engine.in_flight.unsampled if engine.in_flight is not None else None
         if plan is not None and any(r.request_id == "r0" for r in plan.step_logits.sample_requests):
             break
         done.update({o.request_id: o for o in engine.step()})
@@ -285,7 +285,7 @@ def test_abort_while_masks_are_filled(qwen3_dir: Path) -> None:
     assert aborted is not None and aborted.outputs[0].finish_reason == "abort"
     while engine.has_unfinished():
         done.update({o.request_id: o for o in engine.step()})
-    assert engine._unsampled is None and engine._pending is None
+    assert engine.in_flight is None
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert [done[f"r{i}"].outputs[0].token_ids for i in (1, 2, 3)] == [o.outputs[0].token_ids for o in want]
     assert "r0" not in done
