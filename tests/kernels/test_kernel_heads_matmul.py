@@ -70,8 +70,8 @@ def test_strided_query_view_is_read_in_place(device: torch.device) -> None:
 
 
 def test_model_heads_matmul(device: torch.device) -> None:
-    """deepseek_mla.heads_matmul: the kernel when batch invariant, cuBLAS's bmm otherwise."""
-    from shardinfer.engine.models.deepseek_mla import heads_matmul as model_heads_matmul
+    """ops.heads_matmul (the models' per-head products): the kernel when batch invariant, cuBLAS's bmm otherwise."""
+    from shardinfer.kernels.ops import heads_matmul as model_heads_matmul
 
     x = _randn(5, 2, 32, dtype=torch.float32, seed=7).to(device)
     w = _randn(2, 32, 16, dtype=torch.float32, seed=8).to(device)  # [H, K, N]

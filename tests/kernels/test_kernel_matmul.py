@@ -375,7 +375,7 @@ def test_fixed_split_k_tilings_bf16(shape: str, monkeypatch: pytest.MonkeyPatch)
 
 def test_mla_heads_matmul_matches_float64_and_is_row_invariant() -> None:
     """The DeepSeek MLA per-head projection on the batch-invariant kernel (run here in the interpreter)."""
-    from shardinfer.engine.models.deepseek_mla import heads_matmul
+    from shardinfer.kernels.ops import heads_matmul
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(37, 3, 16, generator=g)

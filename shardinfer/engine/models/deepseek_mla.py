@@ -27,7 +27,6 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear, RMSNorm
 from shardinfer.engine.models.rope import RopeTable, yarn_mscale
 from shardinfer.kernels import ops
-from shardinfer.kernels import reference_mla as mla
 
 # The latent norms use RMSNorm's default epsilon in both the official and transformers code,
 # not config.rms_norm_eps.
@@ -117,31 +116,10 @@ class DeepseekMLA(nn.Module):
 
         (cache,) = ctx.kv_caches[self.layer_idx]
         ops.store_kv(cache, torch.cat([latent, k_pe.to(latent.dtype)], dim=-1), ctx.attn.slot_mapping)
-        if q_nope.is_cuda:
-            q_latent = heads_matmul(q_nope, self.w_uk, self.w_uk_nk, bi)
-        else:
-            q_latent = mla.mla_absorb_query(q_nope, self.w_uk, bi)
+        q_latent = ops.mla_absorb_query(q_nope, self.w_uk, self.w_uk_nk, bi)
         o_latent = _paged_mla(q_latent, q_pe, cache, ctx, self.scale, bi)
-        if o_latent.is_cuda:
-            o = heads_matmul(o_latent, self.w_uv_t, self.w_uv_nk, bi)
-        else:
-            o = mla.mla_project_value(o_latent, self.w_uv_t, bi)
+        o = ops.mla_project_value(o_latent, self.w_uv_t, self.w_uv_nk, bi)
         return self.o_proj(o.reshape(t, d.num_heads * d.v_head_dim))
-
-
-def heads_matmul(x: torch.Tensor, w: torch.Tensor, w_nk: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
-    """Per-head products x[:, h] @ w[h] on the GPU path: x [T, H, K], w [H, K, N], w_nk = w^T per head
-    [H, N, K] -> [T, H, N].
-
-    Batch invariant: the per-head Triton matmul (kernels/heads_matmul.py), one launch for all
-    heads that reads x through its strides and each head's weight once (the CPU reference's row
-    tiles would copy the weights once per tile). Otherwise cuBLAS's batched GEMM on w.
-    """
-    if not batch_invariant:
-        return torch.bmm(x.transpose(0, 1), w).transpose(0, 1)
-    from shardinfer.kernels.heads_matmul import heads_matmul as heads_matmul_kernel
-
-    return heads_matmul_kernel(x, w_nk)
 
 
 def _paged_mla(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext,

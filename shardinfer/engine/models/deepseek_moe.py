@@ -1,8 +1,8 @@
 """DeepSeek-V3 feed-forward blocks: the dense SwiGLU MLP and the routed mixture of experts.
 
 The MoE layer is `shared_experts(x) + sum over the token's top-k routed experts`. Routing
-(sigmoid, bias for selection only, group-limited) is `kernels.moe_routing.grouped_topk` on CUDA
-and `kernels.reference_moe.grouped_topk` elsewhere; the experts are `kernels.ops.moe_experts`:
+(sigmoid, bias for selection only, group-limited) is `kernels.ops.grouped_topk`: the routing
+kernel (kernels/moe_routing.py) on CUDA, the reference elsewhere; the experts are `kernels.ops.moe_experts`:
 the fused grouped-GEMM kernel (kernels/moe.py) on CUDA, the reference elsewhere. On CUDA the
 layer syncs nothing with the host and has no data-dependent shapes, so a decode step that
 contains it can be captured in a CUDA graph; every piece is batch invariant by construction.
@@ -21,7 +21,6 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear
 from shardinfer.errors import ModelLoadError
 from shardinfer.kernels import ops
-from shardinfer.kernels import reference_moe as moe
 
 
 class SwiGLUMLP(nn.Module):
@@ -112,13 +111,8 @@ class Router(nn.Module):
         """(topk_weights [T, k] float32, topk_ids [T, k] int64)."""
         r = self.routing
         logits = self.logits(x)
-        route = moe.grouped_topk
-        if logits.is_cuda and ops.triton_available():
-            from shardinfer.kernels import moe_routing
-
-            route = moe_routing.grouped_topk
-        return route(logits, self.e_score_correction_bias, r.top_k, r.n_group, r.topk_group, r.renormalize,
-                     r.routed_scaling_factor, r.scoring_func)
+        return ops.grouped_topk(logits, self.e_score_correction_bias, r.top_k, r.n_group, r.topk_group,
+                                r.renormalize, r.routed_scaling_factor, r.scoring_func)
 
 
 class DeepseekMoE(nn.Module):
