@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardinfer.engine.models.architectures import supported_architectures
 from shardinfer.errors import ModelLoadError
 
 
@@ -56,9 +57,6 @@ class ModelConfig:
         if not arch:
             raise ModelLoadError(f"config.json names no architecture (architectures={archs!r}, "
                                  f"model_type={model_type!r})")
-
-        from shardinfer.engine.models.registry import supported_architectures
-
         if arch not in supported_architectures():
             raise ModelLoadError(f"architecture {arch!r} is not supported; supported: "
                                  f"{', '.join(supported_architectures())}")

@@ -8,30 +8,18 @@ from typing import Any
 
 import torch
 
+from shardinfer.engine.models.architectures import MODEL_CLASSES, supported_architectures
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.loader import iter_checkpoint_tensors
 from shardinfer.errors import ModelLoadError
 
-_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "LlamaForCausalLM": ("shardinfer.engine.models.dense", "DenseForCausalLM"),
-    "Qwen2ForCausalLM": ("shardinfer.engine.models.dense", "DenseForCausalLM"),
-    "Qwen3ForCausalLM": ("shardinfer.engine.models.dense", "DenseForCausalLM"),
-    "MistralForCausalLM": ("shardinfer.engine.models.dense", "DenseForCausalLM"),
-    "DeepseekV3ForCausalLM": ("shardinfer.engine.models.deepseek_v3", "DeepseekV3ForCausalLM"),
-    "DeepseekV2ForCausalLM": ("shardinfer.engine.models.deepseek_v3", "DeepseekV2ForCausalLM"),
-}
-
-
-def supported_architectures() -> list[str]:
-    return sorted(_ARCHITECTURES)
-
 
 def model_class(config: ModelConfig) -> Any:
-    if config.architecture not in _ARCHITECTURES:
+    if config.architecture not in MODEL_CLASSES:
         raise ModelLoadError(f"architecture {config.architecture!r} is not supported; supported: "
                              f"{', '.join(supported_architectures())}")
-    module, name = _ARCHITECTURES[config.architecture]
+    module, name = MODEL_CLASSES[config.architecture]
     return getattr(importlib.import_module(module), name)
 
 
