@@ -42,6 +42,7 @@ from shardinfer.kernels._common import (
     interpreting,
 )
 from shardinfer.kernels._mma import k_loop
+from shardinfer.kernels.tuning import TileChooser, Tiling
 
 MAX_GRID_YZ = 65535  # CUDA's limit on the grid's 2nd and 3rd dims (column tiles, heads)
 
@@ -65,14 +66,20 @@ class HeadsTiles:
 TILE_OVERRIDES: dict[tuple[int, int, int, torch.dtype], HeadsTiles] = {}
 
 
-def heads_tiles(h: int, k: int, n: int, dtype: torch.dtype) -> HeadsTiles:
-    """The one tiling used for every T of an (H, K, N, dtype) problem."""
-    if (h, k, n, dtype) in TILE_OVERRIDES:
-        return TILE_OVERRIDES[(h, k, n, dtype)]
-    if dtype == torch.float32:
+def _default_tiling(key: tuple[int, int, int, torch.dtype], device: torch.device | None) -> Tiling[HeadsTiles]:
+    if key[3] == torch.float32:
         # IEEE float32 runs on the FMA units; a 32-wide K step keeps the operand tiles small.
-        return HeadsTiles(64, 64, 32)
-    return HeadsTiles(64, 64, 64)
+        return Tiling(HeadsTiles(64, 64, 32))
+    return Tiling(HeadsTiles(64, 64, 64))
+
+
+_CHOOSER: TileChooser[tuple[int, int, int, torch.dtype], HeadsTiles] = TileChooser(TILE_OVERRIDES,
+                                                                                 _default_tiling)
+
+
+def heads_tiles(h: int, k: int, n: int, dtype: torch.dtype) -> HeadsTiles:
+    """The one tiling used for every T of an (H, K, N, dtype) problem (kernels/tuning.py)."""
+    return _CHOOSER.choose((h, k, n, dtype))
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +60,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from shardinfer.kernels import tuning
 from shardinfer.kernels._common import (
     FLOAT_DTYPES,
     check_same_device,
@@ -71,6 +71,10 @@ from shardinfer.kernels._common import (
     sm_count,
 )
 from shardinfer.kernels._mma import k_loop, mma
+from shardinfer.kernels.tuning import Tiling  # one (N, K, dtype) problem's tilings by M
+
+__all__ = ["CONFIG_OVERRIDES", "TileConfig", "Tiling", "check_interchangeable", "linear_batch_invariant",
+           "linear_with_config", "measured_configs", "tile_config", "tiling", "warm_up", "warm_up_sizes"]
 
 
 @dataclass(frozen=True)
@@ -93,25 +97,6 @@ class TileConfig:
                     ("num_warps", "num_stages", "group_m", "programs_per_sm", "split_k"))
 
 
-@dataclass(frozen=True)
-class Tiling:
-    """The tilings of one (N, K, dtype) problem: `by_m` holds (max_m, config) in ascending max_m,
-    the first whose max_m >= M is used; `rest` serves larger M (and every M when by_m is empty)."""
-
-    rest: TileConfig
-    by_m: tuple[tuple[int, TileConfig], ...] = ()
-
-    def for_m(self, m: int) -> TileConfig:
-        for max_m, config in self.by_m:
-            if m <= max_m:
-                return config
-        return self.rest
-
-    @property
-    def configs(self) -> list[TileConfig]:
-        return [c for _, c in self.by_m] + [self.rest]
-
-
 def check_interchangeable(k: int, dtype: torch.dtype, configs: list[TileConfig]) -> None:
     """Raise ValueError unless every config sums a row's K products in the same order, so a
     problem may switch between them by M and stay batch invariant (module docstring)."""
@@ -132,7 +117,7 @@ def check_interchangeable(k: int, dtype: torch.dtype, configs: list[TileConfig])
 
 
 # Measured winners per (N, K, dtype) go here; anything absent falls back to `_default_config`.
-CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig | Tiling] = {}
+CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig | Tiling[TileConfig]] = {}
 
 
 def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
@@ -158,16 +143,16 @@ CONFIG_DIR = Path(__file__).parent / "matmul_configs"
 
 def config_path(gpu_name: str) -> Path:
     """Where the measured tilings for a GPU model live (`NVIDIA H200` -> `NVIDIA_H200.json`)."""
-    return CONFIG_DIR / (re.sub(r"[^A-Za-z0-9.-]+", "_", gpu_name).strip("_") + ".json")
+    return tuning.measured_path(CONFIG_DIR, gpu_name)
 
 
 @functools.cache
-def measured_configs(gpu_name: str) -> dict[tuple[int, int, torch.dtype], Tiling]:
+def measured_configs(gpu_name: str) -> dict[tuple[int, int, torch.dtype], Tiling[TileConfig]]:
     """The tilings measured for this GPU model, keyed by (N, K, dtype); empty when none were."""
     path = config_path(gpu_name)
     if not path.is_file():
         return {}
-    table: dict[tuple[int, int, torch.dtype], Tiling] = {}
+    table: dict[tuple[int, int, torch.dtype], Tiling[TileConfig]] = {}
     try:
         for entry in json.loads(path.read_text())["entries"]:
             dtype = getattr(torch, entry["dtype"])
@@ -191,22 +176,20 @@ def _gpu_name(device_index: int) -> str:
     return torch.cuda.get_device_name(device_index)
 
 
-def tiling(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None) -> Tiling:
+# Overrides first, then the GPU model's measured tilings (read at each choice, so a test may point
+# CONFIG_DIR elsewhere), then the defaults, which depend on the shape alone.
+_CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, lambda key, device: Tiling(_default_config(*key)),
+                              lambda gpu_name: measured_configs(gpu_name))
+
+
+def tiling(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None) -> Tiling[TileConfig]:
     """The tilings of an (N, K, dtype) problem on a GPU model, by batch size."""
-    override = CONFIG_OVERRIDES.get((n, k, dtype))
-    if override is not None:
-        return override if isinstance(override, Tiling) else Tiling(override)
-    if gpu_name is not None:
-        measured = measured_configs(gpu_name).get((n, k, dtype))
-        if measured is not None:
-            return measured
-    return Tiling(_default_config(n, k, dtype))
+    return _CHOOSER.tiling((n, k, dtype), gpu_name)
 
 
 def tile_config(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None, m: int | None = None) -> TileConfig:
     """The configuration an (N, K, dtype) problem runs at batch size m (None: the one for large M)."""
-    t = tiling(n, k, dtype, gpu_name)
-    return t.rest if m is None else t.for_m(m)
+    return _CHOOSER.choose((n, k, dtype), m, gpu_name)
 
 
 @triton.jit
@@ -450,16 +433,16 @@ def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor,
     return _run(x, weight, bias, tile_config(weight.shape[0], weight.shape[1], x.dtype, gpu, x.shape[0]))
 
 
-def warm_up_sizes(t: Tiling) -> list[int]:
+def warm_up_sizes(t: Tiling[TileConfig]) -> list[int]:
     """One batch size per distinct tiling of `t` (the top of each range, then one past the last)."""
     sizes: list[int] = []
     seen: list[TileConfig] = []
     for max_m, config in t.by_m:
         if config not in seen:
             seen.append(config)
-            sizes.append(max_m)
+            sizes.append(int(max_m))  # a matmul's bounds are whole row counts
     if t.rest not in seen:
-        sizes.append(t.by_m[-1][0] + 1 if t.by_m else 1)
+        sizes.append(int(t.by_m[-1][0]) + 1 if t.by_m else 1)
     return sizes
 
 

@@ -50,6 +50,7 @@ from shardinfer.kernels._common import (
     next_pow2,
 )
 from shardinfer.kernels._mma import mma
+from shardinfer.kernels.tuning import TileChooser, Tiling, below
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,18 @@ LARGE_TILE_ROWS = 64
 TILE_OVERRIDES: dict[tuple[int, int, torch.dtype], MoeTiles] = {}
 
 
+def _default_tiling(key: tuple[int, int, torch.dtype], device: torch.device | None) -> Tiling[MoeTiles]:
+    hidden, inter, dtype = key
+    hopper = device is not None and device.type == "cuda" and capability(device.index or 0) == (9, 0)
+    size = dtype.itemsize
+    if not hopper or (hidden * size) % 16 or (inter * size) % 16:
+        return Tiling(DEFAULT_TILES)
+    return Tiling(HOPPER_LARGE_TILES, ((below(LARGE_TILE_ROWS), HOPPER_SMALL_TILES),))
+
+
+_CHOOSER: TileChooser[tuple[int, int, torch.dtype], MoeTiles] = TileChooser(TILE_OVERRIDES, _default_tiling)
+
+
 def moe_tiles(hidden: int, inter: int, dtype: torch.dtype, rows_per_expert: float = 0.0,
               device: torch.device | None = None) -> MoeTiles:
     """The tiling for an expert shape and batch size (rows_per_expert = tokens * top_k / experts).
@@ -117,15 +130,9 @@ def moe_tiles(hidden: int, inter: int, dtype: torch.dtype, rows_per_expert: floa
     not mix, and how an operand reaches shared memory changes no value (GPU test:
     test_wgmma_tilings_compute_the_default_bits). Elsewhere (other GPUs, the CPU interpreter)
     that is not verified, so one tiling serves every size there. The TMA tilings need 16-byte
-    rows in both GEMMs' K dims; other shapes take the pointer tiling.
+    rows in both GEMMs' K dims; other shapes take the pointer tiling. Selection: kernels/tuning.py.
     """
-    if (hidden, inter, dtype) in TILE_OVERRIDES:
-        return TILE_OVERRIDES[(hidden, inter, dtype)]
-    hopper = device is not None and device.type == "cuda" and capability(device.index or 0) == (9, 0)
-    size = dtype.itemsize
-    if not hopper or (hidden * size) % 16 or (inter * size) % 16:
-        return DEFAULT_TILES
-    return HOPPER_LARGE_TILES if rows_per_expert >= LARGE_TILE_ROWS else HOPPER_SMALL_TILES
+    return _CHOOSER.choose((hidden, inter, dtype), rows_per_expert, device=device)
 
 
 @triton.jit

@@ -1,0 +1,95 @@
+"""Choosing a kernel's tiling: one mechanism for the matmul, the MoE GEMMs and the per-head matmul.
+
+A problem is keyed by its shape and dtype (the matmul: (N, K, dtype); MoE: (hidden,
+intermediate, dtype); per-head matmul: (H, K, N, dtype)). Its tilings come from, in order:
+
+    1. the family's overrides (measured winners; tests and tuning runs set them),
+    2. the tilings measured on this GPU model (the matmul's matmul_configs/<gpu name>.json),
+    3. the family's defaults for the shape and the device (the MoE's depend on the compute
+       capability).
+
+and form a `Tiling`: one tiling per range of batch size. The batch size (the matmul's M, the
+MoE's rows per expert) picks among them, but never the reduction order: each family switches
+only between tilings that sum every row in the same order (its module docstring says why its
+choices qualify), so a row's bits do not depend on its batch. A family whose tilings are not
+known to be interchangeable has one tiling for every size.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import torch
+
+C = TypeVar("C")  # a family's tiling dataclass
+K = TypeVar("K", bound=Hashable)  # a family's problem key
+
+
+@dataclass(frozen=True)
+class Tiling(Generic[C]):
+    """The tilings of one problem by batch size: `by_m` holds (max_m, config) in ascending max_m,
+    the first whose max_m >= the size is used; `rest` serves larger sizes (and every size when
+    by_m is empty)."""
+
+    rest: C
+    by_m: tuple[tuple[float, C], ...] = ()
+
+    def for_m(self, m: float) -> C:
+        for max_m, config in self.by_m:
+            if m <= max_m:
+                return config
+        return self.rest
+
+    @property
+    def configs(self) -> list[C]:
+        return [c for _, c in self.by_m] + [self.rest]
+
+
+def below(bound: float) -> float:
+    """The largest float under `bound`: a by_m entry (below(b), c) serves every size < b with c."""
+    import math
+
+    return math.nextafter(bound, -math.inf)
+
+
+def measured_path(directory: Path, gpu_name: str) -> Path:
+    """Where a GPU model's measured tilings live (`NVIDIA H200` -> `<directory>/NVIDIA_H200.json`)."""
+    return directory / (re.sub(r"[^A-Za-z0-9.-]+", "_", gpu_name).strip("_") + ".json")
+
+
+class TileChooser(Generic[K, C]):
+    """One family's tiling selection (module docstring).
+
+    overrides: problem key -> one tiling for every size, or a Tiling; the family's module-level
+        dict, read at each choice, so entries set later (tests, tuning runs) count.
+    default: (key, device or None) -> the family's Tiling for that problem there.
+    measured: GPU model name -> {key: Tiling} measured on that model, or None for a family
+        without measured tilings.
+    """
+
+    def __init__(self, overrides: Mapping[K, C | Tiling[C]], default: Callable[[K, torch.device | None], Tiling[C]],
+                 measured: Callable[[str], dict[K, Tiling[C]]] | None = None) -> None:
+        self.overrides = overrides
+        self.default = default
+        self.measured = measured
+
+    def tiling(self, key: K, gpu_name: str | None = None, device: torch.device | None = None) -> Tiling[C]:
+        """The problem's tilings by batch size."""
+        override = self.overrides.get(key)
+        if override is not None:
+            return override if isinstance(override, Tiling) else Tiling(override)
+        if gpu_name is not None and self.measured is not None:
+            measured = self.measured(gpu_name).get(key)
+            if measured is not None:
+                return measured
+        return self.default(key, device)
+
+    def choose(self, key: K, size: float | None = None, gpu_name: str | None = None,
+               device: torch.device | None = None) -> C:
+        """The tiling the problem runs at batch size `size` (None: the one for the largest sizes)."""
+        tiling = self.tiling(key, gpu_name, device)
+        return tiling.rest if size is None else tiling.for_m(size)
