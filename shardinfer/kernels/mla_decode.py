@@ -8,7 +8,8 @@
     score_hj = (q_latent_h . c_j + q_pe_h . k_pe_j) * scale
 
 This is multi-query attention with a single 576-wide key head whose first R columns are also
-the value. It runs on paged_attention's two-phase, fixed-chunk machinery (`pa.two_phase`: same
+the value. It runs on the two-phase, fixed-chunk machinery it shares with paged attention
+(split_kv.py, `split_kv.two_phase`: same
 causal varlen semantics, same workspace, same in-order chunk merge, same batch invariance
 argument) with its own chunk kernel, shaped for the latent:
 
@@ -25,8 +26,8 @@ argument) with its own chunk kernel, shaped for the latent:
   fills one tile exactly;
 * the chunks are merged inside the chunk kernel (`merge=True`, the default): each of a tile's
   chunk programs, once its partial is stored, counts itself in on an arrival counter
-  (`launch_counters`), and the last to arrive runs paged attention's in-order merge
-  (`pa.merge_rows`, the merge kernel's own code, so the same bits) and resets the counter. This
+  (`launch_counters`), and the last to arrive runs the in-order merge
+  (`split_kv.merge_rows`, the merge kernel's own code, so the same bits) and resets the counter. This
   saves the merge kernel's launch and its dependent loads at the end of every call.
 
 Why it is batch invariant: a row's result is a fixed function of its own keys, cut into chunks
@@ -44,6 +45,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from shardinfer.kernels import paged_attention as pa
+from shardinfer.kernels import split_kv
 from shardinfer.kernels._common import (
     FLOAT_DTYPES,
     check_same_device,
@@ -54,12 +56,11 @@ from shardinfer.kernels._common import (
 )
 
 # Tile config, fixed because it fixes the rounding. Chosen by bench/kernels/bench_kernels.py's MLA
-# sweep on an H200, timed as CUDA-graph replays (bench/kernels/NOTES.md): 64-key pointer tiles,
-# 4 warps and 1024-key chunks read the latent at 82% of copy bandwidth at batch 256, ctx 2048
-# (512-key chunks: 64%; 8 warps: 75%). The pipeline depth does not change the arithmetic: 3 stages
-# when the (q block, chunk) programs fit in one wave (no more than SMs: each SM runs one program
-# and must keep more of its own loads in flight; batch 64 ctx 2048: 61% against 44%), 2 when
-# there are several waves (batch 128 ctx 2048: 74% against 68%); see pipeline_stages.
+# sweep, timed as CUDA-graph replays (the numbers: bench/kernels/NOTES.md, "MLA decode"): 64-key
+# pointer tiles, 4 warps and 1024-key chunks read the latent fastest (against 512-key chunks and
+# 8 warps). The pipeline depth does not change the arithmetic: 3 stages when the (q block, chunk)
+# programs fit in one wave (no more than SMs: each SM runs one program and must keep more of its
+# own loads in flight), 2 when there are several waves; see pipeline_stages.
 MLA_BLOCK_M = 16
 MLA_BLOCK_N = 64
 MLA_NUM_WARPS = 4
@@ -68,7 +69,7 @@ MLA_NUM_STAGES_ONE_WAVE = 3
 MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
 # The last chunk program of a tile merges the tile's chunks (no second kernel; same arithmetic as
-# paged_attention's merge kernel, so the same bits).
+# split_kv's merge kernel, so the same bits).
 MLA_MERGE_IN_KERNEL = True
 _LOG2E = 1.4426950408889634
 
@@ -83,13 +84,13 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
                       PAGE_PREFETCH: tl.constexpr, MERGE: tl.constexpr, DV_SLICE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
-    seq, q_start, tok0 = pa._locate(qsl_ptr, num_seqs, qblock, BQ)
+    seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     ctx = tl.load(sl_ptr + seq) - q_len
     n_tok = tl.minimum(q_len - tok0, BQ)
     kv_lo = c * CHUNK
     kv_hi = tl.minimum(c * CHUNK + CHUNK, ctx + tok0 + n_tok)
-    _, tok, head, row_ok = pa._tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
+    _, tok, head, row_ok = split_kv.tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
     if (n_tok > 0) & (kv_lo < kv_hi):
         pos = ctx + tok
         h = tl.arange(0, RH)
@@ -147,7 +148,7 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
             acc_lo = acc_lo * alpha[:, None] + tl.dot(p, lat_lo, input_precision=PRECISION)
             acc_hi = acc_hi * alpha[:, None] + tl.dot(p, lat_hi, input_precision=PRECISION)
             m_i = m_new
-        w = pa.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
+        w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
         tl.store(pm_ptr + w, m_i, mask=row_ok)
         tl.store(pl_ptr + w, l_i, mask=row_ok)
         acc_rows = pacc_ptr + w[:, None] * (2 * RH) + h[None, :]
@@ -163,11 +164,12 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
             slot = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
             if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == n_chunks - 1:
                 tl.store(slot, 0)
-                w_row = pa.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
+                w_row = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads,
+                                              n_chunks, BQ)
                 for d0 in range(0, 2 * RH, DV_SLICE):
-                    pa.merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head, row_ok,
-                                  ctx, tok0, n_tok, 0, d0 + tl.arange(0, DV_SLICE), 2 * RH, DV_SLICE, BLOCK_M, CHUNK,
-                                  False, ".cg")
+                    split_kv.merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head,
+                                        row_ok, ctx, tok0, n_tok, 0, d0 + tl.arange(0, DV_SLICE), 2 * RH, DV_SLICE,
+                                        BLOCK_M, CHUNK, False, ".cg")
 
 
 def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, block_m: int, sms: int) -> int:
@@ -176,10 +178,10 @@ def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, bl
 
     Chunks are counted up to two: decode steps run as CUDA graphs captured with the longest
     allowed context, so there max_seq_len says nothing about the real one; up to two chunks
-    (2048 keys) is where one wave gains most (batch 64 ctx 2048: 61% of copy bandwidth against
-    44%), and beyond it both depths are within a few points (batch 64 ctx 8192: 69% and 74%).
+    is where one wave gains most, and beyond it both depths are within a few points
+    (bench/kernels/NOTES.md, "MLA decode").
     """
-    tokens_per_block = block_m // pa.heads_per_tile(heads, block_m)
+    tokens_per_block = block_m // split_kv.heads_per_tile(heads, block_m)
     programs = -(-tokens // tokens_per_block) * min(2, max(1, -(-max_seq_len // kv_chunk)))
     return MLA_NUM_STAGES_ONE_WAVE if programs <= sms else MLA_NUM_STAGES
 
@@ -196,7 +198,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     [num_blocks, block_size, R + Dr] contiguous, same dtype; query_start_loc [B + 1], seq_lens [B],
     block_tables [B, max_blocks] int32 on the same device. R (32..512) and Dr (16..256) must be
     powers of two (512 and 64 for DeepSeek-V3). tma=True (Hopper and later) loads key tiles through
-    TMA descriptors; measured slower than the pointer path on an H200, so off by default.
+    TMA descriptors; measured slower than the pointer path (bench/kernels/NOTES.md), so off by default.
     page_prefetch (pointer path): read the chunk's page ids once before its key tiles instead of
     one block-table read per tile. merge: the last of a tile's chunk programs to finish merges the
     chunks (same bits as the separate merge kernel, which merge=False launches).
@@ -247,9 +249,9 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     # The merging program takes the value columns in slices of 4096 float32 per chunk (half the
     # latent with 16-row tiles), four chunks in flight: twice the merge kernel's slices, which the
     # registers freed by the key loop hold without spilling (whole rows spill).
-    merge_slice = pa.combine_slice(block_m, r, per_chunk=4096)
+    merge_slice = split_kv.combine_slice(block_m, r, per_chunk=4096)
 
-    def phase1(grid: tuple[int, int, int], base: int, ws: pa.Workspace, common: dict[str, object]) -> None:
+    def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace, common: dict[str, object]) -> None:
         # Without the merge the counters are never touched: ws.m stands in for them.
         _mla_chunk_kernel[grid](
             q_latent, q_pe, cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
@@ -259,5 +261,5 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
             PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
             DV_SLICE=merge_slice, num_warps=num_warps, num_stages=num_stages, **common)
 
-    return pa.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
+    return split_kv.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
                         merge_in_phase1=merge)

@@ -6,8 +6,7 @@ import pytest
 import torch
 from kernel_checks import TOL, compiled_variants, rel_err
 
-from shardinfer.kernels import mla_decode, reference_mla
-from shardinfer.kernels import paged_attention as pa
+from shardinfer.kernels import mla_decode, reference_mla, split_kv
 from shardinfer.kernels.mla_decode import mla_paged_attention
 
 
@@ -226,7 +225,7 @@ def test_batch_shapes_compile_nothing_new_on_gpu() -> None:
 
     run([3, 1, 1], [0, 2500, 70], 1)
     torch.cuda.synchronize()
-    kernels = (mla_decode._mla_chunk_kernel, pa._combine_kernel)
+    kernels = (mla_decode._mla_chunk_kernel, split_kv.merge_kernel)
     before = compiled_variants(*kernels)
     shapes = [([1], [5]), ([2, 1], [0, 60]), ([1] * 17, [40 * i for i in range(17)]), ([1] * 60, [1100] * 60)]
     for i, (q_lens, ctx) in enumerate(shapes):

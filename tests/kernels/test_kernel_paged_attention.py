@@ -7,7 +7,7 @@ import torch
 from kernel_checks import TOL, PagedBatch, compiled_variants, rel_err
 
 from shardinfer.kernels import paged_attention as pa
-from shardinfer.kernels import reference
+from shardinfer.kernels import reference, split_kv
 from shardinfer.kernels.paged_attention import paged_attention
 
 # Mixed batch: a fresh prefill, decodes at several depths, a chunked-prefill continuation.
@@ -55,7 +55,7 @@ def test_every_chunk_count_merges(device: torch.device, window: int | None) -> N
     ctx = [64 * k - 1 for k in range(1, 10)]
     b = PagedBatch([1] * 9, ctx, hq=4, hk=2, d=16, dv=256, block_size=16, dtype=torch.float32, device=device,
                    seed=12)
-    assert pa.combine_slice(16, 256) == 128
+    assert split_kv.combine_slice(16, 256) == 128
     ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.3, window)
     out = _run(b, 0.3, window, kv_chunk=64)
     assert rel_err(out, ref) < 1e-5
@@ -171,10 +171,10 @@ def test_batch_shapes_compile_nothing_new_on_gpu() -> None:
 
     run([40, 1, 1], [0, 3000, 17], 1)
     torch.cuda.synchronize()
-    before = compiled_variants(pa._attn_chunk_kernel, pa._combine_kernel)
+    before = compiled_variants(pa._attn_chunk_kernel, split_kv.merge_kernel)
     shapes = [([1], [5]), ([3, 1], [0, 250]), ([1] * 17, [30 * i for i in range(17)]), ([200, 1], [0, 511]),
               ([1] * 64, [2100] * 64)]
     for i, (q_lens, ctx) in enumerate(shapes):
         run(q_lens, ctx, 2 + i)
     torch.cuda.synchronize()
-    assert compiled_variants(pa._attn_chunk_kernel, pa._combine_kernel) == before
+    assert compiled_variants(pa._attn_chunk_kernel, split_kv.merge_kernel) == before
