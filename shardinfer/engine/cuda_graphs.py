@@ -3,7 +3,7 @@
 A decode step of B requests (one new token each) is captured once per bucket size B and then
 replayed: static input buffers are refilled in place, the graph runs the whole model plus the
 LM head, and the logits of the real rows are read back. Rows beyond the real batch (padding up
-to the bucket) get slot -1 (their KV store is skipped), a one-token sequence and block 0, and
+to the bucket) get slot SKIP_SLOT (their KV store is skipped), a one-token sequence and block 0, and
 their logits are ignored. Attention sizes its chunk grid from max_model_len so one graph serves
 any context length.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardinfer.engine.forward_context import AttentionMetadata, ForwardContext
+from shardinfer.engine.forward_context import SKIP_SLOT, AttentionMetadata, ForwardContext
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 
@@ -33,7 +33,7 @@ class DecodeGraphs:
         self.max_blocks = -(-max_model_len // block_size)
         self.input_ids = torch.zeros(b_max, dtype=torch.int64, device=device)
         self.positions = torch.zeros(b_max, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((b_max,), -1, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((b_max,), SKIP_SLOT, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(b_max, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(b_max, self.max_blocks, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(b_max + 1, dtype=torch.int32, device=device)
@@ -95,7 +95,7 @@ class DecodeGraphs:
         st["lens"][:n] = torch.from_numpy(host.seq_lens)
         st["tables"][:n, :width] = torch.from_numpy(np.maximum(host.block_tables, 0))
         # Padding rows: skip the KV store, attend to one (ignored) key in block 0.
-        st["slots"][n:b] = -1
+        st["slots"][n:b] = SKIP_SLOT
         st["lens"][n:b] = 1
         st["ids"][n:b] = 0
         st["pos"][n:b] = 0

@@ -5,9 +5,10 @@ A step packs every scheduled request's new tokens into one token axis:
     tokens:     [ r0 t0..t4 | r1 t0 | r2 t0..t2 ]      T = 9 new tokens
     query_start_loc = [0, 5, 6, 9]                     (B + 1)
     seq_lens        = [ctx0 + 5, ctx1 + 1, ctx2 + 3]   keys each request attends to after the store
-    block_tables    = [B, max_blocks] int32, -1 padded; block b of request i holds its
+    block_tables    = [B, max_blocks] int32, PAD_BLOCK padded; block b of request i holds its
                       positions [b * block_size, (b + 1) * block_size)
     slot_mapping    = [T] int64, block_id * block_size + offset: where each new token's KV goes
+                      (SKIP_SLOT: a CUDA graph's padding row, whose KV store the kernel skips)
 
 Positions are absolute (the request's token index), so RoPE, sampling noise and the causal
 mask never depend on how the request was chunked or batched.
@@ -18,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+PAD_BLOCK = -1  # a block-table entry past the request's blocks
+SKIP_SLOT = -1  # a slot_mapping entry whose KV is not stored (kernels/kv_store.py skips it)
 
 
 @dataclass

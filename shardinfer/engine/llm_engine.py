@@ -337,7 +337,7 @@ class LLMEngine:
         self.scheduler.finish(req)
         self.requests.pop(req.request_id, None)
         self.counters["finished_requests"] += 1
-        self.counters["cached_tokens"] += max(req.num_cached_tokens, 0)
+        self.counters["cached_tokens"] += req.cached_prompt_tokens
         return self.outputs.output(req)
 
     def stats(self) -> dict[str, float]:

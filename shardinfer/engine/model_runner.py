@@ -20,7 +20,7 @@ import torch
 
 from shardinfer.engine.config import EngineConfig
 from shardinfer.engine.device_copy import array_to_device, values_to_device
-from shardinfer.engine.forward_context import AttentionMetadata, ForwardContext
+from shardinfer.engine.forward_context import PAD_BLOCK, AttentionMetadata, ForwardContext
 from shardinfer.engine.heap import collect_dropped
 from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
@@ -65,7 +65,7 @@ class HostBatch:
     slot_mapping: np.ndarray  # [T] int64
     query_start_loc: np.ndarray  # [B + 1] int32
     seq_lens: np.ndarray  # [B] int32
-    block_tables: np.ndarray  # [B, max_blocks] int32, -1 padded
+    block_tables: np.ndarray  # [B, max_blocks] int32, PAD_BLOCK padded
 
 
 def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
@@ -80,10 +80,10 @@ def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
     np.cumsum(counts, out=qsl[1:])
     n_total = int(qsl[-1])
     seq_lens = (starts + counts).astype(np.int32)
-    # Block tables: one flat read of every table, scattered into a -1 padded [B, max_blocks] array.
+    # Block tables: one flat read of every table, scattered into a PAD_BLOCK padded [B, max_blocks] array.
     table_lens = np.fromiter((len(r.block_table) for r in reqs), dtype=np.int64, count=b)
     max_blocks = int(table_lens.max()) if b else 0
-    tables = np.full((b, max_blocks), -1, dtype=np.int32)
+    tables = np.full((b, max_blocks), PAD_BLOCK, dtype=np.int32)
     flat_blocks = np.fromiter(itertools.chain.from_iterable(r.block_table for r in reqs), dtype=np.int64,
                               count=int(table_lens.sum()))
     table_rows = np.repeat(np.arange(b), table_lens)

@@ -124,7 +124,7 @@ class OutputProcessor:
             request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
             prompt_logprobs=list(req.prompt_logprobs) if p.prompt_logprobs is not None else None,
             prompt_top_logprobs=list(req.prompt_top_logprobs) if p.prompt_logprobs else None,
-            outputs=[completion], num_cached_tokens=max(req.num_cached_tokens, 0),
+            outputs=[completion], num_cached_tokens=req.cached_prompt_tokens,
             finished=req.status.finished, metrics={"preemptions": float(req.num_preemptions)})
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from shardinfer.engine.sampling_params import SamplingParams
 
 PLACEHOLDER = -1  # an output token still being sampled on the device
+NOT_ADMITTED = -1  # num_cached_tokens of a request never admitted yet
+NO_SAMPLE_ROW = -1  # sample_slot of a request that has not sampled yet
 
 
 class RequestStatus(enum.Enum):
@@ -43,7 +45,7 @@ class Request:
     prompt_logprobs: list[float | None] = field(default_factory=list)
     prompt_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
     num_computed_tokens: int = 0
-    num_cached_tokens: int = -1  # prompt tokens found in the prefix cache at first admission
+    num_cached_tokens: int = NOT_ADMITTED  # prompt tokens found in the prefix cache at first admission
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # hashes of this request's full blocks
     # Sliding-window models: the first blocks of block_table that left every layer's window and were
@@ -57,7 +59,7 @@ class Request:
     # Asynchronous scheduling: a sampled token whose value is still on the device sits in
     # output_token_ids as PLACEHOLDER until the step completes; the next step reads it there.
     num_placeholders: int = 0
-    sample_slot: int = -1  # this request's row in the newest launched step's sampled tokens
+    sample_slot: int = NO_SAMPLE_ROW  # this request's row in the newest launched step's sampled tokens
     finishing: bool = False  # its last launched token reaches max_tokens: schedule it no more
     # Speculative decoding: draft tokens appended to output_token_ids (and counted as placeholders)
     # for this step's verification; the engine replaces them with the verified tokens.
@@ -76,6 +78,11 @@ class Request:
         if end <= p:
             return self.prompt_token_ids[start:end]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens found in the prefix cache at first admission (0 before it)."""
+        return 0 if self.num_cached_tokens == NOT_ADMITTED else self.num_cached_tokens
 
     @property
     def num_tokens(self) -> int:

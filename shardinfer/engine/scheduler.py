@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from shardinfer.engine.block_manager import BlockManager
-from shardinfer.engine.request import Request, RequestStatus
+from shardinfer.engine.request import NOT_ADMITTED, Request, RequestStatus
 
 
 @dataclass
@@ -91,7 +91,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.blocks.admit(req, cached)
-            if req.num_cached_tokens < 0:
+            if req.num_cached_tokens == NOT_ADMITTED:
                 req.num_cached_tokens = computed
             self.blocks.allocate(req, computed + n)
             req.status = RequestStatus.RUNNING
