@@ -76,10 +76,10 @@ class EngineConfig:
         """Whether grammar matchers are built per sample (structured_independent_matchers resolved).
 
         Independent matchers share no lexer cache, so llguidance fills their masks in parallel, but
-        each recomputes what copies share. Mask fill per decode step in the engine (JSON Schema,
-        32k-token BPE) on a 16-core GPU host at batch ~190: 8.5 ms independent vs 14.8 ms for copies
-        of one template and 10.1 ms for copies of 12; on 2 cores at batch 64, copies 6.6-7.0 ms vs
-        independent 7.3-10.9 ms. Hence independent from 4 CPUs (docs/structured-outputs.md).
+        each recomputes what copies share. Measured per decode step in the engine, independent
+        matchers filled the masks fastest on a many-core GPU host and copies of one template on 2
+        cores; hence independent from INDEPENDENT_MATCHERS_MIN_CPUS CPUs (the measurements:
+        docs/structured-outputs.md).
         """
         if self.structured_independent_matchers is not None:
             return self.structured_independent_matchers

@@ -1,9 +1,9 @@
 """Keeping Python's cyclic garbage collector out of the step loop.
 
 A full collection walks every object the collector tracks. Once torch and a model are loaded
-that is a few hundred thousand objects and 100 ms or more, a pause that lands in whichever
-step happens to allocate past the oldest generation's threshold: on a GPU, where a decode
-step takes about 10 ms, one such pause costs as much as ten steps. The objects an engine makes
+that is a few hundred thousand objects, a pause that lands in whichever step happens to
+allocate past the oldest generation's threshold: on a GPU one such pause costs as much as
+several decode steps (measured: docs/engine.md, docs/structured-outputs.md). The objects an engine makes
 at startup (modules, the Python side of its parameters and caches, captured graphs, and
 everything the imports left behind) live as long as the engine, so once it is built they are
 moved to the collector's permanent generation (`gc.freeze`) and later collections walk only

@@ -1,8 +1,8 @@
 """Sampling without filters, and every row's log-sum-exp, with each row split over fixed chunks.
 
 The filtered kernel (kernels/sampling.py) gives a row one program, which must walk the whole
-vocabulary computing a hash, two logs and an exp per id: at 256 rows x 152k ids that is two
-waves of 256 busy SMs' worth of ALU work, ~0.4 ms, against ~0.04 ms of reading the logits. Rows
+vocabulary computing a hash, two logs and an exp per id: at a large batch and vocabulary that
+ALU work, not reading the logits, bounds its time (bench/kernels/NOTES.md, "Sampling"). Rows
 that only ask for temperature (or greedy) need no threshold, so here a row is cut into chunks
 of _CHUNK ids, one program each, and a second kernel combines the chunks of a row in chunk
 order:
