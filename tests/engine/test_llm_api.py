@@ -14,8 +14,8 @@ import pytest
 from tokenizers import Tokenizer as RawTokenizer
 
 from shardinfer import LLM, SamplingParams
+from shardinfer.engine.output_processor import check_stop
 from shardinfer.engine.request import Request, RequestStatus
-from shardinfer.engine.stop_checker import check_stop
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.job import resolve_sampling
 
