@@ -25,7 +25,7 @@ from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import ConfigError, UsageError
 from shardinfer.pipeline.config import SCHEMA_FIELDS, TASKS, TYPED_SECTIONS, JobConfig
 
-SECTIONS = ("job", "input", "model", "engine", "sampling", "output")
+SECTIONS = ("job", "input", "model", "engine", "sampling", "output", "ray")
 _ENGINE_EXCLUDED = {"model", "device", "dtype"}  # set through [model]
 
 

@@ -63,12 +63,27 @@ class ModelSection:
     path: str = ""
     dtype: str = "auto"  # "auto": bfloat16 on cuda, float32 on cpu
     device: str = "auto"  # "auto": cuda when available, else cpu
+    # For a model.path on object storage (s3://..., any fsspec URL): copied once per machine.
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class OutputSection:
     path: str = ""
     storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RaySection:
+    """`--master ray`: where the cluster is and what each worker actor asks of it."""
+
+    address: str = ""  # "" -> RAY_ADDRESS, else a local cluster; "ray://HOST:PORT" for Ray Client
+    num_workers: int = 0  # worker actors; 0 -> one per GPU of the cluster (per CPU slot without GPUs)
+    num_cpus_per_worker: float = 1.0  # on clusters without GPUs
+    max_restarts: int = -1  # replacement actors a run may start; -1 -> as many as num_workers
+    resources: dict[str, float] = field(default_factory=dict)  # extra custom resources per actor
+    model_cache_dir: str = ""  # where nodes cache a model.path URL; "" -> ~/.cache/shardinfer/models
+    runtime_env: dict[str, Any] = field(default_factory=dict)  # for --deploy-mode cluster's driver
 
 
 @dataclass
@@ -79,6 +94,7 @@ class JobConfig:
     engine: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     output: OutputSection = field(default_factory=OutputSection)
+    ray: RaySection = field(default_factory=RaySection)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -92,6 +108,7 @@ class JobConfig:
             engine=dict(data.get("engine", {})),
             sampling=dict(data.get("sampling", {})),
             output=OutputSection(**data.get("output", {})),
+            ray=RaySection(**data.get("ray", {})),
         )
 
 
@@ -106,4 +123,5 @@ TYPED_SECTIONS: dict[str, type] = {
     "input": InputSection,
     "model": ModelSection,
     "output": OutputSection,
+    "ray": RaySection,
 }

@@ -35,9 +35,11 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def model_identity(model_dir: str) -> dict[str, Any]:
+def model_identity(model_dir: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Hashes of config.json and tokenizer files, weight file names and sizes, the chat template."""
-    root = Path(model_dir)
+    if "://" in model_dir and not model_dir.startswith("file://"):
+        return _remote_model_identity(model_dir, storage_options or {})
+    root = Path(model_dir.removeprefix("file://"))
     if not root.is_dir():
         raise ConfigError(
             f"model.path={model_dir!r} is not a directory; point it at a local Hugging Face "
@@ -66,6 +68,44 @@ def model_identity(model_dir: str) -> dict[str, Any]:
     return out
 
 
+def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """model_identity of a model folder on object storage, from its listing and its small files,
+    without copying the weights (workers copy the model into their machine's cache)."""
+    from shardinfer.storage import filesystem
+
+    fs, root = filesystem(url, storage_options)
+    try:
+        sizes = {
+            str(i["name"]).rstrip("/").rsplit("/", 1)[-1]: int(i["size"])
+            for i in fs.ls(root, detail=True)
+            if i.get("type") == "file"
+        }
+    except FileNotFoundError:
+        raise ConfigError(f"model.path={url!r} does not exist; give the URL of a model folder") from None
+
+    def read(name: str) -> bytes | None:
+        return fs.cat_file(f"{root.rstrip('/')}/{name}") if name in sizes else None
+
+    config_bytes = read("config.json")
+    weights = {n: size for n, size in sorted(sizes.items()) if n.endswith(".safetensors")}
+    if config_bytes is None or not weights:
+        raise ConfigError(f"model.path={url!r} holds no config.json and *.safetensors; is it a model folder?")
+    tok = read("tokenizer.json")
+    tok_cfg = read("tokenizer_config.json")
+    jinja = read("chat_template.jinja")
+    template = (
+        jinja.decode()
+        if jinja is not None
+        else (json.loads(tok_cfg).get("chat_template") if tok_cfg else None)
+    )
+    return {
+        "model.config_sha256": _sha256_bytes(config_bytes),
+        "model.weights": weights,
+        "tokenizer.sha256": _sha256_bytes(tok) if tok is not None else None,
+        "tokenizer.chat_template_sha256": _sha256_bytes(_canonical(template).encode()) if template else None,
+    }
+
+
 def compute_fingerprint(
     config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str
 ) -> dict[str, Any]:
@@ -76,7 +116,7 @@ def compute_fingerprint(
     """
     inp = config.input
     parts: dict[str, Any] = {"fingerprint_version": FINGERPRINT_VERSION}
-    parts.update(model_identity(config.model.path))
+    parts.update(model_identity(config.model.path, config.model.storage_options))
     device_type, dtype = resolved_numerics(config)
     parts["engine.numerics"] = {
         "dtype": dtype,

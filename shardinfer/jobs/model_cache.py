@@ -1,0 +1,138 @@
+"""`model.path` as an object-storage URL: each machine copies the model once into a local cache.
+
+A cluster then needs no shared file system. The cache entry's name is a hash of the remote
+files' names, sizes and checksums (S3 ETags, or what the filesystem reports), so a model
+replaced under the same URL gets a new entry instead of mixing old and new files. A copy is
+made in a temporary folder beside the entry, each file's size checked against the listing and
+its SHA-256 recorded in a manifest, and only then renamed into place: a half-copied model is
+never used. Before each use the entry's files are checked against the manifest's sizes (and,
+with `verify="full"`, its hashes), and a damaged entry is copied again.
+
+Several workers on one machine may ask at once: a lock file lets one copy while the others wait.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from shardinfer.pipeline.errors import ConfigError
+
+MANIFEST = ".shardinfer-model.json"
+DEFAULT_CACHE = "~/.cache/shardinfer/models"
+
+
+def is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def local_model_path(
+    path: str, storage_options: dict[str, Any] | None = None, cache_dir: str = "", verify: str = "size"
+) -> str:
+    """A local directory holding the model at `path`: `path` itself when it is local."""
+    if path.startswith("file://"):
+        path = path.removeprefix("file://")
+    if not is_url(path):
+        return path
+    from shardinfer.storage import filesystem
+
+    fs, root = filesystem(path, storage_options or {})
+    listing = remote_listing(fs, root, path)
+    key = hashlib.sha256(json.dumps(listing, sort_keys=True).encode()).hexdigest()[:24]
+    cache = Path(os.path.expanduser(cache_dir or os.environ.get("SHARDINFER_MODEL_CACHE", DEFAULT_CACHE)))
+    cache.mkdir(parents=True, exist_ok=True)
+    entry = cache / key
+    with open(cache / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one copier per machine; the others find it done
+        if entry.is_dir() and verify_entry(entry, listing, full=verify == "full"):
+            return str(entry)
+        if entry.exists():
+            shutil.rmtree(entry)
+        _copy(fs, root, path, listing, entry)
+    return str(entry)
+
+
+def remote_listing(fs: Any, root: str, url: str) -> dict[str, dict[str, Any]]:
+    """name -> {size, checksum} of the model folder's files (not recursive: an HF folder is flat)."""
+    try:
+        infos = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        raise ConfigError(f"model.path={url!r} does not exist; give the URL of a model folder") from None
+    files = {}
+    for info in infos:
+        if info.get("type") != "file":
+            continue
+        name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
+        checksum = info.get("ETag") or info.get("etag") or info.get("md5") or info.get("mtime")
+        files[name] = {"size": int(info["size"]), "checksum": str(checksum) if checksum is not None else ""}
+    if "config.json" not in files or not any(n.endswith(".safetensors") for n in files):
+        raise ConfigError(
+            f"model.path={url!r} holds no Hugging Face model (config.json and *.safetensors); "
+            f"found {sorted(files)[:10]}"
+        )
+    return files
+
+
+def verify_entry(entry: Path, listing: dict[str, dict[str, Any]], full: bool = False) -> bool:
+    """True when every listed file is there with its size (and, if `full`, its recorded hash)."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    if set(manifest.get("files", {})) != set(listing):
+        return False
+    for name, want in listing.items():
+        local = entry / name
+        if not local.is_file() or local.stat().st_size != want["size"]:
+            return False
+        if full and _sha256(local) != manifest["files"][name]["sha256"]:
+            return False
+    return True
+
+
+def _copy(fs: Any, root: str, url: str, listing: dict[str, dict[str, Any]], entry: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    try:
+        recorded = {}
+        for name, want in sorted(listing.items()):
+            digest = hashlib.sha256()
+            with fs.open(f"{root.rstrip('/')}/{name}", "rb") as src, open(tmp / name, "wb") as dst:
+                while chunk := src.read(16 << 20):
+                    digest.update(chunk)
+                    dst.write(chunk)
+            size = (tmp / name).stat().st_size
+            if size != want["size"]:
+                raise ConfigError(
+                    f"model.path={url!r}: {name} copied as {size} bytes, listed as {want['size']}; "
+                    "the model changed while it was being copied, rerun"
+                )
+            recorded[name] = {**want, "sha256": digest.hexdigest()}
+        (tmp / MANIFEST).write_text(json.dumps({"source": url, "files": recorded}, sort_keys=True))
+        os.replace(tmp, entry)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def with_local_model(config: Any, cache_dir: str = "") -> Any:
+    """A copy of a JobConfig whose model.path is a local directory (copied first if it is a URL)."""
+    import dataclasses
+
+    local = local_model_path(config.model.path, dict(config.model.storage_options), cache_dir)
+    if local == config.model.path:
+        return config
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, path=local))
