@@ -36,7 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     def run_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--master", default="local", help="local | local[N] | local[*] (default: local)")
+        p.add_argument(
+            "--master",
+            default="local",
+            help="local | local[N] | local[*] | ray (ray.address, RAY_ADDRESS or a local cluster) | "
+            "ray://HOST:PORT (default: local)",
+        )
+        p.add_argument(
+            "--deploy-mode",
+            choices=["client", "cluster"],
+            default="client",
+            help="with --master ray: run the driver here (client) or as a Ray Job on the cluster (cluster)",
+        )
         p.add_argument(
             "--conf",
             action="append",
@@ -172,11 +183,38 @@ def _validate(spec: ResolvedSpec) -> int:
     return EXIT_OK
 
 
+def _is_ray(master: str) -> bool:
+    return master == "ray" or master.startswith("ray://")
+
+
 def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) -> int:
-    from shardinfer.jobs.executor import RunStats, parse_master, run_in_process, run_processes
+    if args.deploy_mode == "cluster":
+        if not _is_ray(args.master):
+            raise UsageError(
+                f"--deploy-mode cluster needs --master ray or ray://HOST:PORT, not {args.master!r}"
+            )
+        from shardinfer.jobs.ray_submit import submit_to_cluster
+
+        return submit_to_cluster(args, spec, reporter)
+    cluster = None
+    if _is_ray(args.master) and not args.dry_run:
+        from shardinfer.jobs.ray_executor import RayCluster
+
+        cluster = RayCluster(args.master, spec.config.ray, reporter)
+        cluster.resolve_device(spec.config)
+    try:
+        return _run_job(args, spec, reporter, cluster)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+
+
+def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, cluster: Any) -> int:
+    from shardinfer.jobs.executor import make_scheduler, parse_master, run_in_process, run_processes
+    from shardinfer.jobs.split_driver import RunStats
     from shardinfer.pipeline.job import finalize_job, open_job, write_plan
 
-    num_workers = parse_master(args.master)
+    num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
     config = spec.config
     if args.verbose:
         for key, source in sorted(spec.sources.items()):
@@ -196,28 +234,33 @@ def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) ->
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     write_plan(job, config.job.run_id)
-    remaining = [s for s in job.splits if s.index not in job.committed]
+    scheduler = make_scheduler(job)
     n_samples = int(config.sampling.get("n", 1))
     reporter.info(
         "starting",
         output=config.output.path,
         splits=len(job.splits),
-        remaining=len(remaining),
-        workers=num_workers,
+        remaining=scheduler.total,
+        workers=num_workers or args.master,
         state=job.state,
     )
-    reporter.start(sum(s.num_rows for s in remaining) * n_samples, len(remaining))
+    remaining_rows = sum(s.num_rows for s in job.splits if s.index not in job.committed)
+    reporter.start(remaining_rows * n_samples, scheduler.total)
     stats = RunStats()
     started = time.monotonic()
     try:
-        if remaining:
-            if num_workers == 1:
-                run_in_process(job, stop, reporter, stats)
+        if scheduler.total:
+            if cluster is not None:
+                num_workers = cluster.run(job, scheduler, stop, reporter, stats)
+            elif num_workers == 1:
+                run_in_process(job, scheduler, stop, reporter, stats)
             else:
-                run_processes(job, num_workers, stop, reporter, stats)
+                run_processes(job, scheduler, num_workers, stop, reporter, stats)
     finally:
         reporter.close()
-    success = finalize_job(job, config.job.run_id, stats.summary(time.monotonic() - started, num_workers))
+    run_summary = stats.summary(time.monotonic() - started, num_workers, scheduler)
+    run_summary["run_rows_redone"] = reporter.progress.rows_redone
+    success = finalize_job(job, config.job.run_id, run_summary)
     reporter.summary(success.get("summary", success))
     return EXIT_OK
 

@@ -1,36 +1,37 @@
 """Local executors: `local` runs the worker in this process, `local[N]` runs N worker processes.
 
-Workers coordinate only through the output store: each starts with its own share of the splits
-(index % N) and then takes the others' from the far end, skipping any split whose commit
-marker exists. Two workers may therefore compute the same split near the meeting point; the
-create-if-absent marker lets exactly one commit it and the loser deletes its part. A worker
-that dies is reported; its splits are picked up by the survivors, by a retry round here, or by
-the next run.
+Either way the driver's split scheduler (split_scheduler.py) decides who computes what: a worker
+asks for a split when it has room for one, so every split is computed once, the biggest first,
+and a split is computed again only after its worker died (split_driver.py reassigns it and
+starts a replacement). The commit markers stay the source of truth for what is done.
 
-Worker processes talk back through stdout, one JSON event per line (progress, commits, their
-final result), which the parent folds into one progress display and one summary.
+A worker process talks to the driver over its pipes, one JSON object per line: on stdin the
+payload (resolved job config, worker name) and then one `{"split": ...}` answer per request; on
+stdout its events (split requests, progress, commits, its final statistics).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Any
 
-from shardinfer.errors import EXIT_RETRYABLE, Interrupted, Retryable, UsageError
+from shardinfer.errors import UsageError
 from shardinfer.jobs.progress import Reporter
+from shardinfer.jobs.split_driver import Inbox, RunStats, drive
+from shardinfer.jobs.split_estimate import split_estimator
+from shardinfer.jobs.split_scheduler import SplitScheduler
 from shardinfer.pipeline.job import OpenedJob, run_worker, schema_to_text
-from shardinfer.pipeline.runner import WORKER_DONE, WorkerResult
-from shardinfer.splits import Split
 
 _MASTER = re.compile(r"^local(?:\[(\*|\d+)\])?$")
-STOP_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 
 
 def parse_master(master: str) -> int:
@@ -38,8 +39,7 @@ def parse_master(master: str) -> int:
     m = _MASTER.match(master.strip())
     if not m:
         raise UsageError(
-            f"--master {master!r} is not supported: use local, local[N] or local[*] "
-            "(ray://... needs the ray executor, which this build does not include)"
+            f"--master {master!r} is not supported: use local, local[N], local[*], ray or ray://HOST:PORT"
         )
     if m.group(1) is None:
         return 1
@@ -60,150 +60,126 @@ def _device_count() -> int:
         return 0
 
 
-def _gpu_env(device: str, worker: int) -> dict[str, str]:
-    """One GPU per worker: worker i sees only the i-th visible GPU (round-robin past the count)."""
+def _gpu_env(device: str, slot: int) -> dict[str, str]:
+    """One GPU per worker: slot i sees only the i-th visible GPU (round-robin past the count)."""
     if device not in ("auto", "cuda"):
         return {}  # cpu, or an explicit cuda:N the user chose for every worker
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = (
         [d for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(_device_count())]
     )
-    return {"CUDA_VISIBLE_DEVICES": ids[worker % len(ids)].strip()} if ids else {}
+    return {"CUDA_VISIBLE_DEVICES": ids[slot % len(ids)].strip()} if ids else {}
 
 
-def worker_order(splits: list[Split], worker: int, num_workers: int) -> list[Split]:
-    """Own splits first (index % N == worker), then everyone else's from the far end."""
-    own = [s for s in splits if s.index % num_workers == worker]
-    rest = [s for s in splits if s.index % num_workers != worker]
-    return own + rest[::-1]
+def make_scheduler(job: OpenedJob) -> SplitScheduler:
+    """A scheduler over the splits not yet committed, biggest estimated first."""
+    remaining = [s for s in job.splits if s.index not in job.committed]
+    estimate = split_estimator(
+        remaining, job.input_spec, job.sampling.max_tokens or 0, int(job.sampling.n or 1)
+    )
+    return SplitScheduler(remaining, estimate)
 
 
-class RunStats:
-    """Numbers of this run (not of the whole job) for the summary."""
+def run_in_process(
+    job: OpenedJob, scheduler: SplitScheduler, stop: threading.Event, reporter: Reporter, stats: RunStats
+) -> None:
+    def emit(event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "split_done":
+            scheduler.finish("0", int(event["split"]), "committed" if event.get("won") else "lost")
+        elif kind == "split_skipped":
+            scheduler.finish("0", int(event["split"]), "skipped")
+        reporter.handle(event)
 
-    def __init__(self) -> None:
-        self.engine: list[dict[str, Any]] = []
-        self.committed = 0
-        self.lost = 0
+    from shardinfer.jobs.model_cache import with_local_model
 
-    def add(self, result: WorkerResult) -> None:
-        self.engine.append(result.engine_stats)
-        self.committed += len(result.committed)
-        self.lost += len(result.lost)
-
-    def summary(self, wall_s: float, workers: int) -> dict[str, Any]:
-        prompt = sum(e.get("prompt_tokens", 0.0) for e in self.engine)
-        generated = sum(e.get("generated_tokens", 0.0) for e in self.engine)
-        # Weighted by each engine's prompt tokens, so an idle worker does not dilute the rate.
-        hit = sum(e.get("prefix_cache_hit_rate", 0.0) * e.get("prompt_tokens", 0.0) for e in self.engine)
-        return {
-            "workers": workers,
-            "wall_time_s": round(wall_s, 3),
-            "run_prompt_tokens": int(prompt),
-            "run_completion_tokens": int(generated),
-            "output_tokens_per_s": round(generated / wall_s, 2) if wall_s > 0 else 0.0,
-            "prefix_cache_hit_rate": round(hit / prompt, 4) if prompt else 0.0,
-            "run_splits_committed": self.committed,
-            "run_splits_lost": self.lost,
-        }
-
-
-def run_in_process(job: OpenedJob, stop: threading.Event, reporter: Reporter, stats: RunStats) -> None:
-    stats.add(run_worker(job, job.splits, stop, job.config.job.run_id, emit=reporter.handle))
+    local_job = dataclasses.replace(job, config=with_local_model(job.config))
+    result = run_worker(local_job, scheduler.pulled_by("0"), stop, job.config.job.run_id, emit=emit)
+    stats.add({"engine_stats": result.engine_stats})
 
 
 def run_processes(
     job: OpenedJob,
+    scheduler: SplitScheduler,
     num_workers: int,
     stop: threading.Event,
     reporter: Reporter,
     stats: RunStats,
-    max_rounds: int = 2,
 ) -> None:
-    """N worker processes; a round that loses workers is followed by a retry round (up to max_rounds)."""
-    for round_index in range(max_rounds):
-        failures = _one_round(job, num_workers, stop, reporter, stats)
-        if stop.is_set():
-            raise Interrupted("stopped by a signal; uncommitted splits were abandoned — rerun to finish")
-        committed = job.store.committed()
-        missing = [s.index for s in job.splits if s.index not in committed]
-        if not missing:
-            return
-        if not failures:
-            raise Retryable(f"workers exited but splits {missing[:5]} are uncommitted; rerun to finish")
-        reporter.warn("re-running the splits of lost workers", splits=len(missing), round=round_index + 2)
-        num_workers = max(1, min(num_workers, len(missing)))
-    raise Retryable("workers kept dying; committed splits are kept, rerun to finish the rest")
+    """N worker processes fed by the scheduler; a dead one is replaced (up to N restarts)."""
+    inbox: Inbox = queue.Queue()
 
-
-def _one_round(
-    job: OpenedJob, num_workers: int, stop: threading.Event, reporter: Reporter, stats: RunStats
-) -> list[int]:
-    procs: list[subprocess.Popen[str]] = []
-    threads = []
-    config = job.config.to_dict()
     schema = schema_to_text(job.input_schema)  # read once here, not once per worker
-    for worker in range(num_workers):
-        payload = json.dumps(
-            {"config": config, "worker": worker, "num_workers": num_workers, "input_schema": schema}
-        )
+
+    def start(name: str, slot: int) -> ProcessWorker:
+        return ProcessWorker(name, slot, job, schema, num_workers, inbox)
+
+    drive(scheduler, inbox, start, num_workers, reporter, stats, stop, max_restarts=num_workers)
+
+
+class ProcessWorker:
+    """One `python -m shardinfer.jobs.worker` process and the thread that reads its events."""
+
+    def __init__(
+        self, name: str, slot: int, job: OpenedJob, input_schema: str, num_workers: int, inbox: Inbox
+    ) -> None:
+        self.name = name
         env = dict(os.environ)
-        env.update(_gpu_env(job.config.model.device, worker))
+        env.update(_gpu_env(job.config.model.device, slot))
         if job.config.model.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             # N CPU workers share the cores; torch's default (all cores each) oversubscribes them.
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_workers))
-        proc = subprocess.Popen(
+        self._proc = subprocess.Popen(
             [sys.executable, "-m", "shardinfer.jobs.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env=env,
         )
-        assert proc.stdin is not None  # stdin=PIPE above
-        proc.stdin.write(payload)
-        proc.stdin.close()
-        procs.append(proc)
-        t = threading.Thread(target=_pump, args=(proc, reporter, stats), daemon=True)
-        t.start()
-        threads.append(t)
-    stop_sent = False
-    deadline = None
-    while any(p.poll() is None for p in procs):
-        if stop.is_set() and not stop_sent:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            stop_sent, deadline = True, time.monotonic() + STOP_GRACE_S
-        if deadline is not None and time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        time.sleep(0.05)
-    for t in threads:
-        t.join(timeout=5)
-    failures = []
-    for worker, p in enumerate(procs):
-        code = p.returncode
-        if code == 0 or (stop.is_set() and code == EXIT_RETRYABLE):
-            continue
-        failures.append(worker)
+        self._stdin_lock = threading.Lock()
+        self._send({"config": job.config.to_dict(), "worker": name, "input_schema": input_schema})
+        self._pump = threading.Thread(target=self._read_events, args=(inbox,), daemon=True)
+        self._pump.start()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        with self._stdin_lock:
+            stdin = self._proc.stdin
+            if stdin is None or stdin.closed:
+                return
+            try:
+                stdin.write(json.dumps(message) + "\n")
+                stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # the worker is gone; its exit is reported by the event reader
+
+    def give(self, split: Any | None) -> None:
+        self._send({"split": split.to_dict() if split is not None else None})
+
+    def _close_stdin(self) -> None:
+        with self._stdin_lock:
+            if self._proc.stdin is not None and not self._proc.stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    self._proc.stdin.close()
+
+    def terminate(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+        self._close_stdin()  # a request the worker is waiting on answers "no more work"
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+
+    def _read_events(self, inbox: Inbox) -> None:
+        assert self._proc.stdout is not None  # stdout=PIPE above
+        for line in self._proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a stray print from a library, not an event
+            if isinstance(event, dict):
+                inbox.put((self.name, event))
+        code = self._proc.wait()
+        self._close_stdin()
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        reporter.error(
-            f"worker {worker} died ({how}); its uncommitted splits go to the other workers",
-            worker=worker,
-            exit_code=code,
-        )
-    return failures
-
-
-def _pump(proc: subprocess.Popen[str], reporter: Reporter, stats: RunStats) -> None:
-    assert proc.stdout is not None  # stdout=PIPE in _one_round
-    for line in proc.stdout:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get("event") == WORKER_DONE:
-            stats.add(WorkerResult.from_event(event))
-        else:
-            reporter.handle(event)
+        inbox.put((self.name, {"event": "exited", "code": code, "reason": how}))

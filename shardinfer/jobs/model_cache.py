@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from shardinfer.pipeline.errors import ConfigError
+from shardinfer.errors import ConfigError
 
 MANIFEST = ".shardinfer-model.json"
 DEFAULT_CACHE = "~/.cache/shardinfer/models"

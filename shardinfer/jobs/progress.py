@@ -1,8 +1,9 @@
 """Progress, logs and the final summary, for a terminal or for a scheduler's log collector.
 
-On a TTY: a tqdm bar counting output records with output tokens/s. Otherwise (cron, Airflow,
-Kubernetes) a bar's carriage returns make unreadable logs, so the same numbers come out as
-plain lines every `interval_s`. `--log-format json` makes every line (logs, progress and the
+On a TTY: a live tqdm line with rows and splits done of total, output tokens/s now and on
+average, the ETA and the error rows so far (progress_counts.py keeps those numbers). Otherwise
+(cron, Airflow, Kubernetes) a bar's carriage returns make unreadable logs, so the same numbers
+come out as plain lines every `interval_s` (numbers, not strings, with --log-format json). `--log-format json` makes every line (logs, progress and the
 summary) one JSON object carrying the run id, for log pipelines.
 """
 
@@ -13,6 +14,13 @@ import sys
 import threading
 import time
 from typing import Any, TextIO
+
+from shardinfer.jobs.progress_counts import JobProgress
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 class Reporter:
@@ -31,12 +39,7 @@ class Reporter:
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._bar: Any = None
-        self._total = 0
-        self._records = 0
-        self._tokens = 0
-        self._splits_done = 0
-        self._splits_total = 0
-        self._started = time.monotonic()
+        self.progress = JobProgress(0, 0)
         self._last_line = 0.0
 
     # ---- logs -----------------------------------------------------------------------------
@@ -72,8 +75,8 @@ class Reporter:
 
     # ---- progress -------------------------------------------------------------------------
     def start(self, total_records: int, total_splits: int) -> None:
-        self._total, self._splits_total = total_records, total_splits
-        self._started = self._last_line = time.monotonic()
+        self.progress = JobProgress(total_records, total_splits)
+        self._last_line = time.monotonic()
         if not self.json and self.stream.isatty():
             from tqdm import tqdm
 
@@ -83,37 +86,51 @@ class Reporter:
                 file=self.stream,
                 dynamic_ncols=True,
                 desc="shardinfer",
-                smoothing=0.1,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows [{elapsed}, {postfix}]",
             )
+            self._bar.set_postfix_str(self.progress.postfix(), refresh=False)
 
     def handle(self, event: dict[str, Any]) -> None:
         """A worker event: 'progress' (records/tokens finished) or 'split_done' (a commit)."""
         kind = event.get("event")
+        worker = str(event.get("worker", "0"))
         with self._lock:
             if kind == "progress":
-                self._records += int(event.get("records", 0))
-                self._tokens += int(event.get("completion_tokens", 0))
-                if self._bar is not None:
-                    self._bar.update(int(event.get("records", 0)))
-            elif kind == "split_done":
-                self._splits_done += 1
-            if self._bar is not None:
-                self._bar.set_postfix_str(
-                    f"{self.tokens_per_s:.1f} tok/s, splits {self._splits_done}/{self._splits_total}",
-                    refresh=kind == "split_done",
+                self.progress.generated(
+                    worker, int(event.get("records", 0)), int(event.get("completion_tokens", 0))
                 )
+            elif kind == "split_done":
+                self.progress.split_done(worker, event)
+            self._refresh_bar(force=kind == "split_done")
         if kind == "split_done":
             self.log(
                 "debug",
                 "split committed" if event.get("won") else "split lost the commit race",
                 split=event.get("split"),
                 records=event.get("records"),
+                worker=worker,
             )
         self._maybe_line()
 
+    def worker_lost(self, worker: str) -> None:
+        """A dead worker's rows of uncommitted splits will be generated again: uncount them."""
+        with self._lock:
+            self.progress.worker_lost(str(worker))
+            self._refresh_bar(force=True)
+
+    def _refresh_bar(self, force: bool) -> None:
+        if self._bar is None:
+            return
+        self._bar.n = self.progress.rows_done  # can go back when a dead worker's rows are uncounted
+        self._bar.set_postfix_str(self.progress.postfix(), refresh=False)
+        now = time.monotonic()
+        if force or now - self._last_line >= 0.2:
+            self._last_line = now
+            self._bar.refresh()
+
     @property
     def tokens_per_s(self) -> float:
-        return self._tokens / max(time.monotonic() - self._started, 1e-9)
+        return self.progress.tokens_per_s_avg()
 
     def _maybe_line(self, force: bool = False) -> None:
         if self._bar is not None:
@@ -122,16 +139,25 @@ class Reporter:
         if not force and now - self._last_line < self.interval_s:
             return
         self._last_line = now
-        self.log(
-            "info",
-            "progress",
-            records=f"{self._records}/{self._total}",
-            splits=f"{self._splits_done}/{self._splits_total}",
-            tok_per_s=round(self.tokens_per_s, 1),
-        )
+        p = self.progress
+        if self.json:
+            self.log("info", "progress", **p.fields())
+        else:
+            eta = p.eta_s()
+            self.log(
+                "info",
+                "progress",
+                rows=f"{p.rows_done}/{p.total_records}",
+                splits=f"{p.splits_done}/{p.total_splits}",
+                tok_per_s_now=round(p.tokens_per_s_now(), 1),
+                tok_per_s_avg=round(p.tokens_per_s_avg(), 1),
+                eta=_duration(eta) if eta is not None else "?",
+                error_rows=p.error_rows,
+            )
 
     def close(self) -> None:
         if self._bar is not None:
+            self._refresh_bar(force=True)
             self._bar.close()
             self._bar = None
 
@@ -156,6 +182,21 @@ class Reporter:
             f"prefix cache   {summary.get('prefix_cache_hit_rate', 0.0):.1%} hit rate",
             f"splits         {summary.get('splits', 0)}",
         ]
+        if "run_split_attempts" in summary:
+            redone = summary.get("run_splits_redone", 0)
+            why = ", ".join(f"{n}x {reason}" for reason, n in summary.get("run_redo_reasons", {}).items())
+            lines.append(
+                f"this run       {summary.get('run_split_attempts', 0)} split(s) computed, "
+                f"{summary.get('run_splits_committed', 0)} committed, {redone} redone"
+                + (f" ({why}; {summary.get('run_rows_redone', 0)} rows generated again)" if redone else "")
+            )
+        if summary.get("run_worker_restarts"):
+            lines.append(f"restarts       {summary['run_worker_restarts']} worker(s) replaced")
+        for name, w in sorted(summary.get("run_workers", {}).items()):
+            lines.append(
+                f"worker {name:<7} {w.get('generated_tokens', 0)} tokens, "
+                f"{w.get('output_tokens_per_s', 0.0):.1f} tok/s"
+            )
         print(f"shardinfer: job {summary.get('run_id')} done", file=out)
         for line in lines:
             print("  " + line, file=out)

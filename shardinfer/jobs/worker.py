@@ -1,9 +1,11 @@
-"""Entry point of one `local[N]` worker process: `python -m shardinfer.jobs.worker < payload.json`.
+"""Entry point of one `local[N]` worker process: `python -m shardinfer.jobs.worker`.
 
-The payload is the resolved job config, this worker's index and the input schema the parent
-read; the split plan comes from the output's `_job.json`, written by the parent before any
-worker starts. Events go to stdout as
-JSON lines; logs and errors to stderr; the exit code follows shardinfer.errors.
+The first stdin line is the payload (resolved job config, this worker's name, the input schema
+the parent read). The worker then pulls its splits from the driver: it writes
+`{"event": "want_split"}` to stdout whenever it has room for another split and reads the answer,
+`{"split": {...}}` or `{"split": null}` (no more work), from stdin; a closed stdin (the driver
+stopping, or gone) also means no more work. Other events go to stdout as JSON lines; logs and
+errors to stderr; the exit code follows shardinfer.errors.
 """
 
 from __future__ import annotations
@@ -14,15 +16,35 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from shardinfer.errors import EXIT_OK, exit_code_for
 from shardinfer.pipeline.config import JobConfig
 
+_stdout_lock = threading.Lock()  # the engine, preparation and writer threads all emit
+
 
 def _emit(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event, default=str) + "\n")
-    sys.stdout.flush()
+    line = json.dumps(event, default=str) + "\n"
+    with _stdout_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def pulled_splits(requests: TextIO) -> Iterator[Any]:
+    """The splits the driver hands this worker, one request and one answer at a time."""
+    from shardinfer.splits import Split
+
+    while True:
+        _emit({"event": "want_split"})
+        line = requests.readline()
+        if not line:
+            return
+        answer = json.loads(line).get("split")
+        if answer is None:
+            return
+        yield Split.from_dict(answer)
 
 
 def _watch_parent(stop: threading.Event, parent: int) -> None:
@@ -35,21 +57,20 @@ def _watch_parent(stop: threading.Event, parent: int) -> None:
 
 
 def main() -> int:
-    payload = json.loads(sys.stdin.read())
+    payload = json.loads(sys.stdin.readline())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     threading.Thread(target=_watch_parent, args=(stop, os.getppid()), daemon=True).start()
     try:
-        from shardinfer.jobs.executor import worker_order
+        from shardinfer.jobs.model_cache import with_local_model
         from shardinfer.pipeline.job import open_job, run_worker, schema_from_text
 
-        config = JobConfig.from_dict(payload["config"])
+        config = with_local_model(JobConfig.from_dict(payload["config"]))
         job = open_job(config, plan=False)
         if payload.get("input_schema"):
             job.input_schema_ = schema_from_text(payload["input_schema"])
-        order = worker_order(job.splits, int(payload["worker"]), int(payload["num_workers"]))
-        result = run_worker(job, order, stop, config.job.run_id, emit=_emit)
+        result = run_worker(job, pulled_splits(sys.stdin), stop, config.job.run_id, emit=_emit)
         _emit(result.to_event())
         return EXIT_OK
     except BaseException as exc:

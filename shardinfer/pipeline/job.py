@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -284,13 +284,14 @@ def splits_in_flight(config: JobConfig, samples_per_row: int) -> int:
 
 def run_worker(
     job: OpenedJob,
-    order: list[Split],
+    order: Iterable[Split],
     stop: threading.Event,
     run_id: str,
     emit: Callable[[dict[str, Any]], None] = lambda e: None,
     engine: Engine | None = None,
 ) -> WorkerResult:
-    """Process the uncommitted splits of `order` with one engine; raises Interrupted on stop."""
+    """Process the uncommitted splits of `order` (a list, or splits pulled from the driver's
+    scheduler) with one engine; raises Interrupted on stop."""
     cfg = job.config
     timeline = open_timeline(cfg.job.timeline_path)
     if timeline is not None:

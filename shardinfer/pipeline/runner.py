@@ -157,17 +157,25 @@ class SplitWorker:
                 continue
         return False
 
-    def _prepare_loop(self, order: list[Split]) -> None:
+    def _prepare_loop(self, order: Iterable[Split]) -> None:
+        # A slot is taken before the next split is pulled: when `order` pulls from the driver's
+        # scheduler, a worker then holds only the splits it can work on, and the rest stay with
+        # the driver for whichever worker frees a slot first.
+        splits = iter(order)
         try:
-            for split in order:
-                if self.stop.is_set():
-                    return
-                if self._is_committed(split.index):
-                    self.result.skipped.append(split.index)
-                    continue
+            while True:
                 while not self._open_splits.acquire(timeout=0.1):
                     if self.stop.is_set() or self._engine_done.is_set():
                         return
+                split = None if self.stop.is_set() else next(splits, None)
+                if split is None:
+                    self._open_splits.release()
+                    return
+                if self._is_committed(split.index):
+                    self._open_splits.release()
+                    self.result.skipped.append(split.index)
+                    self.emit({"event": "split_skipped", "split": split.index})
+                    continue
                 if not self._put(SplitOpened(split)):
                     return
                 pos = 0
@@ -223,7 +231,7 @@ class SplitWorker:
         self.emit({"event": "split_done", "split": split.index, "won": won, **stats})
 
     # ---- engine loop --------------------------------------------------------------------
-    def run(self, order: list[Split]) -> WorkerResult:
+    def run(self, order: Iterable[Split]) -> WorkerResult:
         # Imports, the engine and the job's setup live as long as the worker: out of the cyclic
         # collector's view, its collections walk only the rows in flight (engine/heap.py), not
         # the whole heap each time the per-row churn crosses a threshold.

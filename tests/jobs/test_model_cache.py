@@ -7,8 +7,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from shardinfer.errors import ConfigError
 from shardinfer.jobs.model_cache import MANIFEST, local_model_path
-from shardinfer.pipeline.errors import ConfigError
 from shardinfer.pipeline.fingerprint import model_identity
 
 

@@ -1,0 +1,191 @@
+"""The driver loop every multi-worker executor shares: answer split requests, watch for deaths.
+
+Workers (local processes or Ray actors) send events into one inbox; the loop runs on the
+driver's thread:
+
+    want_split     -> the scheduler's next split, or None (no more work: the worker finishes)
+    split_done     -> the scheduler marks it committed or lost; progress counts it
+    split_skipped  -> already committed when the worker reached it
+    progress       -> the progress display
+    worker_done    -> the worker's engine statistics, for the summary
+    exited         -> a clean exit, or a death: the dead worker's splits go back to the
+                      scheduler, and a replacement starts on the same slot (GPU) when more
+                      splits wait than the live workers can take at once (at most
+                      `max_restarts` in a run; past that, the survivors take the rest)
+
+How a worker is started, told a split, or stopped is the executor's business (`WorkerHandle`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from shardinfer.errors import EXIT_RETRYABLE, Interrupted, Retryable
+from shardinfer.jobs.progress import Reporter
+from shardinfer.jobs.split_scheduler import SplitScheduler
+
+Inbox = queue.Queue[tuple[str, dict[str, Any]]]
+STOP_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+
+
+class WorkerHandle(Protocol):
+    """The driver's side of one worker."""
+
+    name: str
+
+    def give(self, split: Any | None) -> None:
+        """Answer the worker's split request (None: no more work)."""
+
+    def terminate(self) -> None:
+        """Ask the worker to stop (it abandons uncommitted splits and exits 75)."""
+
+    def kill(self) -> None:
+        """Stop it now."""
+
+
+class RunStats:
+    """Numbers of this run (not of the whole job) for the summary."""
+
+    def __init__(self) -> None:
+        self.engine: list[dict[str, Any]] = []
+        self.per_worker: dict[str, dict[str, Any]] = {}
+        self.rows_kept: dict[str, int] = {}
+        self.restarts = 0
+
+    def add(self, result: dict[str, Any], worker: str = "0") -> None:
+        stats = dict(result.get("engine_stats", {}))
+        self.engine.append(stats)
+        self.per_worker[worker] = stats
+
+    def kept(self, worker: str, records: int) -> None:
+        self.rows_kept[worker] = self.rows_kept.get(worker, 0) + records
+
+    def _workers(self, wall_s: float) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name in sorted(set(self.per_worker) | set(self.rows_kept), key=lambda n: (len(n), n)):
+            generated = int(self.per_worker.get(name, {}).get("generated_tokens", 0))
+            out[name] = {
+                "rows_committed": self.rows_kept.get(name, 0),
+                "generated_tokens": generated,
+                "output_tokens_per_s": round(generated / wall_s, 2) if wall_s > 0 else 0.0,
+                "finished": name in self.per_worker,  # a dead worker never reports its engine stats
+            }
+        return out
+
+    def summary(self, wall_s: float, workers: int, scheduler: SplitScheduler | None = None) -> dict[str, Any]:
+        prompt = sum(e.get("prompt_tokens", 0.0) for e in self.engine)
+        generated = sum(e.get("generated_tokens", 0.0) for e in self.engine)
+        # Weighted by each engine's prompt tokens, so an idle worker does not dilute the rate.
+        hit = sum(e.get("prefix_cache_hit_rate", 0.0) * e.get("prompt_tokens", 0.0) for e in self.engine)
+        out: dict[str, Any] = {
+            "workers": workers,
+            "wall_time_s": round(wall_s, 3),
+            "run_prompt_tokens": int(prompt),
+            "run_completion_tokens": int(generated),
+            "output_tokens_per_s": round(generated / wall_s, 2) if wall_s > 0 else 0.0,
+            "prefix_cache_hit_rate": round(hit / prompt, 4) if prompt else 0.0,
+            "run_worker_restarts": self.restarts,
+        }
+        if workers > 1:
+            out["run_workers"] = self._workers(wall_s)
+        if scheduler is not None:
+            out.update(scheduler.counts.to_summary())
+        return out
+
+
+def drive(
+    scheduler: SplitScheduler,
+    inbox: Inbox,
+    start_worker: Callable[[str, int], WorkerHandle],
+    num_workers: int,
+    reporter: Reporter,
+    stats: RunStats,
+    stop: threading.Event,
+    max_restarts: int,
+) -> None:
+    """Run workers until every split is done; raises Interrupted on stop, Retryable when workers
+    keep dying (committed splits are kept either way)."""
+    workers: dict[str, WorkerHandle] = {}
+    slot_of: dict[str, int] = {}
+    exhausted: set[str] = set()  # told "no more work": they will not ask again
+
+    def launch(slot: int) -> str:
+        name = str(len(workers))  # a replacement gets a new name; it keeps the dead one's slot (GPU)
+        workers[name] = start_worker(name, slot)
+        slot_of[name] = slot
+        return name
+
+    for slot in range(num_workers):
+        launch(slot)
+    live = set(workers)
+    stop_deadline: float | None = None
+    gave_up = False
+    while live:
+        if stop.is_set() and stop_deadline is None:
+            stop_deadline = time.monotonic() + STOP_GRACE_S
+            for name in live:
+                workers[name].terminate()
+        if stop_deadline is not None and time.monotonic() > stop_deadline:
+            for name in live:
+                workers[name].kill()
+        try:
+            name, event = inbox.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        kind = event.get("event")
+        if kind == "want_split":
+            split = None if (stop.is_set() or gave_up) else scheduler.next_split(name)
+            if split is None:
+                exhausted.add(name)
+            workers[name].give(split)
+        elif kind == "split_done":
+            scheduler.finish(name, int(event["split"]), "committed" if event.get("won") else "lost")
+            if event.get("won"):
+                stats.kept(name, int(event.get("records", 0)))
+            reporter.handle({**event, "worker": name})
+        elif kind == "split_skipped":
+            scheduler.finish(name, int(event["split"]), "skipped")
+        elif kind == "worker_done":
+            stats.add(event, name)
+        elif kind == "exited":
+            live.discard(name)
+            code = int(event.get("code", 1))
+            if code == 0 and not scheduler.held_by(name):
+                continue
+            if stop.is_set() and code == EXIT_RETRYABLE:
+                continue  # stopped on request, not dead
+            reason = str(event.get("reason") or f"exit code {code}")
+            requeued = scheduler.worker_lost(name, reason)
+            reporter.worker_lost(name)
+            reporter.error(
+                f"worker {name} died ({reason}); its splits {requeued} go to another worker",
+                worker=name,
+                exit_code=code,
+            )
+            askers = len(live - exhausted)  # live workers that will still ask for splits
+            if stop.is_set() or gave_up or scheduler.pending <= askers:
+                continue  # the live workers can take every split still waiting
+            if stats.restarts >= max_restarts:
+                if askers:
+                    continue  # slower without a replacement, but the survivors take the rest
+                gave_up = True
+                reporter.error(
+                    f"{stats.restarts} worker restarts used up; stopping", max_restarts=max_restarts
+                )
+                continue
+            stats.restarts += 1
+            live.add(launch(slot_of[name]))
+            reporter.warn("started a replacement worker", slot=slot_of[name], restarts=stats.restarts)
+        else:
+            reporter.handle({**event, "worker": name})
+    if stop.is_set():
+        raise Interrupted("stopped by a signal; uncommitted splits were abandoned — rerun to finish")
+    if not scheduler.finished:
+        raise Retryable(
+            f"workers kept dying ({stats.restarts} restarts); committed splits are kept, rerun to finish "
+            "the rest"
+        )
