@@ -216,6 +216,12 @@ def _exit_event(ray: Any, exc: BaseException) -> dict[str, Any]:
         cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
         code = exit_code_for(cause)
         return {"event": "exited", "code": code, "reason": f"exit code {code}: {cause}"}
-    if isinstance(exc, exceptions.RayActorError | exceptions.ActorUnavailableError):
-        return {"event": "exited", "code": -9, "reason": f"actor died: {type(exc).__name__}"}
+    actor_gone = tuple(
+        getattr(exceptions, name)
+        for name in ("RayActorError", "ActorUnavailableError")
+        if hasattr(exceptions, name)
+    )
+    if isinstance(exc, actor_gone):
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]
+        return {"event": "exited", "code": -9, "reason": f"actor died: {type(exc).__name__}: {first_line}"}
     return {"event": "exited", "code": EXIT_RETRYABLE, "reason": f"lost contact: {type(exc).__name__}: {exc}"}

@@ -97,7 +97,14 @@ def submit_to_cluster(args: argparse.Namespace, spec: ResolvedSpec, reporter: Re
 def follow(client: Any, submission: str, job_status: Any, reporter: Reporter) -> int:
     """Print the driver's new log lines until it ends; SIGTERM here stops the Ray Job."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        return _follow(client, submission, job_status, reporter, stop)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _follow(client: Any, submission: str, job_status: Any, reporter: Reporter, stop: threading.Event) -> int:
     printed = 0
     stop_sent = False
     while True:
