@@ -22,10 +22,10 @@ import socket
 import threading
 from typing import Any
 
+from shardinfer.errors import EXIT_RETRYABLE, ConfigError, Retryable, UsageError, exit_code_for
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.split_driver import Inbox, RunStats, drive
 from shardinfer.jobs.split_scheduler import SplitScheduler
-from shardinfer.pipeline.errors import EXIT_RETRYABLE, ConfigError, Retryable, UsageError, exit_code_for
 from shardinfer.pipeline.job import OpenedJob
 
 POLL_S = 0.5  # how long one poll of an actor waits for an event

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shardinfer.errors import EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE, Retryable, UsageError
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.spec import ResolvedSpec
-from shardinfer.pipeline.errors import EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE, Retryable, UsageError
 
 DASHBOARD_PORT = 8265
 POLL_S = 1.0

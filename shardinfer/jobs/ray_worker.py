@@ -49,7 +49,7 @@ class SplitActor:
         return {"engine_stats": result.engine_stats}
 
     def _pulled(self) -> Iterator[Any]:
-        from shardinfer.readers.spec import Split
+        from shardinfer.splits import Split
 
         while not self._stop.is_set():
             self._events.put({"event": "want_split"})

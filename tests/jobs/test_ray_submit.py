@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from shardinfer.errors import UsageError
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.ray_submit import driver_command, follow, jobs_api_address
-from shardinfer.pipeline.errors import UsageError
 
 
 def test_jobs_api_address_precedence() -> None:
