@@ -63,6 +63,10 @@ class FingerprintMismatch(ConfigError):
     """The output location belongs to a job with another fingerprint; resuming would mix outputs."""
 
 
+class InputChanged(ConfigError):
+    """The input files differ from the listing the job was planned on (added, removed, rewritten)."""
+
+
 class InputMissing(JobError):
     """No input rows to read: the path or glob matches nothing."""
 
@@ -146,6 +150,31 @@ class CorruptOutputError(OutputError):
     """A marker or part that the protocol could not have written: unreadable, or not matching its hash."""
 
     exit_code = EXIT_CONFIG  # the output location needs a person
+
+
+class DamagedPartsError(CorruptOutputError):
+    """Committed parts that no longer match their markers; `damaged` maps split index -> reason.
+
+    Retryable: a rerun of the job recomputes the damaged splits."""
+
+    exit_code = EXIT_RETRYABLE
+
+    def __init__(self, message: str, damaged: dict[int, str]) -> None:
+        super().__init__(message)
+        self.damaged = damaged
+
+
+class StaleGenerationError(OutputError):
+    """The output location now belongs to another generation of the job (it was started over):
+    this run's work must not be committed or finalized there."""
+
+    exit_code = EXIT_CONFIG
+
+
+class ExclusiveCreateUnsupportedError(OutputError):
+    """The store does not honour create-if-absent; commits there could not pick one winner."""
+
+    exit_code = EXIT_CONFIG
 
 
 # ---- the engine --------------------------------------------------------------------------------

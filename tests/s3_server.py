@@ -16,6 +16,8 @@ of `faults`, in turn:
   "drop_after" the request is forwarded and applied by moto, then the connection is closed
                without the response (the client cannot tell whether its write happened)
 `every=0` turns periodic faults off; `proxy.fail_next("drop_after")` aims one at the next request.
+`proxy.ignore_conditions()` makes the endpoint behave like an S3-compatible store that ignores
+conditional writes: `If-None-Match` is dropped from every request before moto sees it.
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
             for name, value in headers:
                 if name.lower() in ("transfer-encoding", "content-length", "connection", "expect"):
                     continue
+                if name.lower() in self.server.dropped_headers:
+                    continue
                 conn.putheader(name, value)
             conn.putheader("Content-Length", str(len(body)))
             conn.endheaders(body)
@@ -178,6 +182,7 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
         self.requests: list[tuple[str, str, str | None]] = []  # (method, target, fault or None)
         self.enabled = True
         self.forced: list[str] = []  # faults for the next requests, before the periodic ones
+        self.dropped_headers: set[str] = set()  # lower-case names never forwarded to moto
 
     def next_fault(self, method: str, target: str) -> str | None:
         with self._lock:
@@ -220,6 +225,10 @@ class FaultProxy:
         """Give the next len(faults) requests these faults, in order."""
         with self._server._lock:
             self._server.forced.extend(faults)
+
+    def ignore_conditions(self) -> None:
+        """From now on, forward writes without their `If-None-Match` condition."""
+        self._server.dropped_headers.add("if-none-match")
 
     def storage_options(self, **client: Any) -> dict[str, Any]:
         return s3_options(self.endpoint, **client)

@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("output", metavar="OUTPUT_URL")
     status.add_argument("--storage-options", default="{}", help="fsspec storage options as JSON")
     status.add_argument("--json", action="store_true", help="print one JSON object")
+
+    history = sub.add_parser("history", help="the runs recorded at an output location (_runs/)")
+    history.add_argument("output", metavar="OUTPUT_URL")
+    history.add_argument("--storage-options", default="{}", help="fsspec storage options as JSON")
+    history.add_argument("--json", action="store_true", help="print one JSON object per run")
     return parser
 
 
@@ -124,18 +129,45 @@ def _resolve(args: argparse.Namespace, job_file: dict[str, Any]) -> ResolvedSpec
     return resolve(job_file, properties=props, confs=confs, run_id=getattr(args, "run_id", None))
 
 
+def _requested_log_format(argv: list[str]) -> str:
+    """`--log-format` read ahead of parsing, so that usage and spec errors obey it too."""
+    for i, item in enumerate(argv):
+        if item == "--log-format" and i + 1 < len(argv):
+            return argv[i + 1] if argv[i + 1] in ("text", "json") else "text"
+        if item.startswith("--log-format="):
+            return item.split("=", 1)[1] if item.endswith(("=text", "=json")) else "text"
+    return "text"
+
+
+def _storage_options(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(
+            f"--storage-options {text!r} is not JSON ({exc}); e.g. '{{\"anon\": true}}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--storage-options {text!r}: give a JSON object")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    reporter = Reporter("-")
+    argv = sys.argv[1:] if argv is None else argv
+    reporter = Reporter("-", _requested_log_format(argv))
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
             raise UsageError(
-                "shardinfer: give a command: submit, generate, eval, validate or status (see --help)"
+                "shardinfer: give a command: submit, generate, eval, validate, status or history (see --help)"
             )
         if args.command == "status":
             from shardinfer.jobs.status import show_status
 
-            return show_status(args.output, json.loads(args.storage_options), as_json=args.json)
+            return show_status(args.output, _storage_options(args.storage_options), as_json=args.json)
+        if args.command == "history":
+            from shardinfer.jobs.status import show_history
+
+            return show_history(args.output, _storage_options(args.storage_options), as_json=args.json)
         if args.command == "eval":
             from shardinfer.jobs.eval_command import run_eval, settings_from_args
 
@@ -210,9 +242,9 @@ def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) ->
 
 
 def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, cluster: Any) -> int:
-    from shardinfer.jobs.executor import make_scheduler, parse_master, run_in_process, run_processes
-    from shardinfer.jobs.split_driver import RunStats
-    from shardinfer.pipeline.job import finalize_job, open_job, write_plan
+    from shardinfer.jobs.executor import parse_master
+    from shardinfer.jobs.run_record import RunRecorder
+    from shardinfer.pipeline.job import open_job, write_plan
 
     num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
     config = spec.config
@@ -233,7 +265,33 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
         return EXIT_OK
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for note in job.notes:
+        reporter.warn(note + "; recomputing what is missing", output=config.output.path)
     write_plan(job, config.job.run_id)
+    if job.added_files:
+        reporter.info("job.incremental: new input files planned", files=len(job.added_files))
+    recorder = RunRecorder(job.store, config.job.run_id, num_workers, warn=reporter.warn)
+    try:
+        success = _run_and_finalize(job, num_workers, args.master, stop, reporter, cluster)
+    except BaseException as exc:
+        from shardinfer.errors import Interrupted, exit_code_for
+
+        recorder.finish(exit_code_for(exc), str(exc), interrupted=isinstance(exc, Interrupted))
+        raise
+    summary = success.get("summary", success)
+    recorder.finish(EXIT_OK, "done", **_record_counters(summary))
+    reporter.summary(summary)
+    return EXIT_OK
+
+
+def _run_and_finalize(
+    job: Any, num_workers: int, master: str, stop: threading.Event, reporter: Reporter, cluster: Any
+) -> dict[str, Any]:
+    from shardinfer.jobs.executor import make_scheduler, run_in_process, run_processes
+    from shardinfer.jobs.split_driver import RunStats
+    from shardinfer.pipeline.job import finalize_job, repair_damaged
+
+    config = job.config
     scheduler = make_scheduler(job)
     n_samples = int(config.sampling.get("n", 1))
     reporter.info(
@@ -241,7 +299,7 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
         output=config.output.path,
         splits=len(job.splits),
         remaining=scheduler.total,
-        workers=num_workers or args.master,
+        workers=num_workers or master,
         state=job.state,
     )
     remaining_rows = sum(s.num_rows for s in job.splits if s.index not in job.committed)
@@ -256,13 +314,25 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
                 run_in_process(job, scheduler, stop, reporter, stats)
             else:
                 run_processes(job, scheduler, num_workers, stop, reporter, stats)
+        repaired = repair_damaged(job, stop, config.job.run_id, emit=reporter.handle)
     finally:
         reporter.close()
+    for index, why in sorted(repaired.items()):
+        reporter.warn(f"split {index} was damaged and has been recomputed: {why}", split=index)
     run_summary = stats.summary(time.monotonic() - started, num_workers, scheduler)
     run_summary["run_rows_redone"] = reporter.progress.rows_redone
-    success = finalize_job(job, config.job.run_id, run_summary)
-    reporter.summary(success.get("summary", success))
-    return EXIT_OK
+    run_summary["repaired"] = {str(i): why for i, why in sorted(repaired.items())}
+    return dict(finalize_job(job, config.job.run_id, run_summary))
+
+
+def _record_counters(summary: dict[str, Any]) -> dict[str, Any]:
+    keys = ("run_splits_committed", "records", "rows_ok", "rows_error", "prompt_tokens", "completion_tokens")
+    counters = {k: summary[k] for k in keys if k in summary}
+    return {
+        "splits_committed": summary.get("run_splits_committed", 0),
+        "repaired": summary.get("repaired", {}),
+        "counters": counters,
+    }
 
 
 if __name__ == "__main__":

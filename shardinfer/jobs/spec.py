@@ -238,6 +238,12 @@ def render_path(path: str, config: JobConfig) -> str:
         ("{ds}", config.job.ds),
         ("{name}", config.job.name),
     ):
+        if name in path and (value in ("", ".", "..") or "/" in value or "\\" in value or ".." in value):
+            # A placeholder fills one path segment: `..` or a slash would move the output out of its base.
+            raise ConfigError(
+                f"job.{name.strip('{}')}={value!r} cannot fill {name} in {path!r}: it must be one path "
+                "segment without '/', '\\' or '..'; choose another value"
+            )
         path = path.replace(name, value)
     return path
 

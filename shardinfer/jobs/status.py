@@ -6,53 +6,174 @@ Status trusts `_job.json`, the commit markers and `_SUCCESS`, never a listing of
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import sys
 from typing import Any
 
-from shardinfer.errors import EXIT_OK, InputMissing
+from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing
 from shardinfer.jobs.spec import ResolvedSpec
 from shardinfer.pipeline.job import OpenedJob, committed_totals, read_success_or_none
 
 
-def show_status(output: str, storage_options: dict[str, Any], as_json: bool = False) -> int:
+def job_state(store: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """What an output location holds: state, the problems found, the newest run, the totals.
+
+    States: done (a `_SUCCESS` that agrees with the markers and every part present), damaged
+    (they disagree: the problems say how), running (the newest run's heartbeat is fresh),
+    interrupted (killed, or stopped by a signal), failed (with the run's reason), not started.
+    """
+    from shardinfer.jobs.run_record import STALE_AFTER_S
+    from shardinfer.writers.run_records import read_run_records
+
+    store.use_generation(str(job.get("generation", "")))
+    committed = store.committed()
+    problems = [f"split {i}: {why}" for i, why in sorted(store.missing_parts(committed).items())]
+    success = read_success_or_none(store)
+    if success is not None:
+        problems = store.success_problems(success) + problems
+    runs = read_run_records(store)
+    last = runs[-1] if runs else None
+    if success is not None and not problems:
+        state = "done"
+    elif last is not None and "ended" not in last:
+        age = _age_s(str(last.get("heartbeat", "")))
+        fresh = age is not None and age < STALE_AFTER_S
+        state = "running" if fresh and _may_be_alive(last) else "interrupted"
+    elif last is not None and last.get("state") in ("failed", "interrupted"):
+        state = str(last["state"])
+    elif problems:
+        state = "damaged"
+    else:
+        state = "interrupted" if committed else "not started"
+    return {"state": state, "problems": problems, "committed": committed, "success": success, "last": last}
+
+
+def _may_be_alive(run: dict[str, Any]) -> bool:
+    """False when the run's process is known dead: it ran on this host and its pid is gone."""
+    import os
+    import socket
+
+    if run.get("host") != socket.gethostname() or not isinstance(run.get("pid"), int):
+        return True
+    try:
+        os.kill(int(run["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _age_s(stamp: str) -> float | None:
+    try:
+        when = _dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (_dt.datetime.now(_dt.UTC) - when).total_seconds()
+
+
+def _open(output: str, storage_options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     from shardinfer.writers.output_store import OutputStore
 
     store = OutputStore(output, storage_options)
     job = store.read_job()
     if job is None:
+        if store.has_protocol_files():
+            raise CorruptOutputError(
+                f"{output} holds commit markers or parts but no _job.json: the location is damaged; "
+                "rerun the job with --conf job.start_over=true, or write to a new output path"
+            )
         raise InputMissing(f"{output} holds no job (_job.json is missing): check the output URL")
-    committed = store.committed()
-    success = read_success_or_none(store)
-    totals = committed_totals(store, committed)
+    return store, job
+
+
+def show_status(output: str, storage_options: dict[str, Any], as_json: bool = False) -> int:
+    store, job = _open(output, storage_options)
+    found = job_state(store, job)
+    committed, success, last = found["committed"], found["success"], found["last"]
+    totals, unreadable = _readable_totals(store, committed, found["problems"])
+    found["problems"] += unreadable
     total_splits = len(job.get("splits", []))
-    report = {
+    report: dict[str, Any] = {
         "output": output,
-        "state": "complete"
-        if success is not None
-        else ("running or interrupted" if committed else "not started"),
+        "state": found["state"],
+        "problems": found["problems"],
         "splits_committed": len(committed),
         "splits_total": total_splits,
         **totals,
         "fingerprint": job.get("fingerprint", {}).get("hash"),
+        "generation": job.get("generation"),
     }
+    if last is not None:
+        report["last_run"] = {
+            k: last.get(k)
+            for k in ("run_id", "state", "started", "ended", "heartbeat", "exit_code", "reason", "repaired")
+        }
     if success is not None:
-        last = success.get("summary", {})
-        for key in ("run_id", "wall_time_s", "output_tokens_per_s", "prefix_cache_hit_rate"):
-            if key in last:
-                report[key] = last[key]
+        summary = success.get("summary", {})
+        for key in ("run_id", "wall_time_s", "output_tokens_per_s", "prefix_cache_hit_rate", "repaired"):
+            if key in summary:
+                report[key] = summary[key]
     if as_json:
         print(json.dumps(report, default=str))
         return EXIT_OK
     print(f"{output}: {report['state']}")
+    for problem in found["problems"]:
+        print(f"  problem    {problem}")
     print(f"  splits     {len(committed)}/{total_splits} committed")
     print(f"  rows       {totals['rows_ok']} ok, {totals['rows_error']} error")
     print(f"  tokens     {totals['prompt_tokens']} in, {totals['completion_tokens']} out")
+    if last is not None:
+        ended = f", exit {last.get('exit_code')}: {last.get('reason')}" if "ended" in last else ""
+        print(f"  last run   {last.get('run_id')} ({last.get('state')}) started {last.get('started')}{ended}")
+        if last.get("repaired"):
+            print(f"  repaired   {last['repaired']}")
     if "output_tokens_per_s" in report:
         print(
-            f"  last run   {report.get('run_id')}: {report['output_tokens_per_s']} tok/s over "
-            f"{report.get('wall_time_s')} s, prefix-cache hit rate {report.get('prefix_cache_hit_rate')}"
+            f"  speed      {report['output_tokens_per_s']} tok/s over {report.get('wall_time_s')} s, "
+            f"prefix-cache hit rate {report.get('prefix_cache_hit_rate')}"
         )
+    return EXIT_OK
+
+
+def _readable_totals(
+    store: Any, committed: dict[int, dict[str, Any]], problems: list[str]
+) -> tuple[dict[str, int], list[str]]:
+    """Totals over the parts whose footers can be read; the others become problems, not crashes."""
+    totals = {"records": 0, "rows_ok": 0, "rows_error": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    unreadable = []
+    for index, marker in committed.items():
+        if any(p.startswith(f"split {index}:") for p in problems):
+            continue
+        try:
+            part_totals = committed_totals(store, {index: marker})
+        except (OSError, ValueError) as exc:  # a truncated or replaced part: ArrowInvalid is a ValueError
+            unreadable.append(f"split {index}: {marker['part']} cannot be read ({type(exc).__name__}: {exc})")
+            continue
+        for key in totals:
+            totals[key] += part_totals[key]
+    return totals, unreadable
+
+
+def show_history(output: str, storage_options: dict[str, Any], as_json: bool = False) -> int:
+    from shardinfer.writers.run_records import read_run_records
+
+    store, _ = _open(output, storage_options)
+    runs = read_run_records(store)
+    for run in runs:
+        if as_json:
+            print(json.dumps(run, default=str))
+            continue
+        end = f"ended {run.get('ended')} exit {run.get('exit_code')}" if "ended" in run else "no end recorded"
+        reason = f": {run.get('reason')}" if run.get("reason") and run.get("exit_code") else ""
+        print(
+            f"{run.get('run_id')}  {run.get('state')}  started {run.get('started')}  {end}  "
+            f"workers={run.get('workers')} host={run.get('host')} "
+            f"splits_committed={run.get('splits_committed', 0)}{reason}"
+        )
+    if not runs and not as_json:
+        print(f"{output}: no runs recorded (_runs/ is empty)")
     return EXIT_OK
 
 

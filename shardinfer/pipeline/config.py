@@ -34,6 +34,8 @@ class JobSection:
     rolling_window_tokens: int = 0
     # A local file to append the worker's timeline to (pipeline/timeline.py); "" = none.
     timeline_path: str = ""
+    # Input files added since the job was planned become new splits beside the committed ones.
+    incremental: bool = False
 
 
 @dataclass
@@ -65,6 +67,9 @@ class ModelSection:
     device: str = "auto"  # "auto": cuda when available, else cpu
     # For a model.path on object storage (s3://..., any fsspec URL): copied once per machine.
     storage_options: dict[str, Any] = field(default_factory=dict)
+    # How weight files are identified in the fingerprint: "stat" (size, header hash, modification
+    # time) or "sha256" (full content hash, cached); see pipeline/weights_identity.py.
+    verify_weights: str = "stat"
 
 
 @dataclass

@@ -7,8 +7,10 @@ prompt/id columns, output schema — would silently mix two datasets, so resumin
 the message names the components that changed.
 
 The fingerprint is a flat dict of named components plus `hash` over all of them. Weight files
-are identified by name and size (hashing multi-GB safetensors on every start is too slow);
-config.json and the tokenizer files are hashed in full.
+are identified by their content cheaply (see `weights_identity`: size, header hash and
+modification time, or an opt-in cached full hash); config.json and the tokenizer files are
+hashed in full. The input is pinned separately, by the listing stored in `_job.json`
+(see `input_listing`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.config import JobConfig
+from shardinfer.pipeline.weights_identity import weight_identity
 
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 # Engine arguments that change numerics (and therefore tokens); scheduling knobs such as
 # max_num_seqs do not, given batch invariance, and may change between attempts.
 NUMERICS_ENGINE_KEYS = ("batch_invariant", "max_model_len", "kv_cache_dtype", "quantization")
@@ -35,8 +38,10 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def model_identity(model_dir: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Hashes of config.json and tokenizer files, weight file names and sizes, the chat template."""
+def model_identity(
+    model_dir: str, storage_options: dict[str, Any] | None = None, verify_weights: str = "stat"
+) -> dict[str, Any]:
+    """Hashes of config.json and tokenizer files, each weight file's identity, the chat template."""
     if "://" in model_dir and not model_dir.startswith("file://"):
         return _remote_model_identity(model_dir, storage_options or {})
     root = Path(model_dir.removeprefix("file://"))
@@ -53,7 +58,7 @@ def model_identity(model_dir: str, storage_options: dict[str, Any] | None = None
         raise ConfigError(f"model.path={model_dir!r} has no *.safetensors weight files")
     out: dict[str, Any] = {
         "model.config_sha256": _sha256_bytes(config_file.read_bytes()),
-        "model.weights": {p.name: p.stat().st_size for p in weights},
+        "model.weights": {p.name: weight_identity(p, verify_weights) for p in weights},
     }
     tok = root / "tokenizer.json"
     out["tokenizer.sha256"] = _sha256_bytes(tok.read_bytes()) if tok.is_file() else None
@@ -116,7 +121,7 @@ def compute_fingerprint(
     """
     inp = config.input
     parts: dict[str, Any] = {"fingerprint_version": FINGERPRINT_VERSION}
-    parts.update(model_identity(config.model.path, config.model.storage_options))
+    parts.update(model_identity(config.model.path, config.model.storage_options, config.model.verify_weights))
     device_type, dtype = resolved_numerics(config)
     parts["engine.numerics"] = {
         "dtype": dtype,

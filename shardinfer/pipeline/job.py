@@ -14,6 +14,7 @@ exists, whoever wrote it.
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
 import threading
 from collections.abc import Callable, Iterable
@@ -27,19 +28,20 @@ from shardinfer.errors import (
     ConfigError,
     CorruptOutputError,
     FingerprintMismatch,
+    InputChanged,
     InputColumnError,
-    InputMissing,
     Retryable,
     TooManyBadRows,
 )
 from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
+from shardinfer.pipeline.input_listing import ListingDiff, diff_listings, snapshot
 from shardinfer.pipeline.rows import RowPreparer
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
 from shardinfer.pipeline.timeline import open_timeline
-from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records
+from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records, plan_to_records
 from shardinfer.testing.faults import crash_point
 
 if TYPE_CHECKING:
@@ -63,6 +65,11 @@ class OpenedJob:
     # The schema of the batches the readers yield: read once per job (planning reads it anyway)
     # and handed to worker processes, which then never open an input file just to learn it.
     input_schema_: pa.Schema | None = None
+    generation: str = ""  # the job generation (see writers.markers); set once planned or read
+    input_listing: list[dict[str, Any]] = field(default_factory=list)  # for a new job's _job.json
+    notes: list[str] = field(default_factory=list)  # what the run should report (a stale _SUCCESS)
+    added_files: list[str] = field(default_factory=list)  # job.incremental: files planned this run
+    extended_record: dict[str, Any] | None = None  # job.incremental: the _job.json to write
 
     @property
     def input_schema(self) -> pa.Schema:
@@ -126,18 +133,31 @@ def output_exists(config: JobConfig) -> bool:
 
 
 def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
-    """Decide what this run has to do; reads only (safe for --dry-run and `validate`)."""
+    """Decide what this run has to do; reads only (safe for --dry-run and `validate`).
+
+    With `plan` (the driver, `validate`, `--dry-run`) the input listing is compared with the one
+    the job was planned on; workers (`plan=False`) trust the driver's check.
+    """
     from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION
 
     sampling = resolve_sampling(config)
     fingerprint = compute_fingerprint(config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION)
     spec = input_spec_of(config)
+    check_output_location(config)
     store = open_store(config) if output_exists(config) else None
     existing = store.read_job() if store is not None else None
+    if store is not None and existing is None and not config.job.start_over and store.has_protocol_files():
+        raise _damaged(config, "holds commit markers or part files but no _job.json")
+    if existing is not None and not existing.get("generation") and not config.job.start_over:
+        raise _damaged(config, "has a _job.json without a job generation (written by an older version)")
     drifted = existing is not None and existing.get("fingerprint", {}).get("hash") != fingerprint["hash"]
-    # start_over only ever discards another fingerprint's output: a retry of the same command
-    # (same flags) then resumes the new job instead of throwing its progress away again.
-    if store is not None and existing is not None and not (drifted and config.job.start_over):
+    input_diff = None
+    if existing is not None and not drifted and plan:
+        input_diff = diff_listings(existing.get("input_listing", []), listing_of(config, spec))
+    # start_over only ever discards another fingerprint's output (or another input's): a retry of
+    # the same command (same flags) then resumes the new job instead of throwing it away again.
+    discard = config.job.start_over and (drifted or bool(input_diff))
+    if store is not None and existing is not None and existing.get("generation") and not discard:
         old = existing.get("fingerprint", {})
         if drifted:
             changes = diff_fingerprint_parts(old, fingerprint)
@@ -146,27 +166,144 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
                 f"Changed: {'; '.join(changes) or 'fingerprint format'}. Write to a new output path, restore "
                 "the old settings, or pass --conf job.start_over=true to discard the old output."
             )
+        if input_diff and not config.job.incremental:
+            raise InputChanged(
+                f"the input of the job at {config.output.path} changed since it was planned "
+                f"({input_diff.describe()}); its rows would no longer match the committed ones. Restore "
+                "the input, write to a new output path, pass --conf job.start_over=true to redo the "
+                "job, or --conf job.incremental=true to add new files as new splits"
+            )
         stored = plan_from_records(existing["splits"])
-        success = read_success_or_none(store)
-        state = "done" if success is not None and success_hash(success) == fingerprint["hash"] else "resume"
-        return OpenedJob(
-            config, spec, sampling, fingerprint, store, stored, state, success, store.committed_indexes()
+        store.use_generation(str(existing["generation"]))
+        job = OpenedJob(
+            config, spec, sampling, fingerprint, store, stored, "resume", None, store.committed_indexes()
         )
+        job.generation = str(existing["generation"])
+        if input_diff:
+            job.added_files = extend_plan_incrementally(job, existing, input_diff)
+            job.state = "resume"
+            return job
+        success = read_success_or_none(store)
+        if success is not None and success_hash(success) == fingerprint["hash"]:
+            problems = store.success_problems(success)
+            if problems:
+                job.notes.append("_SUCCESS does not match the commit markers: " + "; ".join(problems))
+            else:
+                job.state, job.success = "done", success
+        return job
     splits: list[Split] = []
+    listing: list[dict[str, Any]] = []
     if plan:
         from shardinfer.readers.splits import plan_splits
 
+        listing = listing_of(config, spec)
         try:
             splits = plan_splits(spec, config.job.split_rows)
         except InputColumnError as exc:
             # A column the spec names but the input lacks is the spec's mistake (78), not bad data (65).
             raise ConfigError(str(exc)) from None
         if not splits:
-            raise InputMissing(f"input.path={config.input.path!r} has no rows to process")
+            # Files were found (no files at all is InputMissingError, 66), but none holds a row:
+            # rerunning cannot help, the spec points at the wrong input.
+            raise ConfigError(
+                f"input.path={config.input.path!r} names {len(listing)} file(s) but not one row to process "
+                "(empty files); point input.path at the input that holds the rows"
+            )
     job = OpenedJob(config, spec, sampling, fingerprint, store, splits, "new")
+    job.input_listing = listing
     if splits:
         check_columns(config, job.input_schema)
     return job
+
+
+def _damaged(config: JobConfig, what: str) -> Exception:
+    return CorruptOutputError(
+        f"output location {config.output.path} {what}: it is damaged (or another program's), and "
+        "adopting its markers could bless rows of another job. Write to a new output path, or pass "
+        "--conf job.start_over=true to clear it and start the job again"
+    )
+
+
+def listing_of(config: JobConfig, spec: Any) -> list[dict[str, Any]]:
+    from shardinfer.readers.listing import list_input_files
+
+    return snapshot(list_input_files(spec), dict(config.input.storage_options))
+
+
+def check_output_location(config: JobConfig) -> None:
+    """The output must be a directory or prefix (not a file), in a bucket that exists, and not
+    inside the input (the next run would read it back as input)."""
+    from shardinfer.storage import filesystem
+
+    out_fs, out_root = filesystem(config.output.path, dict(config.output.storage_options))
+    if out_fs.isfile(out_root):
+        raise ConfigError(
+            f"output.path={config.output.path!r} is a file, not a directory or prefix; write the output "
+            "to a new location"
+        )
+    protocols = {out_fs.protocol} if isinstance(out_fs.protocol, str) else set(out_fs.protocol)
+    if protocols & {"s3", "s3a"}:
+        bucket = out_root.split("/", 1)[0]
+        if not out_fs.exists(bucket):
+            raise ConfigError(
+                f"output.path={config.output.path!r}: bucket {bucket!r} does not exist (or these credentials "
+                "cannot see it); create the bucket or fix the path, endpoint or credentials"
+            )
+    in_fs, in_path = filesystem(config.input.path, dict(config.input.storage_options))
+    if type(out_fs) is not type(in_fs):
+        return
+    out = out_root.rstrip("/")
+    sample_part = f"{out}/part-00000-x.parquet"  # what the output's files look like to a listing
+    if any(ch in in_path for ch in "*?["):
+        inside = fnmatch.fnmatchcase(sample_part, in_path)
+    else:
+        base = in_path.rstrip("/")
+        inside = (out == base or out.startswith(base + "/")) and not in_fs.isfile(in_path)
+    if inside:
+        raise ConfigError(
+            f"output.path={config.output.path!r} lies inside input.path={config.input.path!r}: the next run "
+            "would read the output back as input; write the output somewhere outside the input"
+        )
+
+
+def extend_plan_incrementally(job: OpenedJob, existing: dict[str, Any], diff: ListingDiff) -> list[str]:
+    """job.incremental: plan the added files as new splits after the old ones (the old splits and
+    their commits stay as they are); the extended `_job.json` is written by `write_plan`."""
+    if diff.removed or diff.changed:
+        raise InputChanged(
+            f"job.incremental adds new input files only, but files were removed or rewritten since the job "
+            f"at {job.config.output.path} was planned ({ListingDiff([], diff.removed, diff.changed).describe()}); "
+            "restore them, or pass --conf job.start_over=true to redo the job"
+        )
+    import dataclasses
+
+    from shardinfer.readers.splits import plan_splits, read_schema
+
+    old_schema = job.input_schema
+    next_file = max(s.file_index for s in job.splits) + 1
+    new: list[Split] = []
+    for offset, url in enumerate(diff.added):
+        spec = dataclasses.replace(job.input_spec, path=url)
+        if not read_schema(spec, url).remove_metadata().equals(old_schema.remove_metadata()):
+            raise ConfigError(
+                f"job.incremental: new input file {url} has another schema than the planned input; "
+                "rewrite it to the same columns and types, or start the job over"
+            )
+        for split in plan_splits(spec, job.config.job.split_rows):
+            new.append(Split(len(job.splits) + len(new), next_file + offset, url, *_range(split)))
+    listing = existing.get("input_listing", []) + snapshot(diff.added, dict(job.config.input.storage_options))
+    job.splits = job.splits + new
+    job.extended_record = {
+        **existing,
+        "splits": plan_to_records(job.splits),
+        "total_input_rows": sum(s.num_rows for s in job.splits),
+        "input_listing": listing,
+    }
+    return list(diff.added)
+
+
+def _range(split: Any) -> tuple[int, int, int | None]:
+    return split.row_start, split.row_end, split.byte_offset
 
 
 def read_success_or_none(store: OutputStore) -> dict[str, Any] | None:
@@ -212,20 +349,45 @@ def check_columns(config: JobConfig, schema: pa.Schema) -> None:
 
 
 def write_plan(job: OpenedJob, run_id: str) -> None:
-    """Store `_job.json` for a new job (after clearing another fingerprint's output on start_over)."""
+    """Store `_job.json` for a new job. A start-over writes the new generation over the old job
+    file first, which fences off the old generation's workers, and only then clears the rest.
+    Two submits planning at once: the first `_job.json` wins and a loser of the same fingerprint
+    joins it (its plan and generation); another fingerprint is refused."""
+    if job.extended_record is not None:
+        # `_SUCCESS` first: from here until finalize the output is not complete.
+        job.store.delete_success()
+        job.store.replace_job(job.extended_record)
+        return
     if job.state != "new":
         return
     from shardinfer.writers.job_file import make_job_record
 
-    if job.config.job.start_over and output_exists(job.config):
-        job.store.clear()
     config = job.config.to_dict()
     config["job"]["run_id"] = ""  # a run id names one attempt, not the job
-    job.store.write_job(
-        make_job_record(
-            run_id, job.fingerprint, job.splits, {"job_format_version": JOB_FORMAT_VERSION, "config": config}
-        )
+    record = make_job_record(
+        run_id,
+        job.fingerprint,
+        job.splits,
+        {"job_format_version": JOB_FORMAT_VERSION, "config": config, "input_listing": job.input_listing},
     )
+    if job.config.job.start_over and output_exists(job.config):
+        job.store.replace_job(record)
+        job.store.clear(keep_job=True)
+        in_force = record
+    else:
+        in_force = job.store.create_or_read_job(record)
+    if in_force.get("fingerprint", {}).get("hash") != job.fingerprint["hash"]:
+        changes = diff_fingerprint_parts(in_force.get("fingerprint", {}), job.fingerprint)
+        raise FingerprintMismatch(
+            f"{job.config.output.path} was just planned by another job with another fingerprint "
+            f"(changed: {'; '.join(changes) or 'fingerprint format'}); write to a new output path"
+        )
+    job.splits = plan_from_records(in_force["splits"])
+    job.generation = str(in_force["generation"])
+    job.store.use_generation(job.generation)
+    if in_force is not record:
+        job.state = "resume"
+        job.committed = job.store.committed_indexes()
 
 
 def output_schema_of(job: OpenedJob) -> pa.Schema:
@@ -293,6 +455,8 @@ def run_worker(
     """Process the uncommitted splits of `order` (a list, or splits pulled from the driver's
     scheduler) with one engine; raises Interrupted on stop."""
     cfg = job.config
+    if job.generation:
+        job.store.use_generation(job.generation)
     timeline = open_timeline(cfg.job.timeline_path)
     if timeline is not None:
         timeline.mark("engine_build_start")
@@ -334,6 +498,29 @@ def run_worker(
         timeline=timeline,
     )
     return worker.run(order)
+
+
+def repair_damaged(
+    job: OpenedJob,
+    stop: threading.Event,
+    run_id: str,
+    emit: Callable[[dict[str, Any]], None] = lambda e: None,
+    engine: Any = None,
+) -> dict[int, str]:
+    """Check every committed part against its marker; compute the damaged splits again.
+
+    A part deleted, truncated or replaced after its commit is recomputed (sampling is
+    deterministic: the same bits) and committed under the split's next marker number, created
+    only if absent, so concurrent repairers still have one winner. Returns split -> what was wrong.
+    """
+    markers = job.store.committed()
+    damaged: dict[int, str] = job.store.damaged_parts(markers)
+    if not damaged:
+        return {}
+    emit({"event": "repair", "splits": sorted(damaged), "reasons": damaged})
+    job.store.plan_repairs(damaged, markers)
+    run_worker(job, [s for s in job.splits if s.index in damaged], stop, run_id, emit, engine)
+    return damaged
 
 
 def committed_totals(store: OutputStore, committed: dict[int, dict[str, Any]]) -> dict[str, int]:

@@ -2,9 +2,12 @@
 
 from shardinfer.errors import (
     CorruptOutputError,
+    DamagedPartsError,
+    ExclusiveCreateUnsupportedError,
     IncompleteOutputError,
     JobFileConflictError,
     OutputError,
+    StaleGenerationError,
     StorageError,
 )
 from shardinfer.writers.job_file import make_job_record, splits_from_job
@@ -14,11 +17,14 @@ from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema
 __all__ = [
     "OUTPUT_SCHEMA_VERSION",
     "CorruptOutputError",
+    "DamagedPartsError",
+    "ExclusiveCreateUnsupportedError",
     "IncompleteOutputError",
     "JobFileConflictError",
     "OutputError",
     "OutputStore",
     "PartInfo",
+    "StaleGenerationError",
     "StorageError",
     "make_job_record",
     "output_schema",

@@ -1,33 +1,48 @@
 """The output location and its commit protocol.
 
-    <output>/_job.json                      run id, fingerprint, split plan (written once, first)
-    <output>/part-{split}-{attempt}.parquet one attempt at one split's rows (many may exist)
-    <output>/_commits/{split}.json          the marker naming the one part that counts
-    <output>/_SUCCESS                       JSON manifest, written last
+    <output>/_job.json                                   fingerprint, generation, split plan (first)
+    <output>/part-{split}-{generation}-{attempt}.parquet one attempt at one split's rows
+    <output>/_commits/{split}.{generation}.{n}.json      the marker naming the one part that counts
+    <output>/_SUCCESS                                    JSON manifest, written last
 
-A split is done when its marker exists. The marker is created only if absent (see
-`shardinfer.storage.create_exclusive`), after its part file is fully written, so of two workers
-racing on one split exactly one wins and the other deletes its own part. Nothing is renamed, which
-matters on object stores where a rename is a copy. A crash at any instant leaves at worst a part
-file no marker names; `finalize` deletes such orphans once every split is committed, then writes
-`_SUCCESS`. Readers of the output trust markers and `_SUCCESS`, never a listing of part files.
+A split is done when its marker of the current generation exists (see `writers.markers`). The
+marker is created only if absent (see `shardinfer.storage.create_exclusive`), after its part file
+is fully written, so of two workers racing on one split exactly one wins and the other deletes its
+own part. Nothing is renamed, which matters on object stores where a rename is a copy. A crash at
+any instant leaves at worst a part file no marker names; `finalize` verifies every committed part,
+deletes the rest, then writes `_SUCCESS`. Readers trust markers and `_SUCCESS`, never a listing.
+
+Fencing: a commit first checks that `_job.json` still holds this store's generation, and markers
+of any other generation are never counted, so a job started over while an older one still runs
+can never bless the older one's rows (`StaleGenerationError` stops the older one).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import json
 import os
 import posixpath
-import re
 import socket
+import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardinfer.errors import CorruptOutputError, IncompleteOutputError, JobFileConflictError
+from shardinfer.errors import (
+    CorruptOutputError,
+    DamagedPartsError,
+    ExclusiveCreateUnsupportedError,
+    IncompleteOutputError,
+    JobFileConflictError,
+    StaleGenerationError,
+    StorageError,
+)
 from shardinfer.storage import (
     RetryPolicy,
     create_exclusive,
@@ -35,12 +50,21 @@ from shardinfer.storage import (
     filesystem,
     full_url,
     is_local,
+    is_memory,
     list_files,
     put_bytes,
     read_bytes_or_none,
     with_retries,
 )
 from shardinfer.writers.job_file import splits_from_job, utc_now
+from shardinfer.writers.manifest import build_success, success_problems
+from shardinfer.writers.markers import (
+    COMMITS_DIR,
+    MarkerName,
+    current_markers,
+    marker_file_name,
+    parse_marker_name,
+)
 from shardinfer.writers.parts import (
     PartInfo,
     cat_many,
@@ -51,16 +75,18 @@ from shardinfer.writers.parts import (
     parse_json,
     part_name,
 )
-from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, output_schema
+from shardinfer.writers.schema import output_schema
+from shardinfer.writers.verify import part_damage
 
 if TYPE_CHECKING:
     from shardinfer.splits import Split
 
 JOB_FILE = "_job.json"
 SUCCESS_FILE = "_SUCCESS"
-COMMITS_DIR = "_commits"
-MARKER_VERSION = 1
-_MARKER_NAME = re.compile(r"^(\d+)\.json$")
+MARKER_VERSION = 2
+# A temporary file of an interrupted local write is removed at finalize once it is this old: a
+# live writer's temporary file exists only for the moments of one write and fsync.
+STALE_TEMP_S = 600.0
 
 
 class OutputStore:
@@ -73,6 +99,10 @@ class OutputStore:
         self.fs, root = filesystem(self.url, storage_options)
         self.root = root.rstrip("/")
         self.retries = retries or RetryPolicy()
+        self._generation: str | None = None
+        # Split -> marker number to commit under: splits being repaired (their part was damaged).
+        self._repairs: dict[int, int] = {}
+        self._exclusive_checked = False
         if is_local(self.fs):
             os.makedirs(os.path.join(self.root, COMMITS_DIR), exist_ok=True)
 
@@ -80,22 +110,48 @@ class OutputStore:
     def _path(self, *names: str) -> str:
         return posixpath.join(self.root, *names)
 
-    def _marker_path(self, split_name: str) -> str:
-        return self._path(COMMITS_DIR, f"{split_name}.json")
-
     def _retry(self, what: str, fn: Any) -> Any:
-        return with_retries(self.retries, what, fn)
+        try:
+            return with_retries(self.retries, what, fn)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # The disk may be freed (or the quota raised) and the job rerun: retryable, exit 75.
+                raise StorageError(
+                    exc.errno,
+                    f"{what}: no space left on the device or quota exceeded ({exc}); free space under "
+                    f"{self.url} and run the job again (committed splits are kept)",
+                ) from exc
+            raise
 
     def _read_json(self, path: str) -> dict[str, Any] | None:
         data = self._retry(f"read {full_url(self.fs, path)}", lambda: read_bytes_or_none(self.fs, path))
         return None if data is None else parse_json(data, full_url(self.fs, path))
 
-    # --- _job.json -------------------------------------------------------------------------------
+    def _delete(self, path: str) -> None:
+        self._retry(f"delete {full_url(self.fs, path)}", lambda: delete_if_present(self.fs, path))
+
+    # --- _job.json and the generation ------------------------------------------------------------
     def read_job(self) -> dict[str, Any] | None:
         return self._read_json(self._path(JOB_FILE))
 
-    def write_job(self, job: dict[str, Any]) -> None:
-        """Create `_job.json` once. Writing the same content again is a no-op; different content raises."""
+    @property
+    def generation(self) -> str:
+        """The job generation this store writes and counts (from `_job.json` unless set)."""
+        if self._generation is None:
+            job = self.read_job()
+            if job is None or not job.get("generation"):
+                raise IncompleteOutputError(
+                    f"{self.url} has no {JOB_FILE} with a job generation; the job must be planned first"
+                )
+            self._generation = str(job["generation"])
+        return self._generation
+
+    def use_generation(self, generation: str) -> None:
+        self._generation = generation
+
+    def write_job(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Create `_job.json` if absent; returns the record in force. The same content again is a
+        no-op; other content raises (the caller decides first whether to join an existing job)."""
         path = self._path(JOB_FILE)
         try:
             self._retry(
@@ -108,14 +164,49 @@ class OutputStore:
                     f"{full_url(self.fs, path)} already exists for run {existing and existing.get('run_id')!r}; "
                     "resume that job, or start over (which clears the output location)"
                 ) from None
+        self._generation = job.get("generation")
+        return job
+
+    def create_or_read_job(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Create `_job.json` if absent, else return the one that won (two submits planning at once)."""
+        path = self._path(JOB_FILE)
+        try:
+            self._retry(
+                f"create {full_url(self.fs, path)}", lambda: create_exclusive(self.fs, path, json_bytes(job))
+            )
+            return job
+        except FileExistsError:
+            existing = self.read_job()
+            if existing is None:  # deleted between our create and our read: try once more
+                return self.write_job(job)
+            return existing
+
+    def replace_job(self, job: dict[str, Any]) -> None:
+        """Overwrite `_job.json` (a start-over): from this instant the old generation is fenced off."""
+        path = self._path(JOB_FILE)
+        self._retry(f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, json_bytes(job)))
+        self._generation = job.get("generation")
+
+    def check_fence(self) -> None:
+        """Raise StaleGenerationError unless `_job.json` still holds this store's generation."""
+        job = self.read_job()
+        current = job.get("generation") if job else None
+        if current != self.generation:
+            raise StaleGenerationError(
+                f"{self.url} now belongs to another generation of the job ({current or 'no _job.json'}; "
+                f"this run's is {self.generation}): it was started over or cleared while this run was "
+                "working, so this run stops and none of its work will count; if that was not intended, "
+                "check which job owns the output location"
+            )
 
     # --- parts and commits -----------------------------------------------------------------------
     def write_part(self, split: Split, attempt: str, table: pa.Table, metadata: dict[str, str]) -> PartInfo:
-        """Write the split's rows as `part-{split.name}-{attempt}.parquet` (uncommitted until `commit`)."""
+        """Write the split's rows as a part file of this generation (uncommitted until `commit`)."""
         check_attempt(attempt)
-        name = part_name(split.name, attempt)
+        name = part_name(split.name, self.generation, attempt)
         path = self._path(name)
-        data = encode_part(table, split.name, attempt, metadata)
+        meta = {**metadata, "shardinfer.generation": self.generation}
+        data = encode_part(table, split.name, attempt, meta)
         self._retry(f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, data))
         return PartInfo(
             split_index=split.index,
@@ -125,83 +216,111 @@ class OutputStore:
             rows=table.num_rows,
             bytes=len(data),
             sha256=hashlib.sha256(data).hexdigest(),
+            md5=hashlib.md5(data, usedforsecurity=False).hexdigest(),
         )
 
     def commit(self, split: Split, part: PartInfo) -> bool:
         """Create the split's marker naming `part`, only if absent. True if this call won the split.
 
-        On a lost race the marker names another attempt's part; ours is deleted and False returned.
-        A FileExistsError is never retried, but it is checked: if a first try reached the store and
-        only its response was lost, the marker found names our own part and we did win.
+        Refused (StaleGenerationError) when `_job.json` no longer holds this generation. On a lost
+        race the marker names another attempt's part; ours is deleted and False returned. The marker
+        is read back after every create: if a first try reached the store and only its response was
+        lost, the marker names our part and we did win; if a store ignored the create-if-absent
+        condition and another writer overwrote the marker, it names theirs and we lost.
         """
         if part.split_index != split.index:
             raise ValueError(f"part {part.name} belongs to split {part.split_index}, not {split.index}")
+        self.check_fence()
+        self.check_exclusive_create()
+        number = self._repairs.get(split.index, 0)
         marker = {
             "marker_version": MARKER_VERSION,
+            "generation": self.generation,
+            "marker_number": number,
             "split": split.index,
             "split_name": split.name,
             "part": part.name,
             "rows": part.rows,
             "bytes": part.bytes,
             "sha256": part.sha256,
+            "md5": part.md5,
             "attempt": part.attempt,
             "committed_at": utc_now(),
             "writer": f"{socket.gethostname()}:{os.getpid()}",
         }
-        path = self._marker_path(split.name)
-        try:
+        path = self._path(COMMITS_DIR, marker_file_name(split.index, self.generation, number))
+        # FileExistsError (a lost race, or our own first try whose response was lost) is settled by
+        # the read-back below, as is a store that ignored the condition and let a writer overwrite.
+        with contextlib.suppress(FileExistsError):
             self._retry(
                 f"commit {full_url(self.fs, path)}",
                 lambda: create_exclusive(self.fs, path, json_bytes(marker)),
             )
+        existing = self._read_json(path)
+        if existing is not None and existing.get("part") == part.name:
+            if existing.get("sha256") != part.sha256:
+                # Two workers used one attempt name: the part file now holds whichever wrote last.
+                raise CorruptOutputError(
+                    f"{full_url(self.fs, path)} names {part.name}, but with another sha256: two "
+                    f"attempts at split {split.index} used the attempt name {part.attempt!r}; attempt "
+                    "names must be unique (e.g. a random hex string); delete the marker to redo the split"
+                )
+            self._repairs.pop(split.index, None)
             return True
-        except FileExistsError:
-            existing = self._read_json(path)
-            if existing is not None and existing.get("part") == part.name:
-                if existing.get("sha256") != part.sha256:
-                    # Two workers used one attempt name: the part file now holds whichever wrote last.
-                    raise CorruptOutputError(
-                        f"{full_url(self.fs, path)} names {part.name}, but with another sha256: two "
-                        f"attempts at split {split.index} used the attempt name {part.attempt!r}; attempt "
-                        "names must be unique (e.g. a random hex string); delete the marker to redo the split"
-                    ) from None
-                return True
-            self._retry(f"delete {part.path}", lambda: delete_if_present(self.fs, self._path(part.name)))
-            return False
+        self._delete(self._path(part.name))
+        return False
 
-    def _marker_paths(self) -> list[tuple[int, str]]:
-        """(split index, marker path) in listing order, from one listing of `_commits/`.
+    def check_exclusive_create(self) -> None:
+        """Once per store object: prove that this store refuses a second create-if-absent.
 
-        Names that are not `{split}.json` (crash leftovers such as temporary files) are skipped.
+        An S3-compatible service (or an s3fs release) that ignores `If-None-Match: *` lets a second
+        commit overwrite the first marker, and both committers believe they won. Local disk and
+        memory:// are exclusive by construction; anything else is probed with a scratch object in
+        `_commits/` (three requests) before the first commit.
         """
+        if self._exclusive_checked or is_local(self.fs) or is_memory(self.fs):
+            return
+        path = self._path(COMMITS_DIR, f".probe-{uuid.uuid4().hex}")
+        what = f"probe {full_url(self.fs, path)}"
+        with contextlib.suppress(FileExistsError):  # a fresh random name: only our own lost response
+            self._retry(what, lambda: create_exclusive(self.fs, path, b"first"))
+        try:
+            self._retry(what, lambda: create_exclusive(self.fs, path, b"second"))
+        except FileExistsError:
+            self._exclusive_checked = True
+            return
+        finally:
+            self._delete(path)
+        raise ExclusiveCreateUnsupportedError(
+            f"{self.url}: the store overwrote an object that was created only-if-absent (it ignores "
+            "If-None-Match: *), so two workers could both commit one split. Use a store that honours "
+            "conditional writes (AWS S3 does) and s3fs >= 2025.7.0, or write the output to another store"
+        )
+
+    def _marker_names(self) -> list[MarkerName]:
+        """Every marker in `_commits/` (any generation), from one listing; other names are skipped."""
         directory = self._path(COMMITS_DIR)
-        names = self._retry(f"list {full_url(self.fs, directory)}", lambda: list_files(self.fs, directory))
-        found = []
-        for path in names:
-            m = _MARKER_NAME.match(posixpath.basename(path))
-            if m:
-                found.append((int(m.group(1)), path))
-        return found
+        paths = self._retry(f"list {full_url(self.fs, directory)}", lambda: list_files(self.fs, directory))
+        names = [parse_marker_name(posixpath.basename(p)) for p in paths]
+        return [n for n in names if n is not None]
 
     def committed_indexes(self) -> set[int]:
-        """Split indexes with a marker, from one listing of `_commits/` (no marker is read).
-
-        A marker appears atomically and complete, so its name alone says the split is done; reading
-        every marker (as `committed()` does) would cost one GET per split.
-        """
-        return {index for index, _ in self._marker_paths()}
+        """Split indexes with a marker of this generation, from one listing of `_commits/` (no marker
+        is read: a marker appears atomically and complete). Splits being repaired are left out."""
+        found = current_markers(self._marker_names(), self.generation)
+        return {i for i in found if i not in self._repairs}
 
     def committed(self) -> dict[int, dict[str, Any]]:
-        """Split index -> marker, for every split committed so far."""
+        """Split index -> marker of this generation (the highest marker number), for every split."""
+        found = current_markers(self._marker_names(), self.generation)
+        paths = {i: self._path(COMMITS_DIR, m.file_name) for i, m in found.items()}
         directory = self._path(COMMITS_DIR)
-        found = self._marker_paths()
-        paths = [path for _, path in found]
         # One batched fetch: s3fs runs the GETs concurrently, which matters when resuming 10^4 splits.
         contents = self._retry(
-            f"read markers in {full_url(self.fs, directory)}", lambda: cat_many(self.fs, paths)
+            f"read markers in {full_url(self.fs, directory)}", lambda: cat_many(self.fs, list(paths.values()))
         )
         markers: dict[int, dict[str, Any]] = {}
-        for index, path in found:
+        for index, path in paths.items():
             data = contents.get(path)
             if data is None:
                 continue  # deleted since the listing (a concurrent start-over)
@@ -211,8 +330,37 @@ class OutputStore:
                     f"{full_url(self.fs, path)} is not a commit marker for split {index}: {marker}; "
                     "delete it to redo that split"
                 )
+            marker["marker_file"] = posixpath.basename(path)
             markers[index] = marker
-        return dict(sorted(markers.items()))
+        return markers
+
+    def damaged_parts(self, markers: dict[int, dict[str, Any]] | None = None) -> dict[int, str]:
+        """Split -> why its committed part does not match its marker (see writers.verify)."""
+        markers = self.committed() if markers is None else markers
+        damaged: dict[int, str] = {}
+        for index, marker in markers.items():
+            path = self._path(marker["part"])
+            reason = self._retry(
+                f"verify {full_url(self.fs, path)}", lambda p=path, m=marker: part_damage(self.fs, p, m)
+            )
+            if reason is not None:
+                damaged[index] = f"{marker['part']}: {reason}"
+        return damaged
+
+    def missing_parts(self, markers: dict[int, dict[str, Any]]) -> dict[int, str]:
+        """Split -> why, for markers naming a part file that is not there (one listing, no reads)."""
+        present = {posixpath.basename(p) for p in self._listing()}
+        return {
+            i: f"{m['part']}: its part file is missing"
+            for i, m in markers.items()
+            if m["part"] not in present
+        }
+
+    def plan_repairs(self, damaged: dict[int, str], markers: dict[int, dict[str, Any]]) -> None:
+        """Make the damaged splits uncommitted for this store's workers: the next commit of each
+        goes under the next marker number, created only if absent like the first."""
+        for index in damaged:
+            self._repairs[index] = int(markers[index].get("marker_number", 0)) + 1
 
     def read_part_metadata(self, part: str) -> dict[bytes, bytes]:
         """The Parquet key-value metadata of the part file named `part` (one footer read, no data pages)."""
@@ -227,14 +375,15 @@ class OutputStore:
 
     # --- finishing and reading back --------------------------------------------------------------
     def finalize(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """Delete orphan parts and write `_SUCCESS`; every split of the plan must be committed.
+        """Verify every committed part, delete what no current marker names, write `_SUCCESS`.
 
-        Deleting parts no marker names is only safe once every split has a marker: a worker still
-        writing an attempt for a committed split will lose its commit and needs no part file.
+        Deleting unnamed parts is only safe once every split has a marker: a worker still writing an
+        attempt for a committed split will lose its commit and needs no part file. Parts and markers
+        of other generations are deleted too: they belong to a job this location no longer holds.
         """
+        self.check_fence()
         job = self.read_job()
-        if job is None:
-            raise IncompleteOutputError(f"{self.url} has no {JOB_FILE}; nothing to finalize")
+        assert job is not None  # check_fence read it
         plan = splits_from_job(job)
         markers = self.committed()
         missing = [s.index for s in plan if s.index not in markers]
@@ -243,53 +392,86 @@ class OutputStore:
                 f"{self.url}: {len(missing)} of {len(plan)} splits are not committed (first: {missing[:10]}); "
                 "run the job again to finish them"
             )
+        damaged = self.damaged_parts(markers)
+        if damaged:
+            raise DamagedPartsError(
+                f"{self.url}: {len(damaged)} committed part(s) do not match their markers: "
+                + "; ".join(f"split {i}: {why}" for i, why in sorted(damaged.items()))
+                + "; run the job again to recompute them",
+                damaged,
+            )
         referenced = {m["part"] for m in markers.values()}
+        keep_markers = {m["marker_file"] for m in markers.values()}
         orphans = [
             p
             for p in self._listing()
             if is_part_name(name := posixpath.basename(p)) and name not in referenced
         ]
         for path in orphans:
-            self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
-        files = [
-            {"split": i, "path": m["part"], "rows": m["rows"], "bytes": m["bytes"], "sha256": m["sha256"]}
-            for i, m in markers.items()
-        ]
-        commit_times = sorted(m.get("committed_at", "") for m in markers.values())
-        success = {
-            "committer": "shardinfer",
-            "marker_version": MARKER_VERSION,
-            "output_schema_version": OUTPUT_SCHEMA_VERSION,
-            "run_id": job.get("run_id"),
-            "fingerprint": job.get("fingerprint"),
-            "files": files,
-            "totals": {
-                "splits": len(files),
-                "rows": sum(f["rows"] for f in files),
-                "bytes": sum(f["bytes"] for f in files),
-            },
-            "timings": {
-                "job_created": job.get("created"),
-                "first_commit": commit_times[0] if commit_times else None,
-                "last_commit": commit_times[-1] if commit_times else None,
-                "finalized": utc_now(),
-            },
-            "orphans_deleted": sorted(posixpath.basename(p) for p in orphans),
-            "summary": summary,
-        }
+            self._delete(path)
+        for marker_name in self._marker_names():
+            if marker_name.file_name not in keep_markers:
+                self._delete(self._path(COMMITS_DIR, marker_name.file_name))
+        self._remove_stale_temporaries()
+        success = build_success(job, markers, sorted(posixpath.basename(p) for p in orphans), summary)
         path = self._path(SUCCESS_FILE)
         self._retry(f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, json_bytes(success)))
         return success
 
+    def _remove_stale_temporaries(self) -> None:
+        """Temporary files of interrupted local writes (`.tmp-*`), once old enough to be nobody's."""
+        if not is_local(self.fs):
+            return
+        now = time.time()
+        for directory in (self.root, self._path(COMMITS_DIR)):
+            for entry in os.scandir(directory):
+                if entry.name.startswith(".tmp-") and entry.is_file():
+                    try:
+                        if now - entry.stat().st_mtime > STALE_TEMP_S:
+                            os.unlink(entry.path)
+                    except FileNotFoundError:
+                        continue  # its writer just moved or removed it
+
     def _listing(self) -> list[str]:
         return list(self._retry(f"list {self.url}", lambda: list_files(self.fs, self.root)))
+
+    def has_protocol_files(self) -> bool:
+        """True when the location holds markers, parts or `_SUCCESS` (whatever `_job.json` says)."""
+        if self._marker_names():
+            return True
+        return any(is_part_name(n := posixpath.basename(p)) or n == SUCCESS_FILE for p in self._listing())
+
+    def delete_success(self) -> None:
+        self._delete(self._path(SUCCESS_FILE))
 
     def read_success(self) -> dict[str, Any] | None:
         return self._read_json(self._path(SUCCESS_FILE))
 
+    def success_problems(self, success: dict[str, Any]) -> list[str]:
+        """What is wrong between `_SUCCESS`, `_job.json` and the markers (empty when they agree)."""
+        job = self.read_job()
+        if job is None:
+            return [f"{JOB_FILE} is missing"]
+        if success.get("generation") != job.get("generation"):
+            return [
+                f"_SUCCESS belongs to job generation {success.get('generation')!r}, but {JOB_FILE} holds "
+                f"{job.get('generation')!r} (the job was started over since)"
+            ]
+        self.use_generation(str(job.get("generation")))
+        return success_problems(success, self.committed(), len(job.get("splits", [])))
+
     def read_committed_table(self, verify: bool = True) -> pa.Table:
-        """The committed parts concatenated in split order; with `verify`, each part's hash and row
-        count are checked against its marker."""
+        """The committed parts concatenated in split order. With `verify`, `_SUCCESS` (when present)
+        must agree with the markers, and each part's hash and row count with its marker."""
+        if verify:
+            success = self.read_success()
+            if success is not None:
+                problems = self.success_problems(success)
+                if problems:
+                    raise CorruptOutputError(
+                        f"{self.url}: _SUCCESS does not match the commit markers: {'; '.join(problems)}; "
+                        "run the job again to repair the output"
+                    )
         tables = []
         for marker in self.committed().values():
             path = self._path(marker["part"])
@@ -299,12 +481,12 @@ class OutputStore:
             if data is None:
                 raise CorruptOutputError(
                     f"{self.url}: the marker of split {marker['split']} names {marker['part']}, which is "
-                    f"missing; delete _commits/{marker['split_name']}.json and re-run the job to redo it"
+                    "missing; run the job again to recompute that split"
                 )
             if verify and hashlib.sha256(data).hexdigest() != marker["sha256"]:
                 raise CorruptOutputError(
                     f"{full_url(self.fs, path)} does not match the sha256 its commit marker records; the "
-                    "file was changed after commit; delete its marker and re-run to redo the split"
+                    "file was changed after commit; run the job again to recompute the split"
                 )
             table = pq.read_table(io.BytesIO(data))
             if verify and table.num_rows != marker["rows"]:
@@ -316,13 +498,14 @@ class OutputStore:
             return output_schema().empty_table()
         return pa.concat_tables(tables)
 
-    def clear(self) -> None:
+    def clear(self, keep_job: bool = False) -> None:
         """Delete everything this protocol wrote, for a start-over. `_SUCCESS` goes first (nobody may
-        trust a half-cleared output), `_job.json` last (a crash midway still blocks a silent resume)."""
+        trust a half-cleared output), then markers and parts; `_job.json` last, or not at all with
+        `keep_job` (a start-over has already written the new generation's there)."""
         for path in [self._path(SUCCESS_FILE), *list_files(self.fs, self._path(COMMITS_DIR))]:
-            self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
+            self._delete(path)
         for path in self._listing():
             if is_part_name(posixpath.basename(path)):
-                self._retry(f"delete {full_url(self.fs, path)}", lambda p=path: delete_if_present(self.fs, p))
-        job = self._path(JOB_FILE)
-        self._retry(f"delete {full_url(self.fs, job)}", lambda: delete_if_present(self.fs, job))
+                self._delete(path)
+        if not keep_job:
+            self._delete(self._path(JOB_FILE))

@@ -36,6 +36,7 @@ class PartInfo:
     rows: int
     bytes: int
     sha256: str
+    md5: str = ""  # what an S3 single-part upload's ETag is, so finalize can verify with a HEAD
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,8 +50,8 @@ def check_attempt(attempt: str) -> None:
         )
 
 
-def part_name(split_name: str, attempt: str) -> str:
-    return f"part-{split_name}-{attempt}.parquet"
+def part_name(split_name: str, generation: str, attempt: str) -> str:
+    return f"part-{split_name}-{generation}-{attempt}.parquet"
 
 
 def is_part_name(name: str) -> bool:

@@ -149,7 +149,7 @@ def test_completed_run_resubmitted_exits_0_without_work(
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
     status = cli("status", "--json", str(out))
     report = json.loads(status.stdout)
-    assert report["state"] == "complete" and report["splits_committed"] == report["splits_total"] == 6
+    assert report["state"] == "done" and report["splits_committed"] == report["splits_total"] == 6
     assert report["rows_ok"] == 24 and report["rows_error"] == 0
 
 

@@ -54,13 +54,13 @@ def test_full_cycle_on_s3(s3_bucket) -> None:
     for s in splits:
         assert store.commit(s, store.write_part(s, "a1", table_for(s), {}))
     success = store.finalize({})
-    assert success["orphans_deleted"] == ["part-00001-crashed.parquet"]
+    assert success["orphans_deleted"] == [f"part-00001-{store.generation}-crashed.parquet"]
     assert store.read_committed_table().to_pylist() == full_rows([r for s in splits for r in rows_for(s)])
     fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
     fs.invalidate_cache()
     names = sorted(p.rsplit("/", 1)[1] for p in fs.find(s3_bucket.url("out")))
-    assert names == ["00000.json", "00001.json", "00002.json", "_SUCCESS", "_job.json"] + [
-        f"part-0000{i}-a1.parquet" for i in range(3)
+    assert names == [f"0000{i}.{store.generation}.0.json" for i in range(3)] + ["_SUCCESS", "_job.json"] + [
+        f"part-0000{i}-{store.generation}-a1.parquet" for i in range(3)
     ]
 
 
@@ -75,7 +75,7 @@ def test_racing_writers_on_s3_commit_exactly_once(s3_bucket) -> None:
     fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
     fs.invalidate_cache()
     parts = [p.rsplit("/", 1)[1] for p in fs.find(url) if "/part-" in p]
-    assert parts == [f"part-00000-{winners[0]}.parquet"]
+    assert parts == [f"part-00000-{store.generation}-{winners[0]}.parquet"]
     assert store.finalize({})["orphans_deleted"] == []
 
 
@@ -110,11 +110,15 @@ def test_commit_whose_response_was_lost_is_still_won(s3_bucket, fault_proxy) -> 
     (split,) = plan(1)
     store = _bare_store(f"s3://{s3_bucket.name}/lost", proxy.storage_options(), [split])
     part = store.write_part(split, "a1", table_for(split), {})
+    store.check_exclusive_create()  # done once per store, before its first commit
+    store.check_fence()  # the commit's first request reads _job.json; aim the fault at the marker PUT
+    store.read_job = lambda: {"generation": store.generation}  # type: ignore[method-assign]
     before = len(proxy.requests)
     proxy.fail_next("drop_after")  # moto creates the marker; the client never hears back
     assert store.commit(split, part) is True
     # The retry's conditional PUT got 412 (FileExistsError); the marker named our part, so we won.
-    assert [(m, f) for m, _, f in proxy.requests[before:]][:2] == [("PUT", "drop_after"), ("PUT", None)]
+    puts = [(m, f) for m, _, f in proxy.requests[before:] if m == "PUT"]
+    assert puts[:2] == [("PUT", "drop_after"), ("PUT", None)]
     assert store.committed()[0]["part"] == part.name
     assert store.read_committed_table().num_rows == 3
 
@@ -135,6 +139,25 @@ def test_storage_error_after_bounded_retries(s3_bucket, fault_proxy) -> None:
     other = OutputStore(s3_bucket.url("down"), s3_bucket.storage_options)
     assert other.commit(split, other.write_part(split, "w", table_for(split), {}))
     theirs = store.write_part(split, "a2", table_for(split), {})
+    store.check_exclusive_create()  # once per store: its own PUTs are not the commit's
     before = len(proxy.requests)
     assert store.commit(split, theirs) is False
     assert [m for m, _, _ in proxy.requests[before:]].count("PUT") == 1
+
+
+def test_store_ignoring_if_none_match_is_refused_before_any_commit(s3_bucket, fault_proxy) -> None:
+    """An S3-compatible endpoint that drops the create-if-absent condition would let a second
+    commit overwrite the first; the store proves the condition holds before its first commit."""
+    from shardinfer.writers import ExclusiveCreateUnsupportedError
+
+    (split,) = plan(1)
+    honest = fault_proxy(every=0)
+    store = _bare_store(f"s3://{s3_bucket.name}/cond", honest.storage_options(), [split])
+    assert store.commit(split, store.write_part(split, "a1", table_for(split), {}))
+    lax = fault_proxy(every=0)
+    lax.ignore_conditions()
+    other = _bare_store(f"s3://{s3_bucket.name}/cond", lax.storage_options(), [split])
+    theirs = other.write_part(split, "a2", table_for(split), {})
+    with pytest.raises(ExclusiveCreateUnsupportedError, match="ignores If-None-Match"):
+        other.commit(split, theirs)
+    assert store.committed()[0]["attempt"] == "a1"  # the first commit was not overwritten

@@ -45,13 +45,15 @@ def test_write_commit_read_back_exact_rows(out_url: str) -> None:
     store = new_store(out_url, splits)
     for split in reversed(splits):  # commit order must not matter, split order does
         part = store.write_part(split, "a1", table_for(split), {"run_id": "run-1"})
-        assert (part.name, part.rows) == (f"part-{split.name}-a1.parquet", 3)
+        assert (part.name, part.rows) == (f"part-{split.name}-{store.generation}-a1.parquet", 3)
         assert store.commit(split, part) is True
     want = [row for s in splits for row in rows_for(s)]
     table = store.read_committed_table()
     assert table.to_pylist() == full_rows(want)
     assert table.schema.equals(SCHEMA, check_metadata=False)
-    meta = pq.read_metadata(store.fs.open(f"{store.root}/part-00001-a1.parquet", "rb")).metadata
+    meta = pq.read_metadata(
+        store.fs.open(f"{store.root}/part-00001-{store.generation}-a1.parquet", "rb")
+    ).metadata
     assert meta[b"run_id"] == b"run-1" and meta[b"shardinfer.split"] == b"00001"
     assert set(store.committed()) == {0, 1, 2}
 
@@ -63,9 +65,11 @@ def test_racing_threads_commit_exactly_once(out_url: str) -> None:
     results = race_commits(out_url, split, writers, "t")
     winners = [name for name, won in results.items() if won]
     assert len(results) == writers and len(winners) == 1
-    assert store.committed()[0]["part"] == f"part-00000-{winners[0]}.parquet"
+    assert store.committed()[0]["part"] == f"part-00000-{store.generation}-{winners[0]}.parquet"
     # Losers deleted their own parts: only the winner's part is left, before any finalize.
-    assert [f for f in _files(store) if f.startswith("part-")] == [f"part-00000-{winners[0]}.parquet"]
+    assert [f for f in _files(store) if f.startswith("part-")] == [
+        f"part-00000-{store.generation}-{winners[0]}.parquet"
+    ]
     assert store.finalize({})["orphans_deleted"] == []
 
 
@@ -98,7 +102,9 @@ def test_racing_processes_commit_exactly_once(tmp_path: Path) -> None:
         assert p.exitcode == 0
     winners = [n for n, won in outcome.items() if won]
     assert len(winners) == 1
-    assert [f for f in _files(store) if f.startswith("part-")] == [f"part-00000-{winners[0]}.parquet"]
+    assert [f for f in _files(store) if f.startswith("part-")] == [
+        f"part-00000-{store.generation}-{winners[0]}.parquet"
+    ]
     assert store.read_committed_table().to_pylist() == full_rows(rows_for(split))
 
 
@@ -114,17 +120,24 @@ def test_finalize_deletes_orphans_and_writes_success(out_url: str) -> None:
         assert store.commit(s, p)
     success = store.finalize({"rows_ok": 3, "rows_error": 3})
     assert _files(store) == [
-        "00000.json",
-        "00001.json",
+        f"00000.{store.generation}.0.json",
+        f"00001.{store.generation}.0.json",
         "_SUCCESS",
         "_job.json",
-        "part-00000-ok.parquet",
-        "part-00001-ok.parquet",
+        f"part-00000-{store.generation}-ok.parquet",
+        f"part-00001-{store.generation}-ok.parquet",
     ]
-    assert success["orphans_deleted"] == ["part-00000-crashed.parquet"]
+    assert success["orphans_deleted"] == [f"part-00000-{store.generation}-crashed.parquet"]
     assert success["run_id"] == "run-1" and success["fingerprint"] == {"model": "tiny", "seed": 7}
     assert success["files"] == [
-        {"split": i, "path": p.name, "rows": 3, "bytes": p.bytes, "sha256": p.sha256}
+        {
+            "split": i,
+            "path": p.name,
+            "marker": f"{i:05d}.{store.generation}.0.json",
+            "rows": 3,
+            "bytes": p.bytes,
+            "sha256": p.sha256,
+        }
         for i, p in enumerate(parts)
     ]
     assert success["totals"] == {"splits": 2, "rows": 6, "bytes": parts[0].bytes + parts[1].bytes}
@@ -149,7 +162,7 @@ def test_a_commit_whose_first_try_landed_is_recognised(out_url: str) -> None:
     # A retry after a lost response finds the marker naming its own part: still a win, part kept.
     assert store.commit(split, part)
     assert store.committed()[0] == marker
-    assert "part-00000-a1.parquet" in _files(store)
+    assert f"part-00000-{store.generation}-a1.parquet" in _files(store)
 
 
 def test_job_file_is_written_once(out_url: str) -> None:

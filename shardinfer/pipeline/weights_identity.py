@@ -1,0 +1,81 @@
+"""Identifying weight files by their content, cheaply.
+
+Hashing multi-GB safetensors on every start is too slow, and a name plus a size says nothing
+about the values (a file rewritten in place at the same size, another directory with the same
+names and sizes). So each file is identified by:
+
+    "stat"   (default)  its size, the sha256 of its safetensors header (names, dtypes, shapes,
+                        offsets) and its modification time: any rewrite changes the time
+    "sha256"            its size and the sha256 of its whole content, computed once and cached
+                        (keyed by path, size and modification time) in the user's cache directory
+
+"sha256" is what to use when the same weights are copied to several places (a copy changes the
+modification time, so under "stat" a copied model counts as another model).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import struct
+import uuid
+from pathlib import Path
+
+from shardinfer.errors import ConfigError
+
+VERIFY_MODES = ("stat", "sha256")
+_HEADER_LIMIT = 100 * 1024 * 1024  # safetensors refuses larger headers too
+
+
+def weight_identity(path: Path, mode: str) -> str:
+    if mode not in VERIFY_MODES:
+        raise ConfigError(f"model.verify_weights={mode!r}: use one of {', '.join(VERIFY_MODES)}")
+    stat = path.stat()
+    if mode == "sha256":
+        return f"{stat.st_size} bytes, sha256 {_cached_sha256(path, stat.st_size, stat.st_mtime_ns)}"
+    modified = _dt.datetime.fromtimestamp(stat.st_mtime_ns / 1e9, _dt.UTC).isoformat()
+    return f"{stat.st_size} bytes, header {_header_sha256(path)[:16]}, modified {modified}"
+
+
+def _header_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        digest.update(prefix)
+        if len(prefix) == 8:
+            (length,) = struct.unpack("<Q", prefix)
+            digest.update(f.read(min(length, _HEADER_LIMIT)))
+    return digest.hexdigest()
+
+
+def _cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "shardinfer" / "weights-sha256.json"
+
+
+def _cached_sha256(path: Path, size: int, mtime_ns: int) -> str:
+    key = f"{path.resolve()}|{size}|{mtime_ns}"
+    cache_path = _cache_file()
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if isinstance(cache, dict) and isinstance(cache.get(key), str):
+        return str(cache[key])
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    value = digest.hexdigest()
+    cache = cache if isinstance(cache, dict) else {}
+    cache[key] = value
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_path.with_name(f".tmp-{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps(cache, sort_keys=True))
+        os.replace(tmp, cache_path)
+    except OSError:
+        pass  # a read-only cache directory costs a re-hash next time, nothing else
+    return value

@@ -1,0 +1,73 @@
+"""Checking a committed part against its marker before `_SUCCESS` blesses it.
+
+The marker records the part's size, sha256 and md5 as written. What each store checks:
+
+    local disk   size from stat, then the file read back and its sha256 compared
+    s3://        size and ETag from one HEAD; the ETag of a single-part upload is the MD5 of the
+                 content, compared with the marker's md5; a multipart ETag (with a '-') is not
+                 a content hash, so such a part is read back and its sha256 compared
+    anything     the file read back: size and sha256 compared
+    else
+
+A part that fails is *damaged*; the reason says how (missing, size, content), for the message
+and for the run record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from fsspec import AbstractFileSystem
+
+from shardinfer.storage import is_local, read_bytes_or_none
+
+
+def _protocols(fs: AbstractFileSystem) -> set[str]:
+    proto = fs.protocol
+    return {proto} if isinstance(proto, str) else set(proto)
+
+
+def part_damage(fs: AbstractFileSystem, path: str, marker: dict[str, Any]) -> str | None:
+    """Why the part at `path` does not match `marker`, or None when it does."""
+    want_bytes = int(marker.get("bytes", -1))
+    if is_local(fs):
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            return "its part file is missing"
+        if size != want_bytes:
+            return f"its part file has {size} bytes, the marker records {want_bytes} (truncated or replaced)"
+        return _read_back(fs, path, marker)
+    if _protocols(fs) & {"s3", "s3a"}:
+        fs.invalidate_cache(path)
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            return "its part file is missing"
+        if int(info.get("size", -1)) != want_bytes:
+            return (
+                f"its part file has {info.get('size')} bytes, the marker records {want_bytes} "
+                "(truncated or replaced)"
+            )
+        etag = str(info.get("ETag", "")).strip('"')
+        if etag and "-" not in etag and marker.get("md5"):
+            if etag != marker["md5"]:
+                return "its part file's content (ETag) differs from what was committed (replaced)"
+            return None
+    return _read_back(fs, path, marker)
+
+
+def _read_back(fs: AbstractFileSystem, path: str, marker: dict[str, Any]) -> str | None:
+    data = read_bytes_or_none(fs, path)
+    if data is None:
+        return "its part file is missing"
+    if len(data) != int(marker.get("bytes", -1)):
+        return (
+            f"its part file has {len(data)} bytes, the marker records {marker.get('bytes')} "
+            "(truncated or replaced)"
+        )
+    if hashlib.sha256(data).hexdigest() != marker.get("sha256"):
+        return "its part file's sha256 differs from what was committed (replaced)"
+    return None

@@ -1,0 +1,81 @@
+"""Output locations that cannot work are refused with the right exit code and a message naming
+them: a placeholder escaping its base, a file, a missing bucket, a full disk; and an input with
+files but no rows."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from pipeline_kit import job_toml, write_shards
+
+from shardinfer.errors import exit_code_for
+from shardinfer.jobs.cli import main
+from shardinfer.readers import Split
+from shardinfer.writers import OutputStore, StorageError, make_job_record
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--name", "../../elsewhere"), ("--run-id", "..")])
+def test_placeholder_values_cannot_leave_the_base(
+    tmp_path: Path, flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml("m", "in", str(tmp_path / "base" / "{name}-{run_id}")))
+    assert main(["submit", flag, value, str(job)]) == 78
+    assert "one path segment" in capsys.readouterr().err
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_output_that_is_a_file_is_a_config_error(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shards = write_shards(tmp_path / "in", files=1, rows=4)
+    (tmp_path / "out").write_text("not a directory")
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out")))
+    assert main(["submit", str(job)]) == 78
+    assert f"output.path='{tmp_path / 'out'}' is a file" in capsys.readouterr().err
+
+
+def test_missing_bucket_is_a_config_error(
+    tmp_path: Path, model_dir: Path, s3_bucket, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    shards = write_shards(tmp_path / "in", files=1, rows=4)
+    job = tmp_path / "job.toml"
+    options = {"output": {"storage_options": s3_bucket.storage_options}}
+    job.write_text(job_toml(model_dir, str(shards), "s3://no-such-bucket/out", **options))
+    assert main(["submit", str(job)]) == 78, json.dumps(options)
+    assert "bucket 'no-such-bucket' does not exist" in capsys.readouterr().err
+
+
+def test_empty_jsonl_input_is_a_config_error(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "prompts.jsonl").write_text("")
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(tmp_path / "in"), str(tmp_path / "out")))
+    assert main(["submit", str(job)]) == 78
+    assert str(tmp_path / "in") in capsys.readouterr().err  # named: the file, or the path with no rows
+
+
+def test_full_disk_is_retryable_and_names_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardinfer.writers.output_store as output_store
+
+    split = Split(0, 0, "in.parquet", 0, 1)
+    store = OutputStore(str(tmp_path / "out"))
+    store.write_job(make_job_record("r", {"hash": "ab" * 32}, [split]))
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(output_store, "put_bytes", full)
+    from store_like import one_part_table
+
+    with pytest.raises(StorageError) as info:
+        store.write_part(split, "a", one_part_table(split), {})
+    assert exit_code_for(info.value) == 75
+    assert str(tmp_path / "out") in str(info.value) and "no space left" in str(info.value)
