@@ -106,11 +106,13 @@ def test_start_over_while_another_job_runs_never_mixes_their_rows(
     tmp_path: Path, model_dir: Path, shards: Path, survived: Counter[str]
 ) -> None:
     out = tmp_path / "out"
+    # Job A has far more work than B's planning takes, so it is still running when B starts over.
+    long_input = write_shards(tmp_path / "long", files=1, rows=400, row_group=1)
     job_a = tmp_path / "a.toml"
     job_a.write_text(
         job_toml(
             model_dir,
-            str(shards),
+            str(long_input),
             str(out),
             job={"split_rows": 1, "max_inflight_requests": 1},
             sampling={"max_tokens": 12},
@@ -201,6 +203,7 @@ def test_incremental_adds_new_files_beside_the_committed_splits(
     alone_dir = tmp_path / "alone"
     alone_dir.mkdir()
     shutil.copy(extra / "prompts-03.parquet", alone_dir / "prompts-03.parquet")
+    (tmp_path / "alone-job").mkdir()
     alone_job, alone_out = standard_job(tmp_path / "alone-job", model_dir, str(alone_dir))
     assert cli("submit", str(alone_job)).returncode == 0
     expected = sorted(
