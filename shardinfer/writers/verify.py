@@ -21,7 +21,9 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from shardinfer.storage import is_local, read_bytes_or_none
+from shardinfer.storage import is_local
+
+_CHUNK = 1 << 22
 
 
 def _protocols(fs: AbstractFileSystem) -> set[str]:
@@ -60,14 +62,18 @@ def part_damage(fs: AbstractFileSystem, path: str, marker: dict[str, Any]) -> st
 
 
 def _read_back(fs: AbstractFileSystem, path: str, marker: dict[str, Any]) -> str | None:
-    data = read_bytes_or_none(fs, path)
-    if data is None:
+    """Size and sha256 of the part read back in chunks: memory stays bounded by one chunk."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with fs.open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+    except FileNotFoundError:
         return "its part file is missing"
-    if len(data) != int(marker.get("bytes", -1)):
-        return (
-            f"its part file has {len(data)} bytes, the marker records {marker.get('bytes')} "
-            "(truncated or replaced)"
-        )
-    if hashlib.sha256(data).hexdigest() != marker.get("sha256"):
+    if size != int(marker.get("bytes", -1)):
+        return f"its part file has {size} bytes, the marker records {marker.get('bytes')} (truncated or replaced)"
+    if digest.hexdigest() != marker.get("sha256"):
         return "its part file's sha256 differs from what was committed (replaced)"
     return None
