@@ -14,6 +14,10 @@ from typing import Any
 # The column the readers append to every batch: the row's index within its input file. It gives a
 # row without an id column a stable id ("{file_index}:{row_index}") and is never written out.
 ROW_INDEX_COLUMN = "__row_index"
+# Set on rows the reader could not decode (readers/row_errors.py): the reason, null on the others.
+# Only in batches that hold such a row.
+ROW_ERROR_COLUMN = "__row_error"
+RESERVED_COLUMNS = (ROW_INDEX_COLUMN, ROW_ERROR_COLUMN)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ A checkpoint's `chat_template` is written against the jinja environment of trans
 character, or a model sees prompts unlike the ones it was trained and evaluated on. What that
 environment adds to plain jinja, and what we set the same way:
 
-- jinja2's immutable sandbox (a template from a checkpoint is untrusted code), `trim_blocks` and
+- jinja2's immutable sandbox (a template from a checkpoint is untrusted code) with a per-render
+  budget of time, loop steps and size (template_budget.py), `trim_blocks` and
   `lstrip_blocks`, and the `loopcontrols` extension (`{% break %}`, `{% continue %}`);
 - `raise_exception(message)` and `strftime_now(format)` as globals;
 - a `tojson` filter that is plain `json.dumps` (no ASCII or HTML escaping) with its `indent`,
@@ -30,7 +31,8 @@ from typing import Any
 import jinja2.ext
 import jinja2.nodes
 from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from shardinfer.engine.template_budget import BudgetedSandbox
 
 # The names a message's reasoning travels under; templates read one of them (Qwen3:
 # reasoning_content, gpt-oss: thinking), so each message carries it under all.
@@ -114,7 +116,7 @@ class _GenerationBlock(jinja2.ext.Extension):
         return str(caller())
 
 
-class ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
+class ChatTemplateEnvironment(BudgetedSandbox):
     """The jinja environment of Hugging Face chat templates (see the module docstring)."""
 
     def __init__(self, **options: Any) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import ConfigError, UsageError
 from shardinfer.pipeline.config import SCHEMA_FIELDS, TASKS, TYPED_SECTIONS, JobConfig
+from shardinfer.pipeline.row_limits import LimitError, check_limits
 
 SECTIONS = ("job", "input", "model", "engine", "sampling", "output", "ray")
 _ENGINE_EXCLUDED = {"model", "device", "dtype"}  # set through [model]
@@ -292,7 +293,9 @@ def validate(config: JobConfig) -> None:
     except ValueError:
         raise ConfigError(f"job.ds={job.ds!r} is not a date: use YYYY-MM-DD") from None
     try:
-        SamplingParams(**config.sampling)
+        check_limits(SamplingParams(**config.sampling))
+    except LimitError as exc:
+        raise ConfigError(f"[sampling]: {exc}; see the per-row limits in docs/jobs.md") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[sampling]: {exc}") from None
 

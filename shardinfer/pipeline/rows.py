@@ -2,8 +2,10 @@
 
 Runs on the preparation thread, never the engine's: chat templating and tokenisation are pure
 CPU work that would otherwise stall decode steps. Every failure here is a property of the row
-(null prompt, bad override value, too long), so it becomes an error record with a stable
-`error_code` and the job goes on; only job-level mistakes (a missing column) raise.
+(null prompt, bad override value, too long, a value the reader could not decode, a request over
+the per-row limits of row_limits.py, a value nested too deeply), so it becomes an error record
+with a stable `error_code` and the job goes on; only job-level mistakes (a missing column, a
+`[sampling]` section over the limits) raise.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from shardinfer.engine.chat_messages import MessageError, normalize_messages
 from shardinfer.engine.prompt_checks import check_prompt
 from shardinfer.engine.sampling_noise import sample_seeds
 from shardinfer.engine.sampling_params import SamplingParams
@@ -20,13 +23,16 @@ from shardinfer.errors import (
     BAD_OVERRIDE,
     EMPTY_PROMPT,
     INVALID_ROW,
+    INVALID_SCHEMA,
     TEMPLATE_ERROR,
     TOKENIZER_ERROR,
+    ConfigError,
     RequestError,
     RowError,
 )
 from shardinfer.pipeline.config import InputSection
-from shardinfer.splits import ROW_INDEX_COLUMN
+from shardinfer.pipeline.row_limits import LimitError, check_depth, check_limits
+from shardinfer.splits import ROW_ERROR_COLUMN, ROW_INDEX_COLUMN
 
 
 class Tokenizer(Protocol):
@@ -77,6 +83,10 @@ class RowPreparer:
         # max_tokens column, say) skip building and checking SamplingParams again. Shared by
         # the preparation thread only; a race would at worst build one twice.
         self._override_cache: dict[tuple[tuple[str, str, Any], ...], SamplingParams] = {}
+        try:
+            check_limits(self.base, max_model_len)
+        except LimitError as exc:
+            raise ConfigError(f"[sampling]: {exc}") from None
 
     def row_id(self, row: dict[str, Any], file_index: int) -> str:
         if self.inp.id_column:
@@ -116,13 +126,35 @@ class RowPreparer:
         encoded: list[int] | None = None,
     ) -> PreparedRow:
         """One row as requests, or an error record; `encoded`: its text prompt already tokenised."""
+        try:
+            return self._prepare(split_index, file_index, pos, row, encoded)
+        except RecursionError:
+            # A value nested deeper than some library's recursive walk can go (json, Arrow, jinja):
+            # the row's problem, whatever step met it.
+            error = RowError(INVALID_ROW, "a value in this row is nested too deeply to process; flatten it")
+            row_id = f"{file_index}:{row[ROW_INDEX_COLUMN]}"
+            passthrough = {c: None for c in self.inp.passthrough_columns}
+            return self._error_row(split_index, pos, row_id, passthrough, error)
+
+    def _error_row(
+        self, split_index: int, pos: int, row_id: str, passthrough: dict[str, Any], error: RowError
+    ) -> PreparedRow:
+        """A row that fails before its own `n` is known: the job's `n` error records."""
+        n = self.base.n
+        return PreparedRow(split_index, pos, row_id, n, [None] * n, passthrough, error=error)
+
+    def _prepare(
+        self, split_index: int, file_index: int, pos: int, row: dict[str, Any], encoded: list[int] | None
+    ) -> PreparedRow:
         row_id = self.row_id(row, file_index)
         passthrough = {c: row.get(c) for c in self.inp.passthrough_columns}
+        unreadable = row.get(ROW_ERROR_COLUMN)
+        if unreadable is not None:
+            return self._error_row(split_index, pos, row_id, passthrough, RowError(INVALID_ROW, unreadable))
         try:
             params = self._params(row)
         except RowError as err:
-            n = self.base.n
-            return PreparedRow(split_index, pos, row_id, n, [None] * n, passthrough, error=err)
+            return self._error_row(split_index, pos, row_id, passthrough, err)
         base_seed = params.seed if params.seed is not None else self.job_seed
         seeds: list[int | None] = list(sample_seeds(base_seed, params.n, row_id))
         prepared = PreparedRow(split_index, pos, row_id, params.n, seeds, passthrough)
@@ -149,8 +181,12 @@ class RowPreparer:
                 continue
             try:
                 changes[name] = self._coerce(name, value)
-            except (TypeError, ValueError) as exc:
-                raise RowError(BAD_OVERRIDE, f"column {name!r} value {value!r}: {exc}") from None
+            except RecursionError:
+                raise RowError(INVALID_SCHEMA, f"column {name!r} is nested too deeply to parse") from None
+            except LimitError as exc:
+                raise RowError(INVALID_SCHEMA if name == "so_args" else BAD_OVERRIDE, str(exc)) from None
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise RowError(BAD_OVERRIDE, f"column {name!r} value {_short(value)}: {exc}") from None
         if not changes:
             return self.base
         key = _cache_key(changes)
@@ -159,8 +195,13 @@ class RowPreparer:
             return cached
         try:
             params = self.base.replace(**changes)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise RowError(BAD_OVERRIDE, str(exc)) from None
+        try:
+            check_limits(params, self.max_model_len)
+        except LimitError as exc:
+            code = INVALID_SCHEMA if exc.field == "so_args" else BAD_OVERRIDE
+            raise RowError(code, f"{exc}; see the per-row limits in docs/jobs.md") from None
         if key is not None:
             if len(self._override_cache) >= _OVERRIDE_CACHE_SIZE:
                 self._override_cache.clear()
@@ -178,6 +219,7 @@ class RowPreparer:
         if name in ("structured_output", "so_args"):
             if isinstance(value, str):
                 value = json.loads(value)
+            check_depth("so_args", value)
             if not isinstance(value, dict):
                 raise TypeError('expected a JSON object like {"schema_type": "json", "schema": ...}')
             return value
@@ -216,14 +258,13 @@ class RowPreparer:
                     messages = json.loads(messages)
                 except ValueError as exc:
                     raise RowError(
-                        "invalid_row", f"messages column holds a string that is not JSON: {exc}"
+                        INVALID_ROW, f"messages column holds a string that is not JSON: {exc}"
                     ) from None
-            if (
-                not isinstance(messages, list)
-                or not messages
-                or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)
-            ):
-                raise RowError(INVALID_ROW, "messages must be a non-empty list of {role, content} objects")
+            try:
+                check_depth("messages", messages)
+                messages = normalize_messages(messages)
+            except (LimitError, MessageError) as exc:
+                raise RowError(INVALID_ROW, f"messages column {inp.messages_column!r}: {exc}") from None
             try:
                 text = self.tokenizer.apply_chat_template(
                     messages,
@@ -275,3 +316,7 @@ def _seeded(params: SamplingParams, seed: int) -> SamplingParams:
     out = object.__new__(SamplingParams)
     out.__dict__.update(params.__dict__, n=1, seed=seed)
     return out
+def _short(value: Any, limit: int = 120) -> str:
+    """A cell for an error message: its repr cut to `limit` characters (a cell may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,8 +6,11 @@ noting the byte offset where each split starts, so a split of an uncompressed fi
 seeking there; compressed files are scanned from the start.
 
 Arrow needs one schema per file: it is inferred from the first `SCHEMA_SAMPLE_LINES` objects
-(a column that is null throughout the sample is read as string). A later line with a key the
-sample did not have is an error rather than a silently dropped field.
+(a column that is null throughout the sample is read as string; where sampled objects disagree on
+a key's type, the type most of them have). A line that cannot become a row of that schema (not
+JSON, not an object, nested too deeply, a key the sample did not have, a value of another type)
+is an error row carrying the reason (row_errors.py): the job records it and goes on, and no field
+is ever dropped silently.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pyarrow as pa
 
 from shardinfer.errors import InputSchemaError
 from shardinfer.readers.listing import is_compressed
+from shardinfer.readers.row_errors import attach_row_errors
 from shardinfer.splits import ROW_INDEX_COLUMN
 from shardinfer.storage import RetryPolicy, filesystem, with_retries
 
@@ -34,18 +38,26 @@ def _open_text(url: str, storage_options: dict) -> IO[bytes]:
     return with_retries(_RETRY, f"open {url}", lambda: fs.open(path, "rb", compression=compression))
 
 
+class BadLine(ValueError):
+    """A line that is not one JSON object; its message names the file and line."""
+
+
 def _parse_line(line: bytes, url: str, line_index: int) -> dict[str, Any] | None:
-    """The object on one line, None for a blank line; InputSchemaError for anything else."""
+    """The object on one line, None for a blank line; BadLine for anything else."""
     if not line.strip():
         return None
     try:
         value = json.loads(line)
-    except ValueError as exc:
-        raise InputSchemaError(
+    except RecursionError:
+        raise BadLine(
+            f"{url} line {line_index + 1}: a value is nested too deeply to parse; flatten it"
+        ) from None
+    except ValueError as exc:  # also invalid UTF-8 (UnicodeDecodeError)
+        raise BadLine(
             f"{url} line {line_index + 1}: not valid JSON ({exc}): {line[:120]!r}; fix or remove the line"
-        ) from exc
+        ) from None
     if not isinstance(value, dict):
-        raise InputSchemaError(
+        raise BadLine(
             f"{url} line {line_index + 1}: expected a JSON object per line, got {type(value).__name__}"
         )
     return value
@@ -84,49 +96,106 @@ def scan_jsonl(url: str, storage_options: dict, split_rows: int) -> tuple[int, l
 
 
 def infer_jsonl_schema(url: str, storage_options: dict) -> pa.Schema:
-    """Arrow schema from the first SCHEMA_SAMPLE_LINES objects of the file."""
+    """Arrow schema from the first SCHEMA_SAMPLE_LINES objects of the file (bad lines skipped)."""
     rows: list[dict[str, Any]] = []
+    first_bad: BadLine | None = None
     with _open_text(url, storage_options) as f:
         for line_index, line in enumerate(f):
-            row = _parse_line(line, url, line_index)
+            try:
+                row = _parse_line(line, url, line_index)
+            except BadLine as exc:
+                first_bad = first_bad or exc
+                continue
             if row is not None:
                 rows.append(row)
             if len(rows) >= SCHEMA_SAMPLE_LINES:
                 break
     if not rows:
+        if first_bad is not None:  # not one line of the sample is an object: not a JSONL file
+            raise InputSchemaError(f"no JSON object in the first lines: {first_bad}") from None
         return pa.schema([])
     try:
         inferred = pa.Table.from_pylist(rows).schema
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise InputSchemaError(
-            f"{url}: the first {len(rows)} objects do not share column types ({exc}); "
-            "make each key hold one type, or convert the input to Parquet"
-        ) from exc
+    except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
+        inferred = _majority_schema(rows, url)
     fields = [pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in inferred]
     return pa.schema(fields)
 
 
-def _to_batch(rows: list[dict[str, Any]], indexes: list[int], schema: pa.Schema, url: str) -> pa.RecordBatch:
-    known = set(schema.names)
-    for row, line_index in zip(rows, indexes, strict=True):
-        extra = set(row) - known
-        if extra:
-            raise InputSchemaError(
-                f"{url} line {line_index + 1}: key(s) {sorted(extra)} are not among the columns inferred "
-                f"from the first {SCHEMA_SAMPLE_LINES} lines ({schema.names}); put every key in the first "
-                "lines (null is fine) or convert the input to Parquet"
-            )
+def _majority_schema(rows: list[dict[str, Any]], url: str) -> pa.Schema:
+    """Each key's type as most sampled objects have it (first seen wins a tie); for a sample whose
+    objects disagree, so that the odd rows, not the whole file, are the errors."""
+    votes: dict[str, dict[str, tuple[int, pa.DataType]]] = {}
+    for row in rows:
+        try:
+            schema = pa.Table.from_pylist([row]).schema
+        except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
+            continue  # a row mixing types inside one value: it will be an error row
+        for f in schema:
+            if pa.types.is_null(f.type):
+                votes.setdefault(f.name, {})
+                continue
+            count, _ = votes.setdefault(f.name, {}).get(str(f.type), (0, f.type))
+            votes[f.name][str(f.type)] = (count + 1, f.type)
+    if not votes:
+        raise InputSchemaError(f"{url}: no object of the first lines converts to Arrow; check the file")
+    fields = []
+    for name, kinds in votes.items():
+        best = max(kinds.values(), key=lambda v: v[0], default=(0, pa.null()))
+        fields.append(pa.field(name, best[1]))
+    return pa.schema(fields)
+
+
+def _row_problem(row: dict[str, Any], known: set[str], schema: pa.Schema) -> str | None:
+    """Why one object cannot be a row of `schema`, or None if it can."""
+    extra = set(row) - known
+    if extra:
+        return (
+            f"key(s) {sorted(extra)} are not among the columns inferred from the first "
+            f"{SCHEMA_SAMPLE_LINES} lines ({schema.names}); put every key in the first lines (null is "
+            "fine) or convert the input to Parquet"
+        )
     try:
-        table = pa.Table.from_pylist(rows, schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise InputSchemaError(
-            f"{url} lines {indexes[0] + 1}..{indexes[-1] + 1}: a value does not fit the column types "
-            f"inferred from the first lines ({schema}) ({exc}); make each key hold one type"
-        ) from exc
+        pa.Table.from_pylist([row], schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError) as exc:
+        return (
+            f"a value does not fit the column types inferred from the first lines ({exc}); make each "
+            "key hold one type"
+        )
+    return None
+
+
+def _to_batch(
+    rows: list[dict[str, Any] | BadLine], indexes: list[int], schema: pa.Schema, url: str
+) -> pa.RecordBatch:
+    """Parsed lines as one batch; bad lines and objects that do not fit become error rows."""
+    known = set(schema.names)
+    errors: dict[int, str] = {}
+    good: list[dict[str, Any]] = []
+    for i, row in enumerate(rows):
+        if isinstance(row, BadLine):
+            errors[i] = str(row)
+            good.append({})
+        elif set(row) - known:
+            errors[i] = f"{url} line {indexes[i] + 1}: {_row_problem(row, known, schema)}"
+            good.append({})
+        else:
+            good.append(row)
+    try:
+        table = pa.Table.from_pylist(good, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
+        # Some object does not fit: find it (only on this slow path) and keep the others.
+        for i, row in enumerate(good):
+            problem = _row_problem(row, known, schema) if i not in errors else None
+            if problem is not None:
+                errors[i] = f"{url} line {indexes[i] + 1}: {problem}"
+                good[i] = {}
+        table = pa.Table.from_pylist(good, schema=schema)
     batch = (
         table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema)
     )
-    return batch.append_column(ROW_INDEX_COLUMN, pa.array(indexes, type=pa.int64()))
+    batch = batch.append_column(ROW_INDEX_COLUMN, pa.array(indexes, type=pa.int64()))
+    return attach_row_errors(batch, errors)
 
 
 def iter_jsonl_rows(
@@ -144,13 +213,17 @@ def iter_jsonl_rows(
         if byte_offset is not None:
             f.seek(byte_offset)
             line_index = row_start
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, Any] | BadLine] = []
         indexes: list[int] = []
         for line in f:
             if line_index >= row_end:
                 break
             if line_index >= row_start:
-                row = _parse_line(line, url, line_index)
+                row: dict[str, Any] | BadLine | None
+                try:
+                    row = _parse_line(line, url, line_index)
+                except BadLine as exc:
+                    row = exc
                 if row is not None:
                     rows.append(row)
                     indexes.append(line_index)

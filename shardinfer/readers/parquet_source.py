@@ -7,6 +7,8 @@ rows from its start (the last piece holds the rest). Splits never span files.
 Streaming uses `ParquetFile.iter_batches` over just the row groups that overlap the split, so the
 reader holds one row group's column chunks and one batch at a time, never the whole file. Peak
 memory therefore follows the input's row-group size; write inputs with modest row groups.
+Parquet does not check that string cells are UTF-8: a cell that is not becomes null and its row an
+error row (row_errors.py), instead of failing the whole batch when it is converted.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from shardinfer.errors import InputSchemaError
+from shardinfer.readers.row_errors import null_invalid_utf8
 from shardinfer.splits import ROW_INDEX_COLUMN
 from shardinfer.storage import RetryPolicy, filesystem, with_retries
 
@@ -107,7 +110,7 @@ def iter_parquet_rows(
                 if hi > lo:
                     part = batch.slice(lo, hi - lo)
                     index = pa.array(range(position + lo, position + hi), type=pa.int64())
-                    yield part.append_column(ROW_INDEX_COLUMN, index)
+                    yield null_invalid_utf8(part.append_column(ROW_INDEX_COLUMN, index), url, position + lo)
                 position += batch.num_rows
                 if position >= row_end:
                     break

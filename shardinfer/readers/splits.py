@@ -20,8 +20,9 @@ from shardinfer.readers.jsonl_source import infer_jsonl_schema, iter_jsonl_rows,
 from shardinfer.readers.listing import list_input_files, resolve_format
 from shardinfer.readers.parquet_source import iter_parquet_rows, parquet_layout, plan_file_ranges
 from shardinfer.readers.query import QueryRunner
+from shardinfer.readers.row_errors import merge_bad_rows, split_off_bad_rows
 from shardinfer.readers.spec import InputSpec
-from shardinfer.splits import ROW_INDEX_COLUMN, Split
+from shardinfer.splits import RESERVED_COLUMNS, ROW_INDEX_COLUMN, Split
 
 __all__ = ["InputSpec", "Split", "list_input_files", "plan_splits", "read_schema", "read_split"]
 
@@ -34,10 +35,11 @@ def _file_schema(url: str, spec: InputSpec) -> pa.Schema:
 
 def _row_schema(file_schema: pa.Schema, url: str, spec: InputSpec) -> pa.Schema:
     """The schema of the batches read_split yields for this file: __row_index added, query applied."""
-    if ROW_INDEX_COLUMN in file_schema.names:
-        raise InputSchemaError(
-            f"{url} has a column named {ROW_INDEX_COLUMN!r}, a name the reader reserves; rename it"
-        )
+    for reserved in RESERVED_COLUMNS:
+        if reserved in file_schema.names:
+            raise InputSchemaError(
+                f"{url} has a column named {reserved!r}, a name the reader reserves; rename it"
+            )
     schema = file_schema.append(pa.field(ROW_INDEX_COLUMN, pa.int64()))
     if spec.query:
         runner = QueryRunner(spec.query, url)
@@ -117,6 +119,8 @@ def read_split(split: Split, spec: InputSpec, batch_rows: int = 1024) -> Iterato
 
     Memory is bounded by one batch (plus one Parquet row group), never the whole file. With
     `input.query`, each batch goes through the query; batches it filters to nothing are skipped.
+    Rows the reader could not decode (row_errors.py) bypass the query, which could not judge them,
+    and stay in the output as error rows.
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows={batch_rows}: must be a positive number of rows")
@@ -134,7 +138,8 @@ def read_split(split: Split, spec: InputSpec, batch_rows: int = 1024) -> Iterato
     runner = QueryRunner(spec.query, split.path)
     try:
         for batch in source:
-            result = runner(batch)
+            good, bad = split_off_bad_rows(batch)
+            result = merge_bad_rows(runner(good), bad)
             for out in result.to_batches(max_chunksize=batch_rows):
                 if out.num_rows:
                     yield out

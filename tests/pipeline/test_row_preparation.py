@@ -131,3 +131,96 @@ def test_sample_seeds_for_rows_and_for_prompts() -> None:
 
     assert sample_seeds(42, 2, "3:17") == [by_hand(42, "3:17", 0), by_hand(42, "3:17", 1)]
     assert sample_seeds(42, 3) == [42, by_hand(42, "sample", 1), by_hand(42, "sample", 2)]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("row", "code", "message"),
+    [
+        ({"prompt": "a", "top_k": 10**12}, "bad_override", "top_k=1000000000000 is above"),
+        ({"prompt": "a", "n": 10**9}, "bad_override", "n=1000000000 is above the limit"),
+        ({"prompt": "a", "max_tokens": 65}, "bad_override", "max_tokens=65 is above max_model_len=64"),
+        ({"prompt": "a", "max_tokens": float("inf")}, "bad_override", "column 'max_tokens'"),
+        ({"prompt": "a", "stop": ["x"] * 65}, "bad_override", "stop has 65 strings"),
+        ({"prompt": "a", "stop": "y" * 513}, "bad_override", "a stop string has 513 characters"),
+        ({"prompt": "a", "stop_token_ids": list(range(1025))}, "bad_override", "stop_token_ids has 1025"),
+        (
+            {"prompt": "a", "so_args": '{"schema_type": "json", "schema": ' + DEEP + "}"},
+            "invalid_schema",
+            "nested",
+        ),
+        (
+            {"prompt": "a", "so_args": '{"schema_type": "json", "schema": ' + "[" * 65 + "]" * 65 + "}"},
+            "invalid_schema",
+            "deeper than the limit of 64",
+        ),
+        ({"prompt": "a", "__row_error": "line 3: not valid JSON"}, "invalid_row", "line 3: not valid JSON"),
+        ({"prompt": [[[["a"]]]] * 2}, "invalid_row", "holds list"),
+    ],
+)
+def test_rows_over_the_limits_or_unreadable_become_error_records(
+    model_dir: Path, row: dict[str, Any], code: str, message: str
+) -> None:
+    overrides = ["top_k", "n", "max_tokens", "stop", "stop_token_ids", "so_args"]
+    prep = _preparer(model_dir, sampling={"max_tokens": 4, "n": 2}, override_columns=overrides)
+    prepared = prep.prepare(0, 1, 4, {"__row_index": 4, **row})
+    assert prepared.error is not None and prepared.error.code == code
+    assert message in prepared.error.message
+    assert prepared.n == 2 and prepared.params == []  # the job's n, not the row's
+
+
+def test_a_value_too_deep_for_any_step_is_an_invalid_row(model_dir: Path) -> None:
+    prep = _preparer(model_dir, prompt_column="", messages_column="messages", id_column="id")
+    deep_messages = prep.prepare(0, 0, 0, {"id": "a", "messages": DEEP, "__row_index": 0})
+    deep_list: list[Any] = []
+    for _ in range(5000):  # deeper than the interpreter's recursion limit: str() of it fails
+        deep_list = [deep_list]
+    deep_id = prep.prepare(0, 2, 1, {"id": deep_list, "messages": "[]", "__row_index": 7})
+    assert deep_messages.error is not None and deep_messages.error.code == "invalid_row"
+    assert deep_id.error is not None and deep_id.error.code == "invalid_row" and deep_id.row_id == "2:7"
+
+
+def test_job_sampling_over_a_limit_is_a_config_error(model_dir: Path) -> None:
+    from shardinfer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_tokens=65 is above max_model_len=64"):
+        _preparer(model_dir, sampling={"max_tokens": 65})
+
+
+def test_message_content_null_list_and_parts(model_dir: Path) -> None:
+    raw = RawTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    prep = _preparer(model_dir, prompt_column="", messages_column="messages")
+
+    def prepared(messages: list[dict[str, Any]]) -> Any:
+        return prep.prepare(0, 0, 0, {"messages": json.dumps(messages), "__row_index": 0})
+
+    parts = [{"type": "text", "text": "first"}, "second", {"type": "refusal", "refusal": None}]
+    joined = prepared([{"role": "user", "content": parts}])
+    expected = raw.encode("<|bos|><|user|>first\nsecond<|end|><|assistant|>", add_special_tokens=False).ids
+    assert joined.error is None and joined.prompt_ids == expected
+    for bad, why in [
+        ([{"role": "user", "content": None}], "has no content"),
+        ([{"role": "user"}], "has no content"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "'image_url'"),
+        ([{"role": "user", "content": [{"type": "text", "text": 3}]}], "holds int"),
+        ([{"role": "user", "content": {"text": "x"}}], "content is dict"),
+    ]:
+        result = prepared(bad)
+        assert result.error is not None and result.error.code == "invalid_row", bad
+        assert why in result.error.message, result.error.message
+    # A message that carries tool calls may leave its content null; the template decides.
+    tool_call = [
+        {"role": "user", "content": "call it"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "f"}}],
+        },
+    ]
+    with_tools = prepared(tool_call)
+    # This template knows nothing of tool calls and prints the null as is, as transformers would.
+    none_text = "<|bos|><|user|>call it<|end|><|assistant|>None<|end|><|assistant|>"
+    assert with_tools.error is None
+    assert with_tools.prompt_ids == raw.encode(none_text, add_special_tokens=False).ids

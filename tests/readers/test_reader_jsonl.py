@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -83,23 +84,53 @@ def test_gzip_jsonl_is_read_by_scanning(tmp_path: Path) -> None:
     assert got == [5, 6, 7, 8, 9]
 
 
-def test_bad_json_line_names_file_and_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _rows_and_errors(spec: InputSpec, split: Split) -> list[tuple[int, object, str | None]]:
+    """(line index, prompt, reason) of every row read, error rows included."""
+    out = []
+    for batch in read_split(split, spec):
+        for row in batch.to_pylist():
+            out.append((row["__row_index"], row["prompt"], row.get("__row_error")))
+    return out
+
+
+def test_bad_lines_become_error_rows_naming_file_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import shardinfer.readers.jsonl_source as source
 
     path = tmp_path / "in.jsonl"
-    _write(path, [*_lines(3), "{not json", *_lines(2)])
+    deep = "[" * 100_000 + "]" * 100_000
+    _write(path, [*_lines(3), "{not json", '{"prompt": ' + deep + "}", "[1, 2]", *_lines(2)])
     spec = InputSpec(str(path))
-    # Within the schema sample: caught while planning, before any work starts.
-    with pytest.raises(InputSchemaError, match=r"in\.jsonl line 4: not valid JSON"):
-        plan_splits(spec, split_rows=100)
-    # Past the sample: caught when the split is read.
-    monkeypatch.setattr(source, "SCHEMA_SAMPLE_LINES", 2)
-    (split,) = plan_splits(spec, split_rows=100)
-    with pytest.raises(InputSchemaError, match=r"in\.jsonl line 4: not valid JSON"):
-        list(read_split(split, spec))
+    for sample in (source.SCHEMA_SAMPLE_LINES, 2):  # bad lines inside, then past, the schema sample
+        monkeypatch.setattr(source, "SCHEMA_SAMPLE_LINES", sample)
+        (split,) = plan_splits(spec, split_rows=100)
+        got = _rows_and_errors(spec, split)
+        assert [(i, p) for i, p, _ in got] == [
+            (0, "question 0"),
+            (1, "question 1é"),
+            (2, "question 2éé"),
+            (3, None),
+            (4, None),
+            (5, None),
+            (6, "question 0"),
+            (7, "question 1é"),
+        ]
+        reasons = [r for _, _, r in got]
+        assert reasons[:3] == [None] * 3 and reasons[6:] == [None] * 2
+        assert re.match(r".*in\.jsonl line 4: not valid JSON", reasons[3] or "")
+        assert re.match(r".*in\.jsonl line 5: a value is nested too deeply", reasons[4] or "")
+        assert re.match(r".*in\.jsonl line 6: expected a JSON object per line, got list", reasons[5] or "")
 
 
-def test_key_not_in_sample_and_type_change_are_errors(
+def test_a_file_without_one_object_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    _write(path, ["{not json", "[1]"])
+    with pytest.raises(InputSchemaError, match=r"in\.jsonl line 1: not valid JSON"):
+        plan_splits(InputSpec(str(path)), split_rows=10)
+
+
+def test_key_not_in_sample_and_type_change_are_error_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import shardinfer.readers.jsonl_source as source
@@ -109,9 +140,23 @@ def test_key_not_in_sample_and_type_change_are_errors(
     _write(path, ['{"prompt": "a"}', '{"prompt": "b"}', '{"prompt": "c", "extra": 1}'])
     spec = InputSpec(str(path))
     (split,) = plan_splits(spec, split_rows=10)
-    with pytest.raises(InputSchemaError, match=r"line 3: key\(s\) \['extra'\]"):
-        list(read_split(split, spec))
+    got = _rows_and_errors(spec, split)
+    assert [(i, p) for i, p, _ in got] == [(0, "a"), (1, "b"), (2, None)]
+    assert got[0][2] is None and got[1][2] is None
+    assert re.match(r".*line 3: key\(s\) \['extra'\]", got[2][2] or "")
     _write(path, ['{"prompt": "a", "k": 1}', '{"prompt": "b", "k": 2}', '{"prompt": "c", "k": "three"}'])
     (split,) = plan_splits(spec, split_rows=10)
-    with pytest.raises(InputSchemaError, match=r"in\.jsonl lines 1\.\.3: a value does not fit"):
-        list(read_split(split, spec))
+    got = _rows_and_errors(spec, split)
+    assert [(i, p) for i, p, _ in got] == [(0, "a"), (1, "b"), (2, None)]
+    assert re.match(r".*in\.jsonl line 3: a value does not fit", got[2][2] or "")
+
+
+def test_the_sample_majority_decides_a_disputed_type(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    rows = ['{"prompt": "a", "k": 1}', '{"prompt": "b", "k": [[1]]}', '{"prompt": "c", "k": 3}']
+    _write(path, rows)
+    spec = InputSpec(str(path))
+    (split,) = plan_splits(spec, split_rows=10)
+    got = [r for b in read_split(split, spec) for r in b.to_pylist()]
+    assert [(r["prompt"], r["k"]) for r in got] == [("a", 1), (None, None), ("c", 3)]
+    assert got[0]["__row_error"] is None and "line 2: a value does not fit" in got[1]["__row_error"]

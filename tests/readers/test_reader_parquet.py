@@ -128,3 +128,52 @@ def test_reserved_row_index_column_is_refused(tmp_path: Path) -> None:
     pq.write_table(_table(2).append_column("__row_index", pa.array([0, 1])), tmp_path / "a.parquet")
     with pytest.raises(InputSchemaError, match="reserves"):
         plan_splits(InputSpec(str(tmp_path)), split_rows=10)
+
+
+def _invalid_utf8_file(path: Path) -> None:
+    """Five rows, two of them with bytes that are not UTF-8 (one in the id, one in the prompt)."""
+    from shardinfer.testing.hostile_inputs import raw_string_array
+
+    ids = raw_string_array([b"r0", b"r1", b"r\xff2", b"r3", b"r4"])
+    prompts = raw_string_array([b"p0", b"p\xc3\x281", b"p2", b"p3", "p4 é".encode()])
+    pq.write_table(pa.table({"id": ids, "prompt": prompts, "n": [0, 1, 2, 3, 4]}), path, row_group_size=2)
+
+
+def test_invalid_utf8_cells_become_null_in_error_rows(tmp_path: Path) -> None:
+    _invalid_utf8_file(tmp_path / "a.parquet")
+    spec = InputSpec(str(tmp_path), id_column="id", prompt_column="prompt")
+    rows = [
+        r for s in plan_splits(spec, split_rows=10) for b in read_split(s, spec, 2) for r in b.to_pylist()
+    ]
+    assert [(r["id"], r["prompt"], r["n"], r["__row_index"]) for r in rows] == [
+        ("r0", "p0", 0, 0),
+        ("r1", None, 1, 1),
+        (None, "p2", 2, 2),
+        ("r3", "p3", 3, 3),
+        ("r4", "p4 é", 4, 4),
+    ]
+    reasons = [r.get("__row_error") for r in rows]
+    assert reasons[0] is None and reasons[3] is None and reasons[4] is None
+    assert "column 'prompt' of row 1 in" in reasons[1] and "not valid UTF-8" in reasons[1]
+    assert "column 'id' of row 2 in" in reasons[2]
+
+
+def test_invalid_utf8_rows_bypass_the_query_and_keep_their_place(tmp_path: Path) -> None:
+    _invalid_utf8_file(tmp_path / "a.parquet")
+    spec = InputSpec(str(tmp_path), prompt_column="prompt", query="SELECT prompt FROM input WHERE n <> 3")
+    (split,) = plan_splits(spec, split_rows=10)
+    rows = [r for b in read_split(split, spec, 5) for r in b.to_pylist()]
+    # Row 2's bad bytes are in a column the query drops: the row is still one the reader could not
+    # decode, so the query never judges it.
+    assert [(r["__row_index"], r["prompt"], r["__row_error"] is not None) for r in rows] == [
+        (0, "p0", False),
+        (1, None, True),
+        (2, None, True),
+        (4, "p4 é", False),
+    ]
+
+
+def test_reserved_row_error_column_is_refused(tmp_path: Path) -> None:
+    pq.write_table(_table(2).append_column("__row_error", pa.array(["a", None])), tmp_path / "a.parquet")
+    with pytest.raises(InputSchemaError, match=r"__row_error.*reserves"):
+        plan_splits(InputSpec(str(tmp_path)), split_rows=10)

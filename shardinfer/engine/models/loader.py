@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from shardinfer.errors import CheckpointError, ModelLoadError
 
@@ -35,8 +35,17 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
 
 
 def iter_checkpoint_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of every shard, lazily, one shard open at a time."""
+    """Yield (name, tensor) for every tensor of every shard, lazily, one shard open at a time.
+
+    A damaged shard (a bad header, a truncated file) is a CheckpointError naming it: loading it
+    again would fail the same way, so the job must exit as misconfigured, never as retryable.
+    """
     for path in checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, f.get_tensor(name)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    yield name, f.get_tensor(name)
+        except SafetensorError as exc:
+            raise CheckpointError(
+                f"{path} is not a readable safetensors file ({exc}); download or convert it again"
+            ) from None

@@ -1,0 +1,92 @@
+"""Upper bounds on the work one row may ask for (documented in docs/jobs.md, "Per-row limits").
+
+A job reads rows nobody has looked at. Without bounds one row can stall every other: `n` of a
+billion builds a billion seeds before anything else happens, a top_k past 32 bits overflows the
+sampler's tensors, thousands of stop strings are searched after every token, a structured-output
+schema nested thousands deep overflows the parser. Each bound here is far above what any real
+request uses; a row above one becomes an error record naming the value and the bound, and the job
+goes on. The same bounds apply to the job's own `[sampling]` section, where breaking one is a
+configuration error.
+
+Bounds that already live elsewhere: `logprobs` and `prompt_logprobs` are at most
+`MAX_TOP_LOGPROBS` (SamplingParams), and a prompt must leave room under `max_model_len`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shardinfer.engine.sampling_params import SamplingParams
+
+MAX_SAMPLES_PER_ROW = 1024  # n
+MAX_TOP_K = 2**31 - 1  # the sampler keeps top_k in 32-bit integers; any larger value means "off"
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 512
+MAX_STOP_TOKEN_IDS = 1024
+MAX_SCHEMA_CHARS = 1_000_000  # a structured-output schema, as compact JSON text
+MAX_NESTING_DEPTH = 64  # lists and objects inside one value: chat messages, so_args
+
+
+class LimitError(ValueError):
+    """A value over one of the bounds; `field` is the SamplingParams field (or input value) at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_limits(params: SamplingParams, max_model_len: int | None = None) -> None:
+    """Raise LimitError for the first field of `params` above its bound (max_tokens and min_tokens
+    against `max_model_len`: a request never generates past it, so a larger value is a mistake)."""
+    if params.n > MAX_SAMPLES_PER_ROW:
+        raise LimitError("n", f"n={params.n} is above the limit of {MAX_SAMPLES_PER_ROW} samples per row")
+    if params.top_k > MAX_TOP_K:
+        raise LimitError("top_k", f"top_k={params.top_k} is above {MAX_TOP_K}; use -1 to switch top-k off")
+    if max_model_len is not None:
+        for name in ("max_tokens", "min_tokens"):
+            value = getattr(params, name)
+            if value is not None and value > max_model_len:
+                raise LimitError(
+                    name,
+                    f"{name}={value} is above max_model_len={max_model_len}, the most a request can ever "
+                    "hold; lower it (or leave max_tokens unset to generate up to max_model_len)",
+                )
+    if len(params.stop) > MAX_STOP_STRINGS:
+        raise LimitError(
+            "stop", f"stop has {len(params.stop)} strings, above the limit of {MAX_STOP_STRINGS}"
+        )
+    longest = max((len(s) for s in params.stop), default=0)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise LimitError(
+            "stop", f"a stop string has {longest} characters, above the limit of {MAX_STOP_STRING_CHARS}"
+        )
+    if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise LimitError(
+            "stop_token_ids",
+            f"stop_token_ids has {len(params.stop_token_ids)} ids, above the limit of {MAX_STOP_TOKEN_IDS}",
+        )
+    if params.so_args is not None:
+        check_depth("so_args", params.so_args)
+        size = len(json.dumps(params.so_args, separators=(",", ":"), default=str))
+        if size > MAX_SCHEMA_CHARS:
+            raise LimitError(
+                "so_args", f"so_args is {size} characters as JSON, above the limit of {MAX_SCHEMA_CHARS}"
+            )
+
+
+def check_depth(what: str, value: Any, limit: int = MAX_NESTING_DEPTH) -> None:
+    """Raise LimitError if lists/dicts nest deeper than `limit` in `value` (walked without recursion,
+    so a hostile value cannot overflow the stack while it is being measured)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            raise LimitError(what, f"{what} nests lists/objects deeper than the limit of {limit} levels")
+        stack.extend((child, depth + 1) for child in children)
