@@ -25,7 +25,7 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 512
 MAX_STOP_TOKEN_IDS = 1024
 MAX_SCHEMA_CHARS = 1_000_000  # a structured-output schema, as compact JSON text
-MAX_NESTING_DEPTH = 64  # lists and objects inside one value: chat messages, so_args
+MAX_NESTING_DEPTH = 64  # lists and objects inside one value: chat messages, structured_output
 
 
 class LimitError(ValueError):
@@ -66,12 +66,13 @@ def check_limits(params: SamplingParams, max_model_len: int | None = None) -> No
             "stop_token_ids",
             f"stop_token_ids has {len(params.stop_token_ids)} ids, above the limit of {MAX_STOP_TOKEN_IDS}",
         )
-    if params.so_args is not None:
-        check_depth("so_args", params.so_args)
-        size = len(json.dumps(params.so_args, separators=(",", ":"), default=str))
+    if params.structured_output is not None:
+        check_depth("structured_output", params.structured_output)
+        size = len(json.dumps(params.structured_output, separators=(",", ":"), default=str))
         if size > MAX_SCHEMA_CHARS:
             raise LimitError(
-                "so_args", f"so_args is {size} characters as JSON, above the limit of {MAX_SCHEMA_CHARS}"
+                "structured_output",
+                f"structured_output is {size} characters as JSON, above the limit of {MAX_SCHEMA_CHARS}",
             )
 
 

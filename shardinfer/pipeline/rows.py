@@ -34,6 +34,9 @@ from shardinfer.pipeline.config import InputSection
 from shardinfer.pipeline.row_limits import LimitError, check_depth, check_limits
 from shardinfer.splits import ROW_ERROR_COLUMN, ROW_INDEX_COLUMN
 
+# The override columns that hold a structured-output schema (its name, and its older alias).
+_SCHEMA_COLUMNS = ("structured_output", "so_args")
+
 
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
@@ -184,7 +187,9 @@ class RowPreparer:
             except RecursionError:
                 raise RowError(INVALID_SCHEMA, f"column {name!r} is nested too deeply to parse") from None
             except LimitError as exc:
-                raise RowError(INVALID_SCHEMA if name == "so_args" else BAD_OVERRIDE, str(exc)) from None
+                raise RowError(
+                    INVALID_SCHEMA if name in _SCHEMA_COLUMNS else BAD_OVERRIDE, str(exc)
+                ) from None
             except (TypeError, ValueError, OverflowError) as exc:
                 raise RowError(BAD_OVERRIDE, f"column {name!r} value {_short(value)}: {exc}") from None
         if not changes:
@@ -200,7 +205,7 @@ class RowPreparer:
         try:
             check_limits(params, self.max_model_len)
         except LimitError as exc:
-            code = INVALID_SCHEMA if exc.field == "so_args" else BAD_OVERRIDE
+            code = INVALID_SCHEMA if exc.field in _SCHEMA_COLUMNS else BAD_OVERRIDE
             raise RowError(code, f"{exc}; see the per-row limits in docs/jobs.md") from None
         if key is not None:
             if len(self._override_cache) >= _OVERRIDE_CACHE_SIZE:
@@ -216,10 +221,10 @@ class RowPreparer:
             if not isinstance(value, list | tuple):
                 raise TypeError(f"expected a list for {name}")
             return list(value)
-        if name in ("structured_output", "so_args"):
+        if name in _SCHEMA_COLUMNS:
             if isinstance(value, str):
                 value = json.loads(value)
-            check_depth("so_args", value)
+            check_depth(name, value)
             if not isinstance(value, dict):
                 raise TypeError('expected a JSON object like {"schema_type": "json", "schema": ...}')
             return value

@@ -220,7 +220,7 @@ def test_message_content_null_list_and_parts(model_dir: Path) -> None:
         },
     ]
     with_tools = prepared(tool_call)
-    # This template knows nothing of tool calls and prints the null as is, as transformers would.
-    none_text = "<|bos|><|user|>call it<|end|><|assistant|>None<|end|><|assistant|>"
+    # The template sees the message without its null content (as transformers does): nothing printed.
+    none_text = "<|bos|><|user|>call it<|end|><|assistant|><|end|><|assistant|>"
     assert with_tools.error is None
     assert with_tools.prompt_ids == raw.encode(none_text, add_special_tokens=False).ids
