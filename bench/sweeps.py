@@ -1,4 +1,4 @@
-"""PERF.md's `decode` and `prefill` workloads for one model shape.
+"""docs/performance.md's `decode` and `prefill` workloads for one model shape.
 
     python bench/sweeps.py --workload dense-small [--batches 1 8 32 128 256 512] [--batch-invariant on|off]
 

@@ -5,7 +5,7 @@
 
 Prints output tok/s of each and the ratio; for the decode phase, the step time against the HBM
 floor (weights + KV of the running batch / measured copy bandwidth). Writes
-bench/results/<workload>-<stamp>.json (PERF.md's format); `python bench/record.py` then rebuilds
+bench/results/<workload>-<stamp>.json (the format of docs/performance.md); `python bench/record.py` then rebuilds
 bench/RESULTS.md from all of them.
 """
 
@@ -111,7 +111,7 @@ def run_transformers(model_dir: Path, reqs: list[tuple[list[int], int]], out_len
         mode = "generate_batch"
         if n == 0:  # it logs per-request failures instead of raising
             raise RuntimeError("generate_batch returned no tokens")
-    except Exception as exc:  # MLA models: its paged cache assumes equal K/V head dims (PERF.md)
+    except Exception as exc:  # MLA models: its paged cache assumes equal K/V head dims (docs/performance.md)
         print(f"generate_batch failed ({type(exc).__name__}: {exc}); using static generate", flush=True)
         t, n = time.perf_counter(), 0
         for i in range(0, len(inputs), 64):

@@ -1,4 +1,4 @@
-"""The standard benchmark workloads (PERF.md): model shapes, request lists, and the checkpoint builder.
+"""The standard benchmark workloads (docs/performance.md): model shapes, request lists, and the checkpoint builder.
 
 Weights are random (nothing is downloaded); outputs are fixed-length (ignore_eos), so random
 weights still give honest throughput.
