@@ -87,7 +87,9 @@ class RowPreparer:
         # the preparation thread only; a race would at worst build one twice.
         self._override_cache: dict[tuple[tuple[str, str, Any], ...], SamplingParams] = {}
         try:
-            check_limits(self.base, max_model_len)
+            # Not against max_model_len: a checkpoint's generation config may default max_tokens
+            # past it, and generation simply ends there; a row that asks for more is refused.
+            check_limits(self.base)
         except LimitError as exc:
             raise ConfigError(f"[sampling]: {exc}") from None
 

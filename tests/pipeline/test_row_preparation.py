@@ -185,8 +185,9 @@ def test_a_value_too_deep_for_any_step_is_an_invalid_row(model_dir: Path) -> Non
 def test_job_sampling_over_a_limit_is_a_config_error(model_dir: Path) -> None:
     from shardinfer.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="max_tokens=65 is above max_model_len=64"):
-        _preparer(model_dir, sampling={"max_tokens": 65})
+    with pytest.raises(ConfigError, match="n=2000 is above the limit of 1024"):
+        _preparer(model_dir, sampling={"max_tokens": 4, "n": 2000})
+    assert _preparer(model_dir, sampling={"max_tokens": 65}).base.max_tokens == 65  # ends at max_model_len
 
 
 def test_message_content_null_list_and_parts(model_dir: Path) -> None:

@@ -143,7 +143,7 @@ def test_hostile_templates_cost_their_rows_only(tmp_path: Path, model: Path) -> 
     [
         ("sampling.n", "1000000000", "above the limit of 1024"),
         ("sampling.top_k", "1000000000000", "top_k=1000000000000 is above"),
-        ("sampling.max_tokens", "100000", "above max_model_len"),
+        ("sampling.stop_token_ids", str(list(range(2000))).replace(" ", ""), "stop_token_ids has 2000 ids"),
     ],
 )
 def test_sampling_above_the_limits_exits_78(
