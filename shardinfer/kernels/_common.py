@@ -86,10 +86,5 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
     return device
 
 
-def check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise fail(f"{name}.shape", tuple(t.shape), f"need {tuple(shape)}")
-
-
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
