@@ -57,7 +57,7 @@ def test_greedy_generations_and_filtered_answers(harness_runs: Any, family: str)
 def test_chat_templated_prompts(tiny_models: Any) -> None:
     """With the harness's apply_chat_template, prompts go through the model's chat template (our
     sandboxed rendering against transformers'): the same scores and the same generations."""
-    from conftest import hf_reference, run_harness
+    from harness_kit import hf_reference, run_harness
 
     from shardinfer.integrations.lm_eval import ShardinferLM
 

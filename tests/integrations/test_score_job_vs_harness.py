@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import MAX_LENGTH, TASKS_DIR
+from harness_kit import MAX_LENGTH, TASKS_DIR
 
 
 def _submit(tmp_path: Path, model_dir: Path, name: str, rows: list[dict[str, Any]], **inp: str) -> list[dict]:
