@@ -13,11 +13,12 @@ from pipeline_kit import cli, committed_rows, part_files, standard_job
 
 
 def committed_tables(out: Path) -> dict[str, pa.Table]:
-    """Each committed split's part, read through its marker, by split name."""
+    """Each committed split's part, read through its marker, by split number (marker names also
+    carry the job generation, which differs between two jobs)."""
     tables = {}
     for marker in sorted((out / "_commits").glob("*.json")):
         part = json.loads(marker.read_text())["part"]
-        tables[marker.stem] = pq.read_table(out / part)
+        tables[marker.stem.split(".")[0]] = pq.read_table(out / part)
     return tables
 
 
