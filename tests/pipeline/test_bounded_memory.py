@@ -50,4 +50,7 @@ def test_peak_rss_does_not_grow_with_the_input(tmp_path: Path) -> None:
     large = _run(tmp_path, model, 1_000_000)
     for run in (small, large):
         assert run["peak_mb"] - run["after_imports_mb"] < WINDOW_BOUND_MB, run
-    assert large["peak_mb"] - small["peak_mb"] < GROWTH_BOUND_MB, (small, large)
+    # Growth over each process's own footprint after imports: two interpreters' import footprints
+    # differ by tens of MB whatever the input.
+    growth = [run["peak_mb"] - run["after_imports_mb"] for run in (small, large)]
+    assert growth[1] - growth[0] < GROWTH_BOUND_MB, (small, large)
