@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import fsspec
 import pytest
 from store_helpers import full_rows, new_store, plan, race_commits, rows_for, table_for
 
@@ -20,18 +17,6 @@ from shardinfer.writers import (
     StaleGenerationError,
     make_job_record,
 )
-
-
-@pytest.fixture(params=["local", "memory"])
-def out_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "local":
-        yield str(tmp_path / "out")
-        return
-    url = f"memory://fence-{uuid.uuid4().hex}"
-    yield url
-    fs = fsspec.filesystem("memory")
-    if fs.exists(url):
-        fs.rm(url, recursive=True)
 
 
 def _start_over(url: str, splits: list) -> OutputStore:

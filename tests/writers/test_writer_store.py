@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import fsspec
 import pyarrow.parquet as pq
 import pytest
 from store_helpers import SCHEMA, full_rows, new_store, plan, race_commits, rows_for, table_for
@@ -21,18 +18,6 @@ from shardinfer.writers import (
     OutputStore,
     make_job_record,
 )
-
-
-@pytest.fixture(params=["local", "memory"])
-def out_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "local":
-        yield str(tmp_path / "out")
-        return
-    url = f"memory://out-{uuid.uuid4().hex}"
-    yield url
-    fs = fsspec.filesystem("memory")
-    if fs.exists(url):
-        fs.rm(url, recursive=True)
 
 
 def _files(store: OutputStore) -> list[str]:
