@@ -18,6 +18,7 @@ from typing import Any
 MAX_TOP_LOGPROBS = 20
 SO_SCHEMA_TYPES = ("json", "regex", "ebnf", "lark", "choice")
 TOP_K_OFF = -1  # also accepted: 0, vLLM's and generation_config.json's "off"
+MAX_TOP_K = 2**31 - 1  # the sampler keeps top_k in 32-bit integers
 
 
 @dataclass
@@ -72,6 +73,11 @@ class SamplingParams:
             raise bad("top_p", self.top_p, "must be in (0, 1]")
         if self.top_k < -1:
             raise bad("top_k", self.top_k, "must be -1 or 0 (off) or >= 1")
+        if self.top_k > MAX_TOP_K:
+            raise ValueError(
+                f"SamplingParams.top_k={self.top_k} is above {MAX_TOP_K}, the largest the sampler holds; "
+                "use -1 to switch top-k off"
+            )
         if not (0.0 <= self.min_p <= 1.0):
             raise bad("min_p", self.min_p, "must be in [0, 1]")
         if not (self.repetition_penalty > 0.0):

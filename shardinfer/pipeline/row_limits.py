@@ -1,15 +1,15 @@
 """Upper bounds on the work one row may ask for (documented in docs/jobs.md, "Per-row limits").
 
 A job reads rows nobody has looked at. Without bounds one row can stall every other: `n` of a
-billion builds a billion seeds before anything else happens, a top_k past 32 bits overflows the
-sampler's tensors, thousands of stop strings are searched after every token, a structured-output
+billion builds a billion seeds before anything else happens, thousands of stop strings are searched after every token, a structured-output
 schema nested thousands deep overflows the parser. Each bound here is far above what any real
 request uses; a row above one becomes an error record naming the value and the bound, and the job
 goes on. The same bounds apply to the job's own `[sampling]` section, where breaking one is a
 configuration error.
 
 Bounds that already live elsewhere: `logprobs` and `prompt_logprobs` are at most
-`MAX_TOP_LOGPROBS` (SamplingParams), and a prompt must leave room under `max_model_len`.
+`MAX_TOP_LOGPROBS` and `top_k` at most `MAX_TOP_K` (SamplingParams, so the API has them too),
+and a prompt must leave room under `max_model_len`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 from shardinfer.engine.sampling_params import SamplingParams
 
 MAX_SAMPLES_PER_ROW = 1024  # n
-MAX_TOP_K = 2**31 - 1  # the sampler keeps top_k in 32-bit integers; any larger value means "off"
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 512
 MAX_STOP_TOKEN_IDS = 1024
@@ -41,8 +40,6 @@ def check_limits(params: SamplingParams, max_model_len: int | None = None) -> No
     against `max_model_len`: a request never generates past it, so a larger value is a mistake)."""
     if params.n > MAX_SAMPLES_PER_ROW:
         raise LimitError("n", f"n={params.n} is above the limit of {MAX_SAMPLES_PER_ROW} samples per row")
-    if params.top_k > MAX_TOP_K:
-        raise LimitError("top_k", f"top_k={params.top_k} is above {MAX_TOP_K}; use -1 to switch top-k off")
     if max_model_len is not None:
         for name in ("max_tokens", "min_tokens"):
             value = getattr(params, name)

@@ -36,6 +36,7 @@ def test_bad_prompt_rejected_while_others_keep_running(llm: LLM, prompt, message
     (dict(temperature=-0.1), "temperature=-0.1 is invalid: must be >= 0"),
     (dict(top_p=0.0), "top_p=0.0 is invalid"),
     (dict(top_k=-2), "top_k=-2 is invalid: must be -1 or 0"),
+    (dict(top_k=2**31), "top_k=2147483648 is above 2147483647"),
     (dict(min_p=1.5), "min_p=1.5"),
     (dict(max_tokens=0), "max_tokens=0 is invalid: must be >= 1"),
     (dict(n=0), "n=0"),
