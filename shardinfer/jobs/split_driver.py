@@ -24,12 +24,32 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from shardinfer.errors import EXIT_RETRYABLE, Interrupted, Retryable
+from shardinfer.errors import (
+    EXIT_CONFIG,
+    EXIT_DATA,
+    EXIT_NO_INPUT,
+    EXIT_RETRYABLE,
+    EXIT_USAGE,
+    Interrupted,
+    JobError,
+    Retryable,
+)
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.split_scheduler import SplitScheduler
 
 Inbox = queue.Queue[tuple[str, dict[str, Any]]]
 STOP_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+# A worker that exits with one of these failed on something another worker would fail on too
+# (a damaged checkpoint, a bad config): the job stops with that code instead of retrying.
+DETERMINISTIC_EXITS = (EXIT_USAGE, EXIT_DATA, EXIT_NO_INPUT, EXIT_CONFIG)
+
+
+class WorkerFailed(JobError):
+    """A worker's deterministic failure, passed on with the worker's own exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class WorkerHandle(Protocol):
@@ -124,8 +144,10 @@ def drive(
     live = set(workers)
     stop_deadline: float | None = None
     gave_up = False
+    fatal: WorkerFailed | None = None  # the first deterministic failure: every worker is stopped
     while live:
-        if stop.is_set() and stop_deadline is None:
+        halting = stop.is_set() or fatal is not None
+        if halting and stop_deadline is None:
             stop_deadline = time.monotonic() + STOP_GRACE_S
             for name in live:
                 workers[name].terminate()
@@ -138,7 +160,7 @@ def drive(
             continue
         kind = event.get("event")
         if kind == "want_split":
-            split = None if (stop.is_set() or gave_up) else scheduler.next_split(name)
+            split = None if (halting or gave_up) else scheduler.next_split(name)
             if split is None:
                 exhausted.add(name)
             workers[name].give(split)
@@ -156,9 +178,13 @@ def drive(
             code = int(event.get("code", 1))
             if code == 0 and not scheduler.held_by(name):
                 continue
-            if stop.is_set() and code == EXIT_RETRYABLE:
+            if halting and code == EXIT_RETRYABLE:
                 continue  # stopped on request, not dead
             reason = str(event.get("reason") or f"exit code {code}")
+            if code in DETERMINISTIC_EXITS:
+                if fatal is None:
+                    fatal = WorkerFailed(f"worker {name} failed ({reason}); stopping the job", code)
+                continue
             requeued = scheduler.worker_lost(name, reason)
             reporter.worker_lost(name)
             reporter.error(
@@ -167,7 +193,7 @@ def drive(
                 exit_code=code,
             )
             askers = len(live - exhausted)  # live workers that will still ask for splits
-            if stop.is_set() or gave_up or scheduler.pending <= askers:
+            if halting or gave_up or scheduler.pending <= askers:
                 continue  # the live workers can take every split still waiting
             if stats.restarts >= max_restarts:
                 if askers:
@@ -182,6 +208,8 @@ def drive(
             reporter.warn("started a replacement worker", slot=slot_of[name], restarts=stats.restarts)
         else:
             reporter.handle({**event, "worker": name})
+    if fatal is not None:
+        raise fatal
     if stop.is_set():
         raise Interrupted("stopped by a signal; uncommitted splits were abandoned — rerun to finish")
     if not scheduler.finished:

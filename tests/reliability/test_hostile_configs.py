@@ -48,7 +48,7 @@ class _TouchesMarker:
         return (open, (str(self.marker), "w"))
 
 
-@pytest.mark.parametrize("master", ["local"])
+@pytest.mark.parametrize("master", ["local", "local[2]"])
 def test_damaged_safetensors_exits_78_not_75(tmp_path: Path, model: Path, shards: Path, master: str) -> None:
     damaged = _copy_model(model, tmp_path / "model")
     weights = damaged / "model.safetensors"
