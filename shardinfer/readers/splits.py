@@ -19,7 +19,6 @@ from shardinfer.errors import InputColumnError, InputSchemaError
 from shardinfer.readers.jsonl_source import infer_jsonl_schema, iter_jsonl_rows, scan_jsonl
 from shardinfer.readers.listing import list_input_files, resolve_format
 from shardinfer.readers.parquet_source import iter_parquet_rows, parquet_layout, plan_file_ranges
-from shardinfer.readers.query import QueryRunner
 from shardinfer.readers.row_errors import merge_bad_rows, split_off_bad_rows
 from shardinfer.readers.spec import InputSpec
 from shardinfer.splits import RESERVED_COLUMNS, ROW_INDEX_COLUMN, Split
@@ -42,6 +41,9 @@ def _row_schema(file_schema: pa.Schema, url: str, spec: InputSpec) -> pa.Schema:
             )
     schema = file_schema.append(pa.field(ROW_INDEX_COLUMN, pa.int64()))
     if spec.query:
+        # DuckDB is imported only by jobs that ask for a query: it costs start-up time otherwise.
+        from shardinfer.readers.query import QueryRunner
+
         runner = QueryRunner(spec.query, url)
         try:
             schema = runner.output_schema(schema)
@@ -135,6 +137,8 @@ def read_split(split: Split, spec: InputSpec, batch_rows: int = 1024) -> Iterato
     if not spec.query:
         yield from source
         return
+    from shardinfer.readers.query import QueryRunner
+
     runner = QueryRunner(spec.query, split.path)
     try:
         for batch in source:
