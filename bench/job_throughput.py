@@ -47,6 +47,12 @@ from bench.workloads import SHAPES, bench_commit, build_checkpoint
 IMPORTS = "import torch, shardinfer.engine.llm_engine, shardinfer.pipeline.job, shardinfer.jobs.cli"
 
 
+def _child_env() -> dict[str, str]:
+    """The environment of the job subprocess: this checkout first on the path, the caller's path after it."""
+    paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
 def make_rows(
     model_dir: Path, n: int, in_range: tuple[int, int], out_range: tuple[int, int], seed: int = 0
 ) -> list[dict[str, Any]]:
@@ -124,7 +130,7 @@ def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[
     for conf in args.job_conf:
         cmd += ["--conf", conf]
     cmd.append(str(spec_path))
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = _child_env()
     with open(log_path, "w") as log:
         spawned = time.time()
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
@@ -135,7 +141,7 @@ def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[
 def import_seconds() -> float:
     """Import time of what a job process imports, in a fresh interpreter (page cache warm)."""
     code = f"import time; t = time.perf_counter(); {IMPORTS}; print(time.perf_counter() - t)"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = _child_env()
     return float(
         subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True

@@ -35,9 +35,9 @@ CONNECT_TIMEOUT_S = 10.0
 def import_ray() -> Any:
     try:
         import ray
-    except ImportError:
+    except ImportError as exc:
         raise UsageError(
-            "--master ray needs Ray: pip install 'shardinfer[ray]' (Ray >= 2.40), here and on the cluster"
+            f"--master ray needs Ray ({exc}): pip install 'shardinfer[ray]' (Ray >= 2.40), here and on the cluster"
         ) from None
     return ray
 
