@@ -79,6 +79,12 @@ class TooManyBadRows(JobError):
     exit_code = EXIT_DATA
 
 
+class DuplicateRowIds(JobError):
+    """`job.unique_ids = true` and some row id occurs in more than one input row."""
+
+    exit_code = EXIT_DATA
+
+
 class Interrupted(JobError):
     """SIGTERM (or the parent going away): in-flight splits were abandoned uncommitted; rerun to finish."""
 

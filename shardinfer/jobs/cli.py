@@ -251,7 +251,12 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
     if args.verbose:
         for key, source in sorted(spec.sources.items()):
             reporter.log("debug", f"{key} from {source}")
-    job = open_job(config)
+    try:
+        job = open_job(config)
+    except JobError as exc:
+        if args.dry_run:  # say what a real submit would do, then exit as it would
+            print(f"# dry run: submitting would exit {exc.exit_code} and write nothing: {exc}", flush=True)
+        raise
     if args.dry_run:
         from shardinfer.jobs.status import print_dry_run
 
@@ -267,6 +272,11 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     for note in job.notes:
         reporter.warn(note + "; recomputing what is missing", output=config.output.path)
+    if job.discards:
+        reporter.warn(
+            f"job.start_over: discarding the output of {job.discards}: its parts, markers and _SUCCESS",
+            output=config.output.path,
+        )
     write_plan(job, config.job.run_id)
     if job.added_files:
         reporter.info("job.incremental: new input files planned", files=len(job.added_files))

@@ -190,6 +190,11 @@ class Reporter:
                 f"{summary.get('run_splits_committed', 0)} committed, {redone} redone"
                 + (f" ({why}; {summary.get('run_rows_redone', 0)} rows generated again)" if redone else "")
             )
+        if summary.get("duplicate_row_ids"):
+            lines.append(
+                f"duplicate ids  {summary['duplicate_row_ids']} input row(s) repeat an earlier row's id "
+                "(they share seeds; job.unique_ids = true makes a repeat an error)"
+            )
         if summary.get("run_worker_restarts"):
             lines.append(f"restarts       {summary['run_worker_restarts']} worker(s) replaced")
         for name, w in sorted(summary.get("run_workers", {}).items()):

@@ -193,6 +193,26 @@ def print_dry_run(job: OpenedJob, spec: ResolvedSpec, num_workers: int, out: Any
     print(
         f"\n# plan: {len(job.splits)} split(s), {num_workers} worker(s), output state: {job.state}", file=out
     )
+    for line in dry_run_actions(job):
+        print(f"# submitting would {line}", file=out)
     for s in job.splits:
         mark = " (committed)" if s.index in committed else ""
         print(f"split {s.index}: {s.path} rows [{s.row_start}, {s.row_end}){mark}", file=out)
+
+
+def dry_run_actions(job: OpenedJob) -> list[str]:
+    """What a submit would do beyond running the plan: discard another job's output, extend the plan."""
+    actions = []
+    if job.discards:
+        actions.append(
+            f"discard the output at {job.config.output.path}, which holds {job.discards}: every part, "
+            "marker and _SUCCESS (job.start_over = true), then run this job afresh"
+        )
+    if job.added_files:
+        actions.append(
+            f"plan {len(job.added_files)} input file(s) added since the job was planned as new splits "
+            f"(job.incremental = true): {', '.join(job.added_files[:5])}"
+        )
+    if job.state == "done":
+        actions.append("do nothing: _SUCCESS matches this job")
+    return actions

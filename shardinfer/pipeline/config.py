@@ -36,6 +36,8 @@ class JobSection:
     timeline_path: str = ""
     # Input files added since the job was planned become new splits beside the committed ones.
     incremental: bool = False
+    # A row id repeated in the input is a data error (exit 65), not only counted in the summary.
+    unique_ids: bool = False
 
 
 @dataclass

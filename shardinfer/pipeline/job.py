@@ -37,6 +37,12 @@ from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
 from shardinfer.pipeline.input_listing import ListingDiff, diff_listings, snapshot
+from shardinfer.pipeline.output_ids import (
+    RepeatedIds,
+    check_unique_ids,
+    committed_row_ids,
+    count_repeated_ids,
+)
 from shardinfer.pipeline.rows import RowPreparer
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
@@ -70,6 +76,9 @@ class OpenedJob:
     notes: list[str] = field(default_factory=list)  # what the run should report (a stale _SUCCESS)
     added_files: list[str] = field(default_factory=list)  # job.incremental: files planned this run
     extended_record: dict[str, Any] | None = None  # job.incremental: the _job.json to write
+    # job.start_over over another job's output: what that job was ("another fingerprint (...)"),
+    # whose parts, markers and _SUCCESS the plan's write discards. Empty otherwise.
+    discards: str = ""
 
     @property
     def input_schema(self) -> pa.Schema:
@@ -157,13 +166,19 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     # start_over only ever discards another fingerprint's output (or another input's): a retry of
     # the same command (same flags) then resumes the new job instead of throwing it away again.
     discard = config.job.start_over and (drifted or bool(input_diff))
+    discarded = ""
+    if discard and existing is not None:
+        discarded = (
+            f"another fingerprint (changed: {_changes(existing.get('fingerprint', {}), fingerprint)})"
+            if drifted
+            else f"another input listing ({input_diff.describe() if input_diff else ''})"
+        )
     if store is not None and existing is not None and existing.get("generation") and not discard:
         old = existing.get("fingerprint", {})
         if drifted:
-            changes = diff_fingerprint_parts(old, fingerprint)
             raise FingerprintMismatch(
                 f"{config.output.path} holds a job with another fingerprint; resuming would mix two datasets. "
-                f"Changed: {'; '.join(changes) or 'fingerprint format'}. Write to a new output path, restore "
+                f"Changed: {_changes(old, fingerprint)}. Write to a new output path, restore "
                 "the old settings, or pass --conf job.start_over=true to discard the old output."
             )
         if input_diff and not config.job.incremental:
@@ -211,9 +226,15 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
             )
     job = OpenedJob(config, spec, sampling, fingerprint, store, splits, "new")
     job.input_listing = listing
+    job.discards = discarded
     if splits:
         check_columns(config, job.input_schema)
     return job
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """The fingerprint components that differ, as `name: old -> new` joined for a message."""
+    return "; ".join(diff_fingerprint_parts(old, new)) or "fingerprint format"
 
 
 def _damaged(config: JobConfig, what: str) -> Exception:
@@ -377,10 +398,9 @@ def write_plan(job: OpenedJob, run_id: str) -> None:
     else:
         in_force = job.store.create_or_read_job(record)
     if in_force.get("fingerprint", {}).get("hash") != job.fingerprint["hash"]:
-        changes = diff_fingerprint_parts(in_force.get("fingerprint", {}), job.fingerprint)
         raise FingerprintMismatch(
             f"{job.config.output.path} was just planned by another job with another fingerprint "
-            f"(changed: {'; '.join(changes) or 'fingerprint format'}); write to a new output path"
+            f"(changed: {_changes(in_force.get('fingerprint', {}), job.fingerprint)}); write to a new output path"
         )
     job.splits = plan_from_records(in_force["splits"])
     job.generation = str(in_force["generation"])
@@ -565,6 +585,14 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
         **totals,
         **run_summary,
     }
+    # Without an id column, ids are "file:row": unique by construction, nothing to read back.
+    repeated = (
+        count_repeated_ids(committed_row_ids(job.store, committed))
+        if job.config.input.id_column
+        else RepeatedIds(0, None)
+    )
+    summary["duplicate_row_ids"] = repeated.repeats
+    check_unique_ids(repeated, job.config.job.unique_ids)
     fraction = totals["rows_error"] / totals["records"] if totals["records"] else 0.0
     summary["error_fraction"] = fraction
     if fraction > job.config.job.max_error_fraction:

@@ -373,6 +373,19 @@ class OutputStore:
         meta: dict[bytes, bytes] = self._retry(f"read footer of {full_url(self.fs, path)}", footer)
         return meta
 
+    def read_part_columns(self, part: str, columns: list[str]) -> pa.Table:
+        """The named columns of the part file `part` (those it has; Parquet reads only their pages)."""
+        path = self._path(part)
+
+        def read() -> pa.Table:
+            with self.fs.open(path, "rb") as f:
+                parquet = pq.ParquetFile(f)
+                present = [c for c in columns if c in parquet.schema_arrow.names]
+                return parquet.read(columns=present)
+
+        table: pa.Table = self._retry(f"read {full_url(self.fs, path)}", read)
+        return table
+
     # --- finishing and reading back --------------------------------------------------------------
     def finalize(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Verify every committed part, delete what no current marker names, write `_SUCCESS`.
