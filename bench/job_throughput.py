@@ -256,6 +256,12 @@ def main() -> None:
         "batch_invariant": args.batch_invariant == "on",
         "rows": args.rows,
         "master": args.master,
+        # A Ray job either joins a running cluster (RAY_ADDRESS) or starts one, a fixed cost of its own.
+        "ray_cluster": (
+            ("running" if os.environ.get("RAY_ADDRESS") else "started by the job")
+            if args.master.startswith("ray")
+            else None
+        ),
         "device": args.device,
         "job_conf": args.job_conf,
         "job_output_tok_s": job_rate,

@@ -56,21 +56,28 @@ out; per-row max_tokens, ignore_eos, logprobs=1) against the engine's own step l
 rows. Job tok/s: completion tokens over the job's wall from process start to exit; engine tok/s:
 over the generate wall alone. steady: job vs engine over the middle 80% of completed tokens;
 wall: job wall / (engine start + generate); start: process start to the first step; idle: the
-device's idle share between the job's first and last step launch.
+device's idle share between the job's first and last step launch; job steady tok/s: the job's own
+rate over the middle 80% of its completed tokens (what a longer job tends to). A `ray` master
+either started its own local cluster or joined a running one (`ray, running`).
 
-| date (UTC) | GPU | commit | workload | batch_invariant | master | rows | job tok/s | engine tok/s | steady | wall | start s | 1st commit s | gpu idle | peak RSS MB |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| date (UTC) | GPU | commit | workload | batch_invariant | master | rows | job tok/s | job steady tok/s | engine tok/s | steady | wall | start s | 1st commit s | gpu idle | peak RSS MB |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
 def job_row(r: dict) -> str:
     start = r.get("startup_s") or {}
-    return (f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
-            f"{r['batch_invariant']} | {r.get('master', 'local')} | {r['rows']} | {fmt(r['job_output_tok_s'], '.0f')} | "
-            f"{fmt(r.get('engine_output_tok_s'), '.0f')} | {fmt(r.get('steady_ratio'), '.3f')} | "
-            f"{fmt(r.get('wall_ratio'), '.2f')} | {fmt(start.get('first_step_s'), '.1f')} | "
-            f"{fmt(r.get('time_to_first_commit_s'), '.1f')} | {fmt(r.get('gpu_idle_fraction'), '.3f')} | "
-            f"{fmt(r.get('peak_rss_mb'), '.0f')} |")
+    master = r.get("master", "local")
+    if r.get("ray_cluster") == "running":
+        master += ", running"
+    return (
+        f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
+        f"{r['batch_invariant']} | {master} | {r['rows']} | {fmt(r['job_output_tok_s'], '.0f')} | "
+        f"{fmt(r.get('job_steady_tok_s'), '.0f')} | {fmt(r.get('engine_output_tok_s'), '.0f')} | {fmt(r.get('steady_ratio'), '.3f')} | "
+        f"{fmt(r.get('wall_ratio'), '.2f')} | {fmt(start.get('first_step_s'), '.1f')} | "
+        f"{fmt(r.get('time_to_first_commit_s'), '.1f')} | {fmt(r.get('gpu_idle_fraction'), '.3f')} | "
+        f"{fmt(r.get('peak_rss_mb'), '.0f')} |"
+    )
 
 
 def fmt(v: object, spec: str) -> str:
@@ -83,10 +90,12 @@ def main() -> None:
     for r in sorted(records, key=lambda r: str(r.get("date", ""))):
         if "shardinfer_output_tok_s" not in r:
             continue
-        rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
-                    f"{r['batch_invariant']} | {r.get('requests', '—')} | {fmt(r['shardinfer_output_tok_s'], '.0f')} | "
-                    f"{fmt(r.get('transformers_output_tok_s'), '.0f')} | {fmt(r.get('ratio'), '.1f')} | "
-                    f"{fmt(r.get('decode_floor_fraction'), '.2f')} |")
+        rows.append(
+            f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
+            f"{r['batch_invariant']} | {r.get('requests', '—')} | {fmt(r['shardinfer_output_tok_s'], '.0f')} | "
+            f"{fmt(r.get('transformers_output_tok_s'), '.0f')} | {fmt(r.get('ratio'), '.1f')} | "
+            f"{fmt(r.get('decode_floor_fraction'), '.2f')} |"
+        )
     so_rows = []
     for r in sorted(records, key=lambda r: str(r.get("date", ""))):
         if r.get("bench") != "structured_decode" or r.get("device") != "cuda":
@@ -100,14 +109,19 @@ def main() -> None:
             matchers = "shared copies"
         accept = {True: "batched", False: "one by one"}.get(r.get("parallel_accept"), "—")  # type: ignore[call-overload]
         stall_free = r.get("constrained_decoding_cost_stall_free")
-        so_rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
-                       f"{r['requests']} | {matchers} | {accept} | {c['mean_decode_batch']:.0f} | "
-                       f"{p['mean_decode_step_ms']:.2f} | {c['mean_decode_step_ms']:.2f} | "
-                       f"{c['mask_fill_ms_per_decode_step']:.2f} | "
-                       f"{100 * (c['mean_decode_step_ms'] / p['mean_decode_step_ms'] - 1):+.0f}% | "
-                       f"{'—' if stall_free is None else f'{100 * stall_free:+.1f}%'} |")
-    job_rows = [job_row(r) for r in sorted(records, key=lambda r: str(r.get("date", "")))
-                if r.get("bench") == "job_throughput" and r.get("device") == "cuda"]
+        so_rows.append(
+            f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
+            f"{r['requests']} | {matchers} | {accept} | {c['mean_decode_batch']:.0f} | "
+            f"{p['mean_decode_step_ms']:.2f} | {c['mean_decode_step_ms']:.2f} | "
+            f"{c['mask_fill_ms_per_decode_step']:.2f} | "
+            f"{100 * (c['mean_decode_step_ms'] / p['mean_decode_step_ms'] - 1):+.0f}% | "
+            f"{'—' if stall_free is None else f'{100 * stall_free:+.1f}%'} |"
+        )
+    job_rows = [
+        job_row(r)
+        for r in sorted(records, key=lambda r: str(r.get("date", "")))
+        if r.get("bench") == "job_throughput" and r.get("device") == "cuda"
+    ]
     text = HEADER + "\n".join(rows) + "\n"
     if so_rows:
         text += SO_HEADER + "\n".join(so_rows) + "\n"
