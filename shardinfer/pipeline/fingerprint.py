@@ -150,8 +150,19 @@ def compute_fingerprint(
             "rolling_window_tokens": config.job.rolling_window_tokens,
         }
     parts["output.schema_version"] = schema_version
+    if _several_samples_with_prompt_logprobs(config, sampling_defaults):
+        # Prompt logprobs are stored on a row's first sample only; outputs written before that copied
+        # them into every sample. Only jobs where the two layouts differ carry this component, so the
+        # others keep their fingerprint.
+        parts["output.prompt_logprobs"] = "first_sample"
     parts["hash"] = _sha256_bytes(_canonical({k: v for k, v in parts.items() if k != "hash"}).encode())
     return parts
+
+
+def _several_samples_with_prompt_logprobs(config: JobConfig, sampling: dict[str, Any]) -> bool:
+    if sampling.get("prompt_logprobs") is None:
+        return False
+    return int(sampling.get("n") or 1) > 1 or "n" in config.input.override_columns
 
 
 def resolved_numerics(config: JobConfig) -> tuple[str, str]:

@@ -8,7 +8,8 @@ lock is held for a few bulk copies rather than a walk over nested lists:
     token_ids       ListArray(offsets[records + 1], values int32[total tokens])
     top_token_ids   ListArray(offsets, ListArray(inner offsets[total tokens + 1], int32[total * k]))
 
-Error records hold null in every generation column. The values equal what `pa.Table.from_pylist`
+Error records hold null in every generation column; `prompt_logprobs` is held by a row's first
+sample only (sample_index 0), null in the others. The values equal what `pa.Table.from_pylist`
 would make of one dict per record (the test checks it against exactly that).
 """
 
@@ -123,7 +124,10 @@ def build_part_table(
         ids, lps = _top_columns(per_record, ok, schema.field("top_token_ids").type)
         columns["top_token_ids"], columns["top_logprobs"] = ids, lps
     if options.prompt_logprobs:
+        # Once per input row, on its first sample: the n samples of a row share one prompt.
         values = _per_record(ok, (f.prompt_logprobs for f in done))
+        first = [j == 0 for _, j, _ in entries]
+        values = [v if is_first else None for v, is_first in zip(values, first, strict=True)]
         columns["prompt_logprobs"] = pa.array(values, schema.field("prompt_logprobs").type)
     for name in schema.names:
         if name not in columns:  # passthrough: the input's own values, in the input's type

@@ -175,7 +175,7 @@ class RowPreparer:
         except RowError as err:
             prepared.error = err
             return prepared
-        prepared.params = [_seeded(params, s) for s in seeds if s is not None]
+        prepared.params = [_seeded(params, s, first=j == 0) for j, s in enumerate(seeds) if s is not None]
         return prepared
 
     def _params(self, row: dict[str, Any]) -> SamplingParams:
@@ -317,12 +317,20 @@ def _cache_key(changes: dict[str, Any]) -> tuple[tuple[str, str, Any], ...] | No
     return items
 
 
-def _seeded(params: SamplingParams, seed: int) -> SamplingParams:
+def _seeded(params: SamplingParams, seed: int, first: bool) -> SamplingParams:
     """`params.replace(n=1, seed=seed)` without validating again: `params` is valid, n=1 is, and
-    derived seeds are 63-bit by construction. A shallow copy: nothing mutates params' lists."""
+    derived seeds are 63-bit by construction. A shallow copy: nothing mutates params' lists.
+
+    Prompt logprobs are a property of the row, not of a sample: only the first sample asks for
+    them (the output stores them once per row), so the others skip that work and may reuse the
+    first one's cached prompt blocks."""
     out = object.__new__(SamplingParams)
     out.__dict__.update(params.__dict__, n=1, seed=seed)
+    if not first:
+        out.__dict__["prompt_logprobs"] = None
     return out
+
+
 def _short(value: Any, limit: int = 120) -> str:
     """A cell for an error message: its repr cut to `limit` characters (a cell may be megabytes)."""
     text = repr(value)

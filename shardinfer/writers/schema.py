@@ -5,7 +5,8 @@ identical even when a part holds only error rows, whose generation columns are a
 Logprobs are parallel list columns (the CSR layout Arrow list offsets give for free):
 `token_ids[i]` was sampled with `token_logprobs[i]`; the optional top-k columns hold, per
 generated position, k ids and k logprobs; `prompt_logprobs[0]` is null (the first prompt token
-has no context to be predicted from).
+has no context to be predicted from), and the column is filled once per input row, in its record
+with sample_index 0 (the samples of a row share its prompt).
 """
 
 from __future__ import annotations

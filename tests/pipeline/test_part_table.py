@@ -50,7 +50,7 @@ def _reference_record(
         finish_reason=comp.finish_reason,
         prompt_tokens=len(out.prompt_token_ids),
         completion_tokens=len(comp.token_ids),
-        prompt_logprobs=out.prompt_logprobs,
+        prompt_logprobs=out.prompt_logprobs if j == 0 else None,  # once per row, on its first sample
     )
     if comp.top_logprobs is not None:
         rec["top_token_ids"] = [[t for t, _ in step] for step in comp.top_logprobs]
