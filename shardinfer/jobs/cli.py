@@ -234,6 +234,7 @@ def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) ->
 
         cluster = RayCluster(args.master, spec.config.ray, reporter)
         cluster.resolve_device(spec.config)
+        cluster.prestart(spec.config)
     try:
         return _run_job(args, spec, reporter, cluster)
     finally:

@@ -113,13 +113,36 @@ class RayCluster:
     def __init__(self, master: str, cfg: Any, reporter: Reporter) -> None:
         self.ray = import_ray()
         self.cfg = cfg
+        self.reporter = reporter
         connect(self.ray, cluster_address(master, cfg.address), reporter)
+        self.inbox: Inbox = queue.Queue()
+        self._prestarted: dict[str, RayWorker] = {}
+        self._prestarted_config: dict[str, Any] | None = None
 
     def resolve_device(self, config: Any) -> None:
         """model.device "auto" means the workers' devices, not this machine's: GPUs when the cluster
         has them (the fingerprint records the numerics the actors will use)."""
         if config.model.device == "auto":
             config.model.device = "cuda" if self.ray.cluster_resources().get("GPU", 0) else "cpu"
+
+    def prestart(self, config: Any) -> None:
+        """Start the actors now, so each loads its engine while this driver lists and plans the
+        input; they open the job only once `run` tells them it is planned."""
+        num_workers, options = plan_actors(self.ray, self.cfg)
+        self._prestarted_config = config.to_dict()
+        actor_class = self.ray.remote(_actor_class())
+        for slot in range(num_workers):
+            name = str(slot)  # the names the split driver gives its first workers
+            self._prestarted[name] = RayWorker(
+                self.ray,
+                actor_class,
+                options,
+                name,
+                self._prestarted_config,
+                self.cfg.model_cache_dir,
+                self.inbox,
+                self.reporter,
+            )
 
     def run(
         self,
@@ -133,16 +156,21 @@ class RayCluster:
         num_workers, options = plan_actors(self.ray, self.cfg)
         actor_class = self.ray.remote(_actor_class())
         config = job.config.to_dict()
-        inbox: Inbox = queue.Queue()
+        if config != self._prestarted_config:  # never run a job on engines built for another config
+            for worker in self._prestarted.values():
+                worker.kill()
+            self._prestarted.clear()
 
         def start(name: str, slot: int) -> RayWorker:
-            return RayWorker(
-                self.ray, actor_class, options, name, config, self.cfg.model_cache_dir, inbox, reporter
+            worker = self._prestarted.pop(name, None) or RayWorker(
+                self.ray, actor_class, options, name, config, self.cfg.model_cache_dir, self.inbox, reporter
             )
+            worker.begin()
+            return worker
 
         restarts = self.cfg.max_restarts if self.cfg.max_restarts >= 0 else num_workers
         reporter.info("Ray worker actors", workers=num_workers, options=json.dumps(options, default=str))
-        drive(scheduler, inbox, start, num_workers, reporter, stats, stop, max_restarts=restarts)
+        drive(scheduler, self.inbox, start, num_workers, reporter, stats, stop, max_restarts=restarts)
         return num_workers
 
     def shutdown(self) -> None:
@@ -176,6 +204,9 @@ class RayWorker:
         self._reporter = reporter
         self._thread = threading.Thread(target=self._relay, args=(inbox,), daemon=True)
         self._thread.start()
+
+    def begin(self) -> None:
+        self._actor.begin.remote()
 
     def give(self, split: Any | None) -> None:
         self._actor.give.remote(split.to_dict() if split is not None else None)

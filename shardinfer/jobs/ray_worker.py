@@ -4,7 +4,10 @@ The actor runs the same `run_worker` as a local worker process, on a thread of i
 driver talks to it through three small methods (the actor is threaded, so they run beside
 `run`):
 
-    run()        open the job, load the engine, work until told there is no more work
+    run()        load the engine, wait for begin(), open the job, work until told there is
+                 no more work
+    begin()      the job is planned (its _job.json written): the driver starts actors before
+                 it plans, so engine loading overlaps the listing and planning of the input
     poll(t)      the events since the last poll (split requests, progress, commits), waiting
                  up to t seconds for one: the driver's reader for this actor calls it in a loop
     give(split)  the answer to a split request (None: no more work)
@@ -34,19 +37,38 @@ class SplitActor:
         self._events: queue.Queue[dict[str, Any]] = queue.Queue()
         self._answers: queue.Queue[Any] = queue.Queue()
         self._stop = threading.Event()
+        self._begun = threading.Event()
 
     def pid(self) -> int:
         return os.getpid()
 
     def run(self) -> dict[str, Any]:
+        from shardinfer.errors import Interrupted
         from shardinfer.jobs.model_cache import with_local_model
         from shardinfer.pipeline.config import JobConfig
-        from shardinfer.pipeline.job import open_job, run_worker
+        from shardinfer.pipeline.job import build_engine_marked, open_job, run_worker
+        from shardinfer.pipeline.timeline import open_timeline
 
         config = with_local_model(JobConfig.from_dict(self.config), self.model_cache_dir)
+        timeline = open_timeline(config.job.timeline_path)
+        engine = build_engine_marked(config, timeline)
+        while not self._begun.wait(timeout=0.5):
+            if self._stop.is_set():
+                raise Interrupted("stopped before the job was planned")
         job = open_job(config, plan=False)
-        result = run_worker(job, self._pulled(), self._stop, config.job.run_id, emit=self._events.put)
+        result = run_worker(
+            job,
+            self._pulled(),
+            self._stop,
+            config.job.run_id,
+            emit=self._events.put,
+            engine=engine,
+            timeline=timeline,
+        )
         return {"engine_stats": result.engine_stats}
+
+    def begin(self) -> None:
+        self._begun.set()
 
     def _pulled(self) -> Iterator[Any]:
         from shardinfer.splits import Split

@@ -46,7 +46,7 @@ from shardinfer.pipeline.output_ids import (
 from shardinfer.pipeline.rows import RowPreparer
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
-from shardinfer.pipeline.timeline import open_timeline
+from shardinfer.pipeline.timeline import Timeline, open_timeline
 from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records, plan_to_records
 from shardinfer.testing.faults import crash_point
 
@@ -464,6 +464,17 @@ def splits_in_flight(config: JobConfig, samples_per_row: int) -> int:
     return max(2, -(-job.max_inflight_requests // per_split) + 1)
 
 
+def build_engine_marked(cfg: JobConfig, timeline: Timeline | None) -> Engine:
+    """build_engine, with the build's start and end (and the engine's start-up phases) marked on
+    the job's timeline when it keeps one."""
+    if timeline is not None:
+        timeline.mark("engine_build_start")
+    engine = build_engine(cfg)
+    if timeline is not None:
+        timeline.mark("engine_ready", phases=dict(getattr(engine, "startup_phases", {}) or {}))
+    return engine
+
+
 def run_worker(
     job: OpenedJob,
     order: Iterable[Split],
@@ -471,18 +482,18 @@ def run_worker(
     run_id: str,
     emit: Callable[[dict[str, Any]], None] = lambda e: None,
     engine: Engine | None = None,
+    timeline: Timeline | None = None,
 ) -> WorkerResult:
     """Process the uncommitted splits of `order` (a list, or splits pulled from the driver's
-    scheduler) with one engine; raises Interrupted on stop."""
+    scheduler) with one engine (built here unless given, with the timeline its build was marked
+    on); raises Interrupted on stop."""
     cfg = job.config
     if job.generation:
         job.store.use_generation(job.generation)
-    timeline = open_timeline(cfg.job.timeline_path)
-    if timeline is not None:
-        timeline.mark("engine_build_start")
-    engine = engine if engine is not None else build_engine(cfg)
-    if timeline is not None:
-        timeline.mark("engine_ready", phases=dict(getattr(engine, "startup_phases", {}) or {}))
+    if timeline is None:
+        timeline = open_timeline(cfg.job.timeline_path)
+    if engine is None:
+        engine = build_engine_marked(cfg, timeline)
     preparer: Any
     worker_class: type[SplitWorker] = SplitWorker
     if cfg.job.task == "score":
