@@ -16,6 +16,7 @@ from typing import Any
 
 from shardinfer.errors import EXIT_OK, JobError, UsageError, exit_code_for, is_credentials_error
 from shardinfer.jobs.progress import Reporter
+from shardinfer.jobs.secrets_guard import guard_job, guard_streams
 from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, parse_conf, resolve
 
 # The executor (and with it torch) is imported only once a job is about to run, so usage and
@@ -126,6 +127,7 @@ def _resolve(args: argparse.Namespace, job_file: dict[str, Any]) -> ResolvedSpec
     if getattr(args, "name", None):
         confs.append(("job.name", args.name, args.name))
     confs += [parse_conf(c) for c in args.conf]
+    guard_job({"job_file": job_file, "layers": [props, confs]})  # before an error can quote one
     return resolve(job_file, properties=props, confs=confs, run_id=getattr(args, "run_id", None))
 
 
@@ -140,19 +142,23 @@ def _requested_log_format(argv: list[str]) -> str:
 
 
 def _storage_options(text: str) -> dict[str, Any]:
+    # The text is never quoted back: it may hold a key or a secret that was not understood.
     try:
         value = json.loads(text)
     except ValueError as exc:
         raise UsageError(
-            f"--storage-options {text!r} is not JSON ({exc}); e.g. '{{\"anon\": true}}'"
+            f"--storage-options is not JSON ({type(exc).__name__} at character {getattr(exc, 'pos', '?')}); "
+            "e.g. '{\"anon\": true}'"
         ) from None
     if not isinstance(value, dict):
-        raise UsageError(f"--storage-options {text!r}: give a JSON object")
+        raise UsageError(f"--storage-options holds a JSON {type(value).__name__}: give a JSON object")
+    guard_job(value)
     return value
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    guard_streams()  # before the first reporter takes hold of stderr: nothing printed escapes it
     reporter = Reporter("-", _requested_log_format(argv))
     try:
         args = build_parser().parse_args(argv)
@@ -163,15 +169,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             from shardinfer.jobs.status import show_status
 
+            guard_job({"output": args.output})
             return show_status(args.output, _storage_options(args.storage_options), as_json=args.json)
         if args.command == "history":
             from shardinfer.jobs.status import show_history
 
+            guard_job({"output": args.output})
             return show_history(args.output, _storage_options(args.storage_options), as_json=args.json)
         if args.command == "eval":
             from shardinfer.jobs.eval_command import run_eval, settings_from_args
 
-            run_eval(settings_from_args(args), log=lambda m: reporter.info(m))
+            settings = settings_from_args(args)
+            guard_job({"output": settings.output, "storage_options": settings.storage_options})
+            run_eval(settings, log=lambda m: reporter.info(m))
             return EXIT_OK
         if args.command == "generate":
             job_file = {
@@ -182,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             job_file = load_toml(args.job_file)
         spec = _resolve(args, job_file)
+        guard_job(spec.config.to_dict())  # paths with {run_id} etc. filled in
         if args.command == "validate":
             return _validate(spec)
         reporter = Reporter(spec.config.job.run_id, args.log_format, args.verbose)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from shardinfer.errors import ConfigError
+from shardinfer.redaction import redact_url
 
 MANIFEST = ".shardinfer-model.json"
 DEFAULT_CACHE = "~/.cache/shardinfer/models"
@@ -113,7 +114,9 @@ def _copy(fs: Any, root: str, url: str, listing: dict[str, dict[str, Any]], entr
                     "the model changed while it was being copied, rerun"
                 )
             recorded[name] = {**want, "sha256": digest.hexdigest()}
-        (tmp / MANIFEST).write_text(json.dumps({"source": url, "files": recorded}, sort_keys=True))
+        (tmp / MANIFEST).write_text(
+            json.dumps({"source": redact_url(url), "files": recorded}, sort_keys=True)
+        )
         os.replace(tmp, entry)
     finally:
         if tmp.exists():

@@ -45,26 +45,31 @@ class SplitActor:
     def run(self) -> dict[str, Any]:
         from shardinfer.errors import Interrupted
         from shardinfer.jobs.model_cache import with_local_model
+        from shardinfer.jobs.secrets_guard import guard_job, redacted_error
         from shardinfer.pipeline.config import JobConfig
         from shardinfer.pipeline.job import build_engine_marked, open_job, run_worker
         from shardinfer.pipeline.timeline import open_timeline
 
-        config = with_local_model(JobConfig.from_dict(self.config), self.model_cache_dir)
-        timeline = open_timeline(config.job.timeline_path)
-        engine = build_engine_marked(config, timeline)
-        while not self._begun.wait(timeout=0.5):
-            if self._stop.is_set():
-                raise Interrupted("stopped before the job was planned")
-        job = open_job(config, plan=False)
-        result = run_worker(
-            job,
-            self._pulled(),
-            self._stop,
-            config.job.run_id,
-            emit=self._events.put,
-            engine=engine,
-            timeline=timeline,
-        )
+        guard_job(self.config)  # the actor's log files and its errors, which Ray keeps as text
+        try:
+            config = with_local_model(JobConfig.from_dict(self.config), self.model_cache_dir)
+            timeline = open_timeline(config.job.timeline_path)
+            engine = build_engine_marked(config, timeline)
+            while not self._begun.wait(timeout=0.5):
+                if self._stop.is_set():
+                    raise Interrupted("stopped before the job was planned")
+            job = open_job(config, plan=False)
+            result = run_worker(
+                job,
+                self._pulled(),
+                self._stop,
+                config.job.run_id,
+                emit=self._events.put,
+                engine=engine,
+                timeline=timeline,
+            )
+        except Exception as exc:
+            raise redacted_error(exc) from None
         return {"engine_stats": result.engine_stats}
 
     def begin(self) -> None:

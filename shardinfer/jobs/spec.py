@@ -25,6 +25,7 @@ from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import ConfigError, UsageError
 from shardinfer.pipeline.config import SCHEMA_FIELDS, TASKS, TYPED_SECTIONS, JobConfig
 from shardinfer.pipeline.row_limits import LimitError, check_limits
+from shardinfer.redaction import has_userinfo, is_credential_key, redact_url
 
 SECTIONS = ("job", "input", "model", "engine", "sampling", "output", "ray")
 _ENGINE_EXCLUDED = {"model", "device", "dtype"}  # set through [model]
@@ -99,7 +100,13 @@ def coerce(key: str, value: Any, default: Any, raw: str | None = None) -> Any:
             return value
     else:
         return value
-    raise ConfigError(f"{key}={value!r} has the wrong type: expected {want.__name__} (like {default!r})")
+    shown = "a value" if _holds_credentials(key) else repr(value)  # never quote a key or secret back
+    raise ConfigError(f"{key}={shown} has the wrong type: expected {want.__name__} (like {default!r})")
+
+
+def _holds_credentials(dotted: str) -> bool:
+    name = dotted.rsplit(".", 1)[-1]
+    return name in ("storage_options", "runtime_env") or is_credential_key(name)
 
 
 @dataclass
@@ -258,6 +265,7 @@ def validate(config: JobConfig) -> None:
     ):
         if not value:
             raise ConfigError(f"{key} is not set: add it to the job file or pass --conf {key}=...")
+        check_no_credentials_in_url(key, value)
     inp = config.input
     validate_task(config)
     if inp.prompt_column and inp.messages_column:
@@ -298,6 +306,22 @@ def validate(config: JobConfig) -> None:
         raise ConfigError(f"[sampling]: {exc}; see the per-row limits in docs/jobs.md") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[sampling]: {exc}") from None
+
+
+# Object stores take credentials only through storage options: in such a URL, `key:secret@` would
+# be read as part of the bucket name, and quoted back in every error naming the path.
+_OPTION_ONLY_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2")
+
+
+def check_no_credentials_in_url(key: str, url: str) -> None:
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in _OPTION_ONLY_SCHEMES and has_userinfo(url):
+        section = key.split(".", 1)[0]
+        raise ConfigError(
+            f"{key}={redact_url(url)!r} carries credentials before '@': {scheme}:// URLs do not take them; "
+            f"remove them from the URL and set {section}.storage_options (e.g. key and secret), or use "
+            "the environment or a profile"
+        )
 
 
 def validate_task(config: JobConfig) -> None:

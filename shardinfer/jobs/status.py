@@ -14,6 +14,7 @@ from typing import Any
 from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing
 from shardinfer.jobs.spec import ResolvedSpec
 from shardinfer.pipeline.job import OpenedJob, committed_totals, read_success_or_none
+from shardinfer.redaction import redact_config, redact_url
 
 
 def job_state(store: Any, job: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +181,7 @@ def show_history(output: str, storage_options: dict[str, Any], as_json: bool = F
 def print_dry_run(job: OpenedJob, spec: ResolvedSpec, num_workers: int, out: Any = None) -> None:
     """The resolved spec (with each value's source), the fingerprint and the split plan."""
     out = out if out is not None else sys.stdout
-    cfg = spec.config.to_dict()
+    cfg = redact_config(spec.config.to_dict())  # credentials are shown as ***
     print("# resolved job spec", file=out)
     for section, body in cfg.items():
         print(f"[{section}]", file=out)
@@ -197,7 +198,7 @@ def print_dry_run(job: OpenedJob, spec: ResolvedSpec, num_workers: int, out: Any
         print(f"# submitting would {line}", file=out)
     for s in job.splits:
         mark = " (committed)" if s.index in committed else ""
-        print(f"split {s.index}: {s.path} rows [{s.row_start}, {s.row_end}){mark}", file=out)
+        print(f"split {s.index}: {redact_url(s.path)} rows [{s.row_start}, {s.row_end}){mark}", file=out)
 
 
 def dry_run_actions(job: OpenedJob) -> list[str]:

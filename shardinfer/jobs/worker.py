@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from shardinfer.errors import EXIT_OK, exit_code_for
+from shardinfer.jobs.secrets_guard import guard_job
 from shardinfer.pipeline.config import JobConfig
 
 _stdout_lock = threading.Lock()  # the engine, preparation and writer threads all emit
@@ -58,6 +59,9 @@ def _watch_parent(stop: threading.Event, parent: int) -> None:
 
 def main() -> int:
     payload = json.loads(sys.stdin.readline())
+    # The spec arrives with its credentials (in memory, over the pipe): this process needs them to
+    # read and write, and prints nothing that carries them.
+    guard_job(payload.get("config", {}))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -23,6 +23,7 @@ from typing import Any
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.weights_identity import weight_identity
+from shardinfer.redaction import location_identity
 
 FINGERPRINT_VERSION = 2
 # Engine arguments that change numerics (and therefore tokens); scheduling knobs such as
@@ -131,7 +132,8 @@ def compute_fingerprint(
     }
     parts["sampling.defaults"] = sampling_defaults
     parts["job.seed"] = config.job.seed
-    parts["input.source"] = {"path": inp.path, "format": inp.format}
+    # Without credentials (user-info, a signature): a rotated key is not a job change.
+    parts["input.source"] = {"path": location_identity(inp.path), "format": inp.format}
     parts["input.rows"] = {
         "query": inp.query,
         "id_column": inp.id_column,

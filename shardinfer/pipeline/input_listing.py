@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from shardinfer.redaction import location_identity, redact_url
 from shardinfer.storage import RetryPolicy, filesystem, with_retries
 
 _RETRY = RetryPolicy()
@@ -29,13 +30,20 @@ def file_version(info: dict[str, Any]) -> str:
 
 
 def snapshot(files: list[str], storage_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """[{path, size, version}] for the given input URLs, in their order."""
+    """[{path, size, version}] for the given input URLs, in their order. Each path is stored in its
+    identity form (redaction.location_identity): without credentials, which a rotation changes."""
     out = []
     for url in files:
         fs, path = filesystem(url, storage_options)
         fs.invalidate_cache(path)
-        info: dict[str, Any] = with_retries(_RETRY, f"stat {url}", partial(fs.info, path))
-        out.append({"path": url, "size": int(info.get("size") or 0), "version": file_version(info)})
+        info: dict[str, Any] = with_retries(_RETRY, f"stat {redact_url(url)}", partial(fs.info, path))
+        out.append(
+            {
+                "path": location_identity(url),
+                "size": int(info.get("size") or 0),
+                "version": file_version(info),
+            }
+        )
     return out
 
 

@@ -47,6 +47,7 @@ from shardinfer.pipeline.rows import RowPreparer
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
 from shardinfer.pipeline.timeline import Timeline, open_timeline
+from shardinfer.redaction import location_identity, redact_config, with_credentials_of
 from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records, plan_to_records
 from shardinfer.testing.faults import crash_point
 
@@ -188,7 +189,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
                 "the input, write to a new output path, pass --conf job.start_over=true to redo the "
                 "job, or --conf job.incremental=true to add new files as new splits"
             )
-        stored = plan_from_records(existing["splits"])
+        stored = usable_plan(plan_from_records(existing["splits"]), config)
         store.use_generation(str(existing["generation"]))
         job = OpenedJob(
             config, spec, sampling, fingerprint, store, stored, "resume", None, store.committed_indexes()
@@ -303,7 +304,9 @@ def extend_plan_incrementally(job: OpenedJob, existing: dict[str, Any], diff: Li
     old_schema = job.input_schema
     next_file = max(s.file_index for s in job.splits) + 1
     new: list[Split] = []
-    for offset, url in enumerate(diff.added):
+    # The listing is stored without credentials: the configured input.path's are put back.
+    added = [with_credentials_of(url, job.config.input.path) for url in diff.added]
+    for offset, url in enumerate(added):
         spec = dataclasses.replace(job.input_spec, path=url)
         if not read_schema(spec, url).remove_metadata().equals(old_schema.remove_metadata()):
             raise ConfigError(
@@ -312,15 +315,31 @@ def extend_plan_incrementally(job: OpenedJob, existing: dict[str, Any], diff: Li
             )
         for split in plan_splits(spec, job.config.job.split_rows):
             new.append(Split(len(job.splits) + len(new), next_file + offset, url, *_range(split)))
-    listing = existing.get("input_listing", []) + snapshot(diff.added, dict(job.config.input.storage_options))
+    listing = existing.get("input_listing", []) + snapshot(added, dict(job.config.input.storage_options))
     job.splits = job.splits + new
     job.extended_record = {
         **existing,
-        "splits": plan_to_records(job.splits),
+        "splits": plan_to_records(stored_plan(job.splits)),
         "total_input_rows": sum(s.num_rows for s in job.splits),
         "input_listing": listing,
     }
     return list(diff.added)
+
+
+def stored_plan(splits: list[Split]) -> list[Split]:
+    """The split plan as `_job.json` stores it: each path in its identity form, without
+    credentials (a rotated password or a presigned URL signed again names the same file)."""
+    import dataclasses
+
+    return [dataclasses.replace(s, path=location_identity(s.path)) for s in splits]
+
+
+def usable_plan(splits: list[Split], config: JobConfig) -> list[Split]:
+    """A stored split plan with the credentials of the configured `input.path` put back, so the
+    readers can open its files (they live in memory only, never in `_job.json`)."""
+    import dataclasses
+
+    return [dataclasses.replace(s, path=with_credentials_of(s.path, config.input.path)) for s in splits]
 
 
 def _range(split: Any) -> tuple[int, int, int | None]:
@@ -383,12 +402,12 @@ def write_plan(job: OpenedJob, run_id: str) -> None:
         return
     from shardinfer.writers.job_file import make_job_record
 
-    config = job.config.to_dict()
+    config = redact_config(job.config.to_dict())  # credentials are never written to the output
     config["job"]["run_id"] = ""  # a run id names one attempt, not the job
     record = make_job_record(
         run_id,
         job.fingerprint,
-        job.splits,
+        stored_plan(job.splits),
         {"job_format_version": JOB_FORMAT_VERSION, "config": config, "input_listing": job.input_listing},
     )
     if job.config.job.start_over and output_exists(job.config):
@@ -402,7 +421,7 @@ def write_plan(job: OpenedJob, run_id: str) -> None:
             f"{job.config.output.path} was just planned by another job with another fingerprint "
             f"(changed: {_changes(in_force.get('fingerprint', {}), job.fingerprint)}); write to a new output path"
         )
-    job.splits = plan_from_records(in_force["splits"])
+    job.splits = usable_plan(plan_from_records(in_force["splits"]), job.config)
     job.generation = str(in_force["generation"])
     job.store.use_generation(job.generation)
     if in_force is not record:

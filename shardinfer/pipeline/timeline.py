@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from shardinfer.redaction import redact_text
+
 TOKEN_MARK_S = 0.1
 
 
@@ -121,7 +123,7 @@ class Timeline:
 
     def close(self) -> None:
         """Append every mark to the file (after the writer's last commit)."""
-        text = "".join(json.dumps(line, default=str) + "\n" for line in self._lines)
+        text = redact_text("".join(json.dumps(line, default=str) + "\n" for line in self._lines))
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(text)
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from shardinfer.errors import CorruptOutputError
+from shardinfer.redaction import redact_strings, redact_text
 from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION, SCHEMA_VERSION_KEY, base_fields_of
 
 _ATTEMPT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -75,10 +76,15 @@ def check_base_columns(table: pa.Table) -> None:
 
 
 def encode_part(table: pa.Table, split_name: str, attempt: str, metadata: dict[str, str]) -> bytes:
-    """The Parquet bytes of one part, with the job's key-value metadata and our own keys."""
+    """The Parquet bytes of one part, with the job's key-value metadata and our own keys.
+
+    The metadata and the error messages are ours, and may quote a URL or a library's message:
+    they are redacted here (redaction.redact_text); model output and passthrough columns are data.
+    """
     check_base_columns(table)
+    table = _redacted_error_messages(table)
     kv = dict(table.schema.metadata or {})
-    kv.update({k.encode(): str(v).encode() for k, v in metadata.items()})
+    kv.update({k.encode(): redact_text(str(v)).encode() for k, v in metadata.items()})
     kv[SCHEMA_VERSION_KEY] = str(OUTPUT_SCHEMA_VERSION).encode()
     kv[b"shardinfer.split"] = split_name.encode()
     kv[b"shardinfer.attempt"] = attempt.encode()
@@ -93,8 +99,24 @@ def encode_part(table: pa.Table, split_name: str, attempt: str, metadata: dict[s
     return buffer.getvalue()
 
 
+def _redacted_error_messages(table: pa.Table) -> pa.Table:
+    index = table.schema.get_field_index("error_message")
+    if index < 0:
+        return table
+    column = table.column(index)
+    if column.null_count == len(column):
+        return table
+    messages = column.to_pylist()
+    redacted = [redact_text(m) if m else m for m in messages]
+    if redacted == messages:
+        return table
+    return table.set_column(index, table.schema.field(index), pa.array(redacted, pa.string()))
+
+
 def json_bytes(value: dict[str, Any]) -> bytes:
-    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()
+    """A JSON record of the output location (`_job.json`, markers, `_SUCCESS`, run records), every
+    string in it redacted: an error reason or a URL never carries a credential into the output."""
+    return (json.dumps(redact_strings(value), indent=1, sort_keys=True) + "\n").encode()
 
 
 def parse_json(data: bytes, url: str) -> dict[str, Any]:

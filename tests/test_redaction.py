@@ -1,0 +1,165 @@
+"""redaction.py: what is hidden, what is kept, and the way back from a stored location."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+
+from shardinfer.errors import EXIT_CONFIG, ConfigError
+from shardinfer.jobs.secrets_guard import RedactedError, RedactingStream, redacted_error
+from shardinfer.redaction import (
+    is_credential_key,
+    location_identity,
+    redact_config,
+    redact_options,
+    redact_text,
+    redact_url,
+    remember_secrets,
+    secrets_in,
+    with_credentials_of,
+)
+
+
+def test_credential_keys() -> None:
+    secret = [
+        "key",
+        "secret",
+        "token",
+        "password",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "AWS_SECRET_ACCESS_KEY",
+        "account_key",
+        "AccountKey",
+        "sas_token",
+        "connection_string",
+        "client_secret",
+        "X-Amz-Signature",
+        "X-Amz-Credential",
+        "X-Amz-Security-Token",
+        "X-Goog-Signature",
+        "AWSAccessKeyId",
+        "sig",
+        "Authorization",
+        "apiKey",
+        "HF_TOKEN",
+    ]
+    public = [
+        "endpoint_url",
+        "anon",
+        "region_name",
+        "profile",
+        "requester_pays",
+        "use_ssl",
+        "keyword",
+        "max_tokens",
+        "prompt_tokens",
+        "tokenizer.sha256",
+        "X-Amz-Date",
+        "version_aware",
+    ]
+    assert [k for k in secret if not is_credential_key(k)] == []
+    assert [k for k in public if is_credential_key(k)] == []
+
+
+def test_redact_url_hides_user_info_and_signatures_only() -> None:
+    assert redact_url("https://bob:hunter22@example.com:8443/a/b.jsonl?x=1&sig=abcd") == (
+        "https://***@example.com:8443/a/b.jsonl?x=1&sig=***"
+    )
+    assert redact_url("s3://bucket/key.parquet") == "s3://bucket/key.parquet"
+    assert redact_url("/local/path@odd") == "/local/path@odd"
+    presigned = "https://b.s3.amazonaws.com/f.parquet?X-Amz-Date=20261201T000000Z&X-Amz-Signature=deadbeef99"
+    assert redact_url(presigned) == (
+        "https://b.s3.amazonaws.com/f.parquet?X-Amz-Date=20261201T000000Z&X-Amz-Signature=***"
+    )
+
+
+def test_location_identity_is_the_same_after_rotation() -> None:
+    first = "https://u:old-pass@h.example/d/f.parquet?versionId=7&X-Amz-Date=1&X-Amz-Signature=aa11"
+    second = "https://u:new-pass@h.example/d/f.parquet?versionId=7&X-Amz-Date=2&X-Amz-Signature=bb22"
+    assert (
+        location_identity(first) == location_identity(second) == "https://h.example/d/f.parquet?versionId=7"
+    )
+    assert location_identity("s3://bucket/a.parquet") == "s3://bucket/a.parquet"
+    # Azure SAS fields go only with a signature; without one `se` is an ordinary parameter.
+    assert location_identity("https://h/f?se=2026&sp=r&sig=zz99") == "https://h/f"
+    assert location_identity("https://h/f?se=2026") == "https://h/f?se=2026"
+
+
+def test_credentials_come_back_only_from_the_configured_input() -> None:
+    source = "https://bob:pw12@example.com/data/"
+    assert with_credentials_of("https://example.com/data/a.jsonl", source) == (
+        "https://bob:pw12@example.com/data/a.jsonl"
+    )
+    assert with_credentials_of("https://other.com/a.jsonl", source) == "https://other.com/a.jsonl"
+    presigned = "https://h/f.parquet?X-Amz-Signature=aa11&X-Amz-Date=1"
+    assert with_credentials_of(location_identity(presigned), presigned) == presigned
+    assert with_credentials_of("/tmp/x.parquet", "/tmp/x.parquet") == "/tmp/x.parquet"
+
+
+def test_redact_options_and_config_leave_the_originals() -> None:
+    options = {"key": "AKIA1", "secret": "s", "token": None, "client_kwargs": {"endpoint_url": "http://h:9"}}
+    assert redact_options(options) == {
+        "key": "***",
+        "secret": "***",
+        "token": None,
+        "client_kwargs": {"endpoint_url": "http://h:9"},
+    }
+    config = {
+        "input": {"path": "http://u:pw12@h/x", "storage_options": options},
+        "sampling": {"stop_token_ids": [7, 8]},  # a credential-looking name outside storage options
+        "ray": {"runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "abcd1234"}}},
+    }
+    assert redact_config(config) == {
+        "input": {"path": "http://***@h/x", "storage_options": redact_options(options)},
+        "sampling": {"stop_token_ids": [7, 8]},
+        "ray": {"runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "***"}}},
+    }
+    assert options["key"] == "AKIA1"  # a copy: the job still needs the originals
+
+
+def test_secrets_found_in_a_spec() -> None:
+    config = {
+        "input": {
+            "path": "https://canary:pass%2Fword@h/x?sig=sig-5555",
+            "storage_options": {"secret": "shh-1234"},
+        },
+        "output": {"storage_options": {"client_kwargs": {"aws_session_token": "tok-5678"}, "key": "abc"}},
+    }
+    assert secrets_in(config) == {
+        "canary",
+        "pass%2Fword",
+        "pass/word",
+        "canary:pass%2Fword",
+        "sig-5555",
+        "shh-1234",
+        "tok-5678",
+    }  # "abc" is too short to scrub from free text (it is still redacted by name)
+
+
+def test_redact_text_scrubs_urls_and_remembered_secrets() -> None:
+    remember_secrets({"storage_options": {"secret": 'remembered-"quoted"-9'}})
+    text = "GET https://user:pw99@host/a?x=1&X-Amz-Signature=ffee&token=t0k3n failed"
+    assert redact_text(text) == "GET https://***@host/a?x=1&X-Amz-Signature=***&token=*** failed"
+    assert redact_text('error: remembered-"quoted"-9') == "error: ***"
+    as_json = json.dumps({"reason": 'remembered-"quoted"-9 denied'})
+    assert "remembered" not in redact_text(as_json)
+    assert redact_text("job.seed=3; sampling.max_tokens=5") == "job.seed=3; sampling.max_tokens=5"
+
+
+def test_streams_and_errors_crossing_a_process_are_redacted() -> None:
+    remember_secrets({"key": "stream-secret-77"})
+    sink = io.StringIO()
+    stream = RedactingStream(sink)
+    stream.write("a stream-secret-77 b\n")
+    stream.flush()
+    assert sink.getvalue() == "a *** b\n"
+    error = redacted_error(ConfigError("cannot open http://u:stream-secret-77@h/x"))
+    assert error.exit_code == EXIT_CONFIG
+    assert "stream-secret-77" not in str(error)
+    # Rebuilt from __reduce__, as Ray rebuilds an actor's error on the driver.
+    rebuilt = copy.deepcopy(error)
+    assert isinstance(rebuilt, RedactedError) and rebuilt.exit_code == EXIT_CONFIG
+    assert str(rebuilt) == str(error)
