@@ -13,6 +13,7 @@ or RAY_ADDRESS when they are http(s) URLs, else from the head named by `--master
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import signal
 import sys
@@ -24,7 +25,8 @@ from typing import Any
 
 from shardinfer.errors import EXIT_FAILURE, EXIT_OK, EXIT_RETRYABLE, Retryable, UsageError
 from shardinfer.jobs.progress import Reporter
-from shardinfer.jobs.spec import ResolvedSpec
+from shardinfer.jobs.spec import ResolvedSpec, holds_credentials, load_properties, parse_conf
+from shardinfer.redaction import redact_strings
 
 DASHBOARD_PORT = 8265
 POLL_S = 1.0
@@ -60,6 +62,42 @@ def driver_command(args: argparse.Namespace, job_name: str, props_name: str | No
     return [*cmd, job_name]
 
 
+def split_credential_confs(confs: list[str]) -> tuple[list[str], list[str]]:
+    """(--conf entries without credentials, those with): a storage_options value, a
+    credential-named key, or a URL carrying user-info or a signature."""
+    public: list[str] = []
+    secret: list[str] = []
+    for conf in confs:
+        key, value, _ = parse_conf(conf)
+        (secret if holds_credentials(key) or redact_strings(value) != value else public).append(conf)
+    return public, secret
+
+
+def properties_text(user_file: str | None, confs: list[str]) -> str:
+    """A properties file holding the user's properties file (if any) and then `confs`, which
+    come later and so take precedence over it, as --conf entries do."""
+    lines = (
+        [f"{key}={_toml_literal(value)}" for key, value, _ in load_properties(user_file)] if user_file else []
+    )
+    lines += [f"{key}={_toml_literal(value)}" for key, value, _ in map(parse_conf, confs)]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_literal(value: Any) -> str:
+    """`value` (as `spec.parse_value` reads it) written so that `parse_value` reads it back."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    return str(value)  # a TOML date or time
+
+
 def submit_to_cluster(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) -> int:
     import os
     import shlex
@@ -82,11 +120,18 @@ def submit_to_cluster(args: argparse.Namespace, spec: ResolvedSpec, reporter: Re
         job_name = "job.toml"
         shutil.copy(args.job_file, workdir / job_name)
         props = None
-        if args.properties_file:
+        public, secret = split_credential_confs(args.conf)
+        if secret:
+            # The entrypoint is kept and shown by the cluster (`ray job list`, the dashboard): the
+            # --conf entries holding credentials travel in the working directory, as the job file does.
+            props = "job.properties"
+            (workdir / props).write_text(properties_text(args.properties_file, secret))
+        elif args.properties_file:
             props = "job.properties" + Path(args.properties_file).suffix
             shutil.copy(args.properties_file, workdir / props)
         runtime_env: dict[str, Any] = {"working_dir": str(workdir), **spec.config.ray.runtime_env}
-        entrypoint = shlex.join(driver_command(args, job_name, props))
+        command_args = argparse.Namespace(**{**vars(args), "conf": public})
+        entrypoint = shlex.join(driver_command(command_args, job_name, props))
         submission = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -100,11 +100,12 @@ def coerce(key: str, value: Any, default: Any, raw: str | None = None) -> Any:
             return value
     else:
         return value
-    shown = "a value" if _holds_credentials(key) else repr(value)  # never quote a key or secret back
+    shown = "a value" if holds_credentials(key) else repr(value)  # never quote a key or secret back
     raise ConfigError(f"{key}={shown} has the wrong type: expected {want.__name__} (like {default!r})")
 
 
-def _holds_credentials(dotted: str) -> bool:
+def holds_credentials(dotted: str) -> bool:
+    """Whether the value of this key (e.g. input.storage_options) may hold a key or a secret."""
     name = dotted.rsplit(".", 1)[-1]
     return name in ("storage_options", "runtime_env") or is_credential_key(name)
 

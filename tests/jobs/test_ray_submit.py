@@ -6,13 +6,21 @@ import argparse
 import io
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shardinfer.errors import UsageError
 from shardinfer.jobs.progress import Reporter
-from shardinfer.jobs.ray_submit import driver_command, follow, jobs_api_address
+from shardinfer.jobs.ray_submit import (
+    driver_command,
+    follow,
+    jobs_api_address,
+    properties_text,
+    split_credential_confs,
+)
+from shardinfer.jobs.spec import load_properties
 
 
 def test_jobs_api_address_precedence() -> None:
@@ -32,6 +40,34 @@ def test_driver_command_reissues_the_submit_in_client_mode() -> None:
         "--log-format", "json", "--run-id", "r-7", "--verbose", "--properties-file", "job.properties",
         "--conf", "sampling.temperature=0.5", "job.toml",
     ]  # fmt: skip
+
+
+def test_credential_confs_travel_in_a_properties_file_not_on_the_command_line(tmp_path: Path) -> None:
+    confs = [
+        "sampling.temperature=0.5",
+        'input.storage_options={key = "AKIA9", secret = "s3cr3t-9", client_kwargs = {endpoint_url = "http://h:9"}}',
+        "input.path=https://u:pw@host/data.jsonl",
+        "output.path=s3://bucket/out",
+    ]
+    public, secret = split_credential_confs(confs)
+    assert public == ["sampling.temperature=0.5", "output.path=s3://bucket/out"]
+    assert secret == confs[1:3]
+    user_file = tmp_path / "user.properties"
+    user_file.write_text("job.seed 3\ninput.path=/old/path\n")
+    written = tmp_path / "job.properties"
+    written.write_text(properties_text(str(user_file), secret))
+    values = {}
+    for key, value, _ in load_properties(written):
+        values[key] = value  # later lines win, as resolve() applies them
+    assert values == {
+        "job.seed": 3,
+        "input.path": "https://u:pw@host/data.jsonl",  # the --conf entry over the user's file
+        "input.storage_options": {
+            "key": "AKIA9",
+            "secret": "s3cr3t-9",
+            "client_kwargs": {"endpoint_url": "http://h:9"},
+        },
+    }
 
 
 class _Status(StrEnum):
