@@ -53,6 +53,8 @@ _SECRET_WORDS = {
 # change whenever the URL is signed again, so the job's identity leaves them out too.
 _SIGNING_PREFIXES = ("x-amz-", "x-goog-")
 _SIGNING_NAMES = {"expires", "key-pair-id", "policy", "se", "st", "sv", "sp", "sr", "spr", "ss", "srt", "si"}
+# Azure's URLs name `container@account` before the host: there `@` does not end credentials.
+_CONTAINER_AT_ACCOUNT = {"abfs", "abfss", "az", "adl", "wasb", "wasbs"}
 _MIN_SECRET_LEN = 4  # shorter values would blank out ordinary words of every message
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s@?#'\"<>]+)@")
@@ -84,14 +86,21 @@ def _split(url: str) -> Any:
         return None
 
 
+def _userinfo(parts: Any) -> tuple[str, str] | None:
+    """(user-info, the rest of the netloc) of a split URL, None when it carries none."""
+    if "@" not in parts.netloc or parts.scheme.lower() in _CONTAINER_AT_ACCOUNT:
+        return None
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    return userinfo, host
+
+
 def redact_url(url: str) -> str:
     """`url` with its user-info and credential query parameters replaced by `***`."""
     parts = _split(url)
     if parts is None:
         return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
+    found = _userinfo(parts)
+    netloc = f"{REDACTED}@{found[1]}" if found else parts.netloc
     query = parts.query
     pairs = parse_qsl(query, keep_blank_values=True)
     if any(is_credential_key(k) for k, _ in pairs):
@@ -107,7 +116,8 @@ def location_identity(url: str) -> str:
     parts = _split(url)
     if parts is None:
         return url
-    netloc = parts.netloc.rsplit("@", 1)[-1]
+    found = _userinfo(parts)
+    netloc = found[1] if found else parts.netloc
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     signed = any(is_credential_key(k) for k, _ in pairs)
     kept = [(k, v) for k, v in pairs if not _is_signing_param(k, signed)]
@@ -124,17 +134,18 @@ def with_credentials_of(url: str, source: str) -> str:
     if location_identity(source) == location_identity(url):
         return source
     parts, src = _split(url), _split(source)
-    if parts is None or src is None or "@" not in src.netloc or "@" in parts.netloc:
+    if parts is None or src is None or _userinfo(parts) is not None:
         return url
-    userinfo, host = src.netloc.rsplit("@", 1)
-    if parts.scheme != src.scheme or parts.netloc != host:
+    credentials = _userinfo(src)
+    if credentials is None or parts.scheme != src.scheme or parts.netloc != credentials[1]:
         return url
-    return urlunsplit((parts.scheme, f"{userinfo}@{host}", parts.path, parts.query, parts.fragment))
+    netloc = f"{credentials[0]}@{credentials[1]}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def has_userinfo(url: str) -> bool:
     parts = _split(url)
-    return parts is not None and "@" in parts.netloc
+    return parts is not None and _userinfo(parts) is not None
 
 
 def redact_options(value: Any) -> Any:
@@ -208,8 +219,8 @@ def _url_secrets(text: str) -> set[str]:
     if parts is None:
         return set()
     found: set[str] = set()
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rsplit("@", 1)[0]
+    if (pair := _userinfo(parts)) is not None:
+        userinfo = pair[0]
         found.add(userinfo)
         found |= {p for piece in userinfo.split(":", 1) for p in (piece, unquote(piece))}
     try:
@@ -254,6 +265,8 @@ def remember_secrets(value: Any) -> None:
 
 
 def _userinfo_out(match: re.Match[str]) -> str:
+    if match.group("scheme")[:-3].lower() in _CONTAINER_AT_ACCOUNT:
+        return match.group(0)
     return f"{match.group('scheme')}{REDACTED}@"
 
 

@@ -70,6 +70,8 @@ def test_redact_url_hides_user_info_and_signatures_only() -> None:
     )
     assert redact_url("s3://bucket/key.parquet") == "s3://bucket/key.parquet"
     assert redact_url("/local/path@odd") == "/local/path@odd"
+    azure = "abfs://container@account.dfs.core.windows.net/data/x.parquet"  # a container, not a user
+    assert redact_url(azure) == location_identity(azure) == redact_text(azure) == azure
     presigned = "https://b.s3.amazonaws.com/f.parquet?X-Amz-Date=20261201T000000Z&X-Amz-Signature=deadbeef99"
     assert redact_url(presigned) == (
         "https://b.s3.amazonaws.com/f.parquet?X-Amz-Date=20261201T000000Z&X-Amz-Signature=***"

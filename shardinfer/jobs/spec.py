@@ -309,9 +309,9 @@ def validate(config: JobConfig) -> None:
         raise ConfigError(f"[sampling]: {exc}") from None
 
 
-# Object stores take credentials only through storage options: in such a URL, `key:secret@` would
+# These object stores take credentials only through storage options: in such a URL, `key:secret@` would
 # be read as part of the bucket name, and quoted back in every error naming the path.
-_OPTION_ONLY_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "r2")
+_OPTION_ONLY_SCHEMES = ("s3", "s3a", "gs", "gcs", "oci", "r2")
 
 
 def check_no_credentials_in_url(key: str, url: str) -> None:
