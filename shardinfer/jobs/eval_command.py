@@ -167,6 +167,7 @@ def commit_results(
 
     from shardinfer.jobs.eval_dump import sample_rows, to_json
     from shardinfer.pipeline.runner import attempt_id
+    from shardinfer.redaction import redact_text
     from shardinfer.splits import Split
     from shardinfer.storage import put_bytes
     from shardinfer.writers.job_file import make_job_record
@@ -179,7 +180,8 @@ def commit_results(
     splits = [Split(i, i, task, 0, len(rows[task])) for i, task in enumerate(tasks)]
     if store.read_job() is None:
         store.write_job(make_job_record(settings.run_id, fp, splits, {"eval_tasks": tasks}))
-    put_bytes(store.fs, f"{store.root}/{RESULTS_FILE}", (to_json(results) + "\n").encode())
+    text = redact_text(to_json(results))  # the harness's config may quote a URL or an option
+    put_bytes(store.fs, f"{store.root}/{RESULTS_FILE}", (text + "\n").encode())
     committed = store.committed_indexes()
     schema = eval_samples_schema()
     for split in splits:
