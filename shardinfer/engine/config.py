@@ -14,6 +14,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
           "float": torch.float32}
 
 INDEPENDENT_MATCHERS_MIN_CPUS = 4
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def usable_cpus() -> int:
@@ -31,6 +32,10 @@ class EngineConfig:
     dtype: str = "auto"  # "auto" = bfloat16 on cuda, float32 on cpu
     batch_invariant: bool = True
     enable_prefix_caching: bool = True
+    # Weights: None follows the checkpoint (FP8 checkpoints stay FP8), "fp8" quantises a float
+    # checkpoint at load, "none" dequantises FP8 ones (engine/models/fp8.py).
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8": e4m3 with scales (engine/kv_cache.py)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
@@ -53,6 +58,12 @@ class EngineConfig:
             raise ValueError(f"device={self.device!r}: use 'cpu', 'cuda', 'cuda:N' or 'auto'")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {sorted(DTYPES)} or 'auto'")
+        if self.quantization not in (None, "fp8", "none"):
+            raise ValueError(f"quantization={self.quantization!r} is not supported; use 'fp8' (block-scaled FP8 "
+                             "weights), 'none' (dequantise FP8 checkpoints) or leave it unset (follow the checkpoint)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; use one of "
+                             f"{list(KV_CACHE_DTYPES)}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size={self.block_size}: must be a power of two")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -25,6 +25,7 @@ from shardinfer.engine.heap import collect_dropped
 from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
+from shardinfer.engine.models.fp8 import resolve_quantization
 from shardinfer.engine.models.registry import load_model
 from shardinfer.engine.request import Request
 from shardinfer.engine.scheduler import ScheduledBatch
@@ -113,7 +114,7 @@ class ModelRunner:
             # loads weights and sizes its KV cache from the free memory (heap.py).
             collect_dropped()
             torch.cuda.empty_cache()
-        self.numerics = Numerics(self.dtype, cfg.batch_invariant)
+        self.numerics = Numerics(self.dtype, cfg.batch_invariant, resolve_quantization(cfg.quantization, model_config.hf))
         self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
         specs = self.model.kv_cache_specs()
         if cfg.speculative_mtp:

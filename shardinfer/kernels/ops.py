@@ -14,7 +14,8 @@ import torch
 from shardinfer.kernels import reference
 from shardinfer.kernels.reference import bmm_rows
 
-__all__ = ["bmm_rows", "fused_add_rms_norm", "grouped_topk", "heads_matmul", "linear", "mla_absorb_query",
+__all__ = ["bmm_rows", "fused_add_rms_norm", "grouped_topk", "heads_matmul", "linear", "linear_fp8",
+           "mla_absorb_query",
            "mla_paged_attention", "mla_project_value", "moe_experts", "paged_attention", "rms_norm",
            "rope_interleaved", "rope_neox", "sample", "sample_with_logprobs", "silu_and_mul", "store_kv",
            "triton_available", "warm_up_matmuls"]
@@ -46,6 +47,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         flat = x.reshape(-1, x.shape[-1])
         return linear_batch_invariant(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return reference.linear(x, weight, bias, batch_invariant)
+
+
+def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+               bias: torch.Tensor | None = None, batch_invariant: bool = True) -> torch.Tensor:
+    """reference_fp8.linear_fp8 (x [..., K] quantised per 1x128 group, weight [N, K] float8_e4m3fn
+    with 128x128 block scales). On CUDA the Triton FP8 GEMM (kernels/fp8_matmul.py), batch
+    invariant whatever `batch_invariant` says; elsewhere dequantise-then-matmul in float32.
+    """
+    if _use_triton(x):
+        from shardinfer.kernels import fp8_matmul
+        flat = x.reshape(-1, x.shape[-1])
+        return fp8_matmul.linear_fp8(flat, weight, weight_scale_inv, bias).view(*x.shape[:-1], weight.shape[0])
+    from shardinfer.kernels import reference_fp8
+    return reference_fp8.linear_fp8(x, weight, weight_scale_inv, bias, batch_invariant)
 
 
 def warm_up_matmuls(weights: list[torch.Tensor]) -> int:

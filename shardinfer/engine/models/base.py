@@ -23,6 +23,8 @@ class Numerics:
 
     dtype: torch.dtype
     batch_invariant: bool = True
+    # "fp8": linear layers hold block-scaled FP8 weights (engine/models/fp8.py); None: dtype.
+    quantization: str | None = None
 
 
 @dataclass(frozen=True)

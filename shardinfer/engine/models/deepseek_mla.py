@@ -80,7 +80,8 @@ class DeepseekMLA(nn.Module):
             self.q_b_proj = Linear(d.q_lora_rank, heads * d.qk_head_dim, False, numerics)
         self.kv_a_proj_with_mqa = Linear(hidden, d.kv_lora_rank + d.qk_rope_head_dim, bias, numerics)
         self.kv_a_layernorm = RMSNorm(d.kv_lora_rank, LATENT_NORM_EPS, numerics)
-        self.kv_b_proj = Linear(d.kv_lora_rank, heads * (d.qk_nope_head_dim + d.v_head_dim), False, numerics)
+        self.kv_b_proj = Linear(d.kv_lora_rank, heads * (d.qk_nope_head_dim + d.v_head_dim), False, numerics,
+                                quantizable=False)  # absorbed into the query and output in float
         self.o_proj = Linear(heads * d.v_head_dim, hidden, bias, numerics)
         self.scale = mla_softmax_scale(d.qk_head_dim, config.rope_scaling)
         # Absorbed views of kv_b_proj, rebuilt by absorb_weights() after loading.

@@ -3,7 +3,7 @@
 Multi-head latent attention over a latent paged cache (deepseek_mla.py), sigmoid group-limited
 MoE with shared experts after `first_k_dense_replace` dense layers (deepseek_moe.py), the optional
 multi-token-prediction layers as a draft model (deepseek_mtp.py), and FP8 block-scaled
-checkpoints dequantised at load (fp8.py). DeepSeek-V2 is the same network with softmax routing
+checkpoints, kept in FP8 or dequantised at load (fp8.py). DeepSeek-V2 is the same network with softmax routing
 (plain or group-limited by each group's best expert) and no MTP layer. Checkpoint names are Hugging Face's; routed experts
 may be stored one tensor per expert (the released checkpoints) or stacked
 (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]).
@@ -24,8 +24,8 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.deepseek_block import DeepseekDecoderLayer
 from shardinfer.engine.models.deepseek_mla import DeepseekMLA, MLADims
 from shardinfer.engine.models.deepseek_mtp import MTPLayer
-from shardinfer.engine.models.fp8 import dequantize_checkpoint, fp8_block_size
-from shardinfer.engine.models.layers import Linear, RMSNorm, copy_param
+from shardinfer.engine.models.fp8 import WeightLoader, dequantize_block_fp8, fp8_block_size, pair_fp8_weights
+from shardinfer.engine.models.layers import Linear, RMSNorm
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
 
@@ -34,6 +34,7 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 # Parts of an MTP layer that live outside its decoder block.
 _MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.")
+_MTP_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
 
 
 class DeepseekV3Model(nn.Module):
@@ -65,7 +66,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.rope = RopeTable(self.dims.qk_rope_head_dim, config.rope_theta, config.rope_scaling, max_positions,
                               config.max_position_embeddings)
         self.model = DeepseekV3Model(config, numerics, self.rope)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics, quantizable=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = cast(nn.Parameter, self.model.embed_tokens.weight)
         n_mtp = int(hf.get("num_nextn_predict_layers") or 0)
@@ -140,7 +141,8 @@ class DeepseekV3ForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         filled = {name: torch.zeros(p.shape[:-1], dtype=torch.bool) for name, p in params.items()}
         unexpected: list[str] = []
-        for name, tensor in dequantize_checkpoint(weights, self.fp8_block, self.numerics.dtype):
+        loader = WeightLoader(params, self.fp8_block, self.numerics.dtype)
+        for name, tensor, scale in pair_fp8_weights(weights, self.fp8_block):
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
             if self.config.tie_word_embeddings and name == "lm_head.weight":
@@ -149,14 +151,18 @@ class DeepseekV3ForCausalLM(nn.Module):
             if target is None:
                 unexpected.append(name)
                 continue
+            if scale is not None and self.fp8_block is not None and target.endswith(_MTP_COPIES):
+                tensor = dequantize_block_fp8(tensor, scale, self.fp8_block, self.numerics.dtype, name)
             if self._load_mtp_copy(target, tensor):
                 continue
             param_name, index = self._split_target(target)
             if param_name not in params:
                 unexpected.append(name)
                 continue
-            copy_param(params[param_name], tensor, name, index)
-            filled[param_name][index[: filled[param_name].ndim]] = True
+            for filled_name, filled_index in loader.load(param_name, tensor, scale, name, index):
+                where = filled_index if isinstance(filled_index, tuple) else (filled_index,) if filled_index else ()
+                filled[filled_name][where[: filled[filled_name].ndim]] = True
+        loader.finish()
         if unexpected:
             raise CheckpointError(f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
                                   f"that {self.config.architecture} does not use: is config.json the "
@@ -195,7 +201,7 @@ class DeepseekV3ForCausalLM(nn.Module):
             layer.embed_tokens.weight.requires_grad_(False)
             layer.embed_tokens.weight.copy_(tensor)
         else:
-            layer.shared_head.head = Linear(h, v, False, self.numerics)
+            layer.shared_head.head = Linear(h, v, False, self.numerics, quantizable=False)
             layer.shared_head.head.weight.copy_(tensor)
         return True
 

@@ -3,7 +3,8 @@
 They differ only in flags: attention biases (Qwen2, Llama's attention_bias), per-head q/k RMSNorm
 before RoPE (Qwen3), a sliding attention window (Mistral, and any layer that `layer_types` marks
 "sliding_attention"), tied embeddings, and the RoPE scaling. Q/K/V and gate/up projections are
-fused into one matmul each; the loader splits checkpoint tensors into their row ranges.
+fused into one matmul each; the loader splits checkpoint tensors into their row ranges. FP8
+block-scaled checkpoints load as engine/models/fp8.py describes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from torch import nn
 from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
-from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm, copy_param
+from shardinfer.engine.models.fp8 import WeightLoader, fp8_block_size, pair_fp8_weights
+from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
 from shardinfer.kernels import ops
@@ -120,7 +122,7 @@ class DenseForCausalLM(nn.Module):
         self.layers = nn.ModuleList(
             DenseDecoderLayer(config, numerics, i, self.windows[i], self.rope) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics, quantizable=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight  # type: ignore[assignment]
 
@@ -165,7 +167,9 @@ class DenseForCausalLM(nn.Module):
             expected.discard("lm_head.weight")
         loaded: set[str] = set()
         unexpected: list[str] = []
-        for name, tensor in weights:
+        block = fp8_block_size(c.hf)
+        loader = WeightLoader(params, block, self.numerics.dtype)
+        for name, tensor, scale in pair_fp8_weights(weights, block):
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
             if c.tie_word_embeddings and name == "lm_head.weight":
@@ -179,8 +183,11 @@ class DenseForCausalLM(nn.Module):
             if target not in params:
                 unexpected.append(name)
                 continue
-            copy_param(params[target], tensor, name, rows)
+            loader.load(target, tensor, scale, name, rows)
             loaded.add(name.removeprefix("model."))
+            if loader.is_fp8(target):  # its weight_scale_inv comes with it, or is made at load
+                loaded.add(name.removeprefix("model.").removesuffix(".weight") + ".weight_scale_inv")
+        loader.finish()
         missing = sorted(expected - loaded)
         if unexpected:
             raise CheckpointError(f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "

@@ -1,0 +1,264 @@
+"""Batch-invariant FP8 linear layer: y = x @ W.T + bias with W block-scaled FP8 (128x128 blocks).
+
+    x                 [M, K] bf16/fp16/fp32    -> fp8_quant.quantize_groups -> xq [M, K] fp8, xs [M, K/128]
+    weight            [N, K] float8_e4m3fn
+    weight_scale_inv  [ceil(N/128), ceil(K/128)] float32
+    y                 [M, N] in x's dtype
+
+The GEMM walks K in steps of exactly one scale group (BLOCK_K = 128). Each step's FP8 product
+goes through the tensor cores (tl.dot on float8e4nv operands: wgmma on Hopper) into a fresh
+float32 tile, which is then scaled by the row's activation scale and the column's weight scale
+and added to the float32 accumulator. That is DeepSeek-V3's scheme: the FP8 tensor-core
+accumulation is imprecise over long K, so partial sums are promoted to CUDA-core float32 every
+128 channels, and the scales must be applied per K block anyway.
+
+Batch invariance, as in matmul.py: the tiling of an (N, K) problem is fixed without looking at M,
+the kernel is not specialised on M, and each output tile is reduced by one program in K order, so
+a row's bits do not depend on M or on which tile row it lands in. The activation quantiser is per
+row. The semantics are reference_fp8.linear_fp8's (the same quantised operands); only the float32
+summation order differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from shardinfer.kernels import fp8_quant, tuning
+from shardinfer.kernels._common import (
+    FLOAT_DTYPES,
+    check_same_device,
+    check_tensor,
+    check_tiles,
+    fail,
+    interpreting,
+    sm_count,
+)
+from shardinfer.kernels.matmul import _store_tile, _tile_coords
+from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
+from shardinfer.kernels.tuning import Tiling
+
+__all__ = ["CONFIG_OVERRIDES", "Fp8TileConfig", "linear_fp8", "linear_fp8_quantized", "tile_config"]
+
+
+@dataclass(frozen=True)
+class Fp8TileConfig:
+    """One fixed tiling (BLOCK_K is always the 128-channel scale group). Any fixed config is batch
+    invariant; they differ only in speed."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    persistent: bool = True
+    programs_per_sm: int = 1
+
+    def __post_init__(self) -> None:
+        check_tiles(self, ("block_m", "block_n"), ("num_warps", "num_stages", "group_m", "programs_per_sm"))
+        if self.block_n > GROUP:
+            raise ValueError(
+                f"Fp8TileConfig.block_n: got {self.block_n}, need <= {GROUP} "
+                "(a column tile must sit inside one weight-scale block)"
+            )
+
+
+# Measured winners per (N, K) go here (tests and tuning runs); anything absent uses the default.
+CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] = {}
+
+
+def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8TileConfig]:
+    n, _k = key
+    # Decode reads the weights once per step: narrow column tiles spread that read over more SMs
+    # when N is small; wide outputs already have enough tiles.
+    if n <= 4096:
+        return Tiling(Fp8TileConfig(64, 64, num_warps=4, num_stages=4))
+    return Tiling(Fp8TileConfig(128, 128, num_warps=8, num_stages=3))
+
+
+_CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default)
+
+
+def tile_config(n: int, k: int, m: int | None = None) -> Fp8TileConfig:
+    """The tiling an (N, K) FP8 problem runs at batch size m (None: the one for large M)."""
+    return _CHOOSER.choose((n, k), m)
+
+
+@triton.jit
+def _mma_fp8(a, b, INTERPRET: tl.constexpr):
+    """a @ b for one 128-channel step into a fresh float32 tile. Under the interpreter a broadcast
+    product summed in order (position independent, as _mma.mma explains); on the GPU tl.dot on the
+    FP8 operands (wgmma on Hopper)."""
+    if INTERPRET:
+        out = tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_linear_kernel(
+    a_ptr,
+    as_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_wn,
+    stride_ym,
+    a_groups,
+    w_groups,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    if PERSISTENT:  # noqa: SIM108 - a compile-time branch (see matmul.py)
+        step = NUM_PROGRAMS
+    else:
+        step = num_tiles
+    for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        # Rows past M and columns past N read row/column 0; their results are dropped at the store.
+        rows = tl.where(rows < M, rows, 0).to(tl.int64)
+        cols = tl.where(cols < N, cols, 0).to(tl.int64)
+        a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :]
+        w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn  # weight.T tile
+        as_ptrs = as_ptr + rows * a_groups
+        ws_ptrs = ws_ptr + (cols // BLOCK_K) * w_groups
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, k_tiles):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(w_ptrs)
+            else:  # K is fixed per layer, so this tail mask is the same for every batch size
+                k_left = K - kt * BLOCK_K
+                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+                b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+            part = _mma_fp8(a, b, INTERPRET)
+            sa = tl.load(as_ptrs + kt)
+            sb = tl.load(ws_ptrs + kt)
+            acc += part * sa[:, None] * sb[None, :]
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
+def _check(
+    x: object, weight: object, scale: object, bias: object
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    x = check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
+    weight = check_tensor("weight", weight, dtypes=(FP8_DTYPE,), ndim=2, contiguous=True)
+    scale = check_tensor("weight_scale_inv", scale, dtypes=(torch.float32,), ndim=2, contiguous=True)
+    n, k = weight.shape
+    if k != x.shape[1]:
+        raise fail(
+            "weight.shape", tuple(weight.shape), f"need [N, {x.shape[1]}]: weight's K must equal x's last dim"
+        )
+    want = (triton.cdiv(n, GROUP), triton.cdiv(k, GROUP))
+    if tuple(scale.shape) != want:
+        raise fail(
+            "weight_scale_inv.shape", tuple(scale.shape), f"need {want}: one scale per 128x128 weight block"
+        )
+    if bias is not None:
+        bias = check_tensor("bias", bias, dtypes=(x.dtype,), ndim=1, contiguous=True)
+        if bias.shape[0] != n:
+            raise fail("bias.shape", tuple(bias.shape), f"need ({n},), one value per output column")
+    check_same_device(x=x, weight=weight, weight_scale_inv=scale, bias=bias)
+    return x, weight, scale, bias
+
+
+def linear_fp8_quantized(
+    xq: torch.Tensor,
+    xs: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    config: Fp8TileConfig,
+) -> torch.Tensor:
+    """The GEMM alone, on activations already quantised (xq [M, K] fp8 contiguous, xs [M, K/128])."""
+    m, k = xq.shape
+    n = weight.shape[0]
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0 or n == 0:
+        return y
+    if k == 0:
+        return y.copy_(bias.expand(m, n)) if bias is not None else y.zero_()
+    on_gpu = xq.device.type == "cuda"
+    # The interpreter has no SMs; 4 programs still exercise the persistent loop.
+    cap = (sm_count(xq.device.index or 0) if on_gpu else 4) * config.programs_per_sm
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    grid = (min(cap, tiles) if config.persistent else tiles,)
+    switch = on_gpu and xq.device.index is not None and xq.device.index != torch.cuda.current_device()
+    with torch.cuda.device(xq.device) if switch else contextlib.nullcontext():
+        _fp8_linear_kernel[grid](
+            xq,
+            xs,
+            weight,
+            scale,
+            bias if bias is not None else y,
+            y,
+            m,
+            n,
+            k,
+            weight.stride(0),
+            y.stride(0),
+            xs.shape[1],
+            scale.shape[1],
+            HAS_BIAS=bias is not None,
+            EVEN_K=k % GROUP == 0,
+            BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n,
+            BLOCK_K=GROUP,
+            GROUP_M=config.group_m,
+            PERSISTENT=config.persistent,
+            NUM_PROGRAMS=cap,
+            INTERPRET=interpreting(),
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+    return y
+
+
+def linear_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale_inv: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: Fp8TileConfig | None = None,
+) -> torch.Tensor:
+    """y = x @ dequant(weight).T + bias, x quantised per 1x128 group first; each row bitwise
+    independent of the other rows and of M.
+
+    x: [M, K] bfloat16/float16/float32, last dim contiguous; weight: [N, K] float8_e4m3fn
+    contiguous; weight_scale_inv: [ceil(N/128), ceil(K/128)] float32; bias: [N] of x's dtype or
+    None. Returns [M, N] in x's dtype (float32 accumulation, one final rounding). `config`
+    overrides the (N, K) problem's tiling (tests, tuning). Raises ValueError naming the argument
+    when a precondition fails.
+    """
+    x, weight, weight_scale_inv, bias = _check(x, weight, weight_scale_inv, bias)
+    n, k = weight.shape
+    xq, xs = fp8_quant.quantize_groups(x)
+    cfg = config if config is not None else tile_config(n, k, x.shape[0])
+    return linear_fp8_quantized(xq, xs, weight, weight_scale_inv, bias, x.dtype, cfg)
