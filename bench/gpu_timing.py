@@ -86,7 +86,36 @@ def ceilings() -> tuple[float, float]:
 
 
 def decode_bytes(engine: Any) -> tuple[int, int]:
-    """(weight bytes, KV-cache bytes per token) of an engine: what one decode step must read."""
+    """(weight bytes, KV-cache bytes per token) of an engine: what one decode step must read, at
+    the bytes each tensor really holds (FP8 weights and their scales, an FP8 cache and its scales)."""
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    per_token = sum(s.values_per_token for s in engine.model.kv_cache_specs()) * engine.dtype.itemsize
+    caches = engine.runner.kv_caches
+    per_token = sum(t[0, 0].numel() * t.element_size() for layer in caches for t in layer)
     return weights, per_token
+
+
+def fp8_matmul_rate(m: int = 8192, n: int = 8192, k: int = 8192) -> float:
+    """torch._scaled_mm's FP8 (e4m3) rate in FLOP/s at m x n x k with per-tensor scales and bf16
+    output: the device's FP8 tensor-core ceiling as a vendor library reaches it."""
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    ms = median_ms(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps=10)
+    return 2 * m * n * k / (ms * 1e-3)
+
+
+def fp8_gemm_rates(shape: dict[str, Any], m: int) -> dict[str, Any]:
+    """The engine's FP8 linear (activation quantisation included) at a prefill size — M = m rows
+    through the workload's gate/up projection (N = 2 x intermediate, K = hidden) — against
+    torch._scaled_mm's 8192^3 ceiling measured in the same call. Call torch.cuda.empty_cache()
+    afterwards before building an engine (it sizes its KV cache from the free memory)."""
+    from shardinfer.kernels import fp8_matmul
+    from shardinfer.kernels.reference_fp8 import quantize_blocks
+
+    n, k = 2 * int(shape["intermediate_size"]), int(shape["hidden_size"])
+    ceiling = fp8_matmul_rate()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    wq, ws = quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5)
+    ours = 2 * m * n * k / (median_ms(lambda: fp8_matmul.linear_fp8(x, wq, ws), reps=10) * 1e-3)
+    return {"m": m, "n": n, "k": k, "ours_tflops": ours / 1e12, "ceiling_tflops": ceiling / 1e12,
+            "fraction_of_ceiling": ours / ceiling}

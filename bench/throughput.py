@@ -1,10 +1,14 @@
 """Side-by-side throughput: shardinfer and transformers on one checkpoint and request list.
 
     python bench/throughput.py --workload dense-small [--requests 1024] [--hf-requests 64]
-                               [--batch-invariant on|off] [--out bench/results]
+                               [--batch-invariant on|off] [--quantization fp8] [--kv-cache-dtype fp8]
+                               [--out bench/results]
 
 Prints output tok/s of each and the ratio; for the decode phase, the step time against the HBM
-floor (weights + KV of the running batch / measured copy bandwidth). Writes
+floor (weights + KV of the running batch / measured copy bandwidth; FP8 weights and KV count one
+byte per value, plus their scales). With --quantization fp8 it also measures, in the same run, the
+device's FP8 matmul ceiling (torch._scaled_mm) and the engine's FP8 GEMM at a prefill size
+against it. Writes
 bench/results/<workload>-<stamp>.json (the format of docs/performance.md); `python bench/record.py` then rebuilds
 bench/RESULTS.md from all of them.
 """
@@ -23,7 +27,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_timing import copy_bandwidth, decode_bytes
+from bench.gpu_timing import copy_bandwidth, decode_bytes, fp8_gemm_rates
 from bench.slow_steps import SlowStepSampler, summary_lines
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
@@ -33,7 +37,8 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
     llm = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.max_model_len, admission_batch=args.admission_batch,
-              async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling])
+              quantization=None if args.quantization == "auto" else args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype, async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling])
     engine = llm.llm_engine
     params = [SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=i)
               for i, (_, out) in enumerate(reqs)]
@@ -144,6 +149,9 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--admission-batch", type=int, default=None)
     ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
+    ap.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
+                    help="weights: auto follows the checkpoint (the bench's are bf16), fp8 quantises at load")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -152,6 +160,8 @@ def main() -> None:
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload)
     reqs = requests(args.requests, shape["vocab_size"], tuple(args.in_range), tuple(args.out_range))
     bw = copy_bandwidth()
+    fp8_gemm = fp8_gemm_rates(shape, args.max_num_batched_tokens) if args.quantization == "fp8" else None
+    torch.cuda.empty_cache()
     ours = run_shardinfer(model_dir, reqs, args)
     torch.cuda.empty_cache()
     hf = None
@@ -179,6 +189,7 @@ def main() -> None:
     now = dt.datetime.now(dt.UTC)
     result = {"workload": args.workload, "gpu": torch.cuda.get_device_name(0), "commit": commit,
               "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
+              "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype, "fp8_gemm": fp8_gemm,
               "shardinfer_output_tok_s": ours["output_tok_s"],
               "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
               "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,
@@ -191,10 +202,15 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))
-    print(f"{'workload':<12} {'bi':<4} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>7} {'decode/floor':>13}")
-    print(f"{args.workload:<12} {args.batch_invariant:<4} {ours['output_tok_s']:>11.0f} "
+    print(f"{'workload':<12} {'bi':<4} {'weights':<8} {'kv':<5} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>7} "
+          f"{'decode/floor':>13}")
+    print(f"{args.workload:<12} {args.batch_invariant:<4} {args.quantization:<8} {args.kv_cache_dtype:<5} "
+          f"{ours['output_tok_s']:>11.0f} "
           f"{(hf or {}).get('output_tok_s', float('nan')):>9.0f} {result['ratio'] or float('nan'):>7.1f} "
           f"{floor_frac if floor_frac is not None else float('nan'):>13.2f}")
+    if fp8_gemm:
+        print(f"fp8 GEMM at M={fp8_gemm['m']}, N={fp8_gemm['n']}, K={fp8_gemm['k']}: {fp8_gemm['ours_tflops']:.0f} "
+              f"TFLOP/s = {fp8_gemm['fraction_of_ceiling']:.2f} of torch._scaled_mm's {fp8_gemm['ceiling_tflops']:.0f}")
     for line in summary_lines(ours.get("slow_step_stacks", [])):
         print(line)
     print("RESULT " + json.dumps(result))

@@ -1,0 +1,113 @@
+"""FP8 linear (kernels/fp8_matmul.py) against the bf16 batch-invariant linear and torch._scaled_mm.
+
+For each projection shape of the chosen models and each M, times (median CUDA-graph replay over
+enough weight copies to spill L2, as a forward reads each layer's weight cold):
+  - ours_fp8: activation quantisation + the FP8 GEMM (what Linear runs with FP8 weights),
+  - bf16: the batch-invariant bf16 matmul (kernels/matmul.py),
+  - scaled_mm: torch._scaled_mm with per-tensor scales (cuBLAS FP8; no block scales, not batch
+    invariant: a ceiling, not an alternative),
+and the device's FP8 ceiling (8192^3 _scaled_mm). Then, for candidate tilings, checks whether they
+give rows bitwise equal to the default tiling's (whether a problem could switch tiling by M and
+stay batch invariant) and times them.
+
+    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.gpu_timing import fp8_matmul_rate, graph_ms_per_call
+from bench.kernels.bench_matmul import MODELS
+from bench.workloads import bench_commit
+from shardinfer.kernels import fp8_matmul, matmul
+from shardinfer.kernels.reference_fp8 import quantize_blocks
+
+MS = (1, 64, 256, 1024, 8192)
+CANDIDATES = [
+    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=4),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4),
+    fp8_matmul.Fp8TileConfig(128, 64, num_warps=4, num_stages=4),
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=3),
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4),
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=4, num_stages=4),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False),
+]
+L2_SPILL_BYTES = 256 << 20
+
+
+def _copies(nbytes: int) -> int:
+    return max(2, min(16, -(-L2_SPILL_BYTES // max(nbytes, 1))))
+
+
+def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None) -> dict[str, Any]:
+    copies = _copies(n * k)
+    ws = [quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5) for _ in range(copies)]
+    wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(_copies(2 * n * k))]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    xq = x.to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    flop = 2 * m * n * k
+    row: dict[str, Any] = {"n": n, "k": k, "m": m}
+    row["ours_fp8_us"] = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
+    row["bf16_us"] = 1e3 * graph_ms_per_call([lambda w=w: matmul.linear_batch_invariant(x, w) for w in wb])
+    row["scaled_mm_us"] = 1e3 * graph_ms_per_call([
+        lambda w=w: torch._scaled_mm(xq, w[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16) for w in ws])
+    row["ours_tflops"] = flop / row["ours_fp8_us"] / 1e6
+    row["ours_GBps"] = (n * k + m * k * 2 + m * n * 2) / row["ours_fp8_us"] / 1e3
+    if configs:
+        base = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
+        row["configs"] = []
+        for cfg in configs:
+            out = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1], config=cfg)
+            us = 1e3 * graph_ms_per_call([lambda w=w, c=cfg: fp8_matmul.linear_fp8(x, w[0], w[1], config=c)
+                                          for w in ws])
+            row["configs"].append({"config": repr(cfg), "us": us, "bitwise_equal_to_default": torch.equal(out, base)})
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="8b")
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--sweep", action="store_true", help="also time and compare the candidate tilings")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+    ceiling = fp8_matmul_rate()
+    print(f"FP8 ceiling (torch._scaled_mm 8192^3): {ceiling / 1e12:.0f} TFLOP/s", flush=True)
+    rows = []
+    print(f"{'model':<8} {'proj':<15} {'M':>5} {'fp8 us':>9} {'bf16 us':>9} {'smm us':>9} {'TFLOP/s':>8} "
+          f"{'GB/s':>7} {'fp8/bf16':>8}")
+    for model in args.models.split(","):
+        _, shapes = MODELS[model]
+        for proj, (n, k) in shapes.items():
+            if proj == "lm_head":  # stays bf16 in FP8 models
+                continue
+            for m in map(int, args.ms.split(",")):
+                r = time_shape(n, k, m, CANDIDATES if args.sweep and m in (64, 256, 8192) else None)
+                r.update(model=model, proj=proj)
+                rows.append(r)
+                print(f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "
+                      f"{r['scaled_mm_us']:>9.1f} {r['ours_tflops']:>8.0f} {r['ours_GBps']:>7.0f} "
+                      f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}", flush=True)
+                for c in r.get("configs", []):
+                    print(f"    {c['config']:<110} {c['us']:>9.1f} equal={c['bitwise_equal_to_default']}")
+    now = dt.datetime.now(dt.UTC)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"bench": "fp8_matmul", "gpu": torch.cuda.get_device_name(0), "commit": bench_commit(),
+              "date": now.isoformat(), "fp8_ceiling_tflops": ceiling / 1e12, "rows": rows}
+    (out / f"kernels-fp8-matmul-{now.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
