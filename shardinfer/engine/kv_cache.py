@@ -2,20 +2,43 @@
 explicit byte budget or a fraction of the device's free memory.
 
     layer i: entries[e] = tensor [num_blocks, block_size, *spec.entries[e]]
+
+With kv_cache_dtype "fp8" each entry is float8_e4m3fn and is followed, after all the layer's
+entries, by its float32 scales [num_blocks, block_size, *entry[:-1], ceil(entry[-1] / 128)]:
+dense layers hold (K, V, K scales, V scales), MLA layers (latent cache, its scales).
+
+Why per token (and per head, per 128 values) scales, not per block or static per head: a block
+is written one token at a time, so its amax is unknown until it is full, and rescaling the
+tokens already stored would change values that attention has already read (a row's result
+would then depend on how its block was filled: by chunking, batching, or a prefix-cache hit).
+Static per-head scales would need calibration data this tool does not have. A scale computed
+from the token's own values at store time makes its stored bits a function of those values
+alone, so batch invariance and prefix caching hold unchanged; the scales are powers of two
+(reference_fp8.py), so dequantising in the attention kernels is exact. They cost 4 bytes per 128
+values (about 3% of the FP8 cache).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from shardinfer.engine.models.base import KVLayerSpec
+from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 
-def bytes_per_block(specs: list[KVLayerSpec], block_size: int, dtype: torch.dtype) -> int:
-    elem = dtype.itemsize
-    return sum(s.values_per_token for s in specs) * block_size * elem
+def scale_shape(entry: tuple[int, ...]) -> tuple[int, ...]:
+    """The per-token scale shape of an FP8 cache entry: one float32 per 128 values of its last dim."""
+    return (*entry[:-1], -(-entry[-1] // GROUP))
+
+
+def bytes_per_block(specs: list[KVLayerSpec], block_size: int, dtype: torch.dtype, fp8: bool = False) -> int:
+    if not fp8:
+        return sum(s.values_per_token for s in specs) * block_size * dtype.itemsize
+    scales = sum(math.prod(scale_shape(e)) for s in specs for e in s.entries)
+    return (sum(s.values_per_token for s in specs) * FP8_DTYPE.itemsize + scales * 4) * block_size
 
 
 def kv_budget_bytes(device: torch.device, explicit_bytes: int | None, memory_fraction: float) -> int:
@@ -33,9 +56,13 @@ def kv_budget_bytes(device: torch.device, explicit_bytes: int | None, memory_fra
 
 
 def allocate_kv_caches(specs: list[KVLayerSpec], num_blocks: int, block_size: int, dtype: torch.dtype,
-                       device: torch.device) -> list[tuple[torch.Tensor, ...]]:
-    return [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in s.entries)
-            for s in specs]
+                       device: torch.device, fp8: bool = False) -> list[tuple[torch.Tensor, ...]]:
+    if not fp8:
+        return [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device)
+                      for shape in s.entries) for s in specs]
+    return [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=FP8_DTYPE, device=device) for shape in s.entries)
+            + tuple(torch.zeros(num_blocks, block_size, *scale_shape(shape), dtype=torch.float32, device=device)
+                    for shape in s.entries) for s in specs]
 
 
 def plan_num_blocks(cfg: Any, specs: list[KVLayerSpec], device: torch.device, dtype: torch.dtype,
@@ -43,7 +70,7 @@ def plan_num_blocks(cfg: Any, specs: list[KVLayerSpec], device: torch.device, dt
     """How many KV blocks to allocate for an EngineConfig: explicit, or from the byte budget."""
     if cfg.num_kv_blocks is not None:
         return int(cfg.num_kv_blocks)
-    per_block = bytes_per_block(specs, cfg.block_size, dtype)
+    per_block = bytes_per_block(specs, cfg.block_size, dtype, cfg.kv_cache_dtype == "fp8")
     num_blocks = kv_budget_bytes(device, cfg.kv_cache_memory_bytes, cfg.gpu_memory_utilization) // per_block
     if device.type == "cpu" and cfg.kv_cache_memory_bytes is None:
         # Host memory is shared with the data pipeline: by default hold what max_num_seqs full-length

@@ -126,7 +126,8 @@ class ModelRunner:
         self.num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, max_model_len)
         # No request may need more blocks than exist, or preemption could never make room for it.
         self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
-        self.kv_caches = allocate_kv_caches(specs, self.num_blocks, cfg.block_size, self.dtype, self.device)
+        self.kv_caches = allocate_kv_caches(specs, self.num_blocks, cfg.block_size, self.dtype, self.device,
+                                            cfg.kv_cache_dtype == "fp8")
         if self.device.type == "cuda" and cfg.batch_invariant:
             self._warm_up()
         self.graphs: Any = None  # a DecodeGraphs, or None

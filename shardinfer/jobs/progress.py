@@ -180,6 +180,7 @@ class Reporter:
             f"this run       {summary.get('run_completion_tokens', 0)} tokens generated in "
             f"{summary.get('wall_time_s', 0.0):.1f} s = {summary.get('output_tokens_per_s', 0.0):.1f} tok/s",
             f"prefix cache   {summary.get('prefix_cache_hit_rate', 0.0):.1%} hit rate",
+            f"numerics       {_numerics(summary.get('numerics') or {})}",
             f"splits         {summary.get('splits', 0)}",
         ]
         if "run_split_attempts" in summary:
@@ -206,3 +207,12 @@ class Reporter:
         for line in lines:
             print("  " + line, file=out)
         out.flush()
+
+
+def _numerics(n: dict[str, Any]) -> str:
+    """dtype, weights, KV cache and invariance from a job's engine.numerics fingerprint component."""
+    weights = n.get("quantization") or "as stored"
+    return (
+        f"{n.get('dtype', '?')} on {n.get('device_type', '?')}, weights {weights}, "
+        f"KV cache {n.get('kv_cache_dtype', 'auto')}, batch invariant {'on' if n.get('batch_invariant', True) else 'off'}"
+    )

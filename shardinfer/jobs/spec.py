@@ -267,6 +267,17 @@ def validate(config: JobConfig) -> None:
         if not value:
             raise ConfigError(f"{key} is not set: add it to the job file or pass --conf {key}=...")
         check_no_credentials_in_url(key, value)
+    if config.model.quantization not in ("", "fp8", "none"):
+        raise ConfigError(
+            f"model.quantization={config.model.quantization!r} is not supported; use \"fp8\" (block-scaled "
+            "FP8 weights), \"none\" (dequantise FP8 checkpoints) or leave it unset (follow the checkpoint)"
+        )
+    if config.model.quantization and config.engine.get("quantization", config.model.quantization) != (
+            config.model.quantization):
+        raise ConfigError(
+            f"model.quantization={config.model.quantization!r} and engine.quantization="
+            f"{config.engine['quantization']!r} disagree; set it once, as model.quantization"
+        )
     inp = config.input
     validate_task(config)
     if inp.prompt_column and inp.messages_column:

@@ -54,6 +54,7 @@ from shardinfer.kernels._common import (
     next_pow2,
     sm_count,
 )
+from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 # Tile config, fixed because it fixes the rounding. Chosen by bench/kernels/bench_kernels.py's MLA
 # sweep, timed as CUDA-graph replays (the numbers: bench/kernels/NOTES.md, "MLA decode"): 64-key
@@ -75,13 +76,15 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "n_chunks"])
-def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr,
+                      pl_ptr,
                       out_ptr, cnt_ptr, sqt, sqh, spt, sph, sot, soh, sbt, num_seqs, block_base, scale_log2, n_heads,
                       n_chunks, GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                       BQ: tl.constexpr, CHUNK: tl.constexpr, HAS_WINDOW: tl.constexpr,
                       BLOCK_N: tl.constexpr, RH: tl.constexpr, DPE: tl.constexpr, PAGE: tl.constexpr,
                       PRECISION: tl.constexpr, TMA: tl.constexpr, CHUNK_PAGES: tl.constexpr,
-                      PAGE_PREFETCH: tl.constexpr, MERGE: tl.constexpr, DV_SLICE: tl.constexpr):
+                      PAGE_PREFETCH: tl.constexpr, MERGE: tl.constexpr, DV_SLICE: tl.constexpr,
+                      KV_FP8: tl.constexpr, NG: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -130,6 +133,15 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr,
                 lat_lo = tl.load(c_ptr + row[:, None] + h[None, :], mask=n_ok[:, None], other=0.0)
                 lat_hi = tl.load(c_ptr + row[:, None] + RH + h[None, :], mask=n_ok[:, None], other=0.0)
                 k_pe = tl.load(c_ptr + row[:, None] + 2 * RH + e[None, :], mask=n_ok[:, None], other=0.0)
+                if KV_FP8:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
+                    srow = (page * PAGE + n % PAGE) * NG
+                    s_lo = tl.load(cs_ptr + srow[:, None] + (h // 128)[None, :], mask=n_ok[:, None], other=0.0)
+                    s_hi = tl.load(cs_ptr + srow[:, None] + ((RH + h) // 128)[None, :], mask=n_ok[:, None], other=0.0)
+                    s_pe = tl.load(cs_ptr + srow[:, None] + ((2 * RH + e) // 128)[None, :], mask=n_ok[:, None],
+                                   other=0.0)
+                    lat_lo = (lat_lo.to(tl.float32) * s_lo).to(q_lo.dtype)
+                    lat_hi = (lat_hi.to(tl.float32) * s_hi).to(q_lo.dtype)
+                    k_pe = (k_pe.to(tl.float32) * s_pe).to(q_lo.dtype)
             s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
             s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
             s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
@@ -191,7 +203,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
                         scale: float, max_seq_len: int | None = None, kv_chunk: int = MLA_KV_CHUNK,
                         block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
                         num_stages: int | None = None, tma: bool = False,
-                        page_prefetch: bool = MLA_PAGE_PREFETCH, merge: bool = MLA_MERGE_IN_KERNEL) -> torch.Tensor:
+                        page_prefetch: bool = MLA_PAGE_PREFETCH, merge: bool = MLA_MERGE_IN_KERNEL,
+                        cache_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
     q_latent [T, H, R] and q_pe [T, H, Dr] of one float dtype, last dims contiguous; cache
@@ -204,10 +217,23 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     chunks (same bits as the separate merge kernel, which merge=False launches).
     Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
     number of programs, see MLA_NUM_STAGES) only sets how far loads run ahead.
+    An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
+    ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
+    R is a multiple of 128. Tiles are dequantised in registers into q's dtype, exactly, so the
+    result is bit for bit this kernel's on a q-dtype cache holding those values.
     """
+    fp8 = cache_scale is not None
     check_tensor("q_latent", q_latent, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     check_tensor("q_pe", q_pe, dtypes=(q_latent.dtype,), ndim=3, last_dim_contiguous=True)
-    check_tensor("cache", cache, dtypes=(q_latent.dtype,), ndim=3, contiguous=True)
+    check_tensor("cache", cache, dtypes=(FP8_DTYPE if fp8 else q_latent.dtype,), ndim=3, contiguous=True)
+    groups = -(-cache.shape[-1] // GROUP)
+    if cache_scale is not None:
+        check_tensor("cache_scale", cache_scale, dtypes=(torch.float32,), ndim=3, contiguous=True)
+        if tuple(cache_scale.shape) != (*cache.shape[:2], groups):
+            raise fail("cache_scale.shape", tuple(cache_scale.shape),
+                       f"need {(*cache.shape[:2], groups)}: one scale per 128 values of each cache row")
+        if tma:
+            raise fail("tma", True, "an FP8 cache is read through the pointer path only; pass tma=False")
     t, h, r = q_latent.shape
     dr = q_pe.shape[-1]
     if tuple(q_pe.shape[:2]) != (t, h):
@@ -229,8 +255,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     empty_k = cache.view(cache.shape[0], page, 1, cache.shape[2])
     # Reuse the dense launcher's checks on the index tensors (one KV head, D = R + Dr).
     pa._check(torch.empty(0, h, r + dr, dtype=q_latent.dtype, device=q_latent.device), empty_k, empty_k,
-              query_start_loc, seq_lens, block_tables, None, kv_chunk, max_seq_len)
-    check_same_device(q_latent=q_latent, q_pe=q_pe, cache=cache)
+              query_start_loc, seq_lens, block_tables, None, kv_chunk, max_seq_len, fp8)
+    check_same_device(q_latent=q_latent, q_pe=q_pe, cache=cache, cache_scale=cache_scale)
     if tma:
         rows = cache.view(-1, r + dr)
         lat_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(rows, list(rows.shape), [r + dr, 1],
@@ -254,12 +280,12 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace, common: dict[str, object]) -> None:
         # Without the merge the counters are never touched: ws.m stands in for them.
         _mla_chunk_kernel[grid](
-            q_latent, q_pe, cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
+            q_latent, q_pe, cache, cache_scale if cache_scale is not None else cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
             ws.out, ws.counters if merge else ws.m, q_latent.stride(0), q_latent.stride(1), q_pe.stride(0),
             q_pe.stride(1), ws.out.stride(0), ws.out.stride(1), block_tables.stride(0), seq_lens.shape[0], base,
             float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr, PAGE=page,
             PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
-            DV_SLICE=merge_slice, num_warps=num_warps, num_stages=num_stages, **common)
+            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, num_warps=num_warps, num_stages=num_stages, **common)
 
     return split_kv.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
                         merge_in_phase1=merge)

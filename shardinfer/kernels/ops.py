@@ -107,13 +107,18 @@ def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return reference.rope_interleaved(x, cos, sin)
 
 
-def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """On CUDA, slots of -1 are skipped; the reference needs every slot valid."""
+def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor,
+             scale: torch.Tensor | None = None) -> None:
+    """reference.store_kv; `scale` beside an FP8 cache quantises each token's values on the way in.
+    On CUDA, slots of -1 are skipped; the reference needs every slot valid."""
     if _use_triton(cache):
         from shardinfer.kernels import kv_store
-        kv_store.store_kv(cache, values, slot_mapping)
+        if scale is not None:
+            kv_store.store_kv_fp8(cache, scale, values, slot_mapping)
+        else:
+            kv_store.store_kv(cache, values, slot_mapping)
         return
-    reference.store_kv(cache, values, slot_mapping)
+    reference.store_kv(cache, values, slot_mapping, scale)
 
 
 def _as_int32(v: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -125,10 +130,12 @@ def _as_int32(v: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: list[int] | torch.Tensor, seq_lens: list[int] | torch.Tensor,
                     block_tables: torch.Tensor, scale: float, sliding_window: int | None = None,
-                    batch_invariant: bool = True, max_seq_len: int | None = None) -> torch.Tensor:
+                    batch_invariant: bool = True, max_seq_len: int | None = None,
+                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """reference.paged_attention; pass device int32 tensors (and max_seq_len) on CUDA to avoid copies.
 
-    The Triton kernel is batch invariant whatever `batch_invariant` says.
+    The Triton kernel is batch invariant whatever `batch_invariant` says. An FP8 cache comes with
+    its scales (k_scale, v_scale).
     """
     if _use_triton(q):
         from shardinfer.kernels import paged_attention as pa
@@ -136,11 +143,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             max_seq_len = max(seq_lens, default=0)
         return pa.paged_attention(q, k_cache, v_cache, _as_int32(query_start_loc, q.device),
                                   _as_int32(seq_lens, q.device), block_tables.to(torch.int32), scale,
-                                  sliding_window, max_seq_len=max_seq_len)
+                                  sliding_window, max_seq_len=max_seq_len, k_scale=k_scale, v_scale=v_scale)
     qsl = query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor) else query_start_loc
     sl = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens
     return reference.paged_attention(q, k_cache, v_cache, qsl, sl, block_tables, scale, sliding_window,
-                                     batch_invariant)
+                                     batch_invariant, k_scale, v_scale)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -183,7 +190,7 @@ def sample_with_logprobs(raw: torch.Tensor, x: torch.Tensor, temperature: torch.
 def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                         query_start_loc: list[int] | torch.Tensor, seq_lens: list[int] | torch.Tensor,
                         block_tables: torch.Tensor, scale: float, batch_invariant: bool = True,
-                        max_seq_len: int | None = None) -> torch.Tensor:
+                        max_seq_len: int | None = None, cache_scale: torch.Tensor | None = None) -> torch.Tensor:
     """reference_mla.mla_paged_attention; pass device int32 tensors (and max_seq_len) on CUDA to avoid copies.
 
     On CUDA the absorbed-MLA kernel (always batch invariant), given q_pe made contiguous so that
@@ -196,11 +203,12 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
         return mla_decode.mla_paged_attention(q_latent, q_pe.contiguous(), cache,
                                               _as_int32(query_start_loc, q_latent.device),
                                               _as_int32(seq_lens, q_latent.device), block_tables.to(torch.int32),
-                                              scale, max_seq_len=max_seq_len)
+                                              scale, max_seq_len=max_seq_len, cache_scale=cache_scale)
     from shardinfer.kernels import reference_mla
     qsl = query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor) else query_start_loc
     sl = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens
-    return reference_mla.mla_paged_attention(q_latent, q_pe, cache, qsl, sl, block_tables, scale, batch_invariant)
+    return reference_mla.mla_paged_attention(q_latent, q_pe, cache, qsl, sl, block_tables, scale, batch_invariant,
+                                             cache_scale)
 
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,

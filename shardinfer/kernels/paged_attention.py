@@ -42,6 +42,7 @@ import triton.language as tl
 
 from shardinfer.kernels import split_kv
 from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, next_pow2
+from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 # Tile config, fixed because it fixes the rounding (see paged_attention's docstring). Chosen by
 # the sweep in bench/kernels/bench_kernels.py (the numbers: bench/kernels/NOTES.md): 16-row tiles
@@ -55,14 +56,15 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "window", "n_chunks"])
-def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                       sqt, sqh, skb, sks, skh, svb, svs, svh, sbt,
+def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                       sqt, sqh, skb, sks, skh, svb, svs, svh, sksb, skss, sksh, svsb, svss, svsh, sbt,
                        num_seqs, block_base, scale_log2, window, n_heads, n_chunks,
                        GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BQ: tl.constexpr,
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
-                       PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+                       PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
+                       KV_FP8: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -93,6 +95,11 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
             page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
+            if KV_FP8:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
+                ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
+                ks = tl.load(ks_ptr + ks_off[None, :] + (d // 128)[:, None], mask=n_ok[None, :] & (d < D)[:, None],
+                             other=0.0)
+                k = (k.to(tl.float32) * ks).to(q.dtype)
             s = tl.dot(q, k, input_precision=PRECISION)
             s = s * scale_log2
             visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
@@ -107,6 +114,11 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
             l_i = l_i * alpha + tl.sum(p, 1)
             v_off = page * svb + (n % PAGE) * svs + kvh * svh
             v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
+            if KV_FP8:
+                vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
+                vs = tl.load(vs_ptr + vs_off[:, None] + (dv // 128)[None, :], mask=n_ok[:, None] & (dv < DV)[None, :],
+                             other=0.0)
+                v = (v.to(tl.float32) * vs).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
@@ -117,10 +129,11 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, p
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
            seq_lens: torch.Tensor, block_tables: torch.Tensor, sliding_window: int | None,
-           kv_chunk: int, max_seq_len: int | None) -> None:
+           kv_chunk: int, max_seq_len: int | None, fp8: bool = False) -> None:
     check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
-    check_tensor("k_cache", k_cache, dtypes=(q.dtype,), ndim=4, last_dim_contiguous=True)
-    check_tensor("v_cache", v_cache, dtypes=(q.dtype,), ndim=4, last_dim_contiguous=True)
+    cache_dtype = FP8_DTYPE if fp8 else q.dtype
+    check_tensor("k_cache", k_cache, dtypes=(cache_dtype,), ndim=4, last_dim_contiguous=True)
+    check_tensor("v_cache", v_cache, dtypes=(cache_dtype,), ndim=4, last_dim_contiguous=True)
     check_tensor("query_start_loc", query_start_loc, dtypes=(torch.int32,), ndim=1, contiguous=True)
     check_tensor("seq_lens", seq_lens, dtypes=(torch.int32,), ndim=1, contiguous=True)
     check_tensor("block_tables", block_tables, dtypes=(torch.int32,), ndim=2, last_dim_contiguous=True)
@@ -151,7 +164,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                     scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
                     kv_chunk: int = KV_CHUNK, block_n: int = BLOCK_N, num_warps: int = 4,
-                    num_stages: int = 2) -> torch.Tensor:
+                    num_stages: int = 2, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -162,8 +176,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     sync. Returns [T, Hq, Dv] in q's dtype. Results do not depend on the rest of the batch; they
     do depend on kv_chunk and the tile config (block_n, num_warps, num_stages), which must
     therefore be fixed per deployment, never chosen per batch.
+
+    An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
+    block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
+    dequantised in registers into q's dtype, exactly (3-bit mantissas times powers of two), so
+    the result is bit for bit what this kernel gives on a q-dtype cache holding those values.
     """
-    _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len)
+    fp8 = k_scale is not None or v_scale is not None
+    _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len,
+           fp8)
+    if fp8:
+        _check_scales(k_cache, v_cache, k_scale, v_scale)
     if max(q.shape[-1], v_cache.shape[-1]) > 256:
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]
@@ -171,18 +194,34 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
-                  max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages)
+                  max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
+                  k_scale, v_scale)
+
+
+def _check_scales(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                  v_scale: torch.Tensor | None) -> None:
+    for name, cache, sc in (("k_scale", k_cache, k_scale), ("v_scale", v_cache, v_scale)):
+        want = (*cache.shape[:3], -(-cache.shape[3] // GROUP))
+        t = check_tensor(name, sc, dtypes=(torch.float32,), ndim=4, contiguous=True)
+        if tuple(t.shape) != want:
+            raise fail(f"{name}.shape", tuple(t.shape), f"need {want}: one scale per 128 values per head and slot")
 
 
 def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            k_strides: tuple[int, int, int], v_strides: tuple[int, int, int], hk: int, d: int, dv: int,
            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
-           num_warps: int, num_stages: int) -> torch.Tensor:
+           num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
+           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
-    k/v strides are (block, slot, kv head).
+    k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
     """
+    fp8 = k_scale is not None and v_scale is not None
+    ks = k_scale if k_scale is not None else k_cache
+    vs = v_scale if v_scale is not None else v_cache
+    ks_strides = tuple(k_scale.stride()[:3]) if k_scale is not None else (0, 0, 0)
+    vs_strides = tuple(v_scale.stride()[:3]) if v_scale is not None else (0, 0, 0)
     if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:
         raise fail("block_n", block_n, f"need 16, 32, 64 or 128, dividing kv_chunk={kv_chunk}")
     window = int(sliding_window) if sliding_window is not None else 0
@@ -192,11 +231,11 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace,
                common: dict[str, object]) -> None:
         _attn_chunk_kernel[grid](
-            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
-            q.stride(0), q.stride(1), *k_strides, *v_strides,
+            q, k_cache, v_cache, ks, vs, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
+            q.stride(0), q.stride(1), *k_strides, *v_strides, *ks_strides, *vs_strides,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
-            BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision,
+            BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
             num_warps=num_warps, num_stages=num_stages, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,

@@ -104,10 +104,34 @@ def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2).to(x.dtype)
 
 
-def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write values [T, ...] into cache [num_blocks, block_size, ...] at flat slots [T]."""
+def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor,
+             scale: torch.Tensor | None = None) -> None:
+    """Write values [T, ...] into cache [num_blocks, block_size, ...] at flat slots [T].
+
+    With `scale` (an FP8 cache, see reference_fp8.quantize_groups) each token's values are
+    quantised in groups of 128 along the last dim and their scales go to scale [num_blocks,
+    block_size, ..., groups] at the same slots.
+    """
     flat = cache.view(-1, *cache.shape[2:])
-    flat.index_copy_(0, slot_mapping, values.to(cache.dtype))
+    if scale is None:
+        flat.index_copy_(0, slot_mapping, values.to(cache.dtype))
+        return
+    from shardinfer.kernels.reference_fp8 import quantize_groups
+
+    q, s = quantize_groups(values)
+    # Through byte views: the CPU has no float8 index_copy.
+    flat.view(torch.uint8).index_copy_(0, slot_mapping, q.view(torch.uint8))
+    scale.view(-1, *scale.shape[2:]).index_copy_(0, slot_mapping, s)
+
+
+def cache_rows(cache: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor | None,
+               dtype: torch.dtype) -> torch.Tensor:
+    """cache[blocks] in dtype; an FP8 cache dequantised with its scales (what the kernels read)."""
+    if scale is None:
+        return cache[blocks]
+    from shardinfer.kernels.reference_fp8 import dequantize_groups
+
+    return dequantize_groups(cache.view(torch.uint8)[blocks].view(cache.dtype), scale[blocks]).to(dtype)
 
 
 def attend_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
@@ -169,19 +193,21 @@ def paged_sequences(query_start_loc: list[int], seq_lens: list[int], block_table
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: list[int], seq_lens: list[int], block_tables: torch.Tensor,
                     scale: float, sliding_window: int | None = None,
-                    batch_invariant: bool = True) -> torch.Tensor:
+                    batch_invariant: bool = True, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Varlen causal GQA attention over a paged KV cache (after this step's KV was stored).
 
     q [T, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hk, D]; query_start_loc [B + 1] and
     seq_lens [B] as host lists; block_tables [B, max_blocks]. Returns [T, Hq, Dv] in q's dtype.
+    An FP8 cache comes with k_scale/v_scale [num_blocks, block_size, Hk, groups] (store_kv).
     """
     t, hq, d = q.shape
     block_size, hk, dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
     group = hq // hk
     out = q.new_empty(t, hq, dv)
     for qs, qe, blocks, positions in paged_sequences(query_start_loc, seq_lens, block_tables, block_size):
-        k = k_cache[blocks].reshape(-1, hk, d).transpose(0, 1)  # [Hk, S, D]
-        v = v_cache[blocks].reshape(-1, hk, dv).transpose(0, 1)
+        k = cache_rows(k_cache, blocks, k_scale, q.dtype).reshape(-1, hk, d).transpose(0, 1)  # [Hk, S, D]
+        v = cache_rows(v_cache, blocks, v_scale, q.dtype).reshape(-1, hk, dv).transpose(0, 1)
         lq = qe - qs
         # [Lq, Hq, D] -> [Hk, Lq * group, D]: a KV head's query heads become extra rows.
         qi = q[qs:qe].view(lq, hk, group, d).permute(1, 0, 2, 3).reshape(hk, lq * group, d)

@@ -57,10 +57,10 @@ def quantize_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, 
     """
     k = x.shape[-1]
     xf = _pad_groups(x.float(), group)
-    g = xf.view(*xf.shape[:-1], -1, group)
+    g = xf.reshape(*xf.shape[:-1], -1, group)
     scale = pow2_scale(g.abs().amax(-1))
     q = (g / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return q.view(*xf.shape)[..., :k].contiguous(), scale
+    return q.reshape(xf.shape)[..., :k].contiguous(), scale
 
 
 def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> torch.Tensor:

@@ -35,20 +35,22 @@ def mla_project_value(o_latent: torch.Tensor, w_uv_t: torch.Tensor, batch_invari
 
 def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
                         query_start_loc: list[int], seq_lens: list[int], block_tables: torch.Tensor,
-                        scale: float, batch_invariant: bool = True) -> torch.Tensor:
+                        scale: float, batch_invariant: bool = True,
+                        cache_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Varlen causal absorbed MLA over the paged latent cache (this step's rows already stored).
 
     q_latent [T, H, R], q_pe [T, H, Dr]; cache [num_blocks, block_size, R + Dr]; query_start_loc
     [B + 1] and seq_lens [B] host lists; block_tables [B, max_blocks]. The new tokens of request i
     are the last (query_start_loc[i+1] - query_start_loc[i]) of its seq_lens[i] positions.
-    Returns the attention-weighted latent [T, H, R] in q_latent's dtype.
+    Returns the attention-weighted latent [T, H, R] in q_latent's dtype. An FP8 cache comes with
+    cache_scale [num_blocks, block_size, groups of 128 of R + Dr] (reference.store_kv).
     """
     t, heads, rank = q_latent.shape
     block_size, width = cache.shape[1], cache.shape[2]
     q = torch.cat([q_latent, q_pe.to(q_latent.dtype)], dim=-1)  # [T, H, R + Dr]
     out = q_latent.new_empty(t, heads, rank)
     for qs, qe, blocks, positions in ops.paged_sequences(query_start_loc, seq_lens, block_tables, block_size):
-        rows = cache[blocks].reshape(1, -1, width)  # [1, S, R + Dr]
+        rows = ops.cache_rows(cache, blocks, cache_scale, q_latent.dtype).reshape(1, -1, width)  # [1, S, R + Dr]
         lq = qe - qs
         # Every head of every new position becomes one query row of the single latent KV head.
         qi = q[qs:qe].reshape(1, lq * heads, width)

@@ -67,6 +67,9 @@ class ModelSection:
     path: str = ""
     dtype: str = "auto"  # "auto": bfloat16 on cuda, float32 on cpu
     device: str = "auto"  # "auto": cuda when available, else cpu
+    # Weights: "" follows the checkpoint (FP8 checkpoints stay FP8), "fp8" quantises a float
+    # checkpoint at load (block-scaled), "none" dequantises FP8 checkpoints; see docs/quantization.md.
+    quantization: str = ""
     # For a model.path on object storage (s3://..., any fsspec URL): copied once per machine.
     storage_options: dict[str, Any] = field(default_factory=dict)
     # How weight files are identified in the fingerprint: "stat" (size, header hash, modification

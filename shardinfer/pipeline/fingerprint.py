@@ -130,6 +130,8 @@ def compute_fingerprint(
         "batch_invariant": bool(config.engine.get("batch_invariant", True)),
         **{k: config.engine[k] for k in NUMERICS_ENGINE_KEYS if k in config.engine},
     }
+    if config.model.quantization:  # only when set, so jobs without it keep their fingerprint
+        parts["engine.numerics"]["quantization"] = config.model.quantization
     parts["sampling.defaults"] = sampling_defaults
     parts["job.seed"] = config.job.seed
     # Without credentials (user-info, a signature): a rotated key is not a job change.
@@ -173,7 +175,8 @@ def resolved_numerics(config: JobConfig) -> tuple[str, str]:
 
     try:
         engine_cfg = EngineConfig(
-            model=config.model.path, device=config.model.device, dtype=config.model.dtype
+            model=config.model.path, device=config.model.device, dtype=config.model.dtype,
+            quantization=config.model.quantization or None,
         )
         return engine_cfg.torch_device.type, str(engine_cfg.torch_dtype).removeprefix("torch.")
     except ValueError as exc:

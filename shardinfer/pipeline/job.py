@@ -452,8 +452,11 @@ def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
         "shardinfer.fingerprint": job.fingerprint["hash"],
         "shardinfer.run_id": run_id,
         "shardinfer.model": json.dumps(
-            {"path": cfg.model.path, "dtype": cfg.model.dtype, "device": cfg.model.device}
+            {"path": cfg.model.path, "dtype": cfg.model.dtype, "device": cfg.model.device,
+             "quantization": cfg.model.quantization or None}
         ),
+        # What decides the numbers: dtype, batch invariance, weight quantisation, KV cache dtype.
+        "shardinfer.numerics": json.dumps(job.fingerprint.get("engine.numerics"), sort_keys=True),
         "shardinfer.sampling": json.dumps(job.sampling.to_json_dict(), sort_keys=True),
         "shardinfer.engine": json.dumps(cfg.engine, sort_keys=True, default=str),
         "shardinfer.job_seed": str(cfg.job.seed),
@@ -463,9 +466,12 @@ def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
 def build_engine(config: JobConfig) -> Engine:
     from shardinfer.engine.llm_engine import LLMEngine
 
+    engine_args = dict(config.engine)
+    if config.model.quantization:
+        engine_args["quantization"] = config.model.quantization
     try:
         return LLMEngine(
-            config.model.path, device=config.model.device, dtype=config.model.dtype, **config.engine
+            config.model.path, device=config.model.device, dtype=config.model.dtype, **engine_args
         )
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
@@ -611,6 +617,7 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
     summary = {
         "run_id": run_id,
         "fingerprint": job.fingerprint["hash"],
+        "numerics": job.fingerprint.get("engine.numerics"),
         "splits": len(job.splits),
         **totals,
         **run_summary,

@@ -115,20 +115,22 @@ class DeepseekMLA(nn.Module):
         q_pe = self._rope(q_pe, cos, sin)
         k_pe = self._rope(k_pe, cos, sin).squeeze(1)
 
-        (cache,) = ctx.kv_caches[self.layer_idx]
-        ops.store_kv(cache, torch.cat([latent, k_pe.to(latent.dtype)], dim=-1), ctx.attn.slot_mapping)
+        # (cache,), or for an FP8 cache (cache, scales); see engine/kv_cache.py.
+        cache, *scales = ctx.kv_caches[self.layer_idx]
+        cache_scale = scales[0] if scales else None
+        ops.store_kv(cache, torch.cat([latent, k_pe.to(latent.dtype)], dim=-1), ctx.attn.slot_mapping, cache_scale)
         q_latent = ops.mla_absorb_query(q_nope, self.w_uk, self.w_uk_nk, bi)
-        o_latent = _paged_mla(q_latent, q_pe, cache, ctx, self.scale, bi)
+        o_latent = _paged_mla(q_latent, q_pe, cache, ctx, self.scale, bi, cache_scale)
         o = ops.mla_project_value(o_latent, self.w_uv_t, self.w_uv_nk, bi)
         return self.o_proj(o.reshape(t, d.num_heads * d.v_head_dim))
 
 
 def _paged_mla(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext,
-               scale: float, batch_invariant: bool) -> torch.Tensor:
+               scale: float, batch_invariant: bool, cache_scale: torch.Tensor | None = None) -> torch.Tensor:
     """ops.mla_paged_attention: the Triton kernel on CUDA (batch invariant by construction), the
     reference elsewhere."""
     a = ctx.attn
     # Device tensors feed the kernel (and CUDA graphs); the CPU reference loops over host lists.
     qsl, lens = (a.query_start_loc, a.seq_lens) if q_latent.is_cuda else (a.query_start_loc_cpu, a.seq_lens_cpu)
     return ops.mla_paged_attention(q_latent, q_pe, cache, qsl, lens, a.block_tables, scale, batch_invariant,
-                                   max_seq_len=a.max_seq_len)
+                                   max_seq_len=a.max_seq_len, cache_scale=cache_scale)

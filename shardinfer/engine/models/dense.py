@@ -72,15 +72,18 @@ class DenseAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rope.lookup(positions)
         q, k = ops.rope_neox(q, cos, sin), ops.rope_neox(k, cos, sin)
-        k_cache, v_cache = ctx.kv_caches[self.layer_idx]
-        ops.store_kv(k_cache, k, ctx.attn.slot_mapping)
-        ops.store_kv(v_cache, v, ctx.attn.slot_mapping)
+        # (K, V), or for an FP8 cache (K, V, K scales, V scales); see engine/kv_cache.py.
+        k_cache, v_cache, *scales = ctx.kv_caches[self.layer_idx]
+        k_scale, v_scale = scales if scales else (None, None)
+        ops.store_kv(k_cache, k, ctx.attn.slot_mapping, k_scale)
+        ops.store_kv(v_cache, v, ctx.attn.slot_mapping, v_scale)
         meta = ctx.attn
         # Device tensors feed the kernel (and CUDA graphs); the CPU reference loops over host lists.
         qsl, lens = ((meta.query_start_loc, meta.seq_lens) if q.is_cuda
                      else (meta.query_start_loc_cpu, meta.seq_lens_cpu))
         out = ops.paged_attention(q, k_cache, v_cache, qsl, lens, meta.block_tables, self.scale, self.window,
-                                  self.numerics.batch_invariant, max_seq_len=meta.max_seq_len)
+                                  self.numerics.batch_invariant, max_seq_len=meta.max_seq_len, k_scale=k_scale,
+                                  v_scale=v_scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
 

@@ -1,0 +1,158 @@
+"""FP8 KV cache: the quantising store against the reference (bits and scales), and both attention
+kernels reading an FP8 cache against themselves on a cache holding the dequantised values.
+
+The kernels dequantise each tile in registers into the query's dtype, exactly (3-bit mantissas
+times power-of-two scales), so an FP8 cache must give bit for bit what the same kernel gives on the
+dequantised cache; and the reference on an FP8 cache equals the reference on that cache. Batch
+invariance and prefix caching then carry over from the kernels' own tests (test_kernel_paged_attention,
+test_kernel_mla), and an explicit row check guards the new code path.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from kernel_checks import TOL, PagedBatch, rel_err
+
+from shardinfer.kernels import kv_store, mla_decode, paged_attention, reference, reference_mla
+from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
+
+if not torch.cuda.is_available():
+    kv_store = importlib.reload(kv_store)
+
+FP8 = torch.float8_e4m3fn
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().view(torch.uint8)
+
+
+@pytest.mark.parametrize("entry", [(2, 16), (288,), (1, 200)])  # a head; MLA-like rows of 3 groups; a tail
+def test_quantising_store_matches_reference_and_skips_minus_one(
+    device: torch.device, entry: tuple[int, ...]
+) -> None:
+    gen = torch.Generator().manual_seed(0)
+    groups = -(-entry[-1] // 128)
+    cache = torch.randn(5, 4, *entry, generator=gen).to(FP8)
+    scale = torch.rand(5, 4, *entry[:-1], groups, generator=gen)
+    values = (torch.randn(6, *entry, generator=gen) * 3).to(torch.bfloat16)
+    slots = torch.tensor([7, 0, -1, 19, 3, -1], dtype=torch.int64)
+    want_cache, want_scale = cache.clone(), scale.clone()
+    keep = slots >= 0
+    reference.store_kv(want_cache, values[keep], slots[keep], want_scale)
+    got_cache, got_scale = cache.clone().to(device), scale.clone().to(device)
+    kv_store.store_kv_fp8(got_cache, got_scale, values.to(device), slots.to(device))
+    assert torch.equal(_bits(got_cache), _bits(want_cache))
+    assert torch.equal(got_scale.cpu(), want_scale)
+    # What the reference stored is quantize_groups of each token's rows.
+    q, s = quantize_groups(values[1])
+    assert torch.equal(_bits(want_cache.view(-1, *entry)[0]), _bits(q))
+    assert torch.equal(want_scale.view(-1, *entry[:-1], groups)[0], s)
+
+
+def test_quantising_store_rejects_a_wrong_scale_shape(device: torch.device) -> None:
+    cache = torch.zeros(2, 4, 2, 16, dtype=FP8, device=device)
+    with pytest.raises(ValueError, match=r"scale\.shape"):
+        kv_store.store_kv_fp8(
+            cache,
+            torch.zeros(2, 4, 2, 2, device=device),
+            torch.zeros(1, 2, 16, device=device),
+            torch.zeros(1, dtype=torch.int64, device=device),
+        )
+
+
+def _fp8_pair(cache: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(fp8 cache, its scales, the dequantised cache in dtype); NaN blocks stay NaN."""
+    q, s = quantize_groups(cache)
+    return q, s, dequantize_groups(q, s).to(dtype)
+
+
+# bfloat16 only on the GPU: the interpreter's tl.dot mishandles it (kernels/_mma.py).
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if torch.cuda.is_available() else [])
+)
+def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
+    device: torch.device, dtype: torch.dtype
+) -> None:
+    b = PagedBatch(
+        [5, 1, 30, 1],
+        [0, 100, 20, 140],
+        hq=4,
+        hk=2,
+        d=16,
+        dv=16,
+        block_size=16,
+        dtype=torch.float32,
+        device=device,
+        seed=3,
+    )
+    kq, ks, kd = _fp8_pair(b.k_cache, dtype)
+    vq, vs, vd = _fp8_pair(b.v_cache, dtype)
+    q = b.q.to(dtype)
+    qsl, sl, bt = (
+        torch.tensor(b.qsl, dtype=torch.int32),
+        torch.tensor(b.seq_lens, dtype=torch.int32),
+        b.block_tables,
+    )
+    dev = [t.to(device) for t in (q, kq, vq, qsl, sl, bt)]
+    got = paged_attention.paged_attention(
+        *dev, 0.25, kv_chunk=64, k_scale=ks.to(device), v_scale=vs.to(device)
+    )
+    on_dequantised = paged_attention.paged_attention(
+        dev[0], kd.to(device), vd.to(device), *dev[3:], 0.25, kv_chunk=64
+    )
+    assert torch.equal(got, on_dequantised)
+    ref = reference.paged_attention(q, kq, vq, b.qsl, b.seq_lens, bt, 0.25, k_scale=ks, v_scale=vs)
+    assert torch.equal(ref, reference.paged_attention(q, kd, vd, b.qsl, b.seq_lens, bt, 0.25))
+    assert rel_err(got, ref) < (1e-5 if dtype == torch.float32 else 2 * TOL[dtype])
+    # One decode row alone equals itself in the batch.
+    alone = paged_attention.paged_attention(
+        dev[0][5:6],
+        kq.to(device),
+        vq.to(device),
+        torch.tensor([0, 1], dtype=torch.int32, device=device),
+        dev[4][1:2],
+        dev[5][1:2],
+        0.25,
+        kv_chunk=64,
+        k_scale=ks.to(device),
+        v_scale=vs.to(device),
+    )
+    assert torch.equal(alone, got[5:6])
+
+
+def test_mla_on_fp8_cache_equals_the_dequantised_cache(device: torch.device) -> None:
+    gen = torch.Generator().manual_seed(4)
+    q_lens, ctx, block_size = [3, 1, 1], [0, 90, 40], 16
+    seq_lens = [c + q for c, q in zip(ctx, q_lens, strict=True)]
+    qsl = [0, 3, 4, 5]
+    n_blocks = [-(-s // block_size) for s in seq_lens]
+    perm = torch.randperm(sum(n_blocks) + 2, generator=gen)
+    bt = torch.full((3, max(n_blocks)), -1, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(n_blocks):
+        bt[i, :n] = perm[used : used + n].int()
+        used += n
+    rank, rope, heads = 256, 32, 4  # rows of 288: two latent groups per half and a partial rope group
+    cache = torch.randn(len(perm), block_size, rank + rope, generator=gen)
+    cache[perm[used:]] = float("nan")
+    cq, cs, cd = _fp8_pair(cache, torch.float32)
+    q_latent = torch.randn(5, heads, rank, generator=gen)
+    q_pe = torch.randn(5, heads, rope, generator=gen)
+    idx = [
+        torch.tensor(qsl, dtype=torch.int32, device=device),
+        torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        bt.to(device),
+    ]
+    got = mla_decode.mla_paged_attention(
+        q_latent.to(device), q_pe.to(device), cq.to(device), *idx, 0.2, kv_chunk=64, cache_scale=cs.to(device)
+    )
+    on_dequantised = mla_decode.mla_paged_attention(
+        q_latent.to(device), q_pe.to(device), cd.to(device), *idx, 0.2, kv_chunk=64
+    )
+    assert torch.equal(got, on_dequantised)
+    ref = reference_mla.mla_paged_attention(q_latent, q_pe, cq, qsl, seq_lens, bt, 0.2, cache_scale=cs)
+    assert torch.equal(ref, reference_mla.mla_paged_attention(q_latent, q_pe, cd, qsl, seq_lens, bt, 0.2))
+    assert rel_err(got, ref) < 1e-5
