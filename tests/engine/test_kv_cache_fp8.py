@@ -61,7 +61,7 @@ def test_fp8_cache_rows_are_batch_and_prefix_cache_invariant(tiny_checkpoint: Ca
     model_dir = tiny_checkpoint("qwen3")
     params = SamplingParams(temperature=0.9, seed=11, max_tokens=10, ignore_eos=True, logprobs=1)
     prompts = _prompts()
-    shared = prompts[2][:32] + [7, 9]  # its first 32 tokens (two blocks) come from the prefix cache below
+    shared = [*prompts[2][:32], 7, 9]  # its first 32 tokens (two blocks) come from the prefix cache below
 
     def key(out) -> tuple:  # type: ignore[no-untyped-def]
         c = out.outputs[0]

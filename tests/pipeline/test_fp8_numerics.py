@@ -46,7 +46,7 @@ def test_weight_quantisation_and_kv_dtype_change_the_fingerprint(model_dir: Path
 
 
 def test_bad_or_conflicting_quantization_is_a_config_error(model_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="model.quantization='int4'"):
+    with pytest.raises(ConfigError, match=r"model\.quantization='int4'"):
         validate(_config(model_dir, model={"quantization": "int4"}))
     with pytest.raises(ConfigError, match="disagree"):
         validate(_config(model_dir, model={"quantization": "fp8"}, engine={"quantization": "none"}))
