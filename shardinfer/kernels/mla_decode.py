@@ -135,13 +135,29 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                 k_pe = tl.load(c_ptr + row[:, None] + 2 * RH + e[None, :], mask=n_ok[:, None], other=0.0)
                 if KV_FP8:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
                     srow = (page * PAGE + n % PAGE) * NG
-                    s_lo = tl.load(cs_ptr + srow[:, None] + (h // 128)[None, :], mask=n_ok[:, None], other=0.0)
-                    s_hi = tl.load(cs_ptr + srow[:, None] + ((RH + h) // 128)[None, :], mask=n_ok[:, None], other=0.0)
-                    s_pe = tl.load(cs_ptr + srow[:, None] + ((2 * RH + e) // 128)[None, :], mask=n_ok[:, None],
-                                   other=0.0)
-                    lat_lo = (lat_lo.to(tl.float32) * s_lo).to(q_lo.dtype)
-                    lat_hi = (lat_hi.to(tl.float32) * s_hi).to(q_lo.dtype)
-                    k_pe = (k_pe.to(tl.float32) * s_pe).to(q_lo.dtype)
+                    if RH % 128 == 0:
+                        # Whole groups per half: scales [BLOCK_N, RH / 128] times the half seen as
+                        # [BLOCK_N, RH / 128, 128] (no per-element scale gather).
+                        gi = tl.arange(0, RH // 128)
+                        s_lo = tl.load(cs_ptr + srow[:, None] + gi[None, :], mask=n_ok[:, None], other=0.0)
+                        s_hi = tl.load(cs_ptr + srow[:, None] + RH // 128 + gi[None, :], mask=n_ok[:, None], other=0.0)
+                        lat_lo = tl.reshape(tl.reshape(lat_lo.to(tl.float32), (BLOCK_N, RH // 128, 128))
+                                            * s_lo[:, :, None], (BLOCK_N, RH)).to(q_lo.dtype)
+                        lat_hi = tl.reshape(tl.reshape(lat_hi.to(tl.float32), (BLOCK_N, RH // 128, 128))
+                                            * s_hi[:, :, None], (BLOCK_N, RH)).to(q_lo.dtype)
+                    else:
+                        s_lo2 = tl.load(cs_ptr + srow[:, None] + (h // 128)[None, :], mask=n_ok[:, None], other=0.0)
+                        s_hi2 = tl.load(cs_ptr + srow[:, None] + ((RH + h) // 128)[None, :], mask=n_ok[:, None],
+                                        other=0.0)
+                        lat_lo = (lat_lo.to(tl.float32) * s_lo2).to(q_lo.dtype)
+                        lat_hi = (lat_hi.to(tl.float32) * s_hi2).to(q_lo.dtype)
+                    if (2 * RH) % 128 + DPE <= 128:  # the rope key sits in one group: one scale per key
+                        s_pe = tl.load(cs_ptr + srow + (2 * RH) // 128, mask=n_ok, other=0.0)
+                        k_pe = (k_pe.to(tl.float32) * s_pe[:, None]).to(q_lo.dtype)
+                    else:
+                        s_pe2 = tl.load(cs_ptr + srow[:, None] + ((2 * RH + e) // 128)[None, :], mask=n_ok[:, None],
+                                        other=0.0)
+                        k_pe = (k_pe.to(tl.float32) * s_pe2).to(q_lo.dtype)
             s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
             s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
             s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)

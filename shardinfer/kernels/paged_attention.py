@@ -97,9 +97,13 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
             if KV_FP8:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
                 ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
-                ks = tl.load(ks_ptr + ks_off[None, :] + (d // 128)[:, None], mask=n_ok[None, :] & (d < D)[:, None],
-                             other=0.0)
-                k = (k.to(tl.float32) * ks).to(q.dtype)
+                if D <= 128:  # one scale per key: a vector, broadcast over the head dim
+                    ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
+                else:
+                    ks2 = tl.load(ks_ptr + ks_off[None, :] + (d // 128)[:, None],
+                                  mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
+                    k = (k.to(tl.float32) * ks2).to(q.dtype)
             s = tl.dot(q, k, input_precision=PRECISION)
             s = s * scale_log2
             visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
@@ -116,9 +120,13 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
             if KV_FP8:
                 vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
-                vs = tl.load(vs_ptr + vs_off[:, None] + (dv // 128)[None, :], mask=n_ok[:, None] & (dv < DV)[None, :],
-                             other=0.0)
-                v = (v.to(tl.float32) * vs).to(q.dtype)
+                if DV <= 128:
+                    vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
+                else:
+                    vs2 = tl.load(vs_ptr + vs_off[:, None] + (dv // 128)[None, :],
+                                  mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
+                    v = (v.to(tl.float32) * vs2).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c

@@ -73,16 +73,17 @@ def _fp8_pair(cache: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if torch.cuda.is_available() else [])
 )
+@pytest.mark.parametrize("d", [16, 256])  # one scale per key and head; two groups per head
 def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
-    device: torch.device, dtype: torch.dtype
+    device: torch.device, dtype: torch.dtype, d: int
 ) -> None:
     b = PagedBatch(
         [5, 1, 30, 1],
         [0, 100, 20, 140],
         hq=4,
         hk=2,
-        d=16,
-        dv=16,
+        d=d,
+        dv=d,
         block_size=16,
         dtype=torch.float32,
         device=device,
@@ -123,7 +124,12 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
     assert torch.equal(alone, got[5:6])
 
 
-def test_mla_on_fp8_cache_equals_the_dequantised_cache(device: torch.device) -> None:
+# (256, 32): whole groups per latent half, the rope key in one group (DeepSeek's layout, scaled
+# down); (64, 16): groups spanning both halves; (64, 128): the rope key across two groups.
+@pytest.mark.parametrize(
+    "rank,rope", [(256, 32), (64, 16), (64, 128), pytest.param(512, 64, marks=pytest.mark.gpu)]
+)
+def test_mla_on_fp8_cache_equals_the_dequantised_cache(device: torch.device, rank: int, rope: int) -> None:
     gen = torch.Generator().manual_seed(4)
     q_lens, ctx, block_size = [3, 1, 1], [0, 90, 40], 16
     seq_lens = [c + q for c, q in zip(ctx, q_lens, strict=True)]
@@ -135,7 +141,7 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(device: torch.device) -> 
     for i, n in enumerate(n_blocks):
         bt[i, :n] = perm[used : used + n].int()
         used += n
-    rank, rope, heads = 256, 32, 4  # rows of 288: two latent groups per half and a partial rope group
+    heads = 4
     cache = torch.randn(len(perm), block_size, rank + rope, generator=gen)
     cache[perm[used:]] = float("nan")
     cq, cs, cd = _fp8_pair(cache, torch.float32)
