@@ -212,8 +212,18 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
 
 
 def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
-                w_down: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
-    """reference_moe.moe_experts; on CUDA the fused grouped-GEMM kernel (always batch invariant)."""
+                w_down: torch.Tensor, batch_invariant: bool = True, w_gate_up_scale: torch.Tensor | None = None,
+                w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """reference_moe.moe_experts; on CUDA the fused grouped-GEMM kernel (always batch invariant).
+    FP8 experts come with their block scales (reference_moe.moe_experts_fp8, kernels/fp8_moe.py)."""
+    if w_gate_up_scale is not None and w_down_scale is not None:
+        if _use_triton(x):
+            from shardinfer.kernels import fp8_moe
+            return fp8_moe.fused_moe_fp8(x.contiguous(), topk_ids, topk_weights.float().contiguous(), w_gate_up,
+                                         w_gate_up_scale, w_down, w_down_scale)
+        from shardinfer.kernels import reference_moe
+        return reference_moe.moe_experts_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down,
+                                             w_down_scale, batch_invariant)
     if _use_triton(x):
         from shardinfer.kernels import moe
         return moe.fused_moe(x.contiguous(), topk_ids, topk_weights.float().contiguous(), w_gate_up, w_down)

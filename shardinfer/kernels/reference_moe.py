@@ -94,6 +94,40 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     return out.to(x.dtype)
 
 
+def moe_experts_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
+                    w_gate_up_scale: torch.Tensor, w_down: torch.Tensor, w_down_scale: torch.Tensor,
+                    batch_invariant: bool = True) -> torch.Tensor:
+    """moe_experts with block-scaled FP8 experts (w_gate_up [E, 2I, H], w_down [E, H, I] float8_e4m3fn,
+    scales [E, ceil(rows/128), ceil(cols/128)] float32), as kernels/fp8_moe.py computes it: the
+    input and the gate/up output quantised per token and 128 channels, each product of the
+    dequantised operands in float32, the gate/up and down outputs rounded to x's dtype."""
+    from shardinfer.kernels.reference_fp8 import dequantize_blocks, dequantize_groups, quantize_groups
+
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("reference_moe.moe_experts_fp8 reads expert ids back to the host and cannot run in a "
+                           "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA")
+
+    def expert(rows: torch.Tensor, e: int) -> torch.Tensor:
+        wgu = dequantize_blocks(w_gate_up[e], w_gate_up_scale[e])
+        wd = dequantize_blocks(w_down[e], w_down_scale[e])
+        h = ops.linear(dequantize_groups(*quantize_groups(rows)), wgu, None, batch_invariant).to(x.dtype)
+        act = ops.silu_and_mul(h)
+        return ops.linear(dequantize_groups(*quantize_groups(act)), wd, None, batch_invariant).to(x.dtype).float()
+
+    t, k = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1)
+    token_of_slot = torch.arange(t, device=x.device).repeat_interleave(k)
+    slot_out = torch.zeros(t * k, x.shape[-1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(flat_ids).tolist():
+        slots = (flat_ids == e).nonzero(as_tuple=True)[0]
+        slot_out[slots] = expert(x[token_of_slot[slots]], e)
+    weights = topk_weights.float()
+    out = torch.zeros(t, x.shape[-1], dtype=torch.float32, device=x.device)
+    for j in range(k):  # fixed slot order
+        out = out + slot_out.view(t, k, -1)[:, j] * weights[:, j : j + 1]
+    return out.to(x.dtype)
+
+
 def _expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
     return ops.linear(ops.silu_and_mul(ops.linear(x, w_gate_up, None, batch_invariant)), w_down, None,
                       batch_invariant).float()

@@ -21,6 +21,7 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear
 from shardinfer.errors import ModelLoadError
 from shardinfer.kernels import ops
+from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, quantize_blocks
 
 
 class SwiGLUMLP(nn.Module):
@@ -76,17 +77,40 @@ class RoutingConfig:
 
 
 class RoutedExperts(nn.Module):
+    """Stacked expert weights; with numerics.quantization "fp8", float8_e4m3fn with block scales
+    (`w_gate_up_scale_inv` [E, ceil(2I/128), ceil(H/128)], `w_down_scale_inv` [E, ceil(H/128),
+    ceil(I/128)]; engine/models/fp8.py loads each expert's checkpoint blocks into them)."""
+
     def __init__(self, num_experts: int, hidden: int, intermediate: int, numerics: Numerics) -> None:
         super().__init__()
         self.numerics = numerics
-        self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden, dtype=numerics.dtype),
+        fp8 = numerics.quantization == "fp8"
+        dtype = FP8_DTYPE if fp8 else numerics.dtype
+        self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden, dtype=dtype),
                                       requires_grad=False)
-        self.w_down = nn.Parameter(torch.empty(num_experts, hidden, intermediate, dtype=numerics.dtype),
-                                   requires_grad=False)
+        self.w_down = nn.Parameter(torch.empty(num_experts, hidden, intermediate, dtype=dtype), requires_grad=False)
+        self.w_gate_up_scale_inv: nn.Parameter | None
+        self.w_down_scale_inv: nn.Parameter | None
+        for name, (rows, cols) in (("w_gate_up_scale_inv", (2 * intermediate, hidden)),
+                                   ("w_down_scale_inv", (hidden, intermediate))):
+            self.register_parameter(name, nn.Parameter(
+                torch.empty(num_experts, -(-rows // GROUP), -(-cols // GROUP), dtype=torch.float32),
+                requires_grad=False) if fp8 else None)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         return ops.moe_experts(x, topk_ids, topk_weights, self.w_gate_up, self.w_down,
-                               self.numerics.batch_invariant)
+                               self.numerics.batch_invariant, self.w_gate_up_scale_inv, self.w_down_scale_inv)
+
+    def quantize_fp8(self) -> bool:
+        """Quantise float expert weights to block-scaled FP8, expert by expert, on their device."""
+        if self.w_gate_up_scale_inv is not None:
+            return False
+        for name in ("w_gate_up", "w_down"):
+            w = getattr(self, name).data
+            pairs = [quantize_blocks(w[e]) for e in range(w.shape[0])]
+            setattr(self, name, nn.Parameter(torch.stack([q for q, _ in pairs]), requires_grad=False))
+            setattr(self, name + "_scale_inv", nn.Parameter(torch.stack([s for _, s in pairs]), requires_grad=False))
+        return True
 
 
 class Router(nn.Module):

@@ -136,36 +136,46 @@ def _need_block(block: tuple[int, int] | None, name: str) -> tuple[int, int]:
 Index = slice | tuple[int | slice, ...] | None
 
 
-def _rows(index: Index, name: str) -> slice | None:
+def _split_index(index: Index, name: str) -> tuple[tuple[int, ...], slice | None]:
+    """(leading integer indices, row range) of a weight index: None or () for a whole weight, a
+    row range of a fused projection, (expert,) or (expert, rows) of a stacked expert weight."""
     if index is None or index == ():
-        return None
+        return (), None
     if isinstance(index, slice):
-        return index
-    if len(index) == 1 and isinstance(index[0], slice):
-        return index[0]
-    raise CheckpointError(f"checkpoint tensor {name!r} maps to {index!r} of an FP8 linear weight; only row "
-                          "ranges of a fused projection can be")
+        return (), index
+    lead = tuple(i for i in index if isinstance(i, int))
+    rest = [i for i in index if not isinstance(i, int)]
+    if len(lead) + len(rest) != len(index) or len(rest) > 1 or index[: len(lead)] != lead:
+        raise CheckpointError(f"checkpoint tensor {name!r} maps to {index!r} of an FP8 weight; only whole "
+                              "weights, row ranges of a fused projection and experts' rows can be")
+    return lead, rest[0] if rest else None  # type: ignore[return-value]
 
 
 def scale_name(weight_name: str) -> str:
-    return weight_name.removesuffix(".weight") + SCALE_SUFFIX
+    """`X.weight` -> `X.weight_scale_inv` (the checkpoints' name); a stacked expert weight `w_down`
+    -> `w_down_scale_inv`."""
+    if weight_name.endswith(".weight"):
+        return weight_name.removesuffix(".weight") + SCALE_SUFFIX
+    return weight_name + "_scale_inv"
 
 
 class WeightLoader:
     """Copies checkpoint weights into a model's parameters (module docstring).
 
     params: the model's named parameters; block: the checkpoint's FP8 block, or None; dtype: the
-    engine's float dtype. A target is an FP8 weight when its `weight_scale_inv` is a parameter too.
+    engine's float dtype. A target is an FP8 weight when its scale (`scale_name`) is a parameter
+    too. A stacked expert weight [E, N, K] is handled as E weights [N, K].
     """
 
     def __init__(self, params: Mapping[str, torch.Tensor], block: tuple[int, int] | None, dtype: torch.dtype) -> None:
         self.params = params
         self.block = block
         self.dtype = dtype
-        self.staging: dict[str, torch.Tensor] = {}
+        # (target, leading indices) -> that [N, K] weight assembled in float32
+        self.staging: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
 
     def is_fp8(self, target: str) -> bool:
-        return target.endswith(".weight") and scale_name(target) in self.params
+        return scale_name(target) in self.params and self.params[target].dtype in FP8_DTYPES
 
     def load(self, target: str, tensor: torch.Tensor, scale: torch.Tensor | None, name: str,
              index: Index = None) -> list[tuple[str, Index]]:
@@ -178,44 +188,46 @@ class WeightLoader:
                                                                       self.dtype, name)
             copy_param(self.params[target], value, name, index)
             return [(target, index)]
-        rows = _rows(index, name)
-        param, scale_param = self.params[target], self.params[scale_name(target)]
+        lead, rows = _split_index(index, name)
+        param, scale_param = self.params[target].data[lead], self.params[scale_name(target)].data[lead]
         n = param.shape[0]
         start, stop, _ = (0, n, 1) if rows is None else rows.indices(n)
         scale_rows = slice(start // GROUP, -(-stop // GROUP))
-        filled: list[tuple[str, Index]] = [(target, rows), (scale_name(target), scale_rows)]
+        filled: list[tuple[str, Index]] = [(target, (*lead, rows) if rows is not None else lead),
+                                           (scale_name(target), (*lead, scale_rows))]
         aligned = start % GROUP == 0 and (stop % GROUP == 0 or stop == n)
-        if scale is not None and self.block == WEIGHT_BLOCK and aligned and target not in self.staging:
+        key = (target, lead)
+        if scale is not None and self.block == WEIGHT_BLOCK and aligned and key not in self.staging:
             copy_param(param, tensor, name, rows)
             copy_param(scale_param, scale, scale_name(name), scale_rows)
             return filled
         value = tensor if scale is None else dequantize_block_fp8(tensor, scale, _need_block(self.block, name),
                                                                   torch.float32, name)
-        staged = self.staging.get(target)
+        staged = self.staging.get(key)
         if staged is None:
             # The pieces copied so far, in float; rows not loaded yet are garbage until their piece comes.
-            staged = dequantize_blocks(param.data, scale_param.data)
-            self.staging[target] = staged
+            staged = dequantize_blocks(param, scale_param)
+            self.staging[key] = staged
         copy_param(staged, value.float(), name, rows)
         return filled
 
     def finish(self) -> None:
-        """Quantise the Linears that were assembled in float."""
-        for target, staged in self.staging.items():
+        """Quantise the weights that were assembled in float."""
+        for (target, lead), staged in self.staging.items():
             q, s = quantize_blocks(staged)
-            self.params[target].data.copy_(q)
-            self.params[scale_name(target)].data.copy_(s)
+            self.params[target].data[lead].copy_(q)
+            self.params[scale_name(target)].data[lead].copy_(s)
         self.staging.clear()
 
 
 def quantize_linears(model: torch.nn.Module) -> int:
-    """Quantise every quantizable float Linear of a loaded model to FP8 where its weights live;
-    returns how many were quantised."""
+    """Quantise every quantizable float Linear (and stacked expert weights) of a loaded model to FP8
+    where its weights live; returns how many modules were quantised."""
     from shardinfer.engine.models.layers import Linear
 
     count = 0
     for module in model.modules():
-        if isinstance(module, Linear) and module.quantizable and module.weight_scale_inv is None:
-            module.quantize_fp8()
-            count += 1
+        quantize = getattr(module, "quantize_fp8", None)
+        if quantize is not None and (not isinstance(module, Linear) or module.quantizable):
+            count += bool(quantize())
     return count

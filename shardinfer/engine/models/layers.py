@@ -42,14 +42,16 @@ class Linear(nn.Module):
             return ops.linear_fp8(x, self.weight, self.weight_scale_inv, self.bias, self.numerics.batch_invariant)
         return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
 
-    def quantize_fp8(self) -> None:
+    def quantize_fp8(self) -> bool:
         """Replace a float weight by its block-scaled FP8 form, on the weight's device (quantising a
-        float checkpoint at load: reference_fp8.quantize_blocks, deterministic everywhere)."""
+        float checkpoint at load: reference_fp8.quantize_blocks, deterministic everywhere); returns
+        whether it did."""
         if not self.quantizable or self.weight_scale_inv is not None:
-            return
+            return False
         q, s = quantize_blocks(self.weight.data)
         self.weight = nn.Parameter(q, requires_grad=False)
         self.weight_scale_inv = nn.Parameter(s, requires_grad=False)
+        return True
 
 
 class RMSNorm(nn.Module):

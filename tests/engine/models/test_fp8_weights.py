@@ -192,8 +192,31 @@ def test_deepseek_fp8_checkpoint_keeps_projections_in_fp8_and_kv_b_in_float(tmp_
     want_q, want_s = quantize(torch.cat([dequantize(q, s) for q, s in parts]))
     assert torch.equal(shared.weight.view(torch.uint8), want_q.view(torch.uint8))
     assert shared.weight_scale_inv is not None and torch.equal(shared.weight_scale_inv, want_s)
+    experts = dict(model.named_parameters())
+    q, s = quantised["model.layers.2.mlp.experts.3.down_proj.weight"]  # one whole piece per expert
+    assert experts["model.layers.2.mlp.experts.w_down"].dtype == torch.float8_e4m3fn
+    assert torch.equal(experts["model.layers.2.mlp.experts.w_down"][3].view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(experts["model.layers.2.mlp.experts.w_down_scale_inv"][3], s)
+    parts = [quantised[f"model.layers.2.mlp.experts.3.{p}.weight"] for p in ("gate_proj", "up_proj")]
+    want_q, want_s = quantize(torch.cat([dequantize(q, s) for q, s in parts]))  # rows 0-32 and 32-64: requantised
+    got_q = experts["model.layers.2.mlp.experts.w_gate_up"][3]
+    assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(experts["model.layers.2.mlp.experts.w_gate_up_scale_inv"][3], want_s)
     prompts = [[4, 8, 15, 16, 23, 42], [1, 2, 3]]
     _, got = generate_batch(PagedRunner(model), prompts, 1)
     _, want = generate_batch(PagedRunner(twin), prompts, 1)
     for a, b in zip(got, want, strict=True):  # the prompts' logits (greedy continuations may part)
         assert 0 < (torch.log_softmax(a, -1) - torch.log_softmax(b, -1)).abs().max().item() < 0.25
+
+
+def test_deepseek_float_checkpoint_quantised_at_load_includes_the_experts() -> None:
+    src = deepseek_checkpoint("group_limited")
+    tensors = load_file(str(src / "model.safetensors"))
+    llm = LLM(src, device="cpu", dtype="float32", quantization="fp8")
+    params = dict(llm.llm_engine.model.named_parameters())
+    want_q, want_s = quantize(tensors["model.layers.1.mlp.experts.5.down_proj.weight"])
+    assert torch.equal(params["model.layers.1.mlp.experts.w_down"][5].view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(params["model.layers.1.mlp.experts.w_down_scale_inv"][5], want_s)
+    assert params["model.layers.1.mlp.gate.weight"].dtype == torch.float32  # the router stays float
+    out = llm.generate([[4, 8, 15]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 4
