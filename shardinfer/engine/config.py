@@ -1,17 +1,23 @@
-"""Engine arguments (the `LLM(...)` keywords and the job spec's `engine.*` keys), validated once."""
+"""Engine arguments (the `LLM(...)` keywords and the job spec's `engine.*` keys), validated once.
+
+torch is imported only where a device or dtype object is asked for: a job validates its spec's
+`engine.*` keys against these fields long before it builds the engine, and should not pay for
+torch's import there.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "half": torch.float16,
-          "float": torch.float32}
+# dtype name -> the torch dtype's attribute name
+DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "fp32": "float32",
+          "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
 
 INDEPENDENT_MATCHERS_MIN_CPUS = 4
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -98,6 +104,8 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         if str(self.device).startswith("cuda") and not torch.cuda.is_available():
@@ -106,9 +114,12 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
-        return DTYPES[self.dtype]
+        dtype: torch.dtype = getattr(torch, DTYPES[self.dtype])
+        return dtype
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:

@@ -44,6 +44,7 @@ from shardinfer.engine.request import Request
 from shardinfer.engine.sampler import DRAFTS, GrammarMasks, SamplingPlan, plan_sampling, sample_on_device
 from shardinfer.engine.sampling_params import SamplingParams, checkpoint_sampling_defaults
 from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
+from shardinfer.engine.startup_phases import StartupPhases, device_sync, init_device
 from shardinfer.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 class LLMEngine:
     def __init__(self, model: str | Path, **kwargs: Any) -> None:
+        started = time.monotonic()
         self.config = EngineConfig.from_kwargs(str(model), **kwargs)
         cfg = self.config
         self.model_dir = Path(cfg.model)
@@ -61,13 +63,18 @@ class LLMEngine:
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.device = cfg.torch_device
         self.dtype = cfg.torch_dtype
-        self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
-        self.generation_defaults = checkpoint_sampling_defaults(self.model_dir)
+        phases = StartupPhases(sync=device_sync(self.device))
+        if self.device.type == "cuda":
+            with phases.phase("device_init_s"):
+                init_device(self.device)
+        with phases.phase("tokenizer_s"):
+            self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
+            self.generation_defaults = checkpoint_sampling_defaults(self.model_dir)
         limit = cfg.max_model_len or self.model_config.max_position_embeddings
         if limit > self.model_config.max_position_embeddings:
             raise ValueError(f"max_model_len={limit} exceeds the model's max_position_embeddings="
                              f"{self.model_config.max_position_embeddings}")
-        self.runner = ModelRunner(cfg, self.model_dir, self.model_config, limit)
+        self.runner = ModelRunner(cfg, self.model_dir, self.model_config, limit, phases)
         self.numerics = self.runner.numerics
         self.model = self.runner.model
         self.kv_caches = self.runner.kv_caches
@@ -102,7 +109,10 @@ class LLMEngine:
         if self.device.type == "cuda":
             # Startup's objects live as long as the engine: no full collection walks them again
             # mid-run (heap.py). A CPU step is long next to such a pause, so CPU engines skip it.
-            freeze_startup_heap()
+            with phases.phase("heap_freeze_s"):
+                freeze_startup_heap()
+        # Seconds per start-up phase, in the order they ran, and the whole build (engine/startup_phases.py).
+        self.startup_phases: dict[str, float] = {**phases.seconds, "engine_build_s": time.monotonic() - started}
 
     # -- requests -------------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:

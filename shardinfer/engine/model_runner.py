@@ -29,6 +29,7 @@ from shardinfer.engine.models.fp8 import resolve_quantization
 from shardinfer.engine.models.registry import load_model
 from shardinfer.engine.request import Request
 from shardinfer.engine.scheduler import ScheduledBatch
+from shardinfer.engine.startup_phases import StartupPhases
 from shardinfer.kernels import ops
 
 
@@ -101,21 +102,25 @@ def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_dir: Path, model_config: ModelConfig, max_model_len: int) -> None:
+    def __init__(self, config: EngineConfig, model_dir: Path, model_config: ModelConfig, max_model_len: int,
+                 phases: StartupPhases | None = None) -> None:
         """Load the model and build everything it runs with. `max_model_len` is the longest sequence
-        asked for; `self.max_model_len` may be shorter, when the KV cache cannot hold that many tokens."""
+        asked for; `self.max_model_len` may be shorter, when the KV cache cannot hold that many tokens.
+        Each set-up phase is timed into `phases` (engine/startup_phases.py)."""
         cfg = config
         self.device = cfg.torch_device
         self.dtype = cfg.torch_dtype
         self.block_size = cfg.block_size
         self.batch_invariant = cfg.batch_invariant
+        phases = phases if phases is not None else StartupPhases()
         if self.device.type == "cuda":
             # An engine dropped in a reference cycle gives its memory back before this one
             # loads weights and sizes its KV cache from the free memory (heap.py).
             collect_dropped()
             torch.cuda.empty_cache()
         self.numerics = Numerics(self.dtype, cfg.batch_invariant, resolve_quantization(cfg.quantization, model_config.hf))
-        self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
+        with phases.phase("model_load_s"):
+            self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
         specs = self.model.kv_cache_specs()
         if cfg.speculative_mtp:
             if not getattr(self.model, "num_mtp_layers", 0):
@@ -123,17 +128,20 @@ class ModelRunner:
                                  "MTP layer (num_nextn_predict_layers): use speculative_ngram_tokens instead")
             specs = specs + self.model.mtp_kv_cache_specs()  # MTP caches follow the main layers'
         self.kv_specs: list[KVLayerSpec] = specs
-        self.num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, max_model_len)
-        # No request may need more blocks than exist, or preemption could never make room for it.
-        self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
-        self.kv_caches = allocate_kv_caches(specs, self.num_blocks, cfg.block_size, self.dtype, self.device,
-                                            cfg.kv_cache_dtype == "fp8")
+        with phases.phase("kv_sizing_s"):
+            self.num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, max_model_len)
+            # No request may need more blocks than exist, or preemption could never make room for it.
+            self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
+            self.kv_caches = allocate_kv_caches(specs, self.num_blocks, cfg.block_size, self.dtype, self.device,
+                                                cfg.kv_cache_dtype == "fp8")
         if self.device.type == "cuda" and cfg.batch_invariant:
-            self._warm_up()
+            with phases.phase("warm_up_s"):
+                self._warm_up()
         self.graphs: Any = None  # a DecodeGraphs, or None
         # The MTP drafter continues from each step's hidden states, which decode graphs do not keep.
         if self.device.type == "cuda" and not cfg.enforce_eager and not cfg.speculative_mtp:
-            self.graphs = self._capture_graphs(cfg.max_num_seqs)
+            with phases.phase("graph_capture_s"):
+                self.graphs = self._capture_graphs(cfg.max_num_seqs)
         self.last_step_graphed = False
         # The last eager step's inputs and hidden states, for a draft model that continues from them;
         # kept only when asked (keep_last_forward), else they would pin the device memory of the
