@@ -25,7 +25,7 @@ from shardinfer.engine.models.deepseek_block import DeepseekDecoderLayer
 from shardinfer.engine.models.deepseek_mla import DeepseekMLA, MLADims
 from shardinfer.engine.models.deepseek_mtp import MTPLayer
 from shardinfer.engine.models.fp8 import WeightLoader, dequantize_block_fp8, fp8_block_size, pair_fp8_weights
-from shardinfer.engine.models.layers import Linear, RMSNorm
+from shardinfer.engine.models.layers import Linear, RMSNorm, embedding
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
 
@@ -40,8 +40,7 @@ _MTP_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
 class DeepseekV3Model(nn.Module):
     def __init__(self, config: ModelConfig, numerics: Numerics, rope: RopeTable) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=numerics.dtype)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size, numerics.dtype)
         self.layers = nn.ModuleList(DeepseekDecoderLayer(config, numerics, i, rope)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
@@ -196,13 +195,13 @@ class DeepseekV3ForCausalLM(nn.Module):
         h, v = self.config.hidden_size, self.config.vocab_size
         if tuple(tensor.shape) != (v, h):
             raise CheckpointError(f"MTP tensor {target!r} has shape {tuple(tensor.shape)}, expected {(v, h)}")
-        if m.group(2) == "embed_tokens":
-            layer.embed_tokens = nn.Embedding(v, h, dtype=self.numerics.dtype)
-            layer.embed_tokens.weight.requires_grad_(False)
-            layer.embed_tokens.weight.copy_(tensor)
-        else:
-            layer.shared_head.head = Linear(h, v, False, self.numerics, quantizable=False)
-            layer.shared_head.head.weight.copy_(tensor)
+        with torch.device(tensor.device):  # made where the weights already are: no host detour
+            if m.group(2) == "embed_tokens":
+                layer.embed_tokens = embedding(v, h, self.numerics.dtype)
+                layer.embed_tokens.weight.copy_(tensor)
+            else:
+                layer.shared_head.head = Linear(h, v, False, self.numerics, quantizable=False)
+                layer.shared_head.head.weight.copy_(tensor)
         return True
 
     def _split_target(self, target: str) -> tuple[str, tuple[int | slice, ...]]:

@@ -18,7 +18,7 @@ from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.fp8 import WeightLoader, fp8_block_size, pair_fp8_weights
-from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm
+from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm, embedding
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
 from shardinfer.kernels import ops
@@ -120,8 +120,7 @@ class DenseForCausalLM(nn.Module):
         self.rope = RopeTable(rope_dim, config.rope_theta, config.rope_scaling, max_positions,
                               config.max_position_embeddings)
         self.windows = layer_windows(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=numerics.dtype)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size, numerics.dtype)
         self.layers = nn.ModuleList(
             DenseDecoderLayer(config, numerics, i, self.windows[i], self.rope) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)

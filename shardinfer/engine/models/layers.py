@@ -67,6 +67,13 @@ class RMSNorm(nn.Module):
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
+def embedding(num_embeddings: int, dim: int, dtype: torch.dtype) -> nn.Embedding:
+    """A frozen embedding table left uninitialised, for the checkpoint to fill: nn.Embedding's own
+    initialisation would draw num_embeddings * dim random values only to overwrite them (and on the
+    meta device, where models are built, it would pull in torch's compiler stack to do so)."""
+    return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim, dtype=dtype), _freeze=True)
+
+
 def copy_param(param: torch.Tensor, value: torch.Tensor, name: str,
                index: slice | tuple[int | slice, ...] | None = None) -> None:
     """Copy a checkpoint tensor into a parameter, or into `param[index]` (a row slice, an expert's

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from shardinfer.engine.models.architectures import MODEL_CLASSES, supported_architectures
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.fp8 import fp8_block_size, quantize_linears
-from shardinfer.engine.models.loader import iter_checkpoint_tensors
+from shardinfer.engine.models.weight_stream import stream_checkpoint_tensors
 from shardinfer.errors import ModelLoadError
 
 
@@ -27,7 +28,12 @@ def model_class(config: ModelConfig) -> Any:
 
 def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, max_positions: int,
                device: torch.device) -> Any:
-    """Build the model for config, fill it from the checkpoint's safetensors, move it to device.
+    """Build the model with its parameters on `device`, then stream the checkpoint's tensors into them.
+
+    The modules are built on the meta device (no memory, no initialisation), their parameters are
+    then given uninitialised storage on `device`, and every one is filled from the checkpoint
+    (each model's load_weights refuses a checkpoint that leaves one unfilled). Host-side tables
+    a model computes itself (RoPE) are computed on the host as before and moved by to_device.
 
     With numerics.quantization "fp8" (see fp8.resolve_quantization) an FP8 checkpoint is loaded
     into FP8 Linears (fp8.WeightLoader); a float checkpoint is loaded in float and each
@@ -36,10 +42,31 @@ def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, m
     cls = model_class(config)
     direct = numerics.quantization == "fp8" and fp8_block_size(config.hf) is not None
     build = numerics if direct else dataclasses.replace(numerics, quantization=None)
-    with torch.device("cpu"):
+    with torch.device("meta"):
         model = cls(config, build, max_positions)
-    model.load_weights(iter_checkpoint_tensors(model_dir))
+    materialize(model, device)
+    model.load_weights(stream_checkpoint_tensors(model_dir, device))
     model.to_device(device)
     if numerics.quantization == "fp8" and not direct:
         quantize_linears(model)
+    if device.type == "cuda":
+        # The stream's chunk buffers are free now; hand them back, or the KV cache, sized from the
+        # device's free memory, would be smaller by what the allocator still holds.
+        torch.cuda.empty_cache()
     return model.eval()
+
+
+def materialize(model: nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer of `model` uninitialised storage on `device`, keeping
+    parameters that several modules share (tied embeddings) shared."""
+    # torch.empty, not empty_like: empty_like of a meta tensor runs through torch's reference
+    # implementations, whose import (sympy and the symbolic-shape machinery) costs seconds.
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in made:
+                storage = torch.empty(param.shape, dtype=param.dtype, device=device)
+                made[id(param)] = nn.Parameter(storage, requires_grad=False)
+            setattr(module, name, made[id(param)])
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            setattr(module, name, torch.empty(buffer.shape, dtype=buffer.dtype, device=device))

@@ -1,5 +1,8 @@
 """Rotary position embedding tables: inverse frequencies for each scaling a supported config uses,
-and cos/sin tables indexed by absolute position (precomputed once, float32)."""
+and cos/sin tables indexed by absolute position (precomputed once, float32).
+
+The tables are always computed on the host (explicitly: models are built under the meta device)
+and then moved, so their values do not depend on the device the model runs on."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
 
 
 def _llama3(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
@@ -55,8 +58,8 @@ def _yarn(dim: int, base: float, s: dict[str, Any], max_pos: int) -> tuple[torch
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     keep = 1 - ramp
     return interpolation * (1 - keep) + extrapolation * keep, float(attention_factor)
@@ -85,7 +88,7 @@ class RopeTable:
     def __init__(self, dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int,
                  max_position_embeddings: int) -> None:
         inv_freq, factor = rope_inv_freq(dim, base, scaling, max_position_embeddings)
-        pos = torch.arange(max_positions, dtype=torch.float32)
+        pos = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(pos, inv_freq)
         self.cos = freqs.cos() * factor
         self.sin = freqs.sin() * factor
