@@ -79,7 +79,8 @@ class LLMEngine:
         self.model = self.runner.model
         self.kv_caches = self.runner.kv_caches
         self.max_model_len = self.runner.max_model_len
-        self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        with phases.phase("block_table_s"):
+            self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         admission = cfg.admission_batch
         if admission is None:
             admission = max(1, cfg.max_num_seqs // 8) if self.device.type == "cuda" else 1
