@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -248,6 +250,13 @@ class _KnownSecrets:
             # Longest first: a secret that contains another is replaced whole.
             self._ordered = tuple(sorted(merged, key=lambda s: (-len(s), s)))
 
+    def snapshot(self) -> tuple[str, ...]:
+        return self._ordered
+
+    def restore(self, saved: tuple[str, ...]) -> None:
+        with self._lock:
+            self._ordered = saved
+
     def scrub(self, text: str) -> str:
         for secret in self._ordered:
             if secret in text:
@@ -262,6 +271,17 @@ def remember_secrets(value: Any) -> None:
     """Tell `redact_text` about the credentials in `value` (a job spec, storage options, a URL),
     so that no text this process writes or prints can carry them from here on."""
     _KNOWN.add(secrets_in(value))
+
+
+@contextmanager
+def secrets_scope() -> Iterator[None]:
+    """Credentials remembered inside the block are forgotten after it: a job run in-process (a
+    test, a program calling the CLI's `main`) leaves no secret behind in this process."""
+    saved = _KNOWN.snapshot()
+    try:
+        yield
+    finally:
+        _KNOWN.restore(saved)
 
 
 def _userinfo_out(match: re.Match[str]) -> str:

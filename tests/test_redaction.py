@@ -5,6 +5,11 @@ from __future__ import annotations
 import copy
 import io
 import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from shardinfer.errors import EXIT_CONFIG, ConfigError
 from shardinfer.jobs.secrets_guard import RedactedError, RedactingStream, redacted_error
@@ -17,8 +22,15 @@ from shardinfer.redaction import (
     redact_url,
     remember_secrets,
     secrets_in,
+    secrets_scope,
     with_credentials_of,
 )
+
+
+@pytest.fixture(autouse=True)
+def _forget_remembered_secrets() -> Iterator[None]:
+    with secrets_scope():  # what a test remembers stays out of the other tests of this process
+        yield
 
 
 def test_credential_keys() -> None:
@@ -165,3 +177,18 @@ def test_streams_and_errors_crossing_a_process_are_redacted() -> None:
     rebuilt = copy.deepcopy(error)
     assert isinstance(rebuilt, RedactedError) and rebuilt.exit_code == EXIT_CONFIG
     assert str(rebuilt) == str(error)
+
+
+def test_an_in_process_cli_run_redacts_and_then_leaves_nothing_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardinfer.jobs.cli import main
+
+    before = (sys.stdout, sys.stderr)
+    secret = "inproc-secret-42"
+    output = tmp_path / secret  # an error will quote this path
+    assert main(["status", "--storage-options", json.dumps({"secret": secret}), str(output)]) == 66
+    err = capsys.readouterr().err
+    assert "holds no job" in err and secret not in err and "***" in err
+    assert (sys.stdout, sys.stderr) == before  # the caller's streams are its own again
+    assert redact_text(f"a {secret}") == f"a {secret}"  # and the secret is forgotten

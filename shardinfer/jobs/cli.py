@@ -16,7 +16,7 @@ from typing import Any
 
 from shardinfer.errors import EXIT_OK, JobError, UsageError, exit_code_for, is_credentials_error
 from shardinfer.jobs.progress import Reporter
-from shardinfer.jobs.secrets_guard import guard_job, guard_streams
+from shardinfer.jobs.secrets_guard import guard_job, guarded_run
 from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, parse_conf, resolve
 
 # The executor (and with it torch) is imported only once a job is about to run, so usage and
@@ -157,8 +157,12 @@ def _storage_options(text: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    guard_streams()  # before the first reporter takes hold of stderr: nothing printed escapes it
+    # Guarded before the first reporter takes hold of stderr: nothing printed escapes it.
+    with guarded_run():
+        return _main(sys.argv[1:] if argv is None else argv)
+
+
+def _main(argv: list[str]) -> int:
     reporter = Reporter("-", _requested_log_format(argv))
     try:
         args = build_parser().parse_args(argv)

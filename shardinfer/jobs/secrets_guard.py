@@ -11,10 +11,12 @@ the job spec is known (`guard_job`).
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 from shardinfer.errors import JobError, exit_code_for
-from shardinfer.redaction import redact_text, remember_secrets
+from shardinfer.redaction import redact_text, remember_secrets, secrets_scope
 
 
 class RedactingStream:
@@ -42,6 +44,22 @@ def guard_streams() -> None:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, RedactingStream):
             setattr(sys, name, RedactingStream(stream))
+
+
+@contextmanager
+def guarded_run() -> Iterator[None]:
+    """One CLI run: output guarded, credentials remembered, both undone at the end, so that a
+    caller running the CLI in-process keeps its own streams and no secret stays remembered."""
+    saved = (sys.stdout, sys.stderr)
+    with secrets_scope():
+        guard_streams()
+        try:
+            yield
+        finally:
+            for name, original in zip(("stdout", "stderr"), saved, strict=True):
+                current = getattr(sys, name)
+                if isinstance(current, RedactingStream) and current.inner is original:
+                    setattr(sys, name, original)
 
 
 def guard_job(config: dict[str, Any]) -> None:

@@ -66,8 +66,10 @@ class ListingDiff:
 
 
 def diff_listings(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> ListingDiff:
-    before = {f["path"]: f for f in old}
-    after = {f["path"]: f for f in new}
+    # By identity on both sides: a listing stored by an older version may name a URL with its
+    # credentials, which are no part of what the file is.
+    before = {location_identity(f["path"]): f for f in old}
+    after = {location_identity(f["path"]): f for f in new}
     changed = [
         p
         for p in sorted(set(before) & set(after))
