@@ -177,6 +177,8 @@ def test_streams_and_errors_crossing_a_process_are_redacted() -> None:
     rebuilt = copy.deepcopy(error)
     assert isinstance(rebuilt, RedactedError) and rebuilt.exit_code == EXIT_CONFIG
     assert str(rebuilt) == str(error)
+    plain = ConfigError("model.path='m' is not a directory")
+    assert redacted_error(plain) is plain  # nothing to hide: the error keeps its kind
 
 
 def test_an_in_process_cli_run_redacts_and_then_leaves_nothing_behind(

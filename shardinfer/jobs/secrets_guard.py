@@ -82,6 +82,11 @@ class RedactedError(JobError):
         return (RedactedError, (str(self), self.exit_code, self.kind))
 
 
-def redacted_error(exc: BaseException) -> RedactedError:
-    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, JobError) else str(exc)
-    return RedactedError(redact_text(text), exit_code_for(exc), type(exc).__name__)
+def redacted_error(exc: BaseException) -> BaseException:
+    """`exc` itself when its message holds no credential, else a `RedactedError` with the same exit
+    code. Raise it `from None`: the errors it was raised from may quote one."""
+    text = str(exc)
+    if redact_text(text) == text:
+        return exc
+    described = text if isinstance(exc, JobError) else f"{type(exc).__name__}: {text}"
+    return RedactedError(redact_text(described), exit_code_for(exc), type(exc).__name__)
