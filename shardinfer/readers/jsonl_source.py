@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 import pyarrow as pa
+from fsspec.utils import infer_compression
 
 from shardinfer.errors import InputSchemaError
-from shardinfer.readers.listing import is_compressed
+from shardinfer.readers.listing import is_compressed, without_query
 from shardinfer.readers.row_errors import attach_row_errors
 from shardinfer.splits import ROW_INDEX_COLUMN
 from shardinfer.storage import RetryPolicy, filesystem, with_retries
@@ -34,7 +35,8 @@ _RETRY = RetryPolicy()
 
 def _open_text(url: str, storage_options: dict) -> IO[bytes]:
     fs, path = filesystem(url, storage_options)
-    compression = "infer" if is_compressed(url) else None
+    # Named from the file name without a signed URL's query, which would hide its extension.
+    compression = infer_compression(without_query(url)) if is_compressed(url) else None
     return with_retries(_RETRY, f"open {url}", lambda: fs.open(path, "rb", compression=compression))
 
 

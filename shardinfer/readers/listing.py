@@ -30,9 +30,17 @@ def _strip_compression(name: str) -> str:
     return name
 
 
+def without_query(path: str) -> str:
+    """An http(s) URL without its query: a signed URL (`...data.jsonl?X-Amz-Signature=...`) ends in
+    its signature, and its `?` starts that query, not a glob."""
+    if path.lower().startswith(("http://", "https://")):
+        return path.split("?", 1)[0]
+    return path
+
+
 def format_of(path: str) -> str | None:
     """'parquet' or 'jsonl' by extension (a JSONL file may also end in .gz/.bz2/.xz/.zst), else None."""
-    name = path.lower()
+    name = without_query(path).lower()
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
     if _strip_compression(name).endswith(JSONL_SUFFIXES):
@@ -54,11 +62,11 @@ def resolve_format(path: str, declared: str) -> str:
 
 
 def is_compressed(path: str) -> bool:
-    return path.lower().endswith(COMPRESSION_SUFFIXES)
+    return without_query(path).lower().endswith(COMPRESSION_SUFFIXES)
 
 
 def _has_glob(path: str) -> bool:
-    return any(ch in path for ch in "*?[")
+    return any(ch in without_query(path) for ch in "*?[")
 
 
 def _visible(path: str) -> bool:

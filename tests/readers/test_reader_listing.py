@@ -67,3 +67,14 @@ def test_memory_filesystem_urls_round_trip() -> None:
         assert fsspec.open(files[0], "rb").open().read(4) == b"PAR1"
     finally:
         fs.rm("memory://listing-test", recursive=True)
+
+
+def test_a_signed_urls_query_is_neither_a_glob_nor_its_extension() -> None:
+    from shardinfer.readers.listing import format_of, is_compressed, resolve_format
+
+    signed = "https://h.example/data/prompts.jsonl.gz?X-Amz-Date=1&X-Amz-Signature=ab12"
+    assert format_of(signed) == resolve_format(signed, "auto") == "jsonl"
+    assert is_compressed(signed)
+    assert format_of("https://h.example/data/part.parquet?sig=ab12") == "parquet"
+    # Elsewhere `?` stays a glob character.
+    assert format_of("s3://bucket/part?.parquet") == "parquet"

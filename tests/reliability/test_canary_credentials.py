@@ -105,8 +105,7 @@ def test_http_credentials_are_used_but_never_written(
         return signed_url(port, user, password, sig, name)
 
     out = tmp_path / "out"
-    # A signed URL ends in its query, not in .jsonl: the format is named.
-    sections = {"job": {"split_rows": 2, "max_error_fraction": 0.5}, "input": {"format": "jsonl"}}
+    sections = {"job": {"split_rows": 2, "max_error_fraction": 0.5}}
     job = write_job(
         tmp_path, "job", model_dir, url(CANARY_USER, CANARY_PASSWORD, CANARY_SIGNATURE), str(out), **sections
     )

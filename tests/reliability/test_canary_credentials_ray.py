@@ -49,7 +49,7 @@ def test_ray_actors_use_the_credentials_and_no_log_holds_them(
             try:
                 out = tmp_path / "out"
                 url = signed_url(port, CANARY_USER, CANARY_PASSWORD, CANARY_SIGNATURE)
-                sections = {"job": {"split_rows": 2, "max_error_fraction": 0.5}, "input": {"format": "jsonl"}}
+                sections = {"job": {"split_rows": 2, "max_error_fraction": 0.5}}
                 job = write_job(tmp_path, "job", model_dir, url, str(out), **sections)
                 accepted["api_key"] = CANARY_TOKEN  # from here on every request must carry it
                 run = cli(
