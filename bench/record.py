@@ -65,6 +65,34 @@ either started its own local cluster or joined a running one (`ray, running`).
 """
 
 
+SPEC_HEADER = """
+## Speculative decoding
+
+`bench/spec_decode.py`: plain decoding and speculative decoding in the same run, drafted by the
+replay drafter (the plain run's own continuation, each draft token wrong with probability
+1 - alpha); output tok/s over the whole generate call; "accept": drafts accepted / drafted;
+"identical": speculative outputs equal plain ones, tokens and logprobs.
+
+| date (UTC) | GPU | commit | workload | batch | alpha | depth | scheduled | plain tok/s | spec tok/s | speedup | accept | identical |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
+
+def spec_rows(records: list[dict]) -> list[str]:
+    rows = []
+    for r in sorted(records, key=lambda r: str(r.get("date", ""))):
+        if not str(r.get("workload", "")).startswith(("dense", "moe")) or "alpha" not in str(r.get("points")):
+            continue
+        if r.get("gpu") == "cpu":
+            continue
+        for p in r["points"]:
+            rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | "
+                        f"{r['workload']} | {p['batch']} | {p['alpha']} | {p['depth']} | {p['scheduled']} | "
+                        f"{p['plain_tok_s']:.0f} | {p['spec_tok_s']:.0f} | {p['spec_tok_s'] / p['plain_tok_s']:.2f} | "
+                        f"{fmt(p.get('acceptance'), '.2f')} | {p['identical']} |")
+    return rows
+
+
 def job_row(r: dict) -> str:
     start = r.get("startup_s") or {}
     master = r.get("master", "local")
@@ -127,6 +155,9 @@ def main() -> None:
         text += SO_HEADER + "\n".join(so_rows) + "\n"
     if job_rows:
         text += JOB_HEADER + "\n".join(job_rows) + "\n"
+    sd_rows = spec_rows(records)
+    if sd_rows:
+        text += SPEC_HEADER + "\n".join(sd_rows) + "\n"
     (HERE / "RESULTS.md").write_text(text)
     print(f"{len(rows)} throughput rows, {len(so_rows)} structured-output rows, {len(job_rows)} job rows")
 

@@ -21,6 +21,10 @@ DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "f
 
 INDEPENDENT_MATCHERS_MIN_CPUS = 4
 KV_CACHE_DTYPES = ("auto", "fp8")
+SPECULATIVE_MODES = ("off", "ngram", "mtp")
+SPECULATIVE_BUDGETS = ("confidence", "fixed")
+MAX_SPECULATIVE_DEPTH = 8
+DEFAULT_NGRAM_DEPTH = 3
 
 
 def usable_cpus() -> int:
@@ -52,8 +56,16 @@ class EngineConfig:
     admission_batch: int | None = None  # free slots needed to admit while decoding (None: max_num_seqs/8 on cuda)
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     async_scheduling: bool | None = None  # overlap host work with the device (None: on for cuda)
-    speculative_ngram_tokens: int = 0  # prompt-lookup draft tokens verified per step (0: off)
-    speculative_mtp: bool = False  # draft one token per step with the checkpoint's MTP layer
+    # Speculative decoding (docs/engine.md): "ngram" (prompt lookup), "mtp" (the checkpoint's MTP
+    # layer) or "off"; speculative_depth draft tokens per step (0: the drafter's default). The
+    # output is token-identical either way, so none of these keys is part of a job's fingerprint.
+    speculative: str = "off"
+    speculative_depth: int = 0
+    # "confidence": each step drafts 0 .. speculative_depth tokens, the depth with the most
+    # expected tokens per second (draft_budget.py); "fixed": always speculative_depth.
+    speculative_budget: str = "confidence"
+    speculative_ngram_tokens: int = 0  # shorthand for speculative="ngram", speculative_depth=N
+    speculative_mtp: bool = False  # shorthand for speculative="mtp"
     seed: int = 0  # seed for requests that give none (0 = draw one at random per request)
     # Grammar matchers built per sample instead of copied from the compiled grammar (None: when
     # the process may use >= 4 CPUs; see independent_matchers below and docs/structured-outputs.md).
@@ -74,19 +86,44 @@ class EngineConfig:
             raise ValueError(f"block_size={self.block_size}: must be a power of two")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len={self.max_model_len}: must be >= 2")
+        if self.speculative not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative={self.speculative!r}: use one of {', '.join(map(repr, SPECULATIVE_MODES))}")
+        if self.speculative_budget not in SPECULATIVE_BUDGETS:
+            raise ValueError(f"speculative_budget={self.speculative_budget!r}: use one of "
+                             f"{', '.join(map(repr, SPECULATIVE_BUDGETS))}")
         if self.speculative_ngram_tokens < 0:
             raise ValueError(f"speculative_ngram_tokens={self.speculative_ngram_tokens}: must be >= 0 (0 = off)")
-        if (self.speculative_ngram_tokens or self.speculative_mtp) and self.async_scheduling:
-            raise ValueError("speculative decoding needs the newest token on the host each step: "
-                             "leave async_scheduling unset or set it to False")
-        if self.speculative_ngram_tokens and self.speculative_mtp:
-            raise ValueError("choose one drafter: speculative_ngram_tokens or speculative_mtp")
+        if not 0 <= self.speculative_depth <= MAX_SPECULATIVE_DEPTH:
+            raise ValueError(f"speculative_depth={self.speculative_depth}: must be in [0, {MAX_SPECULATIVE_DEPTH}] "
+                             "(0 = the drafter's default)")
+        chosen = {m for m, on in (("ngram", self.speculative_ngram_tokens), ("mtp", self.speculative_mtp),
+                                  (self.speculative, self.speculative != "off")) if on}
+        if len(chosen) > 1:
+            raise ValueError(f"choose one drafter, got {sorted(chosen)}: set speculative to 'ngram' or 'mtp' only")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
         independent = self.structured_independent_matchers
         if independent is not None and not isinstance(independent, bool):
             raise ValueError(f"structured_independent_matchers={independent!r}: "
                              "use true, false, or leave it unset (independent when >= 4 CPUs)")
+
+    @property
+    def speculative_mode(self) -> str:
+        """The drafter in use ("ngram", "mtp" or "off"), shorthands resolved."""
+        if self.speculative_ngram_tokens:
+            return "ngram"
+        if self.speculative_mtp:
+            return "mtp"
+        return self.speculative
+
+    @property
+    def draft_depth(self) -> int:
+        """Draft tokens per request and step (the MTP layer drafts one unless a depth is set)."""
+        if self.speculative_ngram_tokens:
+            return self.speculative_ngram_tokens
+        if self.speculative_depth:
+            return self.speculative_depth
+        return {"ngram": DEFAULT_NGRAM_DEPTH, "mtp": 1}.get(self.speculative_mode, 0)
 
     @property
     def independent_matchers(self) -> bool:

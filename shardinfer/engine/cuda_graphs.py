@@ -1,11 +1,13 @@
-"""CUDA graphs for pure-decode steps.
+"""CUDA graphs for decode steps.
 
-A decode step of B requests (one new token each) is captured once per bucket size B and then
-replayed: static input buffers are refilled in place, the graph runs the whole model plus the
-LM head, and the logits of the real rows are read back. Rows beyond the real batch (padding up
-to the bucket) get slot SKIP_SLOT (their KV store is skipped), a one-token sequence and block 0, and
-their logits are ignored. Attention sizes its chunk grid from max_model_len so one graph serves
-any context length.
+A decode step of B requests with W new tokens each (W = 1: plain decoding; W = 1 + k: the
+newest token and k speculative drafts to verify) is captured once per width W and bucket size B
+and then replayed: static input buffers are refilled in place, the graph runs the whole model plus
+the LM head, and the logits of the real rows are read back. Requests beyond the real batch
+(padding up to the bucket) get slot SKIP_SLOT (their KV store is skipped), a W-token sequence
+and block 0, and their logits are ignored. Attention sizes its chunk grid from max_model_len so
+one graph serves any context length, and its result for a row does not depend on W (the kernels
+are batch invariant), so a verify row gives the bits of a plain decode row.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384
 
 class DecodeGraphs:
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, ...]], block_size: int,
-                 max_model_len: int, max_batch: int, device: torch.device, batch_invariant: bool) -> None:
+                 max_model_len: int, max_batch: int, device: torch.device, batch_invariant: bool,
+                 widths: list[int] | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -30,41 +33,51 @@ class DecodeGraphs:
         if self.sizes[-1] < max_batch <= BUCKETS[-1]:
             self.sizes.append(max_batch)
         b_max = self.sizes[-1]
+        self.widths = widths or [1]
+        t_max = b_max * max(self.widths)
         self.max_blocks = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(b_max, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(b_max, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((b_max,), SKIP_SLOT, dtype=torch.int64, device=device)
+        self.input_ids = torch.zeros(t_max, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(t_max, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((t_max,), SKIP_SLOT, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(b_max, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(b_max, self.max_blocks, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(b_max + 1, dtype=torch.int32, device=device)
+        self.query_start_locs = {w: torch.arange(0, (b_max + 1) * w, w, dtype=torch.int32, device=device)
+                                 for w in self.widths}
         self.kv_caches = kv_caches
         self.batch_invariant = batch_invariant
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (width, bucket) -> graph
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.hidden: dict[tuple[int, int], torch.Tensor] = {}
+        # (width, bucket) -> measured replay time, for the draft budget (draft_budget.py); only
+        # measured when there is more than one width to choose from.
+        self.replay_ms: dict[tuple[int, int], float] = {}
         # Host staging in pinned memory, two sets used in turn: with asynchronous scheduling the
         # copy out of one set may still be queued behind the running step while the next step
         # fills the other. (A set is reused only after the step that read it has completed.)
-        self._staging = [self._new_staging(b_max) for _ in range(2)]
+        self._staging = [self._new_staging(b_max, t_max) for _ in range(2)]
         self._turn = 0
 
-    def _new_staging(self, b_max: int) -> dict[str, torch.Tensor]:
-        return {"ids": torch.zeros(b_max, dtype=torch.int64).pin_memory(),
-                "pos": torch.zeros(b_max, dtype=torch.int64).pin_memory(),
-                "slots": torch.zeros(b_max, dtype=torch.int64).pin_memory(),
+    def _new_staging(self, b_max: int, t_max: int) -> dict[str, torch.Tensor]:
+        return {"ids": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
+                "pos": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
+                "slots": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
                 "lens": torch.zeros(b_max, dtype=torch.int32).pin_memory(),
                 "tables": torch.zeros(b_max, self.max_blocks, dtype=torch.int32).pin_memory()}
 
-    def fits(self, batch_size: int) -> bool:
-        return batch_size <= self.sizes[-1]
+    def fits(self, batch_size: int, width: int = 1) -> bool:
+        return batch_size <= self.sizes[-1] and width in self.widths
 
-    def _forward(self, b: int) -> torch.Tensor:
+    def context(self, b: int, w: int) -> ForwardContext:
+        """The forward context over the static buffers of bucket b at width w."""
         meta = AttentionMetadata(
-            query_start_loc=self.query_start_loc[: b + 1], seq_lens=self.seq_lens[:b],
-            block_tables=self.block_tables[:b], slot_mapping=self.slot_mapping[:b], block_size=self.block_size,
-            max_query_len=1, max_seq_len=self.max_model_len, query_start_loc_cpu=[], seq_lens_cpu=[])
-        ctx = ForwardContext(meta, self.kv_caches, self.batch_invariant)
-        hidden = self.model(self.input_ids[:b], self.positions[:b], ctx)
-        return self.model.compute_logits(hidden)
+            query_start_loc=self.query_start_locs[w][: b + 1], seq_lens=self.seq_lens[:b],
+            block_tables=self.block_tables[:b], slot_mapping=self.slot_mapping[: b * w], block_size=self.block_size,
+            max_query_len=w, max_seq_len=self.max_model_len, query_start_loc_cpu=[], seq_lens_cpu=[])
+        return ForwardContext(meta, self.kv_caches, self.batch_invariant)
+
+    def _forward(self, b: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model(self.input_ids[: b * w], self.positions[: b * w], self.context(b, w))
+        return hidden, self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -72,39 +85,69 @@ class DecodeGraphs:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for b in reversed(self.sizes):
-                for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
-                    self._forward(b)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.outputs[b] = self._forward(b)
-                pool = graph.pool()
-                self.graphs[b] = graph
+            for w in sorted(self.widths, reverse=True):
+                # Padding requests hold w tokens at positions 0..w-1 (a valid causal layout).
+                self.seq_lens.fill_(w)
+                for b in reversed(self.sizes):
+                    for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
+                        self._forward(b, w)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self.hidden[w, b], self.outputs[w, b] = self._forward(b, w)
+                    pool = graph.pool()
+                    self.graphs[w, b] = graph
+                if len(self.widths) > 1:
+                    for b in self.sizes:
+                        self.replay_ms[w, b] = self._time_replay(self.graphs[w, b], stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
-    def run(self, host: Any, fixup: Any = None) -> torch.Tensor:
+    @staticmethod
+    def _time_replay(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, repeats: int = 3) -> float:
+        """Milliseconds per replay (after one untimed replay), at the capture's tiny contexts:
+        what it measures is the weights' and the rows' share of a step, which sets the headroom."""
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(repeats):
+            graph.replay()
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) / repeats
+
+    def _bucket(self, n: int) -> int:
+        return next(s for s in self.sizes if s >= n)
+
+    def forward_state(self, n: int, w: int) -> tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor]:
+        """The last replay's (input ids, positions, context, hidden states), padding rows included:
+        what a draft model continuing from this step reads (valid until the next replay)."""
+        b = self._bucket(n)
+        return (self.input_ids[: b * w], self.positions[: b * w], self.context(b, w), self.hidden[w, b])
+
+    def run(self, host: Any, fixup: Any = None, w: int = 1) -> torch.Tensor:
         n = len(host.seq_lens)
-        b = next(s for s in self.sizes if s >= n)
+        b = self._bucket(n)
+        t, tb = n * w, b * w
         width = host.block_tables.shape[1]
         st = self._staging[self._turn]
         self._turn ^= 1
-        st["ids"][:n] = torch.from_numpy(host.input_ids)
-        st["pos"][:n] = torch.from_numpy(host.positions)
-        st["slots"][:n] = torch.from_numpy(host.slot_mapping)
+        st["ids"][:t] = torch.from_numpy(host.input_ids)
+        st["pos"][:t] = torch.from_numpy(host.positions)
+        st["slots"][:t] = torch.from_numpy(host.slot_mapping)
         st["lens"][:n] = torch.from_numpy(host.seq_lens)
         st["tables"][:n, :width] = torch.from_numpy(np.maximum(host.block_tables, 0))
-        # Padding rows: skip the KV store, attend to one (ignored) key in block 0.
-        st["slots"][n:b] = SKIP_SLOT
-        st["lens"][n:b] = 1
-        st["ids"][n:b] = 0
-        st["pos"][n:b] = 0
-        self.input_ids[:b].copy_(st["ids"][:b], non_blocking=True)
-        self.positions[:b].copy_(st["pos"][:b], non_blocking=True)
-        self.slot_mapping[:b].copy_(st["slots"][:b], non_blocking=True)
+        # Padding requests: skip the KV store, attend to w (ignored) keys in block 0.
+        st["slots"][t:tb] = SKIP_SLOT
+        st["lens"][n:b] = w
+        st["ids"][t:tb] = 0
+        st["pos"][t:tb] = 0
+        self.input_ids[:tb].copy_(st["ids"][:tb], non_blocking=True)
+        self.positions[:tb].copy_(st["pos"][:tb], non_blocking=True)
+        self.slot_mapping[:tb].copy_(st["slots"][:tb], non_blocking=True)
         self.seq_lens[:b].copy_(st["lens"][:b], non_blocking=True)
         self.block_tables[:b, :width].copy_(st["tables"][:b, :width], non_blocking=True)
         if fixup is not None:
-            fixup.apply(self.input_ids)
-        self.graphs[b].replay()
-        return self.outputs[b][:n]
+            fixup.apply(self.input_ids, self.positions, self.seq_lens, self.slot_mapping, self.block_tables,
+                        self.block_size)
+        self.graphs[w, b].replay()
+        return self.outputs[w, b][:t]

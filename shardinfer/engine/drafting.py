@@ -3,25 +3,30 @@
 Two drafters: prompt lookup (`propose`: the tokens that followed the latest earlier occurrence
 of the sequence's last n tokens, n = 3, 2, 1, longest first; no model involved, so it suits any
 checkpoint and pays off on outputs that copy from the prompt) and a DeepSeek checkpoint's MTP
-layer (`Drafter.mtp_step`).
+layer (draft_device.mtp_drafts). A host drafter may be replaced (`Drafter.proposer`), which is how
+the benchmarks' replay drafter plugs in.
 
 Drafts are only proposals: every drafted position is sampled with the same (seed, position)
 noise as plain decoding, and a draft is kept only while it equals the sampled token, so
 speculative outputs are token-identical to non-speculative ones
-(reference/deterministic-speculative-decoding.md). Drafting reads the newest token on the
-host, so speculative steps run synchronously.
+(reference/deterministic-speculative-decoding.md).
+
+With asynchronous scheduling, step N+1 is drafted and launched before step N is read back. The
+host then lays N+1 out as if all of N's drafts were accepted; the device corrects that by the
+number it rejected (input_fixup.py). The MTP draft for N+1 is computed on the device from N's
+hidden states; a host drafter proposes from the host copy, which trails by one step (it may
+offer one proposal per possible rejection count, of which the device picks the right one).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import Protocol
 
 from shardinfer.engine.config import EngineConfig
-from shardinfer.engine.device_copy import values_to_device
-from shardinfer.engine.model_runner import ModelRunner
+from shardinfer.engine.draft_budget import DraftBudget
 from shardinfer.engine.output_processor import OutputProcessor
-from shardinfer.engine.request import Request
-from shardinfer.engine.sampler import SampleResult, sample_on_device, sampling_row
+from shardinfer.engine.request import PLACEHOLDER, Request, RequestStatus
+from shardinfer.engine.sampler import SampleResult
 from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 
 MATCH_LENGTHS = (3, 2, 1)
@@ -44,37 +49,116 @@ def propose(tokens: list[int], max_draft: int) -> list[int]:
     return []
 
 
+class HostProposer(Protocol):
+    def __call__(self, req: Request, room: int, in_flight: int) -> list[list[int]]:
+        """Drafts for `req`'s next step, at most `room` tokens. The request's last `in_flight`
+        slots are those of its step still on the device (its drafts, then a placeholder for the
+        token after them). Returns one draft per number r of those drafts the device may reject
+        (index r; a single draft when it does not depend on r), or [] for none."""
+        ...
+
+
+def ngram_proposer(req: Request, room: int, in_flight: int) -> list[list[int]]:
+    """Prompt lookup over the host copy: with a step in flight, its drafts are taken as accepted
+    and the lookup also predicts the token after them, which the draft then follows."""
+    tokens = req.all_token_ids
+    drafts = propose(tokens[:-1], room + 1)[1:] if in_flight else propose(tokens, room)
+    return [drafts] if drafts else []
+
+
+def _fill(draft: list[int], room: int, req: Request) -> list[int]:
+    """A host draft padded to `room` tokens (repeating its last token, or the newest known one):
+    every drafting request then verifies the same number of rows, so the step can replay the
+    CUDA graph of that width. A filler token costs only its verify row, which the graph computes
+    anyway, and is accepted whenever it happens to be right."""
+    if len(draft) >= room:
+        return draft
+    if draft:
+        last = draft[-1]
+    else:
+        known = [t for t in req.token_slice(max(0, req.num_tokens - 2), req.num_tokens) if t != PLACEHOLDER]
+        last = known[-1] if known else 0
+    return draft + [last] * (room - len(draft))
+
+
 class Drafter:
     """Adds drafts to the running requests before a step is scheduled, and verifies them after."""
 
-    def __init__(self, config: EngineConfig, scheduler: Scheduler, runner: ModelRunner, outputs: OutputProcessor,
-                 eos_token_ids: list[int], counters: dict[str, float]) -> None:
-        self.max_draft = config.speculative_ngram_tokens or 1
-        self.use_mtp = config.speculative_mtp
+    def __init__(
+        self,
+        config: EngineConfig,
+        scheduler: Scheduler,
+        outputs: OutputProcessor,
+        max_model_len: int,
+        counters: dict[str, float],
+        budget: DraftBudget | None = None,
+    ) -> None:
+        self.use_mtp = config.speculative_mode == "mtp"
+        self.depth = config.draft_depth
+        # The confidence schedule (None or without a step-time table: always self.depth).
+        self.budget = budget or DraftBudget(self.depth, None, None)
+        self.last_depth = self.depth  # the depth chosen for the newest step
+        self.proposer: HostProposer = ngram_proposer
         self.scheduler = scheduler
-        self.runner = runner
         self.outputs = outputs
-        self.eos_token_ids = eos_token_ids
-        self.max_model_len = runner.max_model_len
+        self.max_model_len = max_model_len
         self.counters = counters
 
     def add_drafts(self) -> None:
         """Append drafts to decoding requests whose next token's sampling depends on nothing but
-        (seed, position) and the logits."""
-        for req in self.scheduler.running:
+        (seed, position) and the logits. The depth is the budget's choice for this many
+        requests (at most self.depth)."""
+        running = self.scheduler.running
+        depth = min(self.depth, self.budget.depth(len(running))) if self.budget.scheduled else self.depth
+        self.last_depth = depth
+        self.counters["draft_depth_sum"] += depth
+        self.counters["draft_depth_steps"] += 1
+        for req in running:
             mtp_draft, req.mtp_draft = req.mtp_draft, []
+            req.device_drafts, req.draft_choices = 0, None
             p = req.params
-            if (req.num_placeholders or req.finishing or req.num_computed_tokens + 1 != req.num_tokens
-                    or req.grammar is not None or req.num_output_tokens < p.min_tokens or p.has_penalties):
+            committed = req.num_output_tokens - req.num_placeholders
+            if (
+                req.finishing
+                or req.num_computed_tokens + 1 != req.num_tokens
+                or req.grammar is not None
+                or committed < p.min_tokens
+                or p.has_penalties
+            ):
                 continue
-            room = min(self.max_draft, req.max_tokens - req.num_output_tokens - 1,
-                       self.max_model_len - req.num_tokens - 1)
-            draft = mtp_draft[:room] if self.use_mtp else propose(req.all_token_ids, room)
+            room = min(
+                depth,
+                req.max_tokens - req.num_output_tokens - 1,
+                self.max_model_len - req.num_tokens - 1,
+            )
+            if room <= 0:
+                continue
+            in_flight = req.num_placeholders
+            if self.use_mtp:
+                if in_flight:  # the step in flight drafts on the device
+                    draft = [PLACEHOLDER] * min(room, self.mtp_depth)
+                    req.device_drafts = len(draft)
+                else:
+                    draft = mtp_draft[:room]
+            else:
+                proposed = self.proposer(req, room, in_flight) or [[]]
+                self.counters["padded_draft_tokens"] += room - min(len(c[:room]) for c in proposed)
+                choices = [_fill(c[:room], room, req) for c in proposed]
+                draft = choices[0]
+                if len(choices) > 1:
+                    req.draft_choices = choices
             if draft:
                 req.output_token_ids.extend(draft)
                 req.num_placeholders += len(draft)
                 req.num_draft_tokens = len(draft)
                 self.counters["draft_tokens"] += len(draft)
+
+    @property
+    def mtp_depth(self) -> int:
+        """MTP drafts made after each step: always the configured depth (a step drafting fewer
+        uses the first ones), so a step drafted while the previous one is in flight never asks
+        for more than the device made."""
+        return max(1, self.depth)
 
     def trim_drafts(self, batch: ScheduledBatch) -> None:
         """Fit drafts to what was scheduled: a request that got fewer tokens than 1 + its drafts keeps
@@ -90,68 +174,61 @@ class Drafter:
                 del req.output_token_ids[len(req.output_token_ids) - drop :]
                 req.num_placeholders -= drop
                 req.num_draft_tokens = keep
+                self.counters["draft_tokens"] -= drop
+                req.device_drafts = min(req.device_drafts, keep)
+                if keep == 0:
+                    req.draft_choices = None
+                elif req.draft_choices is not None:
+                    req.draft_choices = [c[:keep] for c in req.draft_choices]
 
-    def verify(self, req: Request, result: SampleResult, first: int, k: int) -> None:
-        """Keep each draft token that equals the token plain decoding samples at its position, then
-        the first sampled token that differs (or the one after the last draft)."""
-        drafts = req.output_token_ids[len(req.output_token_ids) - k :]
-        del req.output_token_ids[len(req.output_token_ids) - k :]
-        req.num_placeholders -= k
-        req.num_draft_tokens = 0
-        for j in range(k + 1):
-            token = result.token_ids[first + j]
-            req.output_token_ids.append(token)
-            slot = req.num_output_tokens - 1
-            self.outputs.accept_token(req, slot, result.logprobs[first + j], result.top_logprobs[first + j])
-            if req.status.finished or j == k or drafts[j] != token:
-                break
-            self.counters["accepted_draft_tokens"] += 1
-        if not req.status.finished:
-            # The newest token is not in the cache yet; everything before it is (drafts that matched).
-            req.num_computed_tokens = req.num_tokens - 1
-
-    def after_step(self, batch: ScheduledBatch, drafting: list[Request]) -> None:
-        """Draft the next tokens from what the step computed: the MTP layer's work (the prompt-lookup
-        drafter needs only the tokens, at the next add_drafts)."""
-        if self.use_mtp:
-            self.mtp_step(batch, drafting)
-
-    def mtp_step(self, batch: ScheduledBatch, drafting: list[Request]) -> None:
-        """Run the MTP layer over this step's positions and draft each live request's next token.
-
-        Row p pairs the main model's hidden state at p with the token at p + 1 (known now that the
-        step's tokens are verified), fills the MTP layer's cache at p, and predicts the token at
-        p + 2. A request's draft comes from its last computed position; the draft is chosen with the
-        same sampling rule and (seed, position) noise the main model's token will use there, which
-        keeps acceptance high for sampled requests too. Rows past a request's verified tokens (a
-        rejected draft's position) get token 0: their outputs are unused and their cache entries
-        are rewritten when the position is computed again.
-        """
-        runner = self.runner
-        if runner.last_forward is None:
-            return
-        input_ids, positions, ctx, hidden = runner.last_forward
-        runner.last_forward = None
-        next_ids: list[int] = []
-        pick: dict[int, int] = {}  # id(request) -> flat row of its last computed position
-        offset = 0
-        for i, (req, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
-            start = ctx.attn.seq_lens_cpu[i] - n  # host copy: no device read
-            tokens = req.token_slice(start + 1, start + n + 1)
-            next_ids.extend(tokens + [0] * (n - len(tokens)))
-            last = req.num_tokens - 2  # the newest token sits at num_tokens - 1
-            if start <= last < start + n:
-                pick[id(req)] = offset + last - start
-            offset += n
-        with torch.inference_mode():
-            nxt = values_to_device(next_ids, torch.long, input_ids.device)
-            draft_hidden = runner.model.mtp_forward(nxt, positions, hidden, ctx)
-            live = [r for r in drafting if id(r) in pick]
-            if not live:
+    def verify(self, req: Request, result: SampleResult, index: int, first_row: int, count: int) -> None:
+        """Resolve a launched speculative step of `req` (its `index`-th sampling request, rows
+        first_row .. first_row + count - 1): keep the drafts the device accepted and the token
+        sampled after them, drop the slots of the rejected drafts and move the request (and a
+        following step's slots) back by their number."""
+        assert result.accepted is not None
+        accepted = result.accepted[index]
+        first = req.num_output_tokens - req.num_placeholders  # this step's slots come first
+        for j in range(accepted + 1):
+            req.output_token_ids[first + j] = result.token_ids[first_row + j]
+            req.num_placeholders -= 1
+            self.outputs.accept_token(
+                req, first + j, result.logprobs[first_row + j], result.top_logprobs[first_row + j]
+            )
+            if req.status.finished:  # a stop among the accepted tokens: the rest are not needed
+                self.counters["accepted_draft_tokens"] += min(j + 1, accepted)
+                self.budget.record(min(j + 1, accepted), min(j + 1, accepted))
                 return
-            rows = values_to_device([pick[id(r)] for r in live], torch.long, input_ids.device)
-            logits = runner.model.mtp_compute_logits(draft_hidden[rows])
-            picks = sample_on_device(logits, [sampling_row(r, r.num_tokens, self.eos_token_ids)
-                                              for r in live]).result()
-        for req, token in zip(live, picks.token_ids, strict=True):
-            req.mtp_draft = [token]
+        self.counters["accepted_draft_tokens"] += accepted
+        self.budget.record(count - 1, accepted)
+        rejected = count - 1 - accepted
+        end = first + accepted + 1
+        if rejected:
+            del req.output_token_ids[end : end + rejected]
+            req.num_placeholders -= rejected
+            if req.status is RequestStatus.RUNNING:
+                req.num_computed_tokens -= rejected
+            req.finishing = req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len
+        self._resolve_next_drafts(req, result, index, end, rejected)
+
+    def _resolve_next_drafts(
+        self, req: Request, result: SampleResult, index: int, start: int, rejected: int
+    ) -> None:
+        """Give the host copy of a following step's drafts (slots from `start`) the values the
+        device chose for them, and keep the MTP draft for a step drafted after this one."""
+        if self.use_mtp and result.mtp_drafts is not None:
+            drafts = result.mtp_drafts[index]
+            req.mtp_draft = list(drafts)
+            if req.device_drafts and start + req.device_drafts <= req.num_output_tokens:
+                req.output_token_ids[start : start + req.device_drafts] = drafts[: req.device_drafts]
+                req.device_drafts = 0
+        if req.draft_choices is not None:
+            row = req.draft_choices[min(rejected, len(req.draft_choices) - 1)]
+            req.output_token_ids[start : start + len(row)] = row
+            req.draft_choices = None
+
+    def after_plain_step(self, req: Request, result: SampleResult, index: int) -> None:
+        """A request that sampled one token in a step: keep its MTP draft and its next step's
+        drafts' values (that step's slots start right after the one just resolved)."""
+        start = req.num_output_tokens - req.num_placeholders
+        self._resolve_next_drafts(req, result, index, start, 0)

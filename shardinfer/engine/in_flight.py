@@ -15,11 +15,11 @@ An in-flight step is in one of two states:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from shardinfer.engine.model_runner import InputFixup
+from shardinfer.engine.input_fixup import DraftChoice, InputFixup, PreviousStep
 from shardinfer.engine.request import Request
 from shardinfer.engine.sampler import DeviceSample, SamplingPlan
 from shardinfer.engine.scheduler import ScheduledBatch
@@ -35,13 +35,23 @@ class InFlightStep:
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
     sampled: DeviceSample | None = None
     unsampled: SamplingPlan | None = None
+    # Per request: the position its newest slot has in the host's layout (the step's last
+    # sampled token, after every draft as if all were accepted).
+    newest_positions: list[int] = field(default_factory=list)
 
     @classmethod
     def launched(cls, plan: SamplingPlan, sampled: DeviceSample | None) -> InFlightStep:
         """A planned step whose sampling is queued (the plan's logits are not kept past it)."""
         logits = plan.step_logits
-        return cls(plan.batch, logits.sample_requests, logits.sample_counts, plan.output_slots,
-                   logits.prompt_logits, sampled)
+        return cls(
+            plan.batch,
+            logits.sample_requests,
+            logits.sample_counts,
+            plan.output_slots,
+            logits.prompt_logits,
+            sampled,
+            newest_positions=plan.newest_positions,
+        )
 
     @classmethod
     def waiting_for_masks(cls, plan: SamplingPlan) -> InFlightStep:
@@ -50,16 +60,71 @@ class InFlightStep:
         step.unsampled = plan
         return step
 
+    def first_rows(self) -> list[int]:
+        rows, row = [], 0
+        for c in self.counts:
+            rows.append(row)
+            row += c
+        return rows
+
+    def pending_chunk_mismatch(self, batch: ScheduledBatch) -> bool:
+        """Whether a request of `batch` with drafts in flight here starts anywhere but at its
+        newest slot: its inputs would need more than a shift (only a recomputation after
+        preemption could do that); the engine then completes this step first."""
+        if self.sampled is None or self.sampled.accepted is None:
+            return False
+        index = {id(r): i for i, r in enumerate(self.requests)}
+        for req in batch.requests:
+            i = index.get(id(req))
+            if i is not None and self.counts[i] > 1 and req.num_computed_tokens != self.newest_positions[i]:
+                return True
+        return False
+
     def input_fixup(self, batch: ScheduledBatch) -> InputFixup | None:
-        """The next batch's inputs that are this step's sampled tokens, not yet known on the host."""
+        """The next batch's inputs that are still on the device: this step's newest tokens, its
+        shifts (rejected drafts) and the next step's drafts that depend on them (input_fixup.py)."""
         if self.sampled is None:
             return None
-        rows: list[int] = []
-        index: list[int] = []
+        sampled = self.sampled
+        previous = PreviousStep(
+            sampled.tokens, self.first_rows(), sampled.last_rows, sampled.shifts, sampled.mtp_drafts
+        )
+        index = {id(r): i for i, r in enumerate(self.requests)}
+        fix = InputFixup(previous, [], [])
+        shifted = sampled.shifts is not None
+        choice = DraftChoice([])
         offset = 0
-        for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+        for b, (req, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
+            start = req.num_computed_tokens
+            i = index.get(id(req), -1)
+            newest = self.newest_positions[i] if i >= 0 else -1
+            if i >= 0 and req.num_placeholders and start <= newest < start + n:
+                fix.token_rows.append(offset + newest - start)
+                fix.token_prev.append(i)
+            own = i if shifted and i >= 0 and self.counts[i] > 1 else -1
+            if shifted:
+                fix.token_shift_of.extend([own] * n)
+                fix.token_owner.extend([b] * n)
+                fix.request_shift_of.append(own)
+            k = req.num_draft_tokens
+            if shifted and start + n == req.num_tokens:  # the request samples k + 1 rows
+                fix.sample_shift_of.extend([own] * (k + 1))
+            if k and start + n == req.num_tokens:
+                first_draft = offset + n - k
+                if req.device_drafts:
+                    for j in range(req.device_drafts):
+                        fix.mtp_rows.append(first_draft + j)
+                        fix.mtp_prev.append(i)
+                        fix.mtp_cols.append(j)
+                elif req.draft_choices is not None and len(req.draft_choices) > 1:
+                    q = len(choice.table)
+                    choice.table.append(req.draft_choices)
+                    for j in range(k):
+                        choice.rows.append(first_draft + j)
+                        choice.entries.append((q, j, own))
             offset += n
-            if req.num_placeholders and req.num_computed_tokens + n == req.num_tokens:
-                rows.append(offset - 1)
-                index.append(req.sample_slot)
-        return InputFixup(rows, index, self.sampled.tokens) if rows else None
+        if choice.rows:
+            fix.choice = choice
+        if not (fix.token_rows or fix.mtp_rows or fix.choice or fix.shifted):
+            return None
+        return fix

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from shardinfer.engine.block_manager import BlockManager
 from shardinfer.engine.config import EngineConfig
+from shardinfer.engine.draft_budget import DraftBudget
+from shardinfer.engine.draft_device import count_accepted, mtp_drafts
 from shardinfer.engine.drafting import Drafter
 from shardinfer.engine.grammar_masks import GrammarMaskFiller, constrained_rows
 from shardinfer.engine.heap import freeze_startup_heap
@@ -92,19 +94,20 @@ class LLMEngine:
         self._arrivals = 0
         self.counters: dict[str, float] = {
             "prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0, "finished_requests": 0,
-            "draft_tokens": 0, "accepted_draft_tokens": 0, "synchronous_steps": 0, "deferred_sampling_steps": 0,
+            "draft_tokens": 0, "accepted_draft_tokens": 0, "padded_draft_tokens": 0, "graphed_verify_steps": 0,
+            "draft_depth_sum": 0, "draft_depth_steps": 0,
+            "synchronous_steps": 0, "deferred_sampling_steps": 0,
             "grammar_mask_wait_s": 0.0}
         self.grammar_masks = GrammarMaskFiller(self.tokenizer.path, list(self.tokenizer.eos_token_ids),
                                                self.model_config.vocab_size, cfg.independent_matchers,
                                                pin_memory=self.device.type == "cuda")
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.requests, self.grammar_masks,
                                        self.counters)
-        # Drafting reads the newest token on the host, so speculative steps run synchronously.
-        self.speculative = bool(cfg.speculative_ngram_tokens or cfg.speculative_mtp)
-        self.drafter = (Drafter(cfg, self.scheduler, self.runner, self.outputs, list(self.tokenizer.eos_token_ids),
-                                self.counters) if self.speculative else None)
+        self.speculative = cfg.speculative_mode != "off"
+        self.drafter = (Drafter(cfg, self.scheduler, self.outputs, self.max_model_len, self.counters,
+                                self._draft_budget()) if self.speculative else None)
         self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
-                                 else self.device.type == "cuda" and not self.speculative)
+                                 else self.device.type == "cuda")
         # The step launched but not yet completed (asynchronous scheduling only).
         self.in_flight: InFlightStep | None = None
         if self.device.type == "cuda":
@@ -114,6 +117,13 @@ class LLMEngine:
                 freeze_startup_heap()
         # Seconds per start-up phase, in the order they ran, and the whole build (engine/startup_phases.py).
         self.startup_phases: dict[str, float] = {**phases.seconds, "engine_build_s": time.monotonic() - started}
+
+    def _draft_budget(self) -> DraftBudget:
+        """The confidence schedule over the verify graphs' measured step times (draft_budget.py)."""
+        graphs = self.runner.graphs
+        if self.config.speculative_budget != "confidence" or graphs is None:
+            return DraftBudget(self.config.draft_depth, None, None)
+        return DraftBudget(self.config.draft_depth, graphs.replay_ms, graphs.sizes)
 
     # -- requests -------------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -204,12 +214,13 @@ class LLMEngine:
         if previous is not None and previous.unsampled is not None:
             previous = self._sample_after_masks(previous.unsampled)
         finished: list[RequestOutput] = []
-        if previous is not None and (not self.async_scheduling or self._needs_host_tokens(batch)):
+        if previous is not None and (not self.async_scheduling or self._needs_host_tokens(batch)
+                                     or previous.pending_chunk_mismatch(batch)):
             if self.async_scheduling:
                 self.counters["synchronous_steps"] += 1
             finished += self._complete(previous)
             previous = None
-            if batch.requests and any(r.finishing or r.status.finished for r in batch.requests):
+            if batch.requests and (self.speculative or any(r.finishing or r.status.finished for r in batch.requests)):
                 batch = self._reschedule(batch)
         if not batch.requests:
             if previous is not None:
@@ -238,13 +249,15 @@ class LLMEngine:
         return self._launch_sampling(plan, masks)
 
     def _reschedule(self, batch: ScheduledBatch) -> ScheduledBatch:
-        """Drop requests that finished (or will) while the batch was being planned.
+        """Drop requests that finished (or will) while the batch was being planned, and fit the
+        others to their tokens now known (rejected drafts of the previous step are gone).
 
         Only reached when a step had to wait for the previous one; their blocks stay allocated
         until retirement, so the batch shrinks but stays valid."""
         keep = ScheduledBatch(preempted=batch.preempted)
         for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-            if not (req.finishing or req.status.finished):
+            n = min(n, req.num_tokens - req.num_computed_tokens)
+            if not (req.finishing or req.status.finished) and n > 0:
                 keep.requests.append(req)
                 keep.num_new_tokens.append(n)
         return keep
@@ -286,6 +299,8 @@ class LLMEngine:
                     masks = self.grammar_masks.fill_on_mask_thread(constrained)
             finished = self._complete(previous, accepted)
             previous = None
+            # The host copy now has the previous step's outcome: positions need no correction.
+            step_logits.position_shift = None
         plan = plan_sampling(step_logits, batch, self.tokenizer.eos_token_ids, self.max_model_len, constrained)
         if masks is None and self.async_scheduling and plan.constrained and previous is None:
             # Nothing else touches the matchers until the next step() queues this sampling, so
@@ -303,6 +318,8 @@ class LLMEngine:
                 self.counters["prompt_tokens"] += min(n, req.num_prompt_tokens - req.num_computed_tokens)
         fixup = previous.input_fixup(batch) if previous is not None else None
         step_logits = self.runner.execute(batch, fixup)
+        if self.runner.last_step_width > 1:
+            self.counters["graphed_verify_steps"] += 1
         self.scheduler.after_step(batch)
         self.counters["steps"] += 1
         return step_logits
@@ -310,8 +327,14 @@ class LLMEngine:
     def _launch_sampling(self, plan: SamplingPlan, grammar: GrammarMasks | None) -> InFlightStep:
         """Queue the sampling of a planned step's rows (nothing waits for the device)."""
         sampled = None
+        logits = plan.step_logits
         if plan.rows:
-            sampled = sample_on_device(plan.step_logits.sample_logits, plan.rows, grammar)
+            sampled = sample_on_device(logits.sample_logits, plan.rows, grammar, logits.position_shift)
+            if any(c > 1 for c in logits.sample_counts):
+                count_accepted(logits, plan.batch, sampled)
+        if self.drafter is not None and self.drafter.use_mtp:
+            mtp_drafts(self.runner, logits, plan.batch, sampled, plan.newest_positions, self.drafter.mtp_depth)
+        if sampled is not None:
             sampled.stage()
         return InFlightStep.launched(plan, sampled)
 
@@ -323,25 +346,25 @@ class LLMEngine:
             if req is not None:
                 self.outputs.record_prompt_logprobs(req, first, logits)
         if step.sampled is None:
-            if self.drafter is not None:
-                self.drafter.after_step(step.batch, [])
             return []
         result, live, violations = accepted if accepted is not None else self.outputs.read_back(step)
         finished: list[RequestOutput] = []
-        drafting: list[Request] = []
+        index = {id(r): i for i, r in enumerate(step.requests)} if self.drafter is not None else {}
         for req, slot, first, count in live:
             if slot == DRAFTS:
                 assert self.drafter is not None
-                self.drafter.verify(req, result, first, count - 1)
+                self.drafter.verify(req, result, index[id(req)], first, count)
             else:
+                # This step's slot is the request's first placeholder (a slot index planned
+                # earlier may have moved back with an earlier step's rejected drafts).
+                slot = req.num_output_tokens - req.num_placeholders
                 self.outputs.accept_sampled(req, slot, result, first, violations.get(id(req)))
+                if self.drafter is not None and not req.status.finished:
+                    self.drafter.after_plain_step(req, result, index[id(req)])
             if req.status.finished:
                 finished.append(self._retire(req))
             else:
                 self.block_manager.register_full_blocks(req, req.num_computed_tokens)
-                drafting.append(req)
-        if self.drafter is not None:
-            self.drafter.after_step(step.batch, drafting)
         return finished
 
     def _retire(self, req: Request) -> RequestOutput:
@@ -357,9 +380,24 @@ class LLMEngine:
         deferred_sampling_steps those that read the previous step back between their forward and
         their sampling (grammar masks, penalties); both stay 0 without it. grammar_mask_wait_s is
         the time the engine thread waited for grammar masks filled on the mask thread: the part of
-        the fill that planning the next step did not hide."""
+        the fill that planning the next step did not hide.
+
+        With speculative decoding: draft_tokens verified (padded_draft_tokens of them fillers),
+        accepted_draft_tokens, draft_acceptance_rate, draft_acceptance_p<j> (the share of
+        requests whose first j drafts were all accepted, where j were drafted), mean_draft_depth
+        (the depth the budget chose per step, draft_budget.py) and graphed_verify_steps."""
         out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
         out["prefix_cache_hit_rate"] = self.block_manager.prefix_hit_rate
         out["preemptions"] = float(self.scheduler.num_preemptions)
         out["kv_blocks"] = float(self.block_manager.num_blocks)
+        if self.drafter is not None:
+            steps = out.pop("draft_depth_steps")
+            out["mean_draft_depth"] = out.pop("draft_depth_sum") / steps if steps else 0.0
+            drafted = out["draft_tokens"]
+            out["draft_acceptance_rate"] = out["accepted_draft_tokens"] / drafted if drafted else 0.0
+            for j, rate in enumerate(self.drafter.budget.acceptance_by_position(), start=1):
+                if rate is not None:
+                    out[f"draft_acceptance_p{j}"] = rate
+        else:
+            del out["draft_depth_sum"], out["draft_depth_steps"]
         return out

@@ -22,6 +22,7 @@ from shardinfer.engine.config import EngineConfig
 from shardinfer.engine.device_copy import array_to_device, values_to_device
 from shardinfer.engine.forward_context import PAD_BLOCK, AttentionMetadata, ForwardContext
 from shardinfer.engine.heap import collect_dropped
+from shardinfer.engine.input_fixup import InputFixup
 from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
@@ -40,22 +41,9 @@ class StepLogits:
     sample_counts: list[int]  # rows per request: 1 + its draft tokens
     # request id -> (first prompt position p whose logits are given, logits [n, V] scoring p+1...)
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
-
-
-@dataclass
-class InputFixup:
-    """Input tokens whose values are still on the device (asynchronous scheduling): flat input
-    rows `rows` take the previous step's sampled tokens `source[index]`."""
-
-    rows: list[int]
-    index: list[int]
-    source: torch.Tensor
-
-    def apply(self, input_ids: torch.Tensor) -> None:
-        dev = input_ids.device
-        rows = values_to_device(self.rows, torch.long, dev)
-        index = values_to_device(self.index, torch.long, dev)
-        input_ids[rows] = self.source[index].to(input_ids.dtype)
+    input_ids: torch.Tensor | None = None  # the step's flat input tokens on the device (drafts included)
+    # Per sampling row: how far its position is behind the host's layout (input_fixup.py), or None.
+    position_shift: torch.Tensor | None = None
 
 
 @dataclass
@@ -122,10 +110,11 @@ class ModelRunner:
         with phases.phase("model_load_s"):
             self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
         specs = self.model.kv_cache_specs()
-        if cfg.speculative_mtp:
+        use_mtp = cfg.speculative_mode == "mtp"
+        if use_mtp:
             if not getattr(self.model, "num_mtp_layers", 0):
-                raise ValueError(f"speculative_mtp=True but {model_config.architecture} at {cfg.model!r} has no "
-                                 "MTP layer (num_nextn_predict_layers): use speculative_ngram_tokens instead")
+                raise ValueError(f"speculative='mtp' but {model_config.architecture} at {cfg.model!r} has no "
+                                 "MTP layer (num_nextn_predict_layers): use speculative='ngram' instead")
             specs = specs + self.model.mtp_kv_cache_specs()  # MTP caches follow the main layers'
         self.kv_specs: list[KVLayerSpec] = specs
         with phases.phase("kv_sizing_s"):
@@ -138,15 +127,18 @@ class ModelRunner:
             with phases.phase("warm_up_s"):
                 self._warm_up()
         self.graphs: Any = None  # a DecodeGraphs, or None
-        # The MTP drafter continues from each step's hidden states, which decode graphs do not keep.
-        if self.device.type == "cuda" and not cfg.enforce_eager and not cfg.speculative_mtp:
+        # Speculative steps verify 1 + k rows per request, k up to the draft depth (fewer near a
+        # request's max_tokens, or where a draft budget chooses fewer): one graph per width.
+        self.graph_widths = list(range(1, 2 + cfg.draft_depth))
+        if self.device.type == "cuda" and not cfg.enforce_eager:
             with phases.phase("graph_capture_s"):
                 self.graphs = self._capture_graphs(cfg.max_num_seqs)
         self.last_step_graphed = False
-        # The last eager step's inputs and hidden states, for a draft model that continues from them;
+        self.last_step_width = 0  # tokens per request of the last graphed step (0: eager)
+        # The last step's inputs and hidden states, for a draft model that continues from them;
         # kept only when asked (keep_last_forward), else they would pin the device memory of the
         # last step's hidden states.
-        self.keep_last_forward = cfg.speculative_mtp
+        self.keep_last_forward = use_mtp
         self.last_forward: tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor] | None = None
 
     def _warm_up(self) -> None:
@@ -159,7 +151,7 @@ class ModelRunner:
         from shardinfer.engine.cuda_graphs import DecodeGraphs
 
         graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.max_model_len, max_num_seqs,
-                              self.device, self.batch_invariant)
+                              self.device, self.batch_invariant, self.graph_widths)
         graphs.capture()
         return graphs
 
@@ -183,22 +175,41 @@ class ModelRunner:
         return self._to_device(host.input_ids), self._to_device(host.positions), ctx
 
     @staticmethod
-    def _is_pure_decode(batch: ScheduledBatch) -> bool:
-        return all(n == 1 and r.num_computed_tokens + 1 == r.num_tokens and not r.num_draft_tokens and not
-                   (r.wants_prompt_logprobs and not r.prompt_logprobs_done)
-                   for r, n in zip(batch.requests, batch.num_new_tokens, strict=True))
+    def decode_width(batch: ScheduledBatch) -> int:
+        """w when every request decodes w tokens (its newest token and w - 1 drafts) and none
+        scores prompt positions, which a CUDA graph of width w can run; else 0."""
+        if not batch.requests:
+            return 0
+        w = batch.num_new_tokens[0]
+        for r, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+            if (n != w or r.num_computed_tokens + n != r.num_tokens or r.num_draft_tokens != w - 1
+                    or (r.wants_prompt_logprobs and not r.prompt_logprobs_done)):
+                return 0
+        return w
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, fixup: InputFixup | None = None) -> StepLogits:
-        if self.graphs is not None and self._is_pure_decode(batch) and self.graphs.fits(len(batch)):
+        width = self.decode_width(batch) if self.graphs is not None else 0
+        if width and self.graphs.fits(len(batch), width):
             host = build_host_batch(batch, self.block_size)
-            logits = self.graphs.run(host, fixup)
+            logits = self.graphs.run(host, fixup, width)
             self.last_step_graphed = True
-            return StepLogits(list(batch.requests), logits, [1] * len(batch), {})
+            self.last_step_width = width
+            if self.keep_last_forward:
+                self.last_forward = self.graphs.forward_state(len(batch), width)
+            step = StepLogits(list(batch.requests), logits, [width] * len(batch), {},
+                              self.graphs.input_ids[: len(batch) * width])
+            if fixup is not None:
+                step.position_shift = fixup.sample_position_shift(self.device)
+            return step
         self.last_step_graphed = False
+        self.last_step_width = 0
         input_ids, positions, ctx = self._prepare(batch)
         if fixup is not None:
-            fixup.apply(input_ids)
+            a = ctx.attn
+            fixup.apply(input_ids, positions, a.seq_lens, a.slot_mapping, a.block_tables, self.block_size)
+            if fixup.shifted and not input_ids.is_cuda:  # the reference kernels read host copies
+                a.seq_lens_cpu = a.seq_lens.tolist()
         hidden = self.model(input_ids, positions, ctx)
         if self.keep_last_forward:
             self.last_forward = (input_ids, positions, ctx, hidden)
@@ -230,4 +241,7 @@ class ModelRunner:
         for req, _r0, first, count in prompt_rows:
             prompt_logits[req.request_id] = (first, logits[cursor : cursor + count])
             cursor += count
-        return StepLogits(sample_reqs, sample_logits, counts, prompt_logits)
+        step = StepLogits(sample_reqs, sample_logits, counts, prompt_logits, input_ids)
+        if fixup is not None:
+            step.position_shift = fixup.sample_position_shift(self.device)
+        return step

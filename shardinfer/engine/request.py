@@ -65,6 +65,12 @@ class Request:
     # for this step's verification; the engine replaces them with the verified tokens.
     num_draft_tokens: int = 0
     mtp_draft: list[int] = field(default_factory=list)  # the MTP layer's proposal for the next step
+    # How many of the newest drafts have values on the device only (the MTP layer's, while the
+    # step it drafted from is in flight); input_fixup.py fills them in.
+    device_drafts: int = 0
+    # A host drafter's proposals when the step in flight may reject r drafts: row r is the draft
+    # for that case (input_fixup.py picks it on the device); None when it does not matter.
+    draft_choices: list[list[int]] | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

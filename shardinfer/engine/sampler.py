@@ -15,7 +15,7 @@ placeholder where each sampled token will go; launch_sampling() queues their sam
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -55,6 +55,8 @@ class SampleResult:
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]] | None]
+    accepted: list[int] | None = None  # per request: draft tokens accepted (speculative steps)
+    mtp_drafts: list[list[int]] | None = None  # per request: the MTP layer's drafts for the next step
 
 
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
@@ -91,9 +93,17 @@ class DeviceSample:
         self.top_k = top_k
         self._host: list[torch.Tensor] | None = None
         self._event: torch.cuda.Event | None = None
+        # Speculative decoding (drafting.py): per request, drafts accepted, and the MTP layer's
+        # draft for the next step; both read back with the tokens.
+        self.accepted: torch.Tensor | None = None
+        self.mtp_drafts: torch.Tensor | None = None
+        # Per request: the row of its newest accepted token, and its rejected drafts (device only).
+        self.last_rows: torch.Tensor | None = None
+        self.shifts: torch.Tensor | None = None
 
     def stage(self) -> None:
-        parts = [self.tokens, self.logprobs, *(self.top or ())]
+        extra = [t for t in (self.accepted, self.mtp_drafts) if t is not None]
+        parts = [*extra, self.tokens, self.logprobs, *(self.top or ())]
         if not self.tokens.is_cuda:
             self._host = parts
             return
@@ -108,14 +118,17 @@ class DeviceSample:
         if self._event is not None:
             self._event.synchronize()
         assert self._host is not None
-        tokens, lps = self._host[0].tolist(), self._host[1].tolist()
+        host = list(self._host)
+        accepted = host.pop(0).tolist() if self.accepted is not None else None
+        mtp_drafts = host.pop(0).tolist() if self.mtp_drafts is not None else None
+        tokens, lps = host[0].tolist(), host[1].tolist()
         tops: list[list[tuple[int, float]] | None] = [None] * len(tokens)
         if self.top is not None:
-            top_vals, top_ids = self._host[2].tolist(), self._host[3].tolist()
+            top_vals, top_ids = host[2].tolist(), host[3].tolist()
             for i, k in enumerate(self.top_k):
                 if k:
                     tops[i] = list(zip(top_ids[i][:k], top_vals[i][:k], strict=True))
-        return SampleResult(tokens, lps, tops)
+        return SampleResult(tokens, lps, tops, accepted, mtp_drafts)
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None) -> SampleResult:
@@ -123,9 +136,12 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks 
     return sample_on_device(logits, rows, grammar).result()
 
 
-def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
-                     grammar: GrammarMasks | None = None) -> DeviceSample:
+def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None,
+                     position_shift: torch.Tensor | None = None) -> DeviceSample:
     """logits [B, V] float32, one row per sampling request; nothing waits for the device.
+
+    position_shift [B] (speculative decoding with asynchronous scheduling): how far each row's
+    position is behind the one the host planned, known only on the device (input_fixup.py).
 
     Per-row processing (penalties, blocked ids) touches only the rows that ask for it; grammar
     masks are one batched operation for all their rows; the choice itself is one batched call: the
@@ -158,6 +174,8 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow],
     min_p = col([r.params.min_p for r in rows], torch.float32)
     seeds = col([r.seed for r in rows], torch.int64)
     positions = col([r.position for r in rows], torch.int64)
+    if position_shift is not None:
+        positions = positions - position_shift
     noise = None if x.is_cuda else gumbel_noise(seeds, positions, x.shape[-1])
     # Whether any row filters is known here, on the host; a row's token is the same either way.
     filtered = any(_filters(r.params, x.shape[-1]) for r in rows)
@@ -228,6 +246,9 @@ class SamplingPlan:
     output_slots: list[int]
     constrained: list[tuple[Request, int]]  # (request, sampling row) that need a grammar mask
     masks: Future[GrammarMasks | None] | None = None  # a fill running on the mask thread
+    # Per sampling request: the position of its newest slot in the host's layout when planned
+    # (drafts of a later step may be appended before a deferred sampling is queued).
+    newest_positions: list[int] = field(default_factory=list)
 
 
 def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids: list[int] | tuple[int, ...],
@@ -253,8 +274,16 @@ def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids:
         if req.status.finished:
             slots.append(DISCARDED)
             continue
-        if count > 1:  # drafts already hold this step's slots
+        if count > 1:
+            # The drafts hold this step's first slots; one more placeholder takes the token after
+            # the last accepted draft. The host lays the next step out as if every draft were
+            # accepted; the verification removes the slots of rejected ones.
             slots.append(DRAFTS)
+            req.output_token_ids.append(PLACEHOLDER)
+            req.num_placeholders += 1
+            req.num_draft_tokens = 0
+            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
+                req.finishing = True
             continue
         req.output_token_ids.append(PLACEHOLDER)
         req.num_placeholders += 1
@@ -262,4 +291,5 @@ def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids:
         slots.append(req.num_output_tokens - 1)
         if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
             req.finishing = True
-    return SamplingPlan(step_logits, batch, rows, slots, constrained)
+    newest = [r.num_tokens - 1 for r in reqs]
+    return SamplingPlan(step_logits, batch, rows, slots, constrained, newest_positions=newest)

@@ -96,6 +96,28 @@ class RunStats:
             }
         return out
 
+    def _speculative(self) -> dict[str, Any]:
+        """Speculative decoding over the run's engines: drafts, acceptance (overall and by draft
+        position), the mean depth the budget chose; empty when no engine drafted."""
+        drafted = sum(e.get("draft_tokens", 0.0) for e in self.engine)
+        if not drafted:
+            return {}
+        accepted = sum(e.get("accepted_draft_tokens", 0.0) for e in self.engine)
+        drafting = [e for e in self.engine if e.get("draft_tokens")]
+        out: dict[str, Any] = {
+            "draft_tokens": int(drafted),
+            "accepted_draft_tokens": int(accepted),
+            "acceptance_rate": round(accepted / drafted, 4),
+            "mean_draft_depth": round(sum(e.get("mean_draft_depth", 0.0) for e in drafting) / len(drafting), 3),
+        }
+        j = 1
+        while any(f"draft_acceptance_p{j}" in e for e in drafting):
+            # Weighted by each engine's drafts: an engine that drafted little says little.
+            rates = [(e[f"draft_acceptance_p{j}"], e["draft_tokens"]) for e in drafting if f"draft_acceptance_p{j}" in e]
+            out[f"acceptance_p{j}"] = round(sum(r * w for r, w in rates) / sum(w for _, w in rates), 4)
+            j += 1
+        return out
+
     def summary(self, wall_s: float, workers: int, scheduler: SplitScheduler | None = None) -> dict[str, Any]:
         prompt = sum(e.get("prompt_tokens", 0.0) for e in self.engine)
         generated = sum(e.get("generated_tokens", 0.0) for e in self.engine)
@@ -110,6 +132,9 @@ class RunStats:
             "prefix_cache_hit_rate": round(hit / prompt, 4) if prompt else 0.0,
             "run_worker_restarts": self.restarts,
         }
+        speculative = self._speculative()
+        if speculative:
+            out["speculative"] = speculative
         if workers > 1:
             out["run_workers"] = self._workers(wall_s)
         if scheduler is not None:

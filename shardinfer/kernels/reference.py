@@ -113,6 +113,9 @@ def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tens
     block_size, ..., groups] at the same slots.
     """
     flat = cache.view(-1, *cache.shape[2:])
+    keep = slot_mapping >= 0  # a negative slot (SKIP_SLOT, as kv_store.py) is not written
+    if not bool(keep.all()):
+        slot_mapping, values = slot_mapping[keep], values[keep]
     if scale is None:
         flat.index_copy_(0, slot_mapping, values.to(cache.dtype))
         return

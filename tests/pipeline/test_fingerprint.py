@@ -35,6 +35,9 @@ def test_fingerprint_tracks_model_files_and_settings(tmp_path: Path, model_dir: 
     # Not part of what a row's output depends on: run id, output path, scheduling knobs.
     same = _fp(_config(model, job={"run_id": "b"}, output={"path": "out-b"}, engine={"max_num_seqs": 2}))
     assert same["hash"] == base["hash"]
+    # Speculative decoding is token-identical to plain decoding: toggling it changes no output.
+    spec = _fp(_config(model, engine={"speculative": "mtp", "speculative_depth": 1}))
+    assert spec["hash"] == base["hash"]
     changed = {
         "job.seed": _fp(_config(model, job={"seed": 2})),
         "sampling.defaults.temperature": _fp(_config(model, sampling={"temperature": 0.6})),

@@ -1,0 +1,344 @@
+"""Speculative decoding against plain decoding on one model shape, in the same run.
+
+    python bench/spec_decode.py --workload dense-8b|moe-16b [--batches 1 4 16 32 64 256]
+        [--alphas 0.6 0.8 0.9] [--depths 1 2 3] [--prompt-len 128] [--output-len 128]
+
+Weights are random, so no real drafter is accepted often enough to say anything; the replay
+drafter (shardinfer/testing/replay_drafter.py) proposes the plain run's own continuation with each
+draft token replaced by a wrong one with probability 1 - alpha, which makes the acceptance rate a
+dial while the engine does all a real drafter's work (asynchronous scheduling, verify graphs).
+Per batch size B: B requests of prompt-len random tokens, output-len sampled tokens each (T = 1,
+seeded), all admitted at once; plain decoding first (the recording), then each (alpha, depth).
+Output tok/s counts the whole generate call (prefill included) for both. `identical` says whether
+the speculative outputs equal the plain ones token for token and logprob for logprob.
+
+`--workload demo` measures real drafters instead: the bundled trained demo model
+(examples/models/tiny-dsv3-demo) on generated chat tasks, plain against prompt lookup and against
+its MTP layer (chained for depth > 1), with the acceptance by draft position.
+
+Writes bench/results/spec-<workload>-<stamp>.json and, where matplotlib is installed, a PNG of
+speedup against batch per alpha. --max-seconds stops starting new points once the run has used
+that much time (the points done so far are written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
+from shardinfer import LLM, SamplingParams
+from shardinfer.engine.draft_budget import DraftBudget
+from shardinfer.engine.outputs import RequestOutput
+from shardinfer.testing.replay_drafter import ReplayProposer
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_batch(
+    llm: LLM, reqs: list[tuple[list[int], int]], tag: str
+) -> tuple[float, dict[str, RequestOutput]]:
+    """Generate every request (ids r0, r1, ...) and return (wall seconds, outputs by id)."""
+    engine = llm.llm_engine
+    for i, (ids, out) in enumerate(reqs):
+        engine.add_request(
+            f"r{i}", ids, SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=1000 + i)
+        )
+    _sync()
+    start = time.perf_counter()
+    done: dict[str, RequestOutput] = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            done[o.request_id] = o
+    _sync()
+    wall = time.perf_counter() - start
+    print(f"  {tag}: {wall:.2f} s", flush=True)
+    return wall, done
+
+
+def same(a: dict[str, RequestOutput], b: dict[str, RequestOutput]) -> bool:
+    return (
+        all(
+            a[k].outputs[0].token_ids == b[k].outputs[0].token_ids
+            and a[k].outputs[0].logprobs == b[k].outputs[0].logprobs
+            for k in a
+        )
+        and a.keys() == b.keys()
+    )
+
+
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny-dsv3-demo"
+
+
+def demo_chats(n: int) -> list[list[dict[str, str]]]:
+    """n chat tasks of the kinds the demo model was trained on (arithmetic, reversal, sorting, JSON)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["zebra", "anchor", "kitten", "maple", "orbit", "lantern", "quartz", "willow", "ember", "harbor"]
+    names = ["Vera", "Omar", "Lena", "Tariq", "Mina", "Jonas"]
+    cities = ["Lima", "Oslo", "Quito", "Pune", "Perth", "Graz"]
+    tasks = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            text = f"What is {rng.randint(100, 9999)} + {rng.randint(10, 999)}?"
+        elif kind == 1:
+            text = "Reverse the letters: " + " ".join(rng.choice(words))
+        elif kind == 2:
+            text = "Sort these words alphabetically: " + " ".join(rng.sample(words, 4))
+        else:
+            text = (
+                f"Extract name, age and city as JSON: {rng.choice(names)}, {rng.randint(18, 90)}, "
+                f"lives in {rng.choice(cities)}."
+            )
+        tasks.append([{"role": "user", "content": text}])
+    return tasks
+
+
+def _timed_chat(
+    chats: list[list[dict[str, str]]], params: list[SamplingParams], llm: LLM
+) -> tuple[float, list[Any]]:
+    """Seconds of a second chat call over the tasks (the first compiles and warms the graphs), and its outputs."""
+    llm.chat(chats, params, use_tqdm=False)
+    _sync()
+    t = time.perf_counter()
+    outs = llm.chat(chats, params, use_tqdm=False)
+    _sync()
+    return time.perf_counter() - t, outs
+
+
+def demo_points(device: str, batches: list[int], depths: list[int]) -> list[dict[str, Any]]:
+    """Real drafters on the demo model: (drafter, depth, batch, temperature) points."""
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    points: list[dict[str, Any]] = []
+    for batch in batches:
+        chats = demo_chats(batch)
+        for temperature in (0.0, 0.8):
+            params = [SamplingParams(temperature=temperature, max_tokens=96, seed=i) for i in range(batch)]
+
+            plain_wall, plain = _timed_chat(
+                chats, params, LLM(DEMO, device=device, dtype=dtype, max_num_seqs=max(batches))
+            )
+            tokens = sum(len(o.outputs[0].token_ids) for o in plain)
+            for drafter in ("ngram", "mtp"):
+                for depth in depths:
+                    llm = LLM(
+                        DEMO,
+                        device=device,
+                        dtype=dtype,
+                        max_num_seqs=max(batches),
+                        speculative=drafter,
+                        speculative_depth=depth,
+                        speculative_budget="fixed",
+                    )
+                    before = llm.llm_engine.stats()
+                    wall, outs = _timed_chat(chats, params, llm)
+                    st = llm.llm_engine.stats()
+                    point = {
+                        "drafter": drafter,
+                        "depth": depth,
+                        "batch": batch,
+                        "temperature": temperature,
+                        "plain_tok_s": tokens / plain_wall,
+                        "spec_tok_s": tokens / wall,
+                        "identical": [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+                        == [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in plain],
+                        "acceptance_rate": st.get("draft_acceptance_rate"),
+                        "acceptance_by_position": [
+                            st.get(f"draft_acceptance_p{j}") for j in range(1, depth + 1)
+                        ],
+                        "steps": st["steps"] - before["steps"],
+                    }
+                    print(
+                        f"  demo batch {batch} T={temperature} {drafter} depth {depth}: "
+                        f"{point['spec_tok_s'] / point['plain_tok_s']:.2f}x, accept {point['acceptance_by_position']}",
+                        flush=True,
+                    )
+                    points.append(point)
+    return points
+
+
+def plot(points: list[dict[str, Any]], path: Path, title: str) -> bool:
+    """Speedup against batch, one line per (alpha, depth); False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for alpha, depth in sorted({(p["alpha"], p["depth"]) for p in points}):
+        pts = sorted(
+            (p["batch"], p["spec_tok_s"] / p["plain_tok_s"])
+            for p in points
+            if p["alpha"] == alpha and p["depth"] == depth
+        )
+        ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=f"alpha {alpha}, depth {depth}")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch (requests decoding together)")
+    ax.set_ylabel("speculative / plain output tok/s")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="dense-8b", choices=[*sorted(SHAPES), "demo"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32, 64, 256])
+    ap.add_argument("--alphas", type=float, nargs="+", default=[0.6, 0.8, 0.9])
+    ap.add_argument("--depths", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--workload tiny)")
+    ap.add_argument("--no-schedule", action="store_true", help="skip the confidence-scheduled points")
+    ap.add_argument("--max-seconds", type=float, default=float("inf"))
+    ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+    if min(args.depths) < 1:
+        ap.error(f"--depths {args.depths}: every depth must be >= 1 (plain decoding always runs beside them)")
+    begin = time.perf_counter()
+    now = dt.datetime.now(dt.UTC)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    if args.workload == "demo":
+        demo = {
+            "workload": "demo",
+            "gpu": gpu,
+            "commit": bench_commit(),
+            "date": now.isoformat(),
+            "points": demo_points(args.device, args.batches, args.depths),
+        }
+        path = out_dir / f"spec-demo-{now.strftime('%Y%m%d-%H%M%S')}.json"
+        path.write_text(json.dumps(demo, indent=2))
+        print(f"wrote {path}")
+        return
+    shape = SHAPES[args.workload]
+    model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload, args.device)
+    # One engine for everything: graphs for verify widths up to 1 + max depth; the drafter's depth
+    # is set per point (depth 0 = plain decoding, the width-1 graphs).
+    llm = LLM(
+        model_dir,
+        device=args.device,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+        max_num_seqs=max(args.batches),
+        max_num_batched_tokens=16384,
+        max_model_len=args.prompt_len + args.output_len + 16,
+        speculative="ngram",
+        speculative_depth=max(args.depths),
+    )
+    engine = llm.llm_engine
+    drafter = engine.drafter
+    assert drafter is not None
+    schedule = drafter.budget  # the engine's, with the verify graphs' measured step times
+    if not schedule.scheduled:
+        print("no step-time table (no CUDA graphs): scheduled points use the fixed depth")
+    vocab = shape["vocab_size"]
+    print(f"engine ready after {time.perf_counter() - begin:.0f} s", flush=True)
+    points: list[dict[str, Any]] = []
+    for batch in args.batches:
+        if time.perf_counter() - begin > args.max_seconds:
+            print(f"time budget spent: batch {batch} and later skipped")
+            break
+        reqs = requests(
+            batch, vocab, (args.prompt_len, args.prompt_len), (args.output_len, args.output_len), seed=batch
+        )
+        tokens = batch * args.output_len
+        drafter.depth = 0
+        drafter.budget = DraftBudget(0, None, None)
+        run_batch(llm, reqs, f"batch {batch} warm-up (plain)")  # first-shape compiles out of the timing
+        plain_wall, plain = run_batch(llm, reqs, f"batch {batch} plain")
+        recorded = {k: list(o.outputs[0].token_ids) for k, o in plain.items()}
+        for alpha in args.alphas:
+            # Fixed depths, then (unless --no-schedule) the confidence schedule up to the largest.
+            settings = [(d, False) for d in args.depths] + (
+                [] if args.no_schedule else [(max(args.depths), True)]
+            )
+            for depth, scheduled in settings:
+                if time.perf_counter() - begin > args.max_seconds:
+                    break
+                drafter.depth = depth
+                # A fresh budget per point: the schedule learns this alpha's acceptance from its prior.
+                drafter.budget = (
+                    DraftBudget(depth, schedule.step_ms, schedule.buckets)
+                    if scheduled
+                    else DraftBudget(depth, None, None)
+                )
+                drafter.proposer = ReplayProposer(recorded, alpha, vocab, seed=batch)
+                before = engine.stats()
+                depth_before = (engine.counters["draft_depth_sum"], engine.counters["draft_depth_steps"])
+                label = "scheduled up to" if scheduled else "depth"
+                wall, got = run_batch(llm, reqs, f"batch {batch} alpha {alpha} {label} {depth}")
+                after = engine.stats()
+                drafted = after["draft_tokens"] - before["draft_tokens"]
+                accepted = after["accepted_draft_tokens"] - before["accepted_draft_tokens"]
+                steps = after["steps"] - before["steps"]
+                points.append(
+                    {
+                        "batch": batch,
+                        "alpha": alpha,
+                        "depth": depth,
+                        "scheduled": scheduled,
+                        "plain_tok_s": tokens / plain_wall,
+                        "spec_tok_s": tokens / wall,
+                        "identical": same(plain, got),
+                        "acceptance": accepted / drafted if drafted else None,
+                        "mean_depth": (engine.counters["draft_depth_sum"] - depth_before[0])
+                        / max(1.0, engine.counters["draft_depth_steps"] - depth_before[1]),
+                        "steps": steps,
+                        "graphed_verify_steps": after["graphed_verify_steps"]
+                        - before["graphed_verify_steps"],
+                    }
+                )
+    now = dt.datetime.now(dt.UTC)
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    result = {
+        "workload": args.workload,
+        "gpu": gpu,
+        "commit": bench_commit(),
+        "date": now.isoformat(),
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "drafter": "replay",
+        "points": points,
+    }
+    path = out_dir / f"spec-{args.workload}-{stamp}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(
+        f"{'batch':>6} {'alpha':>6} {'depth':>6} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} "
+        f"{'accept':>7} {'identical':>9} {'sched':>5} {'mean k':>6}"
+    )
+    for p in points:
+        acc = p["acceptance"] if p["acceptance"] is not None else float("nan")
+        print(
+            f"{p['batch']:>6} {p['alpha']:>6} {p['depth']:>6} {p['plain_tok_s']:>12.0f} {p['spec_tok_s']:>11.0f} "
+            f"{p['spec_tok_s'] / p['plain_tok_s']:>8.2f} {acc:>7.2f} {p['identical']!s:>9} {p['scheduled']!s:>5} {p['mean_depth']:>6.2f}"
+        )
+    png = path.with_suffix(".png")
+    if plot(points, png, f"{args.workload} on {result['gpu']}"):
+        print(f"wrote {path} and {png}")
+    else:
+        print(f"wrote {path} (no plot: matplotlib is not installed)")
+
+
+if __name__ == "__main__":
+    main()

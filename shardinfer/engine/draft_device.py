@@ -1,0 +1,205 @@
+"""The device side of speculative decoding: after a step's sampling is queued, count each
+request's accepted drafts and run the MTP layer for the next step's drafts, on the device, so that
+the next step can be launched before this one is read back (input_fixup.py consumes both).
+
+Acceptance: a request's rows sample the tokens after its last known token and after each of its
+k drafts; draft j is accepted while every sampled token before it equals the draft at its place.
+That count (0..k) moves the request's newest token to row first + accepted and its next step's
+positions back by k - accepted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shardinfer.engine.device_copy import values_to_device
+from shardinfer.engine.forward_context import SKIP_SLOT, AttentionMetadata, ForwardContext
+from shardinfer.engine.model_runner import ModelRunner, StepLogits
+from shardinfer.engine.request import Request
+from shardinfer.engine.sampler import DeviceSample, SamplingRow, sample_on_device
+from shardinfer.engine.scheduler import ScheduledBatch
+
+
+def sampling_input_rows(step: StepLogits, batch: ScheduledBatch) -> list[int]:
+    """Per sampling request of the step: the flat input row its first sampling row scores."""
+    offsets: dict[int, int] = {}
+    offset = 0
+    for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+        offset += n
+        offsets[id(req)] = offset  # one past the request's last row
+    return [offsets[id(r)] - c for r, c in zip(step.sample_requests, step.sample_counts, strict=True)]
+
+
+def count_accepted(step: StepLogits, batch: ScheduledBatch, sampled: DeviceSample) -> None:
+    """Set sampled.accepted, .last_rows and .shifts (per request, on the device)."""
+    assert step.input_ids is not None
+    dev = sampled.tokens.device
+    starts = sampling_input_rows(step, batch)
+    compare: list[int] = []  # per sampling row: the input row of the draft it must equal, or -1
+    segment: list[int] = []
+    first_rows: list[int] = []
+    for i, (start, count) in enumerate(zip(starts, step.sample_counts, strict=True)):
+        first_rows.append(len(compare))
+        compare.extend(start + 1 + j for j in range(count - 1))
+        compare.append(-1)  # the token after the last draft is never compared
+        segment.extend([i] * count)
+    rows = values_to_device(compare, torch.long, dev)
+    drafts = step.input_ids[rows.clamp(min=0)].to(torch.int64)
+    match = (sampled.tokens == drafts) & (rows >= 0)
+    misses = (~match).to(torch.int64).cumsum(0)
+    seg = values_to_device(segment, torch.long, dev)
+    first = values_to_device(first_rows, torch.long, dev)
+    before = torch.cat([misses.new_zeros(1), misses])[first]  # misses before each request's rows
+    leading = (misses == before[seg]).to(torch.int64)
+    accepted = torch.zeros(len(first_rows), dtype=torch.int64, device=dev).index_add_(0, seg, leading)
+    drafted = values_to_device([c - 1 for c in step.sample_counts], torch.long, dev)
+    sampled.accepted = accepted
+    sampled.last_rows = first + accepted
+    sampled.shifts = drafted - accepted
+
+
+def _draft_row(req: Request, position: int) -> SamplingRow:
+    """The row that chooses the MTP draft at `position`: the request's own rule and noise, so the
+    draft is what the main model would pick were the MTP layer's logits its own; penalties,
+    blocked ids and logprobs are left out (requests that need them do not draft)."""
+    p = req.params
+    if p.has_penalties or p.logprobs:
+        p = p.replace(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logprobs=None)
+    return SamplingRow(p, req.seed, position, req.prompt_token_ids, [], [])
+
+
+def mtp_drafts(
+    runner: ModelRunner,
+    step: StepLogits,
+    batch: ScheduledBatch,
+    sampled: DeviceSample | None,
+    newest: list[int],
+    depth: int = 1,
+) -> None:
+    """Run the MTP layer over the step's rows and draft each sampling request's next `depth`
+    tokens into sampled.mtp_drafts [requests, depth] (device). `newest`: per sampling request,
+    the position of its newest slot in the host's layout when the step was planned.
+
+    Row p pairs the main model's hidden state at p with the token at p + 1, fills the MTP layer's
+    cache at p, and predicts the token at p + 2. Inside a request's sampled rows the token at p + 1
+    is the sampled one (on the device); rows past its accepted drafts get tokens that are never
+    used, and their cache entries are rewritten when the positions are computed again. A request's
+    draft comes from the row of its newest accepted token, chosen with the (seed, position) noise
+    of the position it drafts for. A step that samples nothing only fills the MTP layer's cache.
+    Further drafts apply the one MTP layer again to its own output (`_recurse`).
+    """
+    if runner.last_forward is None:
+        return
+    _, positions, ctx, hidden = runner.last_forward
+    runner.last_forward = None
+    dev = hidden.device
+    starts = sampling_input_rows(step, batch)
+    next_ids: list[int] = []
+    for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+        begin = req.num_computed_tokens - n  # after_step has advanced it past this step
+        tokens = req.token_slice(begin + 1, begin + n + 1)
+        next_ids.extend(t if t >= 0 else 0 for t in tokens)
+        next_ids.extend([0] * (n - len(tokens)))
+    next_ids.extend([0] * (hidden.shape[0] - len(next_ids)))  # CUDA graph padding rows
+    targets: list[int] = []
+    sources: list[int] = []
+    row = 0
+    for start, count in zip(starts, step.sample_counts, strict=True):
+        targets.extend(range(start, start + count))
+        sources.extend(range(row, row + count))
+        row += count
+    with torch.inference_mode():
+        nxt = values_to_device(next_ids, torch.long, dev)
+        if targets and sampled is not None:
+            nxt[values_to_device(targets, torch.long, dev)] = sampled.tokens[
+                values_to_device(sources, torch.long, dev)
+            ]
+        draft_hidden = runner.model.mtp_forward(nxt, positions, hidden, ctx)
+        if sampled is None or not step.sample_requests:
+            return
+        firsts = values_to_device(_firsts(step.sample_counts), torch.long, dev)
+        pick = values_to_device(starts, torch.long, dev)
+        if sampled.accepted is not None:
+            pick = pick + sampled.accepted
+        logits = runner.model.mtp_compute_logits(draft_hidden[pick])
+        # The draft is for the position after the newest accepted token: the host's layout
+        # counts every draft of this step (and, while it is in flight, of the previous one) as
+        # accepted, so the rejected ones are subtracted on the device.
+        shift = sampled.shifts
+        if step.position_shift is not None:
+            previous = step.position_shift[firsts]
+            shift = previous if shift is None else shift + previous
+        rows = [_draft_row(r, p + 1) for r, p in zip(step.sample_requests, newest, strict=True)]
+        drafts = [sample_on_device(logits, rows, position_shift=shift).tokens]
+        if depth > 1:
+            drafts += _recurse(
+                runner, step, batch, ctx, newest, draft_hidden[pick], drafts[0], shift, depth - 1
+            )
+    sampled.mtp_drafts = torch.stack(drafts, dim=1)
+
+
+def _recurse(
+    runner: ModelRunner,
+    step: StepLogits,
+    batch: ScheduledBatch,
+    ctx: ForwardContext,
+    newest_host: list[int],
+    hidden: torch.Tensor,
+    token: torch.Tensor,
+    shift: torch.Tensor | None,
+    more: int,
+) -> list[torch.Tensor]:
+    """`more` further drafts per sampling request, as DeepSeek-V3's serving chains its one MTP
+    layer: the layer's output at position q stands in for the main model's hidden state at q + 1
+    and is paired with the draft just made (the token at q + 2). Pass i runs one row per request
+    at position newest + i (its cache entry there is rewritten once the real token is known) and
+    drafts the token at newest + i + 2, with the noise of that position.
+
+    A position past the request's allocated blocks (a deep chain after rejections) gets no cache
+    entry and attends only to the allocated keys: the draft gets worse, nothing else changes."""
+    dev = hidden.device
+    reqs = step.sample_requests
+    index = {id(r): i for i, r in enumerate(batch.requests)}
+    tables = ctx.attn.block_tables[values_to_device([index[id(r)] for r in reqs], torch.long, dev)]
+    bs = ctx.attn.block_size
+    capacity = values_to_device([len(r.block_table) * bs for r in reqs], torch.long, dev)
+    newest = values_to_device(newest_host, torch.long, dev)
+    if shift is not None:
+        newest = newest - shift
+    count = len(reqs)
+    qsl = torch.arange(count + 1, dtype=torch.int32, device=dev)
+    out: list[torch.Tensor] = []
+    for i in range(more):
+        pos = newest + i
+        inside = pos < capacity
+        block = (
+            tables.gather(1, (pos // bs).clamp(max=tables.shape[1] - 1).view(-1, 1)).view(-1).to(torch.int64)
+        )
+        slots = torch.where(inside, block * bs + pos % bs, torch.full_like(pos, SKIP_SLOT))
+        lens = torch.minimum(pos + 1, capacity).to(torch.int32)
+        meta = AttentionMetadata(
+            query_start_loc=qsl,
+            seq_lens=lens,
+            block_tables=tables,
+            slot_mapping=slots,
+            block_size=bs,
+            max_query_len=1,
+            max_seq_len=ctx.attn.max_seq_len + more,
+            query_start_loc_cpu=qsl.tolist() if not qsl.is_cuda else [],
+            seq_lens_cpu=lens.tolist() if not lens.is_cuda else [],
+        )
+        chained = ForwardContext(meta, ctx.kv_caches, ctx.batch_invariant)
+        hidden = runner.model.mtp_forward(token, pos, hidden, chained)
+        logits = runner.model.mtp_compute_logits(hidden)
+        rows = [_draft_row(r, p + i + 2) for r, p in zip(reqs, newest_host, strict=True)]
+        token = sample_on_device(logits, rows, position_shift=shift).tokens
+        out.append(token)
+    return out
+
+
+def _firsts(counts: list[int]) -> list[int]:
+    out, row = [], 0
+    for c in counts:
+        out.append(row)
+        row += c
+    return out

@@ -1,0 +1,144 @@
+"""A step's inputs that are not known on the host when it is launched (asynchronous scheduling).
+
+The engine plans step N+1 before it has read step N back, so some of N+1's inputs exist only on
+the device when N+1 is queued:
+
+  tokens      the token N sampled for a request (its placeholder in the host copy);
+  shifts      with speculative decoding, how many of N's draft tokens the verification
+              rejected. The host lays N+1 out as if every draft were accepted; each rejected
+              draft moves the request's N+1 tokens one position back, so their positions, KV
+              slots, sequence lengths and sampling positions are corrected on the device;
+  drafts      N+1's draft tokens where they depend on N's outcome: the MTP layer's proposal
+              (computed on the device from N's hidden states) or, for a host drafter, the row
+              of its proposals that matches the shift (`DraftChoice`).
+
+`InputFixup.apply` does these corrections with a few small device operations before the
+forward (or before a CUDA graph's replay), without any host-device synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from shardinfer.engine.device_copy import values_to_device
+
+
+@dataclass
+class PreviousStep:
+    """What step N left on the device for step N+1, per request of N (in N's sampling order)."""
+
+    sampled: torch.Tensor  # [S] int64 sampled tokens
+    first_rows: list[int]  # per request: its first sampling row
+    last_rows: torch.Tensor | None = None  # per request: row of its newest accepted token (None: first_rows)
+    shifts: torch.Tensor | None = None  # per request: rejected drafts (None: no request drafted)
+    mtp_drafts: torch.Tensor | None = None  # [P, D] the MTP layer's next drafts per request, or None
+
+
+@dataclass
+class DraftChoice:
+    """Host drafts that depend on how many of the previous step's drafts are rejected: request q
+    offers table[q, r] when r of its drafts were rejected (row 0 for every r when it does not care)."""
+
+    table: list[list[list[int]]]  # [Q][R][K]
+    rows: list[int] = field(default_factory=list)  # flat input rows that take a draft
+    entries: list[tuple[int, int, int]] = field(
+        default_factory=list
+    )  # per row: (q, draft j, previous index or -1)
+
+
+@dataclass
+class InputFixup:
+    previous: PreviousStep
+    token_rows: list[int]  # flat input rows that take a previous step's newest token
+    token_prev: list[int]  # per such row: the request's index in the previous step
+    # Per flat input token / batch request / sampling row: the previous step's request index, -1: none.
+    token_shift_of: list[int] = field(default_factory=list)
+    request_shift_of: list[int] = field(default_factory=list)
+    sample_shift_of: list[int] = field(default_factory=list)
+    token_owner: list[int] = field(default_factory=list)  # per flat input token: its batch request
+    mtp_rows: list[int] = field(default_factory=list)  # flat input rows taking the MTP draft
+    mtp_prev: list[int] = field(default_factory=list)
+    mtp_cols: list[int] = field(default_factory=list)  # which of the request's MTP drafts
+    choice: DraftChoice | None = None
+
+    @property
+    def shifted(self) -> bool:
+        return self.previous.shifts is not None and any(i >= 0 for i in self.request_shift_of)
+
+    def _shift_of(self, index: list[int], dev: torch.device) -> torch.Tensor:
+        """Per entry of `index`: the previous step's shift of that request (0 for -1)."""
+        shifts = self.previous.shifts
+        assert shifts is not None
+        padded = torch.cat([shifts, shifts.new_zeros(1)])
+        return padded[values_to_device(index, torch.long, dev)]  # -1 picks the appended 0
+
+    def apply(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        slot_mapping: torch.Tensor | None = None,
+        block_tables: torch.Tensor | None = None,
+        block_size: int = 0,
+    ) -> None:
+        """Correct the step's flat inputs in place (the first len(token_shift_of) rows are real)."""
+        dev = input_ids.device
+        prev = self.previous
+        if self.token_rows:
+            if prev.last_rows is None:
+                src = values_to_device([prev.first_rows[i] for i in self.token_prev], torch.long, dev)
+            else:
+                src = prev.last_rows[values_to_device(self.token_prev, torch.long, dev)]
+            input_ids[values_to_device(self.token_rows, torch.long, dev)] = prev.sampled[src].to(
+                input_ids.dtype
+            )
+        if self.mtp_rows:
+            assert prev.mtp_drafts is not None
+            width = prev.mtp_drafts.shape[1]
+            flat = [p * width + c for p, c in zip(self.mtp_prev, self.mtp_cols, strict=True)]
+            drafts = prev.mtp_drafts.reshape(-1)[values_to_device(flat, torch.long, dev)]
+            input_ids[values_to_device(self.mtp_rows, torch.long, dev)] = drafts.to(input_ids.dtype)
+        if self.choice is not None and self.choice.rows:
+            self._apply_choice(input_ids)
+        if not self.shifted or positions is None:
+            return
+        assert seq_lens is not None and slot_mapping is not None and block_tables is not None
+        n = len(self.token_shift_of)
+        shift = self._shift_of(self.token_shift_of, dev)
+        positions[:n] -= shift
+        seq_lens[: len(self.request_shift_of)] -= self._shift_of(self.request_shift_of, dev).to(
+            seq_lens.dtype
+        )
+        # A shifted token's KV goes to the slot of its corrected position.
+        owner = values_to_device(self.token_owner, torch.long, dev)
+        pos = positions[:n]
+        block = block_tables[owner, pos // block_size].to(torch.int64)
+        moved = block * block_size + pos % block_size
+        slot_mapping[:n] = torch.where(shift > 0, moved, slot_mapping[:n])
+
+    def _apply_choice(self, input_ids: torch.Tensor) -> None:
+        choice = self.choice
+        assert choice is not None
+        dev = input_ids.device
+        r_max = max(len(t) for t in choice.table)
+        k_max = max((len(row) for t in choice.table for row in t), default=0)
+        flat: list[int] = []
+        for t in choice.table:  # [Q, R, K], padded by repeating the last row / token 0
+            for r in range(r_max):
+                row = t[min(r, len(t) - 1)]
+                flat.extend(row + [0] * (k_max - len(row)))
+        table = values_to_device(flat, torch.long, dev)
+        base = [q * r_max * k_max + j for q, j, _ in choice.entries]
+        index = values_to_device(base, torch.long, dev)
+        if self.previous.shifts is not None and r_max > 1:
+            shift = self._shift_of([p for _, _, p in choice.entries], dev).clamp(max=r_max - 1)
+            index = index + shift * k_max
+        input_ids[values_to_device(choice.rows, torch.long, dev)] = table[index].to(input_ids.dtype)
+
+    def sample_position_shift(self, device: torch.device) -> torch.Tensor | None:
+        """Per sampling row of this step: how far its position moves back, or None (no shift)."""
+        if not self.shifted or not self.sample_shift_of:
+            return None
+        return self._shift_of(self.sample_shift_of, device)

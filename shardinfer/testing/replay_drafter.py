@@ -1,0 +1,59 @@
+"""A drafter for benchmarks and tests only: it proposes the target model's own continuation,
+recorded from a plain run of the same requests, with each draft token replaced by a wrong one
+with probability 1 - alpha.
+
+On random-weight checkpoints no real drafter is accepted often enough to measure speculative
+decoding; replaying the recorded continuation makes the acceptance rate a dial (alpha) while the
+engine does all the work it does with a real drafter. Whether the draft at output index i is
+corrupted is a pure function of (seed, request id, i), so the same position always gets the same
+draft, however the steps fall; with a step in flight the drafter offers one draft per possible
+number of rejections, and the device picks the one for the position the request really is at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from shardinfer.engine.request import Request
+
+
+class ReplayProposer:
+    """Engine.drafter.proposer replacement: `recorded[request_id]` is the plain run's output."""
+
+    def __init__(self, recorded: dict[str, list[int]], alpha: float, vocab_size: int, seed: int = 0) -> None:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha={alpha}: must be in [0, 1] (the chance a draft token is the right one)")
+        self.recorded = recorded
+        self.alpha = alpha
+        self.vocab_size = vocab_size
+        self.seed = seed
+
+    def _draw(self, request_id: str, index: int) -> float:
+        digest = hashlib.blake2b(f"{self.seed}:{request_id}:{index}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") / 2**64
+
+    def draft_token(self, request_id: str, index: int) -> int | None:
+        """The draft for output index `index` (None past the recording)."""
+        tokens = self.recorded.get(request_id)
+        if tokens is None or index >= len(tokens):
+            return None
+        token = tokens[index]
+        u = self._draw(request_id, index)
+        if u < self.alpha:
+            return token
+        # A wrong token, chosen by the same draw: never the recorded one.
+        shift = 1 + int((u - self.alpha) / (1.0 - self.alpha) * (self.vocab_size - 1)) % (self.vocab_size - 1)
+        return (token + shift) % self.vocab_size
+
+    def __call__(self, req: Request, room: int, in_flight: int) -> list[list[int]]:
+        newest = req.num_output_tokens - 1  # the host's layout: every draft in flight accepted
+        choices: list[list[int]] = []
+        for rejected in range(max(1, in_flight)):
+            draft: list[int] = []
+            for i in range(newest + 1 - rejected, newest + 1 - rejected + room):
+                token = self.draft_token(req.request_id, i)
+                if token is None:
+                    break
+                draft.append(token)
+            choices.append(draft)
+        return choices if any(choices) else []

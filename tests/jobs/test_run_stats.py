@@ -1,0 +1,25 @@
+"""The run summary's speculative-decoding section, combined over the run's engines."""
+
+from __future__ import annotations
+
+from shardinfer.jobs.split_driver import RunStats
+
+
+def test_summary_reports_speculative_acceptance_weighted_by_drafts() -> None:
+    stats = RunStats()
+    stats.add({"engine_stats": {"generated_tokens": 100.0, "draft_tokens": 60.0, "accepted_draft_tokens": 45.0,
+                                "mean_draft_depth": 3.0, "draft_acceptance_p1": 0.9, "draft_acceptance_p2": 0.7}},
+              worker="0")
+    stats.add({"engine_stats": {"generated_tokens": 50.0, "draft_tokens": 20.0, "accepted_draft_tokens": 5.0,
+                                "mean_draft_depth": 1.0, "draft_acceptance_p1": 0.25}}, worker="1")
+    spec = stats.summary(10.0, 2)["speculative"]
+    assert spec == {"draft_tokens": 80, "accepted_draft_tokens": 50, "acceptance_rate": 0.625,
+                    "mean_draft_depth": 2.0,
+                    "acceptance_p1": round((0.9 * 60 + 0.25 * 20) / 80, 4),  # 0.7375
+                    "acceptance_p2": 0.7}
+
+
+def test_summary_has_no_speculative_section_without_drafts() -> None:
+    stats = RunStats()
+    stats.add({"engine_stats": {"generated_tokens": 10.0, "draft_tokens": 0.0}})
+    assert "speculative" not in stats.summary(1.0, 1)
