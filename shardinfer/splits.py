@@ -22,11 +22,13 @@ RESERVED_COLUMNS = (ROW_INDEX_COLUMN, ROW_ERROR_COLUMN)
 
 @dataclass(frozen=True)
 class Split:
-    """A contiguous row range of one input file, the unit of work and of commit.
+    """A row range of one input file (or chosen rows of it), the unit of work and of commit.
 
     Splits are planned once and stored in the output's `_job.json`, so a resumed job works on the
     same ranges even if the input listing has changed since. `byte_offset` (JSONL only) is where
     line `row_start` begins, so a reader can seek there instead of scanning the file from the start.
+    `only_rows`, when set, are the row indexes of the range the split holds, in order (the rows
+    with new ids of a rewritten file, planned by `job.incremental`); None means every row.
     """
 
     index: int
@@ -35,6 +37,7 @@ class Split:
     row_start: int
     row_end: int
     byte_offset: int | None = None
+    only_rows: tuple[int, ...] | None = None
 
     @property
     def name(self) -> str:
@@ -43,10 +46,15 @@ class Split:
 
     @property
     def num_rows(self) -> int:
-        return self.row_end - self.row_start
+        return len(self.only_rows) if self.only_rows is not None else self.row_end - self.row_start
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        record = asdict(self)
+        if self.only_rows is None:
+            del record["only_rows"]  # plans without it keep their records as they were
+        else:
+            record["only_rows"] = list(self.only_rows)
+        return record
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Split:
@@ -58,6 +66,7 @@ class Split:
                 row_start=int(d["row_start"]),
                 row_end=int(d["row_end"]),
                 byte_offset=None if d.get("byte_offset") is None else int(d["byte_offset"]),
+                only_rows=None if d.get("only_rows") is None else tuple(int(i) for i in d["only_rows"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a split record: {d!r} ({exc})") from exc

@@ -294,8 +294,8 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
             output=config.output.path,
         )
     write_plan(job, config.job.run_id)
-    if job.added_files:
-        reporter.info("job.incremental: new input files planned", files=len(job.added_files))
+    if job.growth is not None:
+        reporter.info(f"job.incremental: planned {job.growth.describe()}", new_splits=job.growth.new_splits)
     recorder = RunRecorder(job.store, config.job.run_id, num_workers, warn=reporter.warn)
     try:
         success = _run_and_finalize(job, num_workers, args.master, stop, reporter, cluster)

@@ -198,7 +198,10 @@ def print_dry_run(job: OpenedJob, spec: ResolvedSpec, num_workers: int, out: Any
         print(f"# submitting would {line}", file=out)
     for s in job.splits:
         mark = " (committed)" if s.index in committed else ""
-        print(f"split {s.index}: {redact_url(s.path)} rows [{s.row_start}, {s.row_end}){mark}", file=out)
+        chosen = f" ({s.num_rows} rows with new ids)" if s.only_rows is not None else ""
+        print(
+            f"split {s.index}: {redact_url(s.path)} rows [{s.row_start}, {s.row_end}){chosen}{mark}", file=out
+        )
 
 
 def dry_run_actions(job: OpenedJob) -> list[str]:
@@ -206,13 +209,13 @@ def dry_run_actions(job: OpenedJob) -> list[str]:
     actions = []
     if job.discards:
         actions.append(
-            f"discard the output at {job.config.output.path}, which holds {job.discards}: every part, "
+            f"discard the output at {redact_url(job.config.output.path)}, which holds {job.discards}: every part, "
             "marker and _SUCCESS (job.start_over = true), then run this job afresh"
         )
-    if job.added_files:
+    if job.growth is not None:
+        growth = job.growth.describe()
         actions.append(
-            f"plan {len(job.added_files)} input file(s) added since the job was planned as new splits "
-            f"(job.incremental = true): {', '.join(job.added_files[:5])}"
+            f"plan the input that is new since the job was planned (job.incremental = true): {growth}"
         )
     if job.state == "done":
         actions.append("do nothing: _SUCCESS matches this job")

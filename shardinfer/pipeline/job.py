@@ -36,7 +36,7 @@ from shardinfer.errors import (
 from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
-from shardinfer.pipeline.input_listing import ListingDiff, diff_listings, snapshot
+from shardinfer.pipeline.input_listing import diff_listings, snapshot
 from shardinfer.pipeline.output_ids import (
     RepeatedIds,
     check_unique_ids,
@@ -48,10 +48,11 @@ from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
 from shardinfer.pipeline.timeline import Timeline, open_timeline
 from shardinfer.redaction import location_identity, redact_config, with_credentials_of
-from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records, plan_to_records
+from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records
 from shardinfer.testing.faults import crash_point
 
 if TYPE_CHECKING:
+    from shardinfer.pipeline.incremental import Growth
     from shardinfer.readers.spec import InputSpec
     from shardinfer.writers.output_store import OutputStore
 
@@ -75,8 +76,10 @@ class OpenedJob:
     generation: str = ""  # the job generation (see writers.markers); set once planned or read
     input_listing: list[dict[str, Any]] = field(default_factory=list)  # for a new job's _job.json
     notes: list[str] = field(default_factory=list)  # what the run should report (a stale _SUCCESS)
-    added_files: list[str] = field(default_factory=list)  # job.incremental: files planned this run
+    growth: Growth | None = None  # job.incremental: what this run added to the plan
     extended_record: dict[str, Any] | None = None  # job.incremental: the _job.json to write
+    # Committed splits whose input file was rewritten since (job.incremental): never recomputed.
+    superseded: set[int] = field(default_factory=set)
     # job.start_over over another job's output: what that job was ("another fingerprint (...)"),
     # whose parts, markers and _SUCCESS the plan's write discards. Empty otherwise.
     discards: str = ""
@@ -162,8 +165,10 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         raise _damaged(config, "has a _job.json without a job generation (written by an older version)")
     drifted = existing is not None and existing.get("fingerprint", {}).get("hash") != fingerprint["hash"]
     input_diff = None
+    current: list[dict[str, Any]] = []
     if existing is not None and not drifted and plan:
-        input_diff = diff_listings(existing.get("input_listing", []), listing_of(config, spec))
+        current = listing_of(config, spec)
+        input_diff = diff_listings(existing.get("input_listing", []), current)
     # start_over only ever discards another fingerprint's output (or another input's): a retry of
     # the same command (same flags) then resumes the new job instead of throwing it away again.
     discard = config.job.start_over and (drifted or bool(input_diff))
@@ -187,7 +192,8 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
                 f"the input of the job at {config.output.path} changed since it was planned "
                 f"({input_diff.describe()}); its rows would no longer match the committed ones. Restore "
                 "the input, write to a new output path, pass --conf job.start_over=true to redo the "
-                "job, or --conf job.incremental=true to add new files as new splits"
+                "job, or --conf job.incremental=true to plan added files (and the rows with new ids of "
+                "rewritten ones) as new splits"
             )
         stored = usable_plan(plan_from_records(existing["splits"]), config)
         store.use_generation(str(existing["generation"]))
@@ -195,9 +201,11 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
             config, spec, sampling, fingerprint, store, stored, "resume", None, store.committed_indexes()
         )
         job.generation = str(existing["generation"])
+        job.superseded = {int(i) for i in existing.get("superseded_splits", [])}
         if input_diff:
-            job.added_files = extend_plan_incrementally(job, existing, input_diff)
-            job.state = "resume"
+            from shardinfer.pipeline.incremental import extend_plan
+
+            job.growth = extend_plan(job, existing, input_diff, current)
             return job
         success = read_success_or_none(store)
         if success is not None and success_hash(success) == fingerprint["hash"]:
@@ -288,44 +296,6 @@ def check_output_location(config: JobConfig) -> None:
         )
 
 
-def extend_plan_incrementally(job: OpenedJob, existing: dict[str, Any], diff: ListingDiff) -> list[str]:
-    """job.incremental: plan the added files as new splits after the old ones (the old splits and
-    their commits stay as they are); the extended `_job.json` is written by `write_plan`."""
-    if diff.removed or diff.changed:
-        raise InputChanged(
-            f"job.incremental adds new input files only, but files were removed or rewritten since the job "
-            f"at {job.config.output.path} was planned ({ListingDiff([], diff.removed, diff.changed).describe()}); "
-            "restore them, or pass --conf job.start_over=true to redo the job"
-        )
-    import dataclasses
-
-    from shardinfer.readers.splits import plan_splits, read_schema
-
-    old_schema = job.input_schema
-    next_file = max(s.file_index for s in job.splits) + 1
-    new: list[Split] = []
-    # The listing is stored without credentials: the configured input.path's are put back.
-    added = [with_credentials_of(url, job.config.input.path) for url in diff.added]
-    for offset, url in enumerate(added):
-        spec = dataclasses.replace(job.input_spec, path=url)
-        if not read_schema(spec, url).remove_metadata().equals(old_schema.remove_metadata()):
-            raise ConfigError(
-                f"job.incremental: new input file {url} has another schema than the planned input; "
-                "rewrite it to the same columns and types, or start the job over"
-            )
-        for split in plan_splits(spec, job.config.job.split_rows):
-            new.append(Split(len(job.splits) + len(new), next_file + offset, url, *_range(split)))
-    listing = existing.get("input_listing", []) + snapshot(added, dict(job.config.input.storage_options))
-    job.splits = job.splits + new
-    job.extended_record = {
-        **existing,
-        "splits": plan_to_records(stored_plan(job.splits)),
-        "total_input_rows": sum(s.num_rows for s in job.splits),
-        "input_listing": listing,
-    }
-    return list(diff.added)
-
-
 def stored_plan(splits: list[Split]) -> list[Split]:
     """The split plan as `_job.json` stores it: each path in its identity form, without
     credentials (a rotated password or a presigned URL signed again names the same file)."""
@@ -340,10 +310,6 @@ def usable_plan(splits: list[Split], config: JobConfig) -> list[Split]:
     import dataclasses
 
     return [dataclasses.replace(s, path=with_credentials_of(s.path, config.input.path)) for s in splits]
-
-
-def _range(split: Any) -> tuple[int, int, int | None]:
-    return split.row_start, split.row_end, split.byte_offset
 
 
 def read_success_or_none(store: OutputStore) -> dict[str, Any] | None:
@@ -573,6 +539,14 @@ def repair_damaged(
     damaged: dict[int, str] = job.store.damaged_parts(markers)
     if not damaged:
         return {}
+    lost = sorted(set(damaged) & job.superseded)
+    if lost:
+        raise CorruptOutputError(
+            f"{job.config.output.path}: committed part(s) of split(s) {lost} are damaged "
+            f"({'; '.join(damaged[i] for i in lost[:3])}), and their input file was rewritten since they "
+            "were computed (job.incremental), so their rows cannot be computed again; restore the part "
+            "files from a copy, or pass --conf job.start_over=true to redo the job"
+        )
     emit({"event": "repair", "splits": sorted(damaged), "reasons": damaged})
     job.store.plan_repairs(damaged, markers)
     run_worker(job, [s for s in job.splits if s.index in damaged], stop, run_id, emit, engine)

@@ -65,6 +65,12 @@ class PreparedRow:
     error: RowError | None = None
 
 
+def row_id_of(id_value: Any, file_index: int, row_index: int) -> str:
+    """A row's id: its id column's value as text, or `"{file_index}:{row_index}"` without one (or
+    where it is null: such a row becomes an error record under that id)."""
+    return str(id_value) if id_value is not None else f"{file_index}:{row_index}"
+
+
 class RowPreparer:
     """Formats, tokenises and parameterises rows for one job; thread-safe (no mutable state)."""
 
@@ -94,11 +100,8 @@ class RowPreparer:
             raise ConfigError(f"[sampling]: {exc}") from None
 
     def row_id(self, row: dict[str, Any], file_index: int) -> str:
-        if self.inp.id_column:
-            value = row.get(self.inp.id_column)
-            if value is not None:
-                return str(value)
-        return f"{file_index}:{row[ROW_INDEX_COLUMN]}"
+        value = row.get(self.inp.id_column) if self.inp.id_column else None
+        return row_id_of(value, file_index, row[ROW_INDEX_COLUMN])
 
     def prepare_batch(
         self, split_index: int, file_index: int, first_pos: int, rows: Sequence[dict[str, Any]]

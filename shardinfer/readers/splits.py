@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardinfer.errors import InputColumnError, InputSchemaError
 from shardinfer.readers.jsonl_source import infer_jsonl_schema, iter_jsonl_rows, scan_jsonl
@@ -134,6 +135,8 @@ def read_split(split: Split, spec: InputSpec, batch_rows: int = 1024) -> Iterato
         source = iter_jsonl_rows(
             split.path, spec.storage_options, split.row_start, split.row_end, split.byte_offset, batch_rows
         )
+    if split.only_rows is not None:
+        source = _only_rows(source, split.only_rows)
     if not spec.query:
         yield from source
         return
@@ -149,3 +152,13 @@ def read_split(split: Split, spec: InputSpec, batch_rows: int = 1024) -> Iterato
                     yield out
     finally:
         runner.close()
+
+
+def _only_rows(source: Iterator[pa.RecordBatch], rows: tuple[int, ...]) -> Iterator[pa.RecordBatch]:
+    """The batches' rows whose `__row_index` is one of `rows` (before any query: the plan chose them
+    among the rows the query sees, and the query is row-wise)."""
+    chosen = pa.array(rows, pa.int64())
+    for batch in source:
+        kept = batch.filter(pc.is_in(batch.column(ROW_INDEX_COLUMN), value_set=chosen))
+        if kept.num_rows:
+            yield kept

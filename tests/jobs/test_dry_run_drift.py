@@ -40,6 +40,9 @@ def test_dry_run_over_another_fingerprint(tmp_path: Path, model_dir: Path) -> No
     assert f"added: {shards / 'prompts-01.parquet'}" in grown.stdout
     added = cli("submit", "--dry-run", "--conf", "job.incremental=true", str(job))
     assert added.returncode == 0, added.stderr
-    assert "# submitting would plan 1 input file(s) added since the job was planned" in added.stdout
+    assert (
+        "# submitting would plan the input that is new since the job was planned (job.incremental = true): 1 added file(s)"
+        in added.stdout
+    )
     assert "discard" not in added.stdout
     assert _files(out) == before  # a dry run writes and deletes nothing

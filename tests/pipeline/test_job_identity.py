@@ -97,7 +97,7 @@ def test_input_changed_since_planning_is_named(tmp_path: Path, model_dir: Path) 
     message = str(info.value)
     assert "added: " + str(shards / "prompts-02.parquet") in message
     assert "changed: " + str(shards / "prompts-01.parquet") in message
-    with pytest.raises(InputChanged, match="removed or rewritten"):
+    with pytest.raises(InputChanged, match="were not committed yet"):
         open_job(_config(model_dir, shards, tmp_path / "out", job={"incremental": True}))
     assert open_job(_config(model_dir, shards, tmp_path / "out", job={"start_over": True})).state == "new"
 
