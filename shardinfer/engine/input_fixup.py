@@ -62,17 +62,48 @@ class InputFixup:
     mtp_prev: list[int] = field(default_factory=list)
     mtp_cols: list[int] = field(default_factory=list)  # which of the request's MTP drafts
     choice: DraftChoice | None = None
+    _sample_shift: torch.Tensor | None = None  # set by apply()
 
     @property
     def shifted(self) -> bool:
         return self.previous.shifts is not None and any(i >= 0 for i in self.request_shift_of)
 
-    def _shift_of(self, index: list[int], dev: torch.device) -> torch.Tensor:
-        """Per entry of `index`: the previous step's shift of that request (0 for -1)."""
-        shifts = self.previous.shifts
-        assert shifts is not None
-        padded = torch.cat([shifts, shifts.new_zeros(1)])
-        return padded[values_to_device(index, torch.long, dev)]  # -1 picks the appended 0
+    def _packed(self) -> dict[str, list[int]]:
+        """Every host-side index list apply() needs, by name (sent to the device in one copy)."""
+        prev = self.previous
+        lists: dict[str, list[int]] = {}
+        if self.token_rows:
+            lists["token_rows"] = self.token_rows
+            lists["token_src"] = (
+                self.token_prev
+                if prev.last_rows is not None
+                else [prev.first_rows[i] for i in self.token_prev]
+            )
+        if self.mtp_rows:
+            assert prev.mtp_drafts is not None
+            width = prev.mtp_drafts.shape[1]
+            lists["mtp_rows"] = self.mtp_rows
+            lists["mtp_flat"] = [p * width + c for p, c in zip(self.mtp_prev, self.mtp_cols, strict=True)]
+        choice = self.choice
+        if choice is not None and choice.rows:
+            r_max = max(len(t) for t in choice.table)
+            k_max = max((len(row) for t in choice.table for row in t), default=0)
+            table: list[int] = []
+            for t in choice.table:  # [Q, R, K], padded by repeating the last row / token 0
+                for r in range(r_max):
+                    row = t[min(r, len(t) - 1)]
+                    table.extend(row + [0] * (k_max - len(row)))
+            lists["choice_table"] = table
+            lists["choice_base"] = [q * r_max * k_max + j for q, j, _ in choice.entries]
+            lists["choice_rows"] = choice.rows
+            lists["choice_prev"] = [p for _, _, p in choice.entries]
+            lists["choice_dims"] = [r_max, k_max]
+        if self.shifted:
+            lists["token_shift_of"] = self.token_shift_of
+            lists["request_shift_of"] = self.request_shift_of
+            lists["token_owner"] = self.token_owner
+            lists["sample_shift_of"] = self.sample_shift_of
+        return lists
 
     def apply(
         self,
@@ -83,62 +114,51 @@ class InputFixup:
         block_tables: torch.Tensor | None = None,
         block_size: int = 0,
     ) -> None:
-        """Correct the step's flat inputs in place (the first len(token_shift_of) rows are real)."""
+        """Correct the step's flat inputs in place (the first len(token_shift_of) rows are real).
+        All index lists travel to the device in one copy."""
         dev = input_ids.device
         prev = self.previous
+        lists = self._packed()
+        flat = [v for values in lists.values() for v in values]
+        data = values_to_device(flat, torch.long, dev) if flat else None
+        view: dict[str, torch.Tensor] = {}
+        at = 0
+        for name, values in lists.items():
+            assert data is not None
+            view[name] = data[at : at + len(values)]
+            at += len(values)
+        padded = torch.cat([prev.shifts, prev.shifts.new_zeros(1)]) if prev.shifts is not None else None
         if self.token_rows:
-            if prev.last_rows is None:
-                src = values_to_device([prev.first_rows[i] for i in self.token_prev], torch.long, dev)
-            else:
-                src = prev.last_rows[values_to_device(self.token_prev, torch.long, dev)]
-            input_ids[values_to_device(self.token_rows, torch.long, dev)] = prev.sampled[src].to(
-                input_ids.dtype
-            )
+            src = view["token_src"] if prev.last_rows is None else prev.last_rows[view["token_src"]]
+            input_ids[view["token_rows"]] = prev.sampled[src].to(input_ids.dtype)
         if self.mtp_rows:
             assert prev.mtp_drafts is not None
-            width = prev.mtp_drafts.shape[1]
-            flat = [p * width + c for p, c in zip(self.mtp_prev, self.mtp_cols, strict=True)]
-            drafts = prev.mtp_drafts.reshape(-1)[values_to_device(flat, torch.long, dev)]
-            input_ids[values_to_device(self.mtp_rows, torch.long, dev)] = drafts.to(input_ids.dtype)
-        if self.choice is not None and self.choice.rows:
-            self._apply_choice(input_ids)
-        if not self.shifted or positions is None:
+            drafts = prev.mtp_drafts.reshape(-1)[view["mtp_flat"]]
+            input_ids[view["mtp_rows"]] = drafts.to(input_ids.dtype)
+        if "choice_rows" in view:
+            r_max, k_max = lists["choice_dims"]
+            index = view["choice_base"]
+            if padded is not None and r_max > 1:  # -1 (no previous drafts) picks the appended 0
+                index = index + padded[view["choice_prev"]].clamp(max=r_max - 1) * k_max
+            input_ids[view["choice_rows"]] = view["choice_table"][index].to(input_ids.dtype)
+        if not self.shifted:
+            return
+        assert padded is not None
+        self._sample_shift = padded[view["sample_shift_of"]] if self.sample_shift_of else None
+        if positions is None:
             return
         assert seq_lens is not None and slot_mapping is not None and block_tables is not None
         n = len(self.token_shift_of)
-        shift = self._shift_of(self.token_shift_of, dev)
+        shift = padded[view["token_shift_of"]]
         positions[:n] -= shift
-        seq_lens[: len(self.request_shift_of)] -= self._shift_of(self.request_shift_of, dev).to(
-            seq_lens.dtype
-        )
+        seq_lens[: len(self.request_shift_of)] -= padded[view["request_shift_of"]].to(seq_lens.dtype)
         # A shifted token's KV goes to the slot of its corrected position.
-        owner = values_to_device(self.token_owner, torch.long, dev)
         pos = positions[:n]
-        block = block_tables[owner, pos // block_size].to(torch.int64)
+        block = block_tables[view["token_owner"], pos // block_size].to(torch.int64)
         moved = block * block_size + pos % block_size
         slot_mapping[:n] = torch.where(shift > 0, moved, slot_mapping[:n])
 
-    def _apply_choice(self, input_ids: torch.Tensor) -> None:
-        choice = self.choice
-        assert choice is not None
-        dev = input_ids.device
-        r_max = max(len(t) for t in choice.table)
-        k_max = max((len(row) for t in choice.table for row in t), default=0)
-        flat: list[int] = []
-        for t in choice.table:  # [Q, R, K], padded by repeating the last row / token 0
-            for r in range(r_max):
-                row = t[min(r, len(t) - 1)]
-                flat.extend(row + [0] * (k_max - len(row)))
-        table = values_to_device(flat, torch.long, dev)
-        base = [q * r_max * k_max + j for q, j, _ in choice.entries]
-        index = values_to_device(base, torch.long, dev)
-        if self.previous.shifts is not None and r_max > 1:
-            shift = self._shift_of([p for _, _, p in choice.entries], dev).clamp(max=r_max - 1)
-            index = index + shift * k_max
-        input_ids[values_to_device(choice.rows, torch.long, dev)] = table[index].to(input_ids.dtype)
-
     def sample_position_shift(self, device: torch.device) -> torch.Tensor | None:
-        """Per sampling row of this step: how far its position moves back, or None (no shift)."""
-        if not self.shifted or not self.sample_shift_of:
-            return None
-        return self._shift_of(self.sample_shift_of, device)
+        """Per sampling row of this step: how far its position moves back, or None (no shift).
+        Known once apply() has run."""
+        return self._sample_shift if self.shifted else None
