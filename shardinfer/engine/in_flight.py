@@ -15,7 +15,7 @@ An in-flight step is in one of two states:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -35,9 +35,6 @@ class InFlightStep:
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
     sampled: DeviceSample | None = None
     unsampled: SamplingPlan | None = None
-    # Per request: the position its newest slot has in the host's layout (the step's last
-    # sampled token, after every draft as if all were accepted).
-    newest_positions: list[int] = field(default_factory=list)
 
     @classmethod
     def launched(cls, plan: SamplingPlan, sampled: DeviceSample | None) -> InFlightStep:
@@ -50,7 +47,6 @@ class InFlightStep:
             plan.output_slots,
             logits.prompt_logits,
             sampled,
-            newest_positions=plan.newest_positions,
         )
 
     @classmethod
@@ -67,6 +63,12 @@ class InFlightStep:
             row += c
         return rows
 
+    def newest_position(self, req: Request, i: int) -> int:
+        """Where request i's newest slot of this step is in the host's layout now. This step is
+        the request's oldest one not read back, so its slots are the first placeholders; an earlier
+        step's rejected drafts, dropped since this one was planned, have moved them back."""
+        return req.num_prompt_tokens + req.num_output_tokens - req.num_placeholders + self.counts[i] - 1
+
     def pending_chunk_mismatch(self, batch: ScheduledBatch) -> bool:
         """Whether a request of `batch` with drafts in flight here starts anywhere but at its
         newest slot: its inputs would need more than a shift (only a recomputation after
@@ -76,7 +78,11 @@ class InFlightStep:
         index = {id(r): i for i, r in enumerate(self.requests)}
         for req in batch.requests:
             i = index.get(id(req))
-            if i is not None and self.counts[i] > 1 and req.num_computed_tokens != self.newest_positions[i]:
+            if (
+                i is not None
+                and self.counts[i] > 1
+                and req.num_computed_tokens != self.newest_position(req, i)
+            ):
                 return True
         return False
 
@@ -97,7 +103,7 @@ class InFlightStep:
         for b, (req, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
             start = req.num_computed_tokens
             i = index.get(id(req), -1)
-            newest = self.newest_positions[i] if i >= 0 else -1
+            newest = self.newest_position(req, i) if i >= 0 else -1
             if i >= 0 and req.num_placeholders and start <= newest < start + n:
                 fix.token_rows.append(offset + newest - start)
                 fix.token_prev.append(i)

@@ -224,3 +224,23 @@ def test_async_speculation_beside_grammar_rows_equals_plain_decoding(qwen3_dir) 
     assert _key(spec.generate(prompts, params)) == want
     stats = spec.llm_engine.stats()
     assert stats["accepted_draft_tokens"] > 0 and stats["deferred_sampling_steps"] > 0
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [{"max_num_batched_tokens": 6}, {"num_kv_blocks": 16, "block_size": 8}],
+    ids=["small-budget", "preempting"],
+)
+def test_replay_drafts_survive_trimming_and_preemption(qwen3_dir, engine_kwargs) -> None:
+    """Drafts cut to the token budget, and requests preempted with a speculative step in flight,
+    keep the output of plain decoding."""
+    prompts, params = _mixed_workload()
+    outs = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=False).generate(prompts, params)
+    recorded = {f"r{i}": list(o.outputs[0].token_ids) for i, o in enumerate(outs)}
+    got, stats = _replay_run(
+        qwen3_dir, prompts, params, recorded, 0.8, async_scheduling=True, **engine_kwargs
+    )
+    assert got == _key(outs)
+    assert stats["accepted_draft_tokens"] > 0
+    if "num_kv_blocks" in engine_kwargs:
+        assert stats["preemptions"] > 0
