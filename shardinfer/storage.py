@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -67,36 +68,24 @@ _TRANSIENT_S3_CODES = {
 
 
 def _network_error_types() -> tuple[type[BaseException], ...]:
-    """Exception types of the HTTP stack under s3fs that mean 'the connection failed', if installed.
+    """Exception types of the HTTP stack under s3fs that mean 'the connection failed'.
 
-    Looked up by name, one at a time, because the set differs between botocore releases.
+    Looked up by name, one at a time, because the set differs between botocore releases, and only
+    in modules already imported: an exception of a type whose module was never imported cannot
+    exist, and importing botocore and aiohttp here would cost every job their import time.
     """
     found: list[type[BaseException]] = []
-    try:
-        import botocore.exceptions as boto
-    except ImportError:
-        boto = None
+    boto = sys.modules.get("botocore.exceptions")
     for name in ("ConnectionError", "HTTPClientError", "IncompleteReadError"):
         kind = getattr(boto, name, None)
         if isinstance(kind, type) and issubclass(kind, BaseException):
             found.append(kind)
-    try:
-        # Throttled responses can arrive as invalid XML (s3fs treats this as retryable too).
-        from botocore.parsers import ResponseParserError
-
-        found.append(ResponseParserError)
-    except ImportError:
-        pass
-    try:
-        import aiohttp
-
-        found.append(aiohttp.ClientError)
-    except ImportError:
-        pass
+    # ResponseParserError: throttled responses can arrive as invalid XML (s3fs retries those too).
+    for module, name in (("botocore.parsers", "ResponseParserError"), ("aiohttp", "ClientError")):
+        kind = getattr(sys.modules.get(module), name, None)
+        if isinstance(kind, type) and issubclass(kind, BaseException):
+            found.append(kind)
     return tuple(found)
-
-
-_NETWORK_ERRORS = _network_error_types()
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -105,7 +94,8 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, TimeoutError | ConnectionError):
         return True
-    if _NETWORK_ERRORS and isinstance(exc, _NETWORK_ERRORS):
+    network_errors = _network_error_types()
+    if network_errors and isinstance(exc, network_errors):
         return True
     response = getattr(exc, "response", None)  # a botocore ClientError that escaped translation
     if isinstance(response, dict):
