@@ -60,6 +60,11 @@ _CONTAINER_AT_ACCOUNT = {"abfs", "abfss", "az", "adl", "wasb", "wasbs"}
 _MIN_SECRET_LEN = 4  # shorter values would blank out ordinary words of every message
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s@?#'\"<>]+)@")
+# `"secret": "..."`, `secret = "..."`, `key='...'`: a credential-named entry quoted in a message (an
+# options dict's repr, a JSON or TOML fragment an argument parser echoes back).
+_QUOTED_ENTRY = re.compile(
+    r"(?P<lead>[\"']?(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)[\"']?\s*[:=]\s*)(?P<quote>[\"'])(?P<value>[^\"'\n]*)(?P=quote)"
+)
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>[^&\s'\"#;<>]*)")
 
 
@@ -290,6 +295,13 @@ def _userinfo_out(match: re.Match[str]) -> str:
     return f"{match.group('scheme')}{REDACTED}@"
 
 
+def _entry_out(match: re.Match[str]) -> str:
+    if is_credential_key(match.group("name")) and match.group("value") not in ("", REDACTED):
+        quote = match.group("quote")
+        return f"{match.group('lead')}{quote}{REDACTED}{quote}"
+    return match.group(0)
+
+
 def _param_out(match: re.Match[str]) -> str:
     if is_credential_key(match.group("name")) and match.group("value") not in ("", REDACTED):
         return match.group("lead") + REDACTED
@@ -297,8 +309,9 @@ def _param_out(match: re.Match[str]) -> str:
 
 
 def redact_text(text: str) -> str:
-    """`text` with URL user-info, credential query parameters and every remembered credential
-    replaced by `***`: the one function every boundary where text leaves the process calls."""
+    """`text` with URL user-info, credential query parameters, quoted credential-named entries and
+    every remembered credential replaced by `***`: the one function every boundary where text
+    leaves the process calls."""
     if not text:
         return text
     text = _KNOWN.scrub(text)
@@ -306,4 +319,6 @@ def redact_text(text: str) -> str:
         text = _USERINFO.sub(_userinfo_out, text)
     if "=" in text:
         text = _QUERY_PARAM.sub(_param_out, text)
+    if "=" in text or ":" in text:
+        text = _QUOTED_ENTRY.sub(_entry_out, text)
     return text

@@ -161,6 +161,20 @@ def test_redact_text_scrubs_urls_and_remembered_secrets() -> None:
     as_json = json.dumps({"reason": 'remembered-"quoted"-9 denied'})
     assert "remembered" not in redact_text(as_json)
     assert redact_text("job.seed=3; sampling.max_tokens=5") == "job.seed=3; sampling.max_tokens=5"
+    # Options quoted back by a parser or a library's repr, never remembered.
+    assert redact_text("""unrecognized arguments: {"secret": "zz-9", "anon": "no"}""") == (
+        """unrecognized arguments: {"secret": "***", "anon": "no"}"""
+    )
+    assert redact_text("S3FileSystem(key='AKIA7', endpoint_url='http://h')") == (
+        "S3FileSystem(key='***', endpoint_url='http://h')"
+    )
+    assert (
+        redact_text('storage_options = {aws_session_token = "t-1"}')
+        == 'storage_options = {aws_session_token = "***"}'
+    )
+    assert redact_text('"stop_token_ids": [1, 2], "tokenizer": "tok.json"') == (
+        '"stop_token_ids": [1, 2], "tokenizer": "tok.json"'
+    )
 
 
 def test_streams_and_errors_crossing_a_process_are_redacted() -> None:

@@ -83,7 +83,12 @@ def test_local_job_writes_and_prints_no_credential(
         str(write_job(tmp_path, "rotated", model_dir, str(small_shards), str(out), **sections_rotated)),
     )
     assert again.returncode == 0 and "already complete" in again.stderr, again.stderr
-    scan_outputs(survived, dry, run, status, history, again)
+    # Options given where they are not understood are quoted back by no error message.
+    misplaced = cli("submit", "--storage-options", json.dumps(options), str(job))
+    assert misplaced.returncode == 64, misplaced.stderr
+    broken = cli("status", "--storage-options", json.dumps(options)[:-1], str(out))
+    assert broken.returncode == 64, broken.stderr
+    scan_outputs(survived, dry, run, status, history, again, misplaced, broken)
     assert scan_tree(survived, out) >= 8  # _job.json, _SUCCESS, markers, parts, run record, timeline
 
 
