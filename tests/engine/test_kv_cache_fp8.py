@@ -81,3 +81,49 @@ def test_fp8_cache_rows_are_batch_and_prefix_cache_invariant(tiny_checkpoint: Ca
     )
     assert key(fresh.generate([shared], params)[0]) == key(hit)
     assert key(fresh.generate([prompts[1]], params)[0]) == key(batch[1])
+
+
+# The Triton MLA kernel needs qk_rope_head_dim >= 16 and a power-of-two kv_lora_rank.
+GPU_FAMILIES = [
+    (
+        "qwen3",
+        dict(
+            hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2, head_dim=64
+        ),
+    ),
+    ("deepseek_v3", dict(qk_rope_head_dim=16, kv_lora_rank=64)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family, overrides", GPU_FAMILIES, ids=[f for f, _ in GPU_FAMILIES])
+def test_gpu_fp8_weights_and_cache_rows_alone_equal_rows_in_batches(
+    tiny_checkpoint: Callable[..., Path], family: str, overrides: dict
+) -> None:
+    """The FP8 GEMMs, the FP8 fused MoE and the FP8 cache under CUDA graphs: a row's tokens and
+    logprobs alone, in batches of 8 and among 64 rows are the same."""
+    llm = LLM(
+        tiny_checkpoint(family, **overrides),
+        device="cuda",
+        dtype="bfloat16",
+        quantization="fp8",
+        kv_cache_dtype="fp8",
+        max_num_seqs=64,
+    )
+    g = torch.Generator().manual_seed(9)
+    prompts = [
+        torch.randint(0, 300, (int(n),), generator=g).tolist()
+        for n in torch.randint(2, 60, (16,), generator=g)
+    ]
+    params = [
+        SamplingParams(temperature=0.8, max_tokens=24, seed=i, ignore_eos=True, logprobs=1) for i in range(16)
+    ]
+
+    def key(outs) -> list[tuple]:  # type: ignore[no-untyped-def]
+        return [(tuple(o.outputs[0].token_ids), tuple(o.outputs[0].logprobs)) for o in outs]
+
+    alone = [key(llm.generate([p], [q]))[0] for p, q in zip(prompts, params, strict=True)]
+    by8 = [k for i in range(0, 16, 8) for k in key(llm.generate(prompts[i : i + 8], params[i : i + 8]))]
+    filler = [torch.randint(0, 300, (40,), generator=g).tolist() for _ in range(48)]
+    big = key(llm.generate(prompts + filler, params + [params[0]] * 48))[:16]
+    assert by8 == alone and big == alone
