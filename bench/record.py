@@ -93,6 +93,38 @@ def spec_rows(records: list[dict]) -> list[str]:
     return rows
 
 
+SCORE_HEADER = """
+## Scoring (loglikelihood)
+
+`bench/loglikelihood_throughput.py`: a 4-choice task with 512-token contexts scored by shardinfer's
+lm-evaluation-harness model, beside the harness's own `hf` model (transformers, same checkpoint,
+same dtype) on the first documents in the same run. Continuations/s and input tokens/s over each
+side's scoring wall; prefix hits: the share of prompt tokens served from the prefix cache (a
+context's continuations share its KV). max |Δ|: the largest difference of a continuation's summed
+logprob between the two on the documents both scored (bf16 numerics of two different kernel sets;
+the CPU tests hold float32 agreement within 1e-4).
+
+| date (UTC) | GPU | commit | workload | docs | shardinfer cont/s | input tok/s | prefix hits | hf docs | hf cont/s | ratio | max abs logprob diff |
+|---|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
+
+def score_rows(records: list[dict]) -> list[str]:
+    rows = []
+    for r in sorted(records, key=lambda r: str(r.get("date", ""))):
+        if r.get("bench") != "loglikelihood" or r.get("gpu") == "cpu":
+            continue
+        ours, hf = r["shardinfer"], r.get("hf") or {}
+        rows.append(
+            f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
+            f"{r['docs']} | {ours['continuations_per_s']:.1f} | {ours['input_tokens_per_s']:.0f} | "
+            f"{fmt(ours.get('prefix_cache_hit_rate'), '.2f')} | {r.get('hf_docs', '—')} | "
+            f"{fmt(hf.get('continuations_per_s'), '.1f')} | {fmt(r.get('continuations_per_s_ratio'), '.2f')} | "
+            f"{fmt(r.get('max_abs_logprob_diff'), '.3f')} |"
+        )
+    return rows
+
+
 def job_row(r: dict) -> str:
     start = r.get("startup_s") or {}
     master = r.get("master", "local")
@@ -158,6 +190,9 @@ def main() -> None:
     sd_rows = spec_rows(records)
     if sd_rows:
         text += SPEC_HEADER + "\n".join(sd_rows) + "\n"
+    sc_rows = score_rows(records)
+    if sc_rows:
+        text += SCORE_HEADER + "\n".join(sc_rows) + "\n"
     (HERE / "RESULTS.md").write_text(text)
     print(f"{len(rows)} throughput rows, {len(so_rows)} structured-output rows, {len(job_rows)} job rows")
 
