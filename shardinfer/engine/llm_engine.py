@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,17 +66,19 @@ class LLMEngine:
         self.device = cfg.torch_device
         self.dtype = cfg.torch_dtype
         phases = StartupPhases(sync=device_sync(self.device))
-        if self.device.type == "cuda":
-            with phases.phase("device_init_s"):
-                init_device(self.device)
-        with phases.phase("tokenizer_s"):
-            self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
-            self.generation_defaults = checkpoint_sampling_defaults(self.model_dir)
         limit = cfg.max_model_len or self.model_config.max_position_embeddings
         if limit > self.model_config.max_position_embeddings:
             raise ValueError(f"max_model_len={limit} exceeds the model's max_position_embeddings="
                              f"{self.model_config.max_position_embeddings}")
-        self.runner = ModelRunner(cfg, self.model_dir, self.model_config, limit, phases)
+        # The tokenizer loads on a thread while the device starts and the weights stream in: it needs
+        # neither, and the weight reads wait on the file system, not on the interpreter.
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
+            tokenizer = pool.submit(self._load_tokenizer, phases)
+            if self.device.type == "cuda":
+                with phases.phase("device_init_s"):
+                    init_device(self.device)
+            self.runner = ModelRunner(cfg, self.model_dir, self.model_config, limit, phases)
+            self.tokenizer, self.generation_defaults = tokenizer.result()
         self.numerics = self.runner.numerics
         self.model = self.runner.model
         self.kv_caches = self.runner.kv_caches
@@ -124,6 +126,13 @@ class LLMEngine:
         if self.config.speculative_budget != "confidence" or graphs is None:
             return DraftBudget(self.config.draft_depth, None, None)
         return DraftBudget(self.config.draft_depth, graphs.replay_ms, graphs.sizes)
+
+    def _load_tokenizer(self, phases: StartupPhases) -> tuple[Tokenizer, dict[str, Any]]:
+        started = time.monotonic()
+        tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
+        defaults = checkpoint_sampling_defaults(self.model_dir)
+        phases.add("tokenizer_s", time.monotonic() - started)  # overlapped: not part of the build's sum
+        return tokenizer, defaults
 
     # -- requests -------------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
