@@ -1,6 +1,7 @@
 """Per-token-group FP8 quantisation of activations: x [M, K] -> fp8 [M, K] + scales [M, ceil(K/128)].
 
-Semantics = reference_fp8.quantize_groups, bit for bit: each group of 128 channels of a row gets
+Semantics = reference_fp8.quantize_groups (bit for bit under the interpreter; the tests check both
+against float64 rounding): each group of 128 channels of a row gets
 the power-of-two scale 2^p with amax / 2^p <= 448, taken from amax's exponent bits (no division,
 so no rounding), and its values are rounded to e4m3 in float32 arithmetic before the final cast.
 Rounding first makes the cast exact, which matters twice: Triton's CPU interpreter rounds a

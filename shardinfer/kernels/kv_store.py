@@ -5,7 +5,7 @@
 
 An FP8 cache (float8_e4m3fn) has a float32 scale tensor beside it, [num_blocks, block_size,
 *entry[:-1], ceil(entry[-1] / 128)]: each token's values are quantised in groups of 128 along the
-last dim with a power-of-two scale (fp8_quant.py; the bits equal reference_fp8.quantize_groups'),
+last dim with a power-of-two scale (fp8_quant.py, the semantics of reference_fp8.quantize_groups),
 so what a token stores depends on its own values only.
 
 Slot -1 means "do not store" (padding rows of a CUDA-graph batch, or tokens whose KV is already

@@ -81,3 +81,22 @@ def compiled_variants(*kernels: object) -> list[int]:
     """How many compiled variants each Triton kernel holds (all devices): a count that grows
     between two calls means the second call compiled, i.e. a run would stall there."""
     return [sum(len(caches[0]) for caches in k.device_caches.values()) for k in kernels]  # type: ignore[attr-defined]
+
+
+def pow2_scales64(amax: torch.Tensor) -> torch.Tensor:
+    """The power-of-two FP8 scales of reference_fp8.pow2_scale, computed independently in float64:
+    2^ceil(log2(amax / 448)) per element (amax 0 takes the smallest scale the code allows)."""
+    import math
+
+    a = amax.double().clamp_min(2.0**-100)
+    return torch.tensor([2.0 ** math.ceil(math.log2(v / 448.0)) for v in a.flatten().tolist()],
+                        dtype=torch.float64).view(a.shape)
+
+
+def e4m3_round(v: torch.Tensor) -> torch.Tensor:
+    """v (|v| <= 448) rounded to the nearest float8_e4m3fn value, ties to even, in float64
+    arithmetic: 3 mantissa bits above 2^-6, steps of 2^-9 below (the subnormals)."""
+    a = v.double().abs()
+    _, exp = torch.frexp(a)  # a = m * 2^exp with m in [0.5, 1): its unit in the last place is 2^(exp - 4)
+    ulp = torch.where(a >= 2.0**-6, torch.ldexp(torch.ones_like(a), exp - 4), torch.full_like(a, 2.0**-9))
+    return torch.copysign(torch.round(a / ulp) * ulp, v.double())  # torch.round: ties to even

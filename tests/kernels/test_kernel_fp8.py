@@ -1,9 +1,11 @@
-"""FP8 quantisers and the FP8 linear kernel: bits against the PyTorch reference, values against
-float64, rows bitwise independent of M, launcher checks.
+"""FP8 quantisers and the FP8 linear kernel: quantised values and scales against float64 rounding,
+GEMM values against float64, rows bitwise independent of M, launcher checks.
 
 Documented bounds (docs/quantization.md):
 - quantise/dequantise round trip: |x - dq(q(x))| <= max(|x| * 2^-4, scale * 2^-10) elementwise
   (half an e4m3 unit in the last place for normal numbers, half the smallest subnormal otherwise);
+- the quantisers (kernel and reference): exactly x / 2^ceil(log2(amax / 448)) rounded to the
+  nearest e4m3 value, ties to even, as float64 arithmetic computes it;
 - the kernel against float64 math on the same quantised operands: relative Frobenius error below
   one rounding of the output dtype (kernel_checks.TOL): FP8 products are exact in float32, so only
   the float32 summation and the final rounding differ.
@@ -19,7 +21,7 @@ import math
 
 import pytest
 import torch
-from kernel_checks import TOL, rel_err
+from kernel_checks import TOL, e4m3_round, pow2_scales64, rel_err
 
 from shardinfer.kernels import fp8_matmul, fp8_quant, ops
 from shardinfer.kernels import reference_fp8 as ref
@@ -54,13 +56,20 @@ def _hard_values() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_activation_quantiser_kernel_equals_reference_bits(device: torch.device, dtype: torch.dtype) -> None:
+def test_activation_quantiser_rounds_to_nearest_even_e4m3(device: torch.device, dtype: torch.dtype) -> None:
+    """Kernel and reference against float64: each group's scale is 2^ceil(log2(amax / 448)) and each
+    value is x / scale rounded to the nearest e4m3 value, ties to even."""
     x = _hard_values().to(dtype)
-    q, s = fp8_quant.quantize_groups(x.to(device))
-    rq, rs = ref.quantize_groups(x)
-    assert q.dtype == torch.float8_e4m3fn and s.shape == (6, 3)
-    assert torch.equal(_bits(q), _bits(rq))
-    assert torch.equal(s.cpu(), rs)
+    want_s = pow2_scales64(_pad(x).double().abs().view(6, 3, 128).amax(-1))
+    want_q = e4m3_round(_pad(x).double().view(6, 3, 128) / want_s[..., None]).view(6, -1)[:, :300]
+    for q, s in (fp8_quant.quantize_groups(x.to(device)), ref.quantize_groups(x)):
+        assert q.dtype == torch.float8_e4m3fn and s.shape == (6, 3)
+        assert torch.equal(s.cpu().double(), want_s)
+        assert torch.equal(q.cpu().double(), want_q)
+
+
+def _pad(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(x.float(), (0, 84))
 
 
 def test_pow2_scale_is_the_smallest_power_of_two_that_fits() -> None:

@@ -1,4 +1,4 @@
-"""FP8 KV cache: the quantising store against the reference (bits and scales), and both attention
+"""FP8 KV cache: the quantising store (kernel and reference) against float64 rounding, and both attention
 kernels reading an FP8 cache against themselves on a cache holding the dequantised values.
 
 The kernels dequantise each tile in registers into the query's dtype, exactly (3-bit mantissas
@@ -14,7 +14,7 @@ import importlib
 
 import pytest
 import torch
-from kernel_checks import TOL, PagedBatch, rel_err
+from kernel_checks import TOL, PagedBatch, e4m3_round, pow2_scales64, rel_err
 
 from shardinfer.kernels import kv_store, mla_decode, paged_attention, reference, reference_mla
 from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
@@ -30,26 +30,35 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("entry", [(2, 16), (288,), (1, 200)])  # a head; MLA-like rows of 3 groups; a tail
-def test_quantising_store_matches_reference_and_skips_minus_one(
+def test_quantising_store_rounds_to_e4m3_and_skips_minus_one(
     device: torch.device, entry: tuple[int, ...]
 ) -> None:
+    """Kernel and reference: the stored slots hold each token's values / its groups' power-of-two
+    scales rounded to e4m3 (float64 oracle); slot -1 and every other slot are untouched."""
     gen = torch.Generator().manual_seed(0)
     groups = -(-entry[-1] // 128)
     cache = torch.randn(5, 4, *entry, generator=gen).to(FP8)
     scale = torch.rand(5, 4, *entry[:-1], groups, generator=gen)
     values = (torch.randn(6, *entry, generator=gen) * 3).to(torch.bfloat16)
     slots = torch.tensor([7, 0, -1, 19, 3, -1], dtype=torch.int64)
-    want_cache, want_scale = cache.clone(), scale.clone()
     keep = slots >= 0
-    reference.store_kv(want_cache, values[keep], slots[keep], want_scale)
+    padded = torch.nn.functional.pad(values.double(), (0, groups * 128 - entry[-1])).view(
+        6, *entry[:-1], groups, 128
+    )
+    want_s = pow2_scales64(padded.abs().amax(-1))
+    want_q = e4m3_round(padded / want_s[..., None]).view(6, *entry[:-1], -1)[..., : entry[-1]]
+    ref_cache, ref_scale = cache.clone(), scale.clone()
+    reference.store_kv(ref_cache, values[keep], slots[keep], ref_scale)
     got_cache, got_scale = cache.clone().to(device), scale.clone().to(device)
     kv_store.store_kv_fp8(got_cache, got_scale, values.to(device), slots.to(device))
-    assert torch.equal(_bits(got_cache), _bits(want_cache))
-    assert torch.equal(got_scale.cpu(), want_scale)
-    # What the reference stored is quantize_groups of each token's rows.
-    q, s = quantize_groups(values[1])
-    assert torch.equal(_bits(want_cache.view(-1, *entry)[0]), _bits(q))
-    assert torch.equal(want_scale.view(-1, *entry[:-1], groups)[0], s)
+    untouched = torch.ones(20, dtype=torch.bool)
+    untouched[slots[keep]] = False
+    for c, s in ((got_cache.cpu(), got_scale.cpu()), (ref_cache, ref_scale)):
+        flat_c, flat_s = c.view(20, *entry), s.view(20, *entry[:-1], groups)
+        assert torch.equal(flat_c[slots[keep]].double(), want_q[keep])
+        assert torch.equal(flat_s[slots[keep]].double(), want_s[keep])
+        assert torch.equal(_bits(flat_c[untouched]), _bits(cache.view(20, *entry)[untouched]))
+        assert torch.equal(flat_s[untouched], scale.view(20, *entry[:-1], groups)[untouched])
 
 
 def test_quantising_store_rejects_a_wrong_scale_shape(device: torch.device) -> None:
