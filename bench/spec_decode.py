@@ -208,6 +208,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--workload tiny)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.8,
+                    help="KV budget share; verify graphs of every width keep their logits, so leave room")
     ap.add_argument("--no-schedule", action="store_true", help="skip the confidence-scheduled points")
     ap.add_argument("--max-seconds", type=float, default=float("inf"))
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
@@ -245,6 +247,7 @@ def main() -> None:
         max_model_len=args.prompt_len + args.output_len + 16,
         speculative="ngram",
         speculative_depth=max(args.depths),
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )
     engine = llm.llm_engine
     drafter = engine.drafter
