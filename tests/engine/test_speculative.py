@@ -244,3 +244,38 @@ def test_replay_drafts_survive_trimming_and_preemption(qwen3_dir, engine_kwargs)
     assert stats["accepted_draft_tokens"] > 0
     if "num_kv_blocks" in engine_kwargs:
         assert stats["preemptions"] > 0
+
+
+@pytest.mark.parametrize("seed", [3, 5, 15, 31])
+def test_random_mixes_of_drafts_budgets_and_preemption_equal_plain_decoding(qwen3_dir, seed) -> None:
+    """Random request mixes (greedy, sampled, stop ids, min_tokens, penalties, prompt logprobs),
+    token budgets, KV sizes, sequence caps and depths: asynchronous speculative decoding with the
+    replay drafter always gives plain decoding's tokens and logprobs."""
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(3, 8)
+    prompts = [[rng.randrange(50) for _ in range(rng.randint(2, 40))] for _ in range(n)]
+    params = []
+    for i in range(n):
+        mt, kind = rng.randint(1, 40), rng.randrange(5)
+        params.append(
+            [
+                SamplingParams(temperature=0.0, max_tokens=mt, ignore_eos=True),
+                SamplingParams(temperature=1.0, max_tokens=mt, seed=i, stop_token_ids=[rng.randrange(50)]),
+                SamplingParams(
+                    temperature=0.8, max_tokens=mt, seed=i, min_tokens=rng.randint(0, mt), ignore_eos=True
+                ),
+                SamplingParams(temperature=0.9, top_p=0.8, max_tokens=mt, seed=i, repetition_penalty=1.1),
+                SamplingParams(temperature=1.0, max_tokens=mt, seed=i, logprobs=1, prompt_logprobs=1),
+            ][kind]
+        )
+    kw: dict = {"max_num_batched_tokens": rng.randint(4, 20), "max_num_seqs": rng.randint(1, 4)}
+    kw.update(num_kv_blocks=rng.randint(12, 20), block_size=8)
+    plain = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=False, **kw)
+    outs = plain.generate(prompts, params)
+    recorded = {f"r{i}": list(o.outputs[0].token_ids) for i, o in enumerate(outs)}
+    got, _ = _replay_run(
+        qwen3_dir, prompts, params, recorded, rng.choice([0.5, 0.8]), async_scheduling=True, **kw
+    )
+    assert got == _key(outs)
