@@ -130,6 +130,9 @@ def submit_to_cluster(args: argparse.Namespace, spec: ResolvedSpec, reporter: Re
             props = "job.properties" + Path(args.properties_file).suffix
             shutil.copy(args.properties_file, workdir / props)
         runtime_env: dict[str, Any] = {"working_dir": str(workdir), **spec.config.ray.runtime_env}
+        # The driver runs on the cluster and joins it there (Ray gives a job's driver the address):
+        # the Jobs API URL given here to reach the cluster means nothing to it.
+        public = [conf for conf in public if parse_conf(conf)[0] != "ray.address"]
         command_args = argparse.Namespace(**{**vars(args), "conf": public})
         entrypoint = shlex.join(driver_command(command_args, job_name, props))
         submission = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
