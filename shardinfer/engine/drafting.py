@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
+
 from shardinfer.engine.config import EngineConfig
 from shardinfer.engine.draft_budget import DraftBudget
 from shardinfer.engine.output_processor import OutputProcessor
@@ -34,18 +36,26 @@ SEARCH_WINDOW = 2048  # only the last tokens are searched: older matches rarely 
 
 
 def propose(tokens: list[int], max_draft: int) -> list[int]:
-    """Up to max_draft tokens that followed the latest earlier match of tokens' suffix."""
+    """Up to max_draft tokens that followed the latest earlier match of tokens' suffix.
+
+    The search runs over the window as one numpy comparison per suffix token (a Python loop over
+    the window took milliseconds per request, which a GPU step of a large batch cannot hide)."""
     if max_draft <= 0 or len(tokens) < 2:
         return []
     lo = max(0, len(tokens) - SEARCH_WINDOW)
+    window = np.asarray(tokens[lo:], dtype=np.int64)
+    size = len(window)
     for n in MATCH_LENGTHS:
         if len(tokens) <= n:
             continue
-        suffix = tokens[-n:]
-        # Latest start i < len - n with tokens[i : i + n] == suffix.
-        for i in range(len(tokens) - n - 1, lo - 1, -1):
-            if tokens[i : i + n] == suffix:
-                return tokens[i + n : i + n + max_draft]
+        # Start i (window coordinates, i < size - n) matches when window[i + j] == suffix[j] for all j.
+        hit = np.ones(size - n, dtype=bool)
+        for j in range(n):
+            hit &= window[j : size - n + j] == window[size - n + j]
+        starts = np.flatnonzero(hit)
+        if starts.size:
+            i = lo + int(starts[-1])
+            return tokens[i + n : i + n + max_draft]
     return []
 
 

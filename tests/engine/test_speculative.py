@@ -19,6 +19,32 @@ def test_propose_takes_the_latest_longest_match() -> None:
     assert propose(tokens, 0) == []
 
 
+def _reference_propose(tokens: list[int], max_draft: int) -> list[int]:
+    """The definition, spelled out: the latest earlier start of the last 3 (then 2, then 1) tokens
+    within the last 2048, and what followed it."""
+    if max_draft <= 0 or len(tokens) < 2:
+        return []
+    lo = max(0, len(tokens) - 2048)
+    for n in (3, 2, 1):
+        if len(tokens) <= n:
+            continue
+        for i in range(len(tokens) - n - 1, lo - 1, -1):
+            if tokens[i : i + n] == tokens[-n:]:
+                return tokens[i + n : i + n + max_draft]
+    return []
+
+
+def test_propose_agrees_with_its_definition_on_random_sequences() -> None:
+    import random
+
+    rng = random.Random(4)
+    for trial in range(600):
+        length = rng.randint(0, 3000 if trial % 50 == 0 else 40)
+        tokens = [rng.randrange(rng.choice([2, 3, 7, 60])) for _ in range(length)]
+        k = rng.randint(0, 5)
+        assert propose(tokens, k) == _reference_propose(tokens, k), (tokens, k)
+
+
 def _key(outs) -> list[tuple]:
     return [
         (c.token_ids, c.logprobs, c.top_logprobs, c.text, c.finish_reason) for o in outs for c in o.outputs
