@@ -78,7 +78,8 @@ def connect(ray: Any, address: str, reporter: Reporter) -> None:
         if address:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         else:
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            # "local": a new cluster even where an earlier `ray start` left its address file behind.
+            ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
             reporter.info("started a local Ray cluster (no ray.address or RAY_ADDRESS given)")
     except (ConnectionError, TimeoutError, RuntimeError) as exc:
         where = address or "a new local cluster"

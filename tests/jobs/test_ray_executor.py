@@ -35,6 +35,7 @@ TWO_ACTORS = ("--conf", "ray.num_workers=2", "--conf", "ray.num_cpus_per_worker=
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
     options: dict[str, Any] = {
+        "address": "local",  # a cluster of its own, whatever other clusters this machine runs
         "num_cpus": 2,
         "include_dashboard": False,
         "object_store_memory": 200 * 1024 * 1024,

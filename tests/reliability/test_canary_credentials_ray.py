@@ -38,6 +38,7 @@ def test_ray_actors_use_the_credentials_and_no_log_holds_them(
     try:
         with serve_credentialed(root) as (port, accepted):
             context = ray.init(
+                address="local",  # a cluster of its own, whatever other clusters this machine runs
                 num_cpus=2,
                 include_dashboard=False,
                 object_store_memory=200 * 1024 * 1024,
