@@ -44,8 +44,9 @@ def _crossing(points: list[tuple[float, int]], level: float) -> float:
 
 def job_startup(events: list[dict[str, Any]], spawned: float, imports_s: float) -> dict[str, Any]:
     """Seconds from the job process's start: the import time (measured apart), job planning
-    (what else happens before the engine build), the engine build with its own phases, the
-    first step and the first committed split."""
+    (what else happens before the engine build), the engine build with its own phases
+    (`engine_<phase>`, engine/startup_phases.py), the first step (and its distance from the
+    engine being ready) and the first committed split."""
 
     def first(name: str) -> float | None:
         times = [e["t"] for e in events if e["event"] == name]
@@ -60,6 +61,9 @@ def job_startup(events: list[dict[str, Any]], spawned: float, imports_s: float) 
     phases = next((e.get("phases") for e in events if e["event"] == "engine_ready"), None) or {}
     out.update({f"engine_{k}": float(v) for k, v in phases.items()})
     out["first_step_s"] = first("first_step")
+    if ready is not None and out["first_step_s"] is not None:
+        # Reader start, first rows tokenised and admitted, the first step launched.
+        out["ready_to_first_step_s"] = out["first_step_s"] - ready
     commits = [e["t"] for e in events if e["event"] == "split_committed"]
     out["first_commit_s"] = min(commits) - spawned if commits else None
     return out

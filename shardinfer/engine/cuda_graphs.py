@@ -89,8 +89,10 @@ class DecodeGraphs:
                 # Padding requests hold w tokens at positions 0..w-1 (a valid causal layout).
                 self.seq_lens.fill_(w)
                 for b in reversed(self.sizes):
-                    for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
-                        self._forward(b, w)
+                    # One eager pass first: every kernel this bucket launches is compiled (or loaded
+                    # from Triton's cache) and every lazy allocation made outside the capture; a
+                    # second pass would find nothing left to do.
+                    self._forward(b, w)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
                         self.hidden[w, b], self.outputs[w, b] = self._forward(b, w)

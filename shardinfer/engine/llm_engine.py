@@ -118,7 +118,7 @@ class LLMEngine:
             with phases.phase("heap_freeze_s"):
                 freeze_startup_heap()
         # Seconds per start-up phase, in the order they ran, and the whole build (engine/startup_phases.py).
-        self.startup_phases: dict[str, float] = {**phases.seconds, "engine_build_s": time.monotonic() - started}
+        self.startup_phases: dict[str, float] = {**phases.seconds, "total_s": time.monotonic() - started}
 
     def _draft_budget(self) -> DraftBudget:
         """The confidence schedule over the verify graphs' measured step times (draft_budget.py)."""

@@ -41,6 +41,7 @@ def test_points_sum_workers_and_startup_is_measured_from_spawn() -> None:
         "engine_build_s": 7.0,
         "engine_model_load_s": 4.0,
         "first_step_s": 11.0,
+        "ready_to_first_step_s": 1.0,
         "first_commit_s": 14.0,
     }
 

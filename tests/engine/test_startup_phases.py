@@ -38,8 +38,8 @@ def test_a_cpu_engine_reports_its_phases(tmp_path: Path) -> None:
     phases = LLMEngine(model, device="cpu", num_kv_blocks=32).startup_phases
     # No CUDA: no device start, warm-up, graph capture or heap freeze.
     assert sorted(phases) == sorted(
-        ["tokenizer_s", "model_load_s", "kv_sizing_s", "block_table_s", "engine_build_s"]
+        ["tokenizer_s", "model_load_s", "kv_sizing_s", "block_table_s", "total_s"]
     )
     assert all(v >= 0.0 for v in phases.values())
     sequential = phases["model_load_s"] + phases["kv_sizing_s"] + phases["block_table_s"]
-    assert sequential <= phases["engine_build_s"]
+    assert sequential <= phases["total_s"]
