@@ -131,3 +131,26 @@ def test_load_model_matches_the_host_built_model(tmp_path: Path, family: str, ov
     if overrides.get("tie_word_embeddings"):
         assert streamed.lm_head.weight is streamed.embed_tokens.weight
     assert all(p.device == CPU and not p.is_meta for p in streamed.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("piece_bytes", [16, 1 << 20])
+def test_stream_to_cuda_yields_what_safetensors_reads(tmp_path: Path, piece_bytes: int) -> None:
+    """The pinned ring and asynchronous copies: tiny pieces cycle every ring buffer many times."""
+    model_dir = _sharded(tmp_path)
+    expected = dict(iter_checkpoint_tensors(model_dir))
+    got = dict(stream_checkpoint_tensors(model_dir, torch.device("cuda"), 64, piece_bytes, 3))
+    assert sorted(got) == sorted(expected)
+    for name, tensor in expected.items():
+        assert got[name].is_cuda and _same_bits(got[name].cpu(), tensor), name
+
+
+@pytest.mark.gpu
+def test_load_model_on_cuda_matches_the_host_built_model(tmp_path: Path) -> None:
+    model_dir = make_tiny_checkpoint(tmp_path / "q", "qwen3", num_hidden_layers=2, tie_word_embeddings=True)
+    numerics = Numerics(torch.bfloat16, True)
+    streamed = load_model(model_dir, ModelConfig.from_dir(model_dir), numerics, 64, torch.device("cuda"))
+    reference = _host_built(model_dir, numerics).state_dict()
+    for name, tensor in streamed.state_dict().items():
+        assert tensor.is_cuda and _same_bits(tensor.cpu(), reference[name]), name
+    assert streamed.lm_head.weight is streamed.embed_tokens.weight
