@@ -57,9 +57,11 @@ def model_identity(
     weights = sorted(p for p in root.iterdir() if p.suffix == ".safetensors")
     if not weights:
         raise ConfigError(f"model.path={model_dir!r} has no *.safetensors weight files")
+    config_bytes = config_file.read_bytes()
     out: dict[str, Any] = {
-        "model.config_sha256": _sha256_bytes(config_file.read_bytes()),
+        "model.config_sha256": _sha256_bytes(config_bytes),
         "model.weights": {p.name: weight_identity(p, verify_weights) for p in weights},
+        **_checkpoint_quantization(config_bytes),
     }
     tok = root / "tokenizer.json"
     out["tokenizer.sha256"] = _sha256_bytes(tok.read_bytes()) if tok.is_file() else None
@@ -72,6 +74,16 @@ def model_identity(
         template = jinja.read_text()
     out["tokenizer.chat_template_sha256"] = _sha256_bytes(_canonical(template).encode()) if template else None
     return out
+
+
+def _checkpoint_quantization(config_bytes: bytes) -> dict[str, Any]:
+    """{"model.checkpoint_quantization": method} for a quantised checkpoint (FP8 ones run in FP8
+    unless model.quantization says otherwise), {} for a float one (whose fingerprint stays as it was)."""
+    try:
+        method = (json.loads(config_bytes).get("quantization_config") or {}).get("quant_method")
+    except (ValueError, AttributeError):
+        return {}  # an unreadable config.json fails at load with its own error
+    return {"model.checkpoint_quantization": str(method)} if method else {}
 
 
 def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
@@ -106,6 +118,7 @@ def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[st
     )
     return {
         "model.config_sha256": _sha256_bytes(config_bytes),
+        **_checkpoint_quantization(config_bytes),
         "model.weights": weights,
         "tokenizer.sha256": _sha256_bytes(tok) if tok is not None else None,
         "tokenizer.chat_template_sha256": _sha256_bytes(_canonical(template).encode()) if template else None,
@@ -175,7 +188,9 @@ def resolved_numerics(config: JobConfig) -> tuple[str, str]:
 
     try:
         engine_cfg = EngineConfig(
-            model=config.model.path, device=config.model.device, dtype=config.model.dtype,
+            model=config.model.path,
+            device=config.model.device,
+            dtype=config.model.dtype,
             quantization=config.model.quantization or None,
         )
         return engine_cfg.torch_device.type, str(engine_cfg.torch_dtype).removeprefix("torch.")

@@ -89,3 +89,23 @@ def test_diff_lines_show_old_and_new_values() -> None:
         'engine.numerics.dtype: "float32" -> "bfloat16"',
         "extra: null -> [1]",
     ]
+
+
+def test_a_quantised_checkpoint_names_its_quantisation_and_a_float_one_keeps_its_fingerprint(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    float_fp = _fp(_config(model))
+    assert "model.checkpoint_quantization" not in float_fp
+    config = json.loads((model / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    (model / "config.json").write_text(json.dumps(config))
+    fp8 = _fp(_config(model))
+    # FP8 checkpoints run in FP8 unless model.quantization says otherwise: a job planned when they
+    # were dequantised at load must not resume onto FP8 numerics under the same fingerprint.
+    assert fp8["model.checkpoint_quantization"] == "fp8"
+    assert sorted(line.split(":")[0] for line in diff_fingerprint_parts(float_fp, fp8)) == [
+        "model.checkpoint_quantization",
+        "model.config_sha256",
+    ]
