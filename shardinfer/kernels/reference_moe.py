@@ -25,6 +25,8 @@ inside a CUDA graph capture.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from shardinfer.kernels import reference as ops
@@ -81,17 +83,10 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     expert's [gate | up] rows; w_down [E, H, I]. An expert is down(silu(gate x) * up x).
     Returns [T, H] in x's dtype; the weighted sum is accumulated in float32.
     """
-    t, k = topk_ids.shape
-    hidden = x.shape[-1]
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("reference_moe.moe_experts reads expert ids back to the host and cannot run in a "
                            "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA")
-    slot_out = _slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant)
-    weights = topk_weights.float()
-    out = torch.zeros(t, hidden, dtype=torch.float32, device=x.device)
-    for j in range(k):  # fixed slot order: the sum's rounding depends on the token alone
-        out = out + slot_out[:, j] * weights[:, j : j + 1]
-    return out.to(x.dtype)
+    return _weighted_sum(_slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant), topk_weights, x.dtype)
 
 
 def moe_experts_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
@@ -114,18 +109,7 @@ def moe_experts_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
         act = ops.silu_and_mul(h)
         return ops.linear(dequantize_groups(*quantize_groups(act)), wd, None, batch_invariant).to(x.dtype).float()
 
-    t, k = topk_ids.shape
-    flat_ids = topk_ids.reshape(-1)
-    token_of_slot = torch.arange(t, device=x.device).repeat_interleave(k)
-    slot_out = torch.zeros(t * k, x.shape[-1], dtype=torch.float32, device=x.device)
-    for e in torch.unique(flat_ids).tolist():
-        slots = (flat_ids == e).nonzero(as_tuple=True)[0]
-        slot_out[slots] = expert(x[token_of_slot[slots]], e)
-    weights = topk_weights.float()
-    out = torch.zeros(t, x.shape[-1], dtype=torch.float32, device=x.device)
-    for j in range(k):  # fixed slot order
-        out = out + slot_out.view(t, k, -1)[:, j] * weights[:, j : j + 1]
-    return out.to(x.dtype)
+    return _weighted_sum(_gather_slots(x, topk_ids, expert), topk_weights, x.dtype)
 
 
 def _expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
@@ -136,14 +120,29 @@ def _expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, batc
 def _slots_gathered(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                     batch_invariant: bool) -> torch.Tensor:
     """Each chosen expert runs on exactly the tokens that chose it: [T, k, H] float32."""
+    return _gather_slots(x, topk_ids, lambda rows, e: _expert(rows, w_gate_up[e], w_down[e], batch_invariant))
+
+
+def _gather_slots(x: torch.Tensor, topk_ids: torch.Tensor,
+                  run_expert: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+    """[T, k, H] float32: run_expert(rows, e) on exactly the tokens whose slots chose expert e."""
     t, k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)
     token_of_slot = torch.arange(t, device=x.device).repeat_interleave(k)
     slot_out = torch.zeros(t * k, x.shape[-1], dtype=torch.float32, device=x.device)
     for expert in torch.unique(flat_ids).tolist():
         slots = (flat_ids == expert).nonzero(as_tuple=True)[0]
-        slot_out[slots] = _expert(x[token_of_slot[slots]], w_gate_up[expert], w_down[expert], batch_invariant)
+        slot_out[slots] = run_expert(x[token_of_slot[slots]], expert)
     return slot_out.view(t, k, -1)
+
+
+def _weighted_sum(slot_out: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """sum_j topk_weights[:, j] * slot_out[:, j] in float32, in x's dtype."""
+    weights = topk_weights.float()
+    out = torch.zeros(slot_out.shape[0], slot_out.shape[-1], dtype=torch.float32, device=slot_out.device)
+    for j in range(slot_out.shape[1]):  # fixed slot order: the sum's rounding depends on the token alone
+        out = out + slot_out[:, j] * weights[:, j : j + 1]
+    return out.to(dtype)
 
 
 def _slots_capturable(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
