@@ -117,6 +117,8 @@ class RayCluster:
         self.reporter = reporter
         connect(self.ray, cluster_address(master, cfg.address), reporter)
         self.inbox: Inbox = queue.Queue()
+        self._num_workers, self._options = plan_actors(self.ray, cfg)
+        self._actor_class = self.ray.remote(_actor_class())
         self._prestarted: dict[str, RayWorker] = {}
         self._prestarted_config: dict[str, Any] | None = None
 
@@ -129,15 +131,13 @@ class RayCluster:
     def prestart(self, config: Any) -> None:
         """Start the actors now, so each loads its engine while this driver lists and plans the
         input; they open the job only once `run` tells them it is planned."""
-        num_workers, options = plan_actors(self.ray, self.cfg)
         self._prestarted_config = config.to_dict()
-        actor_class = self.ray.remote(_actor_class())
-        for slot in range(num_workers):
+        for slot in range(self._num_workers):
             name = str(slot)  # the names the split driver gives its first workers
             self._prestarted[name] = RayWorker(
                 self.ray,
-                actor_class,
-                options,
+                self._actor_class,
+                self._options,
                 name,
                 self._prestarted_config,
                 self.cfg.model_cache_dir,
@@ -154,8 +154,7 @@ class RayCluster:
         stats: RunStats,
     ) -> int:
         """Run the scheduler's splits on actors; returns how many actors it started with."""
-        num_workers, options = plan_actors(self.ray, self.cfg)
-        actor_class = self.ray.remote(_actor_class())
+        num_workers, options = self._num_workers, self._options
         config = job.config.to_dict()
         if config != self._prestarted_config:  # never run a job on engines built for another config
             for worker in self._prestarted.values():
@@ -164,7 +163,14 @@ class RayCluster:
 
         def start(name: str, slot: int) -> RayWorker:
             worker = self._prestarted.pop(name, None) or RayWorker(
-                self.ray, actor_class, options, name, config, self.cfg.model_cache_dir, self.inbox, reporter
+                self.ray,
+                self._actor_class,
+                options,
+                name,
+                config,
+                self.cfg.model_cache_dir,
+                self.inbox,
+                reporter,
             )
             worker.begin()
             return worker
