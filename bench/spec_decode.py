@@ -68,6 +68,50 @@ def run_batch(
     return wall, done
 
 
+def profile_steps(
+    llm: LLM,
+    reqs: list[tuple[list[int], int]],
+    recorded: dict[str, list[int]],
+    vocab: int,
+    batch: int,
+    depths: list[int],
+) -> dict[str, Any]:
+    """Per depth (0 = plain): device milliseconds per engine step, by kernel, over one run (alpha 1.0, so
+    every step verifies its full width). What a verify step costs beyond a plain one, and where. (On a
+    CPU, a smoke test: host operator time instead.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = llm.llm_engine
+    drafter = engine.drafter
+    assert drafter is not None
+    found: dict[str, Any] = {}
+    for depth in depths:
+        drafter.depth = depth
+        drafter.budget = DraftBudget(depth, None, None)
+        drafter.proposer = ReplayProposer(recorded, 1.0, vocab, seed=batch)
+        steps_before = engine.stats()["steps"]
+        on_gpu = torch.cuda.is_available()
+        with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
+            run_batch(llm, reqs, f"batch {batch} profiled (depth {depth})")
+        steps = engine.stats()["steps"] - steps_before
+        by_kernel: dict[str, float] = {}
+        for ev in prof.key_averages():
+            us = ev.self_device_time_total if on_gpu else ev.self_cpu_time_total
+            if us > 0:
+                by_kernel[ev.key[:90]] = us / 1000 / steps
+        top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]
+        total = sum(by_kernel.values())
+        print(f"  batch {batch} depth {depth}: {total:.2f} device ms/step over {steps} steps; top kernels:")
+        for name, ms in top[:8]:
+            print(f"    {ms:8.3f} ms  {name}")
+        found[str(depth)] = {
+            "steps": steps,
+            "device_ms_per_step": total,
+            "top_kernels_ms_per_step": dict(top),
+        }
+    return found
+
+
 def same(a: dict[str, RequestOutput], b: dict[str, RequestOutput]) -> bool:
     return (
         all(
@@ -208,10 +252,22 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (--workload tiny)")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.8,
-                    help="KV budget share; verify graphs of every width keep their logits, so leave room")
+    ap.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.8,
+        help="KV budget share; verify graphs of every width keep their logits, so leave room",
+    )
     ap.add_argument("--no-schedule", action="store_true", help="skip the confidence-scheduled points")
     ap.add_argument("--max-seconds", type=float, default=float("inf"))
+    ap.add_argument(
+        "--profile-batches",
+        type=int,
+        nargs="*",
+        default=[],
+        help="at these batch sizes, one more run per depth under the torch profiler: device time "
+        "per step split by kernel (written to the JSON, the top kernels printed)",
+    )
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -258,6 +314,7 @@ def main() -> None:
     vocab = shape["vocab_size"]
     print(f"engine ready after {time.perf_counter() - begin:.0f} s", flush=True)
     points: list[dict[str, Any]] = []
+    profiles: dict[str, Any] = {}
     for batch in args.batches:
         if time.perf_counter() - begin > args.max_seconds:
             print(f"time budget spent: batch {batch} and later skipped")
@@ -271,6 +328,18 @@ def main() -> None:
         run_batch(llm, reqs, f"batch {batch} warm-up (plain)")  # first-shape compiles out of the timing
         plain_wall, plain = run_batch(llm, reqs, f"batch {batch} plain")
         recorded = {k: list(o.outputs[0].token_ids) for k, o in plain.items()}
+        # Every verify width meets its own eager shapes (prefill tails, the acceptance kernels) the
+        # first time it runs at this batch: one untimed pass per depth keeps Triton's compiles out
+        # of the points, as the plain warm-up above does for plain decoding.
+        for depth in sorted(set(args.depths)):
+            drafter.depth = depth
+            drafter.budget = DraftBudget(depth, None, None)
+            drafter.proposer = ReplayProposer(recorded, args.alphas[0], vocab, seed=batch)
+            run_batch(llm, reqs, f"batch {batch} warm-up (depth {depth})")
+        if batch in args.profile_batches:
+            profiles[str(batch)] = profile_steps(
+                llm, reqs, recorded, vocab, batch, sorted(set([0, *args.depths]))
+            )
         for alpha in args.alphas:
             # Fixed depths, then (unless --no-schedule) the confidence schedule up to the largest.
             settings = [(d, False) for d in args.depths] + (
@@ -324,6 +393,8 @@ def main() -> None:
         "drafter": "replay",
         "points": points,
     }
+    if profiles:
+        result["kernel_profiles"] = profiles
     path = out_dir / f"spec-{args.workload}-{stamp}.json"
     path.write_text(json.dumps(result, indent=2))
     print(
