@@ -4,68 +4,158 @@ A verify step of B requests and k drafts each computes B * (1 + k) rows. While t
 by reading the weights (small B) the extra rows are nearly free and drafting deeper pays; once it
 is bound by compute (large B) every extra row costs its full share and drafting only pays with
 very confident drafts. The schedule picks the k (0 .. max depth, one k for the whole step so it
-replays the CUDA graph of width 1 + k) that maximises expected tokens per second:
+replays the CUDA graph of width 1 + k) that maximises expected tokens per unit of step time:
 
-    tokens(k) / time(B, 1 + k),  tokens(k) = 1 + S_1 + ... + S_k
+    sum over requests r of E_r(k)  /  time(B, 1 + k)
+    E_r(k) = 1 + sum_{j <= k} p_{r,1} * ... * p_{r,j}
 
-where S_j, the chance that a request's first j drafts are all accepted, is the drafter's measured
-per-position acceptance (a running count, starting from a prior of prior**j over PRIOR_WEIGHT
-pseudo-drafts), and time(B, w) is the step time of the CUDA graph of width w at B's batch bucket,
-measured on this GPU when the graphs were captured (cuda_graphs.DecodeGraphs.replay_ms). Without
-that table (CPU, enforce_eager) the depth stays at its maximum.
+where p_{r,i} is the chance that request r's draft i is accepted once its drafts before it were.
+
+p_{r,i} comes from the draft's confidence (the MTP head's probability of its token, the
+prompt-lookup match length) through an online calibration of that drafter's confidences
+(draft_calibration.py). A draft without a confidence (the benchmarks' replay drafter; an MTP
+request before its first draft came back) uses the measured per-position rate: S_j, the share of
+verified requests whose first j drafts were all accepted (a running count from a prior of
+PRIOR**j over PRIOR_WEIGHT pseudo-drafts), gives p_i = S_i / S_{i-1}, so a request without
+confidences expects 1 + S_1 + ... + S_k tokens. A request that does not draft counts 1.
+
+time(B, w) is the step time of width w at B's batch bucket (step_timer.StepTimes): seeded by the
+graph replay times measured at capture, then measured on the running steps. Without buckets
+(CPU, enforce_eager: no graphs) the depth stays at its maximum.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from shardinfer.engine.draft_calibration import ConfidenceCalibration
+from shardinfer.engine.step_timer import StepTimes
+
 PRIOR = 0.7  # assumed acceptance of one draft token before any was verified
 PRIOR_WEIGHT = 8.0  # how many verified drafts the prior is worth
 
+Confidence = Sequence[float | None]  # per draft token of one request
+
 
 class DraftBudget:
-    def __init__(self, max_depth: int, step_ms: dict[tuple[int, int], float] | None,
-                 buckets: list[int] | None) -> None:
+    def __init__(
+        self,
+        max_depth: int,
+        step_ms: dict[tuple[int, int], float] | None,
+        buckets: list[int] | None,
+        drafter: str = "ngram",
+    ) -> None:
+        """`step_ms`: (width, bucket) -> seed step time; `drafter` ("ngram" or "mtp") chooses how
+        its confidences are binned."""
         self.max_depth = max_depth
-        self.step_ms = step_ms or {}
+        self.step_ms = step_ms or {}  # the seed, as given
         self.buckets = buckets or []
+        self.times = StepTimes(self.step_ms)
         self.drafted = [0] * max_depth  # per draft position: times it was verified
         self.accepted = [0] * max_depth  # ... and times it (and every draft before it) was accepted
+        self.calibration = ConfidenceCalibration(drafter, max_depth)
 
     @property
     def scheduled(self) -> bool:
-        return bool(self.step_ms and self.buckets)
+        return bool(self.times and self.buckets)
 
-    def record(self, drafts: int, accepted: int) -> None:
-        """One request's verification: `drafts` drafted, the first `accepted` of them kept."""
+    def bucket(self, batch: int) -> int | None:
+        """The graph bucket a step of `batch` requests replays (None: larger than every bucket)."""
+        return next((b for b in self.buckets if b >= batch), None)
+
+    def observe(self, width: int, batch: int, ms: float) -> None:
+        """A measured step: `batch` requests verifying `width` rows each took `ms` on the device."""
+        bucket = self.bucket(batch)
+        if bucket is not None:
+            self.times.observe(width, bucket, ms)
+
+    def record(self, drafts: int, accepted: int, confidence: Confidence | None = None) -> None:
+        """One request's verification: `drafts` drafted, the first `accepted` of them kept;
+        `confidence`: what the drafter said of each when the step was planned (None: nothing)."""
         for j in range(min(drafts, self.max_depth)):
             self.drafted[j] += 1
             if j < accepted:
                 self.accepted[j] += 1
+        if confidence is not None:
+            self.calibration.record(list(confidence[:drafts]), accepted)
 
     def survival(self) -> list[float]:
         """S_1 .. S_max: the estimated chance that the first j drafts are all accepted."""
-        return [(self.accepted[j] + PRIOR ** (j + 1) * PRIOR_WEIGHT) / (self.drafted[j] + PRIOR_WEIGHT)
-                for j in range(self.max_depth)]
+        return [
+            (self.accepted[j] + PRIOR ** (j + 1) * PRIOR_WEIGHT) / (self.drafted[j] + PRIOR_WEIGHT)
+            for j in range(self.max_depth)
+        ]
+
+    def conditional_rates(self) -> list[float]:
+        """p_1 .. p_max without confidence: S_i / S_{i-1} (S_0 = 1), at most 1."""
+        rates, before = [], 1.0
+        for s in self.survival():
+            rates.append(min(1.0, s / before) if before > 0 else 0.0)
+            before = s
+        return rates
 
     def acceptance_by_position(self) -> list[float | None]:
         """Measured S_j (None where nothing was drafted that deep)."""
         return [a / d if d else None for a, d in zip(self.accepted, self.drafted, strict=True)]
 
-    def depth(self, batch: int) -> int:
-        """The draft depth for a step of `batch` decoding requests."""
+    def expected_extra(self, confidence: Confidence) -> list[float]:
+        """For one request: the expected accepted drafts at depth 1 .. len(confidence), the running
+        sums of p_{r,1} * ... * p_{r,j}."""
+        return self._extra(self._bins(confidence), self.conditional_rates())
+
+    def _bins(self, confidence: Confidence) -> tuple[int | None, ...]:
+        bin_of = self.calibration.bin_of
+        return tuple(None if c is None else bin_of(c) for c in confidence[: self.max_depth])
+
+    def _extra(self, bins: tuple[int | None, ...], rates: list[float]) -> list[float]:
+        out, keep, total = [], 1.0, 0.0
+        for i, b in enumerate(bins):
+            keep *= rates[i] if b is None else self.calibration.bin_probability(i, b, rates[i])
+            total += keep
+            out.append(total)
+        return out
+
+    def worth_drafting(self, batch: int, rooms: Sequence[int]) -> bool:
+        """Whether any depth could beat plain decoding for a step of `batch` requests of which
+        some may draft `rooms` tokens each, were every draft accepted: when not, depth() would
+        choose 0 whatever the confidences, and nobody needs to propose."""
+        bucket = self.bucket(batch)
+        plain = self.times.ms(1, bucket) if bucket is not None else None
+        if not self.scheduled or bucket is None or plain is None or plain <= 0:
+            return True
+        for k in range(1, self.max_depth + 1):
+            ms = self.times.ms(1 + k, bucket)
+            if ms is not None and ms > 0 and (batch + sum(min(k, r) for r in rooms)) / ms > batch / plain:
+                return True
+        return False
+
+    def depth(self, batch: int, confidences: Sequence[Confidence] | None = None) -> int:
+        """The draft depth for a step of `batch` running requests. `confidences`: per request that
+        can draft, one entry per draft it can make (None: no confidence for that draft); None: all
+        `batch` requests draft up to the maximum depth without confidences."""
         if not self.scheduled or batch <= 0:
             return self.max_depth
-        bucket = next((b for b in self.buckets if b >= batch), None)
+        bucket = self.bucket(batch)
         if bucket is None:
             return self.max_depth
-        survival = self.survival()
+        rates = self.conditional_rates()
+        # Requests whose drafts fall in the same bins expect the same: one sum per distinct case.
+        groups: dict[tuple[int | None, ...], int] = {}
+        if confidences is None:
+            groups[(None,) * self.max_depth] = batch
+        else:
+            for c in confidences:
+                key = self._bins(c)
+                groups[key] = groups.get(key, 0) + 1
+        extras = [(self._extra(key, rates), n) for key, n in groups.items() if key]
         best, best_rate = 0, 0.0
-        tokens = 1.0
         for k in range(self.max_depth + 1):
-            if k:
-                tokens += survival[k - 1]
-            ms = self.step_ms.get((1 + k, bucket))
+            ms = self.times.ms(1 + k, bucket)
             if ms is None or ms <= 0:
                 continue
+            tokens = float(batch)
+            if k:
+                tokens += sum(n * e[min(k, len(e)) - 1] for e, n in extras)
             rate = tokens / ms
             if rate > best_rate:
                 best, best_rate = k, rate

@@ -77,8 +77,9 @@ def mtp_drafts(
     depth: int = 1,
 ) -> None:
     """Run the MTP layer over the step's rows and draft each sampling request's next `depth`
-    tokens into sampled.mtp_drafts [requests, depth] (device). `newest`: per sampling request,
-    the position of its newest slot in the host's layout when the step was planned.
+    tokens into sampled.mtp_drafts [requests, depth] (device), and the head's probability of each
+    into sampled.mtp_confidence. `newest`: per sampling request, the position of its newest slot
+    in the host's layout when the step was planned.
 
     Row p pairs the main model's hidden state at p with the token at p + 1, fills the MTP layer's
     cache at p, and predicts the token at p + 2. Inside a request's sampled rows the token at p + 1
@@ -130,12 +131,18 @@ def mtp_drafts(
             previous = step.position_shift[firsts]
             shift = previous if shift is None else shift + previous
         rows = [_draft_row(r, p + 1) for r, p in zip(step.sample_requests, newest, strict=True)]
-        drafts = [sample_on_device(logits, rows, position_shift=shift).tokens]
+        first = sample_on_device(logits, rows, position_shift=shift)
+        drafts, logprobs = [first.tokens], [first.logprobs]
         if depth > 1:
-            drafts += _recurse(
-                runner, step, batch, ctx, newest, draft_hidden[pick], drafts[0], shift, depth - 1
+            more = _recurse(
+                runner, step, batch, ctx, newest, draft_hidden[pick], first.tokens, shift, depth - 1
             )
+            drafts += [d.tokens for d in more]
+            logprobs += [d.logprobs for d in more]
     sampled.mtp_drafts = torch.stack(drafts, dim=1)
+    # The head's softmax probability of each token it drafted (the sampler's logprob under the raw
+    # logits): the confidence the draft budget weighs. Read back with the tokens, never waited for.
+    sampled.mtp_confidence = torch.stack(logprobs, dim=1).exp()
 
 
 def _recurse(
@@ -148,12 +155,13 @@ def _recurse(
     token: torch.Tensor,
     shift: torch.Tensor | None,
     more: int,
-) -> list[torch.Tensor]:
-    """`more` further drafts per sampling request, as DeepSeek-V3's serving chains its one MTP
-    layer: the layer's output at position q stands in for the main model's hidden state at q + 1
-    and is paired with the draft just made (the token at q + 2). Pass i runs one row per request
-    at position newest + i (its cache entry there is rewritten once the real token is known) and
-    drafts the token at newest + i + 2, with the noise of that position.
+) -> list[DeviceSample]:
+    """`more` further drafts per sampling request (one DeviceSample per pass), as DeepSeek-V3's
+    serving chains its one MTP layer: the layer's output at position q stands in for the main
+    model's hidden state at q + 1 and is paired with the draft just made (the token at q + 2).
+    Pass i runs one row per request at position newest + i (its cache entry there is rewritten
+    once the real token is known) and drafts the token at newest + i + 2, with the noise of that
+    position.
 
     A position past the request's allocated blocks (a deep chain after rejections) gets no cache
     entry and attends only to the allocated keys: the draft gets worse, nothing else changes."""
@@ -168,7 +176,7 @@ def _recurse(
         newest = newest - shift
     count = len(reqs)
     qsl = torch.arange(count + 1, dtype=torch.int32, device=dev)
-    out: list[torch.Tensor] = []
+    out: list[DeviceSample] = []
     for i in range(more):
         pos = newest + i
         inside = pos < capacity
@@ -192,8 +200,9 @@ def _recurse(
         hidden = runner.model.mtp_forward(token, pos, hidden, chained)
         logits = runner.model.mtp_compute_logits(hidden)
         rows = [_draft_row(r, p + i + 2) for r, p in zip(reqs, newest_host, strict=True)]
-        token = sample_on_device(logits, rows, position_shift=shift).tokens
-        out.append(token)
+        drafted = sample_on_device(logits, rows, position_shift=shift)
+        token = drafted.tokens
+        out.append(drafted)
     return out
 
 

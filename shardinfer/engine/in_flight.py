@@ -35,6 +35,8 @@ class InFlightStep:
     prompt_logits: dict[str, tuple[int, torch.Tensor]]
     sampled: DeviceSample | None = None
     unsampled: SamplingPlan | None = None
+    # Per request: its drafts' confidences when planned, for the draft budget (None: none).
+    draft_confidence: list[list[float | None] | None] | None = None
 
     @classmethod
     def launched(cls, plan: SamplingPlan, sampled: DeviceSample | None) -> InFlightStep:
@@ -47,6 +49,7 @@ class InFlightStep:
             plan.output_slots,
             logits.prompt_logits,
             sampled,
+            draft_confidence=plan.draft_confidence,
         )
 
     @classmethod

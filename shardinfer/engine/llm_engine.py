@@ -47,6 +47,7 @@ from shardinfer.engine.sampler import DRAFTS, GrammarMasks, SamplingPlan, plan_s
 from shardinfer.engine.sampling_params import SamplingParams, checkpoint_sampling_defaults
 from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 from shardinfer.engine.startup_phases import StartupPhases, device_sync, init_device
+from shardinfer.engine.step_timer import StepTimer
 from shardinfer.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class LLMEngine:
         self.counters: dict[str, float] = {
             "prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0, "finished_requests": 0,
             "draft_tokens": 0, "accepted_draft_tokens": 0, "padded_draft_tokens": 0, "graphed_verify_steps": 0,
-            "draft_depth_sum": 0, "draft_depth_steps": 0,
+            "draft_depth_sum": 0, "draft_depth_steps": 0, "speculation_off_steps": 0, "timed_draft_steps": 0,
             "synchronous_steps": 0, "deferred_sampling_steps": 0,
             "grammar_mask_wait_s": 0.0}
         self.grammar_masks = GrammarMaskFiller(self.tokenizer.path, list(self.tokenizer.eos_token_ids),
@@ -110,6 +111,11 @@ class LLMEngine:
                                 self._draft_budget()) if self.speculative else None)
         self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
                                  else self.device.type == "cuda")
+        # Device time of the pure decode steps, measured while the engine runs, for the draft
+        # budget's step-time estimates (step_timer.py). CUDA only: elsewhere nothing times a step.
+        self.step_timer: StepTimer | None = None
+        if self.drafter is not None and self.drafter.budget.scheduled and self.device.type == "cuda":
+            self.step_timer = StepTimer()
         # The step launched but not yet completed (asynchronous scheduling only).
         self.in_flight: InFlightStep | None = None
         if self.device.type == "cuda":
@@ -123,9 +129,10 @@ class LLMEngine:
     def _draft_budget(self) -> DraftBudget:
         """The confidence schedule over the verify graphs' measured step times (draft_budget.py)."""
         graphs = self.runner.graphs
+        drafter = self.config.speculative_mode
         if self.config.speculative_budget != "confidence" or graphs is None:
-            return DraftBudget(self.config.draft_depth, None, None)
-        return DraftBudget(self.config.draft_depth, graphs.replay_ms, graphs.sizes)
+            return DraftBudget(self.config.draft_depth, None, None, drafter)
+        return DraftBudget(self.config.draft_depth, graphs.replay_ms, graphs.sizes, drafter)
 
     def _load_tokenizer(self, phases: StartupPhases) -> tuple[Tokenizer, dict[str, Any]]:
         started = time.monotonic()
@@ -215,6 +222,7 @@ class LLMEngine:
         a step wait for N-1 before its forward.
         """
         if self.drafter is not None:
+            self._read_step_times()
             self.drafter.add_drafts()
         batch = self.scheduler.schedule()
         if self.drafter is not None:
@@ -248,6 +256,14 @@ class LLMEngine:
             assert launched.unsampled is None
             finished += self._complete(launched)
         return finished
+
+    def _read_step_times(self) -> None:
+        """Fold the timed steps the device has finished into the draft budget (never waits)."""
+        if self.step_timer is None or self.drafter is None:
+            return
+        for (width, batch), ms in self.step_timer.poll():
+            self.drafter.budget.observe(width, batch, ms)
+            self.counters["timed_draft_steps"] += 1
 
     def _sample_after_masks(self, plan: SamplingPlan) -> InFlightStep:
         """Queue the sampling that waited for masks filled on the mask thread."""
@@ -290,7 +306,15 @@ class LLMEngine:
         previous one if it is still to be completed, and the requests finished on the way.
 
         When a sampling row needs the previous step's tokens on the host, that step is completed
-        in between, while the forward runs."""
+        in between, while the forward runs.
+
+        With a step timer, a pure decode step (every request verifying the same number of rows)
+        whose forward and sampling are queued back to back is timed on the device, from before
+        its forward to after its sampling and drafting; a step that waits for the host in between
+        (the previous step's tokens, grammar masks) is not, its time would include the wait."""
+        timer = self.step_timer
+        width = ModelRunner.decode_width(batch) if timer is not None else 0
+        started = timer.start() if timer is not None and width else None
         step_logits = self._forward(batch, previous)
         finished: list[RequestOutput] = []
         constrained: list[tuple[Request, int]] | None = None  # None: chosen when planning
@@ -308,6 +332,7 @@ class LLMEngine:
                     masks = self.grammar_masks.fill_on_mask_thread(constrained)
             finished = self._complete(previous, accepted)
             previous = None
+            started = None
             # The host copy now has the previous step's outcome: positions need no correction.
             step_logits.position_shift = None
         plan = plan_sampling(step_logits, batch, self.tokenizer.eos_token_ids, self.max_model_len, constrained)
@@ -318,7 +343,10 @@ class LLMEngine:
         if masks is not None:
             plan.masks = masks
             return InFlightStep.waiting_for_masks(plan), previous, finished
-        return self._launch_sampling(plan, self.grammar_masks.fill(plan.constrained)), previous, finished
+        launched = self._launch_sampling(plan, self.grammar_masks.fill(plan.constrained))
+        if timer is not None and started is not None:
+            timer.stop(started, (width, len(batch)))
+        return launched, previous, finished
 
     def _forward(self, batch: ScheduledBatch, previous: InFlightStep | None) -> StepLogits:
         """Queue the batch's forward pass (inputs still on the device come from the previous step)."""
@@ -362,7 +390,9 @@ class LLMEngine:
         for req, slot, first, count in live:
             if slot == DRAFTS:
                 assert self.drafter is not None
-                self.drafter.verify(req, result, index[id(req)], first, count)
+                i = index[id(req)]
+                confidence = step.draft_confidence[i] if step.draft_confidence else None
+                self.drafter.verify(req, result, i, first, count, confidence)
             else:
                 # This step's slot is the request's first placeholder (a slot index planned
                 # earlier may have moved back with an earlier step's rejected drafts).
@@ -393,8 +423,12 @@ class LLMEngine:
 
         With speculative decoding: draft_tokens verified (padded_draft_tokens of them fillers),
         accepted_draft_tokens, draft_acceptance_rate, draft_acceptance_p<j> (the share of
-        requests whose first j drafts were all accepted, where j were drafted), mean_draft_depth
-        (the depth the budget chose per step, draft_budget.py) and graphed_verify_steps."""
+        requests whose first j drafts were all accepted, where j were drafted), and over the steps
+        where some request could draft: mean_draft_depth (the depth the budget chose,
+        draft_budget.py), mean_draft_tokens_per_step (the draft tokens verified: the budget's total
+        over the batch) and speculation_off_share (the share where it chose no drafts at all);
+        timed_draft_steps (steps whose device time the budget measured; CUDA only) and
+        graphed_verify_steps."""
         out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
         out["prefix_cache_hit_rate"] = self.block_manager.prefix_hit_rate
         out["preemptions"] = float(self.scheduler.num_preemptions)
@@ -402,11 +436,14 @@ class LLMEngine:
         if self.drafter is not None:
             steps = out.pop("draft_depth_steps")
             out["mean_draft_depth"] = out.pop("draft_depth_sum") / steps if steps else 0.0
+            out["mean_draft_tokens_per_step"] = out["draft_tokens"] / steps if steps else 0.0
+            out["speculation_off_share"] = out.pop("speculation_off_steps") / steps if steps else 0.0
             drafted = out["draft_tokens"]
             out["draft_acceptance_rate"] = out["accepted_draft_tokens"] / drafted if drafted else 0.0
             for j, rate in enumerate(self.drafter.budget.acceptance_by_position(), start=1):
                 if rate is not None:
                     out[f"draft_acceptance_p{j}"] = rate
         else:
-            del out["draft_depth_sum"], out["draft_depth_steps"]
+            for name in ("draft_depth_sum", "draft_depth_steps", "speculation_off_steps", "timed_draft_steps"):
+                del out[name]
         return out

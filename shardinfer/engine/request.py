@@ -65,6 +65,11 @@ class Request:
     # for this step's verification; the engine replaces them with the verified tokens.
     num_draft_tokens: int = 0
     mtp_draft: list[int] = field(default_factory=list)  # the MTP layer's proposal for the next step
+    # The MTP head's probability of each token of the newest proposal the host has read back.
+    mtp_confidence: list[float] = field(default_factory=list)
+    # What the drafter said of each of this step's drafts when it was planned (None: nothing);
+    # the draft budget learns from it how far to trust the drafter (draft_budget.py).
+    draft_confidence: list[float | None] | None = None
     # How many of the newest drafts have values on the device only (the MTP layer's, while the
     # step it drafted from is in flight); input_fixup.py fills them in.
     device_drafts: int = 0

@@ -57,6 +57,7 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]] | None]
     accepted: list[int] | None = None  # per request: draft tokens accepted (speculative steps)
     mtp_drafts: list[list[int]] | None = None  # per request: the MTP layer's drafts for the next step
+    mtp_confidence: list[list[float]] | None = None  # ... and the MTP head's probability of each
 
 
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
@@ -97,12 +98,13 @@ class DeviceSample:
         # draft for the next step; both read back with the tokens.
         self.accepted: torch.Tensor | None = None
         self.mtp_drafts: torch.Tensor | None = None
+        self.mtp_confidence: torch.Tensor | None = None  # [P, D] the MTP head's probability of each draft
         # Per request: the row of its newest accepted token, and its rejected drafts (device only).
         self.last_rows: torch.Tensor | None = None
         self.shifts: torch.Tensor | None = None
 
     def stage(self) -> None:
-        extra = [t for t in (self.accepted, self.mtp_drafts) if t is not None]
+        extra = [t for t in (self.accepted, self.mtp_drafts, self.mtp_confidence) if t is not None]
         parts = [*extra, self.tokens, self.logprobs, *(self.top or ())]
         if not self.tokens.is_cuda:
             self._host = parts
@@ -121,6 +123,7 @@ class DeviceSample:
         host = list(self._host)
         accepted = host.pop(0).tolist() if self.accepted is not None else None
         mtp_drafts = host.pop(0).tolist() if self.mtp_drafts is not None else None
+        mtp_confidence = host.pop(0).tolist() if self.mtp_confidence is not None else None
         tokens, lps = host[0].tolist(), host[1].tolist()
         tops: list[list[tuple[int, float]] | None] = [None] * len(tokens)
         if self.top is not None:
@@ -128,7 +131,7 @@ class DeviceSample:
             for i, k in enumerate(self.top_k):
                 if k:
                     tops[i] = list(zip(top_ids[i][:k], top_vals[i][:k], strict=True))
-        return SampleResult(tokens, lps, tops, accepted, mtp_drafts)
+        return SampleResult(tokens, lps, tops, accepted, mtp_drafts, mtp_confidence)
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None) -> SampleResult:
@@ -249,6 +252,8 @@ class SamplingPlan:
     # Per sampling request: the position of its newest slot in the host's layout when planned
     # (drafts of a later step may be appended before a deferred sampling is queued).
     newest_positions: list[int] = field(default_factory=list)
+    # Per sampling request: its drafts' confidences when they were planned (None: none).
+    draft_confidence: list[list[float | None] | None] = field(default_factory=list)
 
 
 def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids: list[int] | tuple[int, ...],
@@ -270,7 +275,10 @@ def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids:
     if constrained is None:
         constrained = [(r, first_rows[i]) for i, r in enumerate(reqs)
                        if r.grammar is not None and not r.status.finished]
+    confidence: list[list[float | None] | None] = []
     for i, (req, count) in enumerate(zip(reqs, counts, strict=True)):
+        confidence.append(req.draft_confidence if count > 1 else None)
+        req.draft_confidence = None
         if req.status.finished:
             slots.append(DISCARDED)
             continue
@@ -292,4 +300,5 @@ def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids:
         if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
             req.finishing = True
     newest = [r.num_tokens - 1 for r in reqs]
-    return SamplingPlan(step_logits, batch, rows, slots, constrained, newest_positions=newest)
+    return SamplingPlan(step_logits, batch, rows, slots, constrained, newest_positions=newest,
+                        draft_confidence=confidence)

@@ -98,18 +98,26 @@ class RunStats:
 
     def _speculative(self) -> dict[str, Any]:
         """Speculative decoding over the run's engines: drafts, acceptance (overall and by draft
-        position), the mean depth the budget chose; empty when no engine drafted."""
+        position), the mean depth the budget chose, and (means over the engines that speculate)
+        the draft tokens verified per step and the share of steps the budget switched speculation
+        off. Empty when no engine drafted and none switched speculation off (it is off)."""
         drafted = sum(e.get("draft_tokens", 0.0) for e in self.engine)
-        if not drafted:
+        # Engines with a drafter report the budget's choices, also when it never drafted.
+        speculating = [e for e in self.engine if "speculation_off_share" in e]
+        if not drafted and not any(e["speculation_off_share"] for e in speculating):
             return {}
         accepted = sum(e.get("accepted_draft_tokens", 0.0) for e in self.engine)
         drafting = [e for e in self.engine if e.get("draft_tokens")]
         out: dict[str, Any] = {
             "draft_tokens": int(drafted),
             "accepted_draft_tokens": int(accepted),
-            "acceptance_rate": round(accepted / drafted, 4),
-            "mean_draft_depth": round(sum(e.get("mean_draft_depth", 0.0) for e in drafting) / len(drafting), 3),
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         }
+        if drafting:
+            out["mean_draft_depth"] = round(sum(e.get("mean_draft_depth", 0.0) for e in drafting) / len(drafting), 3)
+        for name in ("mean_draft_tokens_per_step", "speculation_off_share"):
+            if speculating:
+                out[name] = round(sum(e.get(name, 0.0) for e in speculating) / len(speculating), 4)
         j = 1
         while any(f"draft_acceptance_p{j}" in e for e in drafting):
             # Weighted by each engine's drafts: an engine that drafted little says little.
