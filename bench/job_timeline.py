@@ -44,7 +44,8 @@ def _crossing(points: list[tuple[float, int]], level: float) -> float:
 
 def job_startup(events: list[dict[str, Any]], spawned: float, imports_s: float) -> dict[str, Any]:
     """Seconds from the job process's start: the import time (measured apart), job planning
-    (what else happens before the engine build), the engine build with its own phases
+    (what else happens before the engine build; a local job plans beside the build, so little
+    is left here), the engine build with its own phases
     (`engine_<phase>`, engine/startup_phases.py), the first step (and its distance from the
     engine being ready) and the first committed split."""
 

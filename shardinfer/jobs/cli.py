@@ -258,15 +258,37 @@ def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) ->
 
 
 def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, cluster: Any) -> int:
+    """Plan the job and run it; a one-worker local job's engine is built while it is planned
+    (jobs/engine_prestart.py)."""
     from shardinfer.jobs.executor import parse_master
-    from shardinfer.jobs.run_record import RunRecorder
-    from shardinfer.pipeline.job import open_job, write_plan
 
     num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
     config = spec.config
     if args.verbose:
         for key, source in sorted(spec.sources.items()):
             reporter.log("debug", f"{key} from {source}")
+    prestart = None
+    if cluster is None and num_workers == 1 and not args.dry_run:
+        from shardinfer.jobs.engine_prestart import EnginePrestart
+        from shardinfer.pipeline.timeline import open_timeline
+
+        prestart = EnginePrestart(config, open_timeline(config.job.timeline_path))
+    try:
+        return _plan_and_run(args, spec, reporter, cluster, prestart)
+    finally:
+        if prestart is not None:
+            prestart.close()
+
+
+def _plan_and_run(
+    args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, cluster: Any, prestart: Any
+) -> int:
+    from shardinfer.jobs.executor import parse_master
+    from shardinfer.jobs.run_record import RunRecorder
+    from shardinfer.pipeline.job import open_job, write_plan
+
+    num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
+    config = spec.config
     try:
         job = open_job(config)
     except JobError as exc:
@@ -298,7 +320,7 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
         reporter.info(f"job.incremental: planned {job.growth.describe()}", new_splits=job.growth.new_splits)
     recorder = RunRecorder(job.store, config.job.run_id, num_workers, warn=reporter.warn)
     try:
-        success = _run_and_finalize(job, num_workers, args.master, stop, reporter, cluster)
+        success = _run_and_finalize(job, num_workers, args.master, stop, reporter, cluster, prestart)
     except BaseException as exc:
         from shardinfer.errors import Interrupted, exit_code_for
 
@@ -311,7 +333,8 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
 
 
 def _run_and_finalize(
-    job: Any, num_workers: int, master: str, stop: threading.Event, reporter: Reporter, cluster: Any
+    job: Any, num_workers: int, master: str, stop: threading.Event, reporter: Reporter, cluster: Any,
+    prestart: Any = None,
 ) -> dict[str, Any]:
     from shardinfer.jobs.executor import make_scheduler, run_in_process, run_processes
     from shardinfer.jobs.split_driver import RunStats
@@ -337,7 +360,7 @@ def _run_and_finalize(
             if cluster is not None:
                 num_workers = cluster.run(job, scheduler, stop, reporter, stats)
             elif num_workers == 1:
-                run_in_process(job, scheduler, stop, reporter, stats)
+                run_in_process(job, scheduler, stop, reporter, stats, prestart)
             else:
                 run_processes(job, scheduler, num_workers, stop, reporter, stats)
         repaired = repair_damaged(job, stop, config.job.run_id, emit=reporter.handle)

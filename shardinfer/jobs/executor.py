@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardinfer.errors import UsageError
 from shardinfer.jobs.progress import Reporter
@@ -30,6 +30,9 @@ from shardinfer.jobs.split_driver import Inbox, RunStats, drive
 from shardinfer.jobs.split_estimate import split_estimator
 from shardinfer.jobs.split_scheduler import SplitScheduler
 from shardinfer.pipeline.job import OpenedJob, run_worker, schema_to_text
+
+if TYPE_CHECKING:
+    from shardinfer.jobs.engine_prestart import EnginePrestart
 
 _MASTER = re.compile(r"^local(?:\[(\*|\d+)\])?$")
 
@@ -81,8 +84,11 @@ def make_scheduler(job: OpenedJob) -> SplitScheduler:
 
 
 def run_in_process(
-    job: OpenedJob, scheduler: SplitScheduler, stop: threading.Event, reporter: Reporter, stats: RunStats
+    job: OpenedJob, scheduler: SplitScheduler, stop: threading.Event, reporter: Reporter, stats: RunStats,
+    prestart: EnginePrestart | None = None,
 ) -> None:
+    """Run the job's splits on one engine in this process: the one `prestart` built while the job
+    was planned when it was built for this job's model and engine settings, else one built here."""
     def emit(event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "split_done":
@@ -94,7 +100,11 @@ def run_in_process(
     from shardinfer.jobs.model_cache import with_local_model
 
     local_job = dataclasses.replace(job, config=with_local_model(job.config))
-    result = run_worker(local_job, scheduler.pulled_by("0"), stop, job.config.job.run_id, emit=emit)
+    engine, timeline = None, None
+    if prestart is not None and prestart.serves(job.config):
+        engine, timeline = prestart.take(), prestart.timeline
+    result = run_worker(local_job, scheduler.pulled_by("0"), stop, job.config.job.run_id, emit=emit,
+                        engine=engine, timeline=timeline)
     stats.add({"engine_stats": result.engine_stats})
 
 
