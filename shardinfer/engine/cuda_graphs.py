@@ -8,10 +8,19 @@ the LM head, and the logits of the real rows are read back. Requests beyond the 
 and block 0, and their logits are ignored. Attention sizes its chunk grid from max_model_len so
 one graph serves any context length, and its result for a row does not depend on W (the kernels
 are batch invariant), so a verify row gives the bits of a plain decode row.
+
+Requests of one step may need fewer than W rows: one that may not draft (penalties, a grammar,
+min_tokens not reached) or has fewer tokens left than the others' drafts. Such a step still
+replays the graph of width W = the widest request: each request's n real tokens fill the front of
+its W-row slot and the W - n rows behind them are padding (KV store skipped, logits dropped).
+Attention places a request's rows at the last W positions of its sequence, so the padded
+request's sequence length is counted W - n longer: its real row j then attends to exactly the keys
+it would in a step of its own width, and the padding rows behind it are never attended to.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -20,6 +29,23 @@ import torch
 from shardinfer.engine.forward_context import SKIP_SLOT, AttentionMetadata, ForwardContext
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+
+def pad_to_width(host: Any, w: int) -> tuple[Any, np.ndarray]:
+    """The host batch laid out w rows per request (module docstring): real tokens at the front of
+    each request's slot, padding rows behind them (token 0 at the request's last position, KV store
+    skipped), sequence lengths counted w - n longer. Returns it and the real tokens' new rows."""
+    counts = np.diff(host.query_start_loc)
+    n, real = len(counts), len(host.input_ids)
+    rows = np.repeat(np.arange(n, dtype=np.int64) * w - host.query_start_loc[:-1], counts) + np.arange(real)
+    ids = np.zeros(n * w, dtype=host.input_ids.dtype)
+    pos = np.repeat(host.positions[host.query_start_loc[1:] - 1], w)
+    slots = np.full(n * w, SKIP_SLOT, dtype=host.slot_mapping.dtype)
+    ids[rows], pos[rows], slots[rows] = host.input_ids, host.positions, host.slot_mapping
+    qsl = np.arange(0, (n + 1) * w, w, dtype=host.query_start_loc.dtype)
+    seq_lens = (host.seq_lens + (w - counts)).astype(host.seq_lens.dtype)
+    return replace(host, input_ids=ids, positions=pos, slot_mapping=slots, query_start_loc=qsl,
+                   seq_lens=seq_lens), rows
 
 
 class DecodeGraphs:
@@ -55,12 +81,14 @@ class DecodeGraphs:
         # copy out of one set may still be queued behind the running step while the next step
         # fills the other. (A set is reused only after the step that read it has completed.)
         self._staging = [self._new_staging(b_max, t_max) for _ in range(2)]
+        self.real_rows = torch.zeros(t_max, dtype=torch.int64, device=device)  # a padded step's real rows
         self._turn = 0
 
     def _new_staging(self, b_max: int, t_max: int) -> dict[str, torch.Tensor]:
         return {"ids": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
                 "pos": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
                 "slots": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
+                "rows": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
                 "lens": torch.zeros(b_max, dtype=torch.int32).pin_memory(),
                 "tables": torch.zeros(b_max, self.max_blocks, dtype=torch.int32).pin_memory()}
 
@@ -126,13 +154,22 @@ class DecodeGraphs:
         b = self._bucket(n)
         return (self.input_ids[: b * w], self.positions[: b * w], self.context(b, w), self.hidden[w, b])
 
-    def run(self, host: Any, fixup: Any = None, w: int = 1) -> torch.Tensor:
+    def run(self, host: Any, fixup: Any = None, w: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the graph of width w for the host batch (requests of at most w tokens each, module
+        docstring); returns (logits, input ids) of the real rows, in the host batch's row order."""
         n = len(host.seq_lens)
         b = self._bucket(n)
         t, tb = n * w, b * w
         width = host.block_tables.shape[1]
         st = self._staging[self._turn]
         self._turn ^= 1
+        padded = bool((np.diff(host.query_start_loc) != w).any())
+        real = len(host.input_ids)
+        if padded:
+            host, rows = pad_to_width(host, w)
+            st["rows"][:real] = torch.from_numpy(rows)
+            if fixup is not None:
+                fixup = fixup.spread(rows.tolist(), t, w)
         st["ids"][:t] = torch.from_numpy(host.input_ids)
         st["pos"][:t] = torch.from_numpy(host.positions)
         st["slots"][:t] = torch.from_numpy(host.slot_mapping)
@@ -152,4 +189,8 @@ class DecodeGraphs:
             fixup.apply(self.input_ids, self.positions, self.seq_lens, self.slot_mapping, self.block_tables,
                         self.block_size)
         self.graphs[w, b].replay()
-        return self.outputs[w, b][:t]
+        if not padded:
+            return self.outputs[w, b][:t], self.input_ids[:t]
+        keep = self.real_rows[:real]
+        keep.copy_(st["rows"][:real], non_blocking=True)
+        return self.outputs[w, b][keep], self.input_ids[keep]

@@ -18,6 +18,7 @@ forward (or before a CUDA graph's replay), without any host-device synchronisati
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -63,6 +64,25 @@ class InputFixup:
     mtp_cols: list[int] = field(default_factory=list)  # which of the request's MTP drafts
     choice: DraftChoice | None = None
     _sample_shift: torch.Tensor | None = None  # set by apply()
+
+    def spread(self, rows: list[int], total: int, width: int) -> InputFixup:
+        """This fixup for the step's inputs laid out `width` rows per request (cuda_graphs.pad_to_width):
+        flat input row k moves to rows[k]; the padding rows (total in all) belong to their slot's
+        request and are never shifted, so their KV store stays skipped."""
+        choice = self.choice
+        moved = dataclasses.replace(
+            self,
+            token_rows=[rows[k] for k in self.token_rows],
+            mtp_rows=[rows[k] for k in self.mtp_rows],
+            choice=None if choice is None else dataclasses.replace(choice, rows=[rows[k] for k in choice.rows]),
+        )
+        if self.token_shift_of:
+            shift_of, owner = [-1] * total, [r // width for r in range(total)]
+            for k, row in enumerate(rows):
+                shift_of[row] = self.token_shift_of[k]
+                owner[row] = self.token_owner[k]
+            moved.token_shift_of, moved.token_owner = shift_of, owner
+        return moved
 
     @property
     def shifted(self) -> bool:

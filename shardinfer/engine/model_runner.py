@@ -175,30 +175,31 @@ class ModelRunner:
         return self._to_device(host.input_ids), self._to_device(host.positions), ctx
 
     @staticmethod
-    def decode_width(batch: ScheduledBatch) -> int:
-        """w when every request decodes w tokens (its newest token and w - 1 drafts) and none
-        scores prompt positions, which a CUDA graph of width w can run; else 0."""
+    def decode_width(batch: ScheduledBatch, mixed: bool = True) -> int:
+        """The CUDA graph width that runs the batch, or 0 (eager): every request decodes (its newest
+        token and its drafts) and none scores prompt positions. The width is the widest request's;
+        narrower ones are padded (cuda_graphs.pad_to_width) unless `mixed` is False."""
         if not batch.requests:
             return 0
-        w = batch.num_new_tokens[0]
+        w = max(batch.num_new_tokens)
         for r, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-            if (n != w or r.num_computed_tokens + n != r.num_tokens or r.num_draft_tokens != w - 1
+            if ((n != w and not mixed) or r.num_computed_tokens + n != r.num_tokens or r.num_draft_tokens != n - 1
                     or (r.wants_prompt_logprobs and not r.prompt_logprobs_done)):
                 return 0
         return w
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, fixup: InputFixup | None = None) -> StepLogits:
-        width = self.decode_width(batch) if self.graphs is not None else 0
+        # An MTP drafter reads the last forward's hidden states w rows per request: no padded steps.
+        width = self.decode_width(batch, mixed=not self.keep_last_forward) if self.graphs is not None else 0
         if width and self.graphs.fits(len(batch), width):
             host = build_host_batch(batch, self.block_size)
-            logits = self.graphs.run(host, fixup, width)
+            logits, input_ids = self.graphs.run(host, fixup, width)
             self.last_step_graphed = True
             self.last_step_width = width
             if self.keep_last_forward:
                 self.last_forward = self.graphs.forward_state(len(batch), width)
-            step = StepLogits(list(batch.requests), logits, [width] * len(batch), {},
-                              self.graphs.input_ids[: len(batch) * width])
+            step = StepLogits(list(batch.requests), logits, list(batch.num_new_tokens), {}, input_ids)
             if fixup is not None:
                 step.position_shift = fixup.sample_position_shift(self.device)
             return step

@@ -1,0 +1,116 @@
+"""The padded layout a decode CUDA graph runs a step of mixed widths with (cuda_graphs.pad_to_width),
+checked on the CPU's eager forward: the graph replays the same layout, so what holds here for the
+real rows holds for the replay."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shardinfer import LLM
+from shardinfer.engine.cuda_graphs import pad_to_width
+from shardinfer.engine.forward_context import SKIP_SLOT, AttentionMetadata, ForwardContext
+from shardinfer.engine.input_fixup import InputFixup, PreviousStep
+from shardinfer.engine.model_runner import HostBatch
+
+BLOCK = 16
+
+
+def _host(tokens: list[list[int]], starts: list[int], blocks: list[int]) -> HostBatch:
+    """Request i feeds tokens[i] at positions starts[i]..; its KV lives in block blocks[i]."""
+    counts = np.array([len(t) for t in tokens])
+    qsl = np.zeros(len(tokens) + 1, dtype=np.int32)
+    np.cumsum(counts, out=qsl[1:])
+    pos = np.concatenate([np.arange(s, s + len(t)) for s, t in zip(starts, tokens, strict=True)]).astype(
+        np.int64
+    )
+    block_of = np.repeat(np.array(blocks, dtype=np.int64), counts)
+    return HostBatch(
+        input_ids=np.array([x for t in tokens for x in t], dtype=np.int64),
+        positions=pos,
+        slot_mapping=block_of * BLOCK + pos,
+        query_start_loc=qsl,
+        seq_lens=(np.array(starts) + counts).astype(np.int32),
+        block_tables=np.array([[b] for b in blocks], dtype=np.int32),
+    )
+
+
+def _forward(runner, host: HostBatch) -> torch.Tensor:
+    counts = np.diff(host.query_start_loc)
+    meta = AttentionMetadata(
+        query_start_loc=torch.from_numpy(host.query_start_loc),
+        seq_lens=torch.from_numpy(host.seq_lens),
+        block_tables=torch.from_numpy(host.block_tables),
+        slot_mapping=torch.from_numpy(host.slot_mapping),
+        block_size=BLOCK,
+        max_query_len=int(counts.max()),
+        max_seq_len=int(host.seq_lens.max()),
+        query_start_loc_cpu=host.query_start_loc.tolist(),
+        seq_lens_cpu=host.seq_lens.tolist(),
+    )
+    ctx = ForwardContext(meta, runner.kv_caches, runner.batch_invariant)
+    with torch.inference_mode():
+        hidden = runner.model(torch.from_numpy(host.input_ids), torch.from_numpy(host.positions), ctx)
+        return runner.model.compute_logits(hidden)
+
+
+def test_padded_rows_give_the_real_rows_bits_and_store_nothing(qwen3_dir) -> None:
+    llm = LLM(qwen3_dir, device="cpu", dtype="float32", block_size=BLOCK)
+    runner = llm.llm_engine.runner
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 200, (n,), generator=g).tolist() for n in (7, 12, 4)]
+    blocks = [1, 2, 3]
+    _forward(runner, _host(prompts, [0, 0, 0], blocks))  # the prompts' KV
+    # Next step: 1, 3 and 2 new tokens (a request that may not draft, one with two drafts, one with one).
+    step = [[11], [12, 13, 14], [15, 16]]
+    compact = _host(step, [7, 12, 4], blocks)
+    want = _forward(runner, compact)
+    kv_before = [t.clone() for layer in runner.kv_caches for t in layer]
+
+    padded, rows = pad_to_width(compact, 3)
+    assert rows.tolist() == [0, 3, 4, 5, 6, 7]
+    assert padded.slot_mapping[[1, 2, 8]].tolist() == [SKIP_SLOT] * 3
+    got = _forward(runner, padded)[torch.from_numpy(rows)]
+    assert torch.equal(got, want)
+    # The real rows rewrote their own KV with the same values; the padding rows wrote nothing.
+    kv_after = [t for layer in runner.kv_caches for t in layer]
+    assert all(torch.equal(a, b) for a, b in zip(kv_before, kv_after, strict=True))
+
+
+def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
+    # Previous step: request 0 drafted 2 and had 1 rejected, request 1 had none rejected.
+    prev = PreviousStep(
+        sampled=torch.tensor([50, 51, 52, 60, 61]),
+        first_rows=[0, 3],
+        last_rows=torch.tensor([1, 3]),
+        shifts=torch.tensor([1, 0]),
+    )
+    compact = _host([[0], [0, 70, 71]], [9, 5], [1, 2])
+    fix = InputFixup(
+        prev,
+        token_rows=[0, 1],
+        token_prev=[0, 1],
+        token_shift_of=[0, 1, 1, 1],
+        request_shift_of=[0, 1],
+        sample_shift_of=[0, 1, 1, 1],
+        token_owner=[0, 1, 1, 1],
+    )
+
+    def applied(host: HostBatch, f: InputFixup) -> list[torch.Tensor]:
+        t = [
+            torch.from_numpy(a.copy())
+            for a in (host.input_ids, host.positions, host.seq_lens, host.slot_mapping, host.block_tables)
+        ]
+        f.apply(t[0], t[1], t[2], t[3], t[4], BLOCK)
+        return t
+
+    ids_c, pos_c, lens_c, slots_c, _ = applied(compact, fix)
+    padded, rows = pad_to_width(compact, 3)
+    ids_p, pos_p, lens_p, slots_p, _ = applied(padded, fix.spread(rows.tolist(), 6, 3))
+    r = torch.from_numpy(rows)
+    assert torch.equal(ids_p[r], ids_c) and torch.equal(pos_p[r], pos_c) and torch.equal(slots_p[r], slots_c)
+    assert pos_c.tolist() == [8, 5, 6, 7]  # request 0 moved back by its one rejected draft
+    assert ids_c.tolist()[:2] == [51, 60]  # newest tokens from the previous step's last accepted rows
+    # Sequence lengths: the padded request counts its 2 padding rows, both shifted alike.
+    assert (lens_p - lens_c).tolist() == [2, 0]
+    assert slots_p[[1, 2]].tolist() == [SKIP_SLOT, SKIP_SLOT]
