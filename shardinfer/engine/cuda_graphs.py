@@ -11,11 +11,13 @@ are batch invariant), so a verify row gives the bits of a plain decode row.
 
 Requests of one step may need fewer than W rows: one that may not draft (penalties, a grammar,
 min_tokens not reached) or has fewer tokens left than the others' drafts. Such a step still
-replays the graph of width W = the widest request: each request's n real tokens fill the front of
-its W-row slot and the W - n rows behind them are padding (KV store skipped, logits dropped).
-Attention places a request's rows at the last W positions of its sequence, so the padded
-request's sequence length is counted W - n longer: its real row j then attends to exactly the keys
-it would in a step of its own width, and the padding rows behind it are never attended to.
+replays the graph of width W = the widest request: each request's n real tokens fill the back of
+its W-row slot and the W - n rows in front of them are padding (KV store skipped, logits dropped).
+Attention places a request's rows at the last W positions of its sequence, so the real rows keep
+their own positions and the padding rows sit before them, attending only to keys already in the
+cache. (Padding behind the real rows would make the attention tile read key slots past the
+sequence, which hold whatever an earlier request left there: an invisible key's weight is zero,
+but zero times a stale NaN is not.)
 """
 
 from __future__ import annotations
@@ -32,20 +34,18 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384
 
 
 def pad_to_width(host: Any, w: int) -> tuple[Any, np.ndarray]:
-    """The host batch laid out w rows per request (module docstring): real tokens at the front of
-    each request's slot, padding rows behind them (token 0 at the request's last position, KV store
-    skipped), sequence lengths counted w - n longer. Returns it and the real tokens' new rows."""
+    """The host batch laid out w rows per request (module docstring): real tokens at the back of
+    each request's slot, padding rows in front of them (token 0 at the request's first new
+    position, KV store skipped). Returns it and the real tokens' new rows."""
     counts = np.diff(host.query_start_loc)
     n, real = len(counts), len(host.input_ids)
-    rows = np.repeat(np.arange(n, dtype=np.int64) * w - host.query_start_loc[:-1], counts) + np.arange(real)
+    rows = np.repeat(np.arange(1, n + 1, dtype=np.int64) * w - host.query_start_loc[1:], counts) + np.arange(real)
     ids = np.zeros(n * w, dtype=host.input_ids.dtype)
-    pos = np.repeat(host.positions[host.query_start_loc[1:] - 1], w)
+    pos = np.repeat(host.positions[host.query_start_loc[:-1]], w)  # any valid position: rope only
     slots = np.full(n * w, SKIP_SLOT, dtype=host.slot_mapping.dtype)
     ids[rows], pos[rows], slots[rows] = host.input_ids, host.positions, host.slot_mapping
     qsl = np.arange(0, (n + 1) * w, w, dtype=host.query_start_loc.dtype)
-    seq_lens = (host.seq_lens + (w - counts)).astype(host.seq_lens.dtype)
-    return replace(host, input_ids=ids, positions=pos, slot_mapping=slots, query_start_loc=qsl,
-                   seq_lens=seq_lens), rows
+    return replace(host, input_ids=ids, positions=pos, slot_mapping=slots, query_start_loc=qsl), rows
 
 
 class DecodeGraphs:

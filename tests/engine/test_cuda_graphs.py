@@ -68,8 +68,9 @@ def test_padded_rows_give_the_real_rows_bits_and_store_nothing(qwen3_dir) -> Non
     kv_before = [t.clone() for layer in runner.kv_caches for t in layer]
 
     padded, rows = pad_to_width(compact, 3)
-    assert rows.tolist() == [0, 3, 4, 5, 6, 7]
-    assert padded.slot_mapping[[1, 2, 8]].tolist() == [SKIP_SLOT] * 3
+    assert rows.tolist() == [2, 3, 4, 5, 7, 8]
+    assert padded.slot_mapping[[0, 1, 6]].tolist() == [SKIP_SLOT] * 3
+    assert padded.seq_lens.tolist() == compact.seq_lens.tolist()
     got = _forward(runner, padded)[torch.from_numpy(rows)]
     assert torch.equal(got, want)
     # The real rows rewrote their own KV with the same values; the padding rows wrote nothing.
@@ -111,6 +112,5 @@ def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
     assert torch.equal(ids_p[r], ids_c) and torch.equal(pos_p[r], pos_c) and torch.equal(slots_p[r], slots_c)
     assert pos_c.tolist() == [8, 5, 6, 7]  # request 0 moved back by its one rejected draft
     assert ids_c.tolist()[:2] == [51, 60]  # newest tokens from the previous step's last accepted rows
-    # Sequence lengths: the padded request counts its 2 padding rows, both shifted alike.
-    assert (lens_p - lens_c).tolist() == [2, 0]
-    assert slots_p[[1, 2]].tolist() == [SKIP_SLOT, SKIP_SLOT]
+    assert torch.equal(lens_p, lens_c)
+    assert slots_p[[0, 1]].tolist() == [SKIP_SLOT, SKIP_SLOT]
