@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shardinfer import LLM, SamplingParams
-from shardinfer.engine.drafting import propose
+from shardinfer.engine.drafting import lookup, propose
 from shardinfer.testing.replay_drafter import ReplayProposer
 
 
@@ -17,6 +17,15 @@ def test_propose_takes_the_latest_longest_match() -> None:
     assert propose([4, 5, 6, 5], 3) == [6, 5]  # falls back to one-token matches
     assert propose([1, 2, 3], 4) == []
     assert propose(tokens, 0) == []
+
+
+def test_lookup_measures_the_match_length_back_to_four() -> None:
+    # The suffix 3, 4, 5 occurred before 9; the token before both is 2 too, then they differ.
+    assert lookup([1, 2, 3, 4, 5, 9, 2, 3, 4, 5], 2) == ([9, 2], 4)
+    assert lookup([6, 6, 2, 3, 4, 5, 9, 6, 2, 3, 4, 5], 1) == ([9], 4)  # counted no further than 4
+    assert lookup([8, 3, 4, 5, 9, 2, 3, 4, 5], 1) == ([9], 3)
+    assert lookup([7, 8, 7], 3) == ([8, 7], 1)
+    assert lookup([1, 2, 3], 2) == ([], 0)
 
 
 def _reference_propose(tokens: list[int], max_draft: int) -> list[int]:

@@ -164,6 +164,12 @@ def test_measured_free_verification_keeps_ngram_speculation_at_full_depth(qwen3_
     assert stats["speculation_off_share"] == 0.0 and min(k for _, k, _ in steps) > 0
     # Fewer only where no request has room for more (near its max_tokens): not while all decode.
     assert {k for n, k, _ in steps if n == 4} == {3}
+    # Every verified draft reached the calibration with its match length (0: a filler): the
+    # confidences travel with their step through the asynchronous pipeline.
+    budget = spec.llm_engine.drafter.budget
+    assert sum(budget.calibration.reached[0]) == budget.drafted[0] > 0
+    assert sum(budget.calibration.accepted[0]) == budget.accepted[0]
+    assert budget.calibration.reached[0][0] > 0 and sum(budget.calibration.reached[0][1:]) > 0
     assert stats["accepted_draft_tokens"] > 0
 
 
