@@ -308,12 +308,14 @@ class LLMEngine:
         When a sampling row needs the previous step's tokens on the host, that step is completed
         in between, while the forward runs.
 
-        With a step timer, a pure decode step (every request verifying the same number of rows)
-        whose forward and sampling are queued back to back is timed on the device, from before
-        its forward to after its sampling and drafting; a step that waits for the host in between
-        (the previous step's tokens, grammar masks) is not, its time would include the wait."""
+        With a step timer, a pure decode step (keyed by the width of the graph the runner replays
+        for it: its widest request's) whose forward and sampling are queued back to back is timed
+        on the device, from before its forward to after its sampling and drafting; a step that
+        waits for the host in between (the previous step's tokens, grammar masks) is not, its time
+        would include the wait."""
         timer = self.step_timer
-        width = ModelRunner.decode_width(batch) if timer is not None else 0
+        runner = self.runner
+        width = runner.decode_width(batch, mixed=not runner.keep_last_forward) if timer is not None else 0
         started = timer.start() if timer is not None and width else None
         step_logits = self._forward(batch, previous)
         finished: list[RequestOutput] = []
