@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.job_timeline import job_startup, steady_rate, timeline_points
+from bench.job_timeline import job_startup, steady_rate, tail_seconds, timeline_points
 from bench.workloads import SHAPES, bench_commit, build_checkpoint
 
 IMPORTS = "import torch, shardinfer.engine.llm_engine, shardinfer.pipeline.job, shardinfer.jobs.cli"
@@ -276,6 +276,7 @@ def main() -> None:
         "job_wall_s": job_wall,
         "completion_tokens": job_tokens,
         "job_steady_tok_s": steady_job,
+        "tail_s": tail_seconds(events),
         "splits_committed": len(commits),
         "in_range": list(args.in_range),
         "out_range": list(args.out_range),

@@ -18,6 +18,22 @@ def timeline_points(events: list[dict[str, Any]]) -> list[tuple[float, int]]:
     return points
 
 
+def tail_seconds(events: list[dict[str, Any]], share: float = 0.05) -> float | None:
+    """Seconds the job's last `share` of requests took: from the moment (1 - share) of them had
+    finished, summed over workers, to the last one. What a long tail of a few slow rows costs,
+    which speculative decoding should shorten (those rows decode alone)."""
+    latest: dict[int, int] = {}
+    points: list[tuple[float, int]] = []
+    for e in sorted((e for e in events if e["event"] == "tokens" and "requests" in e), key=lambda e: e["t"]):
+        latest[e["pid"]] = int(e["requests"])
+        points.append((float(e["t"]), sum(latest.values())))
+    if len(points) < 2 or points[-1][1] <= 0:
+        return None
+    total = points[-1][1]
+    end = next(t for t, n in points if n >= total)
+    return end - _crossing(points, (1.0 - share) * total)
+
+
 def steady_rate(points: list[tuple[float, int]], low: float = 0.1, high: float = 0.9) -> float | None:
     """Tokens per second between the moments `low` and `high` of the final count were reached
     (linear between points): the rate of the middle of a run, without start-up and tail."""

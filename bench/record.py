@@ -57,11 +57,13 @@ rows. Job tok/s: completion tokens over the job's wall from process start to exi
 over the generate wall alone. steady: job vs engine over the middle 80% of completed tokens;
 wall: job wall / (engine start + generate); start: process start to the first step; idle: the
 device's idle share between the job's first and last step launch; job steady tok/s: the job's own
-rate over the middle 80% of its completed tokens (what a longer job tends to). A `ray` master
-either started its own local cluster or joined a running one (`ray, running`).
+rate over the middle 80% of its completed tokens (what a longer job tends to); tail s: how long
+its last 5% of rows took (runs from before the count was kept show —). A `ray` master either
+started its own local cluster or joined a running one (`ray, running`); a job's `--conf` keys
+other than the standard ones follow its workload.
 
-| date (UTC) | GPU | commit | workload | batch_invariant | master | rows | job tok/s | job steady tok/s | engine tok/s | steady | wall | start s | 1st commit s | gpu idle | peak RSS MB |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| date (UTC) | GPU | commit | workload | batch_invariant | master | rows | job tok/s | job steady tok/s | engine tok/s | steady | wall | start s | 1st commit s | tail s | gpu idle | peak RSS MB |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -125,17 +127,22 @@ def score_rows(records: list[dict]) -> list[str]:
     return rows
 
 
+STANDARD_CONF = ("job.split_rows=", "engine.num_kv_blocks=")  # sizing, not what is being compared
+
+
 def job_row(r: dict) -> str:
     start = r.get("startup_s") or {}
     master = r.get("master", "local")
     if r.get("ray_cluster") == "running":
         master += ", running"
+    workload = r["workload"] + "".join(f", {c}" for c in r.get("job_conf") or [] if not c.startswith(STANDARD_CONF))
     return (
-        f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
+        f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {workload} | "
         f"{r['batch_invariant']} | {master} | {r['rows']} | {fmt(r['job_output_tok_s'], '.0f')} | "
         f"{fmt(r.get('job_steady_tok_s'), '.0f')} | {fmt(r.get('engine_output_tok_s'), '.0f')} | {fmt(r.get('steady_ratio'), '.3f')} | "
         f"{fmt(r.get('wall_ratio'), '.2f')} | {fmt(start.get('first_step_s'), '.1f')} | "
-        f"{fmt(r.get('time_to_first_commit_s'), '.1f')} | {fmt(r.get('gpu_idle_fraction'), '.3f')} | "
+        f"{fmt(r.get('time_to_first_commit_s'), '.1f')} | {fmt(r.get('tail_s'), '.1f')} | "
+        f"{fmt(r.get('gpu_idle_fraction'), '.3f')} | "
         f"{fmt(r.get('peak_rss_mb'), '.0f')} |"
     )
 

@@ -303,13 +303,14 @@ class SplitWorker:
                 else:
                     prep_done = True
             if engine.has_unfinished():
-                step_tokens = 0
+                step_tokens = step_requests = 0
                 for out in engine.step():
                     step_tokens += self._finish(out, inflight, open_splits)
-                    rows_since += 1
+                    step_requests += 1
+                rows_since += step_requests
                 tokens_since += step_tokens
                 if self.timeline is not None:
-                    self.timeline.step(step_tokens)
+                    self.timeline.step(step_tokens, step_requests)
             for index in [i for i, a in open_splits.items() if a.complete]:
                 done = open_splits.pop(index)
                 self._writes.put(SplitToWrite(done.split, done.ordered()))

@@ -3,7 +3,7 @@
 Off unless `job.timeline_path` names a local file. Then the worker records wall-clock marks
 (`time.time()`, comparable across processes): engine build start and end (with the phases
 the engine timed, when it times them), the first and last step, the running count of
-completed tokens (at most every `TOKEN_MARK_S`), each committed split with its counts, and at
+completed tokens and requests (at most every `TOKEN_MARK_S`), each committed split with its counts, and at
 the end the device's idle share between the first and the last step. Each worker appends its
 lines, one JSON object each carrying its pid, when it ends; a killed worker leaves none.
 
@@ -88,6 +88,7 @@ class Timeline:
         self._lines: list[dict[str, Any]] = []
         self._lock = threading.Lock()  # the writer thread marks commits
         self._tokens = 0
+        self._requests = 0
         self._last_token_mark = 0.0
         self._first_step = False
         self._clock: LaunchClock | None = None
@@ -102,20 +103,22 @@ class Timeline:
         if getattr(device, "type", None) == "cuda" and hasattr(engine, "_launch"):
             self._clock = LaunchClock(engine)
 
-    def step(self, finished_tokens: int) -> None:
-        """After each engine step: `finished_tokens` completion tokens of requests it finished."""
+    def step(self, finished_tokens: int, finished_requests: int = 0) -> None:
+        """After each engine step: `finished_tokens` completion tokens of the `finished_requests`
+        requests it finished."""
         if not self._first_step:
             self._first_step = True
             self.mark("first_step")
         self._tokens += finished_tokens
+        self._requests += finished_requests
         now = time.monotonic()
         if finished_tokens and now - self._last_token_mark >= TOKEN_MARK_S:
             self._last_token_mark = now
-            self.mark("tokens", completion_tokens=self._tokens)
+            self.mark("tokens", completion_tokens=self._tokens, requests=self._requests)
 
     def engine_done(self) -> None:
         """The step loop ended: the final token count, the last step, the device's idle share."""
-        self.mark("tokens", completion_tokens=self._tokens)
+        self.mark("tokens", completion_tokens=self._tokens, requests=self._requests)
         self.mark("last_step")
         if self._clock is not None:
             self.mark("device", **self._clock.close())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.job_timeline import job_startup, steady_rate, timeline_points
+from bench.job_timeline import job_startup, steady_rate, tail_seconds, timeline_points
 from bench.record import job_row
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,6 +44,19 @@ def test_points_sum_workers_and_startup_is_measured_from_spawn() -> None:
         "ready_to_first_step_s": 1.0,
         "first_commit_s": 14.0,
     }
+
+
+def test_tail_is_the_last_share_of_requests_summed_over_workers() -> None:
+    events = [
+        {"event": "tokens", "t": 10.0, "pid": 1, "completion_tokens": 500, "requests": 50},
+        {"event": "tokens", "t": 12.0, "pid": 2, "completion_tokens": 400, "requests": 40},
+        {"event": "tokens", "t": 14.0, "pid": 1, "completion_tokens": 590, "requests": 59},
+        {"event": "tokens", "t": 20.0, "pid": 2, "completion_tokens": 410, "requests": 41},
+        {"event": "tokens", "t": 21.0, "pid": 2, "completion_tokens": 410, "requests": 41},
+    ]
+    # 100 requests: 95 finished at t = 12 + 2 * (95 - 90) / (99 - 90); the 100th at t = 20.
+    assert tail_seconds(events) == pytest.approx(20.0 - (12.0 + 2.0 * 5 / 9))
+    assert tail_seconds([{"event": "tokens", "t": 1.0, "pid": 1, "completion_tokens": 5}]) is None
 
 
 @pytest.mark.slow
@@ -111,3 +124,4 @@ def test_tiny_workload_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
         and 0 < start["engine_build_s"] < start["first_step_s"] < start["first_commit_s"]
     )
     assert "| tiny |" in job_row(result)
+    assert result["tail_s"] is not None and 0 <= result["tail_s"] < result["job_wall_s"]
