@@ -5,10 +5,12 @@ seeded by the CUDA graphs' replay times measured at capture (tiny contexts, cuda
 replaced by what the running steps take. The first measurement of a (width, bucket) replaces
 its seed; later ones are folded into a running mean over the last WINDOW measurements. A width
 the schedule has not run for a while was measured at shorter contexts than the batch has now:
-its next measurement replaces the old estimate again instead of being averaged with it.
+its next measurement replaces the old estimate again instead of being averaged with it. A width
+not measured at this bucket but at another takes that measurement, scaled by the seeds' ratio
+between the two buckets.
 
-Seeds from tiny contexts are lower than the real steps' times, so a width not yet run looks cheap
-and is tried: the schedule measures every width it might choose before settling.
+Seeds from tiny contexts are lower than the real steps' times, so a width not yet run anywhere
+looks cheap and is tried: the schedule measures every width it might choose before settling.
 
 `StepTimer` measures the device time of a step with two CUDA events recorded on the stream around
 its work (forward, sampling, drafting), and reads them only once `query()` says the later one is
@@ -18,6 +20,7 @@ pending steps are read oldest first and reading stops at the first one not done.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -52,9 +55,25 @@ class StepTimes:
         self.when[key] = index
 
     def ms(self, width: int, bucket: int) -> float | None:
-        """The estimated step time, measured if it was, else the seed (None: neither)."""
+        """The estimated step time (None: nothing known): measured if it was; else the width's
+        measurement at the nearest bucket where it was measured, scaled from there to here by
+        the seeds' ratio (a batch shrinking into a new bucket keeps what it learned); else the
+        seed."""
         got = self.estimate.get((width, bucket))
-        return got if got is not None else self.seed.get((width, bucket))
+        if got is not None:
+            return got
+        seed = self.seed.get((width, bucket))
+        if seed is None:
+            return None
+        near = [
+            (abs(math.log(b / bucket)), b)
+            for (w, b) in self.estimate
+            if w == width and self.seed.get((w, b), 0.0) > 0
+        ]
+        if not near:
+            return seed
+        b = min(near)[1]
+        return self.estimate[width, b] * seed / self.seed[width, b]
 
     def __bool__(self) -> bool:
         return bool(self.seed or self.estimate)

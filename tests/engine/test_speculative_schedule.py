@@ -136,6 +136,8 @@ def test_measured_expensive_verification_switches_ngram_speculation_off(qwen3_di
     made = [m for n, _, m in steps if n == 4]
     assert set(made[:3]) == {4} and set(made[5:]) == {0}
     chosen = [k for _, k, _ in steps]
+    # As requests finish the batch moves to smaller buckets, which take what bucket 4 measured.
+    assert set(chosen[3:]) == {0}
     assert stats["speculation_off_share"] == chosen.count(0) / len(chosen) > 0.5
     assert stats["mean_draft_depth"] == sum(chosen) / len(chosen)
     assert stats["mean_draft_tokens_per_step"] == stats["draft_tokens"] / len(chosen) > 0

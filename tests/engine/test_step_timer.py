@@ -76,3 +76,15 @@ def test_the_timer_reads_finished_steps_in_order_without_waiting() -> None:
     device["done"] = 15.0
     assert timer.poll() == [("c", 5.0)]
     assert not timer.pending
+
+
+def test_a_bucket_not_measured_yet_borrows_the_nearest_measurement_scaled_by_the_seeds() -> None:
+    times = StepTimes({(2, 256): 21.0, (2, 224): 19.0, (2, 32): 8.0, (1, 224): 18.0})
+    times.observe(2, 256, 66.6)
+    assert times.ms(2, 224) == pytest.approx(66.6 * 19.0 / 21.0)
+    assert times.ms(1, 224) == 18.0  # width 1 was measured nowhere: its seed
+    times.observe(2, 32, 10.0)
+    assert times.ms(2, 224) == pytest.approx(66.6 * 19.0 / 21.0)  # 256 is nearer than 32
+    assert times.ms(2, 48) is None  # no seed there: nothing to scale
+    times.observe(2, 224, 50.0)
+    assert times.ms(2, 224) == 50.0  # its own measurement
