@@ -349,12 +349,13 @@ def main() -> None:
                 if time.perf_counter() - begin > args.max_seconds:
                     break
                 drafter.depth = depth
-                # A fresh budget per point: the schedule learns this alpha's acceptance from its prior.
-                drafter.budget = (
-                    DraftBudget(depth, schedule.step_ms, schedule.buckets)
-                    if scheduled
-                    else DraftBudget(depth, None, None)
-                )
+                # A fresh budget per point: the schedule learns this alpha's acceptance from its
+                # prior. The step times it measured carry over (one engine on one GPU, as in a
+                # long job), so each (width, bucket) is explored once, not once per point.
+                budget = DraftBudget(depth, schedule.step_ms, schedule.buckets) if scheduled else None
+                if budget is not None:
+                    budget.times = schedule.times
+                drafter.budget = budget or DraftBudget(depth, None, None)
                 drafter.proposer = ReplayProposer(recorded, alpha, vocab, seed=batch)
                 before = engine.stats()
                 depth_before = (engine.counters["draft_depth_sum"], engine.counters["draft_depth_steps"])

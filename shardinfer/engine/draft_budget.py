@@ -20,7 +20,9 @@ PRIOR**j over PRIOR_WEIGHT pseudo-drafts), gives p_i = S_i / S_{i-1}, so a reque
 confidences expects 1 + S_1 + ... + S_k tokens. A request that does not draft counts 1.
 
 time(B, w) is the step time of width w at B's batch bucket (step_timer.StepTimes): seeded by the
-graph replay times measured at capture, then measured on the running steps. Without buckets
+graph replay times measured at capture, then measured on the running steps, on the device and on
+the wall clock between steps (the larger counts: a step the host cannot prepare in the device's
+time costs the host's). Without buckets
 (CPU, enforce_eager: no graphs) the depth stays at its maximum.
 """
 
@@ -68,6 +70,12 @@ class DraftBudget:
         bucket = self.bucket(batch)
         if bucket is not None:
             self.times.observe(width, bucket, ms)
+
+    def observe_paced(self, width: int, batch: int, ms: float) -> None:
+        """A step's paced wall time: from the engine step that launched it to the next one."""
+        bucket = self.bucket(batch)
+        if bucket is not None:
+            self.times.observe_paced(width, bucket, ms)
 
     def record(self, drafts: int, accepted: int, confidence: Confidence | None = None) -> None:
         """One request's verification: `drafts` drafted, the first `accepted` of them kept;

@@ -114,6 +114,11 @@ class LLMEngine:
         # Device time of the pure decode steps, measured while the engine runs, for the draft
         # budget's step-time estimates (step_timer.py). CUDA only: elsewhere nothing times a step.
         self.step_timer: StepTimer | None = None
+        # With the timer, the wall time from one step() to the next is charged to the timed step
+        # launched in the first (draft_budget.observe_paced); the clock is replaceable for tests.
+        self.pace_clock = time.perf_counter
+        self._paced: tuple[float, tuple[int, int]] | None = None  # (step() entry, launched key)
+        self._launched_key: tuple[int, int] | None = None
         if self.drafter is not None and self.drafter.budget.scheduled and self.device.type == "cuda":
             self.step_timer = StepTimer()
         # The step launched but not yet completed (asynchronous scheduling only).
@@ -221,6 +226,7 @@ class LLMEngine:
         is queued here, first thing in step N+1, before N+1's forward. Only prompt logprobs make
         a step wait for N-1 before its forward.
         """
+        entered = self._charge_pace()
         if self.drafter is not None:
             self._read_step_times()
             self.drafter.add_drafts()
@@ -246,7 +252,10 @@ class LLMEngine:
                 raise RuntimeError("no request could be scheduled although some are waiting: the KV cache is "
                                    "too small for one request; raise the KV budget or lower max_model_len")
             return finished
+        self._launched_key = None
         launched, previous, completed = self._launch(batch, previous)
+        if entered is not None and self._launched_key is not None:
+            self._paced = (entered, self._launched_key)
         finished += completed
         if previous is not None:
             finished += self._complete(previous)
@@ -256,6 +265,18 @@ class LLMEngine:
             assert launched.unsampled is None
             finished += self._complete(launched)
         return finished
+
+    def _charge_pace(self) -> float | None:
+        """Charge the wall time since the previous step() to the timed step it launched; returns
+        this step's entry time (None without a step timer)."""
+        if self.step_timer is None or self.drafter is None:
+            return None
+        now = self.pace_clock()
+        if self._paced is not None:
+            started, (width, batch) = self._paced
+            self.drafter.budget.observe_paced(width, batch, (now - started) * 1000.0)
+            self._paced = None
+        return now
 
     def _read_step_times(self) -> None:
         """Fold the timed steps the device has finished into the draft budget (never waits)."""
@@ -348,6 +369,7 @@ class LLMEngine:
         launched = self._launch_sampling(plan, self.grammar_masks.fill(plan.constrained))
         if timer is not None and started is not None:
             timer.stop(started, (width, len(batch)))
+            self._launched_key = (width, len(batch))
         return launched, previous, finished
 
     def _forward(self, batch: ScheduledBatch, previous: InFlightStep | None) -> StepLogits:

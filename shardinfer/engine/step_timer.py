@@ -30,16 +30,17 @@ STALE_AFTER = 64  # measurements of a bucket after which a width's own estimate 
 MAX_PENDING = 64  # timed steps kept while nobody reads them (the oldest are dropped)
 
 
-class StepTimes:
-    def __init__(self, seed: dict[tuple[int, int], float] | None) -> None:
-        self.seed = dict(seed or {})
+class RunningTimes:
+    """Per (width, bucket): a running mean over the last WINDOW measurements, started afresh when
+    the width was not measured for STALE_AFTER measurements of its bucket."""
+
+    def __init__(self) -> None:
         self.estimate: dict[tuple[int, int], float] = {}
         self.count: dict[tuple[int, int], int] = {}
         self.when: dict[tuple[int, int], int] = {}  # the bucket's measurement index at the last one
         self.measured: dict[int, int] = {}  # per bucket: measurements so far
 
     def observe(self, width: int, bucket: int, ms: float) -> None:
-        """Fold one measured step of `width` rows per request at batch bucket `bucket` in."""
         if ms <= 0:
             return
         key = (width, bucket)
@@ -54,11 +55,45 @@ class StepTimes:
         self.count[key] = n
         self.when[key] = index
 
+
+class StepTimes:
+    """Device times (CUDA events, `observe`) and paced times (`observe_paced`: the wall time between
+    one engine step and the next, charged to the first). A step costs the run the larger of the
+    two: the device's time when the host keeps ahead of it, the host's when it does not, which no
+    device event sees (a verify step's host work can exceed its device time at mid-size batches:
+    docs/performance.md, "Speculative decoding")."""
+
+    def __init__(self, seed: dict[tuple[int, int], float] | None) -> None:
+        self.seed = dict(seed or {})
+        self.device = RunningTimes()
+        self.paced = RunningTimes()
+
+    @property
+    def estimate(self) -> dict[tuple[int, int], float]:
+        """The device-time estimates by (width, bucket)."""
+        return self.device.estimate
+
+    def observe(self, width: int, bucket: int, ms: float) -> None:
+        """Fold one step's device time (`width` rows per request at batch bucket `bucket`) in."""
+        self.device.observe(width, bucket, ms)
+
+    def observe_paced(self, width: int, bucket: int, ms: float) -> None:
+        """Fold one step's paced wall time in."""
+        self.paced.observe(width, bucket, ms)
+
     def ms(self, width: int, bucket: int) -> float | None:
-        """The estimated step time (None: nothing known): measured if it was; else the width's
-        measurement at the nearest bucket where it was measured, scaled from there to here by
-        the seeds' ratio (a batch shrinking into a new bucket keeps what it learned); else the
-        seed."""
+        """The estimated step time (None: nothing known): the device time, or the paced time of
+        this very (width, bucket) where that is larger."""
+        device = self._device_ms(width, bucket)
+        paced = self.paced.estimate.get((width, bucket))
+        if device is None or paced is None:
+            return device if paced is None else paced
+        return max(device, paced)
+
+    def _device_ms(self, width: int, bucket: int) -> float | None:
+        """Measured if it was; else the width's measurement at the nearest bucket where it was
+        measured, scaled from there to here by the seeds' ratio (a batch shrinking into a new
+        bucket keeps what it learned); else the seed."""
         got = self.estimate.get((width, bucket))
         if got is not None:
             return got
@@ -76,7 +111,7 @@ class StepTimes:
         return self.estimate[width, b] * seed / self.seed[width, b]
 
     def __bool__(self) -> bool:
-        return bool(self.seed or self.estimate)
+        return bool(self.seed or self.estimate or self.paced.estimate)
 
 
 class TimingEvent(Protocol):

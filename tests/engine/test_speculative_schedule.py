@@ -255,3 +255,42 @@ def test_the_mtp_confidence_is_the_heads_probability_of_its_draft() -> None:
         assert req.mtp_confidence[0] == pytest.approx(float(probs[draft]), abs=1e-6)
         checked += 1
     assert checked >= 5
+
+
+def test_a_host_slower_than_the_device_switches_ngram_speculation_off(qwen3_dir) -> None:
+    """The device says a verify row is free, but the host needs ten times longer to prepare a
+    verify step than a plain one (what the wall clock between steps shows): the paced times make
+    the schedule stop drafting, and the output stays plain decoding's."""
+    prompts, params = _ngram_workload()
+    want = _key(
+        LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=False).generate(prompts, params)
+    )
+    spec = LLM(
+        qwen3_dir,
+        device="cpu",
+        dtype="float32",
+        speculative="ngram",
+        speculative_depth=3,
+        async_scheduling=True,
+    )
+    seed = {(w, b): 10.0 for w in range(1, 5) for b in BUCKETS}
+    steps = _schedule(spec, seed, {w: 10.0 for w in range(1, 5)})
+    engine = spec.llm_engine
+    host = [0.0]  # seconds
+    engine.pace_clock = lambda: host[0]
+    execute = engine.runner.execute
+
+    def host_paced_execute(batch, fixup=None):
+        width = ModelRunner.decode_width(batch)
+        host[0] += (0.010 if width <= 1 else 0.100) if width else 0.050
+        return execute(batch, fixup)
+
+    engine.runner.execute = host_paced_execute
+    assert _key(spec.generate(prompts, params)) == want
+    budget = engine.drafter.budget
+    assert budget.times.paced.estimate
+    # Every verify width was charged its host time, more than its device time.
+    for (w, _), ms in budget.times.paced.estimate.items():
+        assert ms == pytest.approx(10.0 if w == 1 else 100.0)
+    four = [k for n, k, _ in steps if n == 4]
+    assert four[:3] == [3, 2, 1] and set(four[3:]) == {0} and len(four) > 20

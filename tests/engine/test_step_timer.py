@@ -88,3 +88,16 @@ def test_a_bucket_not_measured_yet_borrows_the_nearest_measurement_scaled_by_the
     assert times.ms(2, 48) is None  # no seed there: nothing to scale
     times.observe(2, 224, 50.0)
     assert times.ms(2, 224) == 50.0  # its own measurement
+
+
+def test_a_step_costs_the_larger_of_its_device_and_paced_times() -> None:
+    times = StepTimes({(1, 8): 4.0, (2, 8): 4.2})
+    times.observe(2, 8, 5.0)
+    times.observe_paced(2, 8, 9.0)  # the host took longer than the device: the host's time counts
+    assert times.ms(2, 8) == 9.0
+    times.observe(1, 8, 6.0)
+    times.observe_paced(1, 8, 3.0)  # the device took longer: the device's time counts
+    assert times.ms(1, 8) == 6.0
+    # A paced time is kept for its own (width, bucket) only; elsewhere the device estimate rules.
+    assert times.ms(2, 16) is None
+    assert times.ms(2, 8) == 9.0 and times.paced.estimate == {(2, 8): 9.0, (1, 8): 3.0}
