@@ -267,8 +267,13 @@ def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, c
     if args.verbose:
         for key, source in sorted(spec.sources.items()):
             reporter.log("debug", f"{key} from {source}")
+    from shardinfer.jobs.model_cache import is_url
+
     prestart = None
-    if cluster is None and num_workers == 1 and not args.dry_run:
+    # A model in object storage is first copied into the local cache; were that copy started
+    # beside the plan, a plan error (a mistyped input path) would wait for it to finish before
+    # it is reported. Such a model is built after the plan, as before.
+    if cluster is None and num_workers == 1 and not args.dry_run and not is_url(config.model.path):
         from shardinfer.jobs.engine_prestart import EnginePrestart
         from shardinfer.pipeline.timeline import open_timeline
 

@@ -3,7 +3,8 @@
 Planning (listing the input, reading Parquet footers, the fingerprint, the plan file) and building
 the engine (weights to the device, KV sizing, warm-up, CUDA graphs) need nothing from each other,
 so the build starts on a thread as soon as the job's configuration is known instead of after the
-plan: the job's first step comes that much sooner.
+plan: the job's first step comes that much sooner. (Only for a model on a local path: a model in
+object storage is copied first, and a plan error should not wait for that copy.)
 
 The build is always waited for before the job goes on or ends, whatever happened to the plan: a
 build cannot be stopped half way, and a process that exits while a thread still loads weights or

@@ -81,3 +81,31 @@ def test_a_dry_run_builds_no_engine(
 
     monkeypatch.setattr(job_module, "build_engine", no_build)
     assert main(["submit", "--dry-run", str(_job(tmp_path, model_dir, shards))]) == 0
+
+
+def test_a_model_in_object_storage_is_not_copied_beside_the_plan(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plan error is reported at once, not after the model's copy into the local cache."""
+    import shardinfer.jobs.model_cache as model_cache
+
+    copied: list[str] = []
+
+    def no_copy(path: str, *args: Any, **kwargs: Any) -> str:
+        copied.append(path)
+        raise AssertionError("the model was copied before the plan")
+
+    monkeypatch.setattr(model_cache, "local_model_path", no_copy)
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    for f in model_dir.iterdir():  # a model folder in (in-process) object storage
+        memory.pipe(f"/models/tiny/{f.name}", f.read_bytes())
+    spec = tmp_path / "job.toml"
+    spec.write_text(job_toml("memory://models/tiny", str(tmp_path / "no-such-input"), str(tmp_path / "out")))
+    try:
+        assert main(["submit", str(spec)]) == 66
+    finally:
+        memory.rm("/models/tiny", recursive=True)
+    assert "no-such-input" in capsys.readouterr().err
+    assert copied == [] and _no_build_thread_left()
