@@ -104,8 +104,11 @@ def _ngram_workload() -> tuple[list[list[int]], list[SamplingParams]]:
     return prompts, params
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
-def test_measured_expensive_verification_switches_ngram_speculation_off(qwen3_dir, overlap) -> None:
+def _ngram_runs(
+    qwen3_dir: Path, overlap: bool
+) -> tuple[list[list[int]], list[SamplingParams], list[tuple], LLM]:
+    """The n-gram workload, plain decoding's output of it, and a prompt-lookup engine (depth 3) to
+    compare against it."""
     prompts, params = _ngram_workload()
     want = _key(
         LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=False).generate(prompts, params)
@@ -118,6 +121,12 @@ def test_measured_expensive_verification_switches_ngram_speculation_off(qwen3_di
         speculative_depth=3,
         async_scheduling=overlap,
     )
+    return prompts, params, want, spec
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+def test_measured_expensive_verification_switches_ngram_speculation_off(qwen3_dir, overlap) -> None:
+    prompts, params, want, spec = _ngram_runs(qwen3_dir, overlap)
     # The seed says a draft row is nearly free; the timed steps say each row costs a full step,
     # which no draft short of certain repays.
     seed = {(w, b): 10.0 + 0.1 * (w - 1) for w in range(1, 5) for b in BUCKETS}
@@ -146,18 +155,7 @@ def test_measured_expensive_verification_switches_ngram_speculation_off(qwen3_di
 def test_measured_free_verification_keeps_ngram_speculation_at_full_depth(qwen3_dir) -> None:
     """Verify rows that cost nothing (a step bound by reading the weights): any draft with a
     chance of acceptance pays, so every step drafts the maximum."""
-    prompts, params = _ngram_workload()
-    want = _key(
-        LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=False).generate(prompts, params)
-    )
-    spec = LLM(
-        qwen3_dir,
-        device="cpu",
-        dtype="float32",
-        speculative="ngram",
-        speculative_depth=3,
-        async_scheduling=True,
-    )
+    prompts, params, want, spec = _ngram_runs(qwen3_dir, True)
     seed = {(w, b): 12.0 for w in range(1, 5) for b in BUCKETS}
     steps = _schedule(spec, seed, {w: 12.0 for w in range(1, 5)})
     assert _key(spec.generate(prompts, params)) == want
@@ -261,18 +259,7 @@ def test_a_host_slower_than_the_device_switches_ngram_speculation_off(qwen3_dir)
     """The device says a verify row is free, but the host needs ten times longer to prepare a
     verify step than a plain one (what the wall clock between steps shows): the paced times make
     the schedule stop drafting, and the output stays plain decoding's."""
-    prompts, params = _ngram_workload()
-    want = _key(
-        LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=False).generate(prompts, params)
-    )
-    spec = LLM(
-        qwen3_dir,
-        device="cpu",
-        dtype="float32",
-        speculative="ngram",
-        speculative_depth=3,
-        async_scheduling=True,
-    )
+    prompts, params, want, spec = _ngram_runs(qwen3_dir, True)
     seed = {(w, b): 10.0 for w in range(1, 5) for b in BUCKETS}
     steps = _schedule(spec, seed, {w: 10.0 for w in range(1, 5)})
     engine = spec.llm_engine

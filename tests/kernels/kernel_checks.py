@@ -100,3 +100,42 @@ def e4m3_round(v: torch.Tensor) -> torch.Tensor:
     _, exp = torch.frexp(a)  # a = m * 2^exp with m in [0.5, 1): its unit in the last place is 2^(exp - 4)
     ulp = torch.where(a >= 2.0**-6, torch.ldexp(torch.ones_like(a), exp - 4), torch.full_like(a, 2.0**-9))
     return torch.copysign(torch.round(a / ulp) * ulp, v.double())  # torch.round: ties to even
+
+
+def mixed_width_step() -> tuple[Any, list[int]]:
+    """A decode step of mixed widths for the padded-layout tests (engine/cuda_graphs.pad_to_width):
+    three requests with 7, 12 and 4 cached tokens add 1, 3 and 2 (one that does not draft, one
+    with two drafts, one with one); request i's KV lives in block i + 1 of 16 slots. Returns the
+    host batch and the sequence lengths."""
+    import numpy as np
+
+    from shardinfer.engine.model_runner import HostBatch
+
+    ctx, new = [7, 12, 4], [1, 3, 2]
+    seq_lens = [c + n for c, n in zip(ctx, new, strict=True)]
+    zeros = np.zeros(sum(new), dtype=np.int64)
+    qsl = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    host = HostBatch(zeros, zeros, zeros, qsl, np.array(seq_lens, dtype=np.int32), np.array([[1], [2], [3]], dtype=np.int32))
+    return host, seq_lens
+
+
+def poison_past_sequences(cache: torch.Tensor, seq_lens: list[int]) -> None:
+    """NaN in every slot of `cache` ([blocks, 16, ...], mixed_width_step's layout) past a sequence
+    and in block 0: what an earlier request may have left there."""
+    for i, s in enumerate(seq_lens):
+        cache[i + 1, s:] = float("nan")
+    cache[0] = float("nan")
+
+
+def spread_rows(x: torch.Tensor, rows: Any, padded_len: int) -> torch.Tensor:
+    """x's rows placed at `rows` of a zero tensor of `padded_len` rows (the padded layout)."""
+    out = x.new_zeros(padded_len, *x.shape[1:])
+    out[torch.from_numpy(rows)] = x
+    return out
+
+
+def assert_padded_rows_match(got: torch.Tensor, want: torch.Tensor, device: torch.device) -> None:
+    """Compiled, a row's bits do not depend on where it sits in its tile; the interpreter's numpy
+    matmul rounds a row by its position in the block, so there the check is to float32 rounding."""
+    assert torch.isfinite(want).all() and torch.isfinite(got).all()
+    assert torch.equal(got, want) if device.type == "cuda" else rel_err(got, want) < 1e-5

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from kernel_checks import TOL, compiled_variants, rel_err
+from kernel_checks import (
+    TOL,
+    assert_padded_rows_match,
+    compiled_variants,
+    mixed_width_step,
+    poison_past_sequences,
+    rel_err,
+    spread_rows,
+)
 
 from shardinfer.kernels import mla_decode, reference_mla, split_kv
 from shardinfer.kernels.mla_decode import mla_paged_attention
@@ -240,50 +247,22 @@ def test_padded_decode_layout_reads_no_key_past_a_sequence(device: torch.device)
     request's graph gives the real rows the unpadded step's bits, with NaN in every slot past a
     sequence (test_kernel_paged_attention.py has the same check for the dense kernel)."""
     from shardinfer.engine.cuda_graphs import pad_to_width
-    from shardinfer.engine.model_runner import HostBatch
 
     gen = torch.Generator().manual_seed(12)
-    block, heads, rank, rope, w = 16, 4, 64, 16, 3
-    ctx, new = [7, 12, 4], [1, 3, 2]
-    seq_lens = [c + n for c, n in zip(ctx, new, strict=True)]
-    cache = torch.randn(4, block, rank + rope, generator=gen)
-    for i, s in enumerate(seq_lens):
-        cache[i + 1, s:] = float("nan")
-    cache[0] = float("nan")
-    q_latent = torch.randn(sum(new), heads, rank, generator=gen)
-    q_pe = torch.randn(sum(new), heads, rope, generator=gen)
-    qsl = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
-    zeros = np.zeros(sum(new), dtype=np.int64)
-    host = HostBatch(
-        zeros,
-        zeros,
-        zeros,
-        qsl,
-        np.array(seq_lens, dtype=np.int32),
-        np.array([[1], [2], [3]], dtype=np.int32),
-    )
+    heads, rank, rope, w = 4, 64, 16, 3
+    host, seq_lens = mixed_width_step()
+    cache = torch.randn(4, 16, rank + rope, generator=gen)
+    poison_past_sequences(cache, seq_lens)
+    q_latent = torch.randn(len(host.input_ids), heads, rank, generator=gen)
+    q_pe = torch.randn(len(host.input_ids), heads, rope, generator=gen)
 
-    def attend(lat: torch.Tensor, pe: torch.Tensor, h: HostBatch) -> torch.Tensor:
+    def attend(lat: torch.Tensor, pe: torch.Tensor, h) -> torch.Tensor:
         return mla_paged_attention(
-            lat.to(device),
-            pe.to(device),
-            cache.to(device),
-            torch.tensor(h.query_start_loc, device=device),
-            torch.tensor(h.seq_lens, device=device),
-            torch.tensor(h.block_tables, device=device),
-            0.2,
-            kv_chunk=64,
+            lat.to(device), pe.to(device), cache.to(device), torch.tensor(h.query_start_loc, device=device),
+            torch.tensor(h.seq_lens, device=device), torch.tensor(h.block_tables, device=device), 0.2, kv_chunk=64,
         ).cpu()
 
-    want = attend(q_latent, q_pe, host)
-    assert torch.isfinite(want).all()
     padded, rows = pad_to_width(host, w)
-    r = torch.from_numpy(rows)
-    lat_p = torch.zeros(len(seq_lens) * w, heads, rank)
-    pe_p = torch.zeros(len(seq_lens) * w, heads, rope)
-    lat_p[r], pe_p[r] = q_latent, q_pe
-    got = attend(lat_p, pe_p, padded)[r]
-    assert torch.isfinite(got).all()
-    # Compiled, a row's bits do not depend on where it sits in its tile; the interpreter's numpy matmul
-    # rounds a row by its position in the block, so there the check is to float32 rounding.
-    assert torch.equal(got, want) if device.type == "cuda" else rel_err(got, want) < 1e-5
+    n = len(seq_lens) * w
+    got = attend(spread_rows(q_latent, rows, n), spread_rows(q_pe, rows, n), padded)[torch.from_numpy(rows)]
+    assert_padded_rows_match(got, attend(q_latent, q_pe, host), device)

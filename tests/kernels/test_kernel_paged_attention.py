@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from kernel_checks import TOL, PagedBatch, compiled_variants, rel_err
+from kernel_checks import (
+    TOL,
+    PagedBatch,
+    assert_padded_rows_match,
+    compiled_variants,
+    mixed_width_step,
+    poison_past_sequences,
+    rel_err,
+    spread_rows,
+)
 
 from shardinfer.kernels import paged_attention as pa
 from shardinfer.kernels import reference, split_kv
@@ -186,49 +194,23 @@ def test_padded_decode_layout_reads_no_key_past_a_sequence(device: torch.device)
     real rows the bits of the unpadded step, though every key slot past a sequence holds NaN (what
     an earlier request may have left): the padding must never make a real row's tile reach them."""
     from shardinfer.engine.cuda_graphs import pad_to_width
-    from shardinfer.engine.model_runner import HostBatch
 
     gen = torch.Generator().manual_seed(11)
-    block, hq, hk, d, w = 16, 4, 2, 16, 3
-    ctx, new = [7, 12, 4], [1, 3, 2]
-    seq_lens = [c + n for c, n in zip(ctx, new, strict=True)]
-    k_cache = torch.randn(4, block, hk, d, generator=gen)
-    v_cache = torch.randn(4, block, hk, d, generator=gen)
-    for i, s in enumerate(seq_lens):  # request i lives in block i + 1; block 0 is garbage too
-        k_cache[i + 1, s:] = v_cache[i + 1, s:] = float("nan")
-    k_cache[0] = v_cache[0] = float("nan")
-    q = torch.randn(sum(new), hq, d, generator=gen)
-    qsl = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
-    host = HostBatch(
-        input_ids=np.zeros(sum(new), dtype=np.int64),
-        positions=np.zeros(sum(new), dtype=np.int64),
-        slot_mapping=np.zeros(sum(new), dtype=np.int64),
-        query_start_loc=qsl,
-        seq_lens=np.array(seq_lens, dtype=np.int32),
-        block_tables=np.array([[1], [2], [3]], dtype=np.int32),
-    )
-    tables = torch.tensor(host.block_tables, device=device)
+    hq, hk, d, w = 4, 2, 16, 3
+    host, seq_lens = mixed_width_step()
+    k_cache = torch.randn(4, 16, hk, d, generator=gen)
+    v_cache = torch.randn(4, 16, hk, d, generator=gen)
+    poison_past_sequences(k_cache, seq_lens)
+    poison_past_sequences(v_cache, seq_lens)
+    q = torch.randn(len(host.input_ids), hq, d, generator=gen)
 
-    def attend(q_rows: torch.Tensor, h: HostBatch) -> torch.Tensor:
+    def attend(q_rows: torch.Tensor, h) -> torch.Tensor:
         return paged_attention(
-            q_rows.to(device),
-            k_cache.to(device),
-            v_cache.to(device),
-            torch.tensor(h.query_start_loc, device=device),
-            torch.tensor(h.seq_lens, device=device),
-            tables,
-            0.25,
-            kv_chunk=64,
-            block_n=16,
+            q_rows.to(device), k_cache.to(device), v_cache.to(device),
+            torch.tensor(h.query_start_loc, device=device), torch.tensor(h.seq_lens, device=device),
+            torch.tensor(h.block_tables, device=device), 0.25, kv_chunk=64, block_n=16,
         ).cpu()
 
-    want = attend(q, host)
-    assert torch.isfinite(want).all()
     padded, rows = pad_to_width(host, w)
-    q_padded = torch.zeros(len(seq_lens) * w, hq, d)
-    q_padded[torch.from_numpy(rows)] = q
-    got = attend(q_padded, padded)[torch.from_numpy(rows)]
-    assert torch.isfinite(got).all()
-    # Compiled, a row's bits do not depend on where it sits in its tile; the interpreter's numpy matmul
-    # rounds a row by its position in the block, so there the check is to float32 rounding.
-    assert torch.equal(got, want) if device.type == "cuda" else rel_err(got, want) < 1e-5
+    got = attend(spread_rows(q, rows, len(seq_lens) * w), padded)[torch.from_numpy(rows)]
+    assert_padded_rows_match(got, attend(q, host), device)
