@@ -29,6 +29,7 @@ from shardinfer.jobs.split_scheduler import SplitScheduler
 from shardinfer.pipeline.job import OpenedJob
 
 POLL_S = 0.5  # how long one poll of an actor waits for an event
+RELAY_END_S = 10.0  # how long shutdown waits for a killed actor's relay thread to end
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -181,6 +182,14 @@ class RayCluster:
         return num_workers
 
     def shutdown(self) -> None:
+        """Disconnect. Prestarted actors the run never took (a plan that failed, a job already
+        done) still have relay threads waiting inside Ray calls, and shutting Ray down under them
+        can crash the process as it exits: they are killed and their relays let end first."""
+        for worker in self._prestarted.values():
+            worker.kill()
+        for worker in self._prestarted.values():
+            worker.join(RELAY_END_S)
+        self._prestarted.clear()
         self.ray.shutdown()
 
 
@@ -223,6 +232,10 @@ class RayWorker:
 
     def kill(self) -> None:
         self._ray.kill(self._actor, no_restart=True)
+
+    def join(self, timeout: float) -> None:
+        """Wait for the relay thread to end (it does once the actor's run ends or the actor dies)."""
+        self._thread.join(timeout)
 
     def _relay(self, inbox: Inbox) -> None:
         ray = self._ray
