@@ -251,11 +251,18 @@ class OutputStore:
         path = self._path(COMMITS_DIR, marker_file_name(split.index, self.generation, number))
         # FileExistsError (a lost race, or our own first try whose response was lost) is settled by
         # the read-back below, as is a store that ignored the condition and let a writer overwrite.
-        with contextlib.suppress(FileExistsError):
+        try:
             self._retry(
                 f"commit {full_url(self.fs, path)}",
                 lambda: create_exclusive(self.fs, path, json_bytes(marker)),
             )
+        except FileExistsError:
+            pass
+        except OSError:
+            # A start-over clearing the location under us shows up as a missing file or directory:
+            # the fence names that plainly (exit 78); only a store fault of our own is raised as is.
+            self.check_fence()
+            raise
         existing = self._read_json(path)
         if existing is not None and existing.get("part") == part.name:
             if existing.get("sha256") != part.sha256:
@@ -515,7 +522,13 @@ class OutputStore:
         """Delete everything this protocol wrote, for a start-over. `_SUCCESS` goes first (nobody may
         trust a half-cleared output), then markers and parts; `_job.json` last, or not at all with
         `keep_job` (a start-over has already written the new generation's there)."""
-        for path in [self._path(SUCCESS_FILE), *list_files(self.fs, self._path(COMMITS_DIR))]:
+        # A `.tmp-*` file in `_commits/` is a marker another run is creating right now: deleting it
+        # would fail that run with a missing file instead of the fence's clear refusal. Old ones are
+        # left to `_remove_stale_temporaries`.
+        commits = [
+            p for p in list_files(self.fs, self._path(COMMITS_DIR)) if not posixpath.basename(p).startswith(".tmp-")
+        ]
+        for path in [self._path(SUCCESS_FILE), *commits]:
             self._delete(path)
         for path in self._listing():
             if is_part_name(posixpath.basename(path)):

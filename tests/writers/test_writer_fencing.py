@@ -60,6 +60,63 @@ def test_a_marker_landing_after_the_clear_is_never_counted(out_url: str) -> None
     assert not any(old.generation in n for n in names)
 
 
+def test_a_start_over_mid_create_leaves_the_old_writers_temporary_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clear runs between the old writer's temporary marker file and its link into place: the
+    temporary file is not the clear's to delete, so the old commit lands (never counted) instead
+    of failing with a missing file, and the old run's next fence check stops it."""
+    import shardinfer.storage as storage
+
+    url, splits = str(tmp_path / "out"), plan(2)
+    old = new_store(url, splits)
+    part = old.write_part(splits[0], "old", table_for(splits[0]), {})
+    old.check_fence()
+    old.check_fence = lambda: None  # type: ignore[method-assign]  # passed just before the start-over
+    write_temp = storage._write_temp
+    started: list[OutputStore] = []
+
+    def temp_then_start_over(path: str, data: bytes) -> str:
+        tmp = write_temp(path, data)
+        if "_commits" in path and not started:
+            started.append(_start_over(url, splits))
+        return tmp
+
+    monkeypatch.setattr(storage, "_write_temp", temp_then_start_over)
+    assert old.commit(splits[0], part)
+    assert started[0].committed() == {}
+    del old.check_fence
+    with pytest.raises(StaleGenerationError, match="started over"):
+        old.check_fence()
+
+
+def test_a_store_error_while_started_over_is_reported_as_the_start_over(
+    out_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a cleared location does to an in-flight marker write, the old run is told that the
+    job was started over (exit 78), not shown a bare missing-file error."""
+    import shardinfer.writers.output_store as output_store
+
+    splits = plan(2)
+    old = new_store(out_url, splits)
+    part = old.write_part(splits[0], "old", table_for(splits[0]), {})
+    old.check_fence()
+    fence = old.check_fence
+    old.check_fence = lambda: None  # type: ignore[method-assign]
+    create = output_store.create_exclusive
+
+    def start_over_then_fail(fs: object, path: str, data: bytes) -> None:
+        if "_commits" in path:
+            _start_over(out_url, splits)
+            old.check_fence = fence  # type: ignore[method-assign]
+            raise FileNotFoundError(2, "No such file or directory", path)
+        create(fs, path, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(output_store, "create_exclusive", start_over_then_fail)
+    with pytest.raises(StaleGenerationError, match="started over"):
+        old.commit(splits[0], part)
+
+
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "replaced"])
 def test_finalize_refuses_damaged_parts_and_a_repair_wins_once(out_url: str, damage: str) -> None:
     splits = plan(3)
