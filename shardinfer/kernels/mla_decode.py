@@ -200,9 +200,14 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                                         BLOCK_M, CHUNK, False, ".cg")
 
 
-def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, block_m: int, sms: int) -> int:
+def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, block_m: int, sms: int,
+                    element_size: int = 2) -> int:
     """MLA_NUM_STAGES_ONE_WAVE when the (q block, chunk) programs fit one wave on `sms` SMs, else
     MLA_NUM_STAGES (same bits either way).
+
+    Float32 tiles (element_size 4) always take MLA_NUM_STAGES: one more stage of 4-byte latent
+    tiles needs more shared memory than a Hopper SM gives one block at the largest rank (found by
+    compiling the kernel for sm_90; bench/kernels/NOTES.md, "Float32 tiles and shared memory").
 
     Chunks are counted up to two: decode steps run as CUDA graphs captured with the longest
     allowed context, so there max_seq_len says nothing about the real one; up to two chunks
@@ -211,7 +216,7 @@ def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, bl
     """
     tokens_per_block = block_m // split_kv.heads_per_tile(heads, block_m)
     programs = -(-tokens // tokens_per_block) * min(2, max(1, -(-max_seq_len // kv_chunk)))
-    return MLA_NUM_STAGES_ONE_WAVE if programs <= sms else MLA_NUM_STAGES
+    return MLA_NUM_STAGES_ONE_WAVE if programs <= sms and element_size <= 2 else MLA_NUM_STAGES
 
 
 def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
@@ -286,7 +291,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
         max_seq_len = int(seq_lens.max().item()) if seq_lens.numel() else 0
     if num_stages is None:
         sms = sm_count(q_latent.device.index or 0) if q_latent.is_cuda else 0
-        num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms)
+        num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms, q_latent.element_size())
     chunk_pages = next_pow2(-(-kv_chunk // page) + 1)  # pages a chunk can touch (it need not start on one)
     # The merging program takes the value columns in slices of 4096 float32 per chunk (half the
     # latent with 16-row tiles), four chunks in flight: twice the merge kernel's slices, which the

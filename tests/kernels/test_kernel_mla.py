@@ -203,6 +203,8 @@ def test_pipeline_depth_follows_the_waves_of_programs() -> None:
     assert mla_decode.pipeline_stages(64, 16, 2048, 1024, 16, 0) == mla_decode.MLA_NUM_STAGES  # not on a GPU
     # 8 heads in a 16-row tile: two decode tokens per program.
     assert mla_decode.pipeline_stages(200, 8, 1000, 1024, 16, 132) == mla_decode.MLA_NUM_STAGES_ONE_WAVE
+    # Float32 tiles never take the deeper pipeline (it overflows shared memory at rank 512).
+    assert mla_decode.pipeline_stages(64, 16, 2048, 1024, 16, 132, element_size=4) == mla_decode.MLA_NUM_STAGES
 
 
 @pytest.mark.gpu
