@@ -100,9 +100,10 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                 if D <= 128:  # one scale per key: a vector, broadcast over the head dim
                     ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
                     k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
-                else:
-                    ks2 = tl.load(ks_ptr + ks_off[None, :] + (d // 128)[:, None],
-                                  mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
+                else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
+                    ks_lo = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
+                    ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
                     k = (k.to(tl.float32) * ks2).to(q.dtype)
             s = tl.dot(q, k, input_precision=PRECISION)
             s = s * scale_log2
@@ -124,8 +125,9 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
                     v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
                 else:
-                    vs2 = tl.load(vs_ptr + vs_off[:, None] + (dv // 128)[None, :],
-                                  mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
+                    vs_lo = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
+                    vs2 = tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])
                     v = (v.to(tl.float32) * vs2).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new

@@ -139,7 +139,9 @@ def test_rejects_bad_inputs(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,hq,hk,window", [(128, 32, 8, None), (64, 16, 16, None), (128, 16, 8, 256)])
+@pytest.mark.parametrize(
+    "d,hq,hk,window", [(128, 32, 8, None), (64, 16, 16, None), (128, 16, 8, 256), (256, 8, 4, None)]
+)
 def test_real_shapes_bf16(d: int, hq: int, hk: int, window: int | None) -> None:
     dev = torch.device("cuda")
     q_lens = [700, 1, 1, 37, 1] + [1] * 27
