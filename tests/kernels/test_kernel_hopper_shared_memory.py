@@ -1,0 +1,32 @@
+"""The attention launches fit a Hopper SM's shared memory, checked on the CPU by
+compiling them for sm_90 (tests/kernels/hopper_compile.py). Two GPU-only failures of this kind
+(MLA in float32 with three pipeline stages; a gathered FP8 scale tile in paged attention) only
+showed on the H200 before this check existed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Shared memory one block may use on H100/H200 (227 KiB, the opt-in maximum).
+HOPPER_MAX_SHARED_BYTES = 232_448
+
+
+def test_attention_launches_fit_hopper_shared_memory(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    script = Path(__file__).with_name("hopper_compile.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    kernels = {c["kernel"] for c in cases}
+    assert kernels == {"mla_decode", "paged_attention"}, done.stdout
+    for case in cases:
+        assert case["shared"], f"nothing compiled for {case}"
+        assert max(case["shared"]) <= HOPPER_MAX_SHARED_BYTES, f"over Hopper's shared memory: {case}"
+    # Every case compiled: both query dtypes of MLA with and without an FP8 cache, and the widest
+    # head of paged attention in float32 (both caches) and bfloat16 (FP8 cache).
+    assert len(cases) == 7, done.stdout
