@@ -94,6 +94,13 @@ def decode_bytes(engine: Any) -> tuple[int, int]:
     return weights, per_token
 
 
+def step_floor_s(weight_bytes: int, kv_bytes_per_token: int, context_tokens: int, bandwidth: float) -> float:
+    """The least time a decode or verify step can take: it reads every weight once and the KV cache
+    of every token in its requests' contexts once, at the measured copy bandwidth (bytes/s). The
+    query rows a step computes (one, or a verify row's 1 + k) do not add HBM bytes worth counting."""
+    return (weight_bytes + context_tokens * kv_bytes_per_token) / bandwidth
+
+
 def fp8_matmul_rate(m: int = 8192, n: int = 8192, k: int = 8192) -> float:
     """torch._scaled_mm's FP8 (e4m3) rate in FLOP/s at m x n x k with per-tensor scales and bf16
     output: the device's FP8 tensor-core ceiling as a vendor library reaches it."""

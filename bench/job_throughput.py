@@ -151,8 +151,11 @@ def import_seconds() -> float:
 
 def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The engine's own step loop over the same prompts and lengths (what LLM.generate runs)."""
+    from bench.gpu_timing import copy_bandwidth, decode_bytes, step_floor_s
     from shardinfer import LLM, SamplingParams
 
+    # Measured before the engine takes its KV budget (the copy needs 4 GiB of free memory).
+    bandwidth = copy_bandwidth() if args.device == "cuda" else None
     t0 = time.perf_counter()
     llm = LLM(
         model_dir,
@@ -162,6 +165,9 @@ def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, A
     )
     start_s = time.perf_counter() - t0
     engine = llm.llm_engine
+    weight_bytes, kv_bytes_per_token = decode_bytes(engine)
+    running = engine.scheduler.running
+    floor_s = 0.0
     t1 = time.time()
     for i, row in enumerate(rows):
         params = SamplingParams(
@@ -171,6 +177,9 @@ def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, A
     points: list[tuple[float, int]] = [(t1, 0)]
     tokens = 0
     while engine.has_unfinished():
+        if bandwidth is not None:  # each step's HBM floor, at the contexts it is about to read
+            context = sum(r.num_tokens for r in running)
+            floor_s += step_floor_s(weight_bytes, kv_bytes_per_token, context, bandwidth)
         done = sum(len(out.outputs[0].token_ids) for out in engine.step())
         if done:
             tokens += done
@@ -184,6 +193,8 @@ def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, A
         "completion_tokens": tokens,
         "points": points,
         "startup_phases": phases,
+        "floor_s": floor_s if bandwidth is not None else None,
+        "copy_bandwidth_GBps": bandwidth / 1e9 if bandwidth is not None else None,
     }
 
 
@@ -292,6 +303,14 @@ def main() -> None:
             engine=engine,
             engine_steady_tok_s=steady_engine,
         )
+        if engine["floor_s"]:
+            # Tokens over the summed step floors: the engine's rate if every step only read its bytes.
+            floor_tok_s = engine["completion_tokens"] / engine["floor_s"]
+            result.update(
+                floor_tok_s=floor_tok_s,
+                engine_floor_fraction=result["engine_output_tok_s"] / floor_tok_s,
+                job_floor_fraction=job_rate / floor_tok_s,
+            )
         if engine["completion_tokens"] != job_tokens:
             print(f"warning: the job generated {job_tokens} tokens, the engine {engine['completion_tokens']}")
     path = out_dir / f"job-{args.workload}-{stamp}.json"

@@ -58,12 +58,14 @@ over the generate wall alone. steady: job vs engine over the middle 80% of compl
 wall: job wall / (engine start + generate); start: process start to the first step; idle: the
 device's idle share between the job's first and last step launch; job steady tok/s: the job's own
 rate over the middle 80% of its completed tokens (what a longer job tends to); tail s: how long
-its last 5% of rows took (runs from before the count was kept show —). A `ray` master either
+its last 5% of rows took (runs from before the count was kept show —); floor tok/s: the engine
+run's tokens over the sum of its steps' HBM floors (every weight and each running request's KV read
+once per step at the measured copy bandwidth), and job/floor the job's tok/s over it. A `ray` master either
 started its own local cluster or joined a running one (`ray, running`); a job's `--conf` keys
 other than the standard ones follow its workload.
 
-| date (UTC) | GPU | commit | workload | batch_invariant | master | rows | job tok/s | job steady tok/s | engine tok/s | steady | wall | start s | 1st commit s | tail s | gpu idle | peak RSS MB |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| date (UTC) | GPU | commit | workload | batch_invariant | master | rows | job tok/s | job steady tok/s | engine tok/s | steady | wall | start s | 1st commit s | tail s | gpu idle | peak RSS MB | floor tok/s | job/floor |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -73,10 +75,12 @@ SPEC_HEADER = """
 `bench/spec_decode.py`: plain decoding and speculative decoding in the same run, drafted by the
 replay drafter (the plain run's own continuation, each draft token wrong with probability
 1 - alpha); output tok/s over the whole generate call; "accept": drafts accepted / drafted;
-"identical": speculative outputs equal plain ones, tokens and logprobs.
+"identical": speculative outputs equal plain ones, tokens and logprobs. "plain/floor" and
+"spec/floor": each run's tok/s over its HBM floor (its steps, each reading every weight and its
+contexts' KV once at the measured copy bandwidth; — for runs from before the floor was recorded).
 
-| date (UTC) | GPU | commit | workload | batch | alpha | depth | scheduled | plain tok/s | spec tok/s | speedup | accept | identical |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| date (UTC) | GPU | commit | workload | batch | alpha | depth | scheduled | plain tok/s | spec tok/s | speedup | accept | identical | plain/floor | spec/floor |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -91,7 +95,9 @@ def spec_rows(records: list[dict]) -> list[str]:
             rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | "
                         f"{r['workload']} | {p['batch']} | {p['alpha']} | {p['depth']} | {p['scheduled']} | "
                         f"{p['plain_tok_s']:.0f} | {p['spec_tok_s']:.0f} | {p['spec_tok_s'] / p['plain_tok_s']:.2f} | "
-                        f"{fmt(p.get('acceptance'), '.2f')} | {p['identical']} |")
+                        f"{fmt(p.get('acceptance'), '.2f')} | {p['identical']} | "
+                        f"{fmt(_ratio(p['plain_tok_s'], p.get('plain_floor_tok_s')), '.2f')} | "
+                        f"{fmt(_ratio(p['spec_tok_s'], p.get('spec_floor_tok_s')), '.2f')} |")
     return rows
 
 
@@ -143,8 +149,13 @@ def job_row(r: dict) -> str:
         f"{fmt(r.get('wall_ratio'), '.2f')} | {fmt(start.get('first_step_s'), '.1f')} | "
         f"{fmt(r.get('time_to_first_commit_s'), '.1f')} | {fmt(r.get('tail_s'), '.1f')} | "
         f"{fmt(r.get('gpu_idle_fraction'), '.3f')} | "
-        f"{fmt(r.get('peak_rss_mb'), '.0f')} |"
+        f"{fmt(r.get('peak_rss_mb'), '.0f')} | {fmt(r.get('floor_tok_s'), '.0f')} | "
+        f"{fmt(r.get('job_floor_fraction'), '.2f')} |"
     )
+
+
+def _ratio(value: float, floor: float | None) -> float | None:
+    return value / floor if floor else None
 
 
 def fmt(v: object, spec: str) -> str:

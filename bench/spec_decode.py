@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.gpu_timing import copy_bandwidth, decode_bytes, step_floor_s
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine.draft_budget import DraftBudget
@@ -292,6 +293,8 @@ def main() -> None:
         return
     shape = SHAPES[args.workload]
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload, args.device)
+    # Measured before the engine takes its KV budget (the copy needs 4 GiB of free memory).
+    bandwidth = copy_bandwidth() if args.device == "cuda" else None
     # One engine for everything: graphs for verify widths up to 1 + max depth; the drafter's depth
     # is set per point (depth 0 = plain decoding, the width-1 graphs).
     llm = LLM(
@@ -312,6 +315,7 @@ def main() -> None:
     if not schedule.scheduled:
         print("no step-time table (no CUDA graphs): scheduled points use the fixed depth")
     vocab = shape["vocab_size"]
+    weight_bytes, kv_bytes_per_token = decode_bytes(engine)
     print(f"engine ready after {time.perf_counter() - begin:.0f} s", flush=True)
     points: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
@@ -326,7 +330,18 @@ def main() -> None:
         drafter.depth = 0
         drafter.budget = DraftBudget(0, None, None)
         run_batch(llm, reqs, f"batch {batch} warm-up (plain)")  # first-shape compiles out of the timing
+        plain_before = engine.stats()["steps"]
         plain_wall, plain = run_batch(llm, reqs, f"batch {batch} plain")
+        plain_steps = engine.stats()["steps"] - plain_before
+        # A step's HBM floor at the mean context (every request is mid-way through its output on
+        # average); over a run, tokens / (its steps x that floor) is what the run could reach if
+        # each step only read its bytes: plain decoding's ceiling, and speculation's at the
+        # tokens per step it achieved.
+        mean_step_floor = (
+            step_floor_s(weight_bytes, kv_bytes_per_token, batch * (args.prompt_len + args.output_len // 2), bandwidth)
+            if bandwidth is not None
+            else None
+        )
         recorded = {k: list(o.outputs[0].token_ids) for k, o in plain.items()}
         # Every verify width meets its own eager shapes (prefill tails, the acceptance kernels) the
         # first time it runs at this batch: one untimed pass per depth keeps Triton's compiles out
@@ -380,6 +395,9 @@ def main() -> None:
                         "steps": steps,
                         "graphed_verify_steps": after["graphed_verify_steps"]
                         - before["graphed_verify_steps"],
+                        "plain_steps": plain_steps,
+                        "plain_floor_tok_s": tokens / (plain_steps * mean_step_floor) if mean_step_floor else None,
+                        "spec_floor_tok_s": tokens / (steps * mean_step_floor) if mean_step_floor else None,
                     }
                 )
     now = dt.datetime.now(dt.UTC)
@@ -392,6 +410,9 @@ def main() -> None:
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
         "drafter": "replay",
+        "copy_bandwidth_GBps": bandwidth / 1e9 if bandwidth is not None else None,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_bytes_per_token,
         "points": points,
     }
     if profiles:
