@@ -257,6 +257,27 @@ def render_path(path: str, config: JobConfig) -> str:
     return path
 
 
+def _validate_engine(config: JobConfig) -> None:
+    """The engine's own value checks, run on the spec: a bad [engine] value (or a bad model.device
+    or model.dtype) is a configuration error found before the output location is touched and by a
+    dry run, not an engine failure after planning. Nothing is loaded: the checks read values only."""
+    from shardinfer.engine.config import EngineConfig
+
+    args = dict(config.engine)
+    if config.model.quantization:
+        args["quantization"] = config.model.quantization
+    try:
+        EngineConfig(model=config.model.path, device=config.model.device, dtype=config.model.dtype, **args)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        # The engine names its argument ("speculative='x': ..."); the job file's key is [section].key.
+        name = message.split("=", 1)[0]
+        section = "engine" if name in config.engine or name not in ("device", "dtype", "quantization") else "model"
+        if name.isidentifier() and (name in config.engine or section == "model"):
+            message = f"{section}.{message}"
+        raise ConfigError(f"{message} (fix it in the job file's [{section}] or with --conf)") from None
+
+
 def validate(config: JobConfig) -> None:
     """Checks that need more than one key: required paths, exclusive columns, override fields."""
     for key, value in (
@@ -278,6 +299,7 @@ def validate(config: JobConfig) -> None:
             f"model.quantization={config.model.quantization!r} and engine.quantization="
             f"{config.engine['quantization']!r} disagree; set it once, as model.quantization"
         )
+    _validate_engine(config)
     inp = config.input
     validate_task(config)
     if inp.prompt_column and inp.messages_column:

@@ -61,6 +61,25 @@ def test_unknown_keys_name_the_nearest_valid_key(conf: str, hint: str) -> None:
         resolve(BASE, confs=[parse_conf(conf)])
 
 
+@pytest.mark.parametrize(
+    ("conf", "match"),
+    [
+        ("engine.speculative=bogus", r"engine\.speculative='bogus': use one of 'off', 'ngram', 'mtp'"),
+        ("engine.speculative_depth=-1", r"engine\.speculative_depth=-1: must be in \[0, "),
+        ("engine.kv_cache_dtype=fp16", r"engine\.kv_cache_dtype='fp16' is not supported"),
+        ("engine.block_size=24", r"engine\.block_size=24: must be a power of two"),
+        ("model.dtype=float13", r"model\.dtype='float13' is not supported"),
+        ("model.device=tpu", r"model\.device='tpu'"),
+    ],
+)
+def test_engine_values_are_checked_with_the_spec(conf: str, match: str) -> None:
+    """The engine's value checks run when the spec is resolved (so a dry run reports them and a
+    real run fails before planning, exit 78), naming the job file's key."""
+    with pytest.raises(ConfigError, match=match) as info:
+        resolve(BASE, confs=[parse_conf(conf)])
+    assert info.value.exit_code == 78
+
+
 def test_values_are_typed_and_checked() -> None:
     cfg = resolve(
         BASE,
