@@ -102,6 +102,17 @@ class EngineConfig:
             raise ValueError(f"choose one drafter, got {sorted(chosen)}: set speculative to 'ngram' or 'mtp' only")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.admission_batch is not None and self.admission_batch < 1:
+            raise ValueError(f"admission_batch={self.admission_batch}: must be >= 1, or unset for the default")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1], the share "
+                             "of the device's memory the engine may fill")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(f"kv_cache_memory_bytes={self.kv_cache_memory_bytes}: must be >= 1, or unset to size "
+                             "the cache from gpu_memory_utilization")
         independent = self.structured_independent_matchers
         if independent is not None and not isinstance(independent, bool):
             raise ValueError(f"structured_independent_matchers={independent!r}: "

@@ -320,6 +320,8 @@ def _plan_and_run(
             f"job.start_over: discarding the output of {job.discards}: its parts, markers and _SUCCESS",
             output=config.output.path,
         )
+    if prestart is not None and prestart.serves(config):
+        prestart.raise_build_error()  # before the output location is written (engine_prestart.py)
     write_plan(job, config.job.run_id)
     if job.growth is not None:
         reporter.info(f"job.incremental: planned {job.growth.describe()}", new_splits=job.growth.new_splits)

@@ -45,6 +45,16 @@ class EnginePrestart:
         """Whether the engine being built is the one `config` asks for."""
         return bool(config.model == self.config.model and config.engine == self.config.engine)
 
+    def raise_build_error(self) -> None:
+        """Wait for the build and raise its error, if it failed; a built engine stays for take().
+        Called before the job writes its plan: a spec this model cannot run (a max_model_len past
+        its positions, MTP without an MTP layer) must not leave the output location owned by a job
+        that never ran, which the corrected spec, another fingerprint, could then not use."""
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
     def take(self) -> Any:
         """The built engine (waiting for the build), or the build's error raised here."""
         self._thread.join()

@@ -441,6 +441,14 @@ def build_engine(config: JobConfig) -> Engine:
         )
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
+    except ValueError as exc:
+        # The engine's constructor refuses what this model cannot do with these settings (a
+        # max_model_len past the model's positions, MTP on a model without an MTP layer, a
+        # checkpoint it cannot read): the spec or the model must change, not the run.
+        raise ConfigError(
+            f"the engine cannot run model.path={config.model.path!r} with this spec: {exc} (fix [engine] or "
+            "[model] in the job file, or pass --conf)"
+        ) from None
 
 
 def splits_in_flight(config: JobConfig, samples_per_row: int) -> int:

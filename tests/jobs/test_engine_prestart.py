@@ -73,6 +73,20 @@ def test_a_bad_engine_key_exits_78_naming_it(
     assert _no_build_thread_left()
 
 
+def test_a_setting_the_model_cannot_run_exits_78_and_leaves_the_output_unwritten(
+    tmp_path: Path, model_dir: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The engine refuses a max_model_len past the model's positions: a config error (78) raised
+    before the plan is written, so the corrected spec (another fingerprint) can use the location."""
+    spec = _job(tmp_path, model_dir, shards, engine={"max_model_len": 10**8})
+    assert main(["submit", str(spec)]) == 78
+    err = capsys.readouterr().err
+    assert "max_model_len=100000000 exceeds the model's max_position_embeddings" in err
+    assert not (tmp_path / "out" / "_job.json").exists()
+    assert _no_build_thread_left()
+    assert main(["submit", str(_job(tmp_path, model_dir, shards))]) == 0
+
+
 def test_a_dry_run_builds_no_engine(
     tmp_path: Path, model_dir: Path, shards: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

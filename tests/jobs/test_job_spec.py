@@ -70,6 +70,8 @@ def test_unknown_keys_name_the_nearest_valid_key(conf: str, hint: str) -> None:
         ("engine.block_size=24", r"engine\.block_size=24: must be a power of two"),
         ("model.dtype=float13", r"model\.dtype='float13' is not supported"),
         ("model.device=tpu", r"model\.device='tpu'"),
+        ("engine.max_num_seqs=0", r"engine\.max_num_seqs=0: must be >= 1"),
+        ("engine.gpu_memory_utilization=1.5", r"engine\.gpu_memory_utilization=1\.5: must be in \(0, 1\]"),
     ],
 )
 def test_engine_values_are_checked_with_the_spec(conf: str, match: str) -> None:
