@@ -81,6 +81,26 @@ def _wait_for_commits(proc: Any, out: Path, count: int, timeout: float = 180) ->
         time.sleep(0.05)
 
 
+def _wait_for_working_actors(proc: Any, out: Path, count: int, timeout: float = 180) -> list[int]:
+    """PIDs of `count` actors that have each committed a split (a commit marker names its writer's
+    pid): an actor that has committed holds its next splits until the job runs out of them, while
+    one still building its engine holds none."""
+    deadline = time.monotonic() + timeout
+    while True:
+        writers = set()
+        for marker in out.glob("_commits/*.json"):
+            try:
+                writers.add(int(json.loads(marker.read_text())["writer"].rsplit(":", 1)[1]))
+            except (OSError, ValueError, KeyError):
+                continue  # being written
+        working = sorted(writers & set(_actor_pids()))
+        if len(working) >= count:
+            return working
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"fewer than {count} actors committed a split"
+        time.sleep(0.05)
+
+
 def test_ray_run_equals_local_run(
     tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]], ray_address: str
 ) -> None:
@@ -115,9 +135,8 @@ def test_ray_actor_killed_mid_split_is_replaced_and_rows_are_exactly_once(
     proc = start_cli(
         "submit", "--master", "ray", *TWO_ACTORS, "--log-format", "json", str(job), env=_ray_env(ray_address)
     )
-    _wait_for_commits(proc, out, 2)
-    victims = _actor_pids()
-    assert len(victims) == 2, victims
+    victims = _wait_for_working_actors(proc, out, 2)
+    assert len(_actor_pids()) == 2, victims
     os.kill(victims[0], signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
