@@ -26,9 +26,12 @@ each JSON's `transformers` entry), or static `generate` where `generate_batch` c
 Since 2026-11-30 04:50 each JSON's `slow_step_stacks` shows where steps over 150 ms spent their
 time: a run on a machine whose Triton cache is cold includes kernel compiles there (moe-16b at
 7b9f5a6, 05:00: 8611 tok/s with 4.85 s of prefill-carrying steps; warm, 05:03-05:04: 2.4 s).
+A run with FP8 weights or an FP8 KV cache names them after its workload; `vs baseline` is its
+tok/s over the same requests run with the checkpoint's weights and a bf16 cache in the same
+invocation (`--baseline`; — where none ran).
 
-| date (UTC) | GPU | commit | workload | batch_invariant | requests | shardinfer tok/s | transformers tok/s | ratio | decode/floor |
-|---|---|---|---|---|---|---|---|---|---|
+| date (UTC) | GPU | commit | workload | batch_invariant | requests | shardinfer tok/s | transformers tok/s | ratio | decode/floor | vs baseline |
+|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -154,6 +157,13 @@ def job_row(r: dict) -> str:
     )
 
 
+def _numerics(r: dict) -> str:
+    """The workload, with the weights' and the KV cache's format where a run chose one."""
+    extra = [f"{what} {r[key]}" for key, what in (("quantization", "weights"), ("kv_cache_dtype", "KV"))
+             if r.get(key) not in (None, "auto")]
+    return ", ".join([r["workload"], *extra])
+
+
 def _ratio(value: float, floor: float | None) -> float | None:
     return value / floor if floor else None
 
@@ -169,10 +179,10 @@ def main() -> None:
         if "shardinfer_output_tok_s" not in r:
             continue
         rows.append(
-            f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {r['workload']} | "
+            f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {_numerics(r)} | "
             f"{r['batch_invariant']} | {r.get('requests', '—')} | {fmt(r['shardinfer_output_tok_s'], '.0f')} | "
             f"{fmt(r.get('transformers_output_tok_s'), '.0f')} | {fmt(r.get('ratio'), '.1f')} | "
-            f"{fmt(r.get('decode_floor_fraction'), '.2f')} |"
+            f"{fmt(r.get('decode_floor_fraction'), '.2f')} | {fmt(r.get('speedup_over_baseline'), '.2f')} |"
         )
     so_rows = []
     for r in sorted(records, key=lambda r: str(r.get("date", ""))):

@@ -152,6 +152,9 @@ def main() -> None:
     ap.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
                     help="weights: auto follows the checkpoint (the bench's are bf16), fp8 quantises at load")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run the checkpoint's own weights and a bf16 KV cache on the same requests in "
+                         "this invocation (after the main run), so an FP8 gain compares two runs of one commit")
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -164,6 +167,19 @@ def main() -> None:
     torch.cuda.empty_cache()
     ours = run_shardinfer(model_dir, reqs, args)
     torch.cuda.empty_cache()
+    baseline = None
+    if args.baseline:
+        import gc
+
+        gc.collect()  # the first engine's graphs and KV cache go before the second sizes its own
+        torch.cuda.empty_cache()
+        base_args = argparse.Namespace(**{**vars(args), "quantization": "auto", "kv_cache_dtype": "auto"})
+        base = run_shardinfer(model_dir, reqs, base_args)
+        baseline = {k: base[k] for k in ("output_tok_s", "wall_s", "output_tokens", "steps", "weight_bytes",
+                                         "kv_bytes_per_token", "graphed_steps", "eager_steps")}
+        baseline.update(quantization="auto", kv_cache_dtype="auto")
+        gc.collect()
+        torch.cuda.empty_cache()
     hf = None
     if args.hf_requests:
         hf_reqs = requests(args.hf_requests, shape["vocab_size"], tuple(args.in_range), (1, 1), seed=1)
@@ -197,7 +213,9 @@ def main() -> None:
               "requests": args.requests, "in_range": args.in_range, "out_range": args.out_range,
               "settings": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                            "max_model_len": args.max_model_len, "admission_batch": args.admission_batch},
-              "shardinfer": ours, "transformers": hf, "torch": torch.__version__}
+              "shardinfer": ours, "transformers": hf, "torch": torch.__version__,
+              "baseline": baseline,
+              "speedup_over_baseline": ours["output_tok_s"] / baseline["output_tok_s"] if baseline else None}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.json"
@@ -208,6 +226,9 @@ def main() -> None:
           f"{ours['output_tok_s']:>11.0f} "
           f"{(hf or {}).get('output_tok_s', float('nan')):>9.0f} {result['ratio'] or float('nan'):>7.1f} "
           f"{floor_frac if floor_frac is not None else float('nan'):>13.2f}")
+    if baseline:
+        print(f"baseline (checkpoint weights, bf16 KV) in the same run: {baseline['output_tok_s']:.0f} tok/s; "
+              f"this configuration {result['speedup_over_baseline']:.2f}x")
     if fp8_gemm:
         print(f"fp8 GEMM at M={fp8_gemm['m']}, N={fp8_gemm['n']}, K={fp8_gemm['k']}: {fp8_gemm['ours_tflops']:.0f} "
               f"TFLOP/s = {fp8_gemm['fraction_of_ceiling']:.2f} of torch._scaled_mm's {fp8_gemm['ceiling_tflops']:.0f}")
