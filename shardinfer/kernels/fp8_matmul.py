@@ -1,16 +1,19 @@
-"""Batch-invariant FP8 linear layer: y = x @ W.T + bias with W block-scaled FP8 (128x128 blocks).
+"""Batch-invariant FP8 linear layer: y = x @ W.T + bias with W FP8 and float32 scales in one of two
+layouts (reference_fp8's), told apart by the scale's rank:
 
     x                 [M, K] bf16/fp16/fp32    -> fp8_quant.quantize_groups -> xq [M, K] fp8, xs [M, K/128]
     weight            [N, K] float8_e4m3fn
-    weight_scale_inv  [ceil(N/128), ceil(K/128)] float32
+    weight_scale      [ceil(N/128), ceil(K/128)] float32 (128x128 blocks)  or  [N] float32 (per channel)
     y                 [M, N] in x's dtype
 
 The GEMM walks K in steps of exactly one scale group (BLOCK_K = 128). Each step's FP8 product
 goes through the tensor cores (tl.dot on float8e4nv operands: wgmma on Hopper) into a fresh
-float32 tile, which is then scaled by the row's activation scale and the column's weight scale
-and added to the float32 accumulator. That is DeepSeek-V3's scheme: the FP8 tensor-core
-accumulation is imprecise over long K, so partial sums are promoted to CUDA-core float32 every
-128 channels, and the scales must be applied per K block anyway.
+float32 tile, which is then scaled by the row's activation scale (and, with block scales, the
+column's weight scale) and added to the float32 accumulator. That is DeepSeek-V3's scheme: the
+FP8 tensor-core accumulation is imprecise over long K, so partial sums are promoted to CUDA-core
+float32 every 128 channels, and the activation scales change every 128 channels anyway. A
+per-channel weight scale is the same for every K step, so it multiplies the accumulator once, in
+the epilogue. One kernel serves both layouts (CHANNEL_SCALES is a compile-time switch).
 
 Batch invariance, as in matmul.py: the tiling of an (N, K) problem is fixed without looking at M,
 the kernel is not specialised on M, and each output tile is reduced by one program in K order, so
@@ -116,6 +119,7 @@ def _fp8_linear_kernel(
     a_groups,
     w_groups,
     HAS_BIAS: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -157,10 +161,15 @@ def _fp8_linear_kernel(
                 b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             part = _mma_fp8(a, b, INTERPRET)
             sa = tl.load(as_ptrs + kt)
-            sb = tl.load(ws_ptrs + kt)
-            acc += part * sa[:, None] * sb[None, :]
+            if CHANNEL_SCALES:
+                acc += part * sa[:, None]
+            else:
+                sb = tl.load(ws_ptrs + kt)
+                acc += part * sa[:, None] * sb[None, :]
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
+        if CHANNEL_SCALES:  # the column's scale is the same for every K step: applied once
+            acc = acc * tl.load(ws_ptr + cols)[None, :]
         _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
@@ -169,22 +178,24 @@ def _check(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     x = check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
     weight = check_tensor("weight", weight, dtypes=(FP8_DTYPE,), ndim=2, contiguous=True)
-    scale = check_tensor("weight_scale_inv", scale, dtypes=(torch.float32,), ndim=2, contiguous=True)
+    scale = check_tensor("weight_scale", scale, dtypes=(torch.float32,), contiguous=True)
     n, k = weight.shape
     if k != x.shape[1]:
         raise fail(
             "weight.shape", tuple(weight.shape), f"need [N, {x.shape[1]}]: weight's K must equal x's last dim"
         )
-    want = (triton.cdiv(n, GROUP), triton.cdiv(k, GROUP))
-    if tuple(scale.shape) != want:
+    blocks = (triton.cdiv(n, GROUP), triton.cdiv(k, GROUP))
+    if tuple(scale.shape) not in (blocks, (n,)):
         raise fail(
-            "weight_scale_inv.shape", tuple(scale.shape), f"need {want}: one scale per 128x128 weight block"
+            "weight_scale.shape",
+            tuple(scale.shape),
+            f"need {blocks} (one scale per 128x128 weight block) or ({n},) (one per output channel)",
         )
     if bias is not None:
         bias = check_tensor("bias", bias, dtypes=(x.dtype,), ndim=1, contiguous=True)
         if bias.shape[0] != n:
             raise fail("bias.shape", tuple(bias.shape), f"need ({n},), one value per output column")
-    check_same_device(x=x, weight=weight, weight_scale_inv=scale, bias=bias)
+    check_same_device(x=x, weight=weight, weight_scale=scale, bias=bias)
     return x, weight, scale, bias
 
 
@@ -197,7 +208,8 @@ def linear_fp8_quantized(
     out_dtype: torch.dtype,
     config: Fp8TileConfig,
 ) -> torch.Tensor:
-    """The GEMM alone, on activations already quantised (xq [M, K] fp8 contiguous, xs [M, K/128])."""
+    """The GEMM alone, on activations already quantised (xq [M, K] fp8 contiguous, xs [M, K/128]);
+    `scale` in either layout (module docstring)."""
     m, k = xq.shape
     n = weight.shape[0]
     y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
@@ -225,8 +237,9 @@ def linear_fp8_quantized(
             weight.stride(0),
             y.stride(0),
             xs.shape[1],
-            scale.shape[1],
+            scale.shape[-1],
             HAS_BIAS=bias is not None,
+            CHANNEL_SCALES=scale.dim() == 1,
             EVEN_K=k % GROUP == 0,
             BLOCK_M=config.block_m,
             BLOCK_N=config.block_n,
@@ -244,7 +257,7 @@ def linear_fp8_quantized(
 def linear_fp8(
     x: torch.Tensor,
     weight: torch.Tensor,
-    weight_scale_inv: torch.Tensor,
+    weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     config: Fp8TileConfig | None = None,
 ) -> torch.Tensor:
@@ -252,13 +265,14 @@ def linear_fp8(
     independent of the other rows and of M.
 
     x: [M, K] bfloat16/float16/float32, last dim contiguous; weight: [N, K] float8_e4m3fn
-    contiguous; weight_scale_inv: [ceil(N/128), ceil(K/128)] float32; bias: [N] of x's dtype or
-    None. Returns [M, N] in x's dtype (float32 accumulation, one final rounding). `config`
+    contiguous; weight_scale: float32 contiguous, [ceil(N/128), ceil(K/128)] (128x128 block
+    scales, a checkpoint's `weight_scale_inv`) or [N] (per-output-channel scales); bias: [N] of
+    x's dtype or None. Returns [M, N] in x's dtype (float32 accumulation, one final rounding). `config`
     overrides the (N, K) problem's tiling (tests, tuning). Raises ValueError naming the argument
     when a precondition fails.
     """
-    x, weight, weight_scale_inv, bias = _check(x, weight, weight_scale_inv, bias)
+    x, weight, weight_scale, bias = _check(x, weight, weight_scale, bias)
     n, k = weight.shape
     xq, xs = fp8_quant.quantize_groups(x)
     cfg = config if config is not None else tile_config(n, k, x.shape[0])
-    return linear_fp8_quantized(xq, xs, weight, weight_scale_inv, bias, x.dtype, cfg)
+    return linear_fp8_quantized(xq, xs, weight, weight_scale, bias, x.dtype, cfg)

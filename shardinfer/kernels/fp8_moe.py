@@ -1,13 +1,15 @@
-"""The fused MoE (kernels/moe.py) with block-scaled FP8 expert weights.
+"""The fused MoE (kernels/moe.py) with FP8 expert weights, block-scaled or per-channel scaled.
 
     x [T, H] -> quantised per token and 128 channels (fp8_quant.py)
-    w_gate_up [E, 2I, H] float8_e4m3fn, w_gate_up_scale [E, ceil(2I/128), ceil(H/128)] float32
-    w_down    [E, H, I]  float8_e4m3fn, w_down_scale    [E, ceil(H/128), ceil(I/128)] float32
+    w_gate_up [E, 2I, H] float8_e4m3fn, w_gate_up_scale [E, ceil(2I/128), ceil(H/128)] or [E, 2I] float32
+    w_down    [E, H, I]  float8_e4m3fn, w_down_scale    [E, ceil(H/128), ceil(I/128)] or [E, H]  float32
 
-Same expert-sorted layout, tiles and combine as the bf16 kernel (moe.align_to_experts, its
-combine kernel); the grouped GEMMs walk K one 128-channel scale group at a time like
+(128x128 block scales, or one scale per output channel of each expert; both weights in the same
+layout.) Same expert-sorted layout, tiles and combine as the bf16 kernel (moe.align_to_experts,
+its combine kernel); the grouped GEMMs walk K one 128-channel scale group at a time like
 fp8_matmul.py: each step's FP8 tensor-core product lands in a fresh float32 tile that is scaled
-by the row's activation scale and the column's weight scale and added to the accumulator. The
+by the row's activation scale (and a block scale's column scale) and added to the accumulator; a
+per-channel scale multiplies the accumulator once, before the epilogue. The
 gate/up output (silu(gate) * up, rounded to x's dtype as in the bf16 kernel) is quantised again
 per row and 128 channels before the down GEMM. Batch invariance is the bf16 kernel's: a GEMM row
 is one (token, slot) pair reduced over K in a fixed order by one program, MMA rows do not mix, one
@@ -84,14 +86,19 @@ def _scaled_step(
     swsn,
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr,
 ):
-    """One K step of a against weight rows `rows_w`: the float32 product times both scales."""
+    """One K step of a against weight rows `rows_w`: the float32 product times the activation
+    scale and, for block scales, the weight's (a channel scale is applied after the K loop)."""
     ks = kt * BLOCK_K + tl.arange(0, BLOCK_K)
     w = tl.load(
         w_base + rows_w[None, :] * swn + ks[:, None], mask=col_ok[None, :] & (ks < k_dim)[:, None], other=0.0
     )
-    sw = tl.load(ws_base + (rows_w // BLOCK_K) * swsn + kt, mask=col_ok, other=0.0)
-    return _mma_fp8(a, w, INTERPRET) * sa[:, None] * sw[None, :]
+    part = _mma_fp8(a, w, INTERPRET) * sa[:, None]
+    if not CHANNEL_SCALES:
+        sw = tl.load(ws_base + (rows_w // BLOCK_K) * swsn + kt, mask=col_ok, other=0.0)
+        part = part * sw[None, :]
+    return part
 
 
 @triton.jit(do_not_specialize=["n_tiles"])
@@ -118,6 +125,7 @@ def _fp8_grouped_gemm_kernel(
     n_tiles,
     GATED: tl.constexpr,
     A_SORTED: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -152,11 +160,29 @@ def _fp8_grouped_gemm_kernel(
             else:
                 sa = tl.load(as_ptr + a_row * sas_row + kt, mask=row_ok, other=0.0)
             acc += _scaled_step(
-                a, sa, w_base, ws_base, cols, col_ok, kt, k_dim, swn, swsn, BLOCK_K, INTERPRET
+                a, sa, w_base, ws_base, cols, col_ok, kt, k_dim, swn, swsn, BLOCK_K, INTERPRET, CHANNEL_SCALES
             )
             if GATED:
                 acc_up += _scaled_step(
-                    a, sa, w_base, ws_base, up_offset + cols, col_ok, kt, k_dim, swn, swsn, BLOCK_K, INTERPRET
+                    a,
+                    sa,
+                    w_base,
+                    ws_base,
+                    up_offset + cols,
+                    col_ok,
+                    kt,
+                    k_dim,
+                    swn,
+                    swsn,
+                    BLOCK_K,
+                    INTERPRET,
+                    CHANNEL_SCALES,
+                )
+        if CHANNEL_SCALES:  # one scale per output channel (stride swsn), the same for every K step
+            acc = acc * tl.load(ws_base + cols * swsn, mask=col_ok, other=0.0)[None, :]
+            if GATED:
+                acc_up = (
+                    acc_up * tl.load(ws_base + (up_offset + cols) * swsn, mask=col_ok, other=0.0)[None, :]
                 )
         dtype = out_ptr.dtype.element_ty
         if GATED:
@@ -194,12 +220,22 @@ def _check(
         ("w_gate_up_scale", w_gate_up_scale, w_gate_up),
         ("w_down_scale", w_down_scale, w_down),
     ):
-        check_tensor(name, sc, dtypes=(torch.float32,), ndim=3, contiguous=True)
-        want = (w.shape[0], -(-w.shape[1] // GROUP), -(-w.shape[2] // GROUP))
-        if tuple(sc.shape) != want:
+        check_tensor(name, sc, dtypes=(torch.float32,), contiguous=True)
+        blocks = (w.shape[0], -(-w.shape[1] // GROUP), -(-w.shape[2] // GROUP))
+        channels = (w.shape[0], w.shape[1])
+        if tuple(sc.shape) not in (blocks, channels):
             raise fail(
-                f"{name}.shape", tuple(sc.shape), f"need {want}: one scale per 128x128 block of each expert"
+                f"{name}.shape",
+                tuple(sc.shape),
+                f"need {blocks} (one scale per 128x128 block of each expert) or {channels} (one per output "
+                "channel of each expert)",
             )
+    if w_gate_up_scale.dim() != w_down_scale.dim():
+        raise fail(
+            "w_gate_up_scale/w_down_scale ranks",
+            (w_gate_up_scale.dim(), w_down_scale.dim()),
+            "need both block scales (3-D) or both channel scales (2-D)",
+        )
     if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != t:
         raise fail(
             "topk_ids/topk_weights shapes",
@@ -247,6 +283,7 @@ def fused_moe_fp8(
     n_tiles = layout.block_expert.shape[0]
     n_rows = layout.sorted_slots.shape[0]
     common = dict(
+        CHANNEL_SCALES=w_gate_up_scale.dim() == 2,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=GROUP,

@@ -1,10 +1,13 @@
 """FP8 (e4m3) quantisation and the FP8 linear layer in plain PyTorch: the CPU path and the oracle
 the Triton kernels (fp8_matmul.py, fp8_quant.py) are tested against.
 
-Formats (DeepSeek-V3's, which Qwen3's FP8 checkpoints share):
+Weight formats, told apart by the scale's rank (one less than the weight's: per output channel):
 
     weight            [N, K] float8_e4m3fn
-    weight_scale_inv  [ceil(N / 128), ceil(K / 128)] float32   real weight = fp8 value * its block's scale
+    block scales      [ceil(N / 128), ceil(K / 128)] float32   real weight = fp8 value * its block's scale
+                      (DeepSeek-V3's `weight_scale_inv`, which Qwen3's FP8 checkpoints share)
+    channel scales    [N] float32                              real weight = fp8 value * its row's scale
+                      (per-channel checkpoints' `weight_scale` [N, 1]; a per-tensor scale broadcast)
     activation        [M, K] -> fp8 [M, K] and scales [M, ceil(K / 128)] float32, one per token and
                       group of 128 channels ("1x128"), quantised on the fly at every call
 
@@ -100,20 +103,53 @@ def dequantize_blocks(
     return (q.float() * s).to(dtype)
 
 
+def quantize_channels(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (fp8 [N, K], scales [N] float32): scale = row amax / 448 in float32, q =
+    fp8(w / scale) rounded to nearest even. Each row on its own, so rows of a fused projection can
+    be quantised piece by piece."""
+    wf = w.float()
+    scale = wf.abs().amax(dim=1).clamp_min(MIN_AMAX) / FP8_MAX
+    q = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def dequantize_channels(
+    q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """fp8 [N, K] with scales [N] -> [N, K] in dtype (via float32)."""
+    return (q.float() * scale.float()[:, None]).to(dtype)
+
+
+def is_channel_scale(weight: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Whether `scale` is a per-output-channel scale of `weight` (rank one less: [N] for [N, K],
+    [E, N] for stacked experts [E, N, K]) rather than a block scale (same rank)."""
+    return scale.dim() == weight.dim() - 1
+
+
+def dequantize_weight(
+    q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """fp8 [N, K] with block scales [ceil(N/128), ceil(K/128)] or channel scales [N] -> [N, K] in dtype."""
+    if is_channel_scale(q, scale):
+        return dequantize_channels(q, scale, dtype)
+    return dequantize_blocks(q, scale, WEIGHT_BLOCK, dtype)
+
+
 def linear_fp8(
     x: torch.Tensor,
     weight: torch.Tensor,
-    weight_scale_inv: torch.Tensor,
+    weight_scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     batch_invariant: bool = True,
 ) -> torch.Tensor:
-    """y = x @ W.T + bias with W = dequantize_blocks(weight, weight_scale_inv) and x first rounded
+    """y = x @ W.T + bias with W = dequantize_weight(weight, weight_scale) and x first rounded
     through FP8 per 1x128 group, as the GPU kernel does; the product in float32, y in x's dtype.
 
-    x [..., K] float; weight [N, K] float8_e4m3fn; weight_scale_inv [ceil(N/128), ceil(K/128)].
+    x [..., K] float; weight [N, K] float8_e4m3fn; weight_scale [ceil(N/128), ceil(K/128)] (block
+    scales) or [N] (channel scales), float32.
     """
     xq, xs = quantize_groups(x)
     xd = dequantize_groups(xq, xs)
-    w = dequantize_blocks(weight, weight_scale_inv)
+    w = dequantize_weight(weight, weight_scale)
     y = reference.linear(xd, w, None if bias is None else bias.float(), batch_invariant)
     return y.to(x.dtype)

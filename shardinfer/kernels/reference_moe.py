@@ -92,19 +92,19 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
 def moe_experts_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
                     w_gate_up_scale: torch.Tensor, w_down: torch.Tensor, w_down_scale: torch.Tensor,
                     batch_invariant: bool = True) -> torch.Tensor:
-    """moe_experts with block-scaled FP8 experts (w_gate_up [E, 2I, H], w_down [E, H, I] float8_e4m3fn,
-    scales [E, ceil(rows/128), ceil(cols/128)] float32), as kernels/fp8_moe.py computes it: the
+    """moe_experts with FP8 experts (w_gate_up [E, 2I, H], w_down [E, H, I] float8_e4m3fn, scales
+    [E, ceil(rows/128), ceil(cols/128)] or per channel [E, rows], float32), as kernels/fp8_moe.py computes it: the
     input and the gate/up output quantised per token and 128 channels, each product of the
     dequantised operands in float32, the gate/up and down outputs rounded to x's dtype."""
-    from shardinfer.kernels.reference_fp8 import dequantize_blocks, dequantize_groups, quantize_groups
+    from shardinfer.kernels.reference_fp8 import dequantize_groups, dequantize_weight, quantize_groups
 
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("reference_moe.moe_experts_fp8 reads expert ids back to the host and cannot run in a "
                            "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA")
 
     def expert(rows: torch.Tensor, e: int) -> torch.Tensor:
-        wgu = dequantize_blocks(w_gate_up[e], w_gate_up_scale[e])
-        wd = dequantize_blocks(w_down[e], w_down_scale[e])
+        wgu = dequantize_weight(w_gate_up[e], w_gate_up_scale[e])
+        wd = dequantize_weight(w_down[e], w_down_scale[e])
         h = ops.linear(dequantize_groups(*quantize_groups(rows)), wgu, None, batch_invariant).to(x.dtype)
         act = ops.silu_and_mul(h)
         return ops.linear(dequantize_groups(*quantize_groups(act)), wd, None, batch_invariant).to(x.dtype).float()

@@ -165,7 +165,7 @@ def test_launcher_checks_fire(device: torch.device) -> None:
     x, wq, ws, b = (t.to(device) for t in _problem(4, 40, 200, torch.bfloat16, seed=6))
     with pytest.raises(ValueError, match=r"weight\.dtype"):
         fp8_matmul.linear_fp8(x, wq.float(), ws)
-    with pytest.raises(ValueError, match=r"weight_scale_inv\.shape"):
+    with pytest.raises(ValueError, match=r"weight_scale\.shape"):
         fp8_matmul.linear_fp8(x, wq, ws[:, :1].contiguous())
     with pytest.raises(ValueError, match=r"weight\.shape"):
         fp8_matmul.linear_fp8(x[:, :100], wq, ws)
