@@ -23,8 +23,11 @@ class Numerics:
 
     dtype: torch.dtype
     batch_invariant: bool = True
-    # "fp8": linear layers hold block-scaled FP8 weights (engine/models/fp8.py); None: dtype.
+    # "fp8": linear layers hold FP8 weights (engine/models/fp8.py); None: dtype.
     quantization: str | None = None
+    # With "fp8", the weights' scale layout: "block" (128x128 blocks) or "channel" (one per output
+    # row), the checkpoint's own (registry.load_model sets it; quantising at load makes blocks).
+    fp8_scales: str = "block"
 
 
 @dataclass(frozen=True)

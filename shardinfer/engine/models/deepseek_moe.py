@@ -11,7 +11,7 @@ Expert weights are stacked: w_gate_up [E, 2I, H] ([gate | up] rows) and w_down [
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -77,9 +77,10 @@ class RoutingConfig:
 
 
 class RoutedExperts(nn.Module):
-    """Stacked expert weights; with numerics.quantization "fp8", float8_e4m3fn with block scales
-    (`w_gate_up_scale_inv` [E, ceil(2I/128), ceil(H/128)], `w_down_scale_inv` [E, ceil(H/128),
-    ceil(I/128)]; engine/models/fp8.py loads each expert's checkpoint blocks into them)."""
+    """Stacked expert weights; with numerics.quantization "fp8", float8_e4m3fn with scales in the
+    numerics' layout: 128x128 blocks (`w_gate_up_scale_inv` [E, ceil(2I/128), ceil(H/128)],
+    `w_down_scale_inv` [E, ceil(H/128), ceil(I/128)]) or per channel (`w_gate_up_scale` [E, 2I],
+    `w_down_scale` [E, H]); engine/models/fp8.py loads each expert's checkpoint scales into them."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, numerics: Numerics) -> None:
         super().__init__()
@@ -89,21 +90,31 @@ class RoutedExperts(nn.Module):
         self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden, dtype=dtype),
                                       requires_grad=False)
         self.w_down = nn.Parameter(torch.empty(num_experts, hidden, intermediate, dtype=dtype), requires_grad=False)
-        self.w_gate_up_scale_inv: nn.Parameter | None
-        self.w_down_scale_inv: nn.Parameter | None
-        for name, (rows, cols) in (("w_gate_up_scale_inv", (2 * intermediate, hidden)),
-                                   ("w_down_scale_inv", (hidden, intermediate))):
-            self.register_parameter(name, nn.Parameter(
-                torch.empty(num_experts, -(-rows // GROUP), -(-cols // GROUP), dtype=torch.float32),
-                requires_grad=False) if fp8 else None)
+        channel = numerics.fp8_scales == "channel"
+        for name, (rows, cols) in (("w_gate_up", (2 * intermediate, hidden)), ("w_down", (hidden, intermediate))):
+            blocks = torch.empty(num_experts, -(-rows // GROUP), -(-cols // GROUP), dtype=torch.float32)
+            self.register_parameter(name + "_scale_inv", nn.Parameter(blocks, requires_grad=False)
+                                    if fp8 and not channel else None)
+            self.register_parameter(name + "_scale", nn.Parameter(
+                torch.empty(num_experts, rows, dtype=torch.float32), requires_grad=False) if fp8 and channel else None)
+
+    def _scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(gate/up scales, down scales) in whichever layout the experts hold, (None, None) if float."""
+        scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        for suffix in ("_scale_inv", "_scale"):
+            gate_up = cast(torch.Tensor | None, getattr(self, "w_gate_up" + suffix))
+            if gate_up is not None:
+                scales = gate_up, cast(torch.Tensor | None, getattr(self, "w_down" + suffix))
+        return scales
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        gate_up_scale, down_scale = self._scales()
         return ops.moe_experts(x, topk_ids, topk_weights, self.w_gate_up, self.w_down,
-                               self.numerics.batch_invariant, self.w_gate_up_scale_inv, self.w_down_scale_inv)
+                               self.numerics.batch_invariant, gate_up_scale, down_scale)
 
     def quantize_fp8(self) -> bool:
         """Quantise float expert weights to block-scaled FP8, expert by expert, on their device."""
-        if self.w_gate_up_scale_inv is not None:
+        if self._scales()[0] is not None:
             return False
         for name in ("w_gate_up", "w_down"):
             w = getattr(self, name).data

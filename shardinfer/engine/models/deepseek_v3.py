@@ -24,7 +24,7 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.deepseek_block import DeepseekDecoderLayer
 from shardinfer.engine.models.deepseek_mla import DeepseekMLA, MLADims
 from shardinfer.engine.models.deepseek_mtp import MTPLayer
-from shardinfer.engine.models.fp8 import WeightLoader, dequantize_block_fp8, fp8_block_size, pair_fp8_weights
+from shardinfer.engine.models.fp8 import WeightLoader, dequantize_fp8, fp8_format, pair_fp8_weights
 from shardinfer.engine.models.layers import Linear, RMSNorm, embedding
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
@@ -61,7 +61,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.config = config
         self.numerics = numerics
         self.dims = MLADims(config)
-        self.fp8_block = fp8_block_size(hf)
+        self.fp8 = fp8_format(hf)
         self.rope = RopeTable(self.dims.qk_rope_head_dim, config.rope_theta, config.rope_scaling, max_positions,
                               config.max_position_embeddings)
         self.model = DeepseekV3Model(config, numerics, self.rope)
@@ -140,8 +140,8 @@ class DeepseekV3ForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         filled = {name: torch.zeros(p.shape[:-1], dtype=torch.bool) for name, p in params.items()}
         unexpected: list[str] = []
-        loader = WeightLoader(params, self.fp8_block, self.numerics.dtype)
-        for name, tensor, scale in pair_fp8_weights(weights, self.fp8_block):
+        loader = WeightLoader(params, self.fp8, self.numerics.dtype)
+        for name, tensor, scale in pair_fp8_weights(weights, self.fp8):
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
             if self.config.tie_word_embeddings and name == "lm_head.weight":
@@ -150,8 +150,8 @@ class DeepseekV3ForCausalLM(nn.Module):
             if target is None:
                 unexpected.append(name)
                 continue
-            if scale is not None and self.fp8_block is not None and target.endswith(_MTP_COPIES):
-                tensor = dequantize_block_fp8(tensor, scale, self.fp8_block, self.numerics.dtype, name)
+            if scale is not None and self.fp8 is not None and target.endswith(_MTP_COPIES):
+                tensor = dequantize_fp8(tensor, scale, self.fp8, self.numerics.dtype)
             if self._load_mtp_copy(target, tensor):
                 continue
             param_name, index = self._split_target(target)

@@ -17,7 +17,7 @@ from torch import nn
 from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
-from shardinfer.engine.models.fp8 import WeightLoader, fp8_block_size, pair_fp8_weights
+from shardinfer.engine.models.fp8 import WeightLoader, fp8_format, pair_fp8_weights
 from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm, embedding
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
@@ -169,9 +169,9 @@ class DenseForCausalLM(nn.Module):
             expected.discard("lm_head.weight")
         loaded: set[str] = set()
         unexpected: list[str] = []
-        block = fp8_block_size(c.hf)
-        loader = WeightLoader(params, block, self.numerics.dtype)
-        for name, tensor, scale in pair_fp8_weights(weights, block):
+        fmt = fp8_format(c.hf)
+        loader = WeightLoader(params, fmt, self.numerics.dtype)
+        for name, tensor, scale in pair_fp8_weights(weights, fmt):
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
             if c.tie_word_embeddings and name == "lm_head.weight":
@@ -187,8 +187,10 @@ class DenseForCausalLM(nn.Module):
                 continue
             loader.load(target, tensor, scale, name, rows)
             loaded.add(name.removeprefix("model."))
-            if loader.is_fp8(target):  # its weight_scale_inv comes with it, or is made at load
-                loaded.add(name.removeprefix("model.").removesuffix(".weight") + ".weight_scale_inv")
+            scale_param = loader.scale_param(target)
+            if scale_param is not None:  # its scale comes with it, or is made at load
+                suffix = scale_param.removeprefix(target.removesuffix(".weight"))
+                loaded.add(name.removeprefix("model.").removesuffix(".weight") + suffix)
         loader.finish()
         missing = sorted(expected - loaded)
         if unexpected:

@@ -1,8 +1,9 @@
 """Small layers shared by model families. Every matmul goes through `ops.linear`, which picks
 the kernel for the device and the numerics mode (batch invariance) in one place: the
 fixed-tile Triton matmul on CUDA when batch invariant, cuBLAS (F.linear) on CUDA otherwise, the
-row-tiled reference elsewhere. A Linear holding FP8 weights (a `weight_scale_inv` beside its
-float8 `weight`, the checkpoints' names) goes through `ops.linear_fp8` instead."""
+row-tiled reference elsewhere. A Linear holding FP8 weights (a `weight_scale_inv` or
+`weight_scale` beside its float8 `weight`, the checkpoints' names) goes through `ops.linear_fp8`
+instead."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, quantize_blocks
 
 class Linear(nn.Module):
     """y = x W^T + b. With `numerics.quantization == "fp8"` and `quantizable`, W is stored as
-    float8_e4m3fn `weight` [N, K] with float32 `weight_scale_inv` [ceil(N/128), ceil(K/128)];
-    layers whose weight is read elsewhere in float (MLA's absorbed kv_b_proj) or that decide
-    the output distribution (lm_head) pass quantizable=False."""
+    float8_e4m3fn `weight` [N, K] with float32 scales: `weight_scale_inv` [ceil(N/128), ceil(K/128)]
+    (numerics.fp8_scales "block") or `weight_scale` [N] ("channel"); the other one is None.
+    Layers whose weight is read elsewhere in float (MLA's absorbed kv_b_proj) or that decide the
+    output distribution (lm_head) pass quantizable=False."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, numerics: Numerics,
                  quantizable: bool = True) -> None:
@@ -30,23 +32,28 @@ class Linear(nn.Module):
         fp8 = quantizable and numerics.quantization == "fp8"
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=FP8_DTYPE if fp8 else numerics.dtype),
                                    requires_grad=False)
+        channel = numerics.fp8_scales == "channel"
         self.weight_scale_inv: nn.Parameter | None
+        self.weight_scale: nn.Parameter | None
         self.register_parameter("weight_scale_inv", nn.Parameter(
             torch.empty(-(-out_features // GROUP), -(-in_features // GROUP), dtype=torch.float32),
-            requires_grad=False) if fp8 else None)
+            requires_grad=False) if fp8 and not channel else None)
+        self.register_parameter("weight_scale", nn.Parameter(
+            torch.empty(out_features, dtype=torch.float32), requires_grad=False) if fp8 and channel else None)
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=numerics.dtype), requires_grad=False)
                      if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight_scale_inv is not None:
-            return ops.linear_fp8(x, self.weight, self.weight_scale_inv, self.bias, self.numerics.batch_invariant)
+        scale = self.weight_scale_inv if self.weight_scale_inv is not None else self.weight_scale
+        if scale is not None:
+            return ops.linear_fp8(x, self.weight, scale, self.bias, self.numerics.batch_invariant)
         return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
 
     def quantize_fp8(self) -> bool:
         """Replace a float weight by its block-scaled FP8 form, on the weight's device (quantising a
         float checkpoint at load: reference_fp8.quantize_blocks, deterministic everywhere); returns
         whether it did."""
-        if not self.quantizable or self.weight_scale_inv is not None:
+        if not self.quantizable or self.weight_scale_inv is not None or self.weight_scale is not None:
             return False
         q, s = quantize_blocks(self.weight.data)
         self.weight = nn.Parameter(q, requires_grad=False)

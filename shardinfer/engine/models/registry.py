@@ -13,7 +13,7 @@ from torch import nn
 from shardinfer.engine.models.architectures import MODEL_CLASSES, supported_architectures
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
-from shardinfer.engine.models.fp8 import fp8_block_size, quantize_linears
+from shardinfer.engine.models.fp8 import fp8_format, quantize_linears
 from shardinfer.engine.models.weight_stream import stream_checkpoint_tensors
 from shardinfer.errors import ModelLoadError
 
@@ -36,12 +36,15 @@ def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, m
     a model computes itself (RoPE) are computed on the host as before and moved by to_device.
 
     With numerics.quantization "fp8" (see fp8.resolve_quantization) an FP8 checkpoint is loaded
-    into FP8 Linears (fp8.WeightLoader); a float checkpoint is loaded in float and each
-    quantizable Linear quantised on the device, so the host never holds a second copy.
+    into FP8 Linears in its own scale layout, block or per channel (fp8.WeightLoader); a float
+    checkpoint is loaded in float and each quantizable Linear quantised on the device
+    (block-scaled), so the host never holds a second copy.
     """
     cls = model_class(config)
-    direct = numerics.quantization == "fp8" and fp8_block_size(config.hf) is not None
-    build = numerics if direct else dataclasses.replace(numerics, quantization=None)
+    fmt = fp8_format(config.hf)
+    direct = numerics.quantization == "fp8" and fmt is not None
+    build = (dataclasses.replace(numerics, fp8_scales=fmt.scales) if direct and fmt is not None
+             else dataclasses.replace(numerics, quantization=None))
     with torch.device("meta"):
         model = cls(config, build, max_positions)
     materialize(model, device)

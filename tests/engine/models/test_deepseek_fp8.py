@@ -14,11 +14,12 @@ import torch
 from deepseek_helpers import PagedRunner, deepseek_checkpoint, generate_batch, hf_logits, load_hf, load_model
 from safetensors.torch import load_file, save_file
 
-from shardinfer.engine.models.fp8 import dequantize_block_fp8, dequantize_checkpoint, fp8_block_size
+from shardinfer.engine.models.fp8 import Fp8Format, dequantize_block_fp8, dequantize_checkpoint, fp8_format
 from shardinfer.errors import CheckpointError, ModelLoadError
 
 FP8_MAX = 448.0
 BLOCK = (32, 32)
+BLOCK_FORMAT = Fp8Format("fp8", "block", BLOCK, ".weight_scale_inv")
 # What the released DeepSeek-V3 checkpoints quantise: every linear weight except the router,
 # embeddings and heads (norms are vectors and stay in float).
 NOT_QUANTISED = ("embed_tokens.weight", "lm_head.weight", "mlp.gate.weight")
@@ -65,13 +66,13 @@ def test_weight_and_scale_pair_up_in_either_order() -> None:
     q, s = quantize(w, BLOCK)
     want = dequantize_block_fp8(q, s, BLOCK, torch.float32)
     for order in ([("a.weight", q), ("a.weight_scale_inv", s)], [("a.weight_scale_inv", s), ("a.weight", q)]):
-        out = dict(dequantize_checkpoint([*order, ("n.weight", w[0])], BLOCK, torch.float32))
+        out = dict(dequantize_checkpoint([*order, ("n.weight", w[0])], BLOCK_FORMAT, torch.float32))
         assert set(out) == {"a.weight", "n.weight"}
         assert torch.equal(out["a.weight"], want) and torch.equal(out["n.weight"], w[0])
     with pytest.raises(CheckpointError, match="no weight_scale_inv"):
-        list(dequantize_checkpoint([("a.weight", q)], BLOCK, torch.float32))
+        list(dequantize_checkpoint([("a.weight", q)], BLOCK_FORMAT, torch.float32))
     with pytest.raises(CheckpointError, match="weight_block_size"):
-        list(dequantize_checkpoint([("a.weight", q), ("a.weight_scale_inv", s[:1])], BLOCK, torch.float32))
+        list(dequantize_checkpoint([("a.weight", q), ("a.weight_scale_inv", s[:1])], BLOCK_FORMAT, torch.float32))
     with pytest.raises(CheckpointError, match="quantization_config"):
         list(dequantize_checkpoint([("a.weight", q), ("a.weight_scale_inv", s)], None, torch.float32))
 
@@ -79,11 +80,10 @@ def test_weight_and_scale_pair_up_in_either_order() -> None:
 @pytest.mark.parametrize("qc", [
     {"quant_method": "gptq", "bits": 4},
     {"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]},
-    {"quant_method": "fp8", "fmt": "e4m3"},
 ])
 def test_unsupported_quantization_configs_are_refused(qc: dict[str, object]) -> None:
     with pytest.raises(ModelLoadError):
-        fp8_block_size({"quantization_config": qc})
+        fp8_format({"quantization_config": qc})
 
 
 @pytest.fixture(scope="module")
