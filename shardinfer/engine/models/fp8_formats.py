@@ -87,17 +87,21 @@ def _deepseek_style(qc: dict[str, Any]) -> Fp8Format:
 
 
 def _compressed_tensors(qc: dict[str, Any]) -> Fp8Format:
-    storage = qc.get("format")
-    if storage not in CT_PLAIN_FORMATS:
-        raise ModelLoadError(f"quantization_config.format={storage!r} is not supported for compressed-tensors "
-                             f"checkpoints; supported: {', '.join(CT_PLAIN_FORMATS)} (FP8 weights stored as "
-                             f"float8_e4m3fn); {_FIX}")
+    groups = qc.get("config_groups") or {}
+    # "mixed-precision" defers the storage format to each group.
+    storages = ({f"config_groups.{n}.format": g.get("format") for n, g in groups.items()}
+                if qc.get("format") == "mixed-precision" else {"format": qc.get("format")})
+    for key, storage in storages.items():
+        if storage not in CT_PLAIN_FORMATS:
+            raise ModelLoadError(f"quantization_config.{key}={storage!r} is not supported for compressed-tensors "
+                                 f"checkpoints; supported: {', '.join(CT_PLAIN_FORMATS)} (FP8 weights stored as "
+                                 f"float8_e4m3fn); {_FIX}")
     for key in ("sparsity_config", "transform_config"):
         value = qc.get(key)
-        if value and (key != "sparsity_config" or value.get("format") not in (None, "dense")):
+        dense = key == "sparsity_config" and isinstance(value, dict) and value.get("format") in (None, "dense")
+        if value and not dense:
             raise ModelLoadError(f"quantization_config.{key} is set ({value!r}); the engine reads only dense, "
                                  f"untransformed FP8 weights: {_FIX}")
-    groups = qc.get("config_groups") or {}
     if not groups:
         raise ModelLoadError("quantization_config.config_groups is empty: a compressed-tensors checkpoint must "
                              "say how its weights are quantised")

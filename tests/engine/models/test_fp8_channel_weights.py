@@ -243,9 +243,11 @@ def test_deepseek_channel_checkpoint_stacks_expert_scales(tmp_path: Path) -> Non
         assert 0 < diff.max().item() < 0.25
 
 
-def _ct(weights: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
+def _ct(weights: dict[str, Any] | None = None, group_format: str | None = None, **top: Any) -> dict[str, Any]:
     qc = json.loads(json.dumps(CT_CHANNEL))
     qc["config_groups"]["group_0"]["weights"].update(weights or {})
+    if group_format is not None:
+        qc["config_groups"]["group_0"]["format"] = group_format
     qc.update(top)
     return {"quantization_config": qc}
 
@@ -259,6 +261,7 @@ def _ct(weights: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
         (_ct({"strategy": "block", "block_structure": [64, 64]}), r"block_structure=\[64, 64\]"),
         (_ct({"symmetric": False}), "symmetric=False"),
         (_ct(format="pack-quantized"), "format='pack-quantized'"),
+        (_ct(group_format="int-quantized", format="mixed-precision"), "group_0.format='int-quantized'"),
         (_ct(sparsity_config={"format": "sparse-24-bitmask"}), "sparsity_config"),
         ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quant_method='awq'"),
     ],
@@ -274,6 +277,7 @@ def test_channel_layouts_are_recognised() -> None:
     for config in (
         _ct(),
         _ct({"strategy": "tensor"}),
+        _ct(group_format="float-quantized", format="mixed-precision"),
         {"quantization_config": FBGEMM},
         {"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}},
     ):
