@@ -10,9 +10,10 @@ positions back by k - accepted.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from shardinfer.engine.device_copy import values_to_device
+from shardinfer.engine.device_copy import array_to_device, values_to_device
 from shardinfer.engine.forward_context import SKIP_SLOT, AttentionMetadata, ForwardContext
 from shardinfer.engine.model_runner import ModelRunner, StepLogits
 from shardinfer.engine.request import Request
@@ -30,29 +31,51 @@ def sampling_input_rows(step: StepLogits, batch: ScheduledBatch) -> list[int]:
     return [offsets[id(r)] - c for r, c in zip(step.sample_requests, step.sample_counts, strict=True)]
 
 
+def acceptance_layout(starts: list[int], counts: list[int]) -> np.ndarray:
+    """count_accepted's host-side index data as one int64 array (one copy to the device):
+    [draft rows (P * W) | compared (P * W) | token rows (P * W, absent when every request has W
+    rows) | first rows (P) | drafts (P)], W = the widest request's rows.
+
+    Request i's cell j (j < W) pairs its sampling row first_i + j with the input row of its draft
+    j, starts_i + 1 + j; `compared` is 1 where that draft exists (j < counts_i - 1). Cells past it
+    point at rows that exist and are never compared, so the column after a request's last draft
+    is always uncompared and ends its run of matches."""
+    c = np.asarray(counts, dtype=np.int64)
+    p, w = len(c), int(c.max())
+    first = np.zeros(p, dtype=np.int64)
+    np.cumsum(c[:-1], out=first[1:])
+    col = np.arange(w, dtype=np.int64)
+    compared = col < (c - 1)[:, None]  # [P, W]
+    draft_rows = np.where(compared, np.asarray(starts, dtype=np.int64)[:, None] + 1 + col, 0)
+    parts = [draft_rows.ravel(), compared.ravel().astype(np.int64)]
+    if (c != w).any():
+        parts.append((first[:, None] + np.minimum(col, (c - 1)[:, None])).ravel())
+    parts += [first, c - 1]
+    return np.concatenate(parts)
+
+
 def count_accepted(step: StepLogits, batch: ScheduledBatch, sampled: DeviceSample) -> None:
-    """Set sampled.accepted, .last_rows and .shifts (per request, on the device)."""
+    """Set sampled.accepted, .last_rows and .shifts (per request, on the device).
+
+    The indexes come from the host in one copy (acceptance_layout); the device compares each
+    request's sampled tokens with its drafts in a [requests, W] grid and counts the leading
+    matches as the first uncompared-or-different cell (argmin of the match grid: the first of equal
+    minima), a few launches whatever the batch."""
     assert step.input_ids is not None
-    dev = sampled.tokens.device
-    starts = sampling_input_rows(step, batch)
-    compare: list[int] = []  # per sampling row: the input row of the draft it must equal, or -1
-    segment: list[int] = []
-    first_rows: list[int] = []
-    for i, (start, count) in enumerate(zip(starts, step.sample_counts, strict=True)):
-        first_rows.append(len(compare))
-        compare.extend(start + 1 + j for j in range(count - 1))
-        compare.append(-1)  # the token after the last draft is never compared
-        segment.extend([i] * count)
-    rows = values_to_device(compare, torch.long, dev)
-    drafts = step.input_ids[rows.clamp(min=0)].to(torch.int64)
-    match = (sampled.tokens == drafts) & (rows >= 0)
-    misses = (~match).to(torch.int64).cumsum(0)
-    seg = values_to_device(segment, torch.long, dev)
-    first = values_to_device(first_rows, torch.long, dev)
-    before = torch.cat([misses.new_zeros(1), misses])[first]  # misses before each request's rows
-    leading = (misses == before[seg]).to(torch.int64)
-    accepted = torch.zeros(len(first_rows), dtype=torch.int64, device=dev).index_add_(0, seg, leading)
-    drafted = values_to_device([c - 1 for c in step.sample_counts], torch.long, dev)
+    counts = step.sample_counts
+    p, w = len(counts), max(counts)
+    cells = p * w
+    data = array_to_device(acceptance_layout(sampling_input_rows(step, batch), counts), sampled.tokens.device)
+    draft_rows, compared = data[:cells], data[cells : 2 * cells]
+    at = 2 * cells
+    if len(data) > at + 2 * p:  # mixed widths: gather each request's rows into its W cells
+        tokens = sampled.tokens[data[at : at + cells]]
+        at += cells
+    else:
+        tokens = sampled.tokens
+    first, drafted = data[at : at + p], data[at + p :]
+    match = (tokens.view(p, w) == step.input_ids[draft_rows].view(p, w)) * compared.view(p, w)
+    accepted = match.argmin(dim=1)
     sampled.accepted = accepted
     sampled.last_rows = first + accepted
     sampled.shifts = drafted - accepted
