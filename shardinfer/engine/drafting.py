@@ -29,13 +29,12 @@ import numpy as np
 from shardinfer.engine.config import EngineConfig
 from shardinfer.engine.draft_budget import DraftBudget
 from shardinfer.engine.draft_calibration import LONGEST_MATCH_BIN
+from shardinfer.engine.ngram_index import MATCH_LENGTHS, SEARCH_WINDOW, IndexedLookup
 from shardinfer.engine.output_processor import OutputProcessor
 from shardinfer.engine.request import PLACEHOLDER, Request, RequestStatus
 from shardinfer.engine.sampler import SampleResult
 from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 
-MATCH_LENGTHS = (3, 2, 1)
-SEARCH_WINDOW = 2048  # only the last tokens are searched: older matches rarely pay, and cost time
 FILLER = 0.0  # the confidence of a token that only pads a prompt-lookup draft to the step's width
 
 
@@ -109,6 +108,22 @@ def ngram_proposer(req: Request, room: int, in_flight: int) -> Proposal:
     return Proposal([drafts] if drafts else [], [float(length)] * len(drafts))
 
 
+class NgramProposer:
+    """ngram_proposer's drafts from per-request n-gram indexes (ngram_index.py): the drafter's
+    default, whose lookup time does not grow with the sequence."""
+
+    def __init__(self) -> None:
+        self.lookup = IndexedLookup()
+
+    def __call__(self, req: Request, room: int, in_flight: int) -> Proposal:
+        if in_flight:
+            drafts, length = self.lookup(req, req.num_tokens - 1, room + 1)
+            drafts = drafts[1:]
+        else:
+            drafts, length = self.lookup(req, req.num_tokens, room)
+        return Proposal([drafts] if drafts else [], [float(length)] * len(drafts))
+
+
 def _fill(draft: list[int], room: int, req: Request) -> list[int]:
     """A host draft padded to `room` tokens (repeating its last token, or the newest known one):
     every drafting request then verifies the same number of rows, so the step can replay the
@@ -155,7 +170,7 @@ class Drafter:
         )
         # The depth the budget chose for the newest step (None: no request could draft).
         self.last_depth: int | None = None
-        self.proposer: HostProposer = ngram_proposer
+        self.proposer: HostProposer = NgramProposer()
         self.scheduler = scheduler
         self.outputs = outputs
         self.max_model_len = max_model_len
