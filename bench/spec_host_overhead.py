@@ -45,7 +45,6 @@ from bench.workloads import SHAPES, requests
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine import sampler
 from shardinfer.engine.draft_budget import DraftBudget
-from shardinfer.engine.drafting import ngram_proposer
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.kernels import ops
 from shardinfer.testing.replay_drafter import ReplayProposer
@@ -198,11 +197,13 @@ def main() -> None:
             )
             plain_engine = build(model_dir, batch, 0, False, max_len)
             engine = build(model_dir, batch, max(args.depths), True, max_len)
-            set_drafter(engine, 0, ngram_proposer)
+            assert engine.drafter is not None
+            lookup = engine.drafter.proposer  # the engine's prompt-lookup drafter
+            set_drafter(engine, 0, lookup)
             recorded = recorded_outputs(engine, reqs)
             configs: list[tuple[str, LLMEngine, int, Any]] = [
                 ("plain (no drafter)", plain_engine, 0, None),
-                ("plain (depth 0)", engine, 0, ngram_proposer),
+                ("plain (depth 0)", engine, 0, lookup),
             ]
             for depth in args.depths:
                 configs.append(
@@ -213,7 +214,7 @@ def main() -> None:
                         ReplayProposer(recorded, args.alpha, vocab, seed=batch),
                     )
                 )
-                configs.append((f"ngram depth {depth}", engine, depth, ngram_proposer))
+                configs.append((f"ngram depth {depth}", engine, depth, lookup))
             for name, eng, depth, proposer in configs:
                 best: dict[str, float] | None = None
                 for _ in range(args.repeats):
@@ -237,9 +238,7 @@ def main() -> None:
                 set_drafter(
                     engine,
                     args.profile_depth,
-                    ReplayProposer(recorded, args.alpha, vocab, seed=batch)
-                    if args.profile_depth
-                    else ngram_proposer,
+                    ReplayProposer(recorded, args.alpha, vocab, seed=batch) if args.profile_depth else lookup,
                 )
                 prof = cProfile.Profile()
                 prof.enable()
