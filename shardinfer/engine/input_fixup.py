@@ -19,9 +19,12 @@ forward (or before a CUDA graph's replay), without any host-device synchronisati
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
+import torch.nn.functional as F
 
 from shardinfer.engine.device_copy import values_to_device
 
@@ -74,7 +77,9 @@ class InputFixup:
             self,
             token_rows=[rows[k] for k in self.token_rows],
             mtp_rows=[rows[k] for k in self.mtp_rows],
-            choice=None if choice is None else dataclasses.replace(choice, rows=[rows[k] for k in choice.rows]),
+            choice=None
+            if choice is None
+            else dataclasses.replace(choice, rows=[rows[k] for k in choice.rows]),
         )
         if self.token_shift_of:
             shift_of, owner = [-1] * total, [r // width for r in range(total)]
@@ -84,12 +89,15 @@ class InputFixup:
             moved.token_shift_of, moved.token_owner = shift_of, owner
         return moved
 
-    @property
+    @cached_property
     def shifted(self) -> bool:
         return self.previous.shifts is not None and any(i >= 0 for i in self.request_shift_of)
 
-    def _packed(self) -> dict[str, list[int]]:
-        """Every host-side index list apply() needs, by name (sent to the device in one copy)."""
+    def _packed(self) -> tuple[dict[str, list[int]], dict[str, int]]:
+        """Every host-side index list apply() needs, by name (sent to the device in one copy), and
+        the parts of "shift_of", which gathers every shift apply() reads in one lookup: by name
+        ("token", "request", "sample" rows when shifted, "choice" rows of the draft choices), in
+        order, how many rows each."""
         prev = self.previous
         lists: dict[str, list[int]] = {}
         if self.token_rows:
@@ -104,6 +112,16 @@ class InputFixup:
             width = prev.mtp_drafts.shape[1]
             lists["mtp_rows"] = self.mtp_rows
             lists["mtp_flat"] = [p * width + c for p, c in zip(self.mtp_prev, self.mtp_cols, strict=True)]
+        shift_of: list[int] = []
+        parts: dict[str, int] = {}
+        if self.shifted:
+            lists["token_owner"] = self.token_owner
+            shift_of = self.token_shift_of + self.request_shift_of + self.sample_shift_of
+            parts = {
+                "token": len(self.token_shift_of),
+                "request": len(self.request_shift_of),
+                "sample": len(self.sample_shift_of),
+            }
         choice = self.choice
         if choice is not None and choice.rows:
             r_max = max(len(t) for t in choice.table)
@@ -116,14 +134,13 @@ class InputFixup:
             lists["choice_table"] = table
             lists["choice_base"] = [q * r_max * k_max + j for q, j, _ in choice.entries]
             lists["choice_rows"] = choice.rows
-            lists["choice_prev"] = [p for _, _, p in choice.entries]
             lists["choice_dims"] = [r_max, k_max]
-        if self.shifted:
-            lists["token_shift_of"] = self.token_shift_of
-            lists["request_shift_of"] = self.request_shift_of
-            lists["token_owner"] = self.token_owner
-            lists["sample_shift_of"] = self.sample_shift_of
-        return lists
+            if prev.shifts is not None and r_max > 1:
+                shift_of = shift_of + [p for _, _, p in choice.entries]
+                parts["choice"] = len(choice.entries)
+        if shift_of:
+            lists["shift_of"] = shift_of
+        return lists, parts
 
     def apply(
         self,
@@ -135,43 +152,44 @@ class InputFixup:
         block_size: int = 0,
     ) -> None:
         """Correct the step's flat inputs in place (the first len(token_shift_of) rows are real).
-        All index lists travel to the device in one copy."""
-        dev = input_ids.device
+        All index lists travel to the device in one copy, and every shift is read in one gather."""
         prev = self.previous
-        lists = self._packed()
-        flat = [v for values in lists.values() for v in values]
-        data = values_to_device(flat, torch.long, dev) if flat else None
-        view: dict[str, torch.Tensor] = {}
-        at = 0
-        for name, values in lists.items():
-            assert data is not None
-            view[name] = data[at : at + len(values)]
-            at += len(values)
-        padded = torch.cat([prev.shifts, prev.shifts.new_zeros(1)]) if prev.shifts is not None else None
+        lists, parts = self._packed()
+        if not lists:
+            return
+        data = values_to_device(
+            list(itertools.chain.from_iterable(lists.values())), torch.long, input_ids.device
+        )
+        view = dict(zip(lists, data.split([len(v) for v in lists.values()]), strict=True))
+        shifts: dict[str, torch.Tensor] = {}
+        if parts:
+            assert prev.shifts is not None
+            # -1 (a row whose request had no drafts) reads the appended 0.
+            gathered = F.pad(prev.shifts, (0, 1))[view["shift_of"]]
+            shifts = dict(zip(parts, gathered.split(list(parts.values())), strict=True))
         if self.token_rows:
             src = view["token_src"] if prev.last_rows is None else prev.last_rows[view["token_src"]]
-            input_ids[view["token_rows"]] = prev.sampled[src].to(input_ids.dtype)
+            input_ids[view["token_rows"]] = _as(prev.sampled[src], input_ids.dtype)
         if self.mtp_rows:
             assert prev.mtp_drafts is not None
             drafts = prev.mtp_drafts.reshape(-1)[view["mtp_flat"]]
-            input_ids[view["mtp_rows"]] = drafts.to(input_ids.dtype)
+            input_ids[view["mtp_rows"]] = _as(drafts, input_ids.dtype)
         if "choice_rows" in view:
             r_max, k_max = lists["choice_dims"]
             index = view["choice_base"]
-            if padded is not None and r_max > 1:  # -1 (no previous drafts) picks the appended 0
-                index = index + padded[view["choice_prev"]].clamp(max=r_max - 1) * k_max
-            input_ids[view["choice_rows"]] = view["choice_table"][index].to(input_ids.dtype)
+            if "choice" in shifts:
+                index = index + shifts["choice"].clamp(max=r_max - 1) * k_max
+            input_ids[view["choice_rows"]] = _as(view["choice_table"][index], input_ids.dtype)
         if not self.shifted:
             return
-        assert padded is not None
-        self._sample_shift = padded[view["sample_shift_of"]] if self.sample_shift_of else None
+        shift = shifts["token"]
+        self._sample_shift = shifts["sample"] if self.sample_shift_of else None
         if positions is None:
             return
         assert seq_lens is not None and slot_mapping is not None and block_tables is not None
         n = len(self.token_shift_of)
-        shift = padded[view["token_shift_of"]]
         positions[:n] -= shift
-        seq_lens[: len(self.request_shift_of)] -= padded[view["request_shift_of"]].to(seq_lens.dtype)
+        seq_lens[: len(self.request_shift_of)] -= shifts["request"].to(seq_lens.dtype)
         # A shifted token's KV goes to the slot of its corrected position.
         pos = positions[:n]
         block = block_tables[view["token_owner"], pos // block_size].to(torch.int64)
@@ -182,3 +200,8 @@ class InputFixup:
         """Per sampling row of this step: how far its position moves back, or None (no shift).
         Known once apply() has run."""
         return self._sample_shift if self.shifted else None
+
+
+def _as(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """values in dtype, without a conversion (and its launch) where it has it already."""
+    return values if values.dtype == dtype else values.to(dtype)
