@@ -102,23 +102,30 @@ class InFlightStep:
         fix = InputFixup(previous, [], [])
         shifted = sampled.shifts is not None
         choice = DraftChoice([])
+        counts = self.counts
         offset = 0
+        # One pass, per request only integer reads (this runs on the host every step).
         for b, (req, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
             start = req.num_computed_tokens
+            total = req.num_tokens
             i = index.get(id(req), -1)
-            newest = self.newest_position(req, i) if i >= 0 else -1
-            if i >= 0 and req.num_placeholders and start <= newest < start + n:
-                fix.token_rows.append(offset + newest - start)
-                fix.token_prev.append(i)
-            own = i if shifted and i >= 0 and self.counts[i] > 1 else -1
-            if shifted:
-                fix.token_shift_of.extend([own] * n)
-                fix.token_owner.extend([b] * n)
-                fix.request_shift_of.append(own)
+            if i >= 0 and req.num_placeholders:
+                newest = total - req.num_placeholders + counts[i] - 1  # newest_position(req, i)
+                if start <= newest < start + n:
+                    fix.token_rows.append(offset + newest - start)
+                    fix.token_prev.append(i)
+            samples = start + n == total
             k = req.num_draft_tokens
-            if shifted and start + n == req.num_tokens:  # the request samples k + 1 rows
-                fix.sample_shift_of.extend([own] * (k + 1))
-            if k and start + n == req.num_tokens:
+            if shifted:
+                own = i if i >= 0 and counts[i] > 1 else -1
+                fix.token_shift_of += [own] * n
+                fix.token_owner += [b] * n
+                fix.request_shift_of.append(own)
+                if samples:  # the request samples k + 1 rows
+                    fix.sample_shift_of += [own] * (k + 1)
+            else:
+                own = -1
+            if k and samples:
                 first_draft = offset + n - k
                 if req.device_drafts:
                     for j in range(req.device_drafts):
