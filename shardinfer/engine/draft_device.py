@@ -65,15 +65,12 @@ def count_accepted(step: StepLogits, batch: ScheduledBatch, sampled: DeviceSampl
     counts = step.sample_counts
     p, w = len(counts), max(counts)
     cells = p * w
-    data = array_to_device(acceptance_layout(sampling_input_rows(step, batch), counts), sampled.tokens.device)
-    draft_rows, compared = data[:cells], data[cells : 2 * cells]
-    at = 2 * cells
-    if len(data) > at + 2 * p:  # mixed widths: gather each request's rows into its W cells
-        tokens = sampled.tokens[data[at : at + cells]]
-        at += cells
-    else:
-        tokens = sampled.tokens
-    first, drafted = data[at : at + p], data[at + p :]
+    layout = acceptance_layout(sampling_input_rows(step, batch), counts)
+    mixed = len(layout) > 2 * cells + 2 * p  # mixed widths: each request's rows gathered into its W cells
+    sizes = [cells, cells, *([cells] if mixed else []), p, p]
+    parts = array_to_device(layout, sampled.tokens.device).split(sizes)
+    draft_rows, compared, first, drafted = parts[0], parts[1], parts[-2], parts[-1]
+    tokens = sampled.tokens[parts[2]] if mixed else sampled.tokens
     match = (tokens.view(p, w) == step.input_ids[draft_rows].view(p, w)) * compared.view(p, w)
     accepted = match.argmin(dim=1)
     sampled.accepted = accepted
