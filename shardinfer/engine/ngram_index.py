@@ -21,6 +21,9 @@ from shardinfer.engine.request import Request
 
 MATCH_LENGTHS = (3, 2, 1)
 SEARCH_WINDOW = 2048  # only the last tokens are searched: older matches rarely pay
+_LONGEST = max(MATCH_LENGTHS)
+# How far back from the sequence's end a lookup reads: the longest suffix and its extension.
+_REACH = _LONGEST + LONGEST_MATCH_BIN
 
 
 class NgramIndex:
@@ -34,13 +37,12 @@ class NgramIndex:
         """Take in the n-grams of req's tokens that end at or before `upto` (committed tokens only)."""
         if upto <= self.indexed:
             return
-        first = max(0, self.indexed - max(MATCH_LENGTHS) + 1)
+        first = max(0, self.indexed - _LONGEST + 1)
         tokens = req.token_slice(first, upto)
-        for end in range(self.indexed + 1, upto + 1):
-            for n in MATCH_LENGTHS:
-                start = end - n
-                if start >= 0:
-                    self.latest[n][tuple(tokens[start - first : end - first])] = start
+        for n in MATCH_LENGTHS:
+            latest = self.latest[n]
+            for start in range(max(0, self.indexed + 1 - n), upto + 1 - n):
+                latest[tuple(tokens[start - first : start - first + n])] = start
         self.indexed = upto
 
     def lookup(self, req: Request, length: int, max_draft: int) -> tuple[list[int], int]:
@@ -49,17 +51,20 @@ class NgramIndex:
         if max_draft <= 0 or length < 2:
             return [], 0
         lo = max(0, length - SEARCH_WINDOW)
-        reach = max(MATCH_LENGTHS) + LONGEST_MATCH_BIN
+        indexed = self.indexed
         # The sequence's end, enough of it for the suffixes, the unindexed starts and the extension.
-        tail_from = max(0, min(length - reach, self.indexed - max(MATCH_LENGTHS)))
+        tail_from = min(length - _REACH, indexed - _LONGEST)
+        if tail_from < 0:
+            tail_from = 0
         tail = req.token_slice(tail_from, length)
+        size = len(tail)
         for n in MATCH_LENGTHS:
             if length <= n:
                 continue
-            suffix = tail[len(tail) - n :]
+            suffix = tail[size - n :]
             found = -1
             # Starts whose n-gram ends past the indexed tokens, latest first (a few at most).
-            for start in range(length - n - 1, max(self.indexed - n, -1), -1):
+            for start in range(length - n - 1, indexed - n if indexed >= n else -1, -1):
                 if tail[start - tail_from : start - tail_from + n] == suffix:
                     found = start
                     break
@@ -75,7 +80,7 @@ class NgramIndex:
                     if before >= tail_from
                     else req.token_slice(before, before + 1)[0]
                 )
-                if here != tail[len(tail) - 1 - matched]:
+                if here != tail[size - 1 - matched]:
                     break
                 matched += 1
             return req.token_slice(found + n, min(found + n + max_draft, length)), matched
