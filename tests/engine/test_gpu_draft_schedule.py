@@ -4,40 +4,19 @@ output stays plain decoding's."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from shardinfer import LLM, SamplingParams
-from shardinfer.testing.replay_drafter import ReplayProposer
+from tests.engine.speculative_helpers import DEMO, finish, replay_setup
 
 pytestmark = pytest.mark.gpu
 
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "models" / "tiny-dsv3-demo"
-
 
 def test_gpu_timed_steps_feed_the_budget_without_blocking_the_host(qwen3_dir) -> None:
-    plain = LLM(qwen3_dir, device="cuda", dtype="bfloat16", max_num_seqs=8)
-    vocab = plain.llm_engine.model_config.vocab_size
-    g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 33, 70, 2, 129)]
-    params = [
-        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=160, ignore_eos=True, seed=i, logprobs=2)
-        for i in range(len(prompts))
-    ]
-    outs = plain.generate(prompts, params)
-    llm = LLM(
-        qwen3_dir, device="cuda", dtype="bfloat16", max_num_seqs=8, speculative="ngram", speculative_depth=3
-    )
-    engine = llm.llm_engine
+    engine, outs = replay_setup(qwen3_dir, 5, speculative="ngram", speculative_depth=3)
     budget = engine.drafter.budget
     assert engine.step_timer is not None and budget.scheduled  # the default confidence budget
-    engine.drafter.proposer = ReplayProposer(
-        {f"r{i}": list(o.outputs[0].token_ids) for i, o in enumerate(outs)}, 0.7, vocab, seed=1
-    )
-    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-        engine.add_request(f"r{i}", ids, p)
     for _ in range(30):  # prefill, then decode steps whose times come back
         engine.step()
     torch.cuda.synchronize()
@@ -47,13 +26,8 @@ def test_gpu_timed_steps_feed_the_budget_without_blocking_the_host(qwen3_dir) ->
             engine.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            done[out.request_id] = out
-    assert [done[f"r{i}"].outputs[0].token_ids for i in range(len(prompts))] == [
-        o.outputs[0].token_ids for o in outs
-    ]
+    got = finish(engine, len(outs))
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in outs]
     stats = engine.stats()
     assert stats["timed_draft_steps"] > 0
     assert budget.times.estimate and all(ms > 0 for ms in budget.times.estimate.values())

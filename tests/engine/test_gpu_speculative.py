@@ -4,17 +4,20 @@ logprob (bf16, batch invariance on)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from shardinfer import LLM, SamplingParams
-from shardinfer.testing.replay_drafter import ReplayProposer
+from tests.engine.speculative_helpers import (
+    DEMO,
+    add_requests,
+    finish,
+    random_prompts,
+    replay_drafts,
+    replay_setup,
+)
 
 pytestmark = pytest.mark.gpu
-
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "models" / "tiny-dsv3-demo"
 
 
 def _key(outs) -> list[tuple]:
@@ -22,8 +25,7 @@ def _key(outs) -> list[tuple]:
 
 
 def _workload(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
-    g = torch.Generator().manual_seed(7)
-    rand = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 40, 90, 3, 17, 64)]
+    rand = random_prompts(vocab, (5, 40, 90, 3, 17, 64), seed=7)
     prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 4, *rand]
     params = [
         SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=2),
@@ -41,15 +43,9 @@ def _workload(vocab: int) -> tuple[list[list[int]], list[SamplingParams]]:
 def _run_with_replay(llm: LLM, prompts, params, outs, alpha: float) -> list[tuple]:
     """Requests r0, r1, ... drafted by replaying `outs` (the plain run's outputs)."""
     engine = llm.llm_engine
-    recorded = {f"r{i}": list(o.outputs[0].token_ids) for i, o in enumerate(outs)}
-    engine.drafter.proposer = ReplayProposer(recorded, alpha, engine.model_config.vocab_size, seed=3)
-    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-        engine.add_request(f"r{i}", ids, p)
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            done[out.request_id] = out
-    return _key([done[f"r{i}"] for i in range(len(prompts))])
+    replay_drafts(engine, outs, alpha, seed=3)
+    add_requests(engine, prompts, params)
+    return _key(finish(engine, len(prompts)))
 
 
 @pytest.mark.parametrize(
@@ -118,33 +114,12 @@ def test_gpu_speculative_steps_never_block_the_host(qwen3_dir) -> None:
     """A speculative step in steady graphed decoding (drafts chosen on the device after the
     previous step's rejections, verify graph, acceptance counted on the device) makes no host
     sync; anything that does raises under torch's sync debug mode."""
-    plain = LLM(qwen3_dir, device="cuda", dtype="bfloat16", max_num_seqs=8)
-    vocab = plain.llm_engine.model_config.vocab_size
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 33, 70, 2, 129)]
-    params = [
-        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=160, ignore_eos=True, seed=i, logprobs=2)
-        for i in range(len(prompts))
-    ]
-    outs = plain.generate(prompts, params)
-    llm = LLM(
-        qwen3_dir,
-        device="cuda",
-        dtype="bfloat16",
-        max_num_seqs=8,
-        speculative="ngram",
-        speculative_depth=3,
-        speculative_budget="fixed",
+    engine, outs = replay_setup(
+        qwen3_dir, 3, speculative="ngram", speculative_depth=3, speculative_budget="fixed"
     )
-    engine = llm.llm_engine
-    engine.drafter.proposer = ReplayProposer(
-        {f"r{i}": list(o.outputs[0].token_ids) for i, o in enumerate(outs)}, 0.7, vocab, seed=1
-    )
-    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-        engine.add_request(f"r{i}", ids, p)
     for _ in range(20):  # prefill, then the first graphed verify steps
         engine.step()
-        if engine.runner.last_step_width == 4 and len(engine.scheduler.running) == len(prompts):
+        if engine.runner.last_step_width == 4 and len(engine.scheduler.running) == len(outs):
             break
     assert engine.runner.last_step_width == 4, "decode never reached the verify graphs"
     torch.cuda.synchronize()
@@ -155,10 +130,5 @@ def test_gpu_speculative_steps_never_block_the_host(qwen3_dir) -> None:
             assert engine.runner.last_step_width == 4
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            done[out.request_id] = out
-    assert [done[f"r{i}"].outputs[0].token_ids for i in range(len(prompts))] == [
-        o.outputs[0].token_ids for o in outs
-    ]
+    got = finish(engine, len(outs))
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in outs]
