@@ -57,7 +57,8 @@ def acceptance_layout(starts: list[int], counts: list[int]) -> np.ndarray:
 def count_accepted(step: StepLogits, batch: ScheduledBatch, sampled: DeviceSample) -> None:
     """Set sampled.accepted, .last_rows and .shifts (per request, on the device).
 
-    The indexes come from the host in one copy (acceptance_layout); the device compares each
+    A step of one width (every verify-graph step without padding) needs no index from the host.
+    Otherwise the indexes come from the host in one copy (acceptance_layout); the device compares each
     request's sampled tokens with its drafts in a [requests, W] grid and counts the leading
     matches as the first uncompared-or-different cell (argmin of the match grid: the first of equal
     minima), a few launches whatever the batch."""
@@ -65,6 +66,16 @@ def count_accepted(step: StepLogits, batch: ScheduledBatch, sampled: DeviceSampl
     counts = step.sample_counts
     p, w = len(counts), max(counts)
     cells = p * w
+    if _uniform(step, batch, w):
+        # Every request computes and samples w rows (a verify graph's step): request i's rows are
+        # i * w .. i * w + w - 1 of the inputs and of the sampled tokens, its draft j input row
+        # i * w + 1 + j. Nothing comes from the host.
+        match = sampled.tokens.view(p, w)[:, :-1] == step.input_ids[:cells].view(p, w)[:, 1:]
+        accepted = match.cumprod(dim=1).sum(dim=1)  # the leading run of matches
+        sampled.accepted = accepted
+        sampled.last_rows = torch.arange(0, cells, w, device=accepted.device) + accepted
+        sampled.shifts = (w - 1) - accepted
+        return
     layout = acceptance_layout(sampling_input_rows(step, batch), counts)
     mixed = len(layout) > 2 * cells + 2 * p  # mixed widths: each request's rows gathered into its W cells
     sizes = [cells, cells, *([cells] if mixed else []), p, p]
@@ -76,6 +87,15 @@ def count_accepted(step: StepLogits, batch: ScheduledBatch, sampled: DeviceSampl
     sampled.accepted = accepted
     sampled.last_rows = first + accepted
     sampled.shifts = drafted - accepted
+
+
+def _uniform(step: StepLogits, batch: ScheduledBatch, w: int) -> bool:
+    """Whether every request of the batch computes exactly w tokens and samples all of them."""
+    return (
+        len(step.sample_requests) == len(batch.requests)
+        and all(c == w for c in step.sample_counts)
+        and all(n == w for n in batch.num_new_tokens)
+    )
 
 
 def _draft_row(req: Request, position: int) -> SamplingRow:

@@ -83,3 +83,15 @@ def test_count_accepted_matches_the_rule_on_random_steps() -> None:
         input_ids = [rng.randint(0, 3) for _ in range(sum(new_tokens))]
         sampled = [rng.randint(0, 3) for _ in range(sum(counts))]
         _check(new_tokens, counts, input_ids, sampled)
+
+
+def test_count_accepted_on_steps_of_one_width() -> None:
+    """Every request computing and sampling the same number of rows (a verify graph's step) takes
+    the path that needs no index from the host."""
+    rng = random.Random(9)
+    for _ in range(200):
+        b, w = rng.randint(1, 8), rng.randint(2, 4)
+        counts = [w] * b
+        input_ids = [rng.randint(0, 2) for _ in range(b * w)]
+        sampled = [rng.randint(0, 2) for _ in range(b * w)]
+        _check(counts, counts, input_ids, sampled)
