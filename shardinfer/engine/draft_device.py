@@ -142,24 +142,24 @@ def mtp_drafts(
         next_ids.extend(t if t >= 0 else 0 for t in tokens)
         next_ids.extend([0] * (n - len(tokens)))
     next_ids.extend([0] * (hidden.shape[0] - len(next_ids)))  # CUDA graph padding rows
-    targets: list[int] = []
-    sources: list[int] = []
-    row = 0
-    for start, count in zip(starts, step.sample_counts, strict=True):
-        targets.extend(range(start, start + count))
-        sources.extend(range(row, row + count))
-        row += count
+    counts = step.sample_counts
+    # Where each sampled row's token goes among the next ids: request i's rows, in order, are
+    # sampled rows firsts[i] .. firsts[i] + counts[i] - 1 (so all sampled rows, in order).
+    targets = (
+        [s + j for s, c in zip(starts, counts, strict=True) for j in range(c)] if sampled is not None else []
+    )
+    firsts = _firsts(counts)
+    # One copy for every index list.
+    sizes = [len(next_ids), len(targets), len(firsts), len(starts)]
     with torch.inference_mode():
-        nxt = values_to_device(next_ids, torch.long, dev)
+        nxt, target_rows, first_rows, pick = values_to_device(
+            next_ids + targets + firsts + starts, torch.long, dev
+        ).split(sizes)
         if targets and sampled is not None:
-            nxt[values_to_device(targets, torch.long, dev)] = sampled.tokens[
-                values_to_device(sources, torch.long, dev)
-            ]
+            nxt[target_rows] = sampled.tokens
         draft_hidden = runner.model.mtp_forward(nxt, positions, hidden, ctx)
         if sampled is None or not step.sample_requests:
             return
-        firsts = values_to_device(_firsts(step.sample_counts), torch.long, dev)
-        pick = values_to_device(starts, torch.long, dev)
         if sampled.accepted is not None:
             pick = pick + sampled.accepted
         logits = runner.model.mtp_compute_logits(draft_hidden[pick])
@@ -168,7 +168,7 @@ def mtp_drafts(
         # accepted, so the rejected ones are subtracted on the device.
         shift = sampled.shifts
         if step.position_shift is not None:
-            previous = step.position_shift[firsts]
+            previous = step.position_shift[first_rows]
             shift = previous if shift is None else shift + previous
         rows = [_draft_row(r, p + 1) for r, p in zip(step.sample_requests, newest, strict=True)]
         first = sample_on_device(logits, rows, position_shift=shift)
@@ -208,13 +208,16 @@ def _recurse(
     dev = hidden.device
     reqs = step.sample_requests
     index = {id(r): i for i, r in enumerate(batch.requests)}
-    tables = ctx.attn.block_tables[values_to_device([index[id(r)] for r in reqs], torch.long, dev)]
     bs = ctx.attn.block_size
-    capacity = values_to_device([len(r.block_table) * bs for r in reqs], torch.long, dev)
-    newest = values_to_device(newest_host, torch.long, dev)
+    count = len(reqs)
+    batch_rows, capacity, newest = values_to_device(
+        [index[id(r)] for r in reqs] + [len(r.block_table) * bs for r in reqs] + list(newest_host),
+        torch.long,
+        dev,
+    ).split([count, count, count])
+    tables = ctx.attn.block_tables[batch_rows]
     if shift is not None:
         newest = newest - shift
-    count = len(reqs)
     qsl = torch.arange(count + 1, dtype=torch.int32, device=dev)
     out: list[DeviceSample] = []
     for i in range(more):
