@@ -27,21 +27,30 @@ _REACH = _LONGEST + LONGEST_MATCH_BIN
 
 
 class NgramIndex:
-    """One request's n-grams: for n in MATCH_LENGTHS, n-gram -> its latest start."""
+    """One request's n-grams: for n in MATCH_LENGTHS, n-gram -> its latest start (starts from
+    self.base on: older ones lie outside every later lookup's window, and are dropped in one go
+    once the index spans two windows, which bounds its size whatever the sequence's length)."""
 
     def __init__(self) -> None:
         self.latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in MATCH_LENGTHS}
         self.indexed = 0  # the n-grams ending at or before this many tokens are in the index
+        self.base = 0  # ... and starting at or after this token
 
     def extend(self, req: Request, upto: int) -> None:
-        """Take in the n-grams of req's tokens that end at or before `upto` (committed tokens only)."""
+        """Take in the n-grams of req's tokens that end at or before `upto` (committed tokens only;
+        a later lookup covers more than `upto` tokens)."""
         if upto <= self.indexed:
             return
+        if upto - self.base > 2 * SEARCH_WINDOW:
+            # A later lookup's window starts after upto - SEARCH_WINDOW: earlier starts never count.
+            self.base = upto - SEARCH_WINDOW
+            self.indexed = self.base
+            self.latest = {n: {} for n in MATCH_LENGTHS}
         first = max(0, self.indexed - _LONGEST + 1)
         tokens = req.token_slice(first, upto)
         for n in MATCH_LENGTHS:
             latest = self.latest[n]
-            for start in range(max(0, self.indexed + 1 - n), upto + 1 - n):
+            for start in range(max(self.base, self.indexed + 1 - n), upto + 1 - n):
                 latest[tuple(tokens[start - first : start - first + n])] = start
         self.indexed = upto
 

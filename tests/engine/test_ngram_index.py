@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from shardinfer.engine.drafting import NgramProposer, lookup, ngram_proposer
-from shardinfer.engine.ngram_index import IndexedLookup
+from shardinfer.engine.ngram_index import SEARCH_WINDOW, IndexedLookup
 from shardinfer.engine.request import PLACEHOLDER, Request
 from shardinfer.engine.sampling_params import SamplingParams
 
@@ -66,3 +66,21 @@ def test_ngram_proposer_with_index_equals_the_plain_one_in_flight() -> None:
         assert (got.choices, got.confidence) == (want.choices, want.confidence), step
         del req.output_token_ids[len(req.output_token_ids) - in_flight :]
         req.num_placeholders = 0
+
+
+def test_indexed_lookup_past_several_windows_keeps_a_bounded_index() -> None:
+    """Sequences several search windows long: the index drops starts no later lookup can reach,
+    and still proposes what lookup over the whole sequence proposes."""
+    rng = random.Random(5)
+    for vocab in (3, 50, 5000):
+        req = _request([rng.randrange(vocab) for _ in range(100)])
+        indexed = IndexedLookup()
+        for step in range(5200):
+            req.output_token_ids.append(rng.randrange(vocab))
+            if step % 97 == 0 or step > 5150:
+                tokens = req.all_token_ids
+                assert indexed(req, len(tokens), 3) == lookup(tokens, 3), (vocab, step)
+            else:
+                indexed(req, len(req.all_token_ids), 3)
+        index = indexed._indexes[req]
+        assert index.base > 0 and all(len(d) <= 2 * SEARCH_WINDOW + 1 for d in index.latest.values())
