@@ -49,18 +49,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return reference.linear(x, weight, bias, batch_invariant)
 
 
-def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None, batch_invariant: bool = True) -> torch.Tensor:
     """reference_fp8.linear_fp8 (x [..., K] quantised per 1x128 group, weight [N, K] float8_e4m3fn
-    with 128x128 block scales). On CUDA the Triton FP8 GEMM (kernels/fp8_matmul.py), batch
-    invariant whatever `batch_invariant` says; elsewhere dequantise-then-matmul in float32.
+    with 128x128 block scales [ceil(N/128), ceil(K/128)] or per-channel scales [N]). On CUDA the
+    Triton FP8 GEMM (kernels/fp8_matmul.py), batch invariant whatever `batch_invariant` says;
+    elsewhere dequantise-then-matmul in float32.
     """
     if _use_triton(x):
         from shardinfer.kernels import fp8_matmul
         flat = x.reshape(-1, x.shape[-1])
-        return fp8_matmul.linear_fp8(flat, weight, weight_scale_inv, bias).view(*x.shape[:-1], weight.shape[0])
+        return fp8_matmul.linear_fp8(flat, weight, weight_scale, bias).view(*x.shape[:-1], weight.shape[0])
     from shardinfer.kernels import reference_fp8
-    return reference_fp8.linear_fp8(x, weight, weight_scale_inv, bias, batch_invariant)
+    return reference_fp8.linear_fp8(x, weight, weight_scale, bias, batch_invariant)
 
 
 def warm_up_matmuls(weights: list[torch.Tensor]) -> int:
