@@ -21,6 +21,7 @@ import math
 
 import pytest
 import torch
+from fp8_problems import linear_float64, linear_problem, randn
 from kernel_checks import TOL, e4m3_round, pow2_scales64, rel_err
 
 from shardinfer.kernels import fp8_matmul, fp8_quant, ops
@@ -36,10 +37,6 @@ SMALL = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
 SMALL_ONE_TILE = fp8_matmul.Fp8TileConfig(32, 16, num_warps=4, num_stages=2, persistent=False)
 
 
-def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.cpu().view(torch.uint8)
 
@@ -47,7 +44,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _hard_values() -> torch.Tensor:
     """Rows of values that land on rounding carries, ties, subnormals, zeros and the e4m3 maximum,
     over a wide range of magnitudes (a K tail of 44 channels included)."""
-    x = _randn(6, 300, seed=1) * torch.logspace(-9, 3, 300)
+    x = randn(6, 300, seed=1) * torch.logspace(-9, 3, 300)
     x[2] = 0.0
     x[3, :10] = torch.tensor(
         [448.0, -447.0, 7.9407, 126.05, 1e-3, 2**-9 * 3.5, 2**-9 * 2.5, 2**-7 * 1.0625, 2**-7 * 1.1875, 300.0]
@@ -99,7 +96,7 @@ def test_group_round_trip_within_fp8_rounding() -> None:
 
 
 def test_block_round_trip_within_fp8_rounding_and_scales_are_amax_over_448() -> None:
-    w = _randn(300, 200, seed=2) * torch.logspace(-3, 1, 200)  # partial blocks both ways
+    w = randn(300, 200, seed=2) * torch.logspace(-3, 1, 200)  # partial blocks both ways
     q, s = ref.quantize_blocks(w)
     assert q.shape == (300, 200) and s.shape == (3, 2)
     for i in range(3):
@@ -111,58 +108,44 @@ def test_block_round_trip_within_fp8_rounding_and_scales_are_amax_over_448() -> 
     assert bool(((back.double() - w.double()).abs() <= _round_trip_bound(w, scale_of)).all())
 
 
-def _problem(
-    m: int, n: int, k: int, dtype: torch.dtype, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = _randn(m, k, seed=seed).to(dtype)
-    wq, ws = ref.quantize_blocks(_randn(n, k, seed=seed + 1, scale=k**-0.5))
-    b = _randn(n, seed=seed + 2).to(dtype)
-    return x, wq, ws, b
-
-
-def _float64(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """The same quantised operands, multiplied in float64."""
-    xq, xs = ref.quantize_groups(x)
-    y = ref.dequantize_groups(xq, xs).double() @ ref.dequantize_blocks(wq, ws).double().T
-    return y + b.double() if b is not None else y
-
-
+@pytest.mark.parametrize("scales", ["block", "channel"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("config", [SMALL, SMALL_ONE_TILE], ids=["persistent", "one_tile_per_program"])
 def test_kernel_matches_float64_and_rows_are_bitwise_invariant(
-    device: torch.device, dtype: torch.dtype, config: fp8_matmul.Fp8TileConfig
+    device: torch.device, dtype: torch.dtype, config: fp8_matmul.Fp8TileConfig, scales: str
 ) -> None:
     # K = 300: two full scale groups and a tail of 44; N = 150: a partial weight block.
-    x, wq, ws, b = _problem(37, 150, 300, dtype, seed=3)
+    x, wq, ws, b = linear_problem(37, 150, 300, dtype, seed=3, scales=scales)
     dev = [t.to(device) for t in (x, wq, ws, b)]
     full = fp8_matmul.linear_fp8(*dev, config=config)
     assert full.shape == (37, 150) and full.dtype == dtype
-    assert rel_err(full, _float64(x, wq, ws, b)) < TOL[dtype]
+    assert rel_err(full, linear_float64(x, wq, ws, b)) < TOL[dtype]
     for start, rows in [(5, 1), (36, 1), (3, 7), (17, 20)]:
         part = fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:], config=config)
         assert torch.equal(part, full[start : start + rows]), (start, rows)
 
 
-def test_default_tiling_without_bias_is_invariant(device: torch.device) -> None:
-    x, wq, ws, _ = _problem(70, 64, 256, torch.bfloat16, seed=4)  # 70 rows: two 64-row tiles
+@pytest.mark.parametrize("scales", ["block", "channel"])
+def test_default_tiling_without_bias_is_invariant(device: torch.device, scales: str) -> None:
+    x, wq, ws, _ = linear_problem(70, 64, 256, torch.bfloat16, seed=4, scales=scales)  # two 64-row tiles
     xd, wqd, wsd = x.to(device), wq.to(device), ws.to(device)
     full = fp8_matmul.linear_fp8(xd, wqd, wsd)
-    assert rel_err(full, _float64(x, wq, ws, None)) < TOL[torch.bfloat16]
+    assert rel_err(full, linear_float64(x, wq, ws, None)) < TOL[torch.bfloat16]
     for i in (0, 65, 69):
         assert torch.equal(fp8_matmul.linear_fp8(xd[i : i + 1], wqd, wsd), full[i : i + 1])
 
 
 def test_reference_linear_is_dequantise_then_matmul() -> None:
-    x, wq, ws, b = _problem(9, 40, 200, torch.float32, seed=5)
+    x, wq, ws, b = linear_problem(9, 40, 200, torch.float32, seed=5)
     got = ops.linear_fp8(x.view(3, 3, 200), wq, ws, b)  # CPU tensors: the reference path
     assert got.shape == (3, 3, 40)
-    assert rel_err(got.view(9, 40), _float64(x, wq, ws, b)) < TOL[torch.float32]
+    assert rel_err(got.view(9, 40), linear_float64(x, wq, ws, b)) < TOL[torch.float32]
     alone = ops.linear_fp8(x[4:5], wq, ws, b)
     assert torch.equal(alone, got.view(9, 40)[4:5])
 
 
 def test_launcher_checks_fire(device: torch.device) -> None:
-    x, wq, ws, b = (t.to(device) for t in _problem(4, 40, 200, torch.bfloat16, seed=6))
+    x, wq, ws, b = (t.to(device) for t in linear_problem(4, 40, 200, torch.bfloat16, seed=6))
     with pytest.raises(ValueError, match=r"weight\.dtype"):
         fp8_matmul.linear_fp8(x, wq.float(), ws)
     with pytest.raises(ValueError, match=r"weight_scale\.shape"):
@@ -180,12 +163,13 @@ GPU_SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (2048, 2
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("scales", ["block", "channel"])
 @pytest.mark.parametrize("n,k", GPU_SHAPES)
-def test_gpu_engine_shapes_match_float64_and_are_batch_invariant(n: int, k: int) -> None:
-    x, wq, ws, _ = _problem(300, n, k, torch.bfloat16, seed=n + k)
+def test_gpu_engine_shapes_match_float64_and_are_batch_invariant(n: int, k: int, scales: str) -> None:
+    x, wq, ws, _ = linear_problem(300, n, k, torch.bfloat16, seed=n + k, scales=scales)
     dev = [t.cuda() for t in (x, wq, ws)]
     full = fp8_matmul.linear_fp8(*dev)
-    assert rel_err(full, _float64(x, wq, ws, None)) < TOL[torch.bfloat16]
+    assert rel_err(full, linear_float64(x, wq, ws, None)) < TOL[torch.bfloat16]
     for start, rows in [(0, 1), (137, 1), (5, 64), (44, 256)]:
         assert torch.equal(
             fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:]), full[start : start + rows]

@@ -1,6 +1,7 @@
 """FP8 GEMMs with per-output-channel weight scales (the layout of per-channel FP8 checkpoints):
-the linear kernel and the fused MoE against float64 dequantise-then-matmul, rows bitwise
-independent of the batch, launcher checks.
+the per-row quantiser, the reference linear, the fused MoE against float64 dequantise-then-matmul
+with tokens bitwise independent of the batch, launcher checks. The linear kernel's value and
+invariance tests run both scale layouts in test_kernel_fp8.py.
 
 The weights are quantised here, per row in float64 (scale = row amax / 448 rounded to float32,
 values rounded to the nearest e4m3 by kernel_checks.e4m3_round), never by the code under test.
@@ -15,7 +16,8 @@ import importlib
 
 import pytest
 import torch
-from kernel_checks import TOL, e4m3_round, rel_err
+from fp8_problems import dequantize_rows64, linear_float64, linear_problem, quantize_rows64, randn
+from kernel_checks import TOL, rel_err
 
 from shardinfer.kernels import fp8_matmul, fp8_moe, fp8_quant, ops, reference_moe
 from shardinfer.kernels import reference_fp8 as ref
@@ -25,47 +27,11 @@ if not torch.cuda.is_available():
     fp8_matmul = importlib.reload(fp8_matmul)
     fp8_moe = importlib.reload(fp8_moe)
 
-SMALL = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
-SMALL_ONE_TILE = fp8_matmul.Fp8TileConfig(32, 16, num_warps=4, num_stages=2, persistent=False)
 SMALL_MOE = fp8_moe.Fp8MoeTiles(block_m=16, block_n=32, num_warps=4, num_stages=2, group_m=2)
 
 
-def quantize_rows64(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., N, K] -> (fp8 [..., N, K], scales [..., N] float32): each row's amax / 448 rounded to
-    float32, each value w / scale rounded to the nearest e4m3 (ties to even) in float64."""
-    w64 = w.double()
-    scale = (w64.abs().amax(-1) / 448.0).float()
-    q = e4m3_round(w64 / scale.double().unsqueeze(-1))
-    return q.to(torch.float8_e4m3fn), scale
-
-
-def dequantize_rows64(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return q.double() * scale.double().unsqueeze(-1)
-
-
-def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
-
-
-def _problem(
-    m: int, n: int, k: int, dtype: torch.dtype, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = _randn(m, k, seed=seed).to(dtype)
-    # Rows of very different magnitudes: a scale applied to the wrong column shows at once.
-    w = _randn(n, k, seed=seed + 1, scale=k**-0.5) * torch.logspace(-2, 2, n).unsqueeze(1)
-    wq, ws = quantize_rows64(w)
-    return x, wq, ws, _randn(n, seed=seed + 2).to(dtype)
-
-
-def _float64(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """The same quantised operands (activations through the tested quantiser), in float64."""
-    xq, xs = ref.quantize_groups(x)
-    y = ref.dequantize_groups(xq, xs).double() @ dequantize_rows64(wq, ws).T
-    return y + b.double() if b is not None else y
-
-
 def test_reference_channel_quantiser_matches_float64_rounding() -> None:
-    w = _randn(70, 300, seed=1) * torch.logspace(-6, 3, 70).unsqueeze(1)
+    w = randn(70, 300, seed=1) * torch.logspace(-6, 3, 70).unsqueeze(1)
     w[3] = 0.0  # an all-zero row keeps a finite scale and zero values
     q, s = ref.quantize_channels(w)
     want_q, want_s = quantize_rows64(w)
@@ -78,40 +44,15 @@ def test_reference_channel_quantiser_matches_float64_rounding() -> None:
     assert bool(((ref.dequantize_weight(q, s).double() - want).abs() <= want.abs() * 2**-24).all())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config", [SMALL, SMALL_ONE_TILE], ids=["persistent", "one_tile_per_program"])
-def test_channel_scaled_kernel_matches_float64_and_rows_are_bitwise_invariant(
-    device: torch.device, dtype: torch.dtype, config: fp8_matmul.Fp8TileConfig
-) -> None:
-    # K = 300: two full activation groups and a tail of 44; N = 150: a partial column tile.
-    x, wq, ws, b = _problem(37, 150, 300, dtype, seed=3)
-    dev = [t.to(device) for t in (x, wq, ws, b)]
-    full = fp8_matmul.linear_fp8(*dev, config=config)
-    assert full.shape == (37, 150) and full.dtype == dtype
-    assert rel_err(full, _float64(x, wq, ws, b)) < TOL[dtype]
-    for start, rows in [(5, 1), (36, 1), (3, 7), (17, 20)]:
-        part = fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:], config=config)
-        assert torch.equal(part, full[start : start + rows]), (start, rows)
-
-
-def test_channel_scaled_default_tiling_without_bias(device: torch.device) -> None:
-    x, wq, ws, _ = _problem(70, 64, 256, torch.bfloat16, seed=4)
-    xd, wqd, wsd = x.to(device), wq.to(device), ws.to(device)
-    full = fp8_matmul.linear_fp8(xd, wqd, wsd)
-    assert rel_err(full, _float64(x, wq, ws, None)) < TOL[torch.bfloat16]
-    for i in (0, 65, 69):
-        assert torch.equal(fp8_matmul.linear_fp8(xd[i : i + 1], wqd, wsd), full[i : i + 1])
-
-
 def test_reference_linear_with_channel_scales_is_dequantise_then_matmul() -> None:
-    x, wq, ws, b = _problem(9, 40, 200, torch.float32, seed=5)
+    x, wq, ws, b = linear_problem(9, 40, 200, torch.float32, seed=5, scales="channel")
     got = ops.linear_fp8(x.view(3, 3, 200), wq, ws, b)  # CPU tensors: the reference path
-    assert rel_err(got.view(9, 40), _float64(x, wq, ws, b)) < TOL[torch.float32]
+    assert rel_err(got.view(9, 40), linear_float64(x, wq, ws, b)) < TOL[torch.float32]
     assert torch.equal(ops.linear_fp8(x[4:5], wq, ws, b), got.view(9, 40)[4:5])
 
 
 def test_launcher_rejects_a_channel_scale_of_the_wrong_length(device: torch.device) -> None:
-    x, wq, ws, _ = (t.to(device) for t in _problem(4, 40, 200, torch.bfloat16, seed=6))
+    x, wq, ws, _ = (t.to(device) for t in linear_problem(4, 40, 200, torch.bfloat16, seed=6, scales="channel"))
     with pytest.raises(ValueError, match=r"weight_scale\.shape.*\(40,\)"):
         fp8_matmul.linear_fp8(x, wq, ws[:39].contiguous())
     with pytest.raises(
@@ -176,23 +117,6 @@ def test_moe_rejects_mixed_or_wrong_channel_scales(device: torch.device) -> None
     blocks = torch.ones(2, 1, 1, device=device)
     with pytest.raises(ValueError, match="ranks"):
         fp8_moe.fused_moe_fp8(x, ids, w, wgu, sgu, wd, blocks)
-
-
-# Projection shapes of the benchmark models (dense-8b: Qwen3-8B; moe-16b's attention).
-GPU_SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (2048, 2048)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("n,k", GPU_SHAPES)
-def test_gpu_channel_scaled_engine_shapes_match_float64_and_are_batch_invariant(n: int, k: int) -> None:
-    x, wq, ws, _ = _problem(300, n, k, torch.bfloat16, seed=n + k)
-    dev = [t.cuda() for t in (x, wq, ws)]
-    full = fp8_matmul.linear_fp8(*dev)
-    assert rel_err(full, _float64(x, wq, ws, None)) < TOL[torch.bfloat16]
-    for start, rows in [(0, 1), (137, 1), (5, 64), (44, 256)]:
-        assert torch.equal(
-            fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:]), full[start : start + rows]
-        )
 
 
 @pytest.mark.gpu
