@@ -67,6 +67,9 @@ class InputFixup:
     mtp_cols: list[int] = field(default_factory=list)  # which of the request's MTP drafts
     choice: DraftChoice | None = None
     _sample_shift: torch.Tensor | None = None  # set by apply()
+    # The fixup a spread copy was made from: the runner holds that one and asks it for the
+    # sampling rows' shift, which only the applied copy computes.
+    _spread_of: InputFixup | None = None
 
     def spread(self, rows: list[int], total: int, width: int) -> InputFixup:
         """This fixup for the step's inputs laid out `width` rows per request (cuda_graphs.pad_to_width):
@@ -80,6 +83,7 @@ class InputFixup:
             choice=None
             if choice is None
             else dataclasses.replace(choice, rows=[rows[k] for k in choice.rows]),
+            _spread_of=self,
         )
         if self.token_shift_of:
             shift_of, owner = [-1] * total, [r // width for r in range(total)]
@@ -184,6 +188,8 @@ class InputFixup:
             return
         shift = shifts["token"]
         self._sample_shift = shifts["sample"] if self.sample_shift_of else None
+        if self._spread_of is not None:
+            self._spread_of._sample_shift = self._sample_shift
         if positions is None:
             return
         assert seq_lens is not None and slot_mapping is not None and block_tables is not None
@@ -198,7 +204,7 @@ class InputFixup:
 
     def sample_position_shift(self, device: torch.device) -> torch.Tensor | None:
         """Per sampling row of this step: how far its position moves back, or None (no shift).
-        Known once apply() has run."""
+        Known once apply() has run on this fixup or on a spread() copy of it."""
         return self._sample_shift if self.shifted else None
 
 

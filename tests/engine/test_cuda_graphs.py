@@ -114,3 +114,31 @@ def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
     assert ids_c.tolist()[:2] == [51, 60]  # newest tokens from the previous step's last accepted rows
     assert torch.equal(lens_p, lens_c)
     assert slots_p[[0, 1]].tolist() == [SKIP_SLOT, SKIP_SLOT]
+
+
+def test_a_spread_fixups_sampling_shift_reaches_the_fixup_it_was_spread_from() -> None:
+    """The runner hands sampling the shift of the fixup it was given; a padded step applies a
+    spread copy of it. Without the shift the rows after a rejected draft draw their noise at the
+    host's planned positions, and sampled tokens differ from plain decoding."""
+    prev = PreviousStep(
+        sampled=torch.tensor([50, 51, 52, 60, 61]),
+        first_rows=[0, 3],
+        last_rows=torch.tensor([1, 3]),
+        shifts=torch.tensor([1, 0]),
+    )
+    host = _host([[0], [0, 70, 71]], [9, 5], [1, 2])
+    fix = InputFixup(
+        prev,
+        token_rows=[0, 1],
+        token_prev=[0, 1],
+        token_shift_of=[0, 1, 1, 1],
+        request_shift_of=[0, 1],
+        sample_shift_of=[0, 1, 1, 1],
+        token_owner=[0, 1, 1, 1],
+    )
+    padded, rows = pad_to_width(host, 3)
+    t = [torch.from_numpy(a.copy()) for a in (padded.input_ids, padded.positions, padded.seq_lens,
+                                              padded.slot_mapping, padded.block_tables)]
+    fix.spread(rows.tolist(), 6, 3).apply(t[0], t[1], t[2], t[3], t[4], BLOCK)
+    shift = fix.sample_position_shift(torch.device("cpu"))
+    assert shift is not None and shift.tolist() == [1, 0, 0, 0]
