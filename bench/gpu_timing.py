@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -85,20 +86,63 @@ def ceilings() -> tuple[float, float]:
     return copy_bandwidth(), matmul_rate()
 
 
-def decode_bytes(engine: Any) -> tuple[int, int]:
-    """(weight bytes, KV-cache bytes per token) of an engine: what one decode step must read, at
-    the bytes each tensor really holds (FP8 weights and their scales, an FP8 cache and its scales)."""
-    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+@dataclass(frozen=True)
+class StepBytes:
+    """What one decode or verify step of an engine reads from HBM, at the bytes each tensor really
+    holds (FP8 weights and their scales, an FP8 cache and its scales)."""
+
+    dense: int  # weights every step reads whole
+    experts: int  # the routed experts' weights, all layers (0: a dense model)
+    num_experts: int  # routed experts per MoE layer
+    top_k: int  # experts each token is routed to
+    kv_per_token: int  # KV-cache bytes of one context token, all layers
+
+    def weights(self, rows: int) -> float:
+        """Weight bytes a step of `rows` token rows reads: the dense weights, and each MoE layer's
+        experts in proportion to how many of them the rows are expected to touch. A token picks
+        top_k distinct experts, so under uniform routing (what random-init routers give) an
+        expert is missed by all rows with probability (1 - top_k / num_experts) ** rows."""
+        if not self.experts:
+            return float(self.dense)
+        touched = 1.0 - (1.0 - self.top_k / self.num_experts) ** rows
+        return self.dense + self.experts * touched
+
+    def floor_s(self, rows: int, context_tokens: int, bandwidth: float) -> float:
+        """The least time a step can take: its weights (weights(rows)) and the KV cache of every
+        token in its requests' contexts, read once at the measured copy bandwidth (bytes/s). A
+        verify row's extra query rows add no bytes beyond the experts they touch."""
+        return (self.weights(rows) + context_tokens * self.kv_per_token) / bandwidth
+
+
+def decode_bytes(engine: Any, drafting_mtp: bool = False) -> StepBytes:
+    """The StepBytes of an engine's decode steps. Not counted as read by every step: the token
+    embedding table unless the LM head shares it (a step reads only its rows' entries) and the MTP
+    layer unless it drafts (`drafting_mtp`); the routed experts count by expected use."""
+    from shardinfer.engine.models.deepseek_moe import DeepseekMoE
+
+    model = engine.model
+
+    def size(params: Any) -> int:
+        return sum(p.numel() * p.element_size() for p in params)
+
+    every = {id(p): p for p in model.parameters()}
+    skipped: set[int] = set()
+    embed = next((m for name, m in model.named_modules() if name.endswith("embed_tokens")), None)
+    head = getattr(model, "lm_head", None)
+    if embed is not None and (head is None or head.weight is not embed.weight):
+        skipped |= {id(p) for p in embed.parameters()}
+    mtp = getattr(model, "mtp", None)
+    if mtp is not None and not drafting_mtp:
+        skipped |= {id(p) for p in mtp.parameters()}
+    moe = [m for m in model.modules() if isinstance(m, DeepseekMoE)]
+    expert_ids = {id(p) for m in moe for p in m.experts.parameters()} - skipped
+    experts = size(every[i] for i in expert_ids)
+    dense = size(p for i, p in every.items() if i not in skipped and i not in expert_ids)
+    routing = moe[0].gate.routing if moe else None
     caches = engine.runner.kv_caches
     per_token = sum(t[0, 0].numel() * t.element_size() for layer in caches for t in layer)
-    return weights, per_token
-
-
-def step_floor_s(weight_bytes: int, kv_bytes_per_token: int, context_tokens: int, bandwidth: float) -> float:
-    """The least time a decode or verify step can take: it reads every weight once and the KV cache
-    of every token in its requests' contexts once, at the measured copy bandwidth (bytes/s). The
-    query rows a step computes (one, or a verify row's 1 + k) do not add HBM bytes worth counting."""
-    return (weight_bytes + context_tokens * kv_bytes_per_token) / bandwidth
+    return StepBytes(dense, experts, routing.n_routed_experts if routing else 0,
+                     routing.top_k if routing else 0, per_token)
 
 
 def fp8_matmul_rate(m: int = 8192, n: int = 8192, k: int = 8192) -> float:

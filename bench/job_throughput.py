@@ -151,7 +151,7 @@ def import_seconds() -> float:
 
 def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The engine's own step loop over the same prompts and lengths (what LLM.generate runs)."""
-    from bench.gpu_timing import copy_bandwidth, decode_bytes, step_floor_s
+    from bench.gpu_timing import copy_bandwidth, decode_bytes
     from shardinfer import LLM, SamplingParams
 
     # Measured before the engine takes its KV budget (the copy needs 4 GiB of free memory).
@@ -165,7 +165,7 @@ def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, A
     )
     start_s = time.perf_counter() - t0
     engine = llm.llm_engine
-    weight_bytes, kv_bytes_per_token = decode_bytes(engine)
+    step_bytes = decode_bytes(engine)
     running = engine.scheduler.running
     floor_s = 0.0
     t1 = time.time()
@@ -179,7 +179,7 @@ def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, A
     while engine.has_unfinished():
         if bandwidth is not None:  # each step's HBM floor, at the contexts it is about to read
             context = sum(r.num_tokens for r in running)
-            floor_s += step_floor_s(weight_bytes, kv_bytes_per_token, context, bandwidth)
+            floor_s += step_bytes.floor_s(len(running), context, bandwidth)
         done = sum(len(out.outputs[0].token_ids) for out in engine.step())
         if done:
             tokens += done

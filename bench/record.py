@@ -62,8 +62,9 @@ wall: job wall / (engine start + generate); start: process start to the first st
 device's idle share between the job's first and last step launch; job steady tok/s: the job's own
 rate over the middle 80% of its completed tokens (what a longer job tends to); tail s: how long
 its last 5% of rows took (runs from before the count was kept show —); floor tok/s: the engine
-run's tokens over the sum of its steps' HBM floors (every weight and each running request's KV read
-once per step at the measured copy bandwidth), and job/floor the job's tok/s over it. A `ray` master either
+run's tokens over the sum of its steps' HBM floors (its weights — a MoE model's by the experts its
+rows are expected to touch — and each running request's KV read once per step at the measured
+copy bandwidth), and job/floor the job's tok/s over it. A `ray` master either
 started its own local cluster or joined a running one (`ray, running`); a job's `--conf` keys
 other than the standard ones follow its workload.
 
@@ -79,8 +80,11 @@ SPEC_HEADER = """
 replay drafter (the plain run's own continuation, each draft token wrong with probability
 1 - alpha); output tok/s over the whole generate call; "accept": drafts accepted / drafted;
 "identical": speculative outputs equal plain ones, tokens and logprobs. "plain/floor" and
-"spec/floor": each run's tok/s over its HBM floor (its steps, each reading every weight and its
+"spec/floor": each run's tok/s over its HBM floor (its steps, each reading its weights and its
 contexts' KV once at the measured copy bandwidth; — for runs from before the floor was recorded).
+A step's weights are the dense ones and, for a MoE model, the routed experts its rows are expected
+to touch (bench/gpu_timing.StepBytes); the rows before 2026-12-02 11:00 counted every expert, so
+moe-16b's small batches read above 1.0 there.
 
 | date (UTC) | GPU | commit | workload | batch | alpha | depth | scheduled | plain tok/s | spec tok/s | speedup | accept | identical | plain/floor | spec/floor |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|

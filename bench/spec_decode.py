@@ -24,6 +24,7 @@ that much time (the points done so far are written).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import sys
@@ -35,7 +36,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_timing import copy_bandwidth, decode_bytes, step_floor_s
+from bench.gpu_timing import copy_bandwidth, decode_bytes
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine.draft_budget import DraftBudget
@@ -315,7 +316,7 @@ def main() -> None:
     if not schedule.scheduled:
         print("no step-time table (no CUDA graphs): scheduled points use the fixed depth")
     vocab = shape["vocab_size"]
-    weight_bytes, kv_bytes_per_token = decode_bytes(engine)
+    step_bytes = decode_bytes(engine)
     print(f"engine ready after {time.perf_counter() - begin:.0f} s", flush=True)
     points: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
@@ -337,11 +338,8 @@ def main() -> None:
         # average); over a run, tokens / (its steps x that floor) is what the run could reach if
         # each step only read its bytes: plain decoding's ceiling, and speculation's at the
         # tokens per step it achieved.
-        mean_step_floor = (
-            step_floor_s(weight_bytes, kv_bytes_per_token, batch * (args.prompt_len + args.output_len // 2), bandwidth)
-            if bandwidth is not None
-            else None
-        )
+        context = batch * (args.prompt_len + args.output_len // 2)
+        plain_floor = step_bytes.floor_s(batch, context, bandwidth) if bandwidth is not None else None
         recorded = {k: list(o.outputs[0].token_ids) for k, o in plain.items()}
         # Every verify width meets its own eager shapes (prefill tails, the acceptance kernels) the
         # first time it runs at this batch: one untimed pass per depth keeps Triton's compiles out
@@ -380,6 +378,10 @@ def main() -> None:
                 drafted = after["draft_tokens"] - before["draft_tokens"]
                 accepted = after["accepted_draft_tokens"] - before["accepted_draft_tokens"]
                 steps = after["steps"] - before["steps"]
+                # A verify step computes each request's newest token and its drafts: with experts,
+                # the draft rows touch more of them than a plain step's rows.
+                spec_rows = round(batch + drafted / max(1, steps))
+                spec_floor = step_bytes.floor_s(spec_rows, context, bandwidth) if bandwidth is not None else None
                 points.append(
                     {
                         "batch": batch,
@@ -396,8 +398,8 @@ def main() -> None:
                         "graphed_verify_steps": after["graphed_verify_steps"]
                         - before["graphed_verify_steps"],
                         "plain_steps": plain_steps,
-                        "plain_floor_tok_s": tokens / (plain_steps * mean_step_floor) if mean_step_floor else None,
-                        "spec_floor_tok_s": tokens / (steps * mean_step_floor) if mean_step_floor else None,
+                        "plain_floor_tok_s": tokens / (plain_steps * plain_floor) if plain_floor else None,
+                        "spec_floor_tok_s": tokens / (steps * spec_floor) if spec_floor else None,
                     }
                 )
     now = dt.datetime.now(dt.UTC)
@@ -411,8 +413,9 @@ def main() -> None:
         "output_len": args.output_len,
         "drafter": "replay",
         "copy_bandwidth_GBps": bandwidth / 1e9 if bandwidth is not None else None,
-        "weight_bytes": weight_bytes,
-        "kv_bytes_per_token": kv_bytes_per_token,
+        "weight_bytes": step_bytes.dense + step_bytes.experts,
+        "kv_bytes_per_token": step_bytes.kv_per_token,
+        "step_bytes": dataclasses.asdict(step_bytes),
         "points": points,
     }
     if profiles:

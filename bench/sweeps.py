@@ -59,11 +59,11 @@ def decode_point(llm: LLM, batch: int, vocab: int, bw: float, profile_to: Path |
             profile_to.write_text(table)
             print(table[:6000])
             profiler, profile_to = None, None
-    weights, per_token = decode_bytes(engine)
+    step_bytes = decode_bytes(engine)
     times_sorted = sorted(times)
     med = times_sorted[len(times) // 2] if times else float("nan")
     med_kv = sorted(kv)[len(kv) // 2] if kv else 0
-    floor = (weights + med_kv * per_token) / bw
+    floor = step_bytes.floor_s(batch, med_kv, bw)
     return {"batch": batch, "median_step_ms": med * 1e3, "floor_ms": floor * 1e3,
             "floor_fraction": floor / med if times else None, "steps_measured": len(times),
             "output_tok_s": batch / med if times else None}

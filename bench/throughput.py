@@ -16,6 +16,7 @@ bench/RESULTS.md from all of them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import sys
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_timing import copy_bandwidth, decode_bytes, fp8_gemm_rates
+from bench.gpu_timing import StepBytes, copy_bandwidth, decode_bytes, fp8_gemm_rates
 from bench.slow_steps import SlowStepSampler, summary_lines
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
@@ -88,14 +89,15 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
     engine._launch = launch  # type: ignore[method-assign]
     idle_ms = sum(max(0.0, marks[i][1].elapsed_time(marks[i + 1][0])) for i in range(len(marks) - 1))
     stats = engine.stats()
-    weight_bytes, kv_bytes_per_token = decode_bytes(engine)
+    step_bytes = decode_bytes(engine)
     return {"output_tok_s": out_tokens / wall, "wall_s": wall, "output_tokens": out_tokens,
             "steps": stats["steps"], "preemptions": stats["preemptions"],
             "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
             "host_gap_s": wall - busy, "decode_steps": decode_steps, "gpu_idle_between_steps_s": idle_ms / 1e3,
             "async_scheduling": engine.async_scheduling,
             "graphed_steps": graphed_n, "graphed_s": graphed_s, "eager_steps": eager_n, "eager_s": eager_s,
-            "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_bytes_per_token,
+            "weight_bytes": step_bytes.dense + step_bytes.experts, "kv_bytes_per_token": step_bytes.kv_per_token,
+            "step_bytes": dataclasses.asdict(step_bytes),
             "slow_step_stacks": slow_step_stacks}
 
 
@@ -176,7 +178,8 @@ def main() -> None:
         base_args = argparse.Namespace(**{**vars(args), "quantization": "auto", "kv_cache_dtype": "auto"})
         base = run_shardinfer(model_dir, reqs, base_args)
         baseline = {k: base[k] for k in ("output_tok_s", "wall_s", "output_tokens", "steps", "weight_bytes",
-                                         "kv_bytes_per_token", "graphed_steps", "eager_steps")}
+                                         "kv_bytes_per_token", "step_bytes", "graphed_steps",
+                                         "eager_steps")}
         baseline.update(quantization="auto", kv_cache_dtype="auto")
         gc.collect()
         torch.cuda.empty_cache()
@@ -188,7 +191,8 @@ def main() -> None:
         except Exception as exc:  # keep our own measurement when the other side cannot run at all
             print(f"transformers side failed ({type(exc).__name__}: {exc}); recording shardinfer only", flush=True)
             torch.cuda.empty_cache()
-    # Decode floor at the largest steady batch: every step reads all weights + the batch's KV.
+    # Decode floor at the largest steady batch: every step reads its weights (the experts its rows
+    # touch) + the batch's KV.
     steps = ours.pop("decode_steps")
     floor_frac = None
     decode_summary = None
@@ -197,7 +201,7 @@ def main() -> None:
         chosen = [(s, kv) for b, s, kv in steps if b >= 0.9 * top]
         med_s = sorted(s for s, _ in chosen)[len(chosen) // 2]
         med_kv = sorted(kv for _, kv in chosen)[len(chosen) // 2]
-        floor_s = (ours["weight_bytes"] + med_kv * ours["kv_bytes_per_token"]) / bw
+        floor_s = StepBytes(**ours["step_bytes"]).floor_s(top, med_kv, bw)
         floor_frac = floor_s / med_s
         decode_summary = {"batch": top, "median_step_ms": med_s * 1e3, "floor_ms": floor_s * 1e3,
                           "kv_tokens": med_kv, "n_steps": len(chosen)}
