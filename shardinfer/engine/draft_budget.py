@@ -35,6 +35,10 @@ from shardinfer.engine.step_timer import StepTimes
 
 PRIOR = 0.7  # assumed acceptance of one draft token before any was verified
 PRIOR_WEIGHT = 8.0  # how many verified drafts the prior is worth
+# What drafting must promise over plain decoding, in tokens per unit of step time, before a step
+# drafts or its requests propose: step times are measured with noise of this order, and in a
+# host-bound step the verify rows look free while the proposals' host time is paid regardless.
+MIN_GAIN = 1.02
 
 Confidence = Sequence[float | None]  # per draft token of one request
 
@@ -123,17 +127,35 @@ class DraftBudget:
             out.append(total)
         return out
 
-    def worth_drafting(self, batch: int, rooms: Sequence[int]) -> bool:
-        """Whether any depth could beat plain decoding for a step of `batch` requests of which
-        some may draft `rooms` tokens each, were every draft accepted: when not, depth() would
-        choose 0 whatever the confidences, and nobody needs to propose."""
+    def best_case(self) -> list[float]:
+        """Per draft position: the highest chance that any draft there is accepted once the drafts
+        before it were, over every confidence bin's estimate and the rate of drafts without one."""
+        rates = self.conditional_rates()
+        cal = self.calibration
+        return [
+            max([rates[i], *(cal.bin_probability(i, b, rates[i]) for b in range(len(cal.reached[i])))])
+            for i in range(self.max_depth)
+        ]
+
+    def worth_drafting(self, batch: int, rooms: Sequence[int], certain: bool = False) -> bool:
+        """Whether any depth could beat plain decoding by MIN_GAIN for a step of `batch` requests of
+        which some may draft `rooms` tokens each, were every draft as likely accepted as the best
+        confidence bin's drafts are estimated to be (`certain`: were every draft accepted): when
+        not, depth() would choose 0 whatever the confidences, and nobody needs to propose."""
         bucket = self.bucket(batch)
         plain = self.times.ms(1, bucket) if bucket is not None else None
         if not self.scheduled or bucket is None or plain is None or plain <= 0:
             return True
+        kept, expected = 1.0, [0.0]  # expected[j]: accepted drafts of a request drafting j
+        for p in [1.0] * self.max_depth if certain else self.best_case():
+            kept *= p
+            expected.append(expected[-1] + kept)
         for k in range(1, self.max_depth + 1):
             ms = self.times.ms(1 + k, bucket)
-            if ms is not None and ms > 0 and (batch + sum(min(k, r) for r in rooms)) / ms > batch / plain:
+            if ms is None or ms <= 0:
+                continue
+            tokens = batch + sum(expected[min(k, r)] for r in rooms)
+            if tokens / ms > MIN_GAIN * batch / plain:
                 return True
         return False
 
@@ -156,15 +178,14 @@ class DraftBudget:
                 key = self._bins(c)
                 groups[key] = groups.get(key, 0) + 1
         extras = [(self._extra(key, rates), n) for key, n in groups.items() if key]
-        best, best_rate = 0, 0.0
-        for k in range(self.max_depth + 1):
+        plain = self.times.ms(1, bucket)
+        # A depth must beat plain decoding by MIN_GAIN (and every shallower depth) to be chosen.
+        best, best_rate = 0, batch / plain * MIN_GAIN if plain is not None and plain > 0 else 0.0
+        for k in range(1, self.max_depth + 1):
             ms = self.times.ms(1 + k, bucket)
             if ms is None or ms <= 0:
                 continue
-            tokens = float(batch)
-            if k:
-                tokens += sum(n * e[min(k, len(e)) - 1] for e, n in extras)
-            rate = tokens / ms
+            rate = (batch + sum(n * e[min(k, len(e)) - 1] for e, n in extras)) / ms
             if rate > best_rate:
                 best, best_rate = k, rate
         return best

@@ -36,6 +36,9 @@ from shardinfer.engine.sampler import SampleResult
 from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 
 FILLER = 0.0  # the confidence of a token that only pads a prompt-lookup draft to the step's width
+# How often a step whose requests skip proposing (draft_budget.DraftBudget.worth_drafting) probes
+# with one draft each instead, so the acceptance estimates can learn that drafts pay again.
+PROBE_EVERY = 64
 
 
 def propose(tokens: list[int], max_draft: int) -> list[int]:
@@ -175,6 +178,15 @@ class Drafter:
         self.outputs = outputs
         self.max_model_len = max_model_len
         self.counters = counters
+        self._unproposed_steps = 0  # steps without proposals since the last probe
+
+    def _probe_due(self) -> bool:
+        """Counts a step that skipped proposing; True on every PROBE_EVERY-th."""
+        self._unproposed_steps += 1
+        if self._unproposed_steps < PROBE_EVERY:
+            return False
+        self._unproposed_steps = 0
+        return True
 
     def add_drafts(self) -> None:
         """Append drafts to decoding requests whose next token's sampling depends on nothing but
@@ -194,12 +206,20 @@ class Drafter:
             return  # nothing to choose: the step is not counted as one the budget decided
         depth = self.depth
         candidates: list[_Candidate] = []
-        # Proposing costs host time per request (a prompt lookup each): skipped when even drafts
-        # certain to be accepted would not pay for their verify rows.
-        if not self.budget.scheduled or self.budget.worth_drafting(len(running), [r for _, r, _ in drafting]):
+        rooms = [r for _, r, _ in drafting]
+        # Proposing costs host time per request (a prompt lookup each): skipped when even the
+        # drafts of the best confidence, at their estimated acceptance, would not pay for their
+        # verify rows. Then only every PROBE_EVERY-th such step proposes and verifies one draft
+        # each, where certain drafts would pay, so the estimates keep learning what the drafts
+        # are worth now (without it one bad stretch would switch speculation off for good).
+        if not self.budget.scheduled or self.budget.worth_drafting(len(running), rooms):
             candidates = [self._propose(req, room, mtp) for req, room, mtp in drafting]
             if self.budget.scheduled:
                 depth = min(self.depth, self.budget.depth(len(running), [c.confidence for c in candidates]))
+        elif self._probe_due() and self.budget.worth_drafting(len(running), rooms, certain=True):
+            candidates = [self._propose(req, room, mtp) for req, room, mtp in drafting]
+            depth = min(self.depth, 1)
+            self.counters["draft_probe_steps"] += 1
         else:
             depth = 0
         self.last_depth = depth

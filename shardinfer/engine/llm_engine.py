@@ -99,6 +99,7 @@ class LLMEngine:
             "prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0, "finished_requests": 0,
             "draft_tokens": 0, "accepted_draft_tokens": 0, "padded_draft_tokens": 0, "graphed_verify_steps": 0,
             "draft_depth_sum": 0, "draft_depth_steps": 0, "speculation_off_steps": 0, "timed_draft_steps": 0,
+            "draft_probe_steps": 0,
             "synchronous_steps": 0, "deferred_sampling_steps": 0,
             "grammar_mask_wait_s": 0.0}
         self.grammar_masks = GrammarMaskFiller(self.tokenizer.path, list(self.tokenizer.eos_token_ids),
@@ -451,8 +452,9 @@ class LLMEngine:
         where some request could draft: mean_draft_depth (the depth the budget chose,
         draft_budget.py), mean_draft_tokens_per_step (the draft tokens verified: the budget's total
         over the batch) and speculation_off_share (the share where it chose no drafts at all);
-        timed_draft_steps (steps whose device time the budget measured; CUDA only) and
-        graphed_verify_steps."""
+        timed_draft_steps (steps whose device time the budget measured; CUDA only),
+        draft_probe_steps (steps that verified one draft each to keep the acceptance estimates
+        learning while the schedule had the requests skip proposing) and graphed_verify_steps."""
         out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
         out["prefix_cache_hit_rate"] = self.block_manager.prefix_hit_rate
         out["preemptions"] = float(self.scheduler.num_preemptions)
@@ -468,6 +470,7 @@ class LLMEngine:
                 if rate is not None:
                     out[f"draft_acceptance_p{j}"] = rate
         else:
-            for name in ("draft_depth_sum", "draft_depth_steps", "speculation_off_steps", "timed_draft_steps"):
+            for name in ("draft_depth_sum", "draft_depth_steps", "speculation_off_steps", "timed_draft_steps",
+                         "draft_probe_steps"):
                 del out[name]
         return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardinfer.engine.draft_budget import PRIOR, PRIOR_WEIGHT, DraftBudget
+from shardinfer.engine.draft_budget import MIN_GAIN, PRIOR, PRIOR_WEIGHT, DraftBudget
 
 
 def _table(per_width: dict[int, dict[int, float]]) -> dict[tuple[int, int], float]:
@@ -151,15 +151,45 @@ def test_measured_step_times_can_also_turn_speculation_on() -> None:
     assert budget.times.ms(1, 64) == 40.0
 
 
-def test_nobody_proposes_when_even_certain_drafts_would_not_pay() -> None:
+def test_nobody_proposes_when_even_the_best_drafts_would_not_pay() -> None:
     budget = DraftBudget(2, _table({256: {1: 30.0, 2: 66.6, 3: 103.2}}), [256])
-    # One certain draft each: (256 + 256) / 66.6 = 7.69 tokens per ms against plain's 256 / 30 = 8.53;
-    # two: (256 + 512) / 103.2 = 7.44.
+    # A fresh budget expects the prior 0.7 per draft at best. One draft each:
+    # (256 + 256 * 0.7) / 66.6 = 6.53 tokens per ms against plain's 256 / 30 = 8.53; two:
+    # (256 + 256 * (0.7 + 0.49)) / 103.2 = 5.43.
+    assert budget.best_case() == pytest.approx([0.7, 0.7])
     assert not budget.worth_drafting(256, [2] * 256)
-    # Were the verify row cheaper: (256 + 256) / 50 = 10.24 beats 8.53.
-    budget.observe(2, 256, 50.0)
+    # Were the verify row cheaper: (256 + 256 * 0.7) / 40 = 10.88 beats 8.53 by more than MIN_GAIN.
+    budget.observe(2, 256, 40.0)
     assert budget.worth_drafting(256, [2] * 256)
-    # Only ten requests can draft: (256 + 10) / 50 = 5.32 does not.
+    # Only ten requests can draft: (256 + 7) / 40 = 6.58 does not.
     assert not budget.worth_drafting(256, [2] * 10)
     # Without step times it always proposes.
     assert DraftBudget(2, None, None).worth_drafting(256, [])
+
+
+def test_drafts_that_are_never_accepted_stop_the_proposals_where_certain_ones_would_pay() -> None:
+    """Prompt lookup on text it cannot predict: every confidence bin's drafts are rejected. The
+    verify row is cheap enough that certain drafts would pay, but the best bin's estimate no
+    longer can, so the requests stop proposing (their lookups cost host time every step)."""
+    budget = DraftBudget(2, _table({256: {1: 30.0, 2: 33.0, 3: 36.0}}), [256])
+    assert budget.worth_drafting(256, [2] * 256)
+    for n in range(2000):
+        budget.record(2, 0, [float(1 + n % 4), 1.0])  # match lengths 1 to 4, none accepted
+    best = budget.best_case()
+    assert best[0] < 0.01
+    # The best case: 256 * (1 + best[0]) / 33 tokens per ms, under 1.02 * 256 / 30.
+    assert 256 * (1 + best[0]) / 33.0 < MIN_GAIN * 256 / 30.0
+    assert not budget.worth_drafting(256, [2] * 256)
+    assert budget.depth(256, [[4.0, 4.0]] * 256) == 0
+
+
+def test_a_depth_must_beat_plain_decoding_by_the_minimum_gain() -> None:
+    # One draft per request accepted half the time at 1.47 times the step: 1.5 / 1.47 = 1.0204
+    # of plain's rate passes MIN_GAIN; at 1.48 times (1.0135) it does not.
+    for ms, want in ((14.7, 1), (14.8, 0)):
+        budget = DraftBudget(1, _table({8: {1: 10.0, 2: ms}}), [8])
+        for _ in range(10_000):
+            budget.record(1, 0)
+            budget.record(1, 1)
+        assert budget.survival()[0] == pytest.approx(0.5, abs=1e-3)
+        assert budget.depth(8) == want

@@ -14,8 +14,10 @@ import torch
 
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine.draft_budget import DraftBudget
+from shardinfer.engine.drafting import PROBE_EVERY
 from shardinfer.engine.model_runner import ModelRunner
 from shardinfer.engine.step_timer import StepTimer
+from tests.engine.speculative_helpers import add_requests, finish, replay_drafts
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "models" / "tiny-dsv3-demo"
 BUCKETS = [1, 2, 4, 8]
@@ -285,3 +287,36 @@ def test_a_host_slower_than_the_device_switches_ngram_speculation_off(qwen3_dir)
         assert ms == pytest.approx(10.0 if w == 1 else 100.0)
     four = [k for n, k, _ in steps if n == 4]
     assert four[:3] == [3, 2, 1] and set(four[3:]) == {0} and len(four) > 20
+
+
+def test_drafts_never_accepted_stop_the_proposals_but_for_a_probe_every_so_often(qwen3_dir) -> None:
+    """Verify rows nearly free (certain drafts would pay), but every draft is wrong (replay at
+    alpha 0): once the estimates have seen that, the requests stop proposing, and only every
+    PROBE_EVERY-th step without proposals verifies one draft each to keep the estimates learning.
+    The output stays plain decoding's."""
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5, [12, 13] * 6]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=260, ignore_eos=True),
+        SamplingParams(temperature=1.0, max_tokens=250, seed=4, ignore_eos=True),
+        SamplingParams(temperature=0.8, max_tokens=240, seed=9, ignore_eos=True),
+    ]
+    plain = LLM(qwen3_dir, device="cpu", dtype="float32").generate(prompts, params)
+    spec = LLM(qwen3_dir, device="cpu", dtype="float32", speculative="ngram", speculative_depth=2)
+    engine = spec.llm_engine
+    replay_drafts(engine, plain, 0.0, seed=5)
+    seed = {(w, b): 10.0 + 0.5 * (w - 1) for w in range(1, 4) for b in BUCKETS}
+    steps = _schedule(spec, seed, {1: 10.0, 2: 10.5, 3: 11.0})
+    add_requests(engine, prompts, params)
+    got = finish(engine, len(prompts))
+    assert _key(got) == _key(plain)
+    stats = engine.stats()
+    assert stats["accepted_draft_tokens"] == 0 and stats["draft_tokens"] > 0
+    proposed = [i for i, (_, _, made) in enumerate(steps) if made]
+    # The learning stretch at the start, then probes only: each a PROBE_EVERY-th unproposed step,
+    # verifying one draft per request.
+    learned = next(i for i in range(len(proposed) - 1) if proposed[i + 1] - proposed[i] > 1)
+    probes = proposed[learned + 1 :]
+    assert len(probes) >= 2 and stats["draft_probe_steps"] == len(probes)
+    assert all(b - a == PROBE_EVERY for a, b in zip(proposed[learned:], probes, strict=False))
+    assert all(steps[i][1] == 1 for i in probes)
+    assert len(proposed) < 0.2 * len(steps)
