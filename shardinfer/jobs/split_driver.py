@@ -98,7 +98,8 @@ class RunStats:
 
     def _speculative(self) -> dict[str, Any]:
         """Speculative decoding over the run's engines: drafts, acceptance (overall and by draft
-        position), the mean depth the budget chose, and (means over the engines that speculate)
+        position), the mean depth the budget chose, the steps that probed while the requests
+        skipped proposing (draft_budget.py), and (means over the engines that speculate)
         the draft tokens verified per step and the share of steps the budget switched speculation
         off. Empty when no engine drafted and none switched speculation off (it is off)."""
         drafted = sum(e.get("draft_tokens", 0.0) for e in self.engine)
@@ -115,6 +116,9 @@ class RunStats:
         }
         if drafting:
             out["mean_draft_depth"] = round(sum(e.get("mean_draft_depth", 0.0) for e in drafting) / len(drafting), 3)
+        probes = sum(e.get("draft_probe_steps", 0.0) for e in self.engine)
+        if probes:
+            out["probe_steps"] = int(probes)  # steps that verified drafts only to keep learning
         for name in ("mean_draft_tokens_per_step", "speculation_off_share"):
             if speculating:
                 out[name] = round(sum(e.get(name, 0.0) for e in speculating) / len(speculating), 4)

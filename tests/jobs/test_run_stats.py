@@ -33,10 +33,10 @@ def test_summary_reports_the_budgets_choices_also_where_speculation_switched_off
     # This engine's budget never drafted: verification cost more than it saved.
     stats.add({"engine_stats": {"generated_tokens": 80.0, "draft_tokens": 0.0, "accepted_draft_tokens": 0.0,
                                 "mean_draft_depth": 0.0, "mean_draft_tokens_per_step": 0.0,
-                                "speculation_off_share": 1.0}}, worker="1")
+                                "speculation_off_share": 1.0, "draft_probe_steps": 3.0}}, worker="1")
     spec = stats.summary(10.0, 2)["speculative"]
     assert spec == {"draft_tokens": 60, "accepted_draft_tokens": 30, "acceptance_rate": 0.5,
-                    "mean_draft_depth": 1.5,
+                    "mean_draft_depth": 1.5, "probe_steps": 3,
                     "mean_draft_tokens_per_step": 3.0,  # (6 + 0) / 2
                     "speculation_off_share": 0.625}  # (0.25 + 1) / 2
     off = RunStats()
