@@ -4,6 +4,12 @@ own step loop on the same rows, in one invocation.
     python bench/job_throughput.py --workload dense-small|dense-8b|moe-16b [--rows 1024]
                                    [--master local] [--job-conf KEY=VALUE]... [--out bench/results]
     python bench/job_throughput.py --workload tiny --rows 64 --device cpu     # a CPU smoke run
+    python bench/job_throughput.py --workload demo --out-range 64 96 [--job-conf engine.speculative=mtp]
+
+Workload `demo` is the bundled demo model (trained, with an MTP layer: the one checkpoint here
+whose drafts are accepted, so the one where speculation can shorten a job's tail) on chat tasks of
+the kinds it was trained on, through the `messages` column and its chat template, sampled at
+greedily, stopping at its end of sequence (`max_tokens` is only a cap there).
 
 Writes `--files` Parquet files of text prompts (U[in-range] tokens each) with a per-row
 `max_tokens` column (U[out-range]) used as an override, runs `python -m shardinfer submit` as a
@@ -44,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.job_timeline import job_startup, steady_rate, tail_seconds, timeline_points
 from bench.workloads import SHAPES, bench_commit, build_checkpoint
 
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny-dsv3-demo"
+
 IMPORTS = "import torch, shardinfer.engine.llm_engine, shardinfer.pipeline.job, shardinfer.jobs.cli"
 
 
@@ -71,6 +79,26 @@ def make_rows(
     return rows
 
 
+def demo_rows(n: int, out_range: tuple[int, int], seed: int = 0) -> list[dict[str, Any]]:
+    """n chat tasks of the kinds the demo model was trained on, each with a max_tokens cap from
+    U[out_range]."""
+    from bench.spec_decode import demo_chats
+
+    rng = random.Random(seed)
+    return [
+        {"id": f"row-{i:07d}", "messages": chat, "max_tokens": rng.randint(*out_range)}
+        for i, chat in enumerate(demo_chats(n))
+    ]
+
+
+def sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The rows' sampling settings besides max_tokens: random weights decode to a fixed length
+    (ignore_eos), the demo model to its own end of sequence."""
+    if args.workload == "demo":
+        return {"temperature": 0.0, "ignore_eos": False}
+    return {"temperature": 1.0, "ignore_eos": True}
+
+
 def write_shards(rows: list[dict[str, Any]], directory: Path, files: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -87,6 +115,8 @@ def write_shards(rows: list[dict[str, Any]], directory: Path, files: int) -> Non
 
 def job_spec(args: argparse.Namespace, model_dir: Path, input_glob: str, output: Path, timeline: Path) -> str:
     dtype = "bfloat16" if args.device == "cuda" else "float32"
+    prompt = 'messages_column = "messages"' if args.workload == "demo" else 'prompt_column = "prompt"'
+    sample = sampling(args)
     return f"""[job]
 seed = 1
 split_rows = 128
@@ -94,7 +124,7 @@ timeline_path = {json.dumps(str(timeline))}
 [input]
 path = {json.dumps(input_glob)}
 id_column = "id"
-prompt_column = "prompt"
+{prompt}
 override_columns = ["max_tokens"]
 [model]
 path = {json.dumps(str(model_dir))}
@@ -103,8 +133,8 @@ dtype = "{dtype}"
 [engine]
 {engine_toml(args)}
 [sampling]
-temperature = 1.0
-ignore_eos = true
+temperature = {sample["temperature"]}
+ignore_eos = {json.dumps(sample["ignore_eos"])}
 logprobs = 1
 [output]
 path = {json.dumps(str(output))}
@@ -169,11 +199,14 @@ def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, A
     running = engine.scheduler.running
     floor_s = 0.0
     t1 = time.time()
+    tokenizer = llm.get_tokenizer()
     for i, row in enumerate(rows):
-        params = SamplingParams(
-            temperature=1.0, max_tokens=row["max_tokens"], ignore_eos=True, logprobs=1, seed=i
-        )
-        engine.add_request(f"r{i}", row["prompt"], params)
+        params = SamplingParams(max_tokens=row["max_tokens"], logprobs=1, seed=i, **sampling(args))
+        if "messages" in row:  # as LLM.chat renders and encodes a conversation
+            text = tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True)
+            engine.add_request(f"r{i}", tokenizer.encode(text, add_special_tokens=False), params)
+        else:
+            engine.add_request(f"r{i}", row["prompt"], params)
     points: list[tuple[float, int]] = [(t1, 0)]
     tokens = 0
     while engine.has_unfinished():
@@ -200,7 +233,7 @@ def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, A
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workload", default="dense-small", choices=sorted(SHAPES))
+    ap.add_argument("--workload", default="dense-small", choices=[*sorted(SHAPES), "demo"])
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--in-range", type=int, nargs=2, default=(100, 1024))
@@ -217,13 +250,18 @@ def main() -> None:
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-model-len", type=int, default=None, help="default 4096; 1024 for demo (its positions)")
     ap.add_argument("--skip-engine", action="store_true", help="run the job only")
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
 
-    model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload, device=args.device)
+    if args.max_model_len is None:
+        args.max_model_len = 1024 if args.workload == "demo" else 4096
+    if args.workload == "demo":
+        model_dir = DEMO
+    else:
+        model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload, device=args.device)
     if args.device == "cuda":
         import gc
 
@@ -231,7 +269,11 @@ def main() -> None:
 
         gc.collect()
         torch.cuda.empty_cache()  # a checkpoint built just now must not shrink the job's KV cache
-    rows = make_rows(model_dir, args.rows, tuple(args.in_range), tuple(args.out_range))
+    rows = (
+        demo_rows(args.rows, tuple(args.out_range))
+        if args.workload == "demo"
+        else make_rows(model_dir, args.rows, tuple(args.in_range), tuple(args.out_range))
+    )
     now = dt.datetime.now(dt.UTC)
     stamp = now.strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out)

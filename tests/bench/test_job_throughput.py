@@ -125,3 +125,40 @@ def test_tiny_workload_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     )
     assert "| tiny |" in job_row(result)
     assert result["tail_s"] is not None and 0 <= result["tail_s"] < result["job_wall_s"]
+
+
+@pytest.mark.slow
+def test_demo_workload_with_mtp_drafts_generates_what_the_plain_engine_does(tmp_path: Path) -> None:
+    """The demo model's chat rows through the job (its messages column and chat template, MTP
+    drafts on) and through the engine without a drafter (LLM.chat's rendering): greedy, so the same
+    tokens, and the job's summary reports the drafts it verified."""
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "job_throughput.py"),
+        "--workload",
+        "demo",
+        "--device",
+        "cpu",
+        "--rows",
+        "24",
+        "--out-range",
+        "16",
+        "48",
+        "--max-num-seqs",
+        "8",
+        "--job-conf",
+        "job.split_rows=8",
+        "--job-conf",
+        "engine.speculative=mtp",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [path] = (tmp_path / "out").glob("job-demo-*.json")
+    result = json.loads(path.read_text())
+    assert result["completion_tokens"] == result["engine"]["completion_tokens"] > 24
+    [log] = (tmp_path / "out").glob("job-demo-*.log")
+    summary = next(json.loads(line) for line in log.read_text().splitlines() if '"summary"' in line)
+    assert summary["rows_ok"] == 24
+    assert summary["speculative"]["accepted_draft_tokens"] > 0
