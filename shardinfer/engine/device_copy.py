@@ -30,3 +30,25 @@ def array_to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+ALIGN = 16  # bytes: every column of a packed copy starts here, as kernels' pointer checks like it
+
+
+def columns_to_device(columns: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Several 1-D numpy arrays (of any dtypes) on `device` in one host-to-device copy: packed into
+    one byte buffer, each at an offset aligned to ALIGN bytes, and returned as views of the copy
+    with their own dtypes. One staging buffer and one transfer instead of one of each per column."""
+    offsets, total = [], 0
+    for a in columns:
+        total = -(-total // ALIGN) * ALIGN
+        offsets.append(total)
+        total += a.nbytes
+    packed = np.zeros(total, dtype=np.uint8)
+    for a, at in zip(columns, offsets, strict=True):
+        packed[at : at + a.nbytes] = np.ascontiguousarray(a).view(np.uint8)
+    moved = array_to_device(packed, device)
+    return [
+        moved[at : at + a.nbytes].view(torch.from_numpy(a[:0]).dtype)
+        for a, at in zip(columns, offsets, strict=True)
+    ]

@@ -17,9 +17,10 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from shardinfer.engine.device_copy import values_to_device
+from shardinfer.engine.device_copy import columns_to_device, values_to_device
 from shardinfer.engine.model_runner import StepLogits
 from shardinfer.engine.request import PLACEHOLDER, Request
 from shardinfer.engine.sampling_noise import gumbel_noise
@@ -168,15 +169,18 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], grammar: Gra
         _apply_grammar(x, grammar)
     dev = x.device
 
-    def col(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
-        return values_to_device(values, dtype, dev)
-
-    temperature = col([r.params.temperature for r in rows], torch.float32)
-    top_k = col([r.params.top_k for r in rows], torch.int32)
-    top_p = col([r.params.top_p for r in rows], torch.float32)
-    min_p = col([r.params.min_p for r in rows], torch.float32)
-    seeds = col([r.seed for r in rows], torch.int64)
-    positions = col([r.position for r in rows], torch.int64)
+    # Every row's sampling settings in one copy (a launch path with asynchronous scheduling).
+    temperature, top_k, top_p, min_p, seeds, positions = columns_to_device(
+        [
+            np.array([r.params.temperature for r in rows], dtype=np.float32),
+            np.array([r.params.top_k for r in rows], dtype=np.int32),
+            np.array([r.params.top_p for r in rows], dtype=np.float32),
+            np.array([r.params.min_p for r in rows], dtype=np.float32),
+            np.array([r.seed for r in rows], dtype=np.int64),
+            np.array([r.position for r in rows], dtype=np.int64),
+        ],
+        dev,
+    )
     if position_shift is not None:
         positions = positions - position_shift
     noise = None if x.is_cuda else gumbel_noise(seeds, positions, x.shape[-1])
