@@ -1,12 +1,15 @@
 """docs/performance.md's `decode` and `prefill` workloads for one model shape.
 
     python bench/sweeps.py --workload dense-small [--batches 1 8 32 128 256 512] [--batch-invariant on|off]
+                           [--quantization fp8] [--kv-cache-dtype fp8]
 
 decode: B requests of 512 prompt tokens, 256 output tokens each, all admitted at once; the median
 step time of the steady decode phase (graph-replayed steps with all B running) against the HBM
 floor (weights + the batch's KV over the measured copy bandwidth).
 prefill: 256 requests of 2048 tokens, 1 output token; prompt tokens/s and achieved TFLOP/s
 (2 * active params * tokens, attention excluded) against the measured bf16 matmul rate.
+With --quantization fp8 the weights are FP8 (the floor counts their bytes and scales) and prefill's
+achieved rate is set against the measured FP8 matmul rate instead of the bf16 one.
 Writes bench/results/<decode|prefill>-<workload>-<stamp>.json.
 """
 
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_timing import copy_bandwidth, decode_bytes, matmul_rate
+from bench.gpu_timing import copy_bandwidth, decode_bytes, fp8_matmul_rate, matmul_rate
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 
@@ -75,6 +78,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256, 512])
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
+                    help="auto: as the checkpoint says; fp8: quantise a bf16 checkpoint at load")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     ap.add_argument("--profile-prefill", action="store_true", help="kernel profile of 32 prompts' prefill")
     ap.add_argument("--profile-batch", type=int, default=None, help="kernel profile of 8 steady steps at this batch")
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
@@ -83,12 +89,17 @@ def main() -> None:
     shape = SHAPES[args.workload]
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload)
     bw = copy_bandwidth()
+    numerics: dict[str, Any] = {
+        "quantization": None if args.quantization == "auto" else args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
+    }
     llm = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
-              max_num_seqs=max(args.batches), max_num_batched_tokens=16384, max_model_len=1024)
+              max_num_seqs=max(args.batches), max_num_batched_tokens=16384, max_model_len=1024, **numerics)
     now = dt.datetime.now(dt.UTC)
     common = {"gpu": torch.cuda.get_device_name(0), "commit": bench_commit(),
               "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
-              "copy_bandwidth_GBps": bw / 1e9, "torch": torch.__version__}
+              "copy_bandwidth_GBps": bw / 1e9, "torch": torch.__version__,
+              "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = now.strftime("%Y%m%d-%H%M%S")
@@ -106,14 +117,15 @@ def main() -> None:
     (out_dir / f"decode-{args.workload}-{stamp}.json").write_text(json.dumps(decode, indent=2))
     if args.skip_prefill:
         return
-    rate = matmul_rate()
+    rate = fp8_matmul_rate() if args.quantization == "fp8" else matmul_rate()
     reqs = requests(256, shape["vocab_size"], (2048, 2048), (1, 1), seed=9)
     # Free the decode engine first: llm2 sizes its KV cache from the memory the device has free.
     del llm
     gc.collect()
     torch.cuda.empty_cache()
     llm2 = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
-               max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=4096, enable_prefix_caching=False)
+               max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=4096, enable_prefix_caching=False,
+               **numerics)
     torch.cuda.synchronize()
     t = time.perf_counter()
     llm2.generate([ids for ids, _ in reqs], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
@@ -140,7 +152,8 @@ def main() -> None:
     prefill = {"workload": f"prefill-{args.workload}", **common, "prompt_tok_s": tokens / wall, "wall_s": wall,
                "achieved_TFLOPs": flops / wall / 1e12, "matmul_TFLOPs": rate / 1e12,
                "fraction_of_matmul_rate": flops / wall / rate, "params": params,
-               "note": "FLOPs = 2 * active parameters * tokens (attention excluded; MoE: top-k of the routed experts)"}
+               "note": "FLOPs = 2 * active parameters * tokens (attention excluded; MoE: top-k of the routed "
+                       "experts); matmul_TFLOPs is the FP8 rate (torch._scaled_mm) with --quantization fp8"}
     print(f"prefill: {tokens / wall:.0f} prompt tok/s, {flops / wall / 1e12:.0f} TFLOP/s "
           f"of {rate / 1e12:.0f} measured ({flops / wall / rate:.0%})")
     (out_dir / f"prefill-{args.workload}-{stamp}.json").write_text(json.dumps(prefill, indent=2))
