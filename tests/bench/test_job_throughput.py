@@ -59,13 +59,21 @@ def test_tail_is_the_last_share_of_requests_summed_over_workers() -> None:
     assert tail_seconds([{"event": "tokens", "t": 1.0, "pid": 1, "completion_tokens": 5}]) is None
 
 
+def _bench(tmp_path: Path, workload: str, *args: str) -> tuple[dict, Path]:
+    """Runs bench/job_throughput.py on the CPU; its result JSON and its output folder."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "bench" / "job_throughput.py"), "--workload", workload, *args]
+    done = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [path] = out.glob(f"job-{workload}-*.json")
+    return json.loads(path.read_text()), out
+
+
 @pytest.mark.slow
 def test_tiny_workload_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
     rows, lo, hi = 12, 2, 5
-    cmd = [
-        sys.executable,
-        str(REPO / "bench" / "job_throughput.py"),
-        "--workload",
+    result, _ = _bench(
+        tmp_path,
         "tiny",
         "--device",
         "cpu",
@@ -89,13 +97,7 @@ def test_tiny_workload_runs_end_to_end_on_cpu(tmp_path: Path) -> None:
         "engine.num_kv_blocks=64",
         "--ckpt-dir",
         str(tmp_path / "ckpt"),
-        "--out",
-        str(tmp_path / "out"),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    [path] = (tmp_path / "out").glob("job-tiny-*.json")
-    result = json.loads(path.read_text())
+    )
     for key in (
         "workload",
         "gpu",
@@ -132,10 +134,8 @@ def test_demo_workload_with_mtp_drafts_generates_what_the_plain_engine_does(tmp_
     """The demo model's chat rows through the job (its messages column and chat template, MTP
     drafts on) and through the engine without a drafter (LLM.chat's rendering): greedy, so the same
     tokens, and the job's summary reports the drafts it verified."""
-    cmd = [
-        sys.executable,
-        str(REPO / "bench" / "job_throughput.py"),
-        "--workload",
+    result, out = _bench(
+        tmp_path,
         "demo",
         "--device",
         "cpu",
@@ -150,15 +150,9 @@ def test_demo_workload_with_mtp_drafts_generates_what_the_plain_engine_does(tmp_
         "job.split_rows=8",
         "--job-conf",
         "engine.speculative=mtp",
-        "--out",
-        str(tmp_path / "out"),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    [path] = (tmp_path / "out").glob("job-demo-*.json")
-    result = json.loads(path.read_text())
+    )
     assert result["completion_tokens"] == result["engine"]["completion_tokens"] > 24
-    [log] = (tmp_path / "out").glob("job-demo-*.log")
+    [log] = out.glob("job-demo-*.log")
     summary = next(json.loads(line) for line in log.read_text().splitlines() if '"summary"' in line)
     assert summary["rows_ok"] == 24
     assert summary["speculative"]["accepted_draft_tokens"] > 0

@@ -78,15 +78,15 @@ def test_padded_rows_give_the_real_rows_bits_and_store_nothing(qwen3_dir) -> Non
     assert all(torch.equal(a, b) for a, b in zip(kv_before, kv_after, strict=True))
 
 
-def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
-    # Previous step: request 0 drafted 2 and had 1 rejected, request 1 had none rejected.
+def _shifted_step() -> tuple[HostBatch, InputFixup]:
+    """A step after one whose request 0 drafted 2 and had 1 rejected (request 1 had none
+    rejected): its compact host batch and its input fixup."""
     prev = PreviousStep(
         sampled=torch.tensor([50, 51, 52, 60, 61]),
         first_rows=[0, 3],
         last_rows=torch.tensor([1, 3]),
         shifts=torch.tensor([1, 0]),
     )
-    compact = _host([[0], [0, 70, 71]], [9, 5], [1, 2])
     fix = InputFixup(
         prev,
         token_rows=[0, 1],
@@ -96,18 +96,24 @@ def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
         sample_shift_of=[0, 1, 1, 1],
         token_owner=[0, 1, 1, 1],
     )
+    return _host([[0], [0, 70, 71]], [9, 5], [1, 2]), fix
 
-    def applied(host: HostBatch, f: InputFixup) -> list[torch.Tensor]:
-        t = [
-            torch.from_numpy(a.copy())
-            for a in (host.input_ids, host.positions, host.seq_lens, host.slot_mapping, host.block_tables)
-        ]
-        f.apply(t[0], t[1], t[2], t[3], t[4], BLOCK)
-        return t
 
-    ids_c, pos_c, lens_c, slots_c, _ = applied(compact, fix)
+def _applied(host: HostBatch, f: InputFixup) -> list[torch.Tensor]:
+    """Copies of the host batch's inputs with the fixup applied to them."""
+    t = [
+        torch.from_numpy(a.copy())
+        for a in (host.input_ids, host.positions, host.seq_lens, host.slot_mapping, host.block_tables)
+    ]
+    f.apply(t[0], t[1], t[2], t[3], t[4], BLOCK)
+    return t
+
+
+def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
+    compact, fix = _shifted_step()
+    ids_c, pos_c, lens_c, slots_c, _ = _applied(compact, fix)
     padded, rows = pad_to_width(compact, 3)
-    ids_p, pos_p, lens_p, slots_p, _ = applied(padded, fix.spread(rows.tolist(), 6, 3))
+    ids_p, pos_p, lens_p, slots_p, _ = _applied(padded, fix.spread(rows.tolist(), 6, 3))
     r = torch.from_numpy(rows)
     assert torch.equal(ids_p[r], ids_c) and torch.equal(pos_p[r], pos_c) and torch.equal(slots_p[r], slots_c)
     assert pos_c.tolist() == [8, 5, 6, 7]  # request 0 moved back by its one rejected draft
@@ -120,25 +126,8 @@ def test_a_spread_fixups_sampling_shift_reaches_the_fixup_it_was_spread_from() -
     """The runner hands sampling the shift of the fixup it was given; a padded step applies a
     spread copy of it. Without the shift the rows after a rejected draft draw their noise at the
     host's planned positions, and sampled tokens differ from plain decoding."""
-    prev = PreviousStep(
-        sampled=torch.tensor([50, 51, 52, 60, 61]),
-        first_rows=[0, 3],
-        last_rows=torch.tensor([1, 3]),
-        shifts=torch.tensor([1, 0]),
-    )
-    host = _host([[0], [0, 70, 71]], [9, 5], [1, 2])
-    fix = InputFixup(
-        prev,
-        token_rows=[0, 1],
-        token_prev=[0, 1],
-        token_shift_of=[0, 1, 1, 1],
-        request_shift_of=[0, 1],
-        sample_shift_of=[0, 1, 1, 1],
-        token_owner=[0, 1, 1, 1],
-    )
+    host, fix = _shifted_step()
     padded, rows = pad_to_width(host, 3)
-    t = [torch.from_numpy(a.copy()) for a in (padded.input_ids, padded.positions, padded.seq_lens,
-                                              padded.slot_mapping, padded.block_tables)]
-    fix.spread(rows.tolist(), 6, 3).apply(t[0], t[1], t[2], t[3], t[4], BLOCK)
+    _applied(padded, fix.spread(rows.tolist(), 6, 3))
     shift = fix.sample_position_shift(torch.device("cpu"))
     assert shift is not None and shift.tolist() == [1, 0, 0, 0]
