@@ -41,6 +41,14 @@ CANDIDATES = [
     fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4),
     fp8_matmul.Fp8TileConfig(128, 128, num_warps=4, num_stages=4),
     fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False),
+    # One program per tile with two warpgroups: each promotes its 64 rows' partial products on the
+    # CUDA cores while the other's wgmma runs (the persistent 128 x 128 runs above lost to their
+    # loop, not to the tile).
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=3, persistent=False),
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False),
+    fp8_matmul.Fp8TileConfig(128, 64, num_warps=8, num_stages=4, persistent=False),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=3, persistent=False),
+    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=5, persistent=False),
 ]
 L2_SPILL_BYTES = 256 << 20
 
