@@ -154,9 +154,12 @@ class DecodeGraphs:
         b = self._bucket(n)
         return (self.input_ids[: b * w], self.positions[: b * w], self.context(b, w), self.hidden[w, b])
 
-    def run(self, host: Any, fixup: Any = None, w: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self, host: Any, fixup: Any = None, w: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Replay the graph of width w for the host batch (requests of at most w tokens each, module
-        docstring); returns (logits, input ids) of the real rows, in the host batch's row order."""
+        docstring); returns (logits, input ids) of the real rows, in the host batch's row order, and the
+        fixup's position shift of each sampling row (InputFixup.apply; None without one)."""
         n = len(host.seq_lens)
         b = self._bucket(n)
         t, tb = n * w, b * w
@@ -185,12 +188,13 @@ class DecodeGraphs:
         self.slot_mapping[:tb].copy_(st["slots"][:tb], non_blocking=True)
         self.seq_lens[:b].copy_(st["lens"][:b], non_blocking=True)
         self.block_tables[:b, :width].copy_(st["tables"][:b, :width], non_blocking=True)
+        sample_shift = None
         if fixup is not None:
-            fixup.apply(self.input_ids, self.positions, self.seq_lens, self.slot_mapping, self.block_tables,
-                        self.block_size)
+            sample_shift = fixup.apply(self.input_ids, self.positions, self.seq_lens, self.slot_mapping,
+                                       self.block_tables, self.block_size)
         self.graphs[w, b].replay()
         if not padded:
-            return self.outputs[w, b][:t], self.input_ids[:t]
+            return self.outputs[w, b][:t], self.input_ids[:t], sample_shift
         keep = self.real_rows[:real]
         keep.copy_(st["rows"][:real], non_blocking=True)
-        return self.outputs[w, b][keep], self.input_ids[keep]
+        return self.outputs[w, b][keep], self.input_ids[keep], sample_shift

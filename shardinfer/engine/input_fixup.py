@@ -66,10 +66,6 @@ class InputFixup:
     mtp_prev: list[int] = field(default_factory=list)
     mtp_cols: list[int] = field(default_factory=list)  # which of the request's MTP drafts
     choice: DraftChoice | None = None
-    _sample_shift: torch.Tensor | None = None  # set by apply()
-    # The fixup a spread copy was made from: the runner holds that one and asks it for the
-    # sampling rows' shift, which only the applied copy computes.
-    _spread_of: InputFixup | None = None
 
     def spread(self, rows: list[int], total: int, width: int) -> InputFixup:
         """This fixup for the step's inputs laid out `width` rows per request (cuda_graphs.pad_to_width):
@@ -83,7 +79,6 @@ class InputFixup:
             choice=None
             if choice is None
             else dataclasses.replace(choice, rows=[rows[k] for k in choice.rows]),
-            _spread_of=self,
         )
         if self.token_shift_of:
             shift_of, owner = [-1] * total, [r // width for r in range(total)]
@@ -154,13 +149,15 @@ class InputFixup:
         slot_mapping: torch.Tensor | None = None,
         block_tables: torch.Tensor | None = None,
         block_size: int = 0,
-    ) -> None:
+    ) -> torch.Tensor | None:
         """Correct the step's flat inputs in place (the first len(token_shift_of) rows are real).
-        All index lists travel to the device in one copy, and every shift is read in one gather."""
+        All index lists travel to the device in one copy, and every shift is read in one gather.
+        Returns, per sampling row of the step, how far its position moves back (what sampling's
+        noise must be drawn at; known only on the device), or None where nothing moves."""
         prev = self.previous
         lists, parts = self._packed()
         if not lists:
-            return
+            return None
         data = values_to_device(
             list(itertools.chain.from_iterable(lists.values())), torch.long, input_ids.device
         )
@@ -185,13 +182,11 @@ class InputFixup:
                 index = index + shifts["choice"].clamp(max=r_max - 1) * k_max
             input_ids[view["choice_rows"]] = _as(view["choice_table"][index], input_ids.dtype)
         if not self.shifted:
-            return
+            return None
         shift = shifts["token"]
-        self._sample_shift = shifts["sample"] if self.sample_shift_of else None
-        if self._spread_of is not None:
-            self._spread_of._sample_shift = self._sample_shift
+        sample_shift = shifts["sample"] if self.sample_shift_of else None
         if positions is None:
-            return
+            return sample_shift
         assert seq_lens is not None and slot_mapping is not None and block_tables is not None
         n = len(self.token_shift_of)
         positions[:n] -= shift
@@ -201,11 +196,7 @@ class InputFixup:
         block = block_tables[view["token_owner"], pos // block_size].to(torch.int64)
         moved = block * block_size + pos % block_size
         slot_mapping[:n] = torch.where(shift > 0, moved, slot_mapping[:n])
-
-    def sample_position_shift(self, device: torch.device) -> torch.Tensor | None:
-        """Per sampling row of this step: how far its position moves back, or None (no shift).
-        Known once apply() has run on this fixup or on a spread() copy of it."""
-        return self._sample_shift if self.shifted else None
+        return sample_shift
 
 
 def _as(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

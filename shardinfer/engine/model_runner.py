@@ -194,21 +194,21 @@ class ModelRunner:
         width = self.decode_width(batch, mixed=not self.keep_last_forward) if self.graphs is not None else 0
         if width and self.graphs.fits(len(batch), width):
             host = build_host_batch(batch, self.block_size)
-            logits, input_ids = self.graphs.run(host, fixup, width)
+            logits, input_ids, shift = self.graphs.run(host, fixup, width)
             self.last_step_graphed = True
             self.last_step_width = width
             if self.keep_last_forward:
                 self.last_forward = self.graphs.forward_state(len(batch), width)
             step = StepLogits(list(batch.requests), logits, list(batch.num_new_tokens), {}, input_ids)
-            if fixup is not None:
-                step.position_shift = fixup.sample_position_shift(self.device)
+            step.position_shift = shift
             return step
         self.last_step_graphed = False
         self.last_step_width = 0
         input_ids, positions, ctx = self._prepare(batch)
+        shift = None
         if fixup is not None:
             a = ctx.attn
-            fixup.apply(input_ids, positions, a.seq_lens, a.slot_mapping, a.block_tables, self.block_size)
+            shift = fixup.apply(input_ids, positions, a.seq_lens, a.slot_mapping, a.block_tables, self.block_size)
             if fixup.shifted and not input_ids.is_cuda:  # the reference kernels read host copies
                 a.seq_lens_cpu = a.seq_lens.tolist()
         hidden = self.model(input_ids, positions, ctx)
@@ -243,6 +243,5 @@ class ModelRunner:
             prompt_logits[req.request_id] = (first, logits[cursor : cursor + count])
             cursor += count
         step = StepLogits(sample_reqs, sample_logits, counts, prompt_logits, input_ids)
-        if fixup is not None:
-            step.position_shift = fixup.sample_position_shift(self.device)
+        step.position_shift = shift
         return step

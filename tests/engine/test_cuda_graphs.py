@@ -99,21 +99,21 @@ def _shifted_step() -> tuple[HostBatch, InputFixup]:
     return _host([[0], [0, 70, 71]], [9, 5], [1, 2]), fix
 
 
-def _applied(host: HostBatch, f: InputFixup) -> list[torch.Tensor]:
-    """Copies of the host batch's inputs with the fixup applied to them."""
+def _applied(host: HostBatch, f: InputFixup) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Copies of the host batch's inputs with the fixup applied to them, and the sampling rows'
+    position shift the fixup returned."""
     t = [
         torch.from_numpy(a.copy())
         for a in (host.input_ids, host.positions, host.seq_lens, host.slot_mapping, host.block_tables)
     ]
-    f.apply(t[0], t[1], t[2], t[3], t[4], BLOCK)
-    return t
+    return t, f.apply(t[0], t[1], t[2], t[3], t[4], BLOCK)
 
 
 def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
     compact, fix = _shifted_step()
-    ids_c, pos_c, lens_c, slots_c, _ = _applied(compact, fix)
+    (ids_c, pos_c, lens_c, slots_c, _), _ = _applied(compact, fix)
     padded, rows = pad_to_width(compact, 3)
-    ids_p, pos_p, lens_p, slots_p, _ = _applied(padded, fix.spread(rows.tolist(), 6, 3))
+    (ids_p, pos_p, lens_p, slots_p, _), _ = _applied(padded, fix.spread(rows.tolist(), 6, 3))
     r = torch.from_numpy(rows)
     assert torch.equal(ids_p[r], ids_c) and torch.equal(pos_p[r], pos_c) and torch.equal(slots_p[r], slots_c)
     assert pos_c.tolist() == [8, 5, 6, 7]  # request 0 moved back by its one rejected draft
@@ -122,12 +122,11 @@ def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
     assert slots_p[[0, 1]].tolist() == [SKIP_SLOT, SKIP_SLOT]
 
 
-def test_a_spread_fixups_sampling_shift_reaches_the_fixup_it_was_spread_from() -> None:
-    """The runner hands sampling the shift of the fixup it was given; a padded step applies a
-    spread copy of it. Without the shift the rows after a rejected draft draw their noise at the
-    host's planned positions, and sampled tokens differ from plain decoding."""
+def test_a_spread_fixup_returns_the_sampling_shift_the_compact_one_does() -> None:
+    """A padded step applies a spread copy of the step's fixup; what sampling draws its noise at is
+    what that apply returns. Without the shift the rows after a rejected draft draw their noise at
+    the host's planned positions, and sampled tokens differ from plain decoding."""
     host, fix = _shifted_step()
     padded, rows = pad_to_width(host, 3)
-    _applied(padded, fix.spread(rows.tolist(), 6, 3))
-    shift = fix.sample_position_shift(torch.device("cpu"))
+    _, shift = _applied(padded, fix.spread(rows.tolist(), 6, 3))
     assert shift is not None and shift.tolist() == [1, 0, 0, 0]
