@@ -8,7 +8,7 @@ own step loop on the same rows, in one invocation.
 
 Workload `demo` is the bundled demo model (trained, with an MTP layer: the one checkpoint here
 whose drafts are accepted, so the one where speculation can shorten a job's tail) on chat tasks of
-the kinds it was trained on, through the `messages` column and its chat template, sampled at
+the kinds it was trained on, through the `messages` column and its chat template, decoded
 greedily, stopping at its end of sequence (`max_tokens` is only a cap there).
 
 Writes `--files` Parquet files of text prompts (U[in-range] tokens each) with a per-row

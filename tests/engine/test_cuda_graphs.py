@@ -122,7 +122,7 @@ def test_spread_fixup_shifts_the_real_rows_as_the_compact_one_does() -> None:
     assert slots_p[[0, 1]].tolist() == [SKIP_SLOT, SKIP_SLOT]
 
 
-def test_a_spread_fixup_returns_the_sampling_shift_the_compact_one_does() -> None:
+def test_a_spread_fixup_returns_the_sampling_rows_position_shift() -> None:
     """A padded step applies a spread copy of the step's fixup; what sampling draws its noise at is
     what that apply returns. Without the shift the rows after a rejected draft draw their noise at
     the host's planned positions, and sampled tokens differ from plain decoding."""
