@@ -135,7 +135,10 @@ def test_ray_actor_killed_mid_split_is_replaced_and_rows_are_exactly_once(
     proc = start_cli(
         "submit", "--master", "ray", *TWO_ACTORS, "--log-format", "json", str(job), env=_ray_env(ray_address)
     )
-    victims = _wait_for_working_actors(proc, out, 2)
+    # The first actor to commit is killed at once: most splits are still waiting then, so the
+    # survivor cannot take them all alone and the driver starts a replacement (near the end of a
+    # job it rightly does not, which made a later kill's restart count a race).
+    victims = _wait_for_working_actors(proc, out, 1)
     assert len(_actor_pids()) == 2, victims
     os.kill(victims[0], signal.SIGKILL)
     stdout, stderr = proc.communicate(timeout=300)
