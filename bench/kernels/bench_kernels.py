@@ -115,6 +115,52 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
     return results
 
 
+def fp8_attention(bw: float) -> list[dict[str, Any]]:
+    """dense-8b decode attention on an FP8 cache (32 q / 8 kv heads, d 128, 16-token pages)
+    against the bf16 cache: the scales on the tiles or on the scores, over a few tile configs.
+    Every FP8 variant must give the same bits (the scaling commutes with every rounding)."""
+    from shardinfer.kernels.reference_fp8 import quantize_groups
+
+    hq, hk, d = 32, 8, 128
+    results = []
+    for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
+        db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
+        (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
+        fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
+        bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
+        base = None
+        variants = [("bf16", None, 64, 4, 2)] + [
+            (f"fp8_{where}", where == "scores", bn, warps, stages)
+            for where in ("tiles", "scores") for bn, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 4, 2),
+                                                                         (64, 8, 2))]
+        for name, on_scores, bn, warps, stages in variants:
+            fp8 = on_scores is not None
+            caches = (kq, vq) if fp8 else tuple(db.caches)
+            scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores} if fp8 else {}
+
+            def run(caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales, bn: int = bn,
+                    warps: int = warps, stages: int = stages, db: DecodeBatch = db, ctx: int = ctx) -> torch.Tensor:
+                return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
+                                          max_seq_len=ctx, block_n=bn, num_warps=warps, num_stages=stages,
+                                          **scales)
+
+            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, "block_n": bn, "num_warps": warps,
+                                   "num_stages": stages}
+            try:
+                out = run()
+                if fp8 and bn == 64 and warps == 4 and stages == 2:
+                    base = out if base is None else base
+                    row["bitwise_equal_to_tiles"] = bool(torch.equal(out, base))
+                ms = median_ms(run)
+                nbytes = fp8_bytes if fp8 else bf16_bytes
+                row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)
+            except Exception as exc:  # a config that fails to compile is reported, not fatal
+                row["error"] = repr(exc)[:300]
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    return results
+
+
 def _mla_bytes(batch: int, ctx: int) -> int:
     """HBM bytes of one moe-16b MLA decode call: the latent + rope cache of every key, and per
     token 16 heads' queries (576 wide) and outputs (512 wide), bf16."""
@@ -329,7 +375,7 @@ def main() -> None:
     for name, fn in [("small", bench_small), ("moe", lambda: bench_moe(bw, flops)),
                      ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
                      ("mla_scaling", lambda: mla_scaling(bw)), ("mla_merge", lambda: mla_merge(bw)),
-                     ("paged_attention", lambda: sweep_dense(bw, flops))]:
+                     ("paged_attention", lambda: sweep_dense(bw, flops)), ("fp8_attention", lambda: fp8_attention(bw))]:
         if args.only and name not in args.only.split(","):
             continue
         try:

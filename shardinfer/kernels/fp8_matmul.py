@@ -75,12 +75,18 @@ CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] =
 
 
 def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8TileConfig]:
-    # One program per 64x128 output tile, four warps, four stages, for every (N, K) and M: on the
-    # H200 this was the fastest of the tilings bench/kernels/bench_fp8_matmul.py tried at every
-    # dense-8b projection shape, at M = 256 and M = 8192 alike; the persistent loop that suits the
-    # bf16 GEMM ran the FP8 one several times slower. All the tilings tried gave bitwise equal
-    # rows (one K order), so a measured table may later switch tilings by M.
-    return Tiling(Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False))
+    # One program per 64x128 output tile, four warps, four stages: on the H200 the fastest of the
+    # tilings bench/kernels/bench_fp8_matmul.py tried at every dense-8b projection shape at
+    # M = 256 and M = 8192; the persistent loop that suits the bf16 GEMM ran the FP8 one several
+    # times slower. Up to 64 rows, 64x64 tiles with five stages beat it for N up to 6144 (twice the
+    # programs to cover the SMs); not for the 24576-wide gate_up. Every tiling tried gave
+    # bitwise equal rows (one K order, each 128-channel step promoted on its own), so switching
+    # by M keeps a row's bits (the invariance tests cross the switch). The measurements:
+    # docs/performance.md.
+    rest = Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False)
+    if key[0] > 8192:
+        return Tiling(rest)
+    return Tiling(rest, ((64, Fp8TileConfig(64, 64, num_warps=4, num_stages=5, persistent=False)),))
 
 
 _CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default)
@@ -149,7 +155,9 @@ def _fp8_linear_kernel(
         a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :]
         w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn  # weight.T tile
         as_ptrs = as_ptr + rows * a_groups
-        ws_ptrs = ws_ptr + (cols // BLOCK_K) * w_groups
+        # A column tile lies inside one 128-row weight-scale block (BLOCK_N <= 128, a power of two),
+        # so its block scale per K step is one scalar.
+        ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(0, k_tiles):
             if EVEN_K:
@@ -164,8 +172,8 @@ def _fp8_linear_kernel(
             if CHANNEL_SCALES:
                 acc += part * sa[:, None]
             else:
-                sb = tl.load(ws_ptrs + kt)
-                acc += part * sa[:, None] * sb[None, :]
+                sb = tl.load(ws_row + kt)
+                acc += part * (sa[:, None] * sb)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         if CHANNEL_SCALES:  # the column's scale is the same for every K step: applied once

@@ -6,7 +6,7 @@ the power-of-two scale 2^p with amax / 2^p <= 448, taken from amax's exponent bi
 so no rounding), and its values are rounded to e4m3 in float32 arithmetic before the final cast.
 Rounding first makes the cast exact, which matters twice: Triton's CPU interpreter rounds a
 float32 -> e4m3 cast wrongly when the mantissa carries into the exponent, and an exact cast is the
-same on every backend. One program per (row, group): a row's bits never depend on M.
+same on every backend. Each program takes some groups of one row: a row's bits never depend on M.
 """
 
 from __future__ import annotations
@@ -51,17 +51,25 @@ def round_to_e4m3(v):
     return tl.where(v < 0, -r, r)
 
 
+# Groups per program: a decode batch's activations are a few hundred rows of a few thousand
+# channels, and one 128-value group per program made the launch, not the bytes, the cost.
+GROUPS_PER_PROGRAM = 8
+
+
 @triton.jit(do_not_specialize=["M"])
-def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, num_groups, GROUP_SIZE: tl.constexpr):
+def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, num_groups, GROUP_SIZE: tl.constexpr,
+                         GROUPS: tl.constexpr):
+    """One row's GROUPS consecutive groups per program, as a [GROUPS, GROUP_SIZE] tile: each
+    group's max and rounding are its own, so the tile shape changes no bits."""
     row = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1)
-    cols = g * GROUP_SIZE + tl.arange(0, GROUP_SIZE)
+    g = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    cols = g[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]
     mask = cols < K
     x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    scale, inv = pow2_scale_bits(tl.max(tl.abs(x), axis=0))
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * inv, -448.0), 448.0))
+    scale, inv = pow2_scale_bits(tl.max(tl.abs(x), axis=1))
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0))
     tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row * num_groups + g, scale)
+    tl.store(s_ptr + row * num_groups + g, scale, mask=g < num_groups)
 
 
 def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,5 +84,7 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.empty((m, groups), dtype=torch.float32, device=x.device)
     if m and k:
         stride = x.stride(0) if m > 1 else k
-        _quant_groups_kernel[(m, groups)](x, q, s, m, k, stride, groups, GROUP_SIZE=GROUP, num_warps=1)
+        per = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(groups))
+        _quant_groups_kernel[(m, triton.cdiv(groups, per))](x, q, s, m, k, stride, groups, GROUP_SIZE=GROUP,
+                                                            GROUPS=per, num_warps=4 if per >= 4 else 1)
     return q, s

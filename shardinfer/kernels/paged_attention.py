@@ -64,7 +64,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr):
+                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -95,9 +95,12 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
-            if KV_FP8:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
+            if KV_FP8:
                 ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
-                if D <= 128:  # one scale per key: a vector, broadcast over the head dim
+                if SCALE_SCORES:  # one scale per key, applied to its column of scores below
+                    ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    k = k.to(q.dtype)
+                elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
                     ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
                     k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
                 else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
@@ -106,6 +109,8 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
                     k = (k.to(tl.float32) * ks2).to(q.dtype)
             s = tl.dot(q, k, input_precision=PRECISION)
+            if SCALE_SCORES:
+                s = s * ks[None, :]
             s = s * scale_log2
             visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
             if HAS_WINDOW:
@@ -119,9 +124,14 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             l_i = l_i * alpha + tl.sum(p, 1)
             v_off = page * svb + (n % PAGE) * svs + kvh * svh
             v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
+            pv = p
             if KV_FP8:
                 vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
-                if DV <= 128:
+                if SCALE_SCORES:  # one scale per key, applied to its column of probabilities
+                    vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    pv = p * vs[None, :]
+                    v = v.to(q.dtype)
+                elif DV <= 128:
                     vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
                     v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
                 else:
@@ -129,7 +139,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
                     vs2 = tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])
                     v = (v.to(tl.float32) * vs2).to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
         tl.store(pm_ptr + w, m_i, mask=row_ok)
@@ -175,7 +185,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
                     kv_chunk: int = KV_CHUNK, block_n: int = BLOCK_N, num_warps: int = 4,
                     num_stages: int = 2, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                    v_scale: torch.Tensor | None = None, fp8_scale_scores: bool | None = None) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -191,6 +201,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
     dequantised in registers into q's dtype, exactly (3-bit mantissas times powers of two), so
     the result is bit for bit what this kernel gives on a q-dtype cache holding those values.
+    With one scale per key (head dims <= 128) and bfloat16 or float32 queries, the scales are
+    applied to the scores' and the probabilities' columns instead of to the key and value tiles
+    (fp8_scale_scores, None: wherever that holds): a power-of-two factor commutes with every
+    rounding in between, so the bits are the same while the per-element work is one conversion.
+    (float16 is left out: its probabilities times small scales fall into its subnormal range,
+    where scaling and rounding stop commuting.)
     """
     fp8 = k_scale is not None or v_scale is not None
     _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len,
@@ -205,7 +221,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale)
+                  k_scale, v_scale, fp8_scale_scores)
 
 
 def _check_scales(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
@@ -222,12 +238,17 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
-           v_scale: torch.Tensor | None = None) -> torch.Tensor:
+           v_scale: torch.Tensor | None = None, fp8_scale_scores: bool | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
     """
     fp8 = k_scale is not None and v_scale is not None
+    scores_ok = max(d, dv) <= GROUP and q.dtype in (torch.bfloat16, torch.float32)
+    if fp8_scale_scores and not scores_ok:
+        raise fail("fp8_scale_scores", fp8_scale_scores,
+                   f"need head dims <= {GROUP} and bfloat16/float32 queries (got {d}, {dv}, {q.dtype})")
+    scale_scores = fp8 and (scores_ok if fp8_scale_scores is None else fp8_scale_scores)
     ks = k_scale if k_scale is not None else k_cache
     vs = v_scale if v_scale is not None else v_cache
     ks_strides = tuple(k_scale.stride()[:3]) if k_scale is not None else (0, 0, 0)
@@ -246,6 +267,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
+            SCALE_SCORES=scale_scores,
             num_warps=num_warps, num_stages=num_stages, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,

@@ -65,6 +65,18 @@ def test_activation_quantiser_rounds_to_nearest_even_e4m3(device: torch.device, 
         assert torch.equal(q.cpu().double(), want_q)
 
 
+def test_activation_quantiser_splits_long_rows_without_changing_bits(device: torch.device) -> None:
+    """Rows of many groups are split over several programs (the last one partly past K): every
+    group's values and scale still equal the reference's, which the test above checks against
+    float64."""
+    x = randn(3, 17 * 128 + 44, seed=2) * torch.logspace(-6, 2, 17 * 128 + 44)
+    q, s = fp8_quant.quantize_groups(x.to(device))
+    rq, rs = ref.quantize_groups(x)
+    assert s.shape == (3, 18)
+    assert torch.equal(s.cpu(), rs)
+    assert torch.equal(_bits(q), _bits(rq))
+
+
 def _pad(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x.float(), (0, 84))
 

@@ -114,6 +114,12 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
         dev[0], kd.to(device), vd.to(device), *dev[3:], 0.25, kv_chunk=64
     )
     assert torch.equal(got, on_dequantised)
+    if d <= 128 and dtype != torch.float16:
+        # The default scaled the scores and probabilities; the tile-dequantising path gives the same bits.
+        on_tiles = paged_attention.paged_attention(
+            *dev, 0.25, kv_chunk=64, k_scale=ks.to(device), v_scale=vs.to(device), fp8_scale_scores=False
+        )
+        assert torch.equal(on_tiles, got)
     ref = reference.paged_attention(q, kq, vq, b.qsl, b.seq_lens, bt, 0.25, k_scale=ks, v_scale=vs)
     assert torch.equal(ref, reference.paged_attention(q, kd, vd, b.qsl, b.seq_lens, bt, 0.25))
     assert rel_err(got, ref) < (1e-5 if dtype == torch.float32 else 2 * TOL[dtype])
