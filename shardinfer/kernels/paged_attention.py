@@ -50,6 +50,10 @@ from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 # attention, which is a small share of a prefill step.
 KV_CHUNK = 1024
 BLOCK_N = 64
+# An FP8 cache with one scale per key reads 128-key tiles: on the H200 its decode was faster at 128
+# than at 64 on every batch and context tried, where the bf16 cache's was not (bench_kernels.py
+# --only fp8_attention; docs/performance.md). A separate numerics setting, so a separate tile.
+FP8_BLOCK_N = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
@@ -183,7 +187,7 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                     scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
-                    kv_chunk: int = KV_CHUNK, block_n: int = BLOCK_N, num_warps: int = 4,
+                    kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int = 2, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool | None = None) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
@@ -195,7 +199,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     max_seq_len (the largest seq_lens entry) sizes the chunk grid; pass it to avoid a device
     sync. Returns [T, Hq, Dv] in q's dtype. Results do not depend on the rest of the batch; they
     do depend on kv_chunk and the tile config (block_n, num_warps, num_stages), which must
-    therefore be fixed per deployment, never chosen per batch.
+    therefore be fixed per deployment, never chosen per batch (block_n None: BLOCK_N, or
+    FP8_BLOCK_N for an FP8 cache with head dims <= 128).
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
@@ -217,6 +222,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]
     group = q.shape[1] // hk
+    if block_n is None:
+        block_n = FP8_BLOCK_N if fp8 and max(q.shape[-1], v_cache.shape[-1]) <= GROUP else BLOCK_N
     return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,

@@ -118,11 +118,12 @@ def _attention_cases() -> list[dict[str, Any]]:
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     out = []
-    for d in (256,):  # the widest head: the most shared memory (head dims of 128 need about half)
+    # The widest head, the most shared memory; and 128, where an FP8 cache reads 128-key tiles.
+    for d in (256, 128):
         for dtype in (torch.bfloat16, torch.float32):
             for fp8 in (False, True):
-                if dtype == torch.bfloat16 and not fp8:
-                    continue  # half the float32 tiles: never near the limit
+                if (dtype == torch.bfloat16 or d == 128) and not fp8:
+                    continue  # half the float32 tiles (or half the head): never near the limit
                 k, v = torch.randn(4, 16, 2, d), torch.randn(4, 16, 2, d)
                 extra: dict[str, torch.Tensor] = {}
                 if fp8:

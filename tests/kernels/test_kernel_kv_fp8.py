@@ -108,16 +108,18 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
     )
     dev = [t.to(device) for t in (q, kq, vq, qsl, sl, bt)]
     got = paged_attention.paged_attention(
-        *dev, 0.25, kv_chunk=64, k_scale=ks.to(device), v_scale=vs.to(device)
+        *dev, 0.25, kv_chunk=128, k_scale=ks.to(device), v_scale=vs.to(device)
     )
+    # The FP8 cache's default key tile; the same tile on the dequantised cache gives the same bits.
+    block_n = paged_attention.FP8_BLOCK_N if d <= 128 else paged_attention.BLOCK_N
     on_dequantised = paged_attention.paged_attention(
-        dev[0], kd.to(device), vd.to(device), *dev[3:], 0.25, kv_chunk=64
+        dev[0], kd.to(device), vd.to(device), *dev[3:], 0.25, kv_chunk=128, block_n=block_n
     )
     assert torch.equal(got, on_dequantised)
     if d <= 128 and dtype != torch.float16:
         # The default scaled the scores and probabilities; the tile-dequantising path gives the same bits.
         on_tiles = paged_attention.paged_attention(
-            *dev, 0.25, kv_chunk=64, k_scale=ks.to(device), v_scale=vs.to(device), fp8_scale_scores=False
+            *dev, 0.25, kv_chunk=128, k_scale=ks.to(device), v_scale=vs.to(device), fp8_scale_scores=False
         )
         assert torch.equal(on_tiles, got)
     ref = reference.paged_attention(q, kq, vq, b.qsl, b.seq_lens, bt, 0.25, k_scale=ks, v_scale=vs)
@@ -132,7 +134,7 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
         dev[4][1:2],
         dev[5][1:2],
         0.25,
-        kv_chunk=64,
+        kv_chunk=128,
         k_scale=ks.to(device),
         v_scale=vs.to(device),
     )
