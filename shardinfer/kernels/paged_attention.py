@@ -205,8 +205,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
     dequantised in registers into q's dtype, exactly (3-bit mantissas times powers of two), so
-    the result is bit for bit what this kernel gives on a q-dtype cache holding those values.
-    With one scale per key (head dims <= 128) and bfloat16 or float32 queries, the scales are
+    the result is bit for bit what this kernel gives on a q-dtype cache holding those values
+    (float16 queries on the GPU: within one unit in the last place, on a few outputs). With one scale per key (head dims <= 128) and bfloat16 or float32 queries, the scales are
     applied to the scores' and the probabilities' columns instead of to the key and value tiles
     (fp8_scale_scores, None: wherever that holds): a power-of-two factor commutes with every
     rounding in between, so the bits are the same while the per-element work is one conversion.

@@ -2,8 +2,9 @@
 kernels reading an FP8 cache against themselves on a cache holding the dequantised values.
 
 The kernels dequantise each tile in registers into the query's dtype, exactly (3-bit mantissas
-times power-of-two scales), so an FP8 cache must give bit for bit what the same kernel gives on the
-dequantised cache; and the reference on an FP8 cache equals the reference on that cache. Batch
+times power-of-two scales), or apply the power-of-two scales to the scores and probabilities, so an
+FP8 cache must give bit for bit what the same kernel gives on the dequantised cache (float16
+queries on the GPU: within one unit in the last place, on a few outputs); and the reference on an FP8 cache equals the reference on that cache. Batch
 invariance and prefix caching then carry over from the kernels' own tests (test_kernel_paged_attention,
 test_kernel_mla), and an explicit row check guards the new code path.
 """
@@ -115,7 +116,13 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
     on_dequantised = paged_attention.paged_attention(
         dev[0], kd.to(device), vd.to(device), *dev[3:], 0.25, kv_chunk=128, block_n=block_n
     )
-    assert torch.equal(got, on_dequantised)
+    if dtype == torch.float16 and device.type == "cuda":
+        # On the H200 a few float16 outputs differ by one unit in the last place (the kernel before
+        # the scores-side scaling did the same); bfloat16 and float32 queries are bit for bit.
+        ulps = (got.view(torch.int16).int() - on_dequantised.view(torch.int16).int()).abs()
+        assert int(ulps.max()) <= 1 and int((ulps > 0).sum()) <= got.numel() // 100
+    else:
+        assert torch.equal(got, on_dequantised)
     if d <= 128 and dtype != torch.float16:
         # The default scaled the scores and probabilities; the tile-dequantising path gives the same bits.
         on_tiles = paged_attention.paged_attention(
