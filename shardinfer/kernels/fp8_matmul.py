@@ -15,9 +15,10 @@ float32 every 128 channels, and the activation scales change every 128 channels 
 per-channel weight scale is the same for every K step, so it multiplies the accumulator once, in
 the epilogue. One kernel serves both layouts (CHANNEL_SCALES is a compile-time switch).
 
-Batch invariance, as in matmul.py: the tiling of an (N, K) problem is fixed without looking at M,
-the kernel is not specialised on M, and each output tile is reduced by one program in K order, so
-a row's bits do not depend on M or on which tile row it lands in. The activation quantiser is per
+Batch invariance: the kernel is not specialised on M, and each output tile is reduced by one
+program in K order, one 128-channel step at a time, each step's product promoted on its own, so a
+row's bits depend neither on M, nor on which tile row it lands in, nor on the tile's shape. That
+last part lets the tiling follow M (_default) where matmul.py's bf16 GEMM must keep one. The activation quantiser is per
 row. The semantics are reference_fp8.linear_fp8's (the same quantised operands); only the float32
 summation order differs.
 """
