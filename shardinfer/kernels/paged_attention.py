@@ -209,7 +209,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     (float16 queries on the GPU: within one unit in the last place, on a few outputs). With one scale per key (head dims <= 128) and bfloat16 or float32 queries, the scales are
     applied to the scores' and the probabilities' columns instead of to the key and value tiles
     (fp8_scale_scores, None: wherever that holds): a power-of-two factor commutes with every
-    rounding in between, so the bits are the same while the per-element work is one conversion.
+    rounding in between, so the bits are the same while the per-element work is one conversion
+    (short of a probability so small that, times its scale, it falls below float32's normal
+    range, about 2^-126: there the two can differ in a term far below the sum's last place).
     (float16 is left out: its probabilities times small scales fall into its subnormal range,
     where scaling and rounding stop commuting.)
     """
