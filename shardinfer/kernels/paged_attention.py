@@ -200,14 +200,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     sync. Returns [T, Hq, Dv] in q's dtype. Results do not depend on the rest of the batch; they
     do depend on kv_chunk and the tile config (block_n, num_warps, num_stages), which must
     therefore be fixed per deployment, never chosen per batch (block_n None: BLOCK_N, or
-    FP8_BLOCK_N for an FP8 cache with head dims <= 128).
+    FP8_BLOCK_N for an FP8 cache with head dims <= 128 when it divides kv_chunk).
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
     dequantised in registers into q's dtype, exactly (3-bit mantissas times powers of two), so
     the result is bit for bit what this kernel gives on a q-dtype cache holding those values
-    (float16 queries on the GPU: within one unit in the last place, on a few outputs). With one scale per key (head dims <= 128) and bfloat16 or float32 queries, the scales are
-    applied to the scores' and the probabilities' columns instead of to the key and value tiles
+    (float16 queries on the GPU: within one unit in the last place, on a few outputs). With one
+    scale per key (head dims <= 128) and bfloat16 or float32 queries, the scales are applied to
+    the scores' and the probabilities' columns instead of to the key and value tiles
     (fp8_scale_scores, None: wherever that holds): a power-of-two factor commutes with every
     rounding in between, so the bits are the same while the per-element work is one conversion
     (short of a probability so small that, times its scale, it falls below float32's normal
@@ -225,7 +226,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     hk = k_cache.shape[2]
     group = q.shape[1] // hk
     if block_n is None:
-        block_n = FP8_BLOCK_N if fp8 and max(q.shape[-1], v_cache.shape[-1]) <= GROUP else BLOCK_N
+        wide = fp8 and max(q.shape[-1], v_cache.shape[-1]) <= GROUP and kv_chunk % FP8_BLOCK_N == 0
+        block_n = FP8_BLOCK_N if wide else BLOCK_N
     return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,

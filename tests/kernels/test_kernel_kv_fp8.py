@@ -148,6 +148,19 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
     assert torch.equal(alone, got[5:6])
 
 
+def test_fp8_cache_key_tile_follows_kv_chunk(device: torch.device) -> None:
+    """The FP8 cache's 128-key default tile is taken only where it divides kv_chunk; with a
+    64-key chunk the default is the 64-key tile (the same bits as asking for it), not an error."""
+    b = PagedBatch([3, 1], [0, 90], hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32,
+                   device=device, seed=5)
+    (kq, ks), (vq, vs) = quantize_groups(b.k_cache), quantize_groups(b.v_cache)
+    args = (b.q.to(device), kq.to(device), vq.to(device), torch.tensor(b.qsl, dtype=torch.int32, device=device),
+            torch.tensor(b.seq_lens, dtype=torch.int32, device=device), b.block_tables.to(device), 0.25)
+    scales = {"k_scale": ks.to(device), "v_scale": vs.to(device)}
+    by_default = paged_attention.paged_attention(*args, kv_chunk=64, **scales)
+    assert torch.equal(by_default, paged_attention.paged_attention(*args, kv_chunk=64, block_n=64, **scales))
+
+
 # (256, 32): whole groups per latent half, the rope key in one group (DeepSeek's layout, scaled
 # down); (64, 16): groups spanning both halves; (64, 128): the rope key across two groups.
 @pytest.mark.parametrize(
