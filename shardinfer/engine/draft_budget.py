@@ -28,7 +28,7 @@ time costs the host's). Without buckets
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from shardinfer.engine.draft_calibration import ConfidenceCalibration
 from shardinfer.engine.step_timer import StepTimes
@@ -120,12 +120,8 @@ class DraftBudget:
         return tuple(None if c is None else bin_of(c) for c in confidence[: self.max_depth])
 
     def _extra(self, bins: tuple[int | None, ...], rates: list[float]) -> list[float]:
-        out, keep, total = [], 1.0, 0.0
-        for i, b in enumerate(bins):
-            keep *= rates[i] if b is None else self.calibration.bin_probability(i, b, rates[i])
-            total += keep
-            out.append(total)
-        return out
+        bin_probability = self.calibration.bin_probability
+        return _running_sums(rates[i] if b is None else bin_probability(i, b, rates[i]) for i, b in enumerate(bins))
 
     def best_case(self) -> list[float]:
         """Per draft position: the highest chance that any draft there is accepted once the drafts
@@ -146,18 +142,9 @@ class DraftBudget:
         plain = self.times.ms(1, bucket) if bucket is not None else None
         if not self.scheduled or bucket is None or plain is None or plain <= 0:
             return True
-        kept, expected = 1.0, [0.0]  # expected[j]: accepted drafts of a request drafting j
-        for p in [1.0] * self.max_depth if certain else self.best_case():
-            kept *= p
-            expected.append(expected[-1] + kept)
-        for k in range(1, self.max_depth + 1):
-            ms = self.times.ms(1 + k, bucket)
-            if ms is None or ms <= 0:
-                continue
-            tokens = batch + sum(expected[min(k, r)] for r in rooms)
-            if tokens / ms > MIN_GAIN * batch / plain:
-                return True
-        return False
+        # expected[j]: the accepted drafts of a request drafting j
+        expected = [0.0, *_running_sums([1.0] * self.max_depth if certain else self.best_case())]
+        return self._paying_depth(batch, bucket, lambda k: sum(expected[min(k, r)] for r in rooms)) > 0
 
     def depth(self, batch: int, confidences: Sequence[Confidence] | None = None) -> int:
         """The draft depth for a step of `batch` running requests. `confidences`: per request that
@@ -178,14 +165,29 @@ class DraftBudget:
                 key = self._bins(c)
                 groups[key] = groups.get(key, 0) + 1
         extras = [(self._extra(key, rates), n) for key, n in groups.items() if key]
+        return self._paying_depth(batch, bucket, lambda k: sum(n * e[min(k, len(e)) - 1] for e, n in extras))
+
+    def _paying_depth(self, batch: int, bucket: int, extra: Callable[[int], float]) -> int:
+        """The depth k with the most tokens per ms, (batch + extra(k)) over the measured time of a
+        step of width 1 + k, among those beating plain decoding by MIN_GAIN; 0 where none does."""
         plain = self.times.ms(1, bucket)
-        # A depth must beat plain decoding by MIN_GAIN (and every shallower depth) to be chosen.
         best, best_rate = 0, batch / plain * MIN_GAIN if plain is not None and plain > 0 else 0.0
         for k in range(1, self.max_depth + 1):
             ms = self.times.ms(1 + k, bucket)
             if ms is None or ms <= 0:
                 continue
-            rate = (batch + sum(n * e[min(k, len(e)) - 1] for e, n in extras)) / ms
+            rate = (batch + extra(k)) / ms
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
+
+
+def _running_sums(probabilities: Iterable[float]) -> list[float]:
+    """Expected accepted drafts at depth 1, 2, ...: running sums of the running products of each
+    position's chance of acceptance given the ones before it."""
+    out, keep, total = [], 1.0, 0.0
+    for p in probabilities:
+        keep *= p
+        total += keep
+        out.append(total)
+    return out

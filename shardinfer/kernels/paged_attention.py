@@ -226,13 +226,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     hk = k_cache.shape[2]
     group = q.shape[1] // hk
     if block_n is None:
-        wide = fp8 and max(q.shape[-1], v_cache.shape[-1]) <= GROUP and kv_chunk % FP8_BLOCK_N == 0
+        wide = fp8 and _one_scale_per_key(q.shape[-1], v_cache.shape[-1]) and kv_chunk % FP8_BLOCK_N == 0
         block_n = FP8_BLOCK_N if wide else BLOCK_N
     return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
                   k_scale, v_scale, fp8_scale_scores)
+
+
+def _one_scale_per_key(d: int, dv: int) -> bool:
+    """Whether an FP8 cache holds one scale per key and head (heads of at most one 128-value group)."""
+    return max(d, dv) <= GROUP
 
 
 def _check_scales(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
@@ -255,7 +260,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
     """
     fp8 = k_scale is not None and v_scale is not None
-    scores_ok = max(d, dv) <= GROUP and q.dtype in (torch.bfloat16, torch.float32)
+    scores_ok = _one_scale_per_key(d, dv) and q.dtype in (torch.bfloat16, torch.float32)
     if fp8_scale_scores and not scores_ok:
         raise fail("fp8_scale_scores", fp8_scale_scores,
                    f"need head dims <= {GROUP} and bfloat16/float32 queries (got {d}, {dv}, {q.dtype})")
