@@ -18,6 +18,12 @@ their own positions and the padding rows sit before them, attending only to keys
 cache. (Padding behind the real rows would make the attention tile read key slots past the
 sequence, which hold whatever an earlier request left there: an invisible key's weight is zero,
 but zero times a stale NaN is not.)
+
+With an MTP drafter (`draft_layer`), each (W, B) also has a second graph: the checkpoint's MTP layer
+over the step's rows, reading the main graph's hidden states, positions and attention metadata
+where they lie, and token ids from its own static buffer. It runs after the step's sampling has
+been queued (its input is the sampled token after each row), so it cannot join the main graph;
+as a graph it costs one launch instead of the layer's dozens (draft_device.mtp_drafts).
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ def pad_to_width(host: Any, w: int) -> tuple[Any, np.ndarray]:
 class DecodeGraphs:
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, ...]], block_size: int,
                  max_model_len: int, max_batch: int, device: torch.device, batch_invariant: bool,
-                 widths: list[int] | None = None) -> None:
+                 widths: list[int] | None = None, draft_layer: bool = False) -> None:
         self.model = model
+        self.draft_layer = draft_layer
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.sizes = [b for b in BUCKETS if b <= max_batch] or [1]
@@ -77,6 +84,14 @@ class DecodeGraphs:
         # (width, bucket) -> measured replay time, for the draft budget (draft_budget.py); only
         # measured when there is more than one width to choose from.
         self.replay_ms: dict[tuple[int, int], float] = {}
+        # The MTP layer's graphs (module docstring): its token ids in, its draft hidden states out.
+        self.draft_ids = torch.zeros(t_max if draft_layer else 0, dtype=torch.int64, device=device)
+        self.draft_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.draft_hidden: dict[tuple[int, int], torch.Tensor] = {}
+        # The last replay: its (width, bucket), and where its real rows went when it was padded
+        # (row i of the host batch -> row last_rows[i] of the graph's layout; None: not padded).
+        self.last_key: tuple[int, int] | None = None
+        self.last_rows: np.ndarray | None = None
         # Host staging in pinned memory, two sets used in turn: with asynchronous scheduling the
         # copy out of one set may still be queued behind the running step while the next step
         # fills the other. (A set is reused only after the step that read it has completed.)
@@ -107,6 +122,10 @@ class DecodeGraphs:
         hidden = self.model(self.input_ids[: b * w], self.positions[: b * w], self.context(b, w))
         return hidden, self.model.compute_logits(hidden)
 
+    def _draft_forward(self, b: int, w: int) -> torch.Tensor:
+        return self.model.mtp_forward(self.draft_ids[: b * w], self.positions[: b * w], self.hidden[w, b],
+                                      self.context(b, w))
+
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
@@ -126,21 +145,32 @@ class DecodeGraphs:
                         self.hidden[w, b], self.outputs[w, b] = self._forward(b, w)
                     pool = graph.pool()
                     self.graphs[w, b] = graph
+                    if self.draft_layer:
+                        graph.replay()  # real hidden states for the draft layer's eager pass
+                        self._draft_forward(b, w)
+                        draft = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(draft, pool=pool, stream=stream):
+                            self.draft_hidden[w, b] = self._draft_forward(b, w)
+                        self.draft_graphs[w, b] = draft
                 if len(self.widths) > 1:
                     for b in self.sizes:
-                        self.replay_ms[w, b] = self._time_replay(self.graphs[w, b], stream)
+                        replays = [self.graphs[w, b]] + ([self.draft_graphs[w, b]] if self.draft_layer else [])
+                        self.replay_ms[w, b] = self._time_replay(replays, stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
     @staticmethod
-    def _time_replay(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, repeats: int = 3) -> float:
-        """Milliseconds per replay (after one untimed replay), at the capture's tiny contexts:
-        what it measures is the weights' and the rows' share of a step, which sets the headroom."""
-        graph.replay()
+    def _time_replay(graphs: list[torch.cuda.CUDAGraph], stream: torch.cuda.Stream, repeats: int = 3) -> float:
+        """Milliseconds per replay of a step's graphs in turn (after one untimed round), at the
+        capture's tiny contexts: what it measures is the weights' and the rows' share of a step,
+        which sets the headroom."""
+        for graph in graphs:
+            graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(stream)
         for _ in range(repeats):
-            graph.replay()
+            for graph in graphs:
+                graph.replay()
         end.record(stream)
         end.synchronize()
         return start.elapsed_time(end) / repeats
@@ -193,8 +223,21 @@ class DecodeGraphs:
             sample_shift = fixup.apply(self.input_ids, self.positions, self.seq_lens, self.slot_mapping,
                                        self.block_tables, self.block_size)
         self.graphs[w, b].replay()
+        self.last_key = (w, b)
+        self.last_rows = rows if padded else None
         if not padded:
             return self.outputs[w, b][:t], self.input_ids[:t], sample_shift
         keep = self.real_rows[:real]
         keep.copy_(st["rows"][:real], non_blocking=True)
         return self.outputs[w, b][keep], self.input_ids[keep], sample_shift
+
+    def run_draft_layer(self, ids: torch.Tensor) -> torch.Tensor:
+        """Replay the MTP layer's graph of the last replay's (width, bucket) over `ids` (on the
+        device, one per row of that replay's layout, padding included); returns its draft hidden
+        states, one row per row of the layout (valid until that graph's next replay)."""
+        if not self.draft_layer or self.last_key is None:
+            raise RuntimeError("no draft-layer graph to replay: built without draft_layer, or before any replay")
+        w, b = self.last_key
+        self.draft_ids[: b * w].copy_(ids)
+        self.draft_graphs[w, b].replay()
+        return self.draft_hidden[w, b]

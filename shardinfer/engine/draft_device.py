@@ -115,11 +115,12 @@ def mtp_drafts(
     sampled: DeviceSample | None,
     newest: list[int],
     depth: int = 1,
-) -> None:
+) -> bool:
     """Run the MTP layer over the step's rows and draft each sampling request's next `depth`
     tokens into sampled.mtp_drafts [requests, depth] (device), and the head's probability of each
     into sampled.mtp_confidence. `newest`: per sampling request, the position of its newest slot
-    in the host's layout when the step was planned.
+    in the host's layout when the step was planned. Returns whether the layer ran as a CUDA graph
+    (after a graphed step: the graph of that step's width and bucket, cuda_graphs.py).
 
     Row p pairs the main model's hidden state at p with the token at p + 1, fills the MTP layer's
     cache at p, and predicts the token at p + 2. Inside a request's sampled rows the token at p + 1
@@ -130,10 +131,11 @@ def mtp_drafts(
     Further drafts apply the one MTP layer again to its own output (`_recurse`).
     """
     if runner.last_forward is None:
-        return
+        return False
     _, positions, ctx, hidden = runner.last_forward
     runner.last_forward = None
     dev = hidden.device
+    graphed = runner.last_step_graphed and runner.graphs is not None and runner.graphs.draft_layer
     starts = sampling_input_rows(step, batch)
     next_ids: list[int] = []
     for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
@@ -141,7 +143,6 @@ def mtp_drafts(
         tokens = req.token_slice(begin + 1, begin + n + 1)
         next_ids.extend(t if t >= 0 else 0 for t in tokens)
         next_ids.extend([0] * (n - len(tokens)))
-    next_ids.extend([0] * (hidden.shape[0] - len(next_ids)))  # CUDA graph padding rows
     counts = step.sample_counts
     # Where each sampled row's token goes among the next ids: request i's rows, in order, are
     # sampled rows firsts[i] .. firsts[i] + counts[i] - 1 (so all sampled rows, in order).
@@ -149,6 +150,8 @@ def mtp_drafts(
         [s + j for s, c in zip(starts, counts, strict=True) for j in range(c)] if sampled is not None else []
     )
     firsts = _firsts(counts)
+    rows = runner.graphs.last_rows if runner.last_step_graphed and runner.graphs is not None else None
+    next_ids, targets, starts = in_replayed_layout(next_ids, targets, starts, hidden.shape[0], rows)
     # One copy for every index list.
     sizes = [len(next_ids), len(targets), len(firsts), len(starts)]
     with torch.inference_mode():
@@ -157,9 +160,12 @@ def mtp_drafts(
         ).split(sizes)
         if targets and sampled is not None:
             nxt[target_rows] = sampled.tokens
-        draft_hidden = runner.model.mtp_forward(nxt, positions, hidden, ctx)
+        if graphed:
+            draft_hidden = runner.graphs.run_draft_layer(nxt)
+        else:
+            draft_hidden = runner.model.mtp_forward(nxt, positions, hidden, ctx)
         if sampled is None or not step.sample_requests:
-            return
+            return graphed
         if sampled.accepted is not None:
             pick = pick + sampled.accepted
         logits = runner.model.mtp_compute_logits(draft_hidden[pick])
@@ -170,8 +176,8 @@ def mtp_drafts(
         if step.position_shift is not None:
             previous = step.position_shift[first_rows]
             shift = previous if shift is None else shift + previous
-        rows = [_draft_row(r, p + 1) for r, p in zip(step.sample_requests, newest, strict=True)]
-        first = sample_on_device(logits, rows, position_shift=shift)
+        draft_rows = [_draft_row(r, p + 1) for r, p in zip(step.sample_requests, newest, strict=True)]
+        first = sample_on_device(logits, draft_rows, position_shift=shift)
         drafts, logprobs = [first.tokens], [first.logprobs]
         if depth > 1:
             more = _recurse(
@@ -183,6 +189,20 @@ def mtp_drafts(
     # The head's softmax probability of each token it drafted (the sampler's logprob under the raw
     # logits): the confidence the draft budget weighs. Read back with the tokens, never waited for.
     sampled.mtp_confidence = torch.stack(logprobs, dim=1).exp()
+    return graphed
+
+
+def in_replayed_layout(
+    next_ids: list[int], targets: list[int], starts: list[int], size: int, rows: np.ndarray | None
+) -> tuple[list[int], list[int], list[int]]:
+    """mtp_drafts' host-layout lists moved to the layout the step ran in: `size` rows (a CUDA
+    graph's bucket, or the eager step's rows) with the real row i at rows[i] (a padded graph step,
+    cuda_graphs.pad_to_width; None: at i). Padding rows get token 0; their KV store is skipped."""
+    if rows is None:
+        return next_ids + [0] * (size - len(next_ids)), targets, starts
+    ids = np.zeros(size, dtype=np.int64)
+    ids[rows] = next_ids
+    return ids.tolist(), rows[targets].tolist(), rows[starts].tolist()
 
 
 def _recurse(

@@ -98,6 +98,7 @@ class LLMEngine:
         self.counters: dict[str, float] = {
             "prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0, "finished_requests": 0,
             "draft_tokens": 0, "accepted_draft_tokens": 0, "padded_draft_tokens": 0, "graphed_verify_steps": 0,
+            "graphed_mtp_steps": 0,
             "draft_depth_sum": 0, "draft_depth_steps": 0, "speculation_off_steps": 0, "timed_draft_steps": 0,
             "draft_probe_steps": 0,
             "synchronous_steps": 0, "deferred_sampling_steps": 0,
@@ -337,7 +338,7 @@ class LLMEngine:
         would include the wait."""
         timer = self.step_timer
         runner = self.runner
-        width = runner.decode_width(batch, mixed=not runner.keep_last_forward) if timer is not None else 0
+        width = runner.decode_width(batch) if timer is not None else 0
         started = timer.start() if timer is not None and width else None
         step_logits = self._forward(batch, previous)
         finished: list[RequestOutput] = []
@@ -394,8 +395,12 @@ class LLMEngine:
             sampled = sample_on_device(logits.sample_logits, plan.rows, grammar, logits.position_shift)
             if any(c > 1 for c in logits.sample_counts):
                 count_accepted(logits, plan.batch, sampled)
-        if self.drafter is not None and self.drafter.use_mtp:
-            mtp_drafts(self.runner, logits, plan.batch, sampled, plan.newest_positions, self.drafter.mtp_depth)
+        if (
+            self.drafter is not None
+            and self.drafter.use_mtp
+            and mtp_drafts(self.runner, logits, plan.batch, sampled, plan.newest_positions, self.drafter.mtp_depth)
+        ):
+            self.counters["graphed_mtp_steps"] += 1
         if sampled is not None:
             sampled.stage()
         return InFlightStep.launched(plan, sampled)
@@ -454,7 +459,8 @@ class LLMEngine:
         over the batch) and speculation_off_share (the share where it chose no drafts at all);
         timed_draft_steps (steps whose device time the budget measured; CUDA only),
         draft_probe_steps (steps that verified one draft each to keep the acceptance estimates
-        learning while the schedule had the requests skip proposing) and graphed_verify_steps."""
+        learning while the schedule had the requests skip proposing), graphed_verify_steps and, with
+        MTP drafts, graphed_mtp_steps (steps whose MTP layer ran as a CUDA graph)."""
         out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
         out["prefix_cache_hit_rate"] = self.block_manager.prefix_hit_rate
         out["preemptions"] = float(self.scheduler.num_preemptions)

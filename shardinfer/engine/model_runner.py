@@ -130,15 +130,15 @@ class ModelRunner:
         # Speculative steps verify 1 + k rows per request, k up to the draft depth (fewer near a
         # request's max_tokens, or where a draft budget chooses fewer): one graph per width.
         self.graph_widths = list(range(1, 2 + cfg.draft_depth))
+        # The last step's inputs and hidden states, for a draft model that continues from them;
+        # kept only when asked (keep_last_forward), else they would pin the device memory of the
+        # last step's hidden states. The MTP layer also gets its own graphs (cuda_graphs.py).
+        self.keep_last_forward = use_mtp
         if self.device.type == "cuda" and not cfg.enforce_eager:
             with phases.phase("graph_capture_s"):
                 self.graphs = self._capture_graphs(cfg.max_num_seqs)
         self.last_step_graphed = False
         self.last_step_width = 0  # tokens per request of the last graphed step (0: eager)
-        # The last step's inputs and hidden states, for a draft model that continues from them;
-        # kept only when asked (keep_last_forward), else they would pin the device memory of the
-        # last step's hidden states.
-        self.keep_last_forward = use_mtp
         self.last_forward: tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor] | None = None
 
     def _warm_up(self) -> None:
@@ -151,7 +151,7 @@ class ModelRunner:
         from shardinfer.engine.cuda_graphs import DecodeGraphs
 
         graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.max_model_len, max_num_seqs,
-                              self.device, self.batch_invariant, self.graph_widths)
+                              self.device, self.batch_invariant, self.graph_widths, draft_layer=self.keep_last_forward)
         graphs.capture()
         return graphs
 
@@ -175,23 +175,22 @@ class ModelRunner:
         return self._to_device(host.input_ids), self._to_device(host.positions), ctx
 
     @staticmethod
-    def decode_width(batch: ScheduledBatch, mixed: bool = True) -> int:
+    def decode_width(batch: ScheduledBatch) -> int:
         """The CUDA graph width that runs the batch, or 0 (eager): every request decodes (its newest
         token and its drafts) and none scores prompt positions. The width is the widest request's;
-        narrower ones are padded (cuda_graphs.pad_to_width) unless `mixed` is False."""
+        narrower ones are padded (cuda_graphs.pad_to_width)."""
         if not batch.requests:
             return 0
         w = max(batch.num_new_tokens)
         for r, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-            if ((n != w and not mixed) or r.num_computed_tokens + n != r.num_tokens or r.num_draft_tokens != n - 1
+            if (r.num_computed_tokens + n != r.num_tokens or r.num_draft_tokens != n - 1
                     or (r.wants_prompt_logprobs and not r.prompt_logprobs_done)):
                 return 0
         return w
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, fixup: InputFixup | None = None) -> StepLogits:
-        # An MTP drafter reads the last forward's hidden states w rows per request: no padded steps.
-        width = self.decode_width(batch, mixed=not self.keep_last_forward) if self.graphs is not None else 0
+        width = self.decode_width(batch) if self.graphs is not None else 0
         if width and self.graphs.fits(len(batch), width):
             host = build_host_batch(batch, self.block_size)
             logits, input_ids, shift = self.graphs.run(host, fixup, width)

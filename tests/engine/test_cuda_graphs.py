@@ -12,6 +12,7 @@ from shardinfer.engine.cuda_graphs import pad_to_width
 from shardinfer.engine.forward_context import SKIP_SLOT, AttentionMetadata, ForwardContext
 from shardinfer.engine.input_fixup import InputFixup, PreviousStep
 from shardinfer.engine.model_runner import HostBatch
+from tests.engine.speculative_helpers import DEMO
 
 BLOCK = 16
 
@@ -130,3 +131,76 @@ def test_a_spread_fixup_returns_the_sampling_rows_position_shift() -> None:
     padded, rows = pad_to_width(host, 3)
     _, shift = _applied(padded, fix.spread(rows.tolist(), 6, 3))
     assert shift is not None and shift.tolist() == [1, 0, 0, 0]
+
+
+def _hidden(runner, host: HostBatch) -> tuple[torch.Tensor, ForwardContext]:
+    """The main model's hidden states over the host batch, and the context they ran in."""
+    counts = np.diff(host.query_start_loc)
+    meta = AttentionMetadata(
+        query_start_loc=torch.from_numpy(host.query_start_loc),
+        seq_lens=torch.from_numpy(host.seq_lens),
+        block_tables=torch.from_numpy(host.block_tables),
+        slot_mapping=torch.from_numpy(host.slot_mapping),
+        block_size=BLOCK,
+        max_query_len=int(counts.max()),
+        max_seq_len=int(host.seq_lens.max()),
+        query_start_loc_cpu=host.query_start_loc.tolist(),
+        seq_lens_cpu=host.seq_lens.tolist(),
+    )
+    ctx = ForwardContext(meta, runner.kv_caches, runner.batch_invariant)
+    with torch.inference_mode():
+        return runner.model(torch.from_numpy(host.input_ids), torch.from_numpy(host.positions), ctx), ctx
+
+
+def _mtp(runner, host: HostBatch, next_ids: list[int]) -> torch.Tensor:
+    """The MTP layer after the main model over the host batch, row i paired with next_ids[i]."""
+    hidden, ctx = _hidden(runner, host)
+    with torch.inference_mode():
+        return runner.model.mtp_forward(torch.tensor(next_ids), torch.from_numpy(host.positions), hidden, ctx)
+
+
+def test_the_mtp_layer_in_the_padded_layout_gives_the_real_rows_bits_and_stores_nothing() -> None:
+    """A graphed MTP step runs the draft layer in the padded layout of its main step, with the
+    host's next tokens moved there by draft_device.in_replayed_layout: the real rows' draft hidden
+    states are the compact step's bits, and the padding rows write nothing to either cache."""
+    from shardinfer.engine.draft_device import in_replayed_layout
+
+    llm = LLM(DEMO, device="cpu", dtype="float32", block_size=BLOCK, speculative="mtp")
+    runner = llm.llm_engine.runner
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 4000, (n,), generator=g).tolist() for n in (7, 12, 4)]
+    blocks = [1, 2, 3]
+    _mtp(runner, _host(prompts, [0, 0, 0], blocks), [t for p in prompts for t in [*p[1:], 5]])
+    step = [[11], [12, 13, 14], [15, 16]]
+    after = [[21], [22, 23, 24], [25, 26]]  # the token after each row (sampled ones, in a real step)
+    compact = _host(step, [7, 12, 4], blocks)
+    flat_after = [t for a in after for t in a]
+    want = _mtp(runner, compact, flat_after)
+    kv_before = [t.clone() for layer in runner.kv_caches for t in layer]
+
+    padded, rows = pad_to_width(compact, 3)
+    starts = [0, 1, 4]  # each request's first sampled row in the compact layout
+    targets = list(range(6))
+    ids, moved_targets, moved_starts = in_replayed_layout(flat_after, targets, starts, 12, rows)  # bucket of 4
+    assert moved_starts == [2, 3, 7] and moved_targets == rows.tolist()
+    assert len(ids) == 12 and [ids[r] for r in rows] == flat_after
+    padded = _pad_requests(padded, 4, 3)
+    got = _mtp(runner, padded, ids)
+    assert torch.equal(got[torch.from_numpy(rows)], want)
+    kv_after = [t for layer in runner.kv_caches for t in layer]
+    assert all(torch.equal(a, b) for a, b in zip(kv_before, kv_after, strict=True))
+
+
+def _pad_requests(host: HostBatch, b: int, w: int) -> HostBatch:
+    """The padded host batch grown to a bucket of b requests, as DecodeGraphs.run fills its static
+    buffers: each padding request holds w tokens at position 0 in block 0, KV store skipped."""
+    n = len(host.seq_lens)
+    extra = (b - n) * w
+    return HostBatch(
+        input_ids=np.concatenate([host.input_ids, np.zeros(extra, dtype=np.int64)]),
+        positions=np.concatenate([host.positions, np.zeros(extra, dtype=np.int64)]),
+        slot_mapping=np.concatenate([host.slot_mapping, np.full(extra, SKIP_SLOT, dtype=np.int64)]),
+        query_start_loc=np.arange(0, (b + 1) * w, w, dtype=np.int32),
+        seq_lens=np.concatenate([host.seq_lens, np.full(b - n, w, dtype=np.int32)]),
+        block_tables=np.concatenate([host.block_tables, np.zeros((b - n, host.block_tables.shape[1]), np.int32)]),
+    )
