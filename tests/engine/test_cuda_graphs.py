@@ -36,7 +36,7 @@ def _host(tokens: list[list[int]], starts: list[int], blocks: list[int]) -> Host
     )
 
 
-def _forward(runner, host: HostBatch) -> torch.Tensor:
+def _context(runner, host: HostBatch) -> ForwardContext:
     counts = np.diff(host.query_start_loc)
     meta = AttentionMetadata(
         query_start_loc=torch.from_numpy(host.query_start_loc),
@@ -49,9 +49,19 @@ def _forward(runner, host: HostBatch) -> torch.Tensor:
         query_start_loc_cpu=host.query_start_loc.tolist(),
         seq_lens_cpu=host.seq_lens.tolist(),
     )
-    ctx = ForwardContext(meta, runner.kv_caches, runner.batch_invariant)
+    return ForwardContext(meta, runner.kv_caches, runner.batch_invariant)
+
+
+def _hidden(runner, host: HostBatch) -> tuple[torch.Tensor, ForwardContext]:
+    """The main model's hidden states over the host batch, and the context they ran in."""
+    ctx = _context(runner, host)
     with torch.inference_mode():
-        hidden = runner.model(torch.from_numpy(host.input_ids), torch.from_numpy(host.positions), ctx)
+        return runner.model(torch.from_numpy(host.input_ids), torch.from_numpy(host.positions), ctx), ctx
+
+
+def _forward(runner, host: HostBatch) -> torch.Tensor:
+    hidden, _ = _hidden(runner, host)
+    with torch.inference_mode():
         return runner.model.compute_logits(hidden)
 
 
@@ -131,25 +141,6 @@ def test_a_spread_fixup_returns_the_sampling_rows_position_shift() -> None:
     padded, rows = pad_to_width(host, 3)
     _, shift = _applied(padded, fix.spread(rows.tolist(), 6, 3))
     assert shift is not None and shift.tolist() == [1, 0, 0, 0]
-
-
-def _hidden(runner, host: HostBatch) -> tuple[torch.Tensor, ForwardContext]:
-    """The main model's hidden states over the host batch, and the context they ran in."""
-    counts = np.diff(host.query_start_loc)
-    meta = AttentionMetadata(
-        query_start_loc=torch.from_numpy(host.query_start_loc),
-        seq_lens=torch.from_numpy(host.seq_lens),
-        block_tables=torch.from_numpy(host.block_tables),
-        slot_mapping=torch.from_numpy(host.slot_mapping),
-        block_size=BLOCK,
-        max_query_len=int(counts.max()),
-        max_seq_len=int(host.seq_lens.max()),
-        query_start_loc_cpu=host.query_start_loc.tolist(),
-        seq_lens_cpu=host.seq_lens.tolist(),
-    )
-    ctx = ForwardContext(meta, runner.kv_caches, runner.batch_invariant)
-    with torch.inference_mode():
-        return runner.model(torch.from_numpy(host.input_ids), torch.from_numpy(host.positions), ctx), ctx
 
 
 def _mtp(runner, host: HostBatch, next_ids: list[int]) -> torch.Tensor:
