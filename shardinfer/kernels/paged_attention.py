@@ -206,7 +206,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
     dequantised in registers into q's dtype, exactly (3-bit mantissas times powers of two), so
     the result is bit for bit what this kernel gives on a q-dtype cache holding those values
-    (float16 queries on the GPU: within one unit in the last place, on a few outputs). With one
+    (float16 queries on the GPU: a few outputs apart, docs/quantization.md). With one
     scale per key (head dims <= 128) and bfloat16 or float32 queries, the scales are applied to
     the scores' and the probabilities' columns instead of to the key and value tiles
     (fp8_scale_scores, None: wherever that holds): a power-of-two factor commutes with every
