@@ -5,6 +5,9 @@ own step loop on the same rows, in one invocation.
                                    [--master local] [--job-conf KEY=VALUE]... [--out bench/results]
     python bench/job_throughput.py --workload tiny --rows 64 --device cpu     # a CPU smoke run
     python bench/job_throughput.py --workload demo --out-range 64 96 [--job-conf engine.speculative=mtp]
+    python bench/job_throughput.py --workload dense-8b --skip-engine --record /tmp/rec.jsonl
+    python bench/job_throughput.py --workload dense-8b --skip-engine --replay /tmp/rec.jsonl:0.8 \
+                                   --job-conf engine.speculative=ngram [--job-conf engine.speculative_depth=3]
 
 Workload `demo` is the bundled demo model (trained, with an MTP layer: the one checkpoint here
 whose drafts are accepted, so the one where speculation can shorten a job's tail) on chat tasks of
@@ -28,6 +31,13 @@ prompts and lengths. Reports (and writes `job-<workload>-<stamp>.json` under `--
                          queued by the step loop
     peak_rss_mb          the job process's peak RSS (its workers' with --master local[N])
 
+--record and --replay measure speculative decoding in a job on a random-weight checkpoint, as
+bench/spec_decode.py does for the engine: the first run records every row's output
+(shardinfer.testing.replay_drafter), the second replays it as drafts, each token right with
+probability ALPHA (so the drafts of the job's tail are as good as those of its start). Both rows
+carry `output_digest` (a hash of every committed row's token ids): equal digests mean speculative
+decoding wrote the plain run's tokens.
+
 `python bench/record.py` adds the JSON to bench/RESULTS.md.
 """
 
@@ -49,6 +59,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.job_timeline import job_startup, steady_rate, tail_seconds, timeline_points
 from bench.workloads import SHAPES, bench_commit, build_checkpoint
+from shardinfer.testing.replay_drafter import ENV as REPLAY_ENV
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny-dsv3-demo"
 
@@ -161,11 +172,30 @@ def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[
         cmd += ["--conf", conf]
     cmd.append(str(spec_path))
     env = _child_env()
+    if args.record:
+        Path(args.record).write_text("")  # the recording appends: start it empty
+        env[REPLAY_ENV] = f"record:{args.record}"
+    elif args.replay:
+        env[REPLAY_ENV] = f"replay:{args.replay}"
     with open(log_path, "w") as log:
         spawned = time.time()
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
         exited = time.time()
     return spawned, exited, code
+
+
+def output_digest(output: Path) -> str:
+    """A hash of every row's token ids in the job's output (a row committed twice counts once)."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    rows: dict[tuple[str, int], list[int]] = {}
+    for part in sorted(output.glob("part-*.parquet")):
+        table = pq.read_table(part, columns=["row_id", "sample_index", "token_ids"]).to_pylist()
+        for r in table:
+            rows[(r["row_id"], r["sample_index"])] = r["token_ids"] or []
+    return hashlib.sha256(json.dumps(sorted(rows.items())).encode()).hexdigest()
 
 
 def import_seconds() -> float:
@@ -252,9 +282,25 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=None, help="default 4096; 1024 for demo (its positions)")
     ap.add_argument("--skip-engine", action="store_true", help="run the job only")
+    replay = ap.add_mutually_exclusive_group()
+    replay.add_argument("--record", metavar="PATH", help="record every row's output to PATH (for --replay)")
+    replay.add_argument(
+        "--replay",
+        metavar="PATH:ALPHA",
+        help="draft each row's recorded output, each token right with probability ALPHA (needs a drafting "
+        "engine: --job-conf engine.speculative=ngram)",
+    )
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
+    if args.replay:
+        path, _, alpha = args.replay.rpartition(":")
+        try:
+            ok = Path(path).is_file() and 0.0 <= float(alpha) <= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error(f"--replay {args.replay!r}: need PATH:ALPHA, PATH a recording made with --record, ALPHA in [0, 1]")
 
     if args.max_model_len is None:
         args.max_model_len = 1024 if args.workload == "demo" else 4096
@@ -291,6 +337,7 @@ def main() -> None:
         if code != 0:
             sys.exit(f"the job exited {code}; see {log_path}")
         peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        digest = output_digest(work / "output")
         events = [json.loads(line) for line in timeline_path.read_text().splitlines() if line.strip()]
     job_wall = exited - spawned
     commits = [e for e in events if e["event"] == "split_committed" and e.get("won")]
@@ -335,6 +382,8 @@ def main() -> None:
         "out_range": list(args.out_range),
         "files": args.files,
         "engine_settings": engine_kwargs(args),
+        "output_digest": digest,
+        "replay_alpha": float(args.replay.rpartition(":")[2]) if args.replay else None,
     }
     if engine is not None:
         steady_engine = steady_rate(engine.pop("points"))

@@ -176,6 +176,8 @@ def job_row(r: dict) -> str:
     if r.get("ray_cluster") == "running":
         master += ", running"
     workload = r["workload"] + "".join(f", {c}" for c in r.get("job_conf") or [] if not c.startswith(STANDARD_CONF))
+    if r.get("replay_alpha") is not None:
+        workload += f", replay drafts at alpha {r['replay_alpha']}"
     return (
         f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {workload} | "
         f"{r['batch_invariant']} | {master} | {r['rows']} | {fmt(r['job_output_tok_s'], '.0f')} | "

@@ -8,13 +8,28 @@ engine does all the work it does with a real drafter. Whether the draft at outpu
 corrupted is a pure function of (seed, request id, i), so the same position always gets the same
 draft, however the steps fall; with a step in flight the drafter offers one draft per possible
 number of rejections, and the device picks the one for the position the request really is at.
+
+In a job the engine is built in the job's own process, so the recording and the replay are
+switched on there by the environment (benchmarks only, bench/job_throughput.py --record/--replay):
+
+    SHARDINFER_BENCH_REPLAY=record:PATH        every finished request's output, appended to PATH
+    SHARDINFER_BENCH_REPLAY=replay:PATH:ALPHA  a drafting engine proposes those outputs
+
+Both key a request by its prompt token ids and seed (request ids follow the job's plan, prompts
+and seeds follow its input), so the replay finds the plain run's continuation of each row.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
 
 from shardinfer.engine.request import Request
+
+ENV = "SHARDINFER_BENCH_REPLAY"
 
 
 class ReplayProposer:
@@ -59,11 +74,61 @@ class ReplayProposer:
             drafts = self._drafts[request_id] = [self._draft(request_id, i, t) for i, t in enumerate(tokens)]
         return drafts
 
+    def key(self, req: Request) -> str:
+        """What `recorded` is keyed by: the request id."""
+        return req.request_id
+
     def __call__(self, req: Request, room: int, in_flight: int) -> list[list[int]]:
-        drafts = self.drafts(req.request_id)
+        drafts = self.drafts(self.key(req))
         start = req.num_output_tokens  # the host's layout: every draft in flight accepted
         # One draft per number of the in-flight drafts the device may reject.
         choices = [
             drafts[start - rejected : start - rejected + room] for rejected in range(max(1, in_flight))
         ]
         return choices if any(choices) else []
+
+
+def prompt_key(req: Request) -> str:
+    """A request's replay key in a job: its prompt token ids and its seed."""
+    digest = hashlib.blake2b(repr(req.prompt_token_ids).encode(), digest_size=16).hexdigest()
+    return f"{digest}:{req.seed}"
+
+
+class PromptReplayProposer(ReplayProposer):
+    """ReplayProposer keyed by prompt_key instead of the request id."""
+
+    def key(self, req: Request) -> str:
+        return prompt_key(req)
+
+
+def install_from_env(engine: Any) -> None:
+    """Switch the job's engine to recording or replaying (module docstring) when ENV says so."""
+    setting = os.environ.get(ENV)
+    if not setting:
+        return
+    mode, _, rest = setting.partition(":")
+    if mode == "record":
+        _record_outputs(engine, Path(rest))
+    elif mode == "replay":
+        path, _, alpha = rest.rpartition(":")
+        if engine.drafter is None:
+            raise ValueError(f"{ENV}={setting!r}: replaying drafts needs a drafting engine (speculative='ngram')")
+        recorded = {}
+        for line in Path(path).read_text().splitlines():
+            entry = json.loads(line)
+            recorded[entry["key"]] = entry["tokens"]
+        engine.drafter.proposer = PromptReplayProposer(recorded, float(alpha), engine.model_config.vocab_size)
+    else:
+        raise ValueError(f"{ENV}={setting!r}: use record:PATH or replay:PATH:ALPHA")
+
+
+def _record_outputs(engine: Any, path: Path) -> None:
+    retire = engine._retire
+
+    def recording(req: Request) -> Any:
+        out = retire(req)
+        with path.open("a") as f:
+            f.write(json.dumps({"key": prompt_key(req), "tokens": list(req.output_token_ids)}) + "\n")
+        return out
+
+    engine._retire = recording
