@@ -156,3 +156,22 @@ def test_demo_workload_with_mtp_drafts_generates_what_the_plain_engine_does(tmp_
     summary = next(json.loads(line) for line in log.read_text().splitlines() if '"summary"' in line)
     assert summary["rows_ok"] == 24
     assert summary["speculative"]["accepted_draft_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_a_recorded_job_replays_as_drafts_and_writes_the_same_tokens(tmp_path: Path) -> None:
+    """--record, then --replay with prompt lookup on: the second job drafts the first one's
+    outputs, accepts most of them, and writes the same tokens (equal output digests)."""
+    common = ["--device", "cpu", "--rows", "12", "--files", "2", "--in-range", "8", "24", "--out-range", "16", "32",
+              "--max-num-seqs", "8", "--skip-engine", "--ckpt-dir", str(tmp_path / "ckpt"),
+              "--job-conf", "job.split_rows=4"]
+    recording = tmp_path / "recorded.jsonl"
+    plain, _ = _bench(tmp_path / "plain", "tiny", *common, "--record", str(recording))
+    assert len(recording.read_text().splitlines()) == 12
+    spec, out = _bench(tmp_path / "spec", "tiny", *common, "--replay", f"{recording}:0.8",
+                       "--job-conf", "engine.speculative=ngram", "--job-conf", "engine.speculative_depth=2")
+    assert spec["output_digest"] == plain["output_digest"] and spec["replay_alpha"] == 0.8
+    [log] = out.glob("job-tiny-*.log")
+    summary = next(json.loads(line) for line in log.read_text().splitlines() if '"summary"' in line)
+    assert summary["speculative"]["acceptance_p1"] > 0.6
+    assert "replay drafts at alpha 0.8" in job_row(spec)
