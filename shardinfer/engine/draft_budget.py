@@ -169,13 +169,20 @@ class DraftBudget:
 
     def _paying_depth(self, batch: int, bucket: int, extra: Callable[[int], float]) -> int:
         """The depth k with the most tokens per ms, (batch + extra(k)) over the measured time of a
-        step of width 1 + k, among those beating plain decoding by MIN_GAIN; 0 where none does."""
+        step of width 1 + k, among those beating plain decoding by MIN_GAIN; 0 where none does.
+
+        A step's time is taken as at least that of every narrower width at the bucket: a wider
+        step does more work, and an estimate below a narrower one's (a wider width known only
+        from its capture-time seed beside a narrower one measured on long contexts, or noise)
+        would otherwise make drafts that are never accepted look like they pay."""
         plain = self.times.ms(1, bucket)
         best, best_rate = 0, batch / plain * MIN_GAIN if plain is not None and plain > 0 else 0.0
+        narrower = plain if plain is not None and plain > 0 else 0.0
         for k in range(1, self.max_depth + 1):
             ms = self.times.ms(1 + k, bucket)
             if ms is None or ms <= 0:
                 continue
+            ms = narrower = max(ms, narrower)
             rate = (batch + extra(k)) / ms
             if rate > best_rate:
                 best, best_rate = k, rate

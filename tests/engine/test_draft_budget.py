@@ -193,3 +193,19 @@ def test_a_depth_must_beat_plain_decoding_by_the_minimum_gain() -> None:
             budget.record(1, 1)
         assert budget.survival()[0] == pytest.approx(0.5, abs=1e-3)
         assert budget.depth(8) == want
+
+
+def test_a_wider_step_never_counts_as_cheaper_than_a_narrower_one() -> None:
+    """Width 2 known only from a seed below width 1's measured time: drafts that are never
+    accepted must not look like they pay (each verify row is work on top of the plain row)."""
+    budget = DraftBudget(2, _table({64: {1: 9.0, 2: 6.0, 3: 12.0}}), [64])
+    for _ in range(5000):  # drafts always rejected
+        budget.record(2, 0)
+    budget.times.observe(1, 64, 9.0)
+    assert budget.depth(64) == 0
+    assert not budget.worth_drafting(64, [2] * 64)
+    # With drafts that are accepted, the cheap width still gets chosen: it costs plain's time.
+    keen = DraftBudget(2, _table({64: {1: 9.0, 2: 6.0, 3: 12.0}}), [64])
+    for _ in range(5000):
+        keen.record(2, 1)
+    assert keen.depth(64) == 1
