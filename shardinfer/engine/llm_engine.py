@@ -23,7 +23,6 @@ queued at the start of step N+1, before N+1's forward (docs/engine.md).
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,8 +49,6 @@ from shardinfer.engine.scheduler import ScheduledBatch, Scheduler
 from shardinfer.engine.startup_phases import StartupPhases, device_sync, init_device
 from shardinfer.engine.step_timer import StepTimer
 from shardinfer.engine.tokenizer import Tokenizer
-from shardinfer.testing.replay_drafter import ENV as REPLAY_ENV
-from shardinfer.testing.replay_drafter import install_from_env
 
 if TYPE_CHECKING:
     from shardinfer.engine.output_processor import Accepted
@@ -135,8 +132,6 @@ class LLMEngine:
                 freeze_startup_heap()
         # Seconds per start-up phase, in the order they ran, and the whole build (engine/startup_phases.py).
         self.startup_phases: dict[str, float] = {**phases.seconds, "total_s": time.monotonic() - started}
-        if os.environ.get(REPLAY_ENV):  # benchmarks only: a job's plain run recorded, or replayed as drafts
-            install_from_env(self)
 
     def _draft_budget(self) -> DraftBudget:
         """The confidence schedule over the verify graphs' measured step times (draft_budget.py)."""

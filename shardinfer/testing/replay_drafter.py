@@ -10,7 +10,8 @@ draft, however the steps fall; with a step in flight the drafter offers one draf
 number of rejections, and the device picks the one for the position the request really is at.
 
 In a job the engine is built in the job's own process, so the recording and the replay are
-switched on there by the environment (benchmarks only, bench/job_throughput.py --record/--replay):
+switched on there by the environment, which the job's engine builder reads
+(pipeline/job.build_engine; benchmarks only, bench/job_throughput.py --record/--replay):
 
     SHARDINFER_BENCH_REPLAY=record:PATH        every finished request's output, appended to PATH
     SHARDINFER_BENCH_REPLAY=replay:PATH:ALPHA  a drafting engine proposes those outputs
