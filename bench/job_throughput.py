@@ -301,6 +301,9 @@ def main() -> None:
             ok = False
         if not ok:
             ap.error(f"--replay {args.replay!r}: need PATH:ALPHA, PATH a recording made with --record, ALPHA in [0, 1]")
+        modes = [c.partition("=")[2].strip("'\"") for c in args.job_conf if c.startswith("engine.speculative=")]
+        if modes != ["ngram"]:
+            ap.error("--replay replaces the prompt-lookup drafter's proposals: add --job-conf engine.speculative=ngram")
 
     if args.max_model_len is None:
         args.max_model_len = 1024 if args.workload == "demo" else 4096

@@ -175,3 +175,13 @@ def test_a_recorded_job_replays_as_drafts_and_writes_the_same_tokens(tmp_path: P
     summary = next(json.loads(line) for line in log.read_text().splitlines() if '"summary"' in line)
     assert summary["speculative"]["acceptance_p1"] > 0.6
     assert "replay drafts at alpha 0.8" in job_row(spec)
+
+
+def test_replay_without_a_prompt_lookup_engine_is_refused_before_any_job(tmp_path: Path) -> None:
+    recording = tmp_path / "recorded.jsonl"
+    recording.write_text("")
+    cmd = [sys.executable, str(REPO / "bench" / "job_throughput.py"), "--workload", "tiny", "--device", "cpu",
+           "--replay", f"{recording}:0.8", "--out", str(tmp_path / "out")]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and "--job-conf engine.speculative=ngram" in done.stderr
+    assert not (tmp_path / "out").exists()
