@@ -213,6 +213,52 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
     return rows
 
 
+def mla_fp8(bw: float) -> list[dict[str, Any]]:
+    """moe-16b MLA decode on an FP8 latent cache against the bf16 cache holding the same
+    (dequantised) values: each way of dequantising the tiles (mla_decode.MLA_FP8_DEQUANT) over warps
+    and pipeline depths, timed as CUDA-graph replays. Every FP8 variant must give the bf16 cache's
+    bits (the dequantisation is exact)."""
+    from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
+
+    rows = []
+    for b, ctx in ((256, 1024), (256, 2048), (64, 4096)):
+        db = DecodeBatch(b, ctx, 16, 64, (576,), (512, 64))
+        cq, cs = quantize_groups(db.caches[0])
+        on_bf16 = dequantize_groups(cq, cs).to(BF16)
+        db.caches[0] = on_bf16
+        groups = cs.shape[-1]
+        fp8_bytes = b * ctx * (576 + 4 * groups) + b * 16 * (576 + 512) * 2
+        variants: list[tuple[str, int, int | None]] = [("bf16_cache", 4, None)] + [
+            (mode, warps, stages) for mode in ("float32", "bfloat16", "select")
+            for warps, stages in ((4, None), (4, 2), (8, 2), (8, 3))]
+        base = None
+        for mode, warps, stages in variants:
+            fp8 = mode != "bf16_cache"
+            extra: dict[str, Any] = {"cache_scale": cs, "fp8_dequant": mode} if fp8 else {}
+
+            def run(fp8: bool = fp8, extra: dict[str, Any] = extra, warps: int = warps,
+                    stages: int | None = stages, db: DecodeBatch = db, cq: torch.Tensor = cq) -> torch.Tensor:
+                return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], cq if fp8 else db.caches[0], db.qsl,
+                                                      db.sl, db.bt, 0.1, max_seq_len=db.ctx, num_warps=warps,
+                                                      num_stages=stages, **extra)
+
+            row: dict[str, Any] = {"batch": b, "ctx": ctx, "variant": mode, "num_warps": warps,
+                                   "num_stages": stages}
+            try:
+                out = run()
+                base = out if base is None else base
+                row["bitwise_equal_to_bf16_cache"] = bool(torch.equal(out, base))
+                ms = graph_ms(run)
+                nbytes = fp8_bytes if fp8 else _mla_bytes(b, ctx)
+                row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)
+            except Exception as exc:  # a config that fails to compile or launch is reported, not fatal
+                row["error"] = repr(exc)[:300]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del db, cq, cs, on_bf16
+    return rows
+
+
 def mla_scaling(bw: float, calls_per_graph: int = 4) -> list[dict[str, Any]]:
     """The shipped MLA decode configuration over batch and context (CUDA-graph replays): the time
     per call against the latent bytes read, so a fixed per-call cost (launches, the pipeline's
@@ -375,7 +421,8 @@ def main() -> None:
     for name, fn in [("small", bench_small), ("moe", lambda: bench_moe(bw, flops)),
                      ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
                      ("mla_scaling", lambda: mla_scaling(bw)), ("mla_merge", lambda: mla_merge(bw)),
-                     ("paged_attention", lambda: sweep_dense(bw, flops)), ("fp8_attention", lambda: fp8_attention(bw))]:
+                     ("paged_attention", lambda: sweep_dense(bw, flops)), ("fp8_attention", lambda: fp8_attention(bw)),
+                     ("mla_fp8", lambda: mla_fp8(bw))]:
         if args.only and name not in args.only.split(","):
             continue
         try:

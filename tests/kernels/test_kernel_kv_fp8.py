@@ -168,10 +168,16 @@ def test_fp8_cache_key_tile_follows_kv_chunk(device: torch.device) -> None:
 
 # (256, 32): whole groups per latent half, the rope key in one group (DeepSeek's layout, scaled
 # down); (64, 16): groups spanning both halves; (64, 128): the rope key across two groups.
+# Every way of dequantising the tiles (mla_decode.MLA_FP8_DEQUANT) gives the same bits; bfloat16
+# queries (the modes that scale in bfloat16) only on the GPU, as above.
 @pytest.mark.parametrize(
     "rank,rope", [(256, 32), (64, 16), (64, 128), pytest.param(512, 64, marks=pytest.mark.gpu)]
 )
-def test_mla_on_fp8_cache_equals_the_dequantised_cache(device: torch.device, rank: int, rope: int) -> None:
+@pytest.mark.parametrize("mode", ["float32", "bfloat16", "select"])
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else []))
+def test_mla_on_fp8_cache_equals_the_dequantised_cache(
+    device: torch.device, rank: int, rope: int, mode: str, dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(4)
     q_lens, ctx, block_size = [3, 1, 1], [0, 90, 40], 16
     seq_lens = [c + q for c, q in zip(ctx, q_lens, strict=True)]
@@ -186,16 +192,23 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(device: torch.device, ran
     heads = 4
     cache = torch.randn(len(perm), block_size, rank + rope, generator=gen)
     cache[perm[used:]] = float("nan")
-    cq, cs, cd = _fp8_pair(cache, torch.float32)
-    q_latent = torch.randn(5, heads, rank, generator=gen)
-    q_pe = torch.randn(5, heads, rope, generator=gen)
+    cq, cs, cd = _fp8_pair(cache, dtype)
+    q_latent = torch.randn(5, heads, rank, generator=gen).to(dtype)
+    q_pe = torch.randn(5, heads, rope, generator=gen).to(dtype)
     idx = [
         torch.tensor(qsl, dtype=torch.int32, device=device),
         torch.tensor(seq_lens, dtype=torch.int32, device=device),
         bt.to(device),
     ]
     got = mla_decode.mla_paged_attention(
-        q_latent.to(device), q_pe.to(device), cq.to(device), *idx, 0.2, kv_chunk=64, cache_scale=cs.to(device)
+        q_latent.to(device),
+        q_pe.to(device),
+        cq.to(device),
+        *idx,
+        0.2,
+        kv_chunk=64,
+        cache_scale=cs.to(device),
+        fp8_dequant=mode,
     )
     on_dequantised = mla_decode.mla_paged_attention(
         q_latent.to(device), q_pe.to(device), cd.to(device), *idx, 0.2, kv_chunk=64
@@ -203,4 +216,4 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(device: torch.device, ran
     assert torch.equal(got, on_dequantised)
     ref = reference_mla.mla_paged_attention(q_latent, q_pe, cq, qsl, seq_lens, bt, 0.2, cache_scale=cs)
     assert torch.equal(ref, reference_mla.mla_paged_attention(q_latent, q_pe, cd, qsl, seq_lens, bt, 0.2))
-    assert rel_err(got, ref) < 1e-5
+    assert rel_err(got, ref) < (1e-5 if dtype == torch.float32 else TOL[dtype])
