@@ -135,7 +135,8 @@ def mtp_drafts(
     _, positions, ctx, hidden = runner.last_forward
     runner.last_forward = None
     dev = hidden.device
-    graphed = runner.last_step_graphed and runner.graphs is not None and runner.graphs.draft_layer
+    graphs = runner.graphs if runner.last_step_graphed else None
+    graphed = graphs is not None and graphs.draft_layer
     starts = sampling_input_rows(step, batch)
     next_ids: list[int] = []
     for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
@@ -150,7 +151,7 @@ def mtp_drafts(
         [s + j for s, c in zip(starts, counts, strict=True) for j in range(c)] if sampled is not None else []
     )
     firsts = _firsts(counts)
-    rows = runner.graphs.last_rows if runner.last_step_graphed and runner.graphs is not None else None
+    rows = graphs.last_rows if graphs is not None else None
     next_ids, targets, starts = in_replayed_layout(next_ids, targets, starts, hidden.shape[0], rows)
     # One copy for every index list.
     sizes = [len(next_ids), len(targets), len(firsts), len(starts)]
@@ -160,8 +161,8 @@ def mtp_drafts(
         ).split(sizes)
         if targets and sampled is not None:
             nxt[target_rows] = sampled.tokens
-        if graphed:
-            draft_hidden = runner.graphs.run_draft_layer(nxt)
+        if graphed and graphs is not None:
+            draft_hidden = graphs.run_draft_layer(nxt)
         else:
             draft_hidden = runner.model.mtp_forward(nxt, positions, hidden, ctx)
         if sampled is None or not step.sample_requests:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
-import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -51,7 +50,6 @@ from shardinfer.pipeline.timeline import Timeline, open_timeline
 from shardinfer.redaction import location_identity, redact_config, with_credentials_of
 from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records
 from shardinfer.testing.faults import crash_point
-from shardinfer.testing.replay_drafter import ENV as REPLAY_ENV
 from shardinfer.testing.replay_drafter import install_from_env
 
 if TYPE_CHECKING:
@@ -442,8 +440,7 @@ def build_engine(config: JobConfig) -> Engine:
         engine = LLMEngine(
             config.model.path, device=config.model.device, dtype=config.model.dtype, **engine_args
         )
-        if os.environ.get(REPLAY_ENV):  # benchmarks only: this run's outputs recorded, or replayed as drafts
-            install_from_env(engine)
+        install_from_env(engine)  # benchmarks only (its ENV): outputs recorded, or replayed as drafts
         return engine
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
