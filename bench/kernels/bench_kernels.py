@@ -213,6 +213,11 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
     return rows
 
 
+def run_rows(run: Callable[..., torch.Tensor], row: int) -> torch.Tensor:
+    """The call of `run` on one row of its batch alone."""
+    return run(lo=row, hi=row + 1)
+
+
 def mla_fp8(bw: float) -> list[dict[str, Any]]:
     """moe-16b MLA decode on an FP8 latent cache against the bf16 cache holding the same
     (dequantised) values: each way of dequantising the tiles (mla_decode.MLA_FP8_DEQUANT) over warps
@@ -237,10 +242,11 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
             extra: dict[str, Any] = {"cache_scale": cs, "fp8_dequant": mode} if fp8 else {}
 
             def run(fp8: bool = fp8, extra: dict[str, Any] = extra, warps: int = warps,
-                    stages: int | None = stages, db: DecodeBatch = db, cq: torch.Tensor = cq) -> torch.Tensor:
-                return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], cq if fp8 else db.caches[0], db.qsl,
-                                                      db.sl, db.bt, 0.1, max_seq_len=db.ctx, num_warps=warps,
-                                                      num_stages=stages, **extra)
+                    stages: int | None = stages, db: DecodeBatch = db, cq: torch.Tensor = cq, lo: int = 0,
+                    hi: int = b) -> torch.Tensor:
+                return mla_decode.mla_paged_attention(db.qs[0][lo:hi], db.qs[1][lo:hi], cq if fp8 else db.caches[0],
+                                                      db.qsl[: hi - lo + 1], db.sl[lo:hi], db.bt[lo:hi], 0.1,
+                                                      max_seq_len=db.ctx, num_warps=warps, num_stages=stages, **extra)
 
             row: dict[str, Any] = {"batch": b, "ctx": ctx, "variant": mode, "num_warps": warps,
                                    "num_stages": stages}
@@ -248,6 +254,8 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                 out = run()
                 base = out if base is None else base
                 row["bitwise_equal_to_bf16_cache"] = bool(torch.equal(out, base))
+                row["max_abs_diff_to_bf16_cache"] = float((out.float() - base.float()).abs().max())
+                row["row_alone_bitwise"] = bool(torch.equal(run_rows(run, 5), out[5:6]))
                 ms = graph_ms(run)
                 nbytes = fp8_bytes if fp8 else _mla_bytes(b, ctx)
                 row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)

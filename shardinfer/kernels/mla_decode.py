@@ -51,9 +51,11 @@ from shardinfer.kernels._common import (
     check_same_device,
     check_tensor,
     fail,
+    interpreting,
     next_pow2,
     sm_count,
 )
+from shardinfer.kernels._opaque import opaque
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 # Tile config, fixed because it fixes the rounding. Chosen by bench/kernels/bench_kernels.py's MLA
@@ -92,7 +94,7 @@ def _group_scales(cs_ptr, srow, g0: tl.constexpr, n_ok, h, GROUPS: tl.constexpr)
 
 
 @triton.jit
-def _dequantise(x, scale, out_dtype: tl.constexpr, MODE: tl.constexpr):
+def _dequantise(x, scale, out_dtype: tl.constexpr, MODE: tl.constexpr, OPAQUE: tl.constexpr):
     """e4m3 values times their power-of-two scales, in out_dtype (exact there but for float16's range).
 
     For bfloat16 the product is formed in bfloat16 (e4m3 -> bfloat16 is exact, and so is a product
@@ -100,9 +102,12 @@ def _dequantise(x, scale, out_dtype: tl.constexpr, MODE: tl.constexpr):
     then rounded once, as the dequantised cache is.
     """
     if (MODE != 0) & (out_dtype == tl.bfloat16):
-        return x.to(tl.bfloat16) * scale.to(tl.bfloat16)
+        y = x.to(tl.bfloat16) * scale.to(tl.bfloat16)
     else:
-        return (x.to(tl.float32) * scale).to(out_dtype)
+        y = (x.to(tl.float32) * scale).to(out_dtype)
+    if OPAQUE:  # not under the interpreter, which runs no inline assembly (and has no layouts)
+        y = opaque(y)
+    return y
 
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "n_chunks"])
@@ -114,7 +119,8 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                       BLOCK_N: tl.constexpr, RH: tl.constexpr, DPE: tl.constexpr, PAGE: tl.constexpr,
                       PRECISION: tl.constexpr, TMA: tl.constexpr, CHUNK_PAGES: tl.constexpr,
                       PAGE_PREFETCH: tl.constexpr, MERGE: tl.constexpr, DV_SLICE: tl.constexpr,
-                      KV_FP8: tl.constexpr, NG: tl.constexpr, DEQUANT: tl.constexpr):
+                      KV_FP8: tl.constexpr, NG: tl.constexpr, DEQUANT: tl.constexpr,
+                      OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -170,9 +176,9 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                             # Each column takes its group's scale by selection from per-key scale
                             # vectors (no reshape through shared memory, no gather).
                             lat_lo = _dequantise(lat_lo, _group_scales(cs_ptr, srow, 0, n_ok, h, RH // 128),
-                                                 q_lo.dtype, DEQUANT)
+                                                 q_lo.dtype, DEQUANT, OPAQUE)
                             lat_hi = _dequantise(lat_hi, _group_scales(cs_ptr, srow, RH // 128, n_ok, h, RH // 128),
-                                                 q_lo.dtype, DEQUANT)
+                                                 q_lo.dtype, DEQUANT, OPAQUE)
                         else:
                             # Whole groups per half: scales [BLOCK_N, RH / 128] times the half seen as
                             # [BLOCK_N, RH / 128, 128] (no per-element scale gather).
@@ -181,21 +187,21 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                             s_hi = tl.load(cs_ptr + srow[:, None] + RH // 128 + gi[None, :], mask=n_ok[:, None],
                                            other=0.0)
                             lat_lo = tl.reshape(_dequantise(tl.reshape(lat_lo, (BLOCK_N, RH // 128, 128)),
-                                                            s_lo[:, :, None], q_lo.dtype, DEQUANT), (BLOCK_N, RH))
+                                                            s_lo[:, :, None], q_lo.dtype, DEQUANT, OPAQUE), (BLOCK_N, RH))
                             lat_hi = tl.reshape(_dequantise(tl.reshape(lat_hi, (BLOCK_N, RH // 128, 128)),
-                                                            s_hi[:, :, None], q_lo.dtype, DEQUANT), (BLOCK_N, RH))
+                                                            s_hi[:, :, None], q_lo.dtype, DEQUANT, OPAQUE), (BLOCK_N, RH))
                     else:
                         s_lo = tl.load(cs_ptr + srow[:, None] + (h // 128)[None, :], mask=n_ok[:, None], other=0.0)
                         s_hi = tl.load(cs_ptr + srow[:, None] + ((RH + h) // 128)[None, :], mask=n_ok[:, None],
                                        other=0.0)
-                        lat_lo = _dequantise(lat_lo, s_lo, q_lo.dtype, DEQUANT)
-                        lat_hi = _dequantise(lat_hi, s_hi, q_lo.dtype, DEQUANT)
+                        lat_lo = _dequantise(lat_lo, s_lo, q_lo.dtype, DEQUANT, OPAQUE)
+                        lat_hi = _dequantise(lat_hi, s_hi, q_lo.dtype, DEQUANT, OPAQUE)
                     if (2 * RH) % 128 + DPE <= 128:  # the rope key sits in one group: one scale per key
                         s_pe = tl.load(cs_ptr + srow + (2 * RH) // 128, mask=n_ok, other=0.0)[:, None]
                     else:
                         s_pe = tl.load(cs_ptr + srow[:, None] + ((2 * RH + e) // 128)[None, :], mask=n_ok[:, None],
                                        other=0.0)
-                    k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, DEQUANT)
+                    k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, DEQUANT, OPAQUE)
             s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
             s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
             s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
@@ -348,7 +354,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
             q_pe.stride(1), ws.out.stride(0), ws.out.stride(1), block_tables.stride(0), seq_lens.shape[0], base,
             float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr, PAGE=page,
             PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
-            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, DEQUANT=_FP8_DEQUANT_MODES[fp8_dequant], num_warps=num_warps, num_stages=num_stages, **common)
+            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, DEQUANT=_FP8_DEQUANT_MODES[fp8_dequant],
+            OPAQUE=not interpreting(), num_warps=num_warps, num_stages=num_stages, **common)
 
     return split_kv.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
                         merge_in_phase1=merge)

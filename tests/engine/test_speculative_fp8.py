@@ -12,6 +12,9 @@ import pytest
 from shardinfer import LLM, SamplingParams
 from tests.engine.speculative_helpers import add_requests, finish, random_prompts, replay_drafts
 
+# The Triton MLA kernel needs qk_rope_head_dim >= 16 and a power-of-two kv_lora_rank.
+CUDA_SHAPES = {"deepseek_v3": {"qk_rope_head_dim": 16, "kv_lora_rank": 64}}
+
 NUMERICS = [
     {"kv_cache_dtype": "fp8"},
     {"quantization": "fp8"},
@@ -57,4 +60,4 @@ def test_speculation_equals_plain_decoding_on_fp8_numerics(tiny_checkpoint, fami
 @pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
 def test_gpu_speculation_equals_plain_decoding_on_fp8_numerics(tiny_checkpoint, family, numerics) -> None:
     """On CUDA: the FP8 kernels, verify graphs and asynchronous scheduling."""
-    _check(tiny_checkpoint(family), numerics, device="cuda", dtype="bfloat16")
+    _check(tiny_checkpoint(family, **CUDA_SHAPES.get(family, {})), numerics, device="cuda", dtype="bfloat16")

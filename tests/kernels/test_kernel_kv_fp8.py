@@ -179,7 +179,9 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(
     device: torch.device, rank: int, rope: int, mode: str, dtype: torch.dtype
 ) -> None:
     gen = torch.Generator().manual_seed(4)
-    q_lens, ctx, block_size = [3, 1, 1], [0, 90, 40], 16
+    # Chunks of two 64-key tiles: a tile's products accumulate onto the previous tile's, where a
+    # dot operand laid out for 8-bit loads would round apart from the 16-bit cache (_opaque.py).
+    q_lens, ctx, block_size = [3, 1, 1], [0, 300, 140], 16
     seq_lens = [c + q for c, q in zip(ctx, q_lens, strict=True)]
     qsl = [0, 3, 4, 5]
     n_blocks = [-(-s // block_size) for s in seq_lens]
@@ -206,12 +208,12 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(
         cq.to(device),
         *idx,
         0.2,
-        kv_chunk=64,
+        kv_chunk=128,
         cache_scale=cs.to(device),
         fp8_dequant=mode,
     )
     on_dequantised = mla_decode.mla_paged_attention(
-        q_latent.to(device), q_pe.to(device), cd.to(device), *idx, 0.2, kv_chunk=64
+        q_latent.to(device), q_pe.to(device), cd.to(device), *idx, 0.2, kv_chunk=128
     )
     assert torch.equal(got, on_dequantised)
     ref = reference_mla.mla_paged_attention(q_latent, q_pe, cq, qsl, seq_lens, bt, 0.2, cache_scale=cs)
