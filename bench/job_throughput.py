@@ -48,7 +48,6 @@ import datetime as dt
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -165,8 +164,10 @@ def engine_toml(args: argparse.Namespace) -> str:
     return "\n".join(f"{k} = {json.dumps(v)}" for k, v in engine_kwargs(args).items())
 
 
-def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[float, float, int]:
-    """Runs the job; returns (spawn time, exit time, exit code) as wall-clock seconds."""
+def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[float, float, int, float]:
+    """Runs the job; returns (spawn time, exit time as wall-clock seconds, exit code, the job's peak
+    RSS in MB). The RSS is the job process's own (with its workers'), from its wait status, so a
+    checkpoint this process built before (whose writer may fork) does not count."""
     cmd = [sys.executable, "-m", "shardinfer", "submit", "--master", args.master, "--log-format", "json"]
     for conf in args.job_conf:
         cmd += ["--conf", conf]
@@ -179,9 +180,11 @@ def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[
         env[REPLAY_ENV] = f"replay:{args.replay}"
     with open(log_path, "w") as log:
         spawned = time.time()
-        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
         exited = time.time()
-    return spawned, exited, code
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+    return spawned, exited, proc.returncode, usage.ru_maxrss / 1024
 
 
 def output_digest(output: Path) -> str:
@@ -336,10 +339,9 @@ def main() -> None:
             job_spec(args, model_dir, str(work / "input" / "*.parquet"), work / "output", timeline_path)
         )
         log_path = out_dir / f"job-{args.workload}-{stamp}.log"
-        spawned, exited, code = run_job(args, spec, log_path)
+        spawned, exited, code, peak_rss_mb = run_job(args, spec, log_path)
         if code != 0:
             sys.exit(f"the job exited {code}; see {log_path}")
-        peak_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         digest = output_digest(work / "output")
         events = [json.loads(line) for line in timeline_path.read_text().splitlines() if line.strip()]
     job_wall = exited - spawned
