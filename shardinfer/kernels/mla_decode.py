@@ -75,36 +75,15 @@ MLA_PAGE_PREFETCH = True
 # split_kv's merge kernel, so the same bits).
 MLA_MERGE_IN_KERNEL = True
 _LOG2E = 1.4426950408889634
-# How FP8 latent tiles become q-dtype tiles (the same values each way, so the same bits):
-# "float32": a group's tile in float32 times its scale, then rounded; "bfloat16": converted to
-# bfloat16 and scaled there (bfloat16 queries only; exact); "select": bfloat16, each column's scale
-# selected from per-key scale vectors instead of reshaping the tile into groups.
-MLA_FP8_DEQUANT = "float32"
-_FP8_DEQUANT_MODES = {"float32": 0, "bfloat16": 1, "select": 2}
 
 
 @triton.jit
-def _group_scales(cs_ptr, srow, g0: tl.constexpr, n_ok, h, GROUPS: tl.constexpr):
-    """[BLOCK_N, len(h)] scales of the groups g0.. of each key row: column j takes group g0 + j // 128."""
-    s = tl.load(cs_ptr + srow + g0, mask=n_ok, other=0.0)[:, None] + tl.zeros([1, h.shape[0]], tl.float32)
-    for g in tl.static_range(1, GROUPS):
-        s_g = tl.load(cs_ptr + srow + g0 + g, mask=n_ok, other=0.0)
-        s = tl.where((h >= g * 128)[None, :], s_g[:, None], s)
-    return s
-
-
-@triton.jit
-def _dequantise(x, scale, out_dtype: tl.constexpr, MODE: tl.constexpr, OPAQUE: tl.constexpr):
-    """e4m3 values times their power-of-two scales, in out_dtype (exact there but for float16's range).
-
-    For bfloat16 the product is formed in bfloat16 (e4m3 -> bfloat16 is exact, and so is a product
-    by a power of two inside its range), skipping the float32 round trip; otherwise in float32,
-    then rounded once, as the dequantised cache is.
-    """
-    if (MODE != 0) & (out_dtype == tl.bfloat16):
-        y = x.to(tl.bfloat16) * scale.to(tl.bfloat16)
-    else:
-        y = (x.to(tl.float32) * scale).to(out_dtype)
+def _dequantise(x, scale, out_dtype: tl.constexpr, OPAQUE: tl.constexpr):
+    """e4m3 values times their power-of-two scales: in float32, then rounded once to out_dtype, as
+    the dequantised cache is (exact but for float16's range). OPAQUE gives the tile a 16-bit tile's
+    MMA layout (kernels/_opaque.py); bfloat16 arithmetic and per-column scale selection measured
+    slower (bench/kernels/NOTES.md, "Three ways of dequantising")."""
+    y = (x.to(tl.float32) * scale).to(out_dtype)
     if OPAQUE:  # not under the interpreter, which runs no inline assembly (and has no layouts)
         y = opaque(y)
     return y
@@ -119,8 +98,7 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                       BLOCK_N: tl.constexpr, RH: tl.constexpr, DPE: tl.constexpr, PAGE: tl.constexpr,
                       PRECISION: tl.constexpr, TMA: tl.constexpr, CHUNK_PAGES: tl.constexpr,
                       PAGE_PREFETCH: tl.constexpr, MERGE: tl.constexpr, DV_SLICE: tl.constexpr,
-                      KV_FP8: tl.constexpr, NG: tl.constexpr, DEQUANT: tl.constexpr,
-                      OPAQUE: tl.constexpr):
+                      KV_FP8: tl.constexpr, NG: tl.constexpr, OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -172,36 +150,28 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                 if KV_FP8:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
                     srow = (page * PAGE + n % PAGE) * NG
                     if RH % 128 == 0:
-                        if DEQUANT == 2:
-                            # Each column takes its group's scale by selection from per-key scale
-                            # vectors (no reshape through shared memory, no gather).
-                            lat_lo = _dequantise(lat_lo, _group_scales(cs_ptr, srow, 0, n_ok, h, RH // 128),
-                                                 q_lo.dtype, DEQUANT, OPAQUE)
-                            lat_hi = _dequantise(lat_hi, _group_scales(cs_ptr, srow, RH // 128, n_ok, h, RH // 128),
-                                                 q_lo.dtype, DEQUANT, OPAQUE)
-                        else:
-                            # Whole groups per half: scales [BLOCK_N, RH / 128] times the half seen as
-                            # [BLOCK_N, RH / 128, 128] (no per-element scale gather).
-                            gi = tl.arange(0, RH // 128)
-                            s_lo = tl.load(cs_ptr + srow[:, None] + gi[None, :], mask=n_ok[:, None], other=0.0)
-                            s_hi = tl.load(cs_ptr + srow[:, None] + RH // 128 + gi[None, :], mask=n_ok[:, None],
-                                           other=0.0)
-                            lat_lo = tl.reshape(_dequantise(tl.reshape(lat_lo, (BLOCK_N, RH // 128, 128)),
-                                                            s_lo[:, :, None], q_lo.dtype, DEQUANT, OPAQUE), (BLOCK_N, RH))
-                            lat_hi = tl.reshape(_dequantise(tl.reshape(lat_hi, (BLOCK_N, RH // 128, 128)),
-                                                            s_hi[:, :, None], q_lo.dtype, DEQUANT, OPAQUE), (BLOCK_N, RH))
+                        # Whole groups per half: scales [BLOCK_N, RH / 128] times the half seen as
+                        # [BLOCK_N, RH / 128, 128] (no per-element scale gather).
+                        gi = tl.arange(0, RH // 128)
+                        s_lo = tl.load(cs_ptr + srow[:, None] + gi[None, :], mask=n_ok[:, None], other=0.0)
+                        s_hi = tl.load(cs_ptr + srow[:, None] + RH // 128 + gi[None, :], mask=n_ok[:, None],
+                                       other=0.0)
+                        lat_lo = tl.reshape(_dequantise(tl.reshape(lat_lo, (BLOCK_N, RH // 128, 128)),
+                                                        s_lo[:, :, None], q_lo.dtype, OPAQUE), (BLOCK_N, RH))
+                        lat_hi = tl.reshape(_dequantise(tl.reshape(lat_hi, (BLOCK_N, RH // 128, 128)),
+                                                        s_hi[:, :, None], q_lo.dtype, OPAQUE), (BLOCK_N, RH))
                     else:
                         s_lo = tl.load(cs_ptr + srow[:, None] + (h // 128)[None, :], mask=n_ok[:, None], other=0.0)
                         s_hi = tl.load(cs_ptr + srow[:, None] + ((RH + h) // 128)[None, :], mask=n_ok[:, None],
                                        other=0.0)
-                        lat_lo = _dequantise(lat_lo, s_lo, q_lo.dtype, DEQUANT, OPAQUE)
-                        lat_hi = _dequantise(lat_hi, s_hi, q_lo.dtype, DEQUANT, OPAQUE)
+                        lat_lo = _dequantise(lat_lo, s_lo, q_lo.dtype, OPAQUE)
+                        lat_hi = _dequantise(lat_hi, s_hi, q_lo.dtype, OPAQUE)
                     if (2 * RH) % 128 + DPE <= 128:  # the rope key sits in one group: one scale per key
                         s_pe = tl.load(cs_ptr + srow + (2 * RH) // 128, mask=n_ok, other=0.0)[:, None]
                     else:
                         s_pe = tl.load(cs_ptr + srow[:, None] + ((2 * RH + e) // 128)[None, :], mask=n_ok[:, None],
                                        other=0.0)
-                    k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, DEQUANT, OPAQUE)
+                    k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, OPAQUE)
             s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
             s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
             s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
@@ -269,8 +239,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
                         block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
                         num_stages: int | None = None, tma: bool = False,
                         page_prefetch: bool = MLA_PAGE_PREFETCH, merge: bool = MLA_MERGE_IN_KERNEL,
-                        cache_scale: torch.Tensor | None = None,
-                        fp8_dequant: str = MLA_FP8_DEQUANT) -> torch.Tensor:
+                        cache_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
     q_latent [T, H, R] and q_pe [T, H, Dr] of one float dtype, last dims contiguous; cache
@@ -286,12 +255,9 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
     ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
     R is a multiple of 128. Tiles are dequantised in registers into q's dtype, exactly, so the
-    result is bit for bit this kernel's on a q-dtype cache holding those values. fp8_dequant says
-    how (same bits each way; see MLA_FP8_DEQUANT).
+    result is bit for bit this kernel's on a q-dtype cache holding those values.
     """
     fp8 = cache_scale is not None
-    if fp8_dequant not in _FP8_DEQUANT_MODES:
-        raise fail("fp8_dequant", fp8_dequant, f"need one of {sorted(_FP8_DEQUANT_MODES)}")
     check_tensor("q_latent", q_latent, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     check_tensor("q_pe", q_pe, dtypes=(q_latent.dtype,), ndim=3, last_dim_contiguous=True)
     check_tensor("cache", cache, dtypes=(FP8_DTYPE if fp8 else q_latent.dtype,), ndim=3, contiguous=True)
@@ -354,8 +320,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
             q_pe.stride(1), ws.out.stride(0), ws.out.stride(1), block_tables.stride(0), seq_lens.shape[0], base,
             float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr, PAGE=page,
             PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
-            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, DEQUANT=_FP8_DEQUANT_MODES[fp8_dequant],
-            OPAQUE=not interpreting(), num_warps=num_warps, num_stages=num_stages, **common)
+            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, OPAQUE=not interpreting(), num_warps=num_warps, num_stages=num_stages, **common)
 
     return split_kv.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
                         merge_in_phase1=merge)
