@@ -165,9 +165,7 @@ def engine_toml(args: argparse.Namespace) -> str:
 
 
 def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[float, float, int, float]:
-    """Runs the job; returns (spawn time, exit time as wall-clock seconds, exit code, the job's peak
-    RSS in MB). The RSS is the job process's own (with its workers'), from its wait status, so a
-    checkpoint this process built before (whose writer may fork) does not count."""
+    """Runs the job (run_measured): its peak RSS is the job's own, with its workers'."""
     cmd = [sys.executable, "-m", "shardinfer", "submit", "--master", args.master, "--log-format", "json"]
     for conf in args.job_conf:
         cmd += ["--conf", conf]
@@ -178,13 +176,33 @@ def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[
         env[REPLAY_ENV] = f"record:{args.record}"
     elif args.replay:
         env[REPLAY_ENV] = f"replay:{args.replay}"
+    return run_measured(cmd, log_path, env)
+
+
+# Runs argv[2:] and writes "exit-code peak-rss-kB" of it to argv[1]. A process forked from this one
+# counts this one's resident memory until it execs (a bench that built a checkpoint: gigabytes), so
+# the command is started from this small interpreter instead.
+_RSS_PROBE = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.run(sys.argv[2:]).returncode\n"
+    "kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+    "open(sys.argv[1], 'w').write(f'{code} {kb}')\n"
+)
+
+
+def run_measured(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> tuple[float, float, int, float]:
+    """Runs cmd with its output in log_path; returns (spawn and exit time as wall-clock seconds, exit
+    code, cmd's peak RSS in MB with its descendants'). The times include the probe interpreter's
+    start (tens of milliseconds)."""
+    probe_out = log_path.with_name(log_path.name + ".rss")
     with open(log_path, "w") as log:
         spawned = time.time()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
+        subprocess.run([sys.executable, "-c", _RSS_PROBE, str(probe_out), *cmd], stdout=log,
+                       stderr=subprocess.STDOUT, env=env)
         exited = time.time()
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-    return spawned, exited, proc.returncode, usage.ru_maxrss / 1024
+    code, kb = probe_out.read_text().split()
+    probe_out.unlink()
+    return spawned, exited, int(code), int(kb) / 1024
 
 
 def output_digest(output: Path) -> str:

@@ -213,11 +213,6 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
     return rows
 
 
-def run_rows(run: Callable[..., torch.Tensor], row: int) -> torch.Tensor:
-    """The call of `run` on one row of its batch alone."""
-    return run(lo=row, hi=row + 1)
-
-
 def mla_fp8(bw: float) -> list[dict[str, Any]]:
     """moe-16b MLA decode on an FP8 latent cache against the bf16 cache holding the same
     (dequantised) values, over warps and pipeline depths, timed as CUDA-graph replays. With the
@@ -237,8 +232,8 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
         variants: list[tuple[str, int, int | None]] = [("bf16_cache", 4, None)] + [
             ("fp8", warps, stages) for warps, stages in ((4, None), (4, 2), (8, 2), (8, 3))]
         base = None
-        for mode, warps, stages in variants:
-            fp8 = mode != "bf16_cache"
+        for variant, warps, stages in variants:
+            fp8 = variant != "bf16_cache"
             extra: dict[str, Any] = {"cache_scale": cs} if fp8 else {}
 
             def run(fp8: bool = fp8, extra: dict[str, Any] = extra, warps: int = warps,
@@ -248,14 +243,14 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                                                       db.qsl[: hi - lo + 1], db.sl[lo:hi], db.bt[lo:hi], 0.1,
                                                       max_seq_len=db.ctx, num_warps=warps, num_stages=stages, **extra)
 
-            row: dict[str, Any] = {"batch": b, "ctx": ctx, "variant": mode, "num_warps": warps,
+            row: dict[str, Any] = {"batch": b, "ctx": ctx, "variant": variant, "num_warps": warps,
                                    "num_stages": stages}
             try:
                 out = run()
                 base = out if base is None else base
                 row["bitwise_equal_to_bf16_cache"] = bool(torch.equal(out, base))
                 row["max_abs_diff_to_bf16_cache"] = float((out.float() - base.float()).abs().max())
-                row["row_alone_bitwise"] = bool(torch.equal(run_rows(run, 5), out[5:6]))
+                row["row_alone_bitwise"] = bool(torch.equal(run(lo=5, hi=6), out[5:6]))
                 ms = graph_ms(run)
                 nbytes = fp8_bytes if fp8 else _mla_bytes(b, ctx)
                 row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)

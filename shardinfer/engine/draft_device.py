@@ -136,7 +136,7 @@ def mtp_drafts(
     runner.last_forward = None
     dev = hidden.device
     graphs = runner.graphs if runner.last_step_graphed else None
-    graphed = graphs is not None and graphs.draft_layer
+    draft_graphs = graphs if graphs is not None and graphs.draft_layer else None
     starts = sampling_input_rows(step, batch)
     next_ids: list[int] = []
     for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
@@ -161,12 +161,12 @@ def mtp_drafts(
         ).split(sizes)
         if targets and sampled is not None:
             nxt[target_rows] = sampled.tokens
-        if graphed and graphs is not None:
-            draft_hidden = graphs.run_draft_layer(nxt)
+        if draft_graphs is not None:
+            draft_hidden = draft_graphs.run_draft_layer(nxt)
         else:
             draft_hidden = runner.model.mtp_forward(nxt, positions, hidden, ctx)
         if sampled is None or not step.sample_requests:
-            return graphed
+            return draft_graphs is not None
         if sampled.accepted is not None:
             pick = pick + sampled.accepted
         logits = runner.model.mtp_compute_logits(draft_hidden[pick])
@@ -190,7 +190,7 @@ def mtp_drafts(
     # The head's softmax probability of each token it drafted (the sampler's logprob under the raw
     # logits): the confidence the draft budget weighs. Read back with the tokens, never waited for.
     sampled.mtp_confidence = torch.stack(logprobs, dim=1).exp()
-    return graphed
+    return draft_graphs is not None
 
 
 def in_replayed_layout(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.job_throughput import run_measured
 from bench.job_timeline import job_startup, steady_rate, tail_seconds, timeline_points
 from bench.record import job_row
 
@@ -57,6 +58,18 @@ def test_tail_is_the_last_share_of_requests_summed_over_workers() -> None:
     # 100 requests: 95 finished at t = 12 + 2 * (95 - 90) / (99 - 90); the 100th at t = 20.
     assert tail_seconds(events) == pytest.approx(20.0 - (12.0 + 2.0 * 5 / 9))
     assert tail_seconds([{"event": "tokens", "t": 1.0, "pid": 1, "completion_tokens": 5}]) is None
+
+
+def test_peak_rss_is_the_measured_process_own_not_an_earlier_child(tmp_path: Path) -> None:
+    """A larger child run before (the bench's checkpoint writer, say) must not count for the job."""
+    big = "b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096])"
+    subprocess.run([sys.executable, "-c", big], check=True)
+    _, _, code, big_mb = run_measured([sys.executable, "-c", big], tmp_path / "big.log")
+    assert code == 0 and big_mb > 300
+    _, _, code, small_mb = run_measured([sys.executable, "-c", "pass"], tmp_path / "small.log")
+    assert code == 0 and 0 < small_mb < 100
+    _, _, code, _ = run_measured([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "exit.log")
+    assert code == 3
 
 
 def _bench(tmp_path: Path, workload: str, *args: str) -> tuple[dict, Path]:
