@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,13 @@ def _shared_bytes(kernel: Any, launch: Callable[[], object]) -> list[int]:
     return [k.metadata.shared for caches in kernel.device_caches.values() for k in caches[0].values()]
 
 
+def _dot_kwidths(kernel: Any) -> list[int]:
+    """The MMA operand layouts' kWidths in the compiled variants' TTGIR (how many consecutive k values
+    a thread holds; it decides how the MMAs group the products over k, so it decides the rounding)."""
+    irs = [k.asm["ttgir"] for caches in kernel.device_caches.values() for k in caches[0].values()]
+    return sorted({int(w) for ir in irs for w in re.findall(r"dot_op<\{opIdx = \d, parent = #\w+, kWidth = (\d+)", ir)})
+
+
 def _mla_cases() -> list[dict[str, Any]]:
     from shardinfer.kernels import mla_decode
     from shardinfer.kernels.reference_fp8 import quantize_groups
@@ -108,7 +116,14 @@ def _mla_cases() -> list[dict[str, Any]]:
 
         sizes = _shared_bytes(mla_decode._mla_chunk_kernel, launch)
         out.append(
-            {"kernel": "mla_decode", "dtype": str(dtype), "fp8_cache": fp8, "stages": stages, "shared": sizes}
+            {
+                "kernel": "mla_decode",
+                "dtype": str(dtype),
+                "fp8_cache": fp8,
+                "stages": stages,
+                "shared": sizes,
+                "dot_kwidths": _dot_kwidths(mla_decode._mla_chunk_kernel),
+            }
         )
     return out
 

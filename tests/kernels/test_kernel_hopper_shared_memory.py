@@ -1,7 +1,8 @@
 """The attention launches fit a Hopper SM's shared memory, checked on the CPU by
 compiling them for sm_90 (tests/kernels/hopper_compile.py). Two GPU-only failures of this kind
 (MLA in float32 with three pipeline stages; a gathered FP8 scale tile in paged attention) only
-showed on the H200 before this check existed."""
+showed on the H200 before this check existed. The same compile shows the MMA operand layouts of
+MLA on an FP8 cache (a third one: an FP8 cache rounding apart from the bf16 cache)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,7 @@ def test_attention_launches_fit_hopper_shared_memory(tmp_path: Path) -> None:
     # head of paged attention in float32 (both caches) and bfloat16 (FP8 cache), and a head of 128
     # on an FP8 cache (its 128-key tiles) in both query dtypes.
     assert len(cases) == 9, done.stdout
+    # MLA's FP8 tiles take the same MMA operand layout as the 16-bit cache's (kernels/_opaque.py), so
+    # the products over k are grouped alike and an FP8 cache gives the dequantised cache's bits.
+    mla = {(c["dtype"], c["fp8_cache"]): c["dot_kwidths"] for c in cases if c["kernel"] == "mla_decode"}
+    assert mla[("torch.bfloat16", True)] == mla[("torch.bfloat16", False)] != [], mla
