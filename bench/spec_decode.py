@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import gzip
 import json
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import step_gaps
 from bench.gpu_timing import copy_bandwidth, decode_bytes
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
@@ -111,6 +113,69 @@ def profile_steps(
             "device_ms_per_step": total,
             "top_kernels_ms_per_step": dict(top),
         }
+    return found
+
+
+def trace_steps(
+    llm: LLM,
+    reqs: list[tuple[list[int], int]],
+    recorded: dict[str, list[int]],
+    vocab: int,
+    batch: int,
+    depths: list[int],
+    out_dir: Path,
+    skip: int = 8,
+    window: int = 12,
+) -> dict[str, Any]:
+    """Per depth (0 = plain; alpha 1.0): where the device waits for the host in steady decoding.
+    After `skip` steps (prefill, first verify steps), `window` steps under torch.profiler with CPU
+    and CUDA activities give the device's busy and idle time per step; the next `window` steps,
+    traced again with Python stacks, say which engine function the host was in during the idle
+    gaps (bench/step_gaps.py; the Python tracer slows the host, so that pass's idle time is not
+    the step's). Both traces are written to out_dir as gzipped Chrome traces."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = llm.llm_engine
+    drafter = engine.drafter
+    assert drafter is not None
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    found: dict[str, Any] = {}
+    for depth in depths:
+        drafter.depth = depth
+        drafter.budget = DraftBudget(depth, None, None)
+        drafter.proposer = ReplayProposer(recorded, 1.0, vocab, seed=batch)
+        for i, (ids, out) in enumerate(reqs):
+            engine.add_request(
+                f"r{i}", ids, SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=1000 + i)
+            )
+        for _ in range(skip):
+            engine.step()
+        passes: dict[str, Any] = {}
+        for name, with_stack in (("timing", False), ("stacks", True)):
+            _sync()
+            with profile(activities=activities, with_stack=with_stack) as prof:
+                for _ in range(window):
+                    engine.step()
+                _sync()
+            trace = out_dir / f"timeline-b{batch}-d{depth}-{name}.json"
+            prof.export_chrome_trace(str(trace))
+            events = json.loads(trace.read_text())["traceEvents"]
+            with gzip.open(f"{trace}.gz", "wt") as f:
+                json.dump(events, f)
+            trace.unlink()
+            passes[name] = step_gaps.summarize(events, window)
+        while engine.has_unfinished():
+            engine.step()
+        timing, stacks = passes["timing"], passes["stacks"]
+        print(
+            f"  batch {batch} depth {depth}: device busy {timing['device_busy_ms_per_step']:.2f} ms, idle "
+            f"{timing['device_idle_ms_per_step']:.2f} ms per step ({timing['gaps_per_step']:.1f} gaps)"
+        )
+        for label, part in (("timing pass", timing), ("with stacks", stacks)):
+            print(f"    idle charged to ({label}, ms/step):")
+            for host_event, ms in list(part["host_during_gaps"].items())[:8]:
+                print(f"      {ms:7.3f}  {host_event[:110]}")
+        found[str(depth)] = passes
     return found
 
 
@@ -270,6 +335,14 @@ def main() -> None:
         help="at these batch sizes, one more run per depth under the torch profiler: device time "
         "per step split by kernel (written to the JSON, the top kernels printed)",
     )
+    ap.add_argument(
+        "--timeline-batches",
+        type=int,
+        nargs="*",
+        default=[],
+        help="at these batch sizes, traces of steady decoding per depth: the device's idle time per "
+        "step and the host work it waited for (bench/step_gaps.py; traces written beside the JSON)",
+    )
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -320,6 +393,7 @@ def main() -> None:
     print(f"engine ready after {time.perf_counter() - begin:.0f} s", flush=True)
     points: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
+    timelines: dict[str, Any] = {}
     for batch in args.batches:
         if time.perf_counter() - begin > args.max_seconds:
             print(f"time budget spent: batch {batch} and later skipped")
@@ -352,6 +426,10 @@ def main() -> None:
         if batch in args.profile_batches:
             profiles[str(batch)] = profile_steps(
                 llm, reqs, recorded, vocab, batch, sorted(set([0, *args.depths]))
+            )
+        if batch in args.timeline_batches:
+            timelines[str(batch)] = trace_steps(
+                llm, reqs, recorded, vocab, batch, sorted(set([0, *args.depths])), out_dir
             )
         for alpha in args.alphas:
             # Fixed depths, then (unless --no-schedule) the confidence schedule up to the largest.
@@ -420,6 +498,8 @@ def main() -> None:
     }
     if profiles:
         result["kernel_profiles"] = profiles
+    if timelines:
+        result["step_timelines"] = timelines
     path = out_dir / f"spec-{args.workload}-{stamp}.json"
     path.write_text(json.dumps(result, indent=2))
     print(

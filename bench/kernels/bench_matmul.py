@@ -18,6 +18,9 @@ mean of ours/cuBLAS over the sweep's M values, weighted like a throughput run sp
     python bench/kernels/bench_matmul.py [--out DIR] [--sweep-budget-s 240] [--models 0.6b,8b]
     python bench/kernels/bench_matmul.py --from-sweep results/kernels-matmul-sweep-....json --write-configs
         (re-pick the winners of a saved sweep, e.g. after changing the weights; no timing)
+    python bench/kernels/bench_matmul.py --models 8b --refine-m 32 [--write-configs]
+        (one more range of M ending at 32: every candidate of each shape's shipped family timed
+        at M = 32 against the tiling that serves it now; a speculative step at batch 16 runs 32 rows)
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ CANDIDATES = {
     "64x128x64_w4_s4_tma_sk2": mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True, split_k=2),
     "64x128x64_w4_s4_tma_sk4": mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True, split_k=4),
     "64x64x64_w4_s4_sk4": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4, split_k=4),
+    "64x64x64_w4_s4_sk2": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4, split_k=2),
+    "64x32x64_w4_s5_sk2": mm.TileConfig(64, 32, 64, num_warps=4, num_stages=5, split_k=2),
+    "64x64x64_w4_s4_tma_sk2": mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4, tma=True, split_k=2),
     "128x128x64_w8_s4_tma_sk2": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True, split_k=2),
     "128x128x64_w8_s4_grid": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, persistent=False),
     "128x128x64_w8_s3_tma": mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
@@ -342,6 +348,59 @@ def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]], buckets: bool = 
     return {nk: t for nk, (_, t, _) in chosen.items()}
 
 
+def refine(models: list[str], m: int, min_gain: float = 0.03) -> tuple[list[dict[str, Any]],
+                                                                         dict[tuple[int, int], mm.Tiling]]:
+    """Per shape of `models`: time at M = m every candidate interchangeable with the shipped
+    tilings (mm.check_interchangeable), beside the tiling that serves m now; where the fastest
+    beats it by more than `min_gain`, a Tiling whose ranges gain one ending at m with it.
+
+    Only M = m is timed: a new range takes sizes from the range that held them, so the other
+    sizes keep their tilings and their times."""
+    candidates, _ = compile_candidates()
+    records: list[dict[str, Any]] = []
+    chosen: dict[tuple[int, int], mm.Tiling] = {}
+    print(f"\nrefine at M={m}: ours us per candidate of the shipped family ('*' serves M={m} now)")
+    for model in models:
+        for proj, (n, k) in MODELS[model][1].items():
+            shipped = mm.tiling(n, k, DTYPE, torch.cuda.get_device_name())
+            now = shipped.for_m(m)
+            family = {name: cfg for name, cfg in candidates.items() if _fits(k, [*shipped.configs, cfg])}
+            family.setdefault("shipped", now)
+            ws = weights(n, k, seed=n + k)
+            x = activations(m, k, seed=m)
+            x_inv = activations(4096, k, seed=7)
+            cub = cublas_us(x, ws)
+            times: dict[str, float] = {}
+            for name, cfg in family.items():
+                if name != "shipped" and cfg == now:
+                    continue
+                if not invariant(x_inv, ws[0], cfg):
+                    print(f"  {model} {proj:>8} {name:<26} NOT INVARIANT: skipped")
+                    continue
+                times[name] = measure(x, ws, cfg)
+            best = min(times, key=lambda name: times[name])
+            gain = 1.0 - times[best] / times["shipped"]
+            records.append({"model": model, "proj": proj, "N": n, "K": k, "M": m, "cublas_us": cub,
+                            "shipped": asdict(now), "us": times, "best": best, "gain": gain})
+            print(f"  {model} {proj:>8} N={n:>6} K={k:>5}: now {times['shipped']:7.1f} us, best {best} "
+                  f"{times[best]:7.1f} us ({gain:+.1%}), cuBLAS {cub:7.1f} us")
+            if gain > min_gain:
+                ranges = [(max_m, cfg) for max_m, cfg in shipped.by_m if max_m != m]
+                ranges.append((m, family[best]))
+                chosen[(n, k)] = mm.Tiling(shipped.rest, tuple(sorted(ranges, key=lambda r: r[0])))
+            del ws
+            torch.cuda.empty_cache()
+    return records, chosen
+
+
+def _fits(k: int, configs: list[mm.TileConfig]) -> bool:
+    try:
+        mm.check_interchangeable(k, DTYPE, configs)
+    except ValueError:
+        return False
+    return True
+
+
 def write(out: Path, name: str, record: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
@@ -406,7 +465,23 @@ def main() -> None:
     ap.add_argument("--from-sweep", default=None,
                     help="re-pick winners from this saved sweep JSON (and the kernels-matmul JSON of the same "
                          "run beside it, for cuBLAS times) instead of timing anything")
+    ap.add_argument("--refine-m", type=int, default=None,
+                    help="only add a range of M ending here to the shipped tilings (see the module docstring)")
     args = ap.parse_args()
+    if args.refine_m is not None:
+        if not torch.cuda.is_available():
+            ap.error("needs a CUDA device")
+        models = [m for m in args.models.split(",") if m]
+        meta = {"gpu": torch.cuda.get_device_name(), "commit": bench_commit(), "triton": triton.__version__,
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        records, chosen = refine(models, args.refine_m)
+        write(Path(args.out), "kernels-matmul-refine", {"workload": "kernels-matmul-refine", **meta,
+                                                        "records": records})
+        if args.write_configs and chosen:
+            write_configs(chosen, Path(args.out), meta, meta["gpu"],
+                          json.loads(mm.config_path(meta["gpu"]).read_text())["how"]
+                          + f"; a range ending at M = {args.refine_m} added by --refine-m where it gained")
+        return
     if args.from_sweep:
         sweep_path = Path(args.from_sweep)
         if not sweep_path.is_file():
