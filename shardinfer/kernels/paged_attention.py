@@ -41,7 +41,15 @@ import triton
 import triton.language as tl
 
 from shardinfer.kernels import split_kv
-from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail, next_pow2
+from shardinfer.kernels._common import (
+    FLOAT_DTYPES,
+    check_same_device,
+    check_tensor,
+    fail,
+    interpreting,
+    next_pow2,
+)
+from shardinfer.kernels._opaque import opaque
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 # Tile config, fixed because it fixes the rounding (see paged_attention's docstring). Chosen by
@@ -68,7 +76,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr):
+                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -112,6 +120,8 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
                     ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
                     k = (k.to(tl.float32) * ks2).to(q.dtype)
+                if OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
+                    k = opaque(k)
             s = tl.dot(q, k, input_precision=PRECISION)
             if SCALE_SCORES:
                 s = s * ks[None, :]
@@ -143,6 +153,8 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
                     vs2 = tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])
                     v = (v.to(tl.float32) * vs2).to(q.dtype)
+                if OPAQUE:
+                    v = opaque(v)
             acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
@@ -283,7 +295,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
-            SCALE_SCORES=scale_scores,
+            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
             num_warps=num_warps, num_stages=num_stages, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,

@@ -2,7 +2,8 @@
 compiling them for sm_90 (tests/kernels/hopper_compile.py). Two GPU-only failures of this kind
 (MLA in float32 with three pipeline stages; a gathered FP8 scale tile in paged attention) only
 showed on the H200 before this check existed. The same compile shows the MMA operand layouts of
-MLA on an FP8 cache (a third one: an FP8 cache rounding apart from the bf16 cache)."""
+MLA and paged attention on an FP8 cache (a third kind: an FP8 cache rounding apart from the
+16-bit cache)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,16 @@ def test_attention_launches_fit_hopper_shared_memory(tmp_path: Path) -> None:
         assert max(case["shared"]) <= HOPPER_MAX_SHARED_BYTES, f"over Hopper's shared memory: {case}"
     # Every case compiled: both query dtypes of MLA with and without an FP8 cache, and the widest
     # head of paged attention in float32 (both caches) and bfloat16 (FP8 cache), and a head of 128
-    # on an FP8 cache (its 128-key tiles) in both query dtypes.
-    assert len(cases) == 9, done.stdout
-    # MLA's FP8 tiles take the same MMA operand layout as the 16-bit cache's (kernels/_opaque.py), so
-    # the products over k are grouped alike and an FP8 cache gives the dequantised cache's bits.
+    # in both query dtypes on both caches (an FP8 cache reads 128-key tiles there).
+    assert len(cases) == 11, done.stdout
+    # FP8 tiles take the same MMA operand layout as the 16-bit cache's (kernels/_opaque.py), so the
+    # products over k are grouped alike and an FP8 cache gives the dequantised cache's bits.
     mla = {(c["dtype"], c["fp8_cache"]): c["dot_kwidths"] for c in cases if c["kernel"] == "mla_decode"}
     assert mla[("torch.bfloat16", True)] == mla[("torch.bfloat16", False)] != [], mla
+    attention = {
+        (c["head_dim"], c["fp8_cache"]): c["dot_kwidths"]
+        for c in cases
+        if c["kernel"] == "paged_attention" and c["dtype"] == "torch.bfloat16"
+    }
+    assert attention[(128, True)] == attention[(128, False)] != [], attention
+    assert attention[(256, True)] == attention[(128, False)], attention
