@@ -19,13 +19,15 @@ from typing import Any
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
 
-def _short(filename: str) -> str:
+def short_path(filename: str) -> str:
+    """A file name relative to the repository or to site-packages; other absolute paths lose their
+    directories, and anything else (a relative path, a native function's name) is kept."""
     if filename.startswith(_ROOT):
         return filename[len(_ROOT):].lstrip("/")
     marker = "site-packages/"
     if marker in filename:
         return filename.split(marker, 1)[1]
-    return Path(filename).name
+    return Path(filename).name if filename.startswith("/") else filename
 
 
 class SlowStepSampler:
@@ -64,7 +66,7 @@ class SlowStepSampler:
             frame = sys._current_frames().get(self._target)
             if frame is None:
                 continue
-            stack = [f"{_short(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_stack(frame)[-14:]]
+            stack = [f"{short_path(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_stack(frame)[-14:]]
             self.samples.append({"step": step, "after_ms": round(elapsed * 1e3, 1), "stack": stack})
             self._taken += 1
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from pathlib import Path
 from typing import Any
+
+from bench.slow_steps import short_path
 
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 HOST_CATEGORIES = {"python_function", "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation"}
-_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def _intervals(events: list[dict[str, Any]], categories: set[str]) -> list[tuple[float, float, str]]:
@@ -50,14 +50,6 @@ def device_gaps(events: list[dict[str, Any]], min_us: float = 5.0) -> list[tuple
     ]
 
 
-def short_name(name: str) -> str:
-    """A Python frame's name without the machine's directories (repository- or package-relative)."""
-    if name.startswith(_ROOT):
-        return name[len(_ROOT) :].lstrip("/")
-    marker = "site-packages/"
-    return name.split(marker, 1)[1] if marker in name else name
-
-
 def host_during_gaps(
     events: list[dict[str, Any]], gaps: list[tuple[float, float]], resolution_us: float = 2.0
 ) -> dict[str, float]:
@@ -75,7 +67,7 @@ def host_during_gaps(
             inside = [(s, e, n) for s, e, n in open_here if s <= t < e]
             # The innermost open event: the latest start, then the shortest.
             name = max(inside, key=lambda ev: (ev[0], -ev[1]))[2] if inside else "(no host event)"
-            key = short_name(name)
+            key = short_path(name)
             charged[key] = charged.get(key, 0.0) + min(resolution_us, gap_end - t + resolution_us / 2)
             t += resolution_us
     return charged
