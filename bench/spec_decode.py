@@ -328,6 +328,12 @@ def main() -> None:
     ap.add_argument("--no-schedule", action="store_true", help="skip the confidence-scheduled points")
     ap.add_argument("--max-seconds", type=float, default=float("inf"))
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="time each batch's plain run and points this many times (each point records its repeat)",
+    )
+    ap.add_argument(
         "--profile-batches",
         type=int,
         nargs="*",
@@ -431,55 +437,61 @@ def main() -> None:
             timelines[str(batch)] = trace_steps(
                 llm, reqs, recorded, vocab, batch, sorted(set([0, *args.depths])), out_dir
             )
-        for alpha in args.alphas:
-            # Fixed depths, then (unless --no-schedule) the confidence schedule up to the largest.
-            settings = [(d, False) for d in args.depths] + (
-                [] if args.no_schedule else [(max(args.depths), True)]
-            )
-            for depth, scheduled in settings:
-                if time.perf_counter() - begin > args.max_seconds:
-                    break
-                drafter.depth = depth
-                # A fresh budget per point: the schedule learns this alpha's acceptance from its
-                # prior. The step times it measured carry over (one engine on one GPU, as in a
-                # long job), so each (width, bucket) is explored once, not once per point.
-                budget = DraftBudget(depth, schedule.step_ms, schedule.buckets) if scheduled else None
-                if budget is not None:
-                    budget.times = schedule.times
-                drafter.budget = budget or DraftBudget(depth, None, None)
-                drafter.proposer = ReplayProposer(recorded, alpha, vocab, seed=batch)
-                before = engine.stats()
-                depth_before = (engine.counters["draft_depth_sum"], engine.counters["draft_depth_steps"])
-                label = "scheduled up to" if scheduled else "depth"
-                wall, got = run_batch(llm, reqs, f"batch {batch} alpha {alpha} {label} {depth}")
-                after = engine.stats()
-                drafted = after["draft_tokens"] - before["draft_tokens"]
-                accepted = after["accepted_draft_tokens"] - before["accepted_draft_tokens"]
-                steps = after["steps"] - before["steps"]
-                # A verify step computes each request's newest token and its drafts: with experts,
-                # the draft rows touch more of them than a plain step's rows.
-                spec_rows = round(batch + drafted / max(1, steps))
-                spec_floor = step_bytes.floor_s(spec_rows, context, bandwidth) if bandwidth is not None else None
-                points.append(
-                    {
-                        "batch": batch,
-                        "alpha": alpha,
-                        "depth": depth,
-                        "scheduled": scheduled,
-                        "plain_tok_s": tokens / plain_wall,
-                        "spec_tok_s": tokens / wall,
-                        "identical": same(plain, got),
-                        "acceptance": accepted / drafted if drafted else None,
-                        "mean_depth": (engine.counters["draft_depth_sum"] - depth_before[0])
-                        / max(1.0, engine.counters["draft_depth_steps"] - depth_before[1]),
-                        "steps": steps,
-                        "graphed_verify_steps": after["graphed_verify_steps"]
-                        - before["graphed_verify_steps"],
-                        "plain_steps": plain_steps,
-                        "plain_floor_tok_s": tokens / (plain_steps * plain_floor) if plain_floor else None,
-                        "spec_floor_tok_s": tokens / (steps * spec_floor) if spec_floor else None,
-                    }
+        for repeat in range(args.repeats):
+            if repeat:  # plain decoding timed again beside each repetition of the points
+                drafter.depth = 0
+                drafter.budget = DraftBudget(0, None, None)
+                plain_wall, again = run_batch(llm, reqs, f"batch {batch} plain (repeat {repeat})")
+                assert same(plain, again), "plain decoding changed between repetitions"
+            for alpha in args.alphas:
+                # Fixed depths, then (unless --no-schedule) the confidence schedule up to the largest.
+                settings = [(d, False) for d in args.depths] + (
+                    [] if args.no_schedule else [(max(args.depths), True)]
                 )
+                for depth, scheduled in settings:
+                    if time.perf_counter() - begin > args.max_seconds:
+                        break
+                    drafter.depth = depth
+                    # A fresh budget per point: the schedule learns this alpha's acceptance from its
+                    # prior. The step times it measured carry over (one engine on one GPU, as in a
+                    # long job), so each (width, bucket) is explored once, not once per point.
+                    budget = DraftBudget(depth, schedule.step_ms, schedule.buckets) if scheduled else None
+                    if budget is not None:
+                        budget.times = schedule.times
+                    drafter.budget = budget or DraftBudget(depth, None, None)
+                    drafter.proposer = ReplayProposer(recorded, alpha, vocab, seed=batch)
+                    before = engine.stats()
+                    depth_before = (engine.counters["draft_depth_sum"], engine.counters["draft_depth_steps"])
+                    label = "scheduled up to" if scheduled else "depth"
+                    wall, got = run_batch(llm, reqs, f"batch {batch} alpha {alpha} {label} {depth}")
+                    after = engine.stats()
+                    drafted = after["draft_tokens"] - before["draft_tokens"]
+                    accepted = after["accepted_draft_tokens"] - before["accepted_draft_tokens"]
+                    steps = after["steps"] - before["steps"]
+                    # A verify step computes each request's newest token and its drafts: with experts,
+                    # the draft rows touch more of them than a plain step's rows.
+                    spec_rows = round(batch + drafted / max(1, steps))
+                    spec_floor = step_bytes.floor_s(spec_rows, context, bandwidth) if bandwidth is not None else None
+                    points.append(
+                        {
+                            "batch": batch,
+                            "alpha": alpha,
+                            "depth": depth,
+                            "scheduled": scheduled,
+                            "plain_tok_s": tokens / plain_wall,
+                            "spec_tok_s": tokens / wall,
+                            "identical": same(plain, got),
+                            "acceptance": accepted / drafted if drafted else None,
+                            "mean_depth": (engine.counters["draft_depth_sum"] - depth_before[0])
+                            / max(1.0, engine.counters["draft_depth_steps"] - depth_before[1]),
+                            "steps": steps,
+                            "graphed_verify_steps": after["graphed_verify_steps"]
+                            - before["graphed_verify_steps"],
+                            "plain_steps": plain_steps,
+                            "plain_floor_tok_s": tokens / (plain_steps * plain_floor) if plain_floor else None,
+                            "spec_floor_tok_s": tokens / (steps * spec_floor) if spec_floor else None,
+                        }
+                    )
     now = dt.datetime.now(dt.UTC)
     stamp = now.strftime("%Y%m%d-%H%M%S")
     result = {

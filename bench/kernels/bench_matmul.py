@@ -348,7 +348,7 @@ def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]], buckets: bool = 
     return {nk: t for nk, (_, t, _) in chosen.items()}
 
 
-def refine(models: list[str], m: int, min_gain: float = 0.03) -> tuple[list[dict[str, Any]],
+def refine(models: list[str], m: int, min_gain: float = 0.02) -> tuple[list[dict[str, Any]],
                                                                          dict[tuple[int, int], mm.Tiling]]:
     """Per shape of `models`: time at M = m every candidate interchangeable with the shipped
     tilings (mm.check_interchangeable), beside the tiling that serves m now; where the fastest
@@ -385,12 +385,20 @@ def refine(models: list[str], m: int, min_gain: float = 0.03) -> tuple[list[dict
             print(f"  {model} {proj:>8} N={n:>6} K={k:>5}: now {times['shipped']:7.1f} us, best {best} "
                   f"{times[best]:7.1f} us ({gain:+.1%}), cuBLAS {cub:7.1f} us")
             if gain > min_gain:
-                ranges = [(max_m, cfg) for max_m, cfg in shipped.by_m if max_m != m]
-                ranges.append((m, family[best]))
-                chosen[(n, k)] = mm.Tiling(shipped.rest, tuple(sorted(ranges, key=lambda r: r[0])))
+                chosen[(n, k)] = with_range(shipped, m, family[best])
             del ws
             torch.cuda.empty_cache()
     return records, chosen
+
+
+def with_range(tiling: mm.Tiling, m: int, config: mm.TileConfig) -> mm.Tiling:
+    """`tiling` with `config` serving the sizes from the range below m up to m (a range ending at m
+    is replaced); a range whose tiling the next range also uses is folded into that one."""
+    ranges = sorted([*((max_m, c) for max_m, c in tiling.by_m if max_m != m), (m, config)], key=lambda r: r[0])
+    kept = [r for r, after in zip(ranges, [*ranges[1:], None], strict=True) if after is None or after[1] != r[1]]
+    if kept and kept[-1][1] == tiling.rest:
+        kept.pop()
+    return mm.Tiling(tiling.rest, tuple(kept))
 
 
 def _fits(k: int, configs: list[mm.TileConfig]) -> bool:

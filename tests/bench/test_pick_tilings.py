@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from bench.kernels.bench_matmul import pick_tilings
+from bench.kernels.bench_matmul import pick_tilings, with_range
 from shardinfer.kernels import matmul as mm
 
 N, K = 4096, 4096
@@ -76,3 +76,26 @@ def test_decode_ranges_only_keeps_the_single_tiling_for_prefill() -> None:
     # The best single tiling (mid) serves M > 256; its family's winners serve decode batches.
     assert tiling == mm.Tiling(_mid(), ((16, _small()), (128, _small())))
     assert names == ["M<=16:small", "M<=128:small", "M<=256:mid", "rest:mid"]
+
+
+A = mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True)
+B = mm.TileConfig(64, 64, 128, num_warps=4, num_stages=3)
+C = mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4)
+
+
+def test_a_new_range_splits_the_range_that_held_its_sizes() -> None:
+    t = with_range(mm.Tiling(C, ((16, A), (128, B))), 32, C.__class__(64, 256, 64, num_warps=4, num_stages=3))
+    assert [m for m, _ in t.by_m] == [16, 32, 128] and t.by_m[0][1] == A and t.by_m[2][1] == B
+    assert t.for_m(17) == t.for_m(32) == mm.TileConfig(64, 256, 64, num_warps=4, num_stages=3)
+    assert t.for_m(33) == B and t.rest == C
+
+
+def test_a_new_range_with_its_neighbours_tiling_is_folded_into_it() -> None:
+    # The range below uses the new range's tiling: one range up to 32.
+    assert with_range(mm.Tiling(C, ((16, A), (128, B))), 32, A).by_m == ((32, A), (128, B))
+    # The range above does: the new one is not kept.
+    assert with_range(mm.Tiling(C, ((16, A), (128, B))), 32, B).by_m == ((16, A), (128, B))
+    # The largest range uses the large-M tiling: dropped, as the sweep's picks drop it.
+    assert with_range(mm.Tiling(C, ((16, A),)), 32, C).by_m == ((16, A),)
+    # A range already ending at m is replaced.
+    assert with_range(mm.Tiling(C, ((16, A), (32, B), (128, A))), 32, C).by_m == ((16, A), (32, C), (128, A))
