@@ -133,43 +133,44 @@ def _attention_cases() -> list[dict[str, Any]]:
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     out = []
-    # The widest head, the most shared memory; and 128, where an FP8 cache reads 128-key tiles.
-    for d in (256, 128):
-        for dtype in (torch.bfloat16, torch.float32):
-            for fp8 in (False, True):
-                if d == 256 and dtype == torch.bfloat16 and not fp8:
-                    continue  # half the float32 tiles: never near the limit
-                k, v = torch.randn(4, 16, 2, d), torch.randn(4, 16, 2, d)
-                extra: dict[str, torch.Tensor] = {}
-                if fp8:
-                    (k, ks), (v, vs) = quantize_groups(k), quantize_groups(v)
-                    extra = {"k_scale": ks, "v_scale": vs}
-                else:
-                    k, v = k.to(dtype), v.to(dtype)
-                args = (
-                    torch.randn(1, 4, d, dtype=dtype),
-                    k,
-                    v,
-                    torch.tensor([0, 1], dtype=torch.int32),
-                    torch.tensor([40], dtype=torch.int32),
-                    torch.zeros(1, 4, dtype=torch.int32),
-                    0.1,
-                )
+    # The widest head, the most shared memory; and 128, where an FP8 cache reads 128-key tiles,
+    # with its scales on the scores (the default for bf16) or on the dequantised tiles.
+    cases = [(256, torch.bfloat16, True, None), (256, torch.float32, False, None), (256, torch.float32, True, None)]
+    cases += [(128, dtype, fp8, None) for dtype in (torch.bfloat16, torch.float32) for fp8 in (False, True)]
+    cases.append((128, torch.bfloat16, True, False))
+    for d, dtype, fp8, on_scores in cases:
+        k, v = torch.randn(4, 16, 2, d), torch.randn(4, 16, 2, d)
+        extra: dict[str, Any] = {}
+        if fp8:
+            (k, ks), (v, vs) = quantize_groups(k), quantize_groups(v)
+            extra = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores}
+        else:
+            k, v = k.to(dtype), v.to(dtype)
+        args = (
+            torch.randn(1, 4, d, dtype=dtype),
+            k,
+            v,
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([40], dtype=torch.int32),
+            torch.zeros(1, 4, dtype=torch.int32),
+            0.1,
+        )
 
-                def launch(args: tuple[Any, ...] = args, extra: dict[str, Any] = extra) -> object:
-                    return paged_attention.paged_attention(*args, max_seq_len=40, **extra)
+        def launch(args: tuple[Any, ...] = args, extra: dict[str, Any] = extra) -> object:
+            return paged_attention.paged_attention(*args, max_seq_len=40, **extra)
 
-                sizes = _shared_bytes(paged_attention._attn_chunk_kernel, launch)
-                out.append(
-                    {
-                        "kernel": "paged_attention",
-                        "head_dim": d,
-                        "dtype": str(dtype),
-                        "fp8_cache": fp8,
-                        "shared": sizes,
-                        "dot_kwidths": _dot_kwidths(paged_attention._attn_chunk_kernel),
-                    }
-                )
+        sizes = _shared_bytes(paged_attention._attn_chunk_kernel, launch)
+        out.append(
+            {
+                "kernel": "paged_attention",
+                "head_dim": d,
+                "dtype": str(dtype),
+                "fp8_cache": fp8,
+                "scales_on_scores": on_scores,
+                "shared": sizes,
+                "dot_kwidths": _dot_kwidths(paged_attention._attn_chunk_kernel),
+            }
+        )
     return out
 
 
