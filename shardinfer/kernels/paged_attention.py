@@ -201,7 +201,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int = 2, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None, fp8_scale_scores: bool | None = None) -> torch.Tensor:
+                    v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -216,17 +216,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
-    dequantised in registers into q's dtype, exactly (3-bit mantissas times powers of two), so
-    the result is bit for bit what this kernel gives on a q-dtype cache holding those values
-    (float16 queries on the GPU: a few outputs apart, docs/quantization.md). With one
-    scale per key (head dims <= 128) and bfloat16 or float32 queries, the scales are applied to
-    the scores' and the probabilities' columns instead of to the key and value tiles
-    (fp8_scale_scores, None: wherever that holds): a power-of-two factor commutes with every
-    rounding in between, so the bits are the same while the per-element work is one conversion
-    (short of a probability so small that, times its scale, it falls below float32's normal
-    range, about 2^-126: there the two can differ in a term far below the sum's last place).
-    (float16 is left out: its probabilities times small scales fall into its subnormal range,
-    where scaling and rounding stop commuting.)
+    dequantised in registers into q's dtype, exactly (3-bit mantissas times powers of two), and
+    given the 16-bit tiles' MMA operand layout (kernels/_opaque.py), so the result is bit for bit
+    what this kernel gives on a q-dtype cache holding those values. fp8_scale_scores=True (one
+    scale per key, head dims <= 128, bfloat16 or float32 queries) applies the scales to the
+    scores' and the probabilities' columns instead of to the key and value tiles: a power-of-two
+    factor commutes with every rounding in between, so the bits are the same (short of a
+    probability so small that, times its scale, it falls below float32's normal range, about
+    2^-126: there the two can differ in a term far below the sum's last place). On the H200 it was
+    the faster path until the tiles took the 16-bit layout; since then it is the slower one
+    (docs/quantization.md), so it is no longer the default. (float16 is left out: its
+    probabilities times small scales fall into its subnormal range, where scaling and rounding
+    stop commuting.)
     """
     fp8 = k_scale is not None or v_scale is not None
     _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len,
@@ -266,7 +267,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
-           v_scale: torch.Tensor | None = None, fp8_scale_scores: bool | None = None) -> torch.Tensor:
+           v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -276,7 +277,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if fp8_scale_scores and not scores_ok:
         raise fail("fp8_scale_scores", fp8_scale_scores,
                    f"need head dims <= {GROUP} and bfloat16/float32 queries (got {d}, {dv}, {q.dtype})")
-    scale_scores = fp8 and (scores_ok if fp8_scale_scores is None else fp8_scale_scores)
+    scale_scores = fp8 and bool(fp8_scale_scores)
     ks = k_scale if k_scale is not None else k_cache
     vs = v_scale if v_scale is not None else v_cache
     ks_strides = tuple(k_scale.stride()[:3]) if k_scale is not None else (0, 0, 0)

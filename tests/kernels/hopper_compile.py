@@ -134,10 +134,10 @@ def _attention_cases() -> list[dict[str, Any]]:
 
     out = []
     # The widest head, the most shared memory; and 128, where an FP8 cache reads 128-key tiles,
-    # with its scales on the scores (the default for bf16) or on the dequantised tiles.
+    # with its scales on the dequantised tiles (the default) or, for bf16, on the scores.
     cases = [(256, torch.bfloat16, True, None), (256, torch.float32, False, None), (256, torch.float32, True, None)]
     cases += [(128, dtype, fp8, None) for dtype in (torch.bfloat16, torch.float32) for fp8 in (False, True)]
-    cases.append((128, torch.bfloat16, True, False))
+    cases.append((128, torch.bfloat16, True, True))
     for d, dtype, fp8, on_scores in cases:
         k, v = torch.randn(4, 16, 2, d), torch.randn(4, 16, 2, d)
         extra: dict[str, Any] = {}

@@ -31,8 +31,8 @@ def test_attention_launches_fit_hopper_shared_memory(tmp_path: Path) -> None:
         assert max(case["shared"]) <= HOPPER_MAX_SHARED_BYTES, f"over Hopper's shared memory: {case}"
     # Every case compiled: both query dtypes of MLA with and without an FP8 cache, and the widest
     # head of paged attention in float32 (both caches) and bfloat16 (FP8 cache), and a head of 128
-    # in both query dtypes on both caches, its bf16 FP8 case both ways (scales on the scores, the
-    # default, or on the dequantised tiles).
+    # in both query dtypes on both caches, its bf16 FP8 case both ways (scales on the dequantised
+    # tiles, the default, or on the scores).
     assert len(cases) == 12, done.stdout
     # Dequantised FP8 tiles take the same MMA operand layout as the 16-bit cache's
     # (kernels/_opaque.py), so the products over k are grouped alike and an FP8 cache gives the
@@ -44,5 +44,6 @@ def test_attention_launches_fit_hopper_shared_memory(tmp_path: Path) -> None:
         for c in cases
         if c["kernel"] == "paged_attention" and c["dtype"] == "torch.bfloat16"
     }
-    assert attention[(128, True, False)] == attention[(128, False, None)] != [], attention
+    assert attention[(128, True, None)] == attention[(128, False, None)] != [], attention
+    assert attention[(128, True, True)] == attention[(128, False, None)], attention
     assert attention[(256, True, None)] == attention[(128, False, None)], attention

@@ -107,24 +107,26 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
         b.block_tables,
     )
     dev = [t.to(device) for t in (q, kq, vq, qsl, sl, bt)]
+    # 256-key chunks: two or more key tiles per chunk, where an operand layout apart from the
+    # 16-bit cache's would round apart (kernels/_opaque.py).
     got = paged_attention.paged_attention(
-        *dev, 0.25, kv_chunk=128, k_scale=ks.to(device), v_scale=vs.to(device)
+        *dev, 0.25, kv_chunk=256, k_scale=ks.to(device), v_scale=vs.to(device)
     )
     # The FP8 cache's default key tile; the same tile on the dequantised cache gives the same bits.
     block_n = paged_attention.FP8_BLOCK_N if d <= 128 else paged_attention.BLOCK_N
     on_dequantised = paged_attention.paged_attention(
-        dev[0], kd.to(device), vd.to(device), *dev[3:], 0.25, kv_chunk=128, block_n=block_n
+        dev[0], kd.to(device), vd.to(device), *dev[3:], 0.25, kv_chunk=256, block_n=block_n
     )
     # Bit for bit in every query dtype: the dequantised tiles take the 16-bit cache's MMA operand
     # layout (kernels/_opaque.py). Without that, float16 queries on the H200 gave a few outputs one
     # float16 unit apart (an output sums p * v terms grouped over k differently).
     assert torch.equal(got, on_dequantised)
     if d <= 128 and dtype != torch.float16:
-        # The default scaled the scores and probabilities; the tile-dequantising path gives the same bits.
-        on_tiles = paged_attention.paged_attention(
-            *dev, 0.25, kv_chunk=128, k_scale=ks.to(device), v_scale=vs.to(device), fp8_scale_scores=False
+        # Scaling the scores and probabilities instead of the tiles gives the same bits.
+        on_scores = paged_attention.paged_attention(
+            *dev, 0.25, kv_chunk=256, k_scale=ks.to(device), v_scale=vs.to(device), fp8_scale_scores=True
         )
-        assert torch.equal(on_tiles, got)
+        assert torch.equal(on_scores, got)
     ref = reference.paged_attention(q, kq, vq, b.qsl, b.seq_lens, bt, 0.25, k_scale=ks, v_scale=vs)
     assert torch.equal(ref, reference.paged_attention(q, kd, vd, b.qsl, b.seq_lens, bt, 0.25))
     assert rel_err(got, ref) < (1e-5 if dtype == torch.float32 else 2 * TOL[dtype])
