@@ -120,8 +120,8 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
                     ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
                     k = (k.to(tl.float32) * ks2).to(q.dtype)
-                if OPAQUE and not SCALE_SCORES:  # the 16-bit cache's MMA operand layout, so its rounding
-                    k = opaque(k)  # (kernels/_opaque.py; the unscaled tile rounds alike without it)
+                if OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
+                    k = opaque(k)
             s = tl.dot(q, k, input_precision=PRECISION)
             if SCALE_SCORES:
                 s = s * ks[None, :]
@@ -153,7 +153,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
                     vs2 = tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])
                     v = (v.to(tl.float32) * vs2).to(q.dtype)
-                if OPAQUE and not SCALE_SCORES:
+                if OPAQUE:
                     v = opaque(v)
             acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new

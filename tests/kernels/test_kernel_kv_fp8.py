@@ -82,7 +82,7 @@ def _fp8_pair(cache: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if torch.cuda.is_available() else [])
 )
-@pytest.mark.parametrize("d", [16, 256])  # one scale per key and head; two groups per head
+@pytest.mark.parametrize("d", [16, 128, 256])  # one scale per key and head (128: the dense models'); two groups
 def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
     device: torch.device, dtype: torch.dtype, d: int
 ) -> None:
