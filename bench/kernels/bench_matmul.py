@@ -359,7 +359,7 @@ def refine(models: list[str], m: int, min_gain: float = 0.02) -> tuple[list[dict
     candidates, _ = compile_candidates()
     records: list[dict[str, Any]] = []
     chosen: dict[tuple[int, int], mm.Tiling] = {}
-    print(f"\nrefine at M={m}: ours us per candidate of the shipped family ('*' serves M={m} now)")
+    print(f"\nrefine at M={m}: the tiling serving M={m} now against the fastest interchangeable one (us)")
     for model in models:
         for proj, (n, k) in MODELS[model][1].items():
             shipped = mm.tiling(n, k, DTYPE, torch.cuda.get_device_name())
@@ -477,9 +477,13 @@ def main() -> None:
                     help="only add a range of M ending here to the shipped tilings (see the module docstring)")
     args = ap.parse_args()
     if args.refine_m is not None:
+        models = [m for m in args.models.split(",") if m]
+        if unknown := [m for m in models if m not in MODELS]:
+            ap.error(f"--models: unknown {unknown}; choose from {list(MODELS)}")
+        if args.refine_m < 1:
+            ap.error(f"--refine-m {args.refine_m}: give a batch size of at least 1")
         if not torch.cuda.is_available():
             ap.error("needs a CUDA device")
-        models = [m for m in args.models.split(",") if m]
         meta = {"gpu": torch.cuda.get_device_name(), "commit": bench_commit(), "triton": triton.__version__,
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         records, chosen = refine(models, args.refine_m)
