@@ -78,24 +78,33 @@ def test_decode_ranges_only_keeps_the_single_tiling_for_prefill() -> None:
     assert names == ["M<=16:small", "M<=128:small", "M<=256:mid", "rest:mid"]
 
 
-A = mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True)
-B = mm.TileConfig(64, 64, 128, num_warps=4, num_stages=3)
-C = mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4)
+
+def _configs() -> tuple[mm.TileConfig, mm.TileConfig, mm.TileConfig]:
+    """Three distinct tilings, built when a test runs (another test may have reloaded the matmul
+    module, and a dataclass equals only instances of its own class)."""
+    return (
+        mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True),
+        mm.TileConfig(64, 64, 128, num_warps=4, num_stages=3),
+        mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4),
+    )
 
 
 def test_a_new_range_splits_the_range_that_held_its_sizes() -> None:
-    t = with_range(mm.Tiling(C, ((16, A), (128, B))), 32, C.__class__(64, 256, 64, num_warps=4, num_stages=3))
-    assert [m for m, _ in t.by_m] == [16, 32, 128] and t.by_m[0][1] == A and t.by_m[2][1] == B
-    assert t.for_m(17) == t.for_m(32) == mm.TileConfig(64, 256, 64, num_warps=4, num_stages=3)
-    assert t.for_m(33) == B and t.rest == C
+    a, b, c = _configs()
+    new = mm.TileConfig(64, 256, 64, num_warps=4, num_stages=3)
+    t = with_range(mm.Tiling(c, ((16, a), (128, b))), 32, new)
+    assert [m for m, _ in t.by_m] == [16, 32, 128] and t.by_m[0][1] == a and t.by_m[2][1] == b
+    assert t.for_m(17) == t.for_m(32) == new
+    assert t.for_m(33) == b and t.rest == c
 
 
 def test_a_new_range_with_its_neighbours_tiling_is_folded_into_it() -> None:
+    a, b, c = _configs()
     # The range below uses the new range's tiling: one range up to 32.
-    assert with_range(mm.Tiling(C, ((16, A), (128, B))), 32, A).by_m == ((32, A), (128, B))
+    assert with_range(mm.Tiling(c, ((16, a), (128, b))), 32, a).by_m == ((32, a), (128, b))
     # The range above does: the new one is not kept.
-    assert with_range(mm.Tiling(C, ((16, A), (128, B))), 32, B).by_m == ((16, A), (128, B))
+    assert with_range(mm.Tiling(c, ((16, a), (128, b))), 32, b).by_m == ((16, a), (128, b))
     # The largest range uses the large-M tiling: dropped, as the sweep's picks drop it.
-    assert with_range(mm.Tiling(C, ((16, A),)), 32, C).by_m == ((16, A),)
+    assert with_range(mm.Tiling(c, ((16, a),)), 32, c).by_m == ((16, a),)
     # A range already ending at m is replaced.
-    assert with_range(mm.Tiling(C, ((16, A), (32, B), (128, A))), 32, C).by_m == ((16, A), (32, C), (128, A))
+    assert with_range(mm.Tiling(c, ((16, a), (32, b), (128, a))), 32, c).by_m == ((16, a), (32, c), (128, a))
