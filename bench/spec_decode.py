@@ -42,6 +42,8 @@ from bench.gpu_timing import copy_bandwidth, decode_bytes
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine.draft_budget import DraftBudget
+from shardinfer.engine.drafting import Drafter
+from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.outputs import RequestOutput
 from shardinfer.testing.replay_drafter import ReplayProposer
 
@@ -51,15 +53,28 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def add_requests(engine: LLMEngine, reqs: list[tuple[list[int], int]]) -> None:
+    """Admit every request as r0, r1, ...: T = 1, seeded, exactly its output length."""
+    for i, (ids, out) in enumerate(reqs):
+        engine.add_request(
+            f"r{i}", ids, SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=1000 + i)
+        )
+
+
+def draft_fixed(drafter: Drafter, depth: int, proposer: ReplayProposer | None = None) -> None:
+    """Draft `depth` tokens a step (0: plain decoding), with no schedule; from `proposer` if given."""
+    drafter.depth = depth
+    drafter.budget = DraftBudget(depth, None, None)
+    if proposer is not None:
+        drafter.proposer = proposer
+
+
 def run_batch(
     llm: LLM, reqs: list[tuple[list[int], int]], tag: str
 ) -> tuple[float, dict[str, RequestOutput]]:
     """Generate every request (ids r0, r1, ...) and return (wall seconds, outputs by id)."""
     engine = llm.llm_engine
-    for i, (ids, out) in enumerate(reqs):
-        engine.add_request(
-            f"r{i}", ids, SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=1000 + i)
-        )
+    add_requests(engine, reqs)
     _sync()
     start = time.perf_counter()
     done: dict[str, RequestOutput] = {}
@@ -90,9 +105,7 @@ def profile_steps(
     assert drafter is not None
     found: dict[str, Any] = {}
     for depth in depths:
-        drafter.depth = depth
-        drafter.budget = DraftBudget(depth, None, None)
-        drafter.proposer = ReplayProposer(recorded, 1.0, vocab, seed=batch)
+        draft_fixed(drafter, depth, ReplayProposer(recorded, 1.0, vocab, seed=batch))
         steps_before = engine.stats()["steps"]
         on_gpu = torch.cuda.is_available()
         with profile(activities=[ProfilerActivity.CUDA if on_gpu else ProfilerActivity.CPU]) as prof:
@@ -141,13 +154,8 @@ def trace_steps(
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     found: dict[str, Any] = {}
     for depth in depths:
-        drafter.depth = depth
-        drafter.budget = DraftBudget(depth, None, None)
-        drafter.proposer = ReplayProposer(recorded, 1.0, vocab, seed=batch)
-        for i, (ids, out) in enumerate(reqs):
-            engine.add_request(
-                f"r{i}", ids, SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=1000 + i)
-            )
+        draft_fixed(drafter, depth, ReplayProposer(recorded, 1.0, vocab, seed=batch))
+        add_requests(engine, reqs)
         for _ in range(skip):
             engine.step()
         passes: dict[str, Any] = {}
@@ -408,8 +416,7 @@ def main() -> None:
             batch, vocab, (args.prompt_len, args.prompt_len), (args.output_len, args.output_len), seed=batch
         )
         tokens = batch * args.output_len
-        drafter.depth = 0
-        drafter.budget = DraftBudget(0, None, None)
+        draft_fixed(drafter, 0)
         run_batch(llm, reqs, f"batch {batch} warm-up (plain)")  # first-shape compiles out of the timing
         plain_before = engine.stats()["steps"]
         plain_wall, plain = run_batch(llm, reqs, f"batch {batch} plain")
@@ -425,9 +432,7 @@ def main() -> None:
         # first time it runs at this batch: one untimed pass per depth keeps Triton's compiles out
         # of the points, as the plain warm-up above does for plain decoding.
         for depth in sorted(set(args.depths)):
-            drafter.depth = depth
-            drafter.budget = DraftBudget(depth, None, None)
-            drafter.proposer = ReplayProposer(recorded, args.alphas[0], vocab, seed=batch)
+            draft_fixed(drafter, depth, ReplayProposer(recorded, args.alphas[0], vocab, seed=batch))
             run_batch(llm, reqs, f"batch {batch} warm-up (depth {depth})")
         if batch in args.profile_batches:
             profiles[str(batch)] = profile_steps(
@@ -439,8 +444,7 @@ def main() -> None:
             )
         for repeat in range(args.repeats):
             if repeat:  # plain decoding timed again beside each repetition of the points
-                drafter.depth = 0
-                drafter.budget = DraftBudget(0, None, None)
+                draft_fixed(drafter, 0)
                 plain_wall, again = run_batch(llm, reqs, f"batch {batch} plain (repeat {repeat})")
                 assert same(plain, again), "plain decoding changed between repetitions"
             for alpha in args.alphas:
@@ -451,15 +455,13 @@ def main() -> None:
                 for depth, scheduled in settings:
                     if time.perf_counter() - begin > args.max_seconds:
                         break
-                    drafter.depth = depth
-                    # A fresh budget per point: the schedule learns this alpha's acceptance from its
-                    # prior. The step times it measured carry over (one engine on one GPU, as in a
-                    # long job), so each (width, bucket) is explored once, not once per point.
-                    budget = DraftBudget(depth, schedule.step_ms, schedule.buckets) if scheduled else None
-                    if budget is not None:
-                        budget.times = schedule.times
-                    drafter.budget = budget or DraftBudget(depth, None, None)
-                    drafter.proposer = ReplayProposer(recorded, alpha, vocab, seed=batch)
+                    draft_fixed(drafter, depth, ReplayProposer(recorded, alpha, vocab, seed=batch))
+                    if scheduled:
+                        # A fresh budget per point: the schedule learns this alpha's acceptance from
+                        # its prior. The step times it measured carry over (one engine on one GPU, as
+                        # in a long job), so each (width, bucket) is explored once, not once per point.
+                        drafter.budget = DraftBudget(depth, schedule.step_ms, schedule.buckets)
+                        drafter.budget.times = schedule.times
                     before = engine.stats()
                     depth_before = (engine.counters["draft_depth_sum"], engine.counters["draft_depth_steps"])
                     label = "scheduled up to" if scheduled else "depth"

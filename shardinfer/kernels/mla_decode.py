@@ -320,7 +320,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
             q_pe.stride(1), ws.out.stride(0), ws.out.stride(1), block_tables.stride(0), seq_lens.shape[0], base,
             float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr, PAGE=page,
             PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
-            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, OPAQUE=not interpreting(), num_warps=num_warps, num_stages=num_stages, **common)
+            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, OPAQUE=not interpreting(), num_warps=num_warps,
+            num_stages=num_stages, **common)
 
     return split_kv.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
                         merge_in_phase1=merge)
