@@ -145,7 +145,8 @@ def trace_steps(
     and CUDA activities give the device's busy and idle time per step; the next `window` steps,
     traced again with Python stacks, say which engine function the host was in during the idle
     gaps (bench/step_gaps.py; the Python tracer slows the host, so that pass's idle time is not
-    the step's). Both traces are written to out_dir as gzipped Chrome traces."""
+    the step's). Both traces are written to out_dir as gzipped Chrome traces. Requests too short
+    for both windows give shorter ones (each summary counts the steps it traced)."""
     from torch.profiler import ProfilerActivity, profile
 
     engine = llm.llm_engine
@@ -162,8 +163,10 @@ def trace_steps(
         for name, with_stack in (("timing", False), ("stacks", True)):
             _sync()
             with profile(activities=activities, with_stack=with_stack) as prof:
-                for _ in range(window):
+                traced = 0
+                while traced < window and engine.has_unfinished():  # decoding steps only
                     engine.step()
+                    traced += 1
                 _sync()
             trace = out_dir / f"timeline-b{batch}-d{depth}-{name}.json"
             prof.export_chrome_trace(str(trace))
@@ -171,7 +174,7 @@ def trace_steps(
             with gzip.open(f"{trace}.gz", "wt") as f:
                 json.dump(events, f)
             trace.unlink()
-            passes[name] = step_gaps.summarize(events, window)
+            passes[name] = step_gaps.summarize(events, traced)
         while engine.has_unfinished():
             engine.step()
         timing, stacks = passes["timing"], passes["stacks"]
@@ -477,6 +480,7 @@ def main() -> None:
                     points.append(
                         {
                             "batch": batch,
+                            "repeat": repeat,
                             "alpha": alpha,
                             "depth": depth,
                             "scheduled": scheduled,
