@@ -365,6 +365,11 @@ def main() -> None:
     args = ap.parse_args()
     if min(args.depths) < 1:
         ap.error(f"--depths {args.depths}: every depth must be >= 1 (plain decoding always runs beside them)")
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: give at least 1")
+    for flag, chosen in (("--profile-batches", args.profile_batches), ("--timeline-batches", args.timeline_batches)):
+        if missing := sorted(set(chosen) - set(args.batches)):
+            ap.error(f"{flag} {missing}: not among --batches {args.batches}; add them there")
     begin = time.perf_counter()
     now = dt.datetime.now(dt.UTC)
     out_dir = Path(args.out)

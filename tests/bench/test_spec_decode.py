@@ -43,3 +43,18 @@ def test_refine_names_a_bad_argument() -> None:
         done = subprocess.run([sys.executable, script, *args, "--refine-m", "0" if args[1] == "8b" else "32"],
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+
+
+def test_spec_decode_names_a_bad_argument(tmp_path: Path) -> None:
+    script = str(ROOT / "bench" / "spec_decode.py")
+    for args, message in (
+        (["--repeats", "0"], "--repeats 0"),
+        (["--timeline-batches", "16"], "--timeline-batches [16]: not among --batches [2]"),
+    ):
+        done = subprocess.run(
+            [sys.executable, script, "--workload", "tiny", "--device", "cpu", "--batches", "2", *args,
+             "--out", str(tmp_path)],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+        assert not list(tmp_path.iterdir())  # nothing written
