@@ -69,22 +69,45 @@ def draft_fixed(drafter: Drafter, depth: int, proposer: ReplayProposer | None = 
         drafter.proposer = proposer
 
 
+LAST_STEP_MS: list[float] = []  # host milliseconds of each engine.step() of the last run_batch
+
+
 def run_batch(
     llm: LLM, reqs: list[tuple[list[int], int]], tag: str
 ) -> tuple[float, dict[str, RequestOutput]]:
-    """Generate every request (ids r0, r1, ...) and return (wall seconds, outputs by id)."""
+    """Generate every request (ids r0, r1, ...) and return (wall seconds, outputs by id). The host
+    time of each engine.step() call is left in LAST_STEP_MS: with asynchronous scheduling a call
+    returns once the previous step's results are back, so in steady decoding it tracks the device's
+    step time, and the calls around the prefill show what a run spends outside its steady steps."""
     engine = llm.llm_engine
     add_requests(engine, reqs)
     _sync()
     start = time.perf_counter()
     done: dict[str, RequestOutput] = {}
+    LAST_STEP_MS.clear()
+    last = start
     while engine.has_unfinished():
         for o in engine.step():
             done[o.request_id] = o
+        now = time.perf_counter()
+        LAST_STEP_MS.append((now - last) * 1000)
+        last = now
     _sync()
     wall = time.perf_counter() - start
     print(f"  {tag}: {wall:.2f} s", flush=True)
     return wall, done
+
+
+def step_times(step_ms: list[float], head: int = 4) -> dict[str, Any]:
+    """The first `head` step calls' host milliseconds, the median of the rest, and the time the run
+    spent beyond (number of calls x that median): its cost outside steady steps."""
+    rest = sorted(step_ms[head:])
+    median = rest[len(rest) // 2] if rest else float("nan")
+    return {
+        "first_steps_ms": [round(t, 3) for t in step_ms[:head]],
+        "median_step_ms": round(median, 3),
+        "beyond_steady_ms": round(sum(step_ms) - median * len(step_ms), 3) if rest else None,
+    }
 
 
 def profile_steps(
@@ -360,6 +383,12 @@ def main() -> None:
         help="at these batch sizes, traces of steady decoding per depth: the device's idle time per "
         "step and the host work it waited for (bench/step_gaps.py; traces written beside the JSON)",
     )
+    ap.add_argument(
+        "--timeline-skip",
+        type=int,
+        default=8,
+        help="engine steps run before a timeline's traced window (0: the window starts at the prefill)",
+    )
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -367,6 +396,8 @@ def main() -> None:
         ap.error(f"--depths {args.depths}: every depth must be >= 1 (plain decoding always runs beside them)")
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: give at least 1")
+    if args.timeline_skip < 0:
+        ap.error(f"--timeline-skip {args.timeline_skip}: give 0 or more steps")
     for flag, chosen in (("--profile-batches", args.profile_batches), ("--timeline-batches", args.timeline_batches)):
         if missing := sorted(set(chosen) - set(args.batches)):
             ap.error(f"{flag} {missing}: not among --batches {args.batches}; add them there")
@@ -428,6 +459,7 @@ def main() -> None:
         run_batch(llm, reqs, f"batch {batch} warm-up (plain)")  # first-shape compiles out of the timing
         plain_before = engine.stats()["steps"]
         plain_wall, plain = run_batch(llm, reqs, f"batch {batch} plain")
+        plain_times = step_times(LAST_STEP_MS)
         plain_steps = engine.stats()["steps"] - plain_before
         # A step's HBM floor at the mean context (every request is mid-way through its output on
         # average); over a run, tokens / (its steps x that floor) is what the run could reach if
@@ -448,12 +480,13 @@ def main() -> None:
             )
         if batch in args.timeline_batches:
             timelines[str(batch)] = trace_steps(
-                llm, reqs, recorded, vocab, batch, sorted(set([0, *args.depths])), out_dir
+                llm, reqs, recorded, vocab, batch, sorted(set([0, *args.depths])), out_dir, args.timeline_skip
             )
         for repeat in range(args.repeats):
             if repeat:  # plain decoding timed again beside each repetition of the points
                 draft_fixed(drafter, 0)
                 plain_wall, again = run_batch(llm, reqs, f"batch {batch} plain (repeat {repeat})")
+                plain_times = step_times(LAST_STEP_MS)
                 assert same(plain, again), "plain decoding changed between repetitions"
             for alpha in args.alphas:
                 # Fixed depths, then (unless --no-schedule) the confidence schedule up to the largest.
@@ -474,6 +507,7 @@ def main() -> None:
                     depth_before = (engine.counters["draft_depth_sum"], engine.counters["draft_depth_steps"])
                     label = "scheduled up to" if scheduled else "depth"
                     wall, got = run_batch(llm, reqs, f"batch {batch} alpha {alpha} {label} {depth}")
+                    spec_times = step_times(LAST_STEP_MS)
                     after = engine.stats()
                     drafted = after["draft_tokens"] - before["draft_tokens"]
                     accepted = after["accepted_draft_tokens"] - before["accepted_draft_tokens"]
@@ -499,6 +533,8 @@ def main() -> None:
                             "graphed_verify_steps": after["graphed_verify_steps"]
                             - before["graphed_verify_steps"],
                             "plain_steps": plain_steps,
+                            "plain_step_times": plain_times,
+                            "spec_step_times": spec_times,
                             "plain_floor_tok_s": tokens / (plain_steps * plain_floor) if plain_floor else None,
                             "spec_floor_tok_s": tokens / (steps * spec_floor) if spec_floor else None,
                         }
