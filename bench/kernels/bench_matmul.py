@@ -490,9 +490,9 @@ def main() -> None:
         write(Path(args.out), "kernels-matmul-refine", {"workload": "kernels-matmul-refine", **meta,
                                                         "records": records})
         if args.write_configs and chosen:
-            write_configs(chosen, Path(args.out), meta, meta["gpu"],
-                          json.loads(mm.config_path(meta["gpu"]).read_text())["how"]
-                          + f"; a range ending at M = {args.refine_m} added by --refine-m where it gained")
+            how = json.loads(mm.config_path(meta["gpu"]).read_text())["how"]
+            added = f"; a range ending at M = {args.refine_m} added by --refine-m where it gained"
+            write_configs(chosen, Path(args.out), meta, meta["gpu"], how if added in how else how + added)
         return
     if args.from_sweep:
         sweep_path = Path(args.from_sweep)
