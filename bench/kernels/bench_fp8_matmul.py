@@ -49,6 +49,13 @@ CANDIDATES = [
     fp8_matmul.Fp8TileConfig(128, 64, num_warps=8, num_stages=4, persistent=False),
     fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=3, persistent=False),
     fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=5, persistent=False),
+    # Operands through the tensor-memory accelerator (same tiles and bits as the pointer loads).
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=6, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, tma=True),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, tma=True, programs_per_sm=2),
 ]
 L2_SPILL_BYTES = 256 << 20
 
@@ -88,8 +95,10 @@ def main() -> None:
     ap.add_argument("--models", default="8b")
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--sweep", action="store_true", help="also time and compare the candidate tilings")
+    ap.add_argument("--tma-only", action="store_true", help="sweep only the candidates with tma=True")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
+    candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]
     ceiling = fp8_matmul_rate()
     print(f"FP8 ceiling (torch._scaled_mm 8192^3): {ceiling / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
@@ -101,7 +110,7 @@ def main() -> None:
             if proj == "lm_head":  # stays bf16 in FP8 models
                 continue
             for m in map(int, args.ms.split(",")):
-                r = time_shape(n, k, m, CANDIDATES if args.sweep and m in (64, 256, 8192) else None)
+                r = time_shape(n, k, m, candidates if args.sweep and m in (64, 256, 8192) else None)
                 r.update(model=model, proj=proj)
                 rows.append(r)
                 print(f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "

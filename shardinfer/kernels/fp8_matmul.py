@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from shardinfer.kernels import fp8_quant, tuning
 from shardinfer.kernels._common import (
@@ -62,6 +63,9 @@ class Fp8TileConfig:
     group_m: int = 8
     persistent: bool = True
     programs_per_sm: int = 1
+    # Operands through the tensor-memory accelerator (Hopper and later) instead of pointer loads:
+    # the same tiles, K order and promotion, so the same bits.
+    tma: bool = False
 
     def __post_init__(self) -> None:
         check_tiles(self, ("block_m", "block_n"), ("num_warps", "num_stages", "group_m", "programs_per_sm"))
@@ -183,6 +187,67 @@ def _fp8_linear_kernel(
         _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
 
 
+@triton.jit(do_not_specialize=["M"])
+def _fp8_linear_tma_kernel(
+    a_desc,
+    as_ptr,
+    w_desc,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_ym,
+    a_groups,
+    w_groups,
+    HAS_BIAS: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """_fp8_linear_kernel with both operands fetched by the tensor-memory accelerator. The copy
+    engine zero-fills rows past M, columns past N and the K tail (zero FP8 codes, so the tail's
+    products are exact zeros, as the masked loads give), so the loop needs no masks; the scales
+    are still read through pointers (one per row and step, one per step)."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if PERSISTENT:  # noqa: SIM108 - a compile-time branch (see matmul.py)
+        step = NUM_PROGRAMS
+    else:
+        step = num_tiles
+    for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = tl.where(rows < M, rows, 0).to(tl.int64)
+        as_ptrs = as_ptr + rows * a_groups
+        ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            part = _mma_fp8(a, b.T, INTERPRET)
+            sa = tl.load(as_ptrs + kt)
+            if CHANNEL_SCALES:
+                acc += part * sa[:, None]
+            else:
+                sb = tl.load(ws_row + kt)
+                acc += part * (sa[:, None] * sb)
+        if CHANNEL_SCALES:
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            cols = tl.where(cols < N, cols, 0).to(tl.int64)
+            acc = acc * tl.load(ws_ptr + cols)[None, :]
+        _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
 def _check(
     x: object, weight: object, scale: object, bias: object
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -233,6 +298,30 @@ def linear_fp8_quantized(
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     grid = (min(cap, tiles) if config.persistent else tiles,)
     switch = on_gpu and xq.device.index is not None and xq.device.index != torch.cuda.current_device()
+    common = dict(
+        HAS_BIAS=bias is not None,
+        CHANNEL_SCALES=scale.dim() == 1,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=GROUP,
+        GROUP_M=config.group_m,
+        PERSISTENT=config.persistent,
+        NUM_PROGRAMS=cap,
+        INTERPRET=interpreting(),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if config.tma:
+        if k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16:
+            raise fail("K", k, "a tma=True tiling needs 16-byte aligned operands and K a multiple of 16; "
+                       "use a tma=False tiling for this shape")
+        a_desc = TensorDescriptor(xq, [m, k], [k, 1], [config.block_m, GROUP])
+        w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, GROUP])
+        with torch.cuda.device(xq.device) if switch else contextlib.nullcontext():
+            _fp8_linear_tma_kernel[grid](
+                a_desc, xs, w_desc, scale, bias if bias is not None else y, y, m, n, k, y.stride(0), xs.shape[1],
+                scale.shape[-1], **common)
+        return y
     with torch.cuda.device(xq.device) if switch else contextlib.nullcontext():
         _fp8_linear_kernel[grid](
             xq,
@@ -248,18 +337,8 @@ def linear_fp8_quantized(
             y.stride(0),
             xs.shape[1],
             scale.shape[-1],
-            HAS_BIAS=bias is not None,
-            CHANNEL_SCALES=scale.dim() == 1,
             EVEN_K=k % GROUP == 0,
-            BLOCK_M=config.block_m,
-            BLOCK_N=config.block_n,
-            BLOCK_K=GROUP,
-            GROUP_M=config.group_m,
-            PERSISTENT=config.persistent,
-            NUM_PROGRAMS=cap,
-            INTERPRET=interpreting(),
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
+            **common,
         )
     return y
 

@@ -41,6 +41,13 @@ def _linear_cases() -> list[dict[str, Any]]:
         out.append(
             {"kernel": "fp8_linear", "scales": layout, **_compiled(fp8_matmul._fp8_linear_kernel, launch)}
         )
+        tma = fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True)
+
+        def launch_tma(wq: torch.Tensor = wq, ws: torch.Tensor = ws, cfg: Any = tma) -> object:
+            return fp8_matmul.linear_fp8_quantized(xq, xs, wq, ws, None, torch.bfloat16, cfg)
+
+        compiled = _compiled(fp8_matmul._fp8_linear_tma_kernel, launch_tma)
+        out.append({"kernel": "fp8_linear_tma", "scales": layout, **compiled})
     return out
 
 

@@ -35,6 +35,8 @@ if not torch.cuda.is_available():
 
 SMALL = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
 SMALL_ONE_TILE = fp8_matmul.Fp8TileConfig(32, 16, num_warps=4, num_stages=2, persistent=False)
+SMALL_TMA = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2, tma=True)
+SMALL_TMA_ONE_TILE = fp8_matmul.Fp8TileConfig(32, 16, num_warps=4, num_stages=2, persistent=False, tma=True)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -138,6 +140,30 @@ def test_kernel_matches_float64_and_rows_are_bitwise_invariant(
 
 
 @pytest.mark.parametrize("scales", ["block", "channel"])
+@pytest.mark.parametrize("config", [SMALL_TMA, SMALL_TMA_ONE_TILE], ids=["persistent", "one_tile_per_program"])
+def test_tma_tiling_gives_the_pointer_tilings_bits(
+    device: torch.device, config: fp8_matmul.Fp8TileConfig, scales: str
+) -> None:
+    # K = 320: two full scale groups and a 64-channel tail the copy engine zero-fills; N = 150: a
+    # partial weight block; M = 37: a partial row tile.
+    x, wq, ws, b = linear_problem(37, 150, 320, torch.bfloat16, seed=8, scales=scales)
+    dev = [t.to(device) for t in (x, wq, ws, b)]
+    full = fp8_matmul.linear_fp8(*dev, config=config)
+    assert rel_err(full, linear_float64(x, wq, ws, b)) < TOL[torch.bfloat16]
+    # The same K order and promotion as the pointer kernel: tilings can switch by M.
+    assert torch.equal(full, fp8_matmul.linear_fp8(*dev, config=SMALL))
+    for start, rows in [(5, 1), (36, 1), (17, 20)]:
+        part = fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:], config=config)
+        assert torch.equal(part, full[start : start + rows]), (start, rows)
+
+
+def test_tma_tiling_refuses_a_k_it_cannot_address(device: torch.device) -> None:
+    x, wq, ws, _ = (t.to(device) for t in linear_problem(4, 40, 200, torch.bfloat16, seed=9))
+    with pytest.raises(ValueError, match="tma=False"):
+        fp8_matmul.linear_fp8(x, wq, ws, config=SMALL_TMA)  # 200-byte rows: not a multiple of 16
+
+
+@pytest.mark.parametrize("scales", ["block", "channel"])
 def test_default_tiling_without_bias_is_invariant(device: torch.device, scales: str) -> None:
     x, wq, ws, _ = linear_problem(70, 64, 256, torch.bfloat16, seed=4, scales=scales)  # two 64-row tiles
     xd, wqd, wsd = x.to(device), wq.to(device), ws.to(device)
@@ -186,3 +212,7 @@ def test_gpu_engine_shapes_match_float64_and_are_batch_invariant(n: int, k: int,
         assert torch.equal(
             fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:]), full[start : start + rows]
         )
+    # The TMA tilings compiled for the device give the pointer tilings' bits.
+    for cfg in (fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True),
+                fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, tma=True)):
+        assert torch.equal(fp8_matmul.linear_fp8(*dev, config=cfg), full), cfg
