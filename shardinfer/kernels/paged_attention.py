@@ -76,8 +76,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       F16_OPERANDS: tl.constexpr = False):
+                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -99,8 +98,6 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         dv = tl.arange(0, BLOCK_DV)
         q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
         q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
-        if F16_OPERANDS:  # FP8 keys and values widen to float16 in one conversion; the queries follow
-            q = q.to(tl.float16)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -204,8 +201,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int = 2, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    fp8_f16_operands: bool = False) -> torch.Tensor:
+                    v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -249,7 +245,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, fp8_f16_operands)
+                  k_scale, v_scale, fp8_scale_scores)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -271,8 +267,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
-           v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           fp8_f16_operands: bool = False) -> torch.Tensor:
+           v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -283,8 +278,6 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise fail("fp8_scale_scores", fp8_scale_scores,
                    f"need head dims <= {GROUP} and bfloat16/float32 queries (got {d}, {dv}, {q.dtype})")
     scale_scores = fp8 and bool(fp8_scale_scores)
-    if fp8_f16_operands and not scale_scores:
-        raise fail("fp8_f16_operands", fp8_f16_operands, "need an FP8 cache with fp8_scale_scores=True")
     ks = k_scale if k_scale is not None else k_cache
     vs = v_scale if v_scale is not None else v_cache
     ks_strides = tuple(k_scale.stride()[:3]) if k_scale is not None else (0, 0, 0)
@@ -303,7 +296,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
-            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), F16_OPERANDS=bool(fp8_f16_operands),
+            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
             num_warps=num_warps, num_stages=num_stages, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,

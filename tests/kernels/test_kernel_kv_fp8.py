@@ -146,31 +146,6 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
     assert torch.equal(alone, got[5:6])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else []))
-def test_paged_attention_on_fp8_cache_with_float16_operands(device: torch.device, dtype: torch.dtype) -> None:
-    """fp8_f16_operands: the FP8 tiles widen to float16 unscaled (exact), the scales go on the scores
-    and probabilities, and the queries and probabilities round to float16: within float16 rounding
-    of the dequantised cache's result, and a row's bits do not depend on its batch."""
-    b = PagedBatch([5, 1, 30, 1], [0, 100, 20, 140], hq=4, hk=2, d=128, dv=128, block_size=16,
-                   dtype=torch.float32, device=device, seed=4)
-    kq, ks, _ = _fp8_pair(b.k_cache, dtype)
-    vq, vs, _ = _fp8_pair(b.v_cache, dtype)
-    q = b.q.to(dtype)
-    qsl, sl = torch.tensor(b.qsl, dtype=torch.int32), torch.tensor(b.seq_lens, dtype=torch.int32)
-    dev = [t.to(device) for t in (q, kq, vq, qsl, sl, b.block_tables)]
-    scales = dict(k_scale=ks.to(device), v_scale=vs.to(device), fp8_scale_scores=True, fp8_f16_operands=True)
-    got = paged_attention.paged_attention(*dev, 0.25, kv_chunk=256, **scales)
-    ref = reference.paged_attention(q, kq, vq, b.qsl, b.seq_lens, b.block_tables, 0.25, k_scale=ks, v_scale=vs)
-    assert rel_err(got, ref) < 2 * TOL[torch.float16]
-    alone = paged_attention.paged_attention(
-        dev[0][5:6], dev[1], dev[2], torch.tensor([0, 1], dtype=torch.int32, device=device), dev[4][1:2],
-        dev[5][1:2], 0.25, kv_chunk=256, **scales)
-    assert torch.equal(alone, got[5:6])
-    with pytest.raises(ValueError, match="fp8_f16_operands"):
-        paged_attention.paged_attention(*dev, 0.25, kv_chunk=256, k_scale=scales["k_scale"],
-                                        v_scale=scales["v_scale"], fp8_f16_operands=True)
-
-
 def test_fp8_cache_key_tile_follows_kv_chunk(device: torch.device) -> None:
     """The FP8 cache's 128-key default tile is taken only where it divides kv_chunk; with a
     64-key chunk the default is the 64-key tile (the same bits as asking for it), not an error."""
