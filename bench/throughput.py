@@ -137,6 +137,21 @@ def run_transformers(model_dir: Path, reqs: list[tuple[list[int], int]], out_len
     return {"output_tok_s": n / wall, "wall_s": wall, "output_tokens": n, "mode": mode}
 
 
+def prefer_tma_tilings(workload: str) -> None:
+    """Override the FP8 tilings of the workload's projection shapes with their TMA variants."""
+    from bench.kernels.bench_matmul import MODELS
+    from shardinfer.kernels import fp8_matmul
+    from shardinfer.kernels.tuning import Tiling
+
+    shape = SHAPES[workload]
+    shapes = set(MODELS[{"dense-8b": "8b", "dense-small": "0.6b"}.get(workload, workload)][1].values())
+    shapes.add((2 * int(shape["intermediate_size"]), int(shape["hidden_size"])))  # fp8_gemm_rates' problem
+    for n, k in shapes:
+        t = fp8_matmul.tiling(n, k)
+        fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(dataclasses.replace(t.rest, tma=True),
+                                                     tuple((m, dataclasses.replace(c, tma=True)) for m, c in t.by_m))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", default="dense-small", choices=sorted(SHAPES))
@@ -157,9 +172,16 @@ def main() -> None:
     ap.add_argument("--baseline", action="store_true",
                     help="also run the checkpoint's own weights and a bf16 KV cache on the same requests in "
                          "this invocation (after the main run), so an FP8 gain compares two runs of one commit")
+    ap.add_argument("--fp8-tiling", default="default", choices=["default", "tma"],
+                    help="tma: the FP8 projections run the TMA variants of their default tilings (the same "
+                         "tiles and bits, operands through the tensor-memory accelerator); an experiment")
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
+    if args.fp8_tiling == "tma":
+        if args.quantization != "fp8":
+            ap.error("--fp8-tiling tma: only FP8 weights have FP8 tilings; add --quantization fp8")
+        prefer_tma_tilings(args.workload)
 
     shape = SHAPES[args.workload]
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload)
@@ -210,6 +232,7 @@ def main() -> None:
     result = {"workload": args.workload, "gpu": torch.cuda.get_device_name(0), "commit": commit,
               "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
               "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype, "fp8_gemm": fp8_gemm,
+              "fp8_tiling": args.fp8_tiling,
               "shardinfer_output_tok_s": ours["output_tok_s"],
               "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
               "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,

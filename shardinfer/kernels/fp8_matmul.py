@@ -48,7 +48,7 @@ from shardinfer.kernels.matmul import _store_tile, _tile_coords
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 from shardinfer.kernels.tuning import Tiling
 
-__all__ = ["CONFIG_OVERRIDES", "Fp8TileConfig", "linear_fp8", "linear_fp8_quantized", "tile_config"]
+__all__ = ["CONFIG_OVERRIDES", "Fp8TileConfig", "linear_fp8", "linear_fp8_quantized", "tile_config", "tiling"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,11 @@ def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8Til
 
 
 _CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default)
+
+
+def tiling(n: int, k: int) -> Tiling[Fp8TileConfig]:
+    """The tilings an (N, K) FP8 problem runs, by batch size."""
+    return _CHOOSER.tiling((n, k))
 
 
 def tile_config(n: int, k: int, m: int | None = None) -> Fp8TileConfig:

@@ -1,0 +1,39 @@
+"""bench/throughput.py's FP8 tiling experiment: which tilings it overrides, and the refusal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.kernels.bench_matmul import MODELS  # noqa: E402
+from bench.throughput import prefer_tma_tilings  # noqa: E402
+from shardinfer.kernels import fp8_matmul  # noqa: E402
+
+
+def test_tma_tilings_are_the_defaults_with_operands_through_tma() -> None:
+    defaults = {nk: fp8_matmul.tiling(*nk) for nk in MODELS["8b"][1].values()}
+    saved = dict(fp8_matmul.CONFIG_OVERRIDES)
+    try:
+        prefer_tma_tilings("dense-8b")
+        for (n, k), default in defaults.items():
+            got = fp8_matmul.tiling(n, k)
+            assert all(c.tma for c in got.configs)
+            # Everything else is the default's: the same tiles, so the same bits.
+            assert [m for m, _ in got.by_m] == [m for m, _ in default.by_m]
+            for mine, theirs in zip(got.configs, default.configs, strict=True):
+                assert (mine.block_m, mine.block_n, mine.num_warps, mine.num_stages, mine.persistent) == (
+                    theirs.block_m, theirs.block_n, theirs.num_warps, theirs.num_stages, theirs.persistent)
+    finally:
+        fp8_matmul.CONFIG_OVERRIDES.clear()
+        fp8_matmul.CONFIG_OVERRIDES.update(saved)
+
+
+def test_tma_tiling_without_fp8_weights_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--fp8-tiling", "tma",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "add --quantization fp8" in done.stderr, done.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
