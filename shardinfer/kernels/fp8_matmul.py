@@ -81,18 +81,19 @@ CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] =
 
 
 def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8TileConfig]:
-    # One program per 64x128 output tile, four warps, four stages: on the H200 the fastest of the
-    # tilings bench/kernels/bench_fp8_matmul.py tried at every dense-8b projection shape at
-    # M = 256 and M = 8192; the persistent loop that suits the bf16 GEMM ran the FP8 one several
-    # times slower. Up to 64 rows, 64x64 tiles with five stages beat it for N up to 6144 (twice the
-    # programs to cover the SMs); not for the 24576-wide gate_up. Every tiling tried gave
-    # bitwise equal rows (one K order, each 128-channel step promoted on its own), so switching
-    # by M keeps a row's bits (the invariance tests cross the switch). The measurements:
-    # docs/performance.md.
-    rest = Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False)
+    # One program per 64x128 output tile, four warps, four stages, operands through TMA: on the H200
+    # the fastest of the tilings bench/kernels/bench_fp8_matmul.py tried at every dense-8b
+    # projection shape at M = 256 and M = 8192 (the pointer-load variant of the same tiles came
+    # second; the persistent loop that suits the bf16 GEMM ran the FP8 one several times slower).
+    # Up to 64 rows, 64x64 tiles with six stages beat it for N up to 8192 (twice the programs to
+    # cover the SMs); not for the 24576-wide gate_up. Every tiling tried gave bitwise equal rows (one
+    # K order, each 128-channel step promoted on its own), so switching by M keeps a row's bits (the
+    # invariance tests cross the switch), and an operand the copy engine cannot address runs the
+    # same tiles through pointer loads. The measurements: docs/performance.md.
+    rest = Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True)
     if key[0] > 8192:
         return Tiling(rest)
-    return Tiling(rest, ((64, Fp8TileConfig(64, 64, num_warps=4, num_stages=5, persistent=False)),))
+    return Tiling(rest, ((64, Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True)),))
 
 
 _CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default)

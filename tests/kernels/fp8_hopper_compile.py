@@ -9,6 +9,7 @@ exercises, so this is what the CPU suite can check of the GPU build of these ker
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -33,7 +34,7 @@ def _linear_cases() -> list[dict[str, Any]]:
     for layout in ("block", "channel"):
         quantize = quantize_blocks if layout == "block" else quantize_channels
         wq, ws = quantize(torch.randn(n, k))
-        cfg = fp8_matmul.tile_config(n, k, m)
+        cfg = dataclasses.replace(fp8_matmul.tile_config(n, k, m), tma=False)  # the pointer-load kernel
 
         def launch(wq: torch.Tensor = wq, ws: torch.Tensor = ws, cfg: Any = cfg) -> object:
             return fp8_matmul.linear_fp8_quantized(xq, xs, wq, ws, None, torch.bfloat16, cfg)
@@ -41,7 +42,8 @@ def _linear_cases() -> list[dict[str, Any]]:
         out.append(
             {"kernel": "fp8_linear", "scales": layout, **_compiled(fp8_matmul._fp8_linear_kernel, launch)}
         )
-        tma = fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True)
+        tma = fp8_matmul.tile_config(n, k, m)  # the default: operands through TMA
+        assert tma.tma
 
         def launch_tma(wq: torch.Tensor = wq, ws: torch.Tensor = ws, cfg: Any = tma) -> object:
             return fp8_matmul.linear_fp8_quantized(xq, xs, wq, ws, None, torch.bfloat16, cfg)
