@@ -194,6 +194,8 @@ def _numerics(r: dict) -> str:
     """The workload, with the weights' and the KV cache's format where a run chose one."""
     extra = [f"{what} {r[key]}" for key, what in (("quantization", "weights"), ("kv_cache_dtype", "KV"))
              if r.get(key) not in (None, "auto")]
+    if r.get("fp8_tiling") not in (None, "default"):  # throughput.py --fp8-tiling
+        extra.append(f"FP8 tiling {r['fp8_tiling']}")
     return ", ".join([r["workload"], *extra])
 
 
