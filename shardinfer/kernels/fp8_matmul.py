@@ -13,7 +13,11 @@ column's weight scale) and added to the float32 accumulator. That is DeepSeek-V3
 FP8 tensor-core accumulation is imprecise over long K, so partial sums are promoted to CUDA-core
 float32 every 128 channels, and the activation scales change every 128 channels anyway. A
 per-channel weight scale is the same for every K step, so it multiplies the accumulator once, in
-the epilogue. One kernel serves both layouts (CHANNEL_SCALES is a compile-time switch).
+the epilogue. One kernel serves both layouts (CHANNEL_SCALES is a compile-time switch). A second
+kernel walks the same tiles with both operands fetched by the tensor-memory accelerator (`tma`
+tilings, the default; the copy engine zero-fills past M, N and the K tail), and a tiling whose
+operands it cannot address runs on the pointer kernel instead: the same tiles and order, so the
+same bits.
 
 Batch invariance: the kernel is not specialised on M, and each output tile is reduced by one
 program in K order, one 128-channel step at a time, each step's product promoted on its own, so a
