@@ -37,3 +37,12 @@ def test_tma_tiling_without_fp8_weights_is_refused(tmp_path: Path) -> None:
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "add --quantization fp8" in done.stderr, done.stderr[-2000:]
     assert not list(tmp_path.iterdir())
+
+
+def test_results_table_names_a_non_default_fp8_tiling() -> None:
+    from bench.record import _numerics
+
+    run = {"workload": "dense-8b", "quantization": "fp8", "kv_cache_dtype": "fp8"}
+    assert _numerics(run) == "dense-8b, weights fp8, KV fp8"
+    assert _numerics({**run, "fp8_tiling": "default"}) == "dense-8b, weights fp8, KV fp8"
+    assert _numerics({**run, "fp8_tiling": "tma"}) == "dense-8b, weights fp8, KV fp8, FP8 tiling tma"
