@@ -125,6 +125,19 @@ def _mma_fp8(a, b, INTERPRET: tl.constexpr):
     return out
 
 
+@triton.jit
+def _promote(acc, part, sa, ws_row, kt, CHANNEL_SCALES: tl.constexpr):
+    """acc + one 128-channel step's product times its scales: the row's activation scale and, with
+    block scales, the step's weight-block scale (a per-channel scale waits for the epilogue). Both
+    GEMM kernels promote through here, so they round alike."""
+    if CHANNEL_SCALES:
+        acc += part * sa[:, None]
+    else:
+        sb = tl.load(ws_row + kt)
+        acc += part * (sa[:, None] * sb)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_linear_kernel(
     a_ptr,
@@ -184,12 +197,7 @@ def _fp8_linear_kernel(
                 a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
                 b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             part = _mma_fp8(a, b, INTERPRET)
-            sa = tl.load(as_ptrs + kt)
-            if CHANNEL_SCALES:
-                acc += part * sa[:, None]
-            else:
-                sb = tl.load(ws_row + kt)
-                acc += part * (sa[:, None] * sb)
+            acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         if CHANNEL_SCALES:  # the column's scale is the same for every K step: applied once
@@ -245,12 +253,7 @@ def _fp8_linear_tma_kernel(
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             part = _mma_fp8(a, b.T, INTERPRET)
-            sa = tl.load(as_ptrs + kt)
-            if CHANNEL_SCALES:
-                acc += part * sa[:, None]
-            else:
-                sb = tl.load(ws_row + kt)
-                acc += part * (sa[:, None] * sb)
+            acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
         if CHANNEL_SCALES:
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             cols = tl.where(cols < N, cols, 0).to(tl.int64)
