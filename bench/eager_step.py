@@ -30,14 +30,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.spec_decode import add_requests
+from bench.spec_decode import add_requests, sync_device
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def first_calls(llm: LLM, reqs: list[tuple[list[int], int]], profiler: cProfile.Profile | None = None
@@ -46,7 +41,7 @@ def first_calls(llm: LLM, reqs: list[tuple[list[int], int]], profiler: cProfile.
     device ms from the first call's start to the end of the work it queued."""
     engine = llm.llm_engine
     add_requests(engine, reqs)
-    _sync()
+    sync_device()
     on_gpu = torch.cuda.is_available()
     if on_gpu:
         start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -64,7 +59,7 @@ def first_calls(llm: LLM, reqs: list[tuple[list[int], int]], profiler: cProfile.
     t2 = time.perf_counter()
     while engine.has_unfinished():
         engine.step()
-    _sync()
+    sync_device()
     found = {"first_call_ms": (t1 - t0) * 1000, "second_call_ms": (t2 - t1) * 1000}
     if on_gpu:
         found["first_call_device_span_ms"] = start_ev.elapsed_time(end_ev)

@@ -48,7 +48,8 @@ from shardinfer.engine.outputs import RequestOutput
 from shardinfer.testing.replay_drafter import ReplayProposer
 
 
-def _sync() -> None:
+def sync_device() -> None:
+    """Wait for the GPU's queued work (nothing on a CPU run)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -69,33 +70,30 @@ def draft_fixed(drafter: Drafter, depth: int, proposer: ReplayProposer | None = 
         drafter.proposer = proposer
 
 
-LAST_STEP_MS: list[float] = []  # host milliseconds of each engine.step() of the last run_batch
-
-
 def run_batch(
     llm: LLM, reqs: list[tuple[list[int], int]], tag: str
-) -> tuple[float, dict[str, RequestOutput]]:
-    """Generate every request (ids r0, r1, ...) and return (wall seconds, outputs by id). The host
-    time of each engine.step() call is left in LAST_STEP_MS: with asynchronous scheduling a call
-    returns once the previous step's results are back, so in steady decoding it tracks the device's
-    step time, and the calls around the prefill show what a run spends outside its steady steps."""
+) -> tuple[float, dict[str, RequestOutput], list[float]]:
+    """Generate every request (ids r0, r1, ...) and return (wall seconds, outputs by id, host
+    milliseconds of each engine.step() call). With asynchronous scheduling a call returns once the
+    previous step's results are back, so in steady decoding it tracks the device's step time, and
+    the calls around the prefill show what a run spends outside its steady steps."""
     engine = llm.llm_engine
     add_requests(engine, reqs)
-    _sync()
+    sync_device()
     start = time.perf_counter()
     done: dict[str, RequestOutput] = {}
-    LAST_STEP_MS.clear()
+    step_ms: list[float] = []
     last = start
     while engine.has_unfinished():
         for o in engine.step():
             done[o.request_id] = o
         now = time.perf_counter()
-        LAST_STEP_MS.append((now - last) * 1000)
+        step_ms.append((now - last) * 1000)
         last = now
-    _sync()
+    sync_device()
     wall = time.perf_counter() - start
     print(f"  {tag}: {wall:.2f} s", flush=True)
-    return wall, done
+    return wall, done, step_ms
 
 
 def step_times(step_ms: list[float], head: int = 4) -> dict[str, Any]:
@@ -184,13 +182,13 @@ def trace_steps(
             engine.step()
         passes: dict[str, Any] = {}
         for name, with_stack in (("timing", False), ("stacks", True)):
-            _sync()
+            sync_device()
             with profile(activities=activities, with_stack=with_stack) as prof:
                 traced = 0
                 while traced < window and engine.has_unfinished():  # decoding steps only
                     engine.step()
                     traced += 1
-                _sync()
+                sync_device()
             trace = out_dir / f"timeline-b{batch}-d{depth}-{name}.json"
             prof.export_chrome_trace(str(trace))
             events = json.loads(trace.read_text())["traceEvents"]
@@ -258,10 +256,10 @@ def _timed_chat(
 ) -> tuple[float, list[Any]]:
     """Seconds of a second chat call over the tasks (the first compiles and warms the graphs), and its outputs."""
     llm.chat(chats, params, use_tqdm=False)
-    _sync()
+    sync_device()
     t = time.perf_counter()
     outs = llm.chat(chats, params, use_tqdm=False)
-    _sync()
+    sync_device()
     return time.perf_counter() - t, outs
 
 
@@ -458,8 +456,8 @@ def main() -> None:
         draft_fixed(drafter, 0)
         run_batch(llm, reqs, f"batch {batch} warm-up (plain)")  # first-shape compiles out of the timing
         plain_before = engine.stats()["steps"]
-        plain_wall, plain = run_batch(llm, reqs, f"batch {batch} plain")
-        plain_times = step_times(LAST_STEP_MS)
+        plain_wall, plain, plain_ms = run_batch(llm, reqs, f"batch {batch} plain")
+        plain_times = step_times(plain_ms)
         plain_steps = engine.stats()["steps"] - plain_before
         # A step's HBM floor at the mean context (every request is mid-way through its output on
         # average); over a run, tokens / (its steps x that floor) is what the run could reach if
@@ -485,8 +483,8 @@ def main() -> None:
         for repeat in range(args.repeats):
             if repeat:  # plain decoding timed again beside each repetition of the points
                 draft_fixed(drafter, 0)
-                plain_wall, again = run_batch(llm, reqs, f"batch {batch} plain (repeat {repeat})")
-                plain_times = step_times(LAST_STEP_MS)
+                plain_wall, again, plain_ms = run_batch(llm, reqs, f"batch {batch} plain (repeat {repeat})")
+                plain_times = step_times(plain_ms)
                 assert same(plain, again), "plain decoding changed between repetitions"
             for alpha in args.alphas:
                 # Fixed depths, then (unless --no-schedule) the confidence schedule up to the largest.
@@ -506,8 +504,8 @@ def main() -> None:
                     before = engine.stats()
                     depth_before = (engine.counters["draft_depth_sum"], engine.counters["draft_depth_steps"])
                     label = "scheduled up to" if scheduled else "depth"
-                    wall, got = run_batch(llm, reqs, f"batch {batch} alpha {alpha} {label} {depth}")
-                    spec_times = step_times(LAST_STEP_MS)
+                    wall, got, spec_ms = run_batch(llm, reqs, f"batch {batch} alpha {alpha} {label} {depth}")
+                    spec_times = step_times(spec_ms)
                     after = engine.stats()
                     drafted = after["draft_tokens"] - before["draft_tokens"]
                     accepted = after["accepted_draft_tokens"] - before["accepted_draft_tokens"]
