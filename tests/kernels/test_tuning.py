@@ -4,9 +4,9 @@ tuning_choices.json was written by tests/kernels/tuning_choices.py from the sele
 was before matmul, MoE and the per-head matmul shared kernels/tuning.py (each family chose its
 tilings on its own then). This test runs the same grid through today's code: every matmul
 (N, K, dtype, GPU model, M), MoE (hidden, intermediate, dtype, compute capability, rows per
-expert) and per-head matmul (H, K, N, dtype) problem must get the very same tiling. When the measured tilings change on purpose (a new range of M from
-bench/kernels/bench_matmul.py), the fixture is written again and its diff shows exactly which
-problems moved.
+expert) and per-head matmul (H, K, N, dtype) problem must get the very same tiling. When the
+measured tilings change on purpose (a new range of M from bench/kernels/bench_matmul.py), the
+fixture is written again and its diff shows exactly which problems moved.
 """
 
 from __future__ import annotations
