@@ -117,43 +117,54 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
 
 def fp8_attention(bw: float) -> list[dict[str, Any]]:
     """dense-8b decode attention on an FP8 cache (32 q / 8 kv heads, d 128, 16-token pages)
-    against the bf16 cache: the scales on the tiles or on the scores, over a few tile configs.
-    Every FP8 variant must give the same bits (the scaling commutes with every rounding). One
-    stage: no cp.async buffer for the raw FP8 tile (40.9 against 74.7 KB of shared memory in the
-    sm_90 build, so more programs per SM), at the cost of the prefetch (kernels/NOTES.md)."""
+    against the bf16 cache: the scales on the tiles or on the scores, over a few tile configs and
+    both products' orientations (`rows`: k = key_rows, v = value_rows; with 64 or more keys a
+    tile on the MMA's left goes to Hopper's wgmma from registers, kernels/NOTES.md). One stage:
+    no cp.async buffer for the raw FP8 tile. Each FP8 variant's output is compared bitwise with
+    the shipped default's (`bitwise_equal_to_default`; the orientation may change the bits, the
+    scaling and the stage count may not), and each one's with the same config run on a bf16 cache
+    holding the dequantised values (`bitwise_equal_to_dequantised`)."""
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     hq, hk, d = 32, 8, 128
     results = []
+    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, key_rows, value_rows)
+    variants = [("bf16", None, 64, 4, 2, False, False), ("bf16", None, 64, 4, 2, True, True),
+                ("bf16", None, 128, 4, 2, True, True)] + [
+        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, kr, vr)
+        for on_scores, bn, warps, stages, kr, vr in (
+            (False, 128, 4, 2, False, False), (False, 128, 4, 1, False, False), (False, 128, 4, 2, True, False),
+            (False, 128, 4, 2, True, True), (False, 128, 4, 1, True, True), (False, 128, 4, 3, True, True),
+            (False, 128, 8, 2, True, True), (False, 64, 4, 2, True, True), (False, 64, 4, 3, True, True),
+            (True, 128, 4, 2, True, True))]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
+        dequantised = ((kq.float() * ks).to(BF16), (vq.float() * vs).to(BF16))
         fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
         bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
-        base = None
-        variants = [("bf16", None, 64, 4, 2)] + [
-            (f"fp8_{where}", where == "scores", bn, warps, stages)
-            for where in ("tiles", "scores") for bn, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 4, 2),
-                                                                         (128, 4, 1), (64, 8, 2))]
-        for name, on_scores, bn, warps, stages in variants:
+        default = None
+        for name, on_scores, bn, warps, stages, kr, vr in variants:
             fp8 = on_scores is not None
             caches = (kq, vq) if fp8 else tuple(db.caches)
             scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores} if fp8 else {}
 
             def run(caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales, bn: int = bn,
-                    warps: int = warps, stages: int = stages, db: DecodeBatch = db, ctx: int = ctx) -> torch.Tensor:
+                    warps: int = warps, stages: int = stages, kr: bool = kr, vr: bool = vr, db: DecodeBatch = db,
+                    ctx: int = ctx) -> torch.Tensor:
                 return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
                                           max_seq_len=ctx, block_n=bn, num_warps=warps, num_stages=stages,
-                                          **scales)
+                                          key_rows=kr, value_rows=vr, **scales)
 
             row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, "block_n": bn, "num_warps": warps,
-                                   "num_stages": stages}
+                                   "num_stages": stages, "rows": ("k" if kr else "") + ("v" if vr else "")}
             try:
                 out = run()
-                if fp8 and bn == 64 and warps == 4 and stages == 2:
-                    base = out if base is None else base
-                    row["bitwise_equal_to_tiles"] = bool(torch.equal(out, base))
-                ms = median_ms(run)
+                if fp8:
+                    default = out if default is None else default
+                    row["bitwise_equal_to_default"] = bool(torch.equal(out, default))
+                    row["bitwise_equal_to_dequantised"] = bool(torch.equal(out, run(caches=dequantised, scales={})))
+                ms = graph_ms(run)  # device time, as the engine's graphed decode steps see it
                 nbytes = fp8_bytes if fp8 else bf16_bytes
                 row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)
             except Exception as exc:  # a config that fails to compile is reported, not fatal
