@@ -119,8 +119,9 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
     """dense-8b decode attention on an FP8 cache (32 q / 8 kv heads, d 128, 16-token pages)
     against the bf16 cache: the scales on the tiles or on the scores, over a few tile configs and
     both products' orientations (`rows`: k = key_rows, v = value_rows; with 64 or more keys a
-    tile on the MMA's left goes to Hopper's wgmma from registers, kernels/NOTES.md). One stage:
-    no cp.async buffer for the raw FP8 tile. Each FP8 variant's output is compared bitwise with
+    tile on the MMA's left goes to Hopper's wgmma from registers, kernels/NOTES.md), with and
+    without a register cap (`max_registers`: more programs per SM). One stage: no cp.async
+    buffer for the raw FP8 tile. Each FP8 variant's output is compared bitwise with
     the shipped default's (`bitwise_equal_to_default`; the orientation may change the bits, the
     scaling and the stage count may not), and each one's with the same config run on a bf16 cache
     holding the dequantised values (`bitwise_equal_to_dequantised`)."""
@@ -128,15 +129,17 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
 
     hq, hk, d = 32, 8, 128
     results = []
-    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, key_rows, value_rows)
-    variants = [("bf16", None, 64, 4, 2, False, False), ("bf16", None, 64, 4, 2, True, True),
-                ("bf16", None, 128, 4, 2, True, True)] + [
-        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, kr, vr)
-        for on_scores, bn, warps, stages, kr, vr in (
-            (False, 128, 4, 2, False, False), (False, 128, 4, 1, False, False), (False, 128, 4, 2, True, False),
-            (False, 128, 4, 2, True, True), (False, 128, 4, 1, True, True), (False, 128, 4, 3, True, True),
-            (False, 128, 8, 2, True, True), (False, 64, 4, 2, True, True), (False, 64, 4, 3, True, True),
-            (True, 128, 4, 2, True, True))]
+    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, key_rows, value_rows,
+    # register cap per thread (None: the compiler's choice; a cap lets more programs share an SM))
+    variants = [("bf16", None, 64, 4, 2, False, False, None), ("bf16", None, 64, 4, 2, True, True, None),
+                ("bf16", None, 64, 4, 2, False, False, 128)] + [
+        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, kr, vr, regs)
+        for on_scores, bn, warps, stages, kr, vr, regs in (
+            (False, 128, 4, 2, False, False, None), (False, 128, 4, 1, False, False, None),
+            (False, 128, 4, 2, False, False, 128), (False, 128, 4, 1, False, False, 128),
+            (False, 128, 4, 2, True, True, None), (False, 128, 4, 2, True, True, 168),
+            (False, 128, 4, 3, True, True, 168), (False, 128, 4, 2, True, True, 128),
+            (False, 64, 4, 2, True, True, 128), (False, 64, 4, 3, False, False, 128))]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
@@ -144,20 +147,21 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
         fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
         bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
         default = None
-        for name, on_scores, bn, warps, stages, kr, vr in variants:
+        for name, on_scores, bn, warps, stages, kr, vr, regs in variants:
             fp8 = on_scores is not None
             caches = (kq, vq) if fp8 else tuple(db.caches)
             scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores} if fp8 else {}
 
             def run(caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales, bn: int = bn,
-                    warps: int = warps, stages: int = stages, kr: bool = kr, vr: bool = vr, db: DecodeBatch = db,
-                    ctx: int = ctx) -> torch.Tensor:
+                    warps: int = warps, stages: int = stages, kr: bool = kr, vr: bool = vr,
+                    regs: int | None = regs, db: DecodeBatch = db, ctx: int = ctx) -> torch.Tensor:
                 return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
                                           max_seq_len=ctx, block_n=bn, num_warps=warps, num_stages=stages,
-                                          key_rows=kr, value_rows=vr, **scales)
+                                          key_rows=kr, value_rows=vr, max_registers=regs, **scales)
 
             row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, "block_n": bn, "num_warps": warps,
-                                   "num_stages": stages, "rows": ("k" if kr else "") + ("v" if vr else "")}
+                                   "num_stages": stages, "rows": ("k" if kr else "") + ("v" if vr else ""),
+                                   "max_registers": regs}
             try:
                 out = run()
                 if fp8:

@@ -66,6 +66,8 @@ FP8_BLOCK_N = 128
 # FP8 cache. Tile settings: fixed per deployment, never chosen per batch.
 ROWS = (False, False)
 FP8_ROWS = (False, False)
+# A cap on the phase-1 kernel's registers per thread (None: the compiler's choice); no arithmetic changes.
+MAX_REGISTERS: int | None = None
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
@@ -280,7 +282,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int = 2, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    key_rows: bool | None = None, value_rows: bool | None = None) -> torch.Tensor:
+                    key_rows: bool | None = None, value_rows: bool | None = None,
+                    max_registers: int | None = None) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -315,6 +318,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     or more keys per tile that puts the cache tile on the left of the MMA, where Hopper's wgmma
     takes it from registers. The rounding of a score is the tensor cores' either way, but which
     instruction sums it can differ, so the orientation is fixed per deployment like the tiles.
+    max_registers caps the phase-1 kernel's registers per thread (more programs per SM; the
+    compiler spills what does not fit); it changes no arithmetic.
     """
     fp8 = k_scale is not None or v_scale is not None
     _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len,
@@ -331,11 +336,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     rows = FP8_ROWS if fp8 else ROWS
     key_rows = rows[0] if key_rows is None else key_rows
     value_rows = rows[1] if value_rows is None else value_rows
+    max_registers = MAX_REGISTERS if max_registers is None else max_registers
     return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, key_rows, value_rows)
+                  k_scale, v_scale, fp8_scale_scores, key_rows, value_rows, max_registers)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -358,7 +364,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False, key_rows: bool = False,
-           value_rows: bool = False) -> torch.Tensor:
+           value_rows: bool = False, max_registers: int | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -378,6 +384,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     window = int(sliding_window) if sliding_window is not None else 0
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     page = k_cache.shape[1]
+    limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
 
     def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace,
                common: dict[str, object]) -> None:
@@ -389,7 +396,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
             SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), KEY_ROWS=key_rows,
             VALUE_ROWS=value_rows,
-            num_warps=num_warps, num_stages=num_stages, **common)
+            num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
                               phase1)
