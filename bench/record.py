@@ -196,10 +196,6 @@ def _numerics(r: dict) -> str:
              if r.get(key) not in (None, "auto")]
     if r.get("fp8_tiling") not in (None, "default"):  # throughput.py --fp8-tiling
         extra.append(f"FP8 tiling {r['fp8_tiling']}")
-    if r.get("attention_rows") not in (None, "default"):  # throughput.py --attention-rows
-        extra.append(f"attention rows {r['attention_rows']}")
-    if r.get("attention_max_registers"):  # throughput.py --attention-max-registers
-        extra.append(f"attention registers <= {r['attention_max_registers']}")
     return ", ".join([r["workload"], *extra])
 
 

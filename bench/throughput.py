@@ -175,12 +175,6 @@ def main() -> None:
     ap.add_argument("--fp8-tiling", default="default", choices=["default", "tma"],
                     help="tma: the FP8 projections run the TMA variants of their default tilings (the same "
                          "tiles and bits, operands through the tensor-memory accelerator); an experiment")
-    ap.add_argument("--attention-rows", default="default", choices=["default", "k", "kv"],
-                    help="the paged-attention products' orientation for every cache (k: scores computed "
-                         "keys by queries; kv: the output too; kernels/paged_attention.py); an experiment")
-    ap.add_argument("--attention-max-registers", type=int, default=None,
-                    help="cap the paged-attention kernel's registers per thread (kernels/paged_attention.py); "
-                         "an experiment")
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -188,12 +182,6 @@ def main() -> None:
         if args.quantization != "fp8":
             ap.error("--fp8-tiling tma: only FP8 weights have FP8 tilings; add --quantization fp8")
         prefer_tma_tilings(args.workload)
-    if args.attention_rows != "default" or args.attention_max_registers:
-        from shardinfer.kernels import paged_attention
-
-        if args.attention_rows != "default":
-            paged_attention.ROWS = paged_attention.FP8_ROWS = (True, args.attention_rows == "kv")
-        paged_attention.MAX_REGISTERS = args.attention_max_registers
 
     shape = SHAPES[args.workload]
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload)
@@ -244,8 +232,7 @@ def main() -> None:
     result = {"workload": args.workload, "gpu": torch.cuda.get_device_name(0), "commit": commit,
               "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
               "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype, "fp8_gemm": fp8_gemm,
-              "fp8_tiling": args.fp8_tiling, "attention_rows": args.attention_rows,
-              "attention_max_registers": args.attention_max_registers,
+              "fp8_tiling": args.fp8_tiling,
               "shardinfer_output_tok_s": ours["output_tok_s"],
               "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
               "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,

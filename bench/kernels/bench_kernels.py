@@ -117,29 +117,25 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
 
 def fp8_attention(bw: float) -> list[dict[str, Any]]:
     """dense-8b decode attention on an FP8 cache (32 q / 8 kv heads, d 128, 16-token pages)
-    against the bf16 cache: the scales on the tiles or on the scores, over a few tile configs and
-    both products' orientations (`rows`: k = key_rows, v = value_rows; with 64 or more keys a
-    tile on the MMA's left goes to Hopper's wgmma from registers, kernels/NOTES.md), with and
-    without a register cap (`max_registers`: more programs per SM). One stage: no cp.async
-    buffer for the raw FP8 tile. Each FP8 variant's output is compared bitwise with
-    the shipped default's (`bitwise_equal_to_default`; the orientation may change the bits, the
-    scaling and the stage count may not), and each one's with the same config run on a bf16 cache
-    holding the dequantised values (`bitwise_equal_to_dequantised`)."""
+    against the bf16 cache: the scales on the tiles or on the scores, over tile configs, stage
+    counts and register caps (`max_registers`: None lets the compiler choose; a cap lets more
+    programs share an SM, the compiler spilling what does not fit). One stage: no cp.async buffer
+    for the raw FP8 tile. Timed as CUDA-graph replays (device time, as the engine's graphed decode
+    steps see it). Each FP8 variant's output is compared bitwise with the shipped default's
+    (`bitwise_equal_to_default`: stages, caps and where the scales go change no bits) and with
+    the same config on a bf16 cache holding the dequantised values (`bitwise_equal_to_dequantised`)."""
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     hq, hk, d = 32, 8, 128
     results = []
-    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, key_rows, value_rows,
-    # register cap per thread (None: the compiler's choice; a cap lets more programs share an SM))
-    variants = [("bf16", None, 64, 4, 2, False, False, None), ("bf16", None, 64, 4, 2, True, True, None),
-                ("bf16", None, 64, 4, 2, False, False, 128)] + [
-        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, kr, vr, regs)
-        for on_scores, bn, warps, stages, kr, vr, regs in (
-            (False, 128, 4, 2, False, False, None), (False, 128, 4, 1, False, False, None),
-            (False, 128, 4, 2, False, False, 128), (False, 128, 4, 1, False, False, 128),
-            (False, 128, 4, 2, True, True, None), (False, 128, 4, 2, True, True, 168),
-            (False, 128, 4, 3, True, True, 168), (False, 128, 4, 2, True, True, 128),
-            (False, 64, 4, 2, True, True, 128), (False, 64, 4, 3, False, False, 128))]
+    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap); the
+    # first FP8 row is the shipped default (paged_attention.FP8_NUM_STAGES, MAX_REGISTERS).
+    variants = [("bf16", None, 64, 4, 2, None), ("bf16", None, 64, 4, 2, 128), ("bf16", None, 64, 4, 2, 112),
+                ("bf16", None, 64, 4, 2, 96), ("bf16", None, 64, 4, 3, 128)] + [
+        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, regs)
+        for on_scores, bn, warps, stages, regs in (
+            (False, 128, 4, 1, 128), (False, 128, 4, 1, 112), (False, 128, 4, 1, 96), (False, 128, 4, 1, None),
+            (False, 128, 4, 2, None), (False, 128, 4, 2, 128), (False, 64, 4, 1, 128), (True, 128, 4, 1, 128))]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
@@ -147,28 +143,27 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
         fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
         bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
         default = None
-        for name, on_scores, bn, warps, stages, kr, vr, regs in variants:
+        for name, on_scores, bn, warps, stages, regs in variants:
             fp8 = on_scores is not None
             caches = (kq, vq) if fp8 else tuple(db.caches)
             scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores} if fp8 else {}
 
             def run(caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales, bn: int = bn,
-                    warps: int = warps, stages: int = stages, kr: bool = kr, vr: bool = vr,
-                    regs: int | None = regs, db: DecodeBatch = db, ctx: int = ctx) -> torch.Tensor:
+                    warps: int = warps, stages: int = stages, regs: int | None = regs, db: DecodeBatch = db,
+                    ctx: int = ctx) -> torch.Tensor:
                 return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
                                           max_seq_len=ctx, block_n=bn, num_warps=warps, num_stages=stages,
-                                          key_rows=kr, value_rows=vr, max_registers=regs, **scales)
+                                          max_registers=regs, **scales)
 
             row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, "block_n": bn, "num_warps": warps,
-                                   "num_stages": stages, "rows": ("k" if kr else "") + ("v" if vr else ""),
-                                   "max_registers": regs}
+                                   "num_stages": stages, "max_registers": regs}
             try:
                 out = run()
                 if fp8:
                     default = out if default is None else default
                     row["bitwise_equal_to_default"] = bool(torch.equal(out, default))
                     row["bitwise_equal_to_dequantised"] = bool(torch.equal(out, run(caches=dequantised, scales={})))
-                ms = graph_ms(run)  # device time, as the engine's graphed decode steps see it
+                ms = graph_ms(run)
                 nbytes = fp8_bytes if fp8 else bf16_bytes
                 row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)
             except Exception as exc:  # a config that fails to compile is reported, not fatal

@@ -62,101 +62,18 @@ BLOCK_N = 64
 # than at 64 on every batch and context tried, where the bf16 cache's was not (bench_kernels.py
 # --only fp8_attention; docs/performance.md). A separate numerics setting, so a separate tile.
 FP8_BLOCK_N = 128
-# The products' orientation (key_rows, value_rows; paged_attention's docstring) for a 16-bit and an
-# FP8 cache. Tile settings: fixed per deployment, never chosen per batch.
-ROWS = (False, False)
-FP8_ROWS = (False, False)
-# A cap on the phase-1 kernel's registers per thread (None: the compiler's choice); no arithmetic changes.
-MAX_REGISTERS: int | None = None
+# Launch settings that change no arithmetic (the same bits; bench_kernels.py --only fp8_attention
+# checks it): on the H200 the decode kernel was fastest with at most 128 registers per thread (four
+# programs per SM instead of three; the compiler spills a few bytes) and, on an FP8 cache's 128-key
+# tiles, with one stage: the raw FP8 tile skips the cp.async buffer, which halves the shared memory
+# per program. The measurements: docs/performance.md ("Paged attention: registers and stages").
+# The cap applies where it was measured (head dims <= 128, 16-bit queries); elsewhere a capped
+# kernel would spill far more.
+NUM_STAGES = 2
+FP8_NUM_STAGES = 1
+MAX_REGISTERS = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _key_columns_scores(k_ptr, ks_ptr, k_off, ks_off, n_ok, d, q, D: tl.constexpr, PRECISION: tl.constexpr,
-                        KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr):
-    """Scores [BLOCK_M, BLOCK_N] of a key tile taken as the product's columns: q @ kT."""
-    k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
-    if KV_FP8:
-        if SCALE_SCORES:  # one scale per key, applied to its column of scores below
-            ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-            k = k.to(q.dtype)
-        elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
-            ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-            k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
-        else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
-            ks_lo = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-            ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
-            k = (k.to(tl.float32) * tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])).to(q.dtype)
-        if OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
-            k = opaque(k)
-    s = tl.dot(q, k, input_precision=PRECISION)
-    if SCALE_SCORES:  # implies KV_FP8
-        s = s * ks[None, :]
-    return s
-
-
-@triton.jit
-def _key_rows_scores(k_ptr, ks_ptr, k_off, ks_off, n_ok, d, q_t, D: tl.constexpr, PRECISION: tl.constexpr,
-                     KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr):
-    """Scores transposed, [BLOCK_N, BLOCK_M], of a key tile taken as the product's rows: k @ qT. With
-    64 or more keys the tile is the MMA's left operand, which Hopper's wgmma reads from registers,
-    so a tile dequantised from FP8 goes to the tensor cores without a trip through shared memory."""
-    k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=n_ok[:, None] & (d < D)[None, :], other=0.0)
-    if KV_FP8:
-        if SCALE_SCORES:
-            ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-            k = k.to(q_t.dtype)
-        elif D <= 128:
-            ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-            k = (k.to(tl.float32) * ks[:, None]).to(q_t.dtype)
-        else:
-            ks_lo = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-            ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
-            k = (k.to(tl.float32) * tl.where((d < 128)[None, :], ks_lo[:, None], ks_hi[:, None])).to(q_t.dtype)
-    s = tl.dot(k, q_t, input_precision=PRECISION)
-    if SCALE_SCORES:
-        s = s * ks[:, None]
-    return s
-
-
-@triton.jit
-def _value_columns_product(v_ptr, vs_ptr, v_off, vs_off, n_ok, dv, p, dtype: tl.constexpr, DV: tl.constexpr,
-                           PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr,
-                           OPAQUE: tl.constexpr):
-    """p @ v for probabilities p [BLOCK_M, BLOCK_N] and a value tile [BLOCK_N, BLOCK_DV]."""
-    v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
-    if KV_FP8:
-        if SCALE_SCORES:  # one scale per key, applied to its column of probabilities
-            p = p * tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)[None, :]
-            v = v.to(dtype)
-        elif DV <= 128:
-            v = (v.to(tl.float32) * tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)[:, None]).to(dtype)
-        else:
-            vs_lo = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
-            vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
-            v = (v.to(tl.float32) * tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])).to(dtype)
-        if OPAQUE:
-            v = opaque(v)
-    return tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-
-
-@triton.jit
-def _value_rows_product(v_ptr, vs_ptr, v_off, vs_off, n_ok, dv, p_t, dtype: tl.constexpr, DV: tl.constexpr,
-                        PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr):
-    """(p @ v) transposed, [BLOCK_DV, BLOCK_M]: vT @ pT, the value tile as the MMA's left operand."""
-    v = tl.load(v_ptr + v_off[None, :] + dv[:, None], mask=n_ok[None, :] & (dv < DV)[:, None], other=0.0)
-    if KV_FP8:
-        if SCALE_SCORES:
-            p_t = p_t * tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)[:, None]
-            v = v.to(dtype)
-        elif DV <= 128:
-            v = (v.to(tl.float32) * tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)[None, :]).to(dtype)
-        else:
-            vs_lo = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
-            vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
-            v = (v.to(tl.float32) * tl.where((dv < 128)[:, None], vs_lo[None, :], vs_hi[None, :])).to(dtype)
-    return tl.dot(v, p_t.to(v.dtype), input_precision=PRECISION)
 
 
 
@@ -169,8 +86,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       KEY_ROWS: tl.constexpr, VALUE_ROWS: tl.constexpr):
+                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -191,28 +107,34 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
         q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
-        if KEY_ROWS:  # the queries as the product's columns: qT [BLOCK_D, BLOCK_M]
-            q = tl.load(q_ptr + q_rows[None, :] + d[:, None], mask=row_ok[None, :] & (d < D)[:, None], other=0.0)
-        else:
-            q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
+        q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        if VALUE_ROWS:
-            acc = tl.zeros([BLOCK_DV, BLOCK_M], tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         for start in range(kv_lo, kv_hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             n_ok = n < kv_hi
             page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
-            if KEY_ROWS:
-                s = _key_rows_scores(k_ptr, ks_ptr, k_off, page * sksb + (n % PAGE) * skss + kvh * sksh, n_ok, d,
-                                     q, D, PRECISION, KV_FP8, SCALE_SCORES)
-                s = tl.trans(s)
-            else:
-                s = _key_columns_scores(k_ptr, ks_ptr, k_off, page * sksb + (n % PAGE) * skss + kvh * sksh, n_ok,
-                                        d, q, D, PRECISION, KV_FP8, SCALE_SCORES, OPAQUE)
+            k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
+            if KV_FP8:
+                ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
+                if SCALE_SCORES:  # one scale per key, applied to its column of scores below
+                    ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    k = k.to(q.dtype)
+                elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
+                    ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
+                else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
+                    ks_lo = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
+                    ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
+                    k = (k.to(tl.float32) * ks2).to(q.dtype)
+                if OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
+                    k = opaque(k)
+            s = tl.dot(q, k, input_precision=PRECISION)
+            if SCALE_SCORES:
+                s = s * ks[None, :]
             s = s * scale_log2
             visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
             if HAS_WINDOW:
@@ -225,22 +147,30 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v_off = page * svb + (n % PAGE) * svs + kvh * svh
-            vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
-            if VALUE_ROWS:
-                acc = acc * alpha[None, :] + _value_rows_product(v_ptr, vs_ptr, v_off, vs_off, n_ok, dv, tl.trans(p),
-                                                                 q.dtype, DV, PRECISION, KV_FP8, SCALE_SCORES)
-            else:
-                acc = acc * alpha[:, None] + _value_columns_product(v_ptr, vs_ptr, v_off, vs_off, n_ok, dv, p,
-                                                                   q.dtype, DV, PRECISION, KV_FP8, SCALE_SCORES,
-                                                                   OPAQUE)
+            v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
+            pv = p
+            if KV_FP8:
+                vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
+                if SCALE_SCORES:  # one scale per key, applied to its column of probabilities
+                    vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    pv = p * vs[None, :]
+                    v = v.to(q.dtype)
+                elif DV <= 128:
+                    vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
+                else:
+                    vs_lo = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
+                    vs2 = tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])
+                    v = (v.to(tl.float32) * vs2).to(q.dtype)
+                if OPAQUE:
+                    v = opaque(v)
+            acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
         tl.store(pm_ptr + w, m_i, mask=row_ok)
         tl.store(pl_ptr + w, l_i, mask=row_ok)
-        if VALUE_ROWS:
-            tl.store(pacc_ptr + w[None, :] * DV + dv[:, None], acc, mask=row_ok[None, :] & (dv < DV)[:, None])
-        else:
-            tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
+        tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -280,10 +210,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                     scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
-                    num_stages: int = 2, k_scale: torch.Tensor | None = None,
+                    num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    key_rows: bool | None = None, value_rows: bool | None = None,
-                    max_registers: int | None = None) -> torch.Tensor:
+                    max_registers: int | None = -1) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -294,7 +223,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     sync. Returns [T, Hq, Dv] in q's dtype. Results do not depend on the rest of the batch; they
     do depend on kv_chunk and the tile config (block_n, num_warps, num_stages), which must
     therefore be fixed per deployment, never chosen per batch (block_n None: BLOCK_N, or
-    FP8_BLOCK_N for an FP8 cache with head dims <= 128 when it divides kv_chunk).
+    FP8_BLOCK_N for an FP8 cache with head dims <= 128 when it divides kv_chunk; num_stages
+    None: FP8_NUM_STAGES with that FP8 tile, else NUM_STAGES). max_registers caps the registers
+    per thread of the chunk kernel (-1: MAX_REGISTERS for head dims <= 128 and 16-bit queries,
+    else none; None: none); a launch setting, it changes no arithmetic.
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
@@ -310,16 +242,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     (docs/quantization.md), so it is no longer the default. (float16 is left out: its
     probabilities times small scales fall into its subnormal range, where scaling and rounding
     stop commuting.)
-
-    key_rows / value_rows (None: ROWS, or FP8_ROWS for an FP8 cache) choose the products'
-    orientation, a tile setting like block_n: with
-    key_rows the scores are computed transposed (key tile times the queries, keys as the MMA's
-    rows), with value_rows the output too (value tile transposed times the probabilities). With 64
-    or more keys per tile that puts the cache tile on the left of the MMA, where Hopper's wgmma
-    takes it from registers. The rounding of a score is the tensor cores' either way, but which
-    instruction sums it can differ, so the orientation is fixed per deployment like the tiles.
-    max_registers caps the phase-1 kernel's registers per thread (more programs per SM; the
-    compiler spills what does not fit); it changes no arithmetic.
     """
     fp8 = k_scale is not None or v_scale is not None
     _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len,
@@ -330,18 +252,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]
     group = q.shape[1] // hk
+    wide = fp8 and _one_scale_per_key(q.shape[-1], v_cache.shape[-1]) and kv_chunk % FP8_BLOCK_N == 0
     if block_n is None:
-        wide = fp8 and _one_scale_per_key(q.shape[-1], v_cache.shape[-1]) and kv_chunk % FP8_BLOCK_N == 0
         block_n = FP8_BLOCK_N if wide else BLOCK_N
-    rows = FP8_ROWS if fp8 else ROWS
-    key_rows = rows[0] if key_rows is None else key_rows
-    value_rows = rows[1] if value_rows is None else value_rows
-    max_registers = MAX_REGISTERS if max_registers is None else max_registers
+    if num_stages is None:
+        num_stages = FP8_NUM_STAGES if wide and block_n == FP8_BLOCK_N else NUM_STAGES
+    if max_registers == -1:
+        small = max(q.shape[-1], v_cache.shape[-1]) <= GROUP and q.dtype in (torch.bfloat16, torch.float16)
+        max_registers = MAX_REGISTERS if small else None
     return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, key_rows, value_rows, max_registers)
+                  k_scale, v_scale, fp8_scale_scores, max_registers)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -363,8 +286,8 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
-           v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False, key_rows: bool = False,
-           value_rows: bool = False, max_registers: int | None = None) -> torch.Tensor:
+           v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
+           max_registers: int | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -394,8 +317,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
-            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), KEY_ROWS=key_rows,
-            VALUE_ROWS=value_rows,
+            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from kernel_checks import (
@@ -216,3 +218,60 @@ def test_padded_decode_layout_reads_no_key_past_a_sequence(device: torch.device)
     padded, rows = pad_to_width(host, w)
     got = attend(spread_rows(q, rows, len(seq_lens) * w), padded)[torch.from_numpy(rows)]
     assert_padded_rows_match(got, attend(q, host), device)
+
+
+@pytest.mark.parametrize(
+    "fp8,dtype,d,want",
+    [
+        (True, torch.bfloat16, 128, (pa.FP8_NUM_STAGES, pa.MAX_REGISTERS)),  # the FP8 cache's 128-key tile
+        (False, torch.bfloat16, 128, (pa.NUM_STAGES, pa.MAX_REGISTERS)),
+        (False, torch.float16, 64, (pa.NUM_STAGES, pa.MAX_REGISTERS)),
+        (False, torch.float32, 128, (pa.NUM_STAGES, None)),  # float32 tiles need more registers
+        (True, torch.bfloat16, 256, (pa.NUM_STAGES, None)),  # two scale groups: 64-key tiles, no cap
+    ],
+)
+def test_launch_settings_follow_the_cache_and_head_dim(
+    monkeypatch: pytest.MonkeyPatch, fp8: bool, dtype: torch.dtype, d: int, want: tuple[int, int | None]
+) -> None:
+    """The stage count and register cap the wrapper launches with, by cache dtype, query dtype and
+    head dim (paged_attention's docstring); an explicit argument wins."""
+    from shardinfer.kernels.reference_fp8 import quantize_groups
+
+    seen: list[tuple[object, object]] = []
+    signature = inspect.signature(pa.launch)
+
+    def fake_launch(*args: object, **kwargs: object) -> torch.Tensor:
+        given = signature.bind(*args, **kwargs).arguments
+        seen.append((given["num_stages"], given.get("max_registers")))
+        return torch.empty(0)
+
+    monkeypatch.setattr(pa, "launch", fake_launch)
+    b = PagedBatch([1], [20], hq=4, hk=2, d=d, dv=d, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=1)
+    q, kc, vc, qsl, sl, bt = b.args()
+    extra: dict[str, object] = {}
+    if fp8:
+        (kc, ks), (vc, vs) = quantize_groups(kc.float()), quantize_groups(vc.float())
+        extra = {"k_scale": ks, "v_scale": vs}
+    paged_attention(q, kc, vc, qsl, sl, bt, 0.1, **extra)
+    paged_attention(q, kc, vc, qsl, sl, bt, 0.1, num_stages=3, max_registers=None, **extra)
+    assert seen == [want, (3, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_register_cap_and_stages_change_no_bits(fp8: bool) -> None:
+    """The launch settings the wrapper picks (a register cap, one stage on an FP8 cache) give the
+    bits of the uncapped two-stage kernel, on a mixed prefill and decode batch at dense-8b's heads."""
+    from shardinfer.kernels.reference_fp8 import quantize_groups
+
+    dev = torch.device("cuda")
+    b = PagedBatch([300, 1, 1, 37] + [1] * 20, [0, 2047, 513, 300] + [80 * i for i in range(20)], hq=32, hk=8,
+                   d=128, dv=128, block_size=16, dtype=torch.bfloat16, device=dev, seed=9)
+    q, kc, vc, qsl, sl, bt = b.args()
+    extra: dict[str, object] = {}
+    if fp8:
+        (kc, ks), (vc, vs) = quantize_groups(kc), quantize_groups(vc)
+        extra = {"k_scale": ks, "v_scale": vs}
+    shipped = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, **extra)
+    plain = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, num_stages=2, max_registers=None, **extra)
+    assert torch.equal(shipped, plain)
