@@ -56,6 +56,11 @@ CANDIDATES = [
     fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True),
     fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, tma=True),
     fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, tma=True, programs_per_sm=2),
+    # For short K (dense-small's 1024: eight 128-channel steps a tile, so the prologue and the
+    # epilogue weigh more): shallower pipelines, and 128-row tiles on one warpgroup.
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=3, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=4, num_stages=3, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(128, 64, num_warps=4, num_stages=4, persistent=False, tma=True),
 ]
 L2_SPILL_BYTES = 256 << 20
 
