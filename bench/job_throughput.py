@@ -151,6 +151,24 @@ path = {json.dumps(str(output))}
 """
 
 
+# --job-conf keys that set numerics: the engine run takes them too, so both sides of the comparison
+# compute the same thing (FP8 weights and cache in the job and bf16 in the engine would compare two
+# different workloads).
+NUMERICS_CONF = {"model.quantization": "quantization", "engine.kv_cache_dtype": "kv_cache_dtype"}
+
+
+def numerics_conf(job_conf: list[str]) -> dict[str, Any]:
+    """The engine arguments of the --job-conf entries in NUMERICS_CONF, values parsed as the job parses them."""
+    from shardinfer.jobs.spec import parse_value
+
+    out: dict[str, Any] = {}
+    for item in job_conf:
+        key, _, text = item.partition("=")
+        if key.strip() in NUMERICS_CONF:
+            out[NUMERICS_CONF[key.strip()]] = parse_value(text.strip())
+    return out
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "batch_invariant": args.batch_invariant == "on",
@@ -243,6 +261,7 @@ def run_engine(args: argparse.Namespace, model_dir: Path, rows: list[dict[str, A
         device=args.device,
         dtype="bfloat16" if args.device == "cuda" else "float32",
         **engine_kwargs(args),
+        **numerics_conf(args.job_conf),
     )
     start_s = time.perf_counter() - t0
     engine = llm.llm_engine
@@ -404,7 +423,7 @@ def main() -> None:
         "in_range": list(args.in_range),
         "out_range": list(args.out_range),
         "files": args.files,
-        "engine_settings": engine_kwargs(args),
+        "engine_settings": {**engine_kwargs(args), **numerics_conf(args.job_conf)},
         "output_digest": digest,
         "replay_alpha": float(args.replay.rpartition(":")[2]) if args.replay else None,
     }

@@ -198,3 +198,13 @@ def test_replay_without_a_prompt_lookup_engine_is_refused_before_any_job(tmp_pat
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and "--job-conf engine.speculative=ngram" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_numerics_conf_reaches_the_engine_run_too() -> None:
+    """The job's numerics keys become the comparison engine's arguments, typed as the job parses
+    them; other keys (a job-only setting, a speculative mode) stay the job's."""
+    from bench.job_throughput import numerics_conf
+
+    conf = ["model.quantization=fp8", 'engine.kv_cache_dtype="fp8"', "engine.speculative=ngram", "job.split_rows=64"]
+    assert numerics_conf(conf) == {"quantization": "fp8", "kv_cache_dtype": "fp8"}
+    assert numerics_conf([]) == {}
