@@ -159,14 +159,10 @@ NUMERICS_CONF = {"model.quantization": "quantization", "engine.kv_cache_dtype": 
 
 def numerics_conf(job_conf: list[str]) -> dict[str, Any]:
     """The engine arguments of the --job-conf entries in NUMERICS_CONF, values parsed as the job parses them."""
-    from shardinfer.jobs.spec import parse_value
+    from shardinfer.jobs.spec import parse_conf
 
-    out: dict[str, Any] = {}
-    for item in job_conf:
-        key, _, text = item.partition("=")
-        if key.strip() in NUMERICS_CONF:
-            out[NUMERICS_CONF[key.strip()]] = parse_value(text.strip())
-    return out
+    parsed = (parse_conf(item, "--job-conf")[:2] for item in job_conf)
+    return {NUMERICS_CONF[key]: value for key, value in parsed if key in NUMERICS_CONF}
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -138,6 +138,32 @@ def _promote(acc, part, sa, ws_row, kt, CHANNEL_SCALES: tl.constexpr):
     return acc
 
 
+@triton.jit
+def _tile_schedule(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PERSISTENT: tl.constexpr,
+                   NUM_PROGRAMS: tl.constexpr):
+    """(tiles along M, tiles along N, tiles, this program's stride over them): a persistent launch
+    strides by its program count, otherwise each program's loop runs once."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    if PERSISTENT:  # noqa: SIM108 - a compile-time branch (see matmul.py)
+        step = NUM_PROGRAMS
+    else:
+        step = num_tiles
+    return num_pid_m, num_pid_n, num_tiles, step
+
+
+@triton.jit
+def _finish_tile(acc, ws_ptr, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.constexpr,
+                 CHANNEL_SCALES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store a reduced tile; a per-channel weight scale, the same for every K step, is applied here once."""
+    if CHANNEL_SCALES:
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.where(cols < N, cols, 0).to(tl.int64)
+        acc = acc * tl.load(ws_ptr + cols)[None, :]
+    _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_linear_kernel(
     a_ptr,
@@ -165,15 +191,9 @@ def _fp8_linear_kernel(
     INTERPRET: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
+    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS)
     k_tiles = tl.cdiv(K, BLOCK_K)
     offs_k = tl.arange(0, BLOCK_K)
-    if PERSISTENT:  # noqa: SIM108 - a compile-time branch (see matmul.py)
-        step = NUM_PROGRAMS
-    else:
-        step = num_tiles
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -200,9 +220,8 @@ def _fp8_linear_kernel(
             acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-        if CHANNEL_SCALES:  # the column's scale is the same for every K step: applied once
-            acc = acc * tl.load(ws_ptr + cols)[None, :]
-        _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        _finish_tile(acc, ws_ptr, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, CHANNEL_SCALES, BLOCK_M,
+                     BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -234,14 +253,8 @@ def _fp8_linear_tma_kernel(
     products are exact zeros, as the masked loads give), so the loop needs no masks; the scales
     are still read through pointers (one per row and step, one per step)."""
     pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
+    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    if PERSISTENT:  # noqa: SIM108 - a compile-time branch (see matmul.py)
-        step = NUM_PROGRAMS
-    else:
-        step = num_tiles
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -254,11 +267,8 @@ def _fp8_linear_tma_kernel(
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             part = _mma_fp8(a, b.T, INTERPRET)
             acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
-        if CHANNEL_SCALES:
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            cols = tl.where(cols < N, cols, 0).to(tl.int64)
-            acc = acc * tl.load(ws_ptr + cols)[None, :]
-        _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        _finish_tile(acc, ws_ptr, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, CHANNEL_SCALES, BLOCK_M,
+                     BLOCK_N)
 
 
 def _check(

@@ -72,6 +72,7 @@ FP8_BLOCK_N = 128
 NUM_STAGES = 2
 FP8_NUM_STAGES = 1
 MAX_REGISTERS = 128
+_CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
@@ -258,7 +259,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if num_stages is None:
         num_stages = FP8_NUM_STAGES if wide and block_n == FP8_BLOCK_N else NUM_STAGES
     if max_registers == -1:
-        small = max(q.shape[-1], v_cache.shape[-1]) <= GROUP and q.dtype in (torch.bfloat16, torch.float16)
+        small = max(q.shape[-1], v_cache.shape[-1]) <= _CAPPED_HEAD_DIM and q.dtype in (torch.bfloat16, torch.float16)
         max_registers = MAX_REGISTERS if small else None
     return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
