@@ -253,6 +253,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]
     group = q.shape[1] // hk
+    if num_stages is not None and num_stages < 1:
+        raise fail("num_stages", num_stages, "need >= 1, or None for the cache's default")
+    if max_registers not in (None, -1) and not 16 <= max_registers <= 255:
+        raise fail("max_registers", max_registers,
+                   "need 16..255 registers per thread, -1 for the default cap, or None for no cap")
     wide = fp8 and _one_scale_per_key(q.shape[-1], v_cache.shape[-1]) and kv_chunk % FP8_BLOCK_N == 0
     if block_n is None:
         block_n = FP8_BLOCK_N if wide else BLOCK_N

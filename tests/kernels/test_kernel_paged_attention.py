@@ -138,6 +138,10 @@ def test_rejects_bad_inputs(device: torch.device) -> None:
         paged_attention(q, kc, vc, qsl, sl, bt, 1.0, sliding_window=0)
     with pytest.raises(ValueError, match=r"k_cache.shape\[-1\]"):
         paged_attention(q, kc[..., :8], vc, qsl, sl, bt, 1.0)
+    with pytest.raises(ValueError, match=r"num_stages: got 0"):
+        paged_attention(q, kc, vc, qsl, sl, bt, 1.0, num_stages=0)
+    with pytest.raises(ValueError, match=r"max_registers: got 8"):
+        paged_attention(q, kc, vc, qsl, sl, bt, 1.0, max_registers=8)
 
 
 @pytest.mark.gpu
