@@ -121,8 +121,7 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
     dequantised (`fp8_dequant`: bit placement or float32), register caps (`max_registers`: None
     lets the compiler choose; a cap lets more programs share an SM, the compiler spilling what does
     not fit), stages (one: no cp.async buffer for the raw FP8 tile) and whether the value tile's
-    loads go out with the key tile's (`early_values`), whether the chunk kernel merges its chunks
-    (`merge`; False: the merge kernel) and the scales on the scores. Timed as
+    loads go out with the key tile's (`early_values`), plus the scales on the scores. Timed as
     CUDA-graph replays (device time, as the engine's graphed decode steps see it). Each FP8
     variant's output is compared bitwise with the shipped default's (`bitwise_equal_to_default`)
     and with the same config on a bf16 cache holding the dequantised values
@@ -131,20 +130,18 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
 
     hq, hk, d = 32, 8, 128
     results = []
-    # (name, FP8 cache, launch settings). The first FP8 row is the shipped default.
-    variants: list[tuple[str, bool, dict[str, Any]]] = [
-        ("bf16", False, {}),
-        ("bf16_merge_kernel", False, {"merge": False}),
-        ("fp8_default", True, {}),
-        ("fp8_merge_kernel", True, {"merge": False}),
-        ("fp8_float32_merge_kernel", True, {"fp8_dequant": "float32", "merge": False}),
-        ("fp8_float32", True, {"fp8_dequant": "float32"}),
-        ("fp8_early_v_cap128", True, {"early_values": True, "max_registers": 128}),
-        ("fp8_early_v_nocap", True, {"early_values": True, "max_registers": None}),
-        ("fp8_nocap", True, {"max_registers": None}),
-        ("fp8_2_stages", True, {"num_stages": 2}),
-        ("fp8_scores", True, {"fp8_scale_scores": True}),
+    # (name, launch settings); None marks the bf16 cache. The first FP8 row is the shipped default.
+    fp8_variants: list[tuple[str, dict[str, Any]]] = [
+        ("fp8_default", {}),
+        ("fp8_float32_late_v", {"fp8_dequant": "float32", "early_values": False}),
+        ("fp8_bits_late_v", {"early_values": False}),
+        ("fp8_bits_early_v_cap128", {"early_values": True, "max_registers": 128}),
+        ("fp8_bits_early_v_nocap", {"early_values": True, "max_registers": None}),
+        ("fp8_float32_early_v_nocap", {"fp8_dequant": "float32", "early_values": True, "max_registers": None}),
+        ("fp8_bits_2_stages", {"num_stages": 2}),
+        ("fp8_scores", {"fp8_scale_scores": True}),
     ]
+    variants: list[tuple[str, dict[str, Any] | None]] = [("bf16", None), *fp8_variants]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
@@ -152,16 +149,18 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
         fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
         bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
         default = None
-        for name, fp8, settings in variants:
+        for name, settings in variants:
+            fp8 = settings is not None
             caches = (kq, vq) if fp8 else tuple(db.caches)
-            extra = {"k_scale": ks, "v_scale": vs, **settings} if fp8 else settings
+            extra = {"k_scale": ks, "v_scale": vs, **(settings or {})} if fp8 else {}
 
             def run(caches: tuple[torch.Tensor, ...] = caches, extra: dict[str, Any] = extra, db: DecodeBatch = db,
                     ctx: int = ctx) -> torch.Tensor:
                 return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
                                           max_seq_len=ctx, **extra)
 
-            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, **settings}
+            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name,
+                                   **{k: v for k, v in (settings or {}).items()}}
             try:
                 out = run()
                 if fp8:

@@ -74,9 +74,6 @@ NUM_STAGES = 2
 FP8_NUM_STAGES = 1
 MAX_REGISTERS = 128
 _CAPPED_HEAD_DIM = 128
-# The last chunk program of a tile merges the tile's chunks (no merge kernel; split_kv's merge
-# arithmetic, so the same bits), as mla_decode does.
-MERGE_IN_KERNEL = True
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
@@ -84,7 +81,7 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "window", "n_chunks"])
 def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                       out_ptr, cnt_ptr, sot, soh, sqt, sqh, skb, sks, skh, svb, svs, svh, sksb, skss, sksh, svsb, svss, svsh, sbt,
+                       sqt, sqh, skb, sks, skh, svb, svs, svh, sksb, skss, sksh, svsb, svss, svsh, sbt,
                        num_seqs, block_base, scale_log2, window, n_heads, n_chunks,
                        GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BQ: tl.constexpr,
@@ -92,8 +89,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
                        KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       BITS: tl.constexpr, EARLY_V: tl.constexpr, MERGE: tl.constexpr,
-                       DV_SLICE: tl.constexpr):
+                       BITS: tl.constexpr, EARLY_V: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -195,23 +191,6 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         tl.store(pm_ptr + w, m_i, mask=row_ok)
         tl.store(pl_ptr + w, l_i, mask=row_ok)
         tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
-    if MERGE:  # noqa: SIM102 (a constexpr test of its own drops the block at compile time)
-        if n_tok > 0:
-            # As in mla_decode: each chunk program of the tile (with keys or not) counts itself in
-            # once its partial is stored; the last to arrive merges the tile's chunks in order (the
-            # merge kernel's arithmetic, so its bits) and resets the counter for the next launch.
-            tl.debug_barrier()
-            slot = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-            if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == n_chunks - 1:
-                tl.store(slot, 0)
-                _, tok_m, head_m, row_ok_m = split_kv.tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ,
-                                                                 N_HSPLIT)
-                w_row = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok_m, head_m, n_heads,
-                                              n_chunks, BQ)
-                for d0 in range(0, BLOCK_DV, DV_SLICE):
-                    split_kv.merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok_m, head_m,
-                                        row_ok_m, ctx, tok0, n_tok, window, d0 + tl.arange(0, DV_SLICE), DV,
-                                        DV_SLICE, BLOCK_M, CHUNK, HAS_WINDOW, ".cg")
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -254,7 +233,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
                     max_registers: int | None = -1, fp8_dequant: str = "bits",
-                    early_values: bool = False, merge: bool = MERGE_IN_KERNEL) -> torch.Tensor:
+                    early_values: bool = False) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -273,8 +252,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     placement (kernels/fp8_dequant.py; a scale above 2^7 puts its rest on the scores' and
     probabilities' columns) or in float32; the same bits, in fewer instructions for "bits".
     early_values (an FP8 cache with one scale per key) issues each value tile's loads beside its key
-    tile's instead of after the scores; a launch setting too. merge: the last of a tile's chunk
-    programs to finish merges the chunks (the merge kernel's arithmetic, which merge=False launches).
+    tile's instead of after the scores; a launch setting too.
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
@@ -319,8 +297,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers, fp8_dequant == "bits", early_values,
-                  merge)
+                  k_scale, v_scale, fp8_scale_scores, max_registers, fp8_dequant == "bits", early_values)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -344,7 +321,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
            max_registers: int | None = None, bit_placement: bool = True,
-           early_values: bool = False, merge: bool = False) -> torch.Tensor:
+           early_values: bool = False) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -372,18 +349,17 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace,
                common: dict[str, object]) -> None:
-        # Without the merge the counters are never touched: ws.m stands in for them.
         _attn_chunk_kernel[grid](
             q, k_cache, v_cache, ks, vs, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
-            ws.out, ws.counters if merge else ws.m, ws.out.stride(0), ws.out.stride(1), q.stride(0), q.stride(1), *k_strides, *v_strides, *ks_strides, *vs_strides,
+            q.stride(0), q.stride(1), *k_strides, *v_strides, *ks_strides, *vs_strides,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
             SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
-            BITS=bits, EARLY_V=early_v, MERGE=merge, DV_SLICE=split_kv.combine_slice(block_m, dv, per_chunk=4096),
+            BITS=bits, EARLY_V=early_v,
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
-                              phase1, merge_in_phase1=merge)
+                              phase1)
 
 

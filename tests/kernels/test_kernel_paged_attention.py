@@ -62,9 +62,7 @@ def test_more_requests_than_one_locate_span(device: torch.device) -> None:
 @pytest.mark.parametrize("window", [None, 200])
 def test_every_chunk_count_merges(device: torch.device, window: int | None) -> None:
     """Decodes over 1 to 9 chunks (every remainder of the merge's groups of four), with a value
-    width split over two merge programs: each row matches the reference and equals itself alone,
-    and the merge in the chunk kernel (the default) gives the merge kernel's bits, launch after
-    launch (its arrival counters reset)."""
+    width split over two merge programs: each row matches the reference and equals itself alone."""
     ctx = [64 * k - 1 for k in range(1, 10)]
     b = PagedBatch([1] * 9, ctx, hq=4, hk=2, d=16, dv=256, block_size=16, dtype=torch.float32, device=device,
                    seed=12)
@@ -76,9 +74,6 @@ def test_every_chunk_count_merges(device: torch.device, window: int | None) -> N
     for i in (0, 3, 8):
         alone = paged_attention(q[i:i + 1], kc, vc, qsl[:2], sl[i:i + 1], bt[i:i + 1], 0.3, window, kv_chunk=64)
         assert torch.equal(alone.cpu(), out[i:i + 1])
-    assert pa.MERGE_IN_KERNEL
-    assert torch.equal(_run(b, 0.3, window, kv_chunk=64, merge=False), out)
-    assert torch.equal(_run(b, 0.3, window, kv_chunk=64), out)
 
 
 def test_never_reads_past_seq_len(device: torch.device) -> None:
