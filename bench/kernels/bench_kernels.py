@@ -117,31 +117,24 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
 
 def fp8_attention(bw: float) -> list[dict[str, Any]]:
     """dense-8b decode attention on an FP8 cache (32 q / 8 kv heads, d 128, 16-token pages)
-    against the bf16 cache, over the launch settings that change no bits: how tiles are
-    dequantised (`fp8_dequant`: bit placement or float32), register caps (`max_registers`: None
-    lets the compiler choose; a cap lets more programs share an SM, the compiler spilling what does
-    not fit), stages (one: no cp.async buffer for the raw FP8 tile) and whether the value tile's
-    loads go out with the key tile's (`early_values`), plus the scales on the scores. Timed as
-    CUDA-graph replays (device time, as the engine's graphed decode steps see it). Each FP8
-    variant's output is compared bitwise with the shipped default's (`bitwise_equal_to_default`)
-    and with the same config on a bf16 cache holding the dequantised values
-    (`bitwise_equal_to_dequantised`). Earlier sweeps over caps and stages: NOTES.md."""
+    against the bf16 cache: the scales on the tiles or on the scores, over tile configs, stage
+    counts and register caps (`max_registers`: None lets the compiler choose; a cap lets more
+    programs share an SM, the compiler spilling what does not fit). One stage: no cp.async buffer
+    for the raw FP8 tile. Timed as CUDA-graph replays (device time, as the engine's graphed decode
+    steps see it). Each FP8 variant's output is compared bitwise with the shipped default's
+    (`bitwise_equal_to_default`: stages, caps and where the scales go change no bits) and with
+    the same config on a bf16 cache holding the dequantised values (`bitwise_equal_to_dequantised`)."""
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     hq, hk, d = 32, 8, 128
     results = []
-    # (name, launch settings); None marks the bf16 cache. The first FP8 row is the shipped default.
-    fp8_variants: list[tuple[str, dict[str, Any]]] = [
-        ("fp8_default", {}),
-        ("fp8_float32_late_v", {"fp8_dequant": "float32", "early_values": False}),
-        ("fp8_bits_late_v", {"early_values": False}),
-        ("fp8_bits_early_v_cap128", {"early_values": True, "max_registers": 128}),
-        ("fp8_bits_early_v_nocap", {"early_values": True, "max_registers": None}),
-        ("fp8_float32_early_v_nocap", {"fp8_dequant": "float32", "early_values": True, "max_registers": None}),
-        ("fp8_bits_2_stages", {"num_stages": 2}),
-        ("fp8_scores", {"fp8_scale_scores": True}),
-    ]
-    variants: list[tuple[str, dict[str, Any] | None]] = [("bf16", None), *fp8_variants]
+    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap, fp8_dequant);
+    # the first FP8 row is the shipped default. Earlier sweeps over caps and stages: NOTES.md.
+    variants = [("bf16", None, 64, 4, 2, 128, "bits"), ("bf16", None, 64, 4, 2, None, "bits")] + [
+        ("fp8_scores" if on_scores else f"fp8_tiles_{dequant}", on_scores, bn, warps, stages, regs, dequant)
+        for on_scores, bn, warps, stages, regs, dequant in (
+            (False, 128, 4, 1, 128, "bits"), (False, 128, 4, 1, 128, "float32"), (False, 128, 4, 1, None, "bits"),
+            (False, 128, 4, 2, 128, "bits"), (True, 128, 4, 1, 128, "bits"))]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
@@ -149,25 +142,26 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
         fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
         bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
         default = None
-        for name, settings in variants:
-            fp8 = settings is not None
+        for name, on_scores, bn, warps, stages, regs, dequant in variants:
+            fp8 = on_scores is not None
             caches = (kq, vq) if fp8 else tuple(db.caches)
-            extra = {"k_scale": ks, "v_scale": vs, **(settings or {})} if fp8 else {}
+            scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores, "fp8_dequant": dequant} if fp8 else {}
 
-            def run(caches: tuple[torch.Tensor, ...] = caches, extra: dict[str, Any] = extra, db: DecodeBatch = db,
+            def run(caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales, bn: int = bn,
+                    warps: int = warps, stages: int = stages, regs: int | None = regs, db: DecodeBatch = db,
                     ctx: int = ctx) -> torch.Tensor:
                 return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
-                                          max_seq_len=ctx, **extra)
+                                          max_seq_len=ctx, block_n=bn, num_warps=warps, num_stages=stages,
+                                          max_registers=regs, **scales)
 
-            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name,
-                                   **{k: v for k, v in (settings or {}).items()}}
+            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, "block_n": bn, "num_warps": warps,
+                                   "num_stages": stages, "max_registers": regs, "fp8_dequant": dequant if fp8 else None}
             try:
                 out = run()
                 if fp8:
                     default = out if default is None else default
                     row["bitwise_equal_to_default"] = bool(torch.equal(out, default))
-                    on_dequantised = run(caches=dequantised, extra={"block_n": pa.FP8_BLOCK_N})
-                    row["bitwise_equal_to_dequantised"] = bool(torch.equal(out, on_dequantised))
+                    row["bitwise_equal_to_dequantised"] = bool(torch.equal(out, run(caches=dequantised, scales={})))
                 ms = graph_ms(run)
                 nbytes = fp8_bytes if fp8 else bf16_bytes
                 row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)

@@ -89,7 +89,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
                        KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       BITS: tl.constexpr, EARLY_V: tl.constexpr):
+                       BITS: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -120,11 +120,6 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
-            v_off = page * svb + (n % PAGE) * svs + kvh * svh
-            vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
-            if EARLY_V:  # the value tile's loads go out with the key tile's (a one-stage loop has no pipeliner)
-                v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
-                vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
             if KV_FP8:
                 ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
                 if SCALE_SCORES:  # one scale per key, applied to its column of scores below
@@ -160,18 +155,17 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            if not EARLY_V:
-                v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
+            v_off = page * svb + (n % PAGE) * svs + kvh * svh
+            v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
             pv = p
             if KV_FP8:
+                vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
                 if SCALE_SCORES:  # one scale per key, applied to its column of probabilities
-                    if not EARLY_V:
-                        vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
                     pv = p * vs[None, :]
                     v = v.to(q.dtype)
                 elif DV <= 128:
-                    if not EARLY_V:
-                        vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
                     if BITS:
                         vs_tile, vs_rest = split_scale(vs)
                         v = dequantise_bf16(v, vs_tile[:, None])
@@ -232,8 +226,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    max_registers: int | None = -1, fp8_dequant: str = "bits",
-                    early_values: bool = False) -> torch.Tensor:
+                    max_registers: int | None = -1, fp8_dequant: str = "bits") -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -251,8 +244,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     "float32") picks how bfloat16 queries' FP8 tiles with one scale per key are dequantised: by bit
     placement (kernels/fp8_dequant.py; a scale above 2^7 puts its rest on the scores' and
     probabilities' columns) or in float32; the same bits, in fewer instructions for "bits".
-    early_values (an FP8 cache with one scale per key) issues each value tile's loads beside its key
-    tile's instead of after the scores; a launch setting too.
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
@@ -297,7 +288,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers, fp8_dequant == "bits", early_values)
+                  k_scale, v_scale, fp8_scale_scores, max_registers, fp8_dequant == "bits")
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -320,8 +311,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           max_registers: int | None = None, bit_placement: bool = True,
-           early_values: bool = False) -> torch.Tensor:
+           max_registers: int | None = None, bit_placement: bool = True) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -333,7 +323,6 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    f"need head dims <= {GROUP} and bfloat16/float32 queries (got {d}, {dv}, {q.dtype})")
     scale_scores = fp8 and bool(fp8_scale_scores)
     # e4m3 -> bfloat16 by bit placement (kernels/fp8_dequant.py) where a tile has one scale per key.
-    early_v = fp8 and _one_scale_per_key(d, dv) and bool(early_values)
     bits = (bit_placement and fp8 and not scale_scores and _one_scale_per_key(d, dv) and q.dtype == torch.bfloat16
             and not interpreting())
     ks = k_scale if k_scale is not None else k_cache
@@ -356,7 +345,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
             SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
-            BITS=bits, EARLY_V=early_v,
+            BITS=bits,
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
