@@ -128,13 +128,14 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
 
     hq, hk, d = 32, 8, 128
     results = []
-    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap, fp8_dequant);
-    # the first FP8 row is the shipped default. Earlier sweeps over caps and stages: NOTES.md.
-    variants = [("bf16", None, 64, 4, 2, 128, "bits"), ("bf16", None, 64, 4, 2, None, "bits")] + [
-        ("fp8_scores" if on_scores else f"fp8_tiles_{dequant}", on_scores, bn, warps, stages, regs, dequant)
-        for on_scores, bn, warps, stages, regs, dequant in (
-            (False, 128, 4, 1, 128, "bits"), (False, 128, 4, 1, 128, "float32"), (False, 128, 4, 1, None, "bits"),
-            (False, 128, 4, 2, 128, "bits"), (True, 128, 4, 1, 128, "bits"))]
+    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap); the
+    # first FP8 row is the shipped default (paged_attention.FP8_NUM_STAGES, MAX_REGISTERS).
+    variants = [("bf16", None, 64, 4, 2, None), ("bf16", None, 64, 4, 2, 128), ("bf16", None, 64, 4, 2, 112),
+                ("bf16", None, 64, 4, 2, 96), ("bf16", None, 64, 4, 3, 128)] + [
+        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, regs)
+        for on_scores, bn, warps, stages, regs in (
+            (False, 128, 4, 1, 128), (False, 128, 4, 1, 112), (False, 128, 4, 1, 96), (False, 128, 4, 1, None),
+            (False, 128, 4, 2, None), (False, 128, 4, 2, 128), (False, 64, 4, 1, 128), (True, 128, 4, 1, 128))]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
@@ -142,10 +143,10 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
         fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
         bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
         default = None
-        for name, on_scores, bn, warps, stages, regs, dequant in variants:
+        for name, on_scores, bn, warps, stages, regs in variants:
             fp8 = on_scores is not None
             caches = (kq, vq) if fp8 else tuple(db.caches)
-            scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores, "fp8_dequant": dequant} if fp8 else {}
+            scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores} if fp8 else {}
 
             def run(caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales, bn: int = bn,
                     warps: int = warps, stages: int = stages, regs: int | None = regs, db: DecodeBatch = db,
@@ -155,7 +156,7 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
                                           max_registers=regs, **scales)
 
             row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, "block_n": bn, "num_warps": warps,
-                                   "num_stages": stages, "max_registers": regs, "fp8_dequant": dequant if fp8 else None}
+                                   "num_stages": stages, "max_registers": regs}
             try:
                 out = run()
                 if fp8:
@@ -244,12 +245,11 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
         groups = cs.shape[-1]
         fp8_bytes = b * ctx * (576 + 4 * groups) + b * 16 * (576 + 512) * 2
         variants: list[tuple[str, int, int | None]] = [("bf16_cache", 4, None)] + [
-            (f"fp8_{dequant}", warps, stages) for dequant, warps, stages in (
-                ("bits", 4, None), ("float32", 4, None), ("bits", 4, 1), ("float32", 4, 1), ("bits", 8, 2))]
+            ("fp8", warps, stages) for warps, stages in ((4, None), (4, 1), (4, 2), (8, 2), (8, 3))]
         base = None
         for variant, warps, stages in variants:
             fp8 = variant != "bf16_cache"
-            extra: dict[str, Any] = {"cache_scale": cs, "fp8_dequant": variant[4:]} if fp8 else {}
+            extra: dict[str, Any] = {"cache_scale": cs} if fp8 else {}
 
             def run(fp8: bool = fp8, extra: dict[str, Any] = extra, warps: int = warps,
                     stages: int | None = stages, db: DecodeBatch = db, cq: torch.Tensor = cq, lo: int = 0,

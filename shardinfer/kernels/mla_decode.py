@@ -56,7 +56,6 @@ from shardinfer.kernels._common import (
     sm_count,
 )
 from shardinfer.kernels._opaque import opaque
-from shardinfer.kernels.fp8_dequant import FP8_DEQUANT_MODES, dequantise_bf16_any_scale
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 # Tile config, fixed because it fixes the rounding. Chosen by bench/kernels/bench_kernels.py's MLA
@@ -79,16 +78,12 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _dequantise(x, scale, out_dtype: tl.constexpr, OPAQUE: tl.constexpr, BITS: tl.constexpr):
+def _dequantise(x, scale, out_dtype: tl.constexpr, OPAQUE: tl.constexpr):
     """e4m3 values times their power-of-two scales: in float32, then rounded once to out_dtype, as
-    the dequantised cache is (exact but for float16's range), or with BITS (bfloat16) by bit
-    placement, the same bits in fewer instructions (kernels/fp8_dequant.py). OPAQUE gives the tile a
-    16-bit tile's MMA layout (kernels/_opaque.py); bfloat16 arithmetic and per-column scale
-    selection measured slower (bench/kernels/NOTES.md, "Three ways of dequantising")."""
-    if BITS:  # noqa: SIM108 (a constexpr test: the other branch is never compiled)
-        y = dequantise_bf16_any_scale(x, scale)
-    else:
-        y = (x.to(tl.float32) * scale).to(out_dtype)
+    the dequantised cache is (exact but for float16's range). OPAQUE gives the tile a 16-bit tile's
+    MMA layout (kernels/_opaque.py); bfloat16 arithmetic and per-column scale selection measured
+    slower (bench/kernels/NOTES.md, "Three ways of dequantising")."""
+    y = (x.to(tl.float32) * scale).to(out_dtype)
     if OPAQUE:  # not under the interpreter, which runs no inline assembly (and has no layouts)
         y = opaque(y)
     return y
@@ -103,8 +98,7 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                       BLOCK_N: tl.constexpr, RH: tl.constexpr, DPE: tl.constexpr, PAGE: tl.constexpr,
                       PRECISION: tl.constexpr, TMA: tl.constexpr, CHUNK_PAGES: tl.constexpr,
                       PAGE_PREFETCH: tl.constexpr, MERGE: tl.constexpr, DV_SLICE: tl.constexpr,
-                      KV_FP8: tl.constexpr, NG: tl.constexpr, OPAQUE: tl.constexpr,
-                      BITS: tl.constexpr):
+                      KV_FP8: tl.constexpr, NG: tl.constexpr, OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -163,21 +157,21 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                         s_hi = tl.load(cs_ptr + srow[:, None] + RH // 128 + gi[None, :], mask=n_ok[:, None],
                                        other=0.0)
                         lat_lo = tl.reshape(_dequantise(tl.reshape(lat_lo, (BLOCK_N, RH // 128, 128)),
-                                                        s_lo[:, :, None], q_lo.dtype, OPAQUE, BITS), (BLOCK_N, RH))
+                                                        s_lo[:, :, None], q_lo.dtype, OPAQUE), (BLOCK_N, RH))
                         lat_hi = tl.reshape(_dequantise(tl.reshape(lat_hi, (BLOCK_N, RH // 128, 128)),
-                                                        s_hi[:, :, None], q_lo.dtype, OPAQUE, BITS), (BLOCK_N, RH))
+                                                        s_hi[:, :, None], q_lo.dtype, OPAQUE), (BLOCK_N, RH))
                     else:
                         s_lo = tl.load(cs_ptr + srow[:, None] + (h // 128)[None, :], mask=n_ok[:, None], other=0.0)
                         s_hi = tl.load(cs_ptr + srow[:, None] + ((RH + h) // 128)[None, :], mask=n_ok[:, None],
                                        other=0.0)
-                        lat_lo = _dequantise(lat_lo, s_lo, q_lo.dtype, OPAQUE, BITS)
-                        lat_hi = _dequantise(lat_hi, s_hi, q_lo.dtype, OPAQUE, BITS)
+                        lat_lo = _dequantise(lat_lo, s_lo, q_lo.dtype, OPAQUE)
+                        lat_hi = _dequantise(lat_hi, s_hi, q_lo.dtype, OPAQUE)
                     if (2 * RH) % 128 + DPE <= 128:  # the rope key sits in one group: one scale per key
                         s_pe = tl.load(cs_ptr + srow + (2 * RH) // 128, mask=n_ok, other=0.0)[:, None]
                     else:
                         s_pe = tl.load(cs_ptr + srow[:, None] + ((2 * RH + e) // 128)[None, :], mask=n_ok[:, None],
                                        other=0.0)
-                    k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, OPAQUE, BITS)
+                    k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, OPAQUE)
             s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
             s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
             s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
@@ -245,7 +239,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
                         block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
                         num_stages: int | None = None, tma: bool = False,
                         page_prefetch: bool = MLA_PAGE_PREFETCH, merge: bool = MLA_MERGE_IN_KERNEL,
-                        cache_scale: torch.Tensor | None = None, fp8_dequant: str = "bits") -> torch.Tensor:
+                        cache_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
     q_latent [T, H, R] and q_pe [T, H, Dr] of one float dtype, last dims contiguous; cache
@@ -261,13 +255,9 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
     ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
     R is a multiple of 128. Tiles are dequantised in registers into q's dtype, exactly, so the
-    result is bit for bit this kernel's on a q-dtype cache holding those values. fp8_dequant
-    ("bits" or "float32") picks how a bfloat16 kernel dequantises: by bit placement
-    (kernels/fp8_dequant.py) or in float32; the same bits, in fewer instructions for "bits".
+    result is bit for bit this kernel's on a q-dtype cache holding those values.
     """
     fp8 = cache_scale is not None
-    if fp8_dequant not in FP8_DEQUANT_MODES:
-        raise fail("fp8_dequant", fp8_dequant, f"need one of {FP8_DEQUANT_MODES}")
     check_tensor("q_latent", q_latent, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     check_tensor("q_pe", q_pe, dtypes=(q_latent.dtype,), ndim=3, last_dim_contiguous=True)
     check_tensor("cache", cache, dtypes=(FP8_DTYPE if fp8 else q_latent.dtype,), ndim=3, contiguous=True)
@@ -330,9 +320,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
             q_pe.stride(1), ws.out.stride(0), ws.out.stride(1), block_tables.stride(0), seq_lens.shape[0], base,
             float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr, PAGE=page,
             PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
-            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, OPAQUE=not interpreting(),
-            BITS=fp8 and fp8_dequant == "bits" and q_latent.dtype == torch.bfloat16 and not interpreting(),
-            num_warps=num_warps,
+            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, OPAQUE=not interpreting(), num_warps=num_warps,
             num_stages=num_stages, **common)
 
     return split_kv.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,

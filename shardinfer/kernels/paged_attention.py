@@ -50,7 +50,6 @@ from shardinfer.kernels._common import (
     next_pow2,
 )
 from shardinfer.kernels._opaque import opaque
-from shardinfer.kernels.fp8_dequant import FP8_DEQUANT_MODES, dequantise_bf16, split_scale
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 # Tile config, fixed because it fixes the rounding (see paged_attention's docstring). Chosen by
@@ -88,8 +87,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       BITS: tl.constexpr):
+                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -127,11 +125,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     k = k.to(q.dtype)
                 elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
                     ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-                    if BITS:  # the scale's part up to 2^7 on the tile, the rest (almost always 1) on the scores
-                        ks_tile, ks_rest = split_scale(ks)
-                        k = dequantise_bf16(k, ks_tile[None, :])
-                    else:
-                        k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
+                    k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
                 else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
                     ks_lo = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
                     ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
@@ -142,8 +136,6 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             s = tl.dot(q, k, input_precision=PRECISION)
             if SCALE_SCORES:
                 s = s * ks[None, :]
-            if BITS:
-                s = s * ks_rest[None, :]
             s = s * scale_log2
             visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
             if HAS_WINDOW:
@@ -166,12 +158,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     v = v.to(q.dtype)
                 elif DV <= 128:
                     vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
-                    if BITS:
-                        vs_tile, vs_rest = split_scale(vs)
-                        v = dequantise_bf16(v, vs_tile[:, None])
-                        pv = p * vs_rest[None, :]
-                    else:
-                        v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
+                    v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
                 else:
                     vs_lo = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
                     vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
@@ -226,7 +213,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    max_registers: int | None = -1, fp8_dequant: str = "bits") -> torch.Tensor:
+                    max_registers: int | None = -1) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -240,10 +227,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     FP8_BLOCK_N for an FP8 cache with head dims <= 128 when it divides kv_chunk; num_stages
     None: FP8_NUM_STAGES with that FP8 tile, else NUM_STAGES). max_registers caps the registers
     per thread of the chunk kernel (-1: MAX_REGISTERS for head dims <= 128 and 16-bit queries,
-    else none; None: none); a launch setting, it changes no arithmetic. fp8_dequant ("bits" or
-    "float32") picks how bfloat16 queries' FP8 tiles with one scale per key are dequantised: by bit
-    placement (kernels/fp8_dequant.py; a scale above 2^7 puts its rest on the scores' and
-    probabilities' columns) or in float32; the same bits, in fewer instructions for "bits".
+    else none; None: none); a launch setting, it changes no arithmetic.
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
@@ -271,8 +255,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     group = q.shape[1] // hk
     if num_stages is not None and num_stages < 1:
         raise fail("num_stages", num_stages, "need >= 1, or None for the cache's default")
-    if fp8_dequant not in FP8_DEQUANT_MODES:
-        raise fail("fp8_dequant", fp8_dequant, f"need one of {FP8_DEQUANT_MODES}")
     if max_registers not in (None, -1) and not 16 <= max_registers <= 255:
         raise fail("max_registers", max_registers,
                    "need 16..255 registers per thread, -1 for the default cap, or None for no cap")
@@ -288,7 +270,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers, fp8_dequant == "bits")
+                  k_scale, v_scale, fp8_scale_scores, max_registers)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -311,7 +293,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           max_registers: int | None = None, bit_placement: bool = True) -> torch.Tensor:
+           max_registers: int | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -322,9 +304,6 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise fail("fp8_scale_scores", fp8_scale_scores,
                    f"need head dims <= {GROUP} and bfloat16/float32 queries (got {d}, {dv}, {q.dtype})")
     scale_scores = fp8 and bool(fp8_scale_scores)
-    # e4m3 -> bfloat16 by bit placement (kernels/fp8_dequant.py) where a tile has one scale per key.
-    bits = (bit_placement and fp8 and not scale_scores and _one_scale_per_key(d, dv) and q.dtype == torch.bfloat16
-            and not interpreting())
     ks = k_scale if k_scale is not None else k_cache
     vs = v_scale if v_scale is not None else v_cache
     ks_strides = tuple(k_scale.stride()[:3]) if k_scale is not None else (0, 0, 0)
@@ -345,7 +324,6 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
             SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
-            BITS=bits,
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
