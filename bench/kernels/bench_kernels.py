@@ -229,11 +229,10 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
     """moe-16b MLA decode on an FP8 latent cache against the bf16 cache holding the same
     (dequantised) values, over warps and pipeline depths, timed as CUDA-graph replays. With the
     bf16 cache's tile config (4 warps; the depth changes no bits) the FP8 cache must give its bits:
-    the dequantisation is exact. One stage: the raw FP8 tile skips the cp.async buffer (92 KB of
-    shared memory in the sm_90a build against 130 KB with two stages), so two programs share an SM
-    (255 registers a thread still fit twice), as one stage and a register cap did for dense
-    attention (NOTES.md). (At e3d5508 this also timed two other ways of dequantising, both
-    slower: NOTES.md.)"""
+    the dequantisation is exact. One stage (the default since the 2026-12-03 run in NOTES.md): the
+    raw FP8 tile skips the cp.async buffer (92 KB of shared memory in the sm_90a build against 130
+    KB with two stages), so two programs share an SM. (At e3d5508 this also timed two other ways of
+    dequantising, both slower: NOTES.md.)"""
     from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
 
     rows = []
@@ -245,7 +244,7 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
         groups = cs.shape[-1]
         fp8_bytes = b * ctx * (576 + 4 * groups) + b * 16 * (576 + 512) * 2
         variants: list[tuple[str, int, int | None]] = [("bf16_cache", 4, None)] + [
-            ("fp8", warps, stages) for warps, stages in ((4, None), (4, 1), (4, 2), (8, 2), (8, 3))]
+            ("fp8", warps, stages) for warps, stages in ((4, None), (4, 2), (8, 1), (8, 2))]
         base = None
         for variant, warps, stages in variants:
             fp8 = variant != "bf16_cache"

@@ -63,12 +63,17 @@ from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 # pointer tiles, 4 warps and 1024-key chunks read the latent fastest (against 512-key chunks and
 # 8 warps). The pipeline depth does not change the arithmetic: 3 stages when the (q block, chunk)
 # programs fit in one wave (no more than SMs: each SM runs one program and must keep more of its
-# own loads in flight), 2 when there are several waves; see pipeline_stages.
+# own loads in flight), 2 when there are several waves; see pipeline_stages. An FP8 cache runs one
+# stage at every batch: its raw tile then goes from global memory straight to registers, and the
+# kernel's 92 KB of shared memory (130 KB with two stages, sm_90a build) let two programs share an
+# SM; on the H200 that read the latent 1.3-1.4 times as fast at batch 256 and at batch 64 with
+# 4096-key contexts (bench/kernels/NOTES.md, "One stage for the FP8 cache").
 MLA_BLOCK_M = 16
 MLA_BLOCK_N = 64
 MLA_NUM_WARPS = 4
 MLA_NUM_STAGES = 2
 MLA_NUM_STAGES_ONE_WAVE = 3
+MLA_FP8_NUM_STAGES = 1
 MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
 # The last chunk program of a tile merges the tile's chunks (no second kernel; same arithmetic as
@@ -251,7 +256,8 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     one block-table read per tile. merge: the last of a tile's chunk programs to finish merges the
     chunks (same bits as the separate merge kernel, which merge=False launches).
     Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
-    number of programs, see MLA_NUM_STAGES) only sets how far loads run ahead.
+    number of programs, see MLA_NUM_STAGES; MLA_FP8_NUM_STAGES on an FP8 cache) only sets how far
+    loads run ahead.
     An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
     ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
     R is a multiple of 128. Tiles are dequantised in registers into q's dtype, exactly, so the
@@ -303,7 +309,9 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max().item()) if seq_lens.numel() else 0
-    if num_stages is None:
+    if num_stages is None and fp8:
+        num_stages = MLA_FP8_NUM_STAGES
+    elif num_stages is None:
         sms = sm_count(q_latent.device.index or 0) if q_latent.is_cuda else 0
         num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms, q_latent.element_size())
     chunk_pages = next_pow2(-(-kv_chunk // page) + 1)  # pages a chunk can touch (it need not start on one)

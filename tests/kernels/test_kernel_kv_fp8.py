@@ -146,6 +146,36 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
     assert torch.equal(alone, got[5:6])
 
 
+def _spread_scales(cache: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """cache with some slots' values times 2^20 and others times 2^-40: 128-value groups whose
+    scales lie far above 1 (values past e4m3's 448 by far) and far below, beside ordinary ones."""
+    flat = cache.clone().view(-1, *cache.shape[2:])
+    pick = torch.randint(0, 4, (flat.shape[0],), generator=gen)
+    flat[pick == 1] *= 2.0**20
+    flat[pick == 2] *= 2.0**-40
+    return flat.view(cache.shape)
+
+
+# bfloat16 on the GPU only, as above; float16 cannot hold 2^20.
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else []))
+def test_paged_attention_on_fp8_cache_with_scales_far_from_one(device: torch.device, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(11)
+    b = PagedBatch([4, 1, 1], [0, 200, 90], hq=8, hk=2, d=128, dv=128, block_size=16, dtype=torch.float32,
+                   device=device, seed=8)
+    kq, ks, kd = _fp8_pair(_spread_scales(b.k_cache, gen), dtype)
+    vq, vs, vd = _fp8_pair(_spread_scales(b.v_cache, gen), dtype)
+    assert float(ks.max()) > 2.0**7 and float(vs.max()) > 2.0**7 and float(vs.min()) < 2.0**-30
+    idx = [torch.tensor(b.qsl, dtype=torch.int32, device=device),
+           torch.tensor(b.seq_lens, dtype=torch.int32, device=device), b.block_tables.to(device)]
+    q = b.q.to(dtype).to(device)
+    got = paged_attention.paged_attention(q, kq.to(device), vq.to(device), *idx, 0.25, kv_chunk=256,
+                                          k_scale=ks.to(device), v_scale=vs.to(device))
+    on_dequantised = paged_attention.paged_attention(q, kd.to(device), vd.to(device), *idx, 0.25, kv_chunk=256,
+                                                     block_n=paged_attention.FP8_BLOCK_N)
+    assert got.isfinite().all()
+    assert torch.equal(got, on_dequantised)
+
+
 def test_fp8_cache_key_tile_follows_kv_chunk(device: torch.device) -> None:
     """The FP8 cache's 128-key default tile is taken only where it divides kv_chunk; with a
     64-key chunk the default is the 64-key tile (the same bits as asking for it), not an error."""
@@ -183,7 +213,7 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(
         bt[i, :n] = perm[used : used + n].int()
         used += n
     heads = 4
-    cache = torch.randn(len(perm), block_size, rank + rope, generator=gen)
+    cache = _spread_scales(torch.randn(len(perm), block_size, rank + rope, generator=gen), gen)
     cache[perm[used:]] = float("nan")
     cq, cs, cd = _fp8_pair(cache, dtype)
     q_latent = torch.randn(5, heads, rank, generator=gen).to(dtype)
@@ -205,6 +235,7 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(
     on_dequantised = mla_decode.mla_paged_attention(
         q_latent.to(device), q_pe.to(device), cd.to(device), *idx, 0.2, kv_chunk=128
     )
+    assert got.isfinite().all()
     assert torch.equal(got, on_dequantised)
     ref = reference_mla.mla_paged_attention(q_latent, q_pe, cq, qsl, seq_lens, bt, 0.2, cache_scale=cs)
     assert torch.equal(ref, reference_mla.mla_paged_attention(q_latent, q_pe, cd, qsl, seq_lens, bt, 0.2))
