@@ -64,10 +64,10 @@ from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 # 8 warps). The pipeline depth does not change the arithmetic: 3 stages when the (q block, chunk)
 # programs fit in one wave (no more than SMs: each SM runs one program and must keep more of its
 # own loads in flight), 2 when there are several waves; see pipeline_stages. An FP8 cache runs one
-# stage at every batch: its raw tile then goes from global memory straight to registers, and the
-# kernel's 92 KB of shared memory (130 KB with two stages, sm_90a build) let two programs share an
-# SM; on the H200 that read the latent 1.3-1.4 times as fast at batch 256 and at batch 64 with
-# 4096-key contexts (bench/kernels/NOTES.md, "One stage for the FP8 cache").
+# stage at every batch: its raw tile then goes from global memory straight to registers and the
+# kernel's shared memory shrinks enough for two programs to share an SM, which on the H200 was the
+# faster depth at every batch and context timed (bench/kernels/NOTES.md, "One stage for the FP8
+# cache").
 MLA_BLOCK_M = 16
 MLA_BLOCK_N = 64
 MLA_NUM_WARPS = 4
