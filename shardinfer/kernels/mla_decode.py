@@ -220,9 +220,9 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
 
 
 def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, block_m: int, sms: int,
-                    element_size: int = 2) -> int:
+                    element_size: int = 2, fp8_cache: bool = False) -> int:
     """MLA_NUM_STAGES_ONE_WAVE when the (q block, chunk) programs fit one wave on `sms` SMs, else
-    MLA_NUM_STAGES (same bits either way).
+    MLA_NUM_STAGES (same bits either way); MLA_FP8_NUM_STAGES at every size for an FP8 cache.
 
     Float32 tiles (element_size 4) always take MLA_NUM_STAGES: one more stage of 4-byte latent
     tiles needs more shared memory than a Hopper SM gives one block at the largest rank (found by
@@ -233,6 +233,8 @@ def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, bl
     is where one wave gains most, and beyond it both depths are within a few points
     (bench/kernels/NOTES.md, "MLA decode").
     """
+    if fp8_cache:
+        return MLA_FP8_NUM_STAGES
     tokens_per_block = block_m // split_kv.heads_per_tile(heads, block_m)
     programs = -(-tokens // tokens_per_block) * min(2, max(1, -(-max_seq_len // kv_chunk)))
     return MLA_NUM_STAGES_ONE_WAVE if programs <= sms and element_size <= 2 else MLA_NUM_STAGES
@@ -256,8 +258,7 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     one block-table read per tile. merge: the last of a tile's chunk programs to finish merges the
     chunks (same bits as the separate merge kernel, which merge=False launches).
     Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
-    number of programs, see MLA_NUM_STAGES; MLA_FP8_NUM_STAGES on an FP8 cache) only sets how far
-    loads run ahead.
+    number of programs and the cache, see pipeline_stages) only sets how far loads run ahead.
     An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
     ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
     R is a multiple of 128. Tiles are dequantised in registers into q's dtype, exactly, so the
@@ -309,11 +310,9 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max().item()) if seq_lens.numel() else 0
-    if num_stages is None and fp8:
-        num_stages = MLA_FP8_NUM_STAGES
-    elif num_stages is None:
+    if num_stages is None:
         sms = sm_count(q_latent.device.index or 0) if q_latent.is_cuda else 0
-        num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms, q_latent.element_size())
+        num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms, q_latent.element_size(), fp8)
     chunk_pages = next_pow2(-(-kv_chunk // page) + 1)  # pages a chunk can touch (it need not start on one)
     # The merging program takes the value columns in slices of 4096 float32 per chunk (half the
     # latent with 16-row tiles), four chunks in flight: twice the merge kernel's slices, which the

@@ -94,10 +94,9 @@ def _mla_cases() -> list[dict[str, Any]]:
             extra["cache_scale"] = scale
         else:
             cache = cache.to(dtype)
-        # The depth an H200 (132 SMs) picks for one decode token: the one-wave case, the deepest
-        # (an FP8 cache always runs MLA_FP8_NUM_STAGES).
-        stages = mla_decode.MLA_FP8_NUM_STAGES if fp8 else mla_decode.pipeline_stages(
-            1, heads, 2048, mla_decode.MLA_KV_CHUNK, mla_decode.MLA_BLOCK_M, 132, dtype.itemsize
+        # The depth an H200 (132 SMs) picks for one decode token: the one-wave case, the deepest.
+        stages = mla_decode.pipeline_stages(
+            1, heads, 2048, mla_decode.MLA_KV_CHUNK, mla_decode.MLA_BLOCK_M, 132, dtype.itemsize, fp8
         )
         q_latent, q_pe = torch.randn(1, heads, rank, dtype=dtype), torch.randn(1, heads, rope, dtype=dtype)
         args = (
