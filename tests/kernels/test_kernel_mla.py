@@ -205,6 +205,33 @@ def test_pipeline_depth_follows_the_waves_of_programs() -> None:
     assert mla_decode.pipeline_stages(200, 8, 1000, 1024, 16, 132) == mla_decode.MLA_NUM_STAGES_ONE_WAVE
     # Float32 tiles never take the deeper pipeline (it overflows shared memory at rank 512).
     assert mla_decode.pipeline_stages(64, 16, 2048, 1024, 16, 132, element_size=4) == mla_decode.MLA_NUM_STAGES
+    # An FP8 cache runs one stage in one wave or many (two programs per SM; bench/kernels/NOTES.md).
+    assert mla_decode.MLA_FP8_NUM_STAGES == 1
+    assert all(mla_decode.pipeline_stages(tokens, 16, ctx, 1024, 16, 132, fp8_cache=True) == 1
+               for tokens, ctx in ((1, 100), (64, 2048), (256, 8192)))
+
+
+def test_fp8_cache_launches_at_its_own_depth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher asks pipeline_stages with the cache kind: one stage on an FP8 cache, the
+    bf16 cache's depth otherwise, an explicit num_stages as given."""
+    from shardinfer.kernels.reference_fp8 import quantize_groups
+
+    seen: list[object] = []
+
+    class Recorder:
+        def __getitem__(self, grid: object) -> object:
+            return lambda *args, **kwargs: seen.append(kwargs["num_stages"])
+
+    monkeypatch.setattr(mla_decode, "_mla_chunk_kernel", Recorder())
+    cache = torch.randn(2, 16, 64 + 16)
+    cq, cs = quantize_groups(cache)
+    args = (torch.randn(1, 4, 64), torch.randn(1, 4, 16))
+    idx = (torch.tensor([0, 1], dtype=torch.int32), torch.tensor([20], dtype=torch.int32),
+           torch.tensor([[0, 1]], dtype=torch.int32))
+    mla_paged_attention(*args, cq, *idx, 0.1, cache_scale=cs)
+    mla_paged_attention(*args, cache, *idx, 0.1)
+    mla_paged_attention(*args, cq, *idx, 0.1, cache_scale=cs, num_stages=2)
+    assert seen == [mla_decode.MLA_FP8_NUM_STAGES, mla_decode.MLA_NUM_STAGES, 2]
 
 
 @pytest.mark.gpu
