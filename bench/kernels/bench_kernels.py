@@ -123,16 +123,16 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
     for the raw FP8 tile. Timed as CUDA-graph replays (device time, as the engine's graphed decode
     steps see it). Each FP8 variant's output is compared bitwise with the shipped default's
     (`bitwise_equal_to_default`: stages, caps and where the scales go change no bits; the warp
-    count can) and with
-    the same config on a bf16 cache holding the dequantised values (`bitwise_equal_to_dequantised`)."""
+    count can) and with the same config on a bf16 cache holding the dequantised values
+    (`bitwise_equal_to_dequantised`)."""
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     hq, hk, d = 32, 8, 128
     results = []
     # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap); the
     # first FP8 row is the shipped default (paged_attention.FP8_NUM_STAGES, MAX_REGISTERS).
-    # Earlier runs swept caps of 96-168 registers and 2-3 stages at 4 warps (NOTES.md); this one
-    # tries 8 warps (half the tile's bytes per thread, other bits than 4 warps').
+    # Earlier runs swept caps and stages at 4 warps; these rows add 8 warps (half the tile's bytes
+    # per thread, other bits than 4 warps'), timed slower (NOTES.md).
     variants = [("bf16", None, 64, 4, 2, 128), ("bf16", None, 64, 8, 2, 128)] + [
         ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, regs)
         for on_scores, bn, warps, stages, regs in (
