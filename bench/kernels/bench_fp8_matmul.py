@@ -10,7 +10,7 @@ and the device's FP8 ceiling (8192^3 _scaled_mm). Then, for candidate tilings, c
 give rows bitwise equal to the default tiling's (whether a problem could switch tiling by M and
 stay batch invariant) and times them.
 
-    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--sweep]
+    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--sweep | --splits]
 """
 
 from __future__ import annotations
@@ -62,6 +62,17 @@ CANDIDATES = [
     fp8_matmul.Fp8TileConfig(128, 128, num_warps=4, num_stages=3, persistent=False, tma=True),
     fp8_matmul.Fp8TileConfig(128, 64, num_warps=4, num_stages=4, persistent=False, tma=True),
 ]
+# Fixed split-K: a decode batch's N = 4096 projections have 128 or fewer 64x128 tiles, one program
+# per SM walking all of K; more, shorter K ranges fill the SMs and let larger tiles read each weight
+# tile fewer times. Other bits than the unsplit tilings' (the ranges are summed apart), so a
+# problem takes one split_k for every M and the sweep compares these within their split.
+SPLIT_CANDIDATES = [
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=s)
+    for s in (2, 3, 4)
+] + [
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True, split_k=s)
+    for s in (2, 4)
+] + [fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2)]
 L2_SPILL_BYTES = 256 << 20
 
 
@@ -85,13 +96,17 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
     row["ours_tflops"] = flop / row["ours_fp8_us"] / 1e6
     row["ours_GBps"] = (n * k + m * k * 2 + m * n * 2) / row["ours_fp8_us"] / 1e3
     if configs:
-        base = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
+        # Each tiling's rows against the first tiling of its split_k (the default for unsplit ones):
+        # equal bits mean the two could serve one problem at different M.
+        base = {fp8_matmul.tile_config(n, k).split_k: fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])}
         row["configs"] = []
         for cfg in configs:
             out = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1], config=cfg)
             us = 1e3 * graph_ms_per_call([lambda w=w, c=cfg: fp8_matmul.linear_fp8(x, w[0], w[1], config=c)
                                           for w in ws])
-            row["configs"].append({"config": repr(cfg), "us": us, "bitwise_equal_to_default": torch.equal(out, base)})
+            first = base.setdefault(cfg.split_k, out)
+            row["configs"].append({"config": repr(cfg), "us": us, "split_k": cfg.split_k,
+                                   "bitwise_equal_within_split": torch.equal(out, first)})
     return row
 
 
@@ -101,9 +116,13 @@ def main() -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--sweep", action="store_true", help="also time and compare the candidate tilings")
     ap.add_argument("--tma-only", action="store_true", help="sweep only the candidates with tma=True")
+    ap.add_argument("--splits", action="store_true",
+                    help="sweep the fixed split-K candidates (with the default tiling first, for reference)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]
+    if args.splits:
+        candidates = [fp8_matmul.tile_config(0, 0, 256), *SPLIT_CANDIDATES]
     ceiling = fp8_matmul_rate()
     print(f"FP8 ceiling (torch._scaled_mm 8192^3): {ceiling / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
@@ -115,14 +134,15 @@ def main() -> None:
             if proj == "lm_head":  # stays bf16 in FP8 models
                 continue
             for m in map(int, args.ms.split(",")):
-                r = time_shape(n, k, m, candidates if args.sweep and m in (64, 256, 8192) else None)
+                sweep = (args.sweep or args.splits) and m in (64, 256, 8192)
+                r = time_shape(n, k, m, candidates if sweep else None)
                 r.update(model=model, proj=proj)
                 rows.append(r)
                 print(f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "
                       f"{r['scaled_mm_us']:>9.1f} {r['ours_tflops']:>8.0f} {r['ours_GBps']:>7.0f} "
                       f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}", flush=True)
                 for c in r.get("configs", []):
-                    print(f"    {c['config']:<110} {c['us']:>9.1f} equal={c['bitwise_equal_to_default']}")
+                    print(f"    {c['config']:<122} {c['us']:>9.1f} equal={c['bitwise_equal_within_split']}")
     now = dt.datetime.now(dt.UTC)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

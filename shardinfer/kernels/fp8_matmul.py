@@ -19,6 +19,13 @@ tilings, the default; the copy engine zero-fills past M, N and the K tail), and 
 operands it cannot address runs on the pointer kernel instead: the same tiles and order, so the
 same bits.
 
+Fixed split-K (`split_k > 1`, matmul.py's scheme): K's 128-channel steps are cut into split_k
+ranges that depend on K and the config only; each range is reduced as above from zero, its float32
+partial (times a per-channel scale, if any) goes to a workspace, and matmul.py's combine kernel
+adds the partials in range order, then the bias, and rounds once. A decode batch's projections
+with few output tiles get more, shorter K loops; the sum changes, so every tiling of one problem
+shares split_k (checked when a tiling is chosen).
+
 Batch invariance: the kernel is not specialised on M, and each output tile is reduced by one
 program in K order, one 128-channel step at a time, each step's product promoted on its own, so a
 row's bits depend neither on M, nor on which tile row it lands in, nor on the tile's shape (every
@@ -48,7 +55,13 @@ from shardinfer.kernels._common import (
     interpreting,
     sm_count,
 )
-from shardinfer.kernels.matmul import _store_tile, _tile_coords
+from shardinfer.kernels.matmul import (
+    _combine_splits_kernel,
+    _split_range,
+    _store_partial,
+    _store_tile,
+    _tile_coords,
+)
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 from shardinfer.kernels.tuning import Tiling
 
@@ -70,9 +83,14 @@ class Fp8TileConfig:
     # Operands through the tensor-memory accelerator (Hopper and later) instead of pointer loads:
     # the same tiles, K order and promotion, so the same bits.
     tma: bool = False
+    # Fixed number of K ranges (matmul.py's split-K): each range's float32 partial goes to a
+    # workspace and a second kernel adds them in range order. It changes the summation, so every
+    # tiling of one (N, K) problem must share it (_check_interchangeable).
+    split_k: int = 1
 
     def __post_init__(self) -> None:
-        check_tiles(self, ("block_m", "block_n"), ("num_warps", "num_stages", "group_m", "programs_per_sm"))
+        check_tiles(self, ("block_m", "block_n"), ("num_warps", "num_stages", "group_m", "programs_per_sm",
+                                                    "split_k"))
         if self.block_n > GROUP:
             raise ValueError(
                 f"Fp8TileConfig.block_n: got {self.block_n}, need <= {GROUP} "
@@ -103,14 +121,24 @@ def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8Til
 _CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default)
 
 
+def _check_interchangeable(key: tuple[int, int], chosen: Tiling[Fp8TileConfig]) -> Tiling[Fp8TileConfig]:
+    """A problem's tilings may differ in everything but split_k, which moves the K ranges' sums."""
+    splits = {c.split_k for c in (chosen.rest, *(c for _, c in chosen.by_m))}
+    if len(splits) > 1:
+        raise ValueError(f"FP8 tilings of (N, K) = {key} mix split_k {sorted(splits)}: one problem's tilings must "
+                         "share split_k, or a row would be summed differently at other batch sizes")
+    return chosen
+
+
 def tiling(n: int, k: int) -> Tiling[Fp8TileConfig]:
     """The tilings an (N, K) FP8 problem runs, by batch size."""
-    return _CHOOSER.tiling((n, k))
+    return _check_interchangeable((n, k), _CHOOSER.tiling((n, k)))
 
 
 def tile_config(n: int, k: int, m: int | None = None) -> Fp8TileConfig:
     """The tiling an (N, K) FP8 problem runs at batch size m (None: the one for large M)."""
-    return _CHOOSER.choose((n, k), m)
+    chosen = tiling(n, k)
+    return chosen.rest if m is None else chosen.for_m(m)
 
 
 @triton.jit
@@ -140,12 +168,13 @@ def _promote(acc, part, sa, ws_row, kt, CHANNEL_SCALES: tl.constexpr):
 
 @triton.jit
 def _tile_schedule(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PERSISTENT: tl.constexpr,
-                   NUM_PROGRAMS: tl.constexpr):
-    """(tiles along M, tiles along N, tiles, this program's stride over them): a persistent launch
-    strides by its program count, otherwise each program's loop runs once."""
+                   NUM_PROGRAMS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """(tiles along M, tiles along N, work items, this program's stride over them): a work item is
+    an output tile's K range (the ranges of one tile adjacent); a persistent launch strides by its
+    program count, otherwise each program's loop runs once."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
+    num_tiles = num_pid_m * num_pid_n * SPLIT_K
     if PERSISTENT:  # noqa: SIM108 - a compile-time branch (see matmul.py)
         step = NUM_PROGRAMS
     else:
@@ -154,14 +183,19 @@ def _tile_schedule(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PERSISTEN
 
 
 @triton.jit
-def _finish_tile(acc, ws_ptr, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.constexpr,
-                 CHANNEL_SCALES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Store a reduced tile; a per-channel weight scale, the same for every K step, is applied here once."""
+def _finish_tile(acc, ws_ptr, b_ptr, y_ptr, part_ptr, split, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.constexpr,
+                 CHANNEL_SCALES: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Store a reduced tile, or a K range's partial of it; a per-channel weight scale, the same for
+    every K step, is applied here once (to each partial when split, before the ordered sum)."""
     if CHANNEL_SCALES:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.where(cols < N, cols, 0).to(tl.int64)
         acc = acc * tl.load(ws_ptr + cols)[None, :]
-    _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+    if SPLIT_K == 1:
+        _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+    else:
+        _store_partial(acc, part_ptr, split, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -172,6 +206,7 @@ def _fp8_linear_kernel(
     ws_ptr,
     b_ptr,
     y_ptr,
+    part_ptr,
     M,
     N,
     K,
@@ -188,27 +223,31 @@ def _fp8_linear_kernel(
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS, SPLIT_K)
     offs_k = tl.arange(0, BLOCK_K)
+    # The epilogue's own work-item counter (a tensor, as matmul.py's: the store indexes with it).
+    out_tile = pid - step
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        out_tile += step
+        pid_m, pid_n = _tile_coords(tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
+        k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         # Rows past M and columns past N read row/column 0; their results are dropped at the store.
         rows = tl.where(rows < M, rows, 0).to(tl.int64)
         cols = tl.where(cols < N, cols, 0).to(tl.int64)
-        a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :]
-        w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn  # weight.T tile
+        a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :] + k_first * BLOCK_K
+        w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn + k_first * BLOCK_K  # weight.T tile
         as_ptrs = as_ptr + rows * a_groups
         # A column tile lies inside one 128-row weight-scale block (BLOCK_N <= 128, a power of two),
         # so its block scale per K step is one scalar.
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(0, k_tiles):
+        for kt in range(k_first, k_last):
             if EVEN_K:
                 a = tl.load(a_ptrs)
                 b = tl.load(w_ptrs)
@@ -220,8 +259,8 @@ def _fp8_linear_kernel(
             acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
-        _finish_tile(acc, ws_ptr, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, CHANNEL_SCALES, BLOCK_M,
-                     BLOCK_N)
+        _finish_tile(acc, ws_ptr, b_ptr, y_ptr, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, stride_ym, HAS_BIAS,
+                     CHANNEL_SCALES, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -232,6 +271,7 @@ def _fp8_linear_tma_kernel(
     ws_ptr,
     b_ptr,
     y_ptr,
+    part_ptr,
     M,
     N,
     K,
@@ -246,6 +286,7 @@ def _fp8_linear_tma_kernel(
     GROUP_M: tl.constexpr,
     PERSISTENT: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """_fp8_linear_kernel with both operands fetched by the tensor-memory accelerator. The copy
@@ -253,22 +294,25 @@ def _fp8_linear_tma_kernel(
     products are exact zeros, as the masked loads give), so the loop needs no masks; the scales
     are still read through pointers (one per row and step, one per step)."""
     pid = tl.program_id(0)
-    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS, SPLIT_K)
+    # The epilogue's own work-item counter (a tensor, as matmul.py's: the store indexes with it).
+    out_tile = pid - step
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        out_tile += step
+        pid_m, pid_n = _tile_coords(tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
+        k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rows = tl.where(rows < M, rows, 0).to(tl.int64)
         as_ptrs = as_ptr + rows * a_groups
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(0, k_tiles):
+        for kt in range(k_first, k_last):
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             part = _mma_fp8(a, b.T, INTERPRET)
             acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
-        _finish_tile(acc, ws_ptr, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, CHANNEL_SCALES, BLOCK_M,
-                     BLOCK_N)
+        _finish_tile(acc, ws_ptr, b_ptr, y_ptr, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, stride_ym, HAS_BIAS,
+                     CHANNEL_SCALES, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
 def _check(
@@ -318,9 +362,13 @@ def linear_fp8_quantized(
     on_gpu = xq.device.type == "cuda"
     # The interpreter has no SMs; 4 programs still exercise the persistent loop.
     cap = (sm_count(xq.device.index or 0) if on_gpu else 4) * config.programs_per_sm
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k
     grid = (min(cap, tiles) if config.persistent else tiles,)
     switch = on_gpu and xq.device.index is not None and xq.device.index != torch.cuda.current_device()
+    # Split-K partials [split_k, M, N] float32; unsplit, the kernel never touches them and y
+    # stands in (as for the bias), so nothing is allocated.
+    parts = torch.empty((config.split_k, m, n), dtype=torch.float32, device=xq.device) if config.split_k > 1 else y
+    bias_arg = bias if bias is not None else y
     common = dict(
         HAS_BIAS=bias is not None,
         CHANNEL_SCALES=scale.dim() == 1,
@@ -330,38 +378,27 @@ def linear_fp8_quantized(
         GROUP_M=config.group_m,
         PERSISTENT=config.persistent,
         NUM_PROGRAMS=cap,
+        SPLIT_K=config.split_k,
         INTERPRET=interpreting(),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    # The copy engine needs 16-byte aligned bases and rows; elsewhere the pointer kernel runs the
-    # same tiles in the same K order, so the bits do not change.
-    if config.tma and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16):
-        a_desc = TensorDescriptor(xq, [m, k], [k, 1], [config.block_m, GROUP])
-        w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, GROUP])
-        with torch.cuda.device(xq.device) if switch else contextlib.nullcontext():
-            _fp8_linear_tma_kernel[grid](
-                a_desc, xs, w_desc, scale, bias if bias is not None else y, y, m, n, k, y.stride(0), xs.shape[1],
-                scale.shape[-1], **common)
-        return y
     with torch.cuda.device(xq.device) if switch else contextlib.nullcontext():
-        _fp8_linear_kernel[grid](
-            xq,
-            xs,
-            weight,
-            scale,
-            bias if bias is not None else y,
-            y,
-            m,
-            n,
-            k,
-            weight.stride(0),
-            y.stride(0),
-            xs.shape[1],
-            scale.shape[-1],
-            EVEN_K=k % GROUP == 0,
-            **common,
-        )
+        # The copy engine needs 16-byte aligned bases and rows; elsewhere the pointer kernel runs
+        # the same tiles in the same K order, so the bits do not change.
+        if config.tma and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16):
+            a_desc = TensorDescriptor(xq, [m, k], [k, 1], [config.block_m, GROUP])
+            w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, GROUP])
+            _fp8_linear_tma_kernel[grid](a_desc, xs, w_desc, scale, bias_arg, y, parts, m, n, k, y.stride(0),
+                                         xs.shape[1], scale.shape[-1], **common)
+        else:
+            _fp8_linear_kernel[grid](xq, xs, weight, scale, bias_arg, y, parts, m, n, k, weight.stride(0),
+                                     y.stride(0), xs.shape[1], scale.shape[-1], EVEN_K=k % GROUP == 0, **common)
+        if config.split_k > 1:
+            block = 256
+            _combine_splits_kernel[(m, triton.cdiv(n, block))](parts, bias_arg, y, m, n, y.stride(0),
+                                                               HAS_BIAS=bias is not None, SPLIT_K=config.split_k,
+                                                               BLOCK=block, num_warps=4)
     return y
 
 

@@ -50,6 +50,13 @@ def _linear_cases() -> list[dict[str, Any]]:
 
         compiled = _compiled(fp8_matmul._fp8_linear_tma_kernel, launch_tma)
         out.append({"kernel": "fp8_linear_tma", "scales": layout, **compiled})
+        split = dataclasses.replace(tma, split_k=2)  # K ranges summed apart: another compiled variant
+
+        def launch_split(wq: torch.Tensor = wq, ws: torch.Tensor = ws, cfg: Any = split) -> object:
+            return fp8_matmul.linear_fp8_quantized(xq, xs, wq, ws, None, torch.bfloat16, cfg)
+
+        compiled = _compiled(fp8_matmul._fp8_linear_tma_kernel, launch_split)
+        out.append({"kernel": "fp8_linear_tma_split", "scales": layout, **compiled})
     return out
 
 

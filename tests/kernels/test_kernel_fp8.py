@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from kernel_checks import TOL, e4m3_round, pow2_scales64, rel_err
 
 from shardinfer.kernels import fp8_matmul, fp8_quant, ops
 from shardinfer.kernels import reference_fp8 as ref
+from shardinfer.kernels.tuning import Tiling
 
 if not torch.cuda.is_available():
     # The interpreter flag is read when a kernel is decorated; re-import in case another test
@@ -37,6 +39,14 @@ SMALL = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2)
 SMALL_ONE_TILE = fp8_matmul.Fp8TileConfig(32, 16, num_warps=4, num_stages=2, persistent=False)
 SMALL_TMA = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2, tma=True)
 SMALL_TMA_ONE_TILE = fp8_matmul.Fp8TileConfig(32, 16, num_warps=4, num_stages=2, persistent=False, tma=True)
+# Fixed split-K at several tile shapes and both operand paths (K = 300 has three 128-channel steps,
+# so split 4 leaves its last range empty).
+SPLITS = [
+    fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, group_m=2, split_k=2),
+    fp8_matmul.Fp8TileConfig(32, 16, num_warps=4, num_stages=2, persistent=False, tma=True, split_k=2),
+    fp8_matmul.Fp8TileConfig(16, 16, num_warps=4, num_stages=2, persistent=False, split_k=3),
+    fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, tma=True, split_k=4),
+]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -157,6 +167,54 @@ def test_tma_tiling_gives_the_pointer_tilings_bits(
         assert torch.equal(part, full[start : start + rows]), (start, rows)
 
 
+@pytest.mark.parametrize("scales", ["block", "channel"])
+@pytest.mark.parametrize("config", SPLITS, ids=lambda c: f"split{c.split_k}_{c.block_m}x{c.block_n}_tma{int(c.tma)}")
+def test_split_k_matches_float64_and_rows_are_bitwise_invariant(
+    device: torch.device, config: fp8_matmul.Fp8TileConfig, scales: str
+) -> None:
+    # K = 320 on the TMA path (the copy engine's zero-filled tail), 300 on the pointer path's masked one.
+    k = 320 if config.tma else 300
+    x, wq, ws, b = linear_problem(37, 150, k, torch.bfloat16, seed=11, scales=scales)
+    dev = [t.to(device) for t in (x, wq, ws, b)]
+    full = fp8_matmul.linear_fp8(*dev, config=config)
+    assert rel_err(full, linear_float64(x, wq, ws, b)) < TOL[torch.bfloat16]
+    for start, rows in [(5, 1), (36, 1), (3, 7), (17, 20)]:
+        part = fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:], config=config)
+        assert torch.equal(part, full[start : start + rows]), (start, rows)
+    # Another tile shape, operand path and launch mode with the same K ranges: the same bits, so
+    # a problem's tilings may switch by M as long as they share split_k.
+    other = fp8_matmul.Fp8TileConfig(32, 64, num_warps=4, num_stages=3, persistent=not config.persistent,
+                                     tma=not config.tma, split_k=config.split_k)
+    assert torch.equal(fp8_matmul.linear_fp8(*dev, config=other), full)
+
+
+def test_split_k_sums_its_ranges_in_order(device: torch.device) -> None:
+    # Split 2 at K = 384 (three steps: ranges [0, 2) and [2, 3)) is, row by row, the unsplit kernel
+    # on each range's channels, the two added in float32, then the bias: the bits follow from K and
+    # split_k alone. Float32 in and out, so no output rounding enters the comparison.
+    x, wq, ws, b = linear_problem(9, 64, 384, torch.float32, seed=12)
+    x, wq, ws, b = (t.to(device) for t in (x, wq, ws, b))
+    split = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, split_k=2)
+    unsplit = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2)
+    head = fp8_matmul.linear_fp8(x[:, :256].contiguous(), wq[:, :256].contiguous(), ws[:, :2].contiguous(),
+                                 config=unsplit)
+    tail = fp8_matmul.linear_fp8(x[:, 256:].contiguous(), wq[:, 256:].contiguous(), ws[:, 2:].contiguous(),
+                                 config=unsplit)
+    assert torch.equal(fp8_matmul.linear_fp8(x, wq, ws, b, config=split), (head + tail) + b)
+
+
+def test_tilings_of_one_problem_must_share_split_k() -> None:
+    one = fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4)
+    fp8_matmul.CONFIG_OVERRIDES[(640, 512)] = Tiling(one, ((64, replace(one, split_k=2)),))
+    try:
+        with pytest.raises(ValueError, match=r"\(640, 512\) mix split_k \[1, 2\]"):
+            fp8_matmul.tile_config(640, 512, 8)
+    finally:
+        del fp8_matmul.CONFIG_OVERRIDES[(640, 512)]
+    with pytest.raises(ValueError, match="split_k"):
+        fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, split_k=0)
+
+
 def test_tma_tiling_falls_back_to_pointer_loads_where_it_cannot_address(device: torch.device) -> None:
     # 200-byte rows (not a multiple of 16): the pointer kernel runs the same tiles, same bits.
     x, wq, ws, _ = (t.to(device) for t in linear_problem(4, 40, 200, torch.bfloat16, seed=9))
@@ -218,3 +276,22 @@ def test_gpu_engine_shapes_match_float64_and_are_batch_invariant(n: int, k: int,
     for cfg in (fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True),
                 fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, tma=True)):
         assert torch.equal(fp8_matmul.linear_fp8(*dev, config=cfg), full), cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scales", ["block", "channel"])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (4096, 12288), (6144, 4096)])
+def test_gpu_split_k_shapes_match_float64_and_are_batch_invariant(n: int, k: int, scales: str) -> None:
+    x, wq, ws, _ = linear_problem(300, n, k, torch.bfloat16, seed=n + k + 1, scales=scales)
+    dev = [t.cuda() for t in (x, wq, ws)]
+    for split in (2, 4):
+        cfgs = [fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=split),
+                fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True,
+                                         split_k=split),
+                fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, split_k=split)]
+        full = fp8_matmul.linear_fp8(*dev, config=cfgs[0])
+        assert rel_err(full, linear_float64(x, wq, ws, None)) < TOL[torch.bfloat16]
+        for start, rows in [(0, 1), (137, 1), (5, 64), (44, 256)]:
+            for cfg in cfgs:
+                part = fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:], config=cfg)
+                assert torch.equal(part, full[start : start + rows]), (split, cfg, start, rows)
