@@ -51,6 +51,16 @@ def round_to_e4m3(v):
     return tl.where(v < 0, -r, r)
 
 
+@triton.jit
+def quantize_tile(x):
+    """x [G, S] float32, one group per row (padding lanes 0) -> (e4m3 values [G, S] still float32,
+    scales [G]). The one quantisation step of this module, shared by the kernels that quantise an
+    activation they have just computed (rmsnorm.py, activation.py), so theirs is this one's."""
+    scale, inv = pow2_scale_bits(tl.max(tl.abs(x), axis=1))
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0))
+    return q, scale
+
+
 # Groups per program: a decode batch's activations are a few hundred rows of a few thousand
 # channels, and one 128-value group per program made the launch, not the bytes, the cost.
 GROUPS_PER_PROGRAM = 8
@@ -66,8 +76,7 @@ def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, num_groups, GROUP
     cols = g[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]
     mask = cols < K
     x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    scale, inv = pow2_scale_bits(tl.max(tl.abs(x), axis=1))
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0))
+    q, scale = quantize_tile(x)
     tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * num_groups + g, scale, mask=g < num_groups)
 
