@@ -11,13 +11,16 @@ import functools
 
 import torch
 
-from shardinfer.kernels import reference
+from shardinfer.kernels import reference, reference_fp8
+from shardinfer.kernels._common import check_same_device, check_tensor, fail
 from shardinfer.kernels.reference import bmm_rows
+from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, Fp8Activation
 
-__all__ = ["bmm_rows", "fused_add_rms_norm", "grouped_topk", "heads_matmul", "linear", "linear_fp8",
-           "mla_absorb_query",
+__all__ = ["Fp8Activation", "bmm_rows", "fused_add_rms_norm", "fused_add_rms_norm_fp8", "grouped_topk",
+           "heads_matmul", "linear", "linear_fp8", "linear_fp8_prequantized", "mla_absorb_query",
            "mla_paged_attention", "mla_project_value", "moe_experts", "paged_attention", "rms_norm",
-           "rope_interleaved", "rope_neox", "sample", "sample_with_logprobs", "silu_and_mul", "store_kv",
+           "rms_norm_fp8", "rope_interleaved", "rope_neox", "sample", "sample_with_logprobs", "silu_and_mul",
+           "silu_and_mul_fp8", "store_kv",
            "triton_available", "warm_up_matmuls"]
 
 
@@ -60,8 +63,44 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         from shardinfer.kernels import fp8_matmul
         flat = x.reshape(-1, x.shape[-1])
         return fp8_matmul.linear_fp8(flat, weight, weight_scale, bias).view(*x.shape[:-1], weight.shape[0])
-    from shardinfer.kernels import reference_fp8
     return reference_fp8.linear_fp8(x, weight, weight_scale, bias, batch_invariant)
+
+
+def linear_fp8_prequantized(x: Fp8Activation, weight: torch.Tensor, weight_scale: torch.Tensor,
+                            bias: torch.Tensor | None = None, batch_invariant: bool = True) -> torch.Tensor:
+    """linear_fp8 on an input quantised already (by a fused norm or activation): y [..., N] in
+    x.dtype, the same bits linear_fp8 gives for the float tensor x was quantised from. On CUDA the
+    FP8 GEMM alone, at the tiling linear_fp8 would choose; elsewhere reference_fp8's
+    dequantise-then-matmul."""
+    if _use_triton(x.q):
+        from shardinfer.kernels import fp8_matmul
+        _check_fp8_operands(x, weight, weight_scale, bias)
+        n, k = weight.shape
+        xq, xs = x.q.view(-1, k), x.scale.view(-1, x.scale.shape[-1])
+        config = fp8_matmul.tile_config(n, k, xq.shape[0])
+        y = fp8_matmul.linear_fp8_quantized(xq, xs, weight, weight_scale, bias, x.dtype, config)
+        return y.view(*x.q.shape[:-1], n)
+    return reference_fp8.linear_fp8_prequantized(x, weight, weight_scale, bias, batch_invariant)
+
+
+def _check_fp8_operands(x: Fp8Activation, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        bias: torch.Tensor | None) -> None:
+    """What fp8_matmul.linear_fp8 checks of the operands it does not make itself: the GEMM reads
+    raw pointers, so a mismatch would read wrong bytes rather than fail. (x checks itself.)"""
+    check_tensor("weight", weight, dtypes=(FP8_DTYPE,), ndim=2, contiguous=True)
+    check_tensor("weight_scale", weight_scale, dtypes=(torch.float32,), contiguous=True)
+    n, k = weight.shape
+    if k != x.q.shape[-1]:
+        raise fail("weight.shape", tuple(weight.shape), f"need [N, {x.q.shape[-1]}]: K must equal x's last dim")
+    blocks = (-(-n // GROUP), -(-k // GROUP))
+    if tuple(weight_scale.shape) not in (blocks, (n,)):
+        raise fail("weight_scale.shape", tuple(weight_scale.shape),
+                   f"need {blocks} (one scale per 128x128 weight block) or ({n},) (one per output channel)")
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=(x.dtype,), ndim=1, contiguous=True)
+        if bias.shape[0] != n:
+            raise fail("bias.shape", tuple(bias.shape), f"need ({n},), one value per output column")
+    check_same_device(x=x.q, x_scale=x.scale, weight=weight, weight_scale=weight_scale, bias=bias)
 
 
 def warm_up_matmuls(weights: list[torch.Tensor]) -> int:
@@ -87,11 +126,41 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: t
     return reference.fused_add_rms_norm(x, residual, weight, eps)
 
 
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Fp8Activation:
+    """rms_norm(x) as an FP8 linear's quantised input: on CUDA one kernel (rmsnorm.rms_norm_fp8),
+    the bits of quantising rms_norm's output; elsewhere that composition with the references."""
+    if _use_triton(x):
+        from shardinfer.kernels import rmsnorm
+        return Fp8Activation(*rmsnorm.rms_norm_fp8(x, weight, eps), x.dtype)
+    return Fp8Activation(*reference_fp8.quantize_groups(reference.rms_norm(x, weight, eps)), x.dtype)
+
+
+def fused_add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                           eps: float) -> tuple[Fp8Activation, torch.Tensor]:
+    """fused_add_rms_norm with the normalised output quantised as rms_norm_fp8 does; the sum (the
+    residual stream) is returned in x's dtype as there."""
+    if _use_triton(x):
+        from shardinfer.kernels import rmsnorm
+        q, s, summed = rmsnorm.fused_add_rms_norm_fp8(x, residual, weight, eps)
+        return Fp8Activation(q, s, x.dtype), summed
+    out, summed = reference.fused_add_rms_norm(x, residual, weight, eps)
+    return Fp8Activation(*reference_fp8.quantize_groups(out), x.dtype), summed
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if _use_triton(x):
         from shardinfer.kernels import activation
         return activation.silu_and_mul(x)
     return reference.silu_and_mul(x)
+
+
+def silu_and_mul_fp8(x: torch.Tensor) -> Fp8Activation:
+    """silu_and_mul(x) as an FP8 linear's quantised input (as rms_norm_fp8): on CUDA one kernel
+    (activation.silu_and_mul_fp8), elsewhere the composition with the references."""
+    if _use_triton(x):
+        from shardinfer.kernels import activation
+        return Fp8Activation(*activation.silu_and_mul_fp8(x), x.dtype)
+    return Fp8Activation(*reference_fp8.quantize_groups(reference.silu_and_mul(x)), x.dtype)
 
 
 def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

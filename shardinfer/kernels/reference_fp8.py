@@ -23,9 +23,12 @@ checkpoints' own amax / 448 float32 scales.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from shardinfer.kernels import reference
+from shardinfer.kernels._common import FLOAT_DTYPES, fail
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -64,6 +67,35 @@ def quantize_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, 
     scale = pow2_scale(g.abs().amax(-1))
     q = (g / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.reshape(xf.shape)[..., :k].contiguous(), scale
+
+
+@dataclass(frozen=True)
+class Fp8Activation:
+    """An activation already quantised per 1x128 group (quantize_groups' output), standing in for
+    the float tensor it was made from. A kernel that computes an FP8 linear's input can write this
+    instead of its float output (ops.fused_add_rms_norm_fp8, ops.silu_and_mul_fp8), and the linear
+    consumes it as is (ops.linear_fp8_prequantized) rather than quantising again.
+
+        q      [..., K] float8_e4m3fn, contiguous
+        scale  [..., ceil(K / 128)] float32, contiguous
+        dtype  the float activation's dtype: the one the linear's output takes
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.q.dtype != FP8_DTYPE or not self.q.is_contiguous() or self.q.dim() == 0:
+            raise fail("Fp8Activation.q", f"{self.q.dtype} {tuple(self.q.shape)} with strides {self.q.stride()}",
+                       f"need a contiguous {FP8_DTYPE} tensor [..., K]")
+        groups = -(-self.q.shape[-1] // GROUP)
+        if (self.scale.dtype != torch.float32 or not self.scale.is_contiguous()
+                or tuple(self.scale.shape) != (*self.q.shape[:-1], groups)):
+            raise fail("Fp8Activation.scale", f"{self.scale.dtype} {tuple(self.scale.shape)}",
+                       f"need contiguous float32 {(*self.q.shape[:-1], groups)}, one per row and 128 channels")
+        if self.dtype not in FLOAT_DTYPES:
+            raise fail("Fp8Activation.dtype", self.dtype, f"need the float activation's dtype, one of {FLOAT_DTYPES}")
 
 
 def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> torch.Tensor:
@@ -149,7 +181,19 @@ def linear_fp8(
     scales) or [N] (channel scales), float32.
     """
     xq, xs = quantize_groups(x)
-    xd = dequantize_groups(xq, xs)
+    return linear_fp8_prequantized(Fp8Activation(xq, xs, x.dtype), weight, weight_scale, bias, batch_invariant)
+
+
+def linear_fp8_prequantized(
+    x: Fp8Activation,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    batch_invariant: bool = True,
+) -> torch.Tensor:
+    """linear_fp8 from its quantised input on: dequantise both operands, the product in float32,
+    y [..., N] in x.dtype. linear_fp8 is this after quantize_groups, so the two agree bit for bit."""
+    xd = dequantize_groups(x.q, x.scale)
     w = dequantize_weight(weight, weight_scale)
     y = reference.linear(xd, w, None if bias is None else bias.float(), batch_invariant)
     return y.to(x.dtype)
