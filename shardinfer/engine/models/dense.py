@@ -22,6 +22,7 @@ from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
 from shardinfer.kernels import ops
+from shardinfer.kernels.reference_fp8 import Fp8Activation
 
 # Checkpoint tensors that carry no model state (old exports keep rope caches).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -62,9 +63,14 @@ class DenseAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.numerics = numerics
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        t = x.shape[0]
+    def takes_fp8_input(self) -> bool:
+        """The input feeds qkv_proj alone, so an FP8 qkv_proj can take it quantised (layers.py)."""
+        return self.qkv_proj.takes_fp8_input()
+
+    def forward(self, x: torch.Tensor | Fp8Activation, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """x [T, hidden], float or quantised (takes_fp8_input)."""
         qkv = self.qkv_proj(x)
+        t = qkv.shape[0]
         q = qkv[:, : self.q_size].reshape(t, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(t, self.num_kv_heads, self.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
@@ -94,8 +100,15 @@ class DenseMLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias, numerics)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, numerics)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+    def takes_fp8_input(self) -> bool:
+        """The input feeds gate_up_proj alone, so an FP8 gate_up_proj can take it quantised."""
+        return self.gate_up_proj.takes_fp8_input()
+
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if self.down_proj.takes_fp8_input():  # the activation kernel quantises for down_proj
+            return self.down_proj(ops.silu_and_mul_fp8(gate_up))
+        return self.down_proj(ops.silu_and_mul(gate_up))
 
 
 class DenseDecoderLayer(PreNormDecoderLayer):

@@ -3,7 +3,10 @@ the kernel for the device and the numerics mode (batch invariance) in one place:
 fixed-tile Triton matmul on CUDA when batch invariant, cuBLAS (F.linear) on CUDA otherwise, the
 row-tiled reference elsewhere. A Linear holding FP8 weights (a `weight_scale_inv` or
 `weight_scale` beside its float8 `weight`, the checkpoints' names) goes through `ops.linear_fp8`
-instead."""
+instead, or, handed an input its producer quantised already (an `Fp8Activation`), through
+`ops.linear_fp8_prequantized`: PreNormDecoderLayer's norms quantise in their own kernel for an
+attention or MLP module that opts in (`takes_fp8_input`), which saves the FP8 linear its
+quantisation launch and gives the same bits."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import Numerics
 from shardinfer.errors import CheckpointError
 from shardinfer.kernels import ops
-from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, quantize_blocks
+from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, Fp8Activation, quantize_blocks
 
 
 class Linear(nn.Module):
@@ -43,8 +46,23 @@ class Linear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=numerics.dtype), requires_grad=False)
                      if bias else None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = self.weight_scale_inv if self.weight_scale_inv is not None else self.weight_scale
+    @property
+    def fp8_scale(self) -> torch.Tensor | None:
+        """The float32 scales beside an FP8 weight (either layout); None for a float weight."""
+        return self.weight_scale_inv if self.weight_scale_inv is not None else self.weight_scale
+
+    def takes_fp8_input(self) -> bool:
+        """Whether forward takes its input quantised (an Fp8Activation): FP8 weights only."""
+        return self.fp8_scale is not None
+
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        """x [..., K] float, or quantised already (takes_fp8_input) -> [..., N] in x's dtype."""
+        scale = self.fp8_scale
+        if isinstance(x, Fp8Activation):
+            if scale is None:
+                raise TypeError("Linear: got an Fp8Activation, but this layer's weight is not FP8; "
+                                "only a module whose consumer linear is FP8 may ask for a quantised input")
+            return ops.linear_fp8_prequantized(x, self.weight, scale, self.bias, self.numerics.batch_invariant)
         if scale is not None:
             return ops.linear_fp8(x, self.weight, scale, self.bias, self.numerics.batch_invariant)
         return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
@@ -73,6 +91,10 @@ class RMSNorm(nn.Module):
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
+    def add_and_norm_fp8(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[Fp8Activation, torch.Tensor]:
+        """add_and_norm with the normalised output quantised for an FP8 linear, in the same launch."""
+        return ops.fused_add_rms_norm_fp8(x, residual, self.weight, self.eps)
+
 
 def embedding(num_embeddings: int, dim: int, dtype: torch.dtype) -> nn.Embedding:
     """A frozen embedding table left uninitialised, for the checkpoint to fill: nn.Embedding's own
@@ -92,12 +114,22 @@ def copy_param(param: torch.Tensor, value: torch.Tensor, name: str,
     target.copy_(value.to(target.dtype))
 
 
+def takes_fp8_input(module: nn.Module) -> bool:
+    """Whether `module` wants its input as an Fp8Activation: a module opts in by defining a
+    `takes_fp8_input()` method that says so (the dense family's attention and MLP, whose first
+    linear is FP8); every other module gets its input in float."""
+    opt_in = getattr(module, "takes_fp8_input", None)
+    return opt_in is not None and bool(opt_in())
+
+
 class PreNormDecoderLayer(nn.Module):
     """The pre-norm block every supported family uses, with the residual stream carried apart:
 
         h, r = norm1(x + r);  h = attn(h);  h, r = norm2(h + r);  return mlp(h), r
 
-    Subclasses set self_attn, mlp, input_layernorm and post_attention_layernorm.
+    Subclasses set self_attn, mlp, input_layernorm and post_attention_layernorm. A norm hands its
+    module the output quantised (RMSNorm.add_and_norm_fp8) where the module opts in
+    (takes_fp8_input).
     """
 
     self_attn: nn.Module
@@ -108,7 +140,14 @@ class PreNormDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (block output, residual stream); their sum is the block's hidden state."""
-        h, residual = self.input_layernorm.add_and_norm(x, residual)
+        h, residual = _add_and_norm(self.input_layernorm, x, residual, self.self_attn)
         h = self.self_attn(h, positions, ctx)
-        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        h, residual = _add_and_norm(self.post_attention_layernorm, h, residual, self.mlp)
         return self.mlp(h), residual
+
+
+def _add_and_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,
+                  consumer: nn.Module) -> tuple[torch.Tensor | Fp8Activation, torch.Tensor]:
+    if takes_fp8_input(consumer):
+        return norm.add_and_norm_fp8(x, residual)
+    return norm.add_and_norm(x, residual)

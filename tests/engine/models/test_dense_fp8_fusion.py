@@ -1,0 +1,141 @@
+"""The dense family's FP8 linears take their input quantised by the kernel that makes it (the
+norms for qkv_proj and gate_up_proj, silu_and_mul for down_proj): the logits are the bits of the
+unfused model, in which every FP8 linear quantises its own float input.
+
+Fusion off = Linear.takes_fp8_input answering False, which every fused site asks. The CPU
+reference path and the Triton kernels (the interpreter on the CPU, compiled on a GPU) are both
+run; the kernels' own bit identity is tests/kernels/test_kernel_fp8_fused_quant.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from shardinfer import LLM, SamplingParams
+from shardinfer.engine.models.layers import Linear
+from shardinfer.kernels import ops
+from tests.engine.engine_helpers import batch_logits
+
+# Widths with 128-channel tails: qkv_proj and gate_up_proj read K = 192 (one group and 64), down_proj
+# K = 320 (two and 64).
+TAILS = dict(
+    hidden_size=192, intermediate_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=32
+)
+FAMILIES = [("qwen3", TAILS), ("qwen2", {})]  # qwen2: qkv biases, hidden 64 (a row shorter than a group)
+
+
+def _prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(11)
+    return [torch.randint(0, 300, (n,), generator=g).tolist() for n in (5, 1, 19)]
+
+
+@pytest.fixture
+def fused_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
+    """Counts of the fused ops' calls (they still run)."""
+    calls = {"norm": 0, "silu": 0}
+    norm, silu = ops.fused_add_rms_norm_fp8, ops.silu_and_mul_fp8
+
+    def counted_norm(*args: Any) -> Any:
+        calls["norm"] += 1
+        return norm(*args)
+
+    def counted_silu(*args: Any) -> Any:
+        calls["silu"] += 1
+        return silu(*args)
+
+    monkeypatch.setattr(ops, "fused_add_rms_norm_fp8", counted_norm)
+    monkeypatch.setattr(ops, "silu_and_mul_fp8", counted_silu)
+    yield calls
+
+
+def _fused_and_unfused(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], prompts: list[list[int]]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    layers = llm.llm_engine.model_config.num_hidden_layers
+    fused = batch_logits(llm.llm_engine, prompts)
+    assert calls == {"norm": 2 * layers, "silu": layers}  # every FP8 linear's input came quantised
+    with monkeypatch.context() as m:
+        m.setattr(Linear, "takes_fp8_input", lambda self: False)
+        unfused = batch_logits(llm.llm_engine, prompts)
+    assert calls == {"norm": 2 * layers, "silu": layers}
+    return fused, unfused
+
+
+@pytest.mark.parametrize("family, overrides", FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_fused_quantisation_gives_the_unfused_logits_on_the_reference_path(
+    tiny_checkpoint: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    fused_calls: dict[str, int],
+    family: str,
+    overrides: dict[str, Any],
+) -> None:
+    llm = LLM(tiny_checkpoint(family, **overrides), device="cpu", dtype="bfloat16", quantization="fp8")
+    fused, unfused = _fused_and_unfused(llm, monkeypatch, fused_calls, _prompts())
+    for a, b in zip(fused, unfused, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="CPU tensors on the kernels need the interpreter; "
+    "on a GPU test_gpu_fused_quantisation_gives_the_unfused_bits runs them compiled",
+)
+def test_fused_quantisation_gives_the_unfused_logits_through_the_kernels(
+    tiny_checkpoint: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, fused_calls: dict[str, int]
+) -> None:
+    """Every op on its Triton kernel (ops' CUDA branch, run by the interpreter): the fused norm and
+    activation kernels and the GEMM on their output, against the plain kernels, quantiser and GEMM."""
+    llm = LLM(tiny_checkpoint("qwen3", **TAILS), device="cpu", dtype="bfloat16", quantization="fp8")
+    monkeypatch.setattr(ops, "_use_triton", lambda t: True)
+    fused, unfused = _fused_and_unfused(llm, monkeypatch, fused_calls, _prompts()[:2])
+    for a, b in zip(fused, unfused, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_float_models_and_other_families_are_not_fused(
+    tiny_checkpoint: Callable[..., Path], fused_calls: dict[str, int]
+) -> None:
+    llm = LLM(tiny_checkpoint("qwen3", **TAILS), device="cpu", dtype="bfloat16")
+    batch_logits(llm.llm_engine, _prompts())
+    assert fused_calls == {"norm": 0, "silu": 0}
+    # DeepSeek shares PreNormDecoderLayer; its modules do not opt in.
+    deepseek = LLM(tiny_checkpoint("deepseek_v3"), device="cpu", dtype="bfloat16", quantization="fp8")
+    batch_logits(deepseek.llm_engine, _prompts())
+    assert fused_calls == {"norm": 0, "silu": 0}
+    with pytest.raises(TypeError, match="not FP8"):
+        llm.llm_engine.model.lm_head(
+            ops.rms_norm_fp8(
+                torch.ones(2, 192, dtype=torch.bfloat16), torch.ones(192, dtype=torch.bfloat16), 1e-6
+            )
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("enforce_eager", [True, False])
+def test_gpu_fused_quantisation_gives_the_unfused_bits(
+    tiny_checkpoint: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, enforce_eager: bool
+) -> None:
+    """Compiled kernels, and CUDA graphs captured with and without the fusion: the prompts' logits
+    and every sampled token's logprob are the same bits."""
+    model_dir = tiny_checkpoint("qwen3", **TAILS)
+    prompts = _prompts()
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True, logprobs=1)
+
+    def run() -> tuple[list[torch.Tensor], list[tuple[Any, ...]]]:
+        llm = LLM(model_dir, device="cuda", dtype="bfloat16", quantization="fp8", enforce_eager=enforce_eager)
+        logits = [t.cpu() for t in batch_logits(llm.llm_engine, prompts)]
+        outs = llm.generate(prompts, params)
+        return logits, [(tuple(o.outputs[0].token_ids), tuple(o.outputs[0].logprobs)) for o in outs]
+
+    fused = run()
+    with monkeypatch.context() as m:
+        m.setattr(Linear, "takes_fp8_input", lambda self: False)
+        unfused = run()
+    for a, b in zip(fused[0], unfused[0], strict=True):
+        assert torch.equal(a, b)
+    assert fused[1] == unfused[1]
