@@ -152,6 +152,21 @@ def prefer_tma_tilings(workload: str) -> None:
                                                      tuple((m, dataclasses.replace(c, tma=True)) for m, c in t.by_m))
 
 
+def _decode_summary(steps: list[tuple[int, float, int]], run: dict[str, Any],
+                    bw: float) -> tuple[float | None, dict[str, Any] | None]:
+    """(floor fraction, summary) of the decode steps at the largest steady batch: every step reads
+    its weights (the experts its rows touch) and the batch's KV."""
+    if not steps:
+        return None, None
+    top = max(b for b, _, _ in steps)
+    chosen = [(s, kv) for b, s, kv in steps if b >= 0.9 * top]
+    med_s = sorted(s for s, _ in chosen)[len(chosen) // 2]
+    med_kv = sorted(kv for _, kv in chosen)[len(chosen) // 2]
+    floor_s = StepBytes(**run["step_bytes"]).floor_s(top, med_kv, bw)
+    return floor_s / med_s, {"batch": top, "median_step_ms": med_s * 1e3, "floor_ms": floor_s * 1e3,
+                             "kv_tokens": med_kv, "n_steps": len(chosen)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", default="dense-small", choices=sorted(SHAPES))
@@ -175,6 +190,10 @@ def main() -> None:
     ap.add_argument("--fp8-tiling", default="default", choices=["default", "tma"],
                     help="tma: the FP8 projections run the TMA variants of their default tilings (the same "
                          "tiles and bits, operands through the tensor-memory accelerator); an experiment")
+    ap.add_argument("--compare-unfused", action="store_true",
+                    help="also run the same configuration with the fused launches off (an FP8 linear's input "
+                         "quantised by the linear, the dense prologue op by op; the same bits) in this "
+                         "invocation, so their gain compares two runs of one commit")
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -205,6 +224,23 @@ def main() -> None:
         baseline.update(quantization="auto", kv_cache_dtype="auto")
         gc.collect()
         torch.cuda.empty_cache()
+    unfused = None
+    if args.compare_unfused:
+        import gc
+
+        from shardinfer.engine.models import dense, layers
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        layers.FUSE_FP8_INPUT, dense.FUSED_PROLOGUE = False, False
+        try:
+            plain = run_shardinfer(model_dir, reqs, args)
+        finally:
+            layers.FUSE_FP8_INPUT, dense.FUSED_PROLOGUE = True, True
+        unfused = {"output_tok_s": plain["output_tok_s"], "wall_s": plain["wall_s"],
+                   "decode": _decode_summary(plain.pop("decode_steps"), plain, bw)[1]}
+        gc.collect()
+        torch.cuda.empty_cache()
     hf = None
     if args.hf_requests:
         hf_reqs = requests(args.hf_requests, shape["vocab_size"], tuple(args.in_range), (1, 1), seed=1)
@@ -213,20 +249,7 @@ def main() -> None:
         except Exception as exc:  # keep our own measurement when the other side cannot run at all
             print(f"transformers side failed ({type(exc).__name__}: {exc}); recording shardinfer only", flush=True)
             torch.cuda.empty_cache()
-    # Decode floor at the largest steady batch: every step reads its weights (the experts its rows
-    # touch) + the batch's KV.
-    steps = ours.pop("decode_steps")
-    floor_frac = None
-    decode_summary = None
-    if steps:
-        top = max(b for b, _, _ in steps)
-        chosen = [(s, kv) for b, s, kv in steps if b >= 0.9 * top]
-        med_s = sorted(s for s, _ in chosen)[len(chosen) // 2]
-        med_kv = sorted(kv for _, kv in chosen)[len(chosen) // 2]
-        floor_s = StepBytes(**ours["step_bytes"]).floor_s(top, med_kv, bw)
-        floor_frac = floor_s / med_s
-        decode_summary = {"batch": top, "median_step_ms": med_s * 1e3, "floor_ms": floor_s * 1e3,
-                          "kv_tokens": med_kv, "n_steps": len(chosen)}
+    floor_frac, decode_summary = _decode_summary(ours.pop("decode_steps"), ours, bw)
     commit = bench_commit()
     now = dt.datetime.now(dt.UTC)
     result = {"workload": args.workload, "gpu": torch.cuda.get_device_name(0), "commit": commit,
@@ -241,7 +264,7 @@ def main() -> None:
               "settings": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                            "max_model_len": args.max_model_len, "admission_batch": args.admission_batch},
               "shardinfer": ours, "transformers": hf, "torch": torch.__version__,
-              "baseline": baseline,
+              "baseline": baseline, "unfused": unfused,
               "speedup_over_baseline": ours["output_tok_s"] / baseline["output_tok_s"] if baseline else None}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -256,6 +279,10 @@ def main() -> None:
     if baseline:
         print(f"baseline (checkpoint weights, bf16 KV) in the same run: {baseline['output_tok_s']:.0f} tok/s; "
               f"this configuration {result['speedup_over_baseline']:.2f}x")
+    if unfused:
+        print(f"fused launches off, same run: {unfused['output_tok_s']:.0f} tok/s, decode step "
+              f"{(unfused['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms against "
+              f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms")
     if fp8_gemm:
         print(f"fp8 GEMM at M={fp8_gemm['m']}, N={fp8_gemm['n']}, K={fp8_gemm['k']}: {fp8_gemm['ours_tflops']:.0f} "
               f"TFLOP/s = {fp8_gemm['fraction_of_ceiling']:.2f} of torch._scaled_mm's {fp8_gemm['ceiling_tflops']:.0f}")

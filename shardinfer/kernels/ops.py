@@ -347,3 +347,29 @@ def mla_project_value(o_latent: torch.Tensor, w_uv_t: torch.Tensor, w_uv_nk: tor
         return heads_matmul(o_latent, w_uv_t, w_uv_nk, batch_invariant)
     from shardinfer.kernels import reference_mla
     return reference_mla.mla_project_value(o_latent, w_uv_t, batch_invariant)
+
+
+def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: torch.Tensor | None,
+                 k_norm: torch.Tensor | None, eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor,
+                 positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """A dense attention layer's head norms (q_norm / k_norm, or neither), rotate-half RoPE and K/V
+    cache stores from its QKV projection [T, (n_q + 2 n_kv) * head_dim]; returns q [T, n_q, head_dim].
+    On CUDA one launch (kernels/qkv_prologue.py, the unfused ops' bits, for head dims it takes);
+    elsewhere the ops one by one."""
+    if _use_triton(qkv):
+        from shardinfer.kernels import qkv_prologue as fused
+        if fused.fusable(head_dim):
+            return fused.qkv_prologue(qkv, n_q, n_kv, head_dim, q_norm, k_norm, eps, cos_table, sin_table,
+                                      positions, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    t = qkv.shape[0]
+    q = qkv[:, : n_q * head_dim].reshape(t, n_q, head_dim)
+    k = qkv[:, n_q * head_dim : (n_q + n_kv) * head_dim].reshape(t, n_kv, head_dim)
+    v = qkv[:, (n_q + n_kv) * head_dim :].reshape(t, n_kv, head_dim)
+    if q_norm is not None and k_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    cos, sin = cos_table[positions], sin_table[positions]
+    q, k = rope_neox(q, cos, sin), rope_neox(k, cos, sin)
+    store_kv(k_cache, k, slot_mapping, k_scale)
+    store_kv(v_cache, v, slot_mapping, v_scale)
+    return q

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardinfer.kernels import kv_store, qkv_prologue, rmsnorm, rope
+from shardinfer.kernels import kv_store, ops, qkv_prologue, rmsnorm, rope
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE
 
 # The GPU when there is one, else the CPU interpreter (conftest.py).
@@ -62,9 +62,10 @@ def _case(dtype: torch.dtype, d: int, norm: bool, fp8: bool, t: int = 7, n_q: in
         norms = (torch.rand(d, generator=g).to(dtype).to(DEVICE) + 0.5, torch.rand(d, generator=g).to(dtype).to(DEVICE))
     cos, sin = _tables(64, d // 2)
     positions = torch.randint(0, 64, (t,), generator=g).to(DEVICE)
-    slots = torch.randperm(24, generator=g)[:t].to(DEVICE)
+    blocks = -(-2 * t // 8)  # room for twice the tokens, so the slots scatter
+    slots = torch.randperm(blocks * 8, generator=g)[:t].to(DEVICE)
     slots[1] = -1  # padding row: q still computed, nothing stored
-    want_caches, got_caches = _caches(3, 8, n_kv, d, dtype, fp8), _caches(3, 8, n_kv, d, dtype, fp8)
+    want_caches, got_caches = _caches(blocks, 8, n_kv, d, dtype, fp8), _caches(blocks, 8, n_kv, d, dtype, fp8)
     want = _unfused(qkv, n_q, n_kv, d, norms, 1e-6, cos, sin, positions, want_caches, slots)
     scales = (got_caches[2], got_caches[3]) if fp8 else (None, None)
     got = qkv_prologue.qkv_prologue(qkv, n_q, n_kv, d, norms[0] if norms else None, norms[1] if norms else None,
@@ -130,3 +131,21 @@ def test_checks_name_the_bad_argument() -> None:
 def test_gpu_dense_8b_heads_give_the_unfused_bits(fp8: bool) -> None:
     # Qwen3-8B's attention: 32 q heads, 8 kv heads of 128, head norms; 300 tokens.
     _case(torch.bfloat16, 128, True, fp8, t=300, n_q=32, n_kv=8, seed=5)
+
+
+def test_ops_falls_back_to_the_unfused_ops_off_triton() -> None:
+    # CPU tensors without the interpreter take ops' reference path: same contract, reference bits.
+    d, n_q, n_kv, t = 64, 2, 1, 3
+    qkv = torch.randn(t, (n_q + 2 * n_kv) * d).to(torch.bfloat16)
+    cos, sin = (x.cpu() for x in _tables(16, d // 2))
+    pos = torch.tensor([0, 5, 9])
+    slots = torch.tensor([0, 1, 2])
+    caches = [torch.zeros(1, 4, n_kv, d, dtype=torch.bfloat16) for _ in range(2)]
+    want_caches = [torch.zeros(1, 4, n_kv, d, dtype=torch.bfloat16) for _ in range(2)]
+    got = ops.qkv_prologue(qkv, n_q, n_kv, d, None, None, 1e-6, cos, sin, pos, caches[0], caches[1], slots)
+    q = ops.rope_neox(qkv[:, : n_q * d].reshape(t, n_q, d), cos[pos], sin[pos])
+    k = ops.rope_neox(qkv[:, n_q * d : (n_q + n_kv) * d].reshape(t, n_kv, d), cos[pos], sin[pos])
+    ops.store_kv(want_caches[0], k, slots)
+    ops.store_kv(want_caches[1], qkv[:, (n_q + n_kv) * d :].reshape(t, n_kv, d), slots)
+    assert torch.equal(got, q)
+    assert all(torch.equal(a, b) for a, b in zip(caches, want_caches, strict=True))

@@ -25,6 +25,10 @@ from shardinfer.kernels import ops
 from shardinfer.kernels.reference_fp8 import Fp8Activation
 
 # Checkpoint tensors that carry no model state (old exports keep rope caches).
+# DenseAttention runs its head norms, RoPE and K/V stores as ops.qkv_prologue (one launch on CUDA,
+# the same bits); False runs them op by op, which bench/throughput.py --compare-unfused times against it.
+FUSED_PROLOGUE = True
+
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 
@@ -71,18 +75,26 @@ class DenseAttention(nn.Module):
         """x [T, hidden], float or quantised (takes_fp8_input)."""
         qkv = self.qkv_proj(x)
         t = qkv.shape[0]
-        q = qkv[:, : self.q_size].reshape(t, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(t, self.num_kv_heads, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = self.rope.lookup(positions)
-        q, k = ops.rope_neox(q, cos, sin), ops.rope_neox(k, cos, sin)
         # (K, V), or for an FP8 cache (K, V, K scales, V scales); see engine/kv_cache.py.
         k_cache, v_cache, *scales = ctx.kv_caches[self.layer_idx]
         k_scale, v_scale = scales if scales else (None, None)
-        ops.store_kv(k_cache, k, ctx.attn.slot_mapping, k_scale)
-        ops.store_kv(v_cache, v, ctx.attn.slot_mapping, v_scale)
+        if FUSED_PROLOGUE:
+            # Head norms, RoPE and the cache stores in one launch on CUDA (the same bits).
+            q = ops.qkv_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                 self.q_norm.weight if self.qk_norm else None,
+                                 self.k_norm.weight if self.qk_norm else None,
+                                 self.q_norm.eps if self.qk_norm else 0.0, self.rope.cos, self.rope.sin, positions,
+                                 k_cache, v_cache, ctx.attn.slot_mapping, k_scale, v_scale)
+        else:
+            q = qkv[:, : self.q_size].reshape(t, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(t, self.num_kv_heads, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            cos, sin = self.rope.lookup(positions)
+            q, k = ops.rope_neox(q, cos, sin), ops.rope_neox(k, cos, sin)
+            ops.store_kv(k_cache, k, ctx.attn.slot_mapping, k_scale)
+            ops.store_kv(v_cache, v, ctx.attn.slot_mapping, v_scale)
         meta = ctx.attn
         # Device tensors feed the kernel (and CUDA graphs); the CPU reference loops over host lists.
         qsl, lens = ((meta.query_start_loc, meta.seq_lens) if q.is_cuda

@@ -19,6 +19,10 @@ from shardinfer.errors import CheckpointError
 from shardinfer.kernels import ops
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, Fp8Activation, quantize_blocks
 
+# Producers quantise an FP8 linear's input in their own kernel (module docstring); False leaves it
+# to the linear, which bench/throughput.py --compare-unfused times against it. The bits are the same.
+FUSE_FP8_INPUT = True
+
 
 class Linear(nn.Module):
     """y = x W^T + b. With `numerics.quantization == "fp8"` and `quantizable`, W is stored as
@@ -53,7 +57,7 @@ class Linear(nn.Module):
 
     def takes_fp8_input(self) -> bool:
         """Whether forward takes its input quantised (an Fp8Activation): FP8 weights only."""
-        return self.fp8_scale is not None
+        return FUSE_FP8_INPUT and self.fp8_scale is not None
 
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         """x [..., K] float, or quantised already (takes_fp8_input) -> [..., N] in x's dtype."""
