@@ -9,6 +9,12 @@ output (the quantiser test_kernel_fp8.py checks against float64), codes compared
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -121,6 +127,24 @@ def test_norm_fp8_rows_do_not_depend_on_the_batch(device: torch.device) -> None:
         )
         assert torch.equal(_bits(part_q), _bits(q[start : start + rows])), (start, rows)
         assert torch.equal(part_s, s[start : start + rows]), (start, rows)
+
+
+def test_norm_fp8_sums_squares_in_the_plain_kernels_layout_on_hopper(tmp_path: Path) -> None:
+    """The interpreter has no layouts, so the bit identity above says nothing of the compiled order
+    of the row's float32 sum; compiled for sm_90 (norm_fp8_compile.py), both kernels reduce the
+    same layout, at widths below one group, with tails, at 4 and 8 warps."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), TRITON_DEFAULT_FP_FUSION="1")
+    script = Path(__file__).with_name("norm_fp8_compile.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(cases) == 12, done.stdout
+    layouts: dict[tuple[int, bool], dict[str, list[str]]] = {}
+    for c in cases:
+        layouts.setdefault((c["n"], c["residual"]), {})[c["kernel"]] = c["sum_layouts"]
+    for key, both in layouts.items():
+        assert len(both["plain"]) == 1 and both["fp8"] == both["plain"], (key, both)
 
 
 def test_norm_fp8_rejects_what_the_norm_rejects(device: torch.device) -> None:
