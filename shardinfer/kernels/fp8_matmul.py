@@ -111,7 +111,9 @@ def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8Til
     # cover the SMs); not for the 24576-wide gate_up. Every tiling tried gave bitwise equal rows (one
     # K order, each 128-channel step promoted on its own), so switching by M keeps a row's bits (the
     # invariance tests cross the switch), and an operand the copy engine cannot address runs the
-    # same tiles through pointer loads. The measurements: docs/performance.md.
+    # same tiles through pointer loads. The measurements: docs/performance.md. No default splits K:
+    # one split serves every M of a problem, and what it gains at decode batches it loses at
+    # prefill sizes (docs/performance.md, "Fixed split-K for the FP8 GEMM").
     rest = Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True)
     if key[0] > 8192:
         return Tiling(rest)
