@@ -14,7 +14,8 @@ kv_store.store_kv / store_kv_fp8), each intermediate rounded to qkv's dtype wher
 it. The norm comes from rmsnorm's own row function at the launch width rms_norm uses for a head,
 the rotation repeats rope.py's arithmetic on the two halves of the head, and the FP8 store uses
 fp8_quant's rounding. One program per (token, head), so a token's bits never depend on the batch.
-Head dims up to one 128-value scale group (a power of two); other shapes take the unfused ops.
+Head dims up to one 128-value scale group (a power of two); the engine fuses the sizes checked
+on the GPU (FUSED_HEAD_DIMS) and runs others op by op.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_te
 from shardinfer.kernels.fp8_quant import pow2_scale_bits, round_to_e4m3
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 from shardinfer.kernels.rmsnorm import _normed_row, _num_warps
+from shardinfer.kernels.rope import rotate_pairs
 
 
 @triton.jit
@@ -83,11 +85,10 @@ def _qkv_prologue_kernel(qkv_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_p
         pos = tl.load(pos_ptr + t).to(tl.int64)
         c = tl.load(cos_ptr + pos * stride_c + half)
         s = tl.load(sin_ptr + pos * stride_c + half)
-        # rope.py's arithmetic, rounded once to the activation dtype.
-        f1 = x1.to(tl.float32)
-        f2 = x2.to(tl.float32)
-        o1 = (f1 * c - f2 * s).to(qkv_ptr.dtype.element_ty)
-        o2 = (f2 * c + f1 * s).to(qkv_ptr.dtype.element_ty)
+        # rope.py's arithmetic (its own function), rounded once to the activation dtype.
+        f1, f2 = rotate_pairs(x1.to(tl.float32), x2.to(tl.float32), c, s)
+        o1 = f1.to(qkv_ptr.dtype.element_ty)
+        o2 = f2.to(qkv_ptr.dtype.element_ty)
         if is_q:
             out = q_ptr + (t * n_q + head) * (2 * HALF)
             tl.store(out + half, o1)
@@ -101,9 +102,21 @@ def _qkv_prologue_kernel(qkv_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_p
                          half, FP8, HALF)
 
 
-def fusable(head_dim: int) -> bool:
-    """Whether qkv_prologue takes heads of this size (a power of two within one scale group)."""
+def takes(head_dim: int) -> bool:
+    """Whether qkv_prologue can run heads of this size (a power of two within one scale group)."""
     return 2 <= head_dim <= GROUP and head_dim & (head_dim - 1) == 0
+
+
+# Head sizes the engine fuses: those at which the compiled kernel was checked on the GPU to give
+# the unfused ops' bits (the GPU test). At 32-value float32 heads the compiled norm summed in
+# another order than rms_norm's launch (a few values one unit apart), so smaller heads, until
+# checked, run op by op.
+FUSED_HEAD_DIMS = (GROUP,)
+
+
+def fusable(head_dim: int) -> bool:
+    """Whether the engine runs a layer with these heads through qkv_prologue."""
+    return head_dim in FUSED_HEAD_DIMS
 
 
 def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: torch.Tensor | None,
@@ -117,7 +130,7 @@ def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: 
     """
     check_tensor("qkv", qkv, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
     t = qkv.shape[0]
-    if not fusable(head_dim):
+    if not takes(head_dim):
         raise fail("head_dim", head_dim, f"need a power of two up to {GROUP}; use the unfused ops")
     if qkv.shape[1] != (n_q + 2 * n_kv) * head_dim:
         raise fail("qkv.shape", tuple(qkv.shape), f"need [T, {(n_q + 2 * n_kv) * head_dim}] = (n_q + 2 n_kv) heads")

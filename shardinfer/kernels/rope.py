@@ -18,6 +18,15 @@ from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_te
 
 
 @triton.jit
+def rotate_pairs(x1, x2, c, s):
+    """(x1 c - x2 s, x2 c + x1 s) in float32, each as one explicit fused multiply-add on a rounded
+    product. Written out so that no compiler choice decides which product stays unrounded: left to
+    contraction, two kernels with this same expression rounded some values differently on the
+    GPU, and qkv_prologue.py must give this kernel's bits."""
+    return tl.fma(x1, c, -(x2 * s)), tl.fma(x2, c, x1 * s)
+
+
+@triton.jit
 def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, n_heads, sxt, sxh, sot, soh, sct,
                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
                  INTERLEAVED: tl.constexpr):
@@ -37,8 +46,7 @@ def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, n_heads, sxt, sxh, sot, soh, 
     xrow = x_ptr + t * sxt + heads[:, None] * sxh
     x1 = tl.load(xrow + first[None, :], mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(xrow + second[None, :], mask=mask, other=0.0).to(tl.float32)
-    o1 = x1 * c - x2 * s
-    o2 = x2 * c + x1 * s
+    o1, o2 = rotate_pairs(x1, x2, c, s)
     orow = out_ptr + t * sot + heads[:, None] * soh
     tl.store(orow + first[None, :], o1.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(orow + second[None, :], o2.to(out_ptr.dtype.element_ty), mask=mask)
