@@ -5,8 +5,9 @@ precision dtypes: silu(gate) is rounded to the storage dtype before the product,
 two-op PyTorch expression does, which keeps the kernel within one rounding of the reference.
 
 silu_and_mul_fp8 serves an FP8 down projection: it writes what fp8_quant.quantize_groups would
-make of silu_and_mul's output (codes and per-128-channel scales) instead of the output itself,
-the same values quantised by fp8_quant's own step, so the bits of the two launches.
+make of silu_and_mul's output (codes and per-128-channel scales) instead of the output itself.
+The values come from the same function and are quantised by fp8_quant's own step, so they carry
+the bits of the two launches.
 """
 
 from __future__ import annotations

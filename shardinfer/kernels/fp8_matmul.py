@@ -65,7 +65,7 @@ from shardinfer.kernels.matmul import (
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 from shardinfer.kernels.tuning import Tiling
 
-__all__ = ["CONFIG_OVERRIDES", "Fp8TileConfig", "linear_fp8", "linear_fp8_quantized", "tile_config", "tiling"]
+__all__ = ["CONFIG_OVERRIDES", "Fp8TileConfig", "check_weight", "linear_fp8", "linear_fp8_quantized", "tile_config", "tiling"]
 
 
 @dataclass(frozen=True)
@@ -317,17 +317,16 @@ def _fp8_linear_tma_kernel(
                      CHANNEL_SCALES, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
-def _check(
-    x: object, weight: object, scale: object, bias: object
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    x = check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
+def check_weight(weight: object, scale: object, bias: object, k: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The checks on an FP8 linear's operands other than its input, for an input of K channels whose
+    float dtype is `dtype` (the bias's): the GEMM reads raw pointers, so a mismatch would read wrong
+    bytes rather than fail. Devices are the caller's to compare."""
     weight = check_tensor("weight", weight, dtypes=(FP8_DTYPE,), ndim=2, contiguous=True)
     scale = check_tensor("weight_scale", scale, dtypes=(torch.float32,), contiguous=True)
-    n, k = weight.shape
-    if k != x.shape[1]:
-        raise fail(
-            "weight.shape", tuple(weight.shape), f"need [N, {x.shape[1]}]: weight's K must equal x's last dim"
-        )
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise fail("weight.shape", tuple(weight.shape), f"need [N, {k}]: weight's K must equal x's last dim")
     blocks = (triton.cdiv(n, GROUP), triton.cdiv(k, GROUP))
     if tuple(scale.shape) not in (blocks, (n,)):
         raise fail(
@@ -336,9 +335,17 @@ def _check(
             f"need {blocks} (one scale per 128x128 weight block) or ({n},) (one per output channel)",
         )
     if bias is not None:
-        bias = check_tensor("bias", bias, dtypes=(x.dtype,), ndim=1, contiguous=True)
+        bias = check_tensor("bias", bias, dtypes=(dtype,), ndim=1, contiguous=True)
         if bias.shape[0] != n:
             raise fail("bias.shape", tuple(bias.shape), f"need ({n},), one value per output column")
+    return weight, scale, bias
+
+
+def _check(
+    x: object, weight: object, scale: object, bias: object
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    x = check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
+    weight, scale, bias = check_weight(weight, scale, bias, x.shape[1], x.dtype)
     check_same_device(x=x, weight=weight, weight_scale=scale, bias=bias)
     return x, weight, scale, bias
 

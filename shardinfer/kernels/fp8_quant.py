@@ -52,12 +52,19 @@ def round_to_e4m3(v):
 
 
 @triton.jit
+def to_e4m3(v, inv):
+    """v times its group's 1 / scale, clamped to e4m3's range and rounded (float32): the one rounding
+    of every quantiser here and in the kernels that quantise their own output."""
+    return round_to_e4m3(tl.minimum(tl.maximum(v * inv, -448.0), 448.0))
+
+
+@triton.jit
 def quantize_tile(x):
     """x [G, S] float32, one group per row (padding lanes 0) -> (e4m3 values [G, S] still float32,
     scales [G]). The one quantisation step of this module, shared by the kernels that quantise an
     activation they have just computed (rmsnorm.py, activation.py), so theirs is this one's."""
     scale, inv = pow2_scale_bits(tl.max(tl.abs(x), axis=1))
-    q = round_to_e4m3(tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0))
+    q = to_e4m3(x, inv[:, None])
     return q, scale
 
 

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail
-from shardinfer.kernels.fp8_quant import pow2_scale_bits, round_to_e4m3
+from shardinfer.kernels.fp8_quant import pow2_scale_bits, to_e4m3
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 _BLOCK = 1024
@@ -53,7 +53,7 @@ def _store_kv_fp8_kernel(values_ptr, cache_ptr, scale_ptr, slots_ptr, sv, rows, 
         mask = cols < width
         v = tl.load(values_ptr + t.to(tl.int64) * sv + r * width + cols, mask=mask, other=0.0).to(tl.float32)
         scale, inv = pow2_scale_bits(tl.max(tl.abs(v), axis=0))
-        q = round_to_e4m3(tl.minimum(tl.maximum(v * inv, -448.0), 448.0))
+        q = to_e4m3(v, inv)
         tl.store(cache_ptr + (slot * rows + r) * width + cols, q.to(cache_ptr.dtype.element_ty), mask=mask)
         tl.store(scale_ptr + (slot * rows + r) * groups + g, scale)
 

@@ -12,9 +12,9 @@ import functools
 import torch
 
 from shardinfer.kernels import reference, reference_fp8
-from shardinfer.kernels._common import check_same_device, check_tensor, fail
+from shardinfer.kernels._common import check_same_device
 from shardinfer.kernels.reference import bmm_rows
-from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, Fp8Activation
+from shardinfer.kernels.reference_fp8 import Fp8Activation
 
 __all__ = ["Fp8Activation", "bmm_rows", "fused_add_rms_norm", "fused_add_rms_norm_fp8", "grouped_topk",
            "heads_matmul", "linear", "linear_fp8", "linear_fp8_prequantized", "mla_absorb_query",
@@ -74,33 +74,14 @@ def linear_fp8_prequantized(x: Fp8Activation, weight: torch.Tensor, weight_scale
     dequantise-then-matmul."""
     if _use_triton(x.q):
         from shardinfer.kernels import fp8_matmul
-        _check_fp8_operands(x, weight, weight_scale, bias)
+        fp8_matmul.check_weight(weight, weight_scale, bias, x.q.shape[-1], x.dtype)
+        check_same_device(x=x.q, x_scale=x.scale, weight=weight, weight_scale=weight_scale, bias=bias)
         n, k = weight.shape
         xq, xs = x.q.view(-1, k), x.scale.view(-1, x.scale.shape[-1])
         config = fp8_matmul.tile_config(n, k, xq.shape[0])
         y = fp8_matmul.linear_fp8_quantized(xq, xs, weight, weight_scale, bias, x.dtype, config)
         return y.view(*x.q.shape[:-1], n)
     return reference_fp8.linear_fp8_prequantized(x, weight, weight_scale, bias, batch_invariant)
-
-
-def _check_fp8_operands(x: Fp8Activation, weight: torch.Tensor, weight_scale: torch.Tensor,
-                        bias: torch.Tensor | None) -> None:
-    """What fp8_matmul.linear_fp8 checks of the operands it does not make itself: the GEMM reads
-    raw pointers, so a mismatch would read wrong bytes rather than fail. (x checks itself.)"""
-    check_tensor("weight", weight, dtypes=(FP8_DTYPE,), ndim=2, contiguous=True)
-    check_tensor("weight_scale", weight_scale, dtypes=(torch.float32,), contiguous=True)
-    n, k = weight.shape
-    if k != x.q.shape[-1]:
-        raise fail("weight.shape", tuple(weight.shape), f"need [N, {x.q.shape[-1]}]: K must equal x's last dim")
-    blocks = (-(-n // GROUP), -(-k // GROUP))
-    if tuple(weight_scale.shape) not in (blocks, (n,)):
-        raise fail("weight_scale.shape", tuple(weight_scale.shape),
-                   f"need {blocks} (one scale per 128x128 weight block) or ({n},) (one per output channel)")
-    if bias is not None:
-        check_tensor("bias", bias, dtypes=(x.dtype,), ndim=1, contiguous=True)
-        if bias.shape[0] != n:
-            raise fail("bias.shape", tuple(bias.shape), f"need ({n},), one value per output column")
-    check_same_device(x=x.q, x_scale=x.scale, weight=weight, weight_scale=weight_scale, bias=bias)
 
 
 def warm_up_matmuls(weights: list[torch.Tensor]) -> int:
@@ -352,12 +333,13 @@ def mla_project_value(o_latent: torch.Tensor, w_uv_t: torch.Tensor, w_uv_nk: tor
 def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: torch.Tensor | None,
                  k_norm: torch.Tensor | None, eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor,
                  positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                 fuse: bool = True) -> torch.Tensor:
     """A dense attention layer's head norms (q_norm / k_norm, or neither), rotate-half RoPE and K/V
     cache stores from its QKV projection [T, (n_q + 2 n_kv) * head_dim]; returns q [T, n_q, head_dim].
-    On CUDA one launch (kernels/qkv_prologue.py, the unfused ops' bits, for head dims it takes);
-    elsewhere the ops one by one."""
-    if _use_triton(qkv):
+    On CUDA one launch (kernels/qkv_prologue.py, the unfused ops' bits, for the head dims the engine
+    fuses); elsewhere, or with fuse=False, the ops one by one."""
+    if fuse and _use_triton(qkv):
         from shardinfer.kernels import qkv_prologue as fused
         if fused.fusable(head_dim):
             return fused.qkv_prologue(qkv, n_q, n_kv, head_dim, q_norm, k_norm, eps, cos_table, sin_table,

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from shardinfer.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, fail
-from shardinfer.kernels.fp8_quant import pow2_scale_bits, round_to_e4m3
+from shardinfer.kernels.fp8_quant import pow2_scale_bits, to_e4m3
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 from shardinfer.kernels.rmsnorm import _normed_row, _num_warps
 from shardinfer.kernels.rope import rotate_pairs
@@ -48,10 +48,8 @@ def _store_cache_row(cache_ptr, scale_ptr, slot, head, n_kv, first, second, half
         a = first.to(tl.float32)
         b = second.to(tl.float32)
         scale, inv = pow2_scale_bits(tl.maximum(tl.max(tl.abs(a), axis=0), tl.max(tl.abs(b), axis=0)))
-        qa = round_to_e4m3(tl.minimum(tl.maximum(a * inv, -448.0), 448.0))
-        qb = round_to_e4m3(tl.minimum(tl.maximum(b * inv, -448.0), 448.0))
-        tl.store(cache_ptr + base + half, qa.to(cache_ptr.dtype.element_ty))
-        tl.store(cache_ptr + base + HALF + half, qb.to(cache_ptr.dtype.element_ty))
+        tl.store(cache_ptr + base + half, to_e4m3(a, inv).to(cache_ptr.dtype.element_ty))
+        tl.store(cache_ptr + base + HALF + half, to_e4m3(b, inv).to(cache_ptr.dtype.element_ty))
         tl.store(scale_ptr + slot * n_kv + head, scale)
     else:
         tl.store(cache_ptr + base + half, first.to(cache_ptr.dtype.element_ty))

@@ -78,23 +78,12 @@ class DenseAttention(nn.Module):
         # (K, V), or for an FP8 cache (K, V, K scales, V scales); see engine/kv_cache.py.
         k_cache, v_cache, *scales = ctx.kv_caches[self.layer_idx]
         k_scale, v_scale = scales if scales else (None, None)
-        if FUSED_PROLOGUE:
-            # Head norms, RoPE and the cache stores in one launch on CUDA (the same bits).
-            q = ops.qkv_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                                 self.q_norm.weight if self.qk_norm else None,
-                                 self.k_norm.weight if self.qk_norm else None,
-                                 self.q_norm.eps if self.qk_norm else 0.0, self.rope.cos, self.rope.sin, positions,
-                                 k_cache, v_cache, ctx.attn.slot_mapping, k_scale, v_scale)
-        else:
-            q = qkv[:, : self.q_size].reshape(t, self.num_heads, self.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(t, self.num_kv_heads, self.head_dim)
-            v = qkv[:, self.q_size + self.kv_size :].reshape(t, self.num_kv_heads, self.head_dim)
-            if self.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            cos, sin = self.rope.lookup(positions)
-            q, k = ops.rope_neox(q, cos, sin), ops.rope_neox(k, cos, sin)
-            ops.store_kv(k_cache, k, ctx.attn.slot_mapping, k_scale)
-            ops.store_kv(v_cache, v, ctx.attn.slot_mapping, v_scale)
+        # Head norms, RoPE and the cache stores: one launch on CUDA (the same bits as op by op).
+        q = ops.qkv_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                             self.q_norm.weight if self.qk_norm else None,
+                             self.k_norm.weight if self.qk_norm else None,
+                             self.q_norm.eps if self.qk_norm else 0.0, self.rope.cos, self.rope.sin, positions,
+                             k_cache, v_cache, ctx.attn.slot_mapping, k_scale, v_scale, fuse=FUSED_PROLOGUE)
         meta = ctx.attn
         # Device tensors feed the kernel (and CUDA graphs); the CPU reference loops over host lists.
         qsl, lens = ((meta.query_start_loc, meta.seq_lens) if q.is_cuda
