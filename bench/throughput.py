@@ -16,12 +16,14 @@ bench/RESULTS.md from all of them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,19 +139,94 @@ def run_transformers(model_dir: Path, reqs: list[tuple[list[int], int]], out_len
     return {"output_tok_s": n / wall, "wall_s": wall, "output_tokens": n, "mode": mode}
 
 
-def prefer_tma_tilings(workload: str) -> None:
-    """Override the FP8 tilings of the workload's projection shapes with their TMA variants."""
+def _fp8_shapes(workload: str) -> set[tuple[int, int]]:
+    """The (N, K) problems of the workload's projections, and fp8_gemm_rates' prefill problem."""
     from bench.kernels.bench_matmul import MODELS
-    from shardinfer.kernels import fp8_matmul
-    from shardinfer.kernels.tuning import Tiling
 
     shape = SHAPES[workload]
     shapes = set(MODELS[{"dense-8b": "8b", "dense-small": "0.6b"}.get(workload, workload)][1].values())
-    shapes.add((2 * int(shape["intermediate_size"]), int(shape["hidden_size"])))  # fp8_gemm_rates' problem
-    for n, k in shapes:
+    shapes.add((2 * int(shape["intermediate_size"]), int(shape["hidden_size"])))
+    return shapes
+
+
+def prefer_tma_tilings(workload: str) -> None:
+    """Override the FP8 tilings of the workload's projection shapes with their TMA variants."""
+    from shardinfer.kernels import fp8_matmul
+    from shardinfer.kernels.tuning import Tiling
+
+    for n, k in _fp8_shapes(workload):
         t = fp8_matmul.tiling(n, k)
         fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(dataclasses.replace(t.rest, tma=True),
                                                      tuple((m, dataclasses.replace(c, tma=True)) for m, c in t.by_m))
+
+
+def parse_tiling_change(text: str) -> dict[str, Any]:
+    """"prefetch_scales=False,num_stages=3" -> {"prefetch_scales": False, "num_stages": 3}, checked
+    against Fp8TileConfig's fields so a typo fails before any run."""
+    import ast
+
+    from shardinfer.kernels import fp8_matmul
+
+    fields = {f.name for f in dataclasses.fields(fp8_matmul.Fp8TileConfig)}
+    change: dict[str, Any] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        if not sep or name.strip() not in fields:
+            raise SystemExit(f"--variant-fp8-tiling: {item!r} is not FIELD=VALUE with FIELD one of {sorted(fields)}")
+        change[name.strip()] = ast.literal_eval(value.strip())
+    return change
+
+
+@contextlib.contextmanager
+def changed_tilings(workload: str, change: dict[str, Any]) -> Iterator[None]:
+    """Every tiling of the workload's FP8 projection shapes with `change` applied, for the block."""
+    from shardinfer.kernels import fp8_matmul
+    from shardinfer.kernels.tuning import Tiling
+
+    saved = dict(fp8_matmul.CONFIG_OVERRIDES)
+    for n, k in _fp8_shapes(workload):
+        t = fp8_matmul.tiling(n, k)
+        fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(dataclasses.replace(t.rest, **change),
+                                                     tuple((m, dataclasses.replace(c, **change)) for m, c in t.by_m))
+    try:
+        yield
+    finally:
+        fp8_matmul.CONFIG_OVERRIDES.clear()
+        fp8_matmul.CONFIG_OVERRIDES.update(saved)
+
+
+def parse_flags(text: str) -> dict[tuple[str, str], Any]:
+    """"kernels.paged_attention.PAGE_PREFETCH=True" -> {("shardinfer.kernels.paged_attention",
+    "PAGE_PREFETCH"): True}; the module must exist and already define the name."""
+    import ast
+    import importlib
+
+    flags: dict[tuple[str, str], Any] = {}
+    for item in text.split(","):
+        path, sep, value = item.partition("=")
+        module, _, name = path.strip().rpartition(".")
+        if not sep or not module:
+            raise SystemExit(f"--variant-flags: {item!r} is not MODULE.NAME=VALUE")
+        full = f"shardinfer.{module}"
+        if not hasattr(importlib.import_module(full), name):
+            raise SystemExit(f"--variant-flags: {full} has no setting {name!r}")
+        flags[(full, name)] = ast.literal_eval(value.strip())
+    return flags
+
+
+@contextlib.contextmanager
+def changed_flags(flags: dict[tuple[str, str], Any]) -> Iterator[None]:
+    """Module-level settings changed for the block, restored after."""
+    import importlib
+
+    saved = {(m, n): getattr(importlib.import_module(m), n) for m, n in flags}
+    for (m, n), value in flags.items():
+        setattr(importlib.import_module(m), n, value)
+    try:
+        yield
+    finally:
+        for (m, n), value in saved.items():
+            setattr(importlib.import_module(m), n, value)
 
 
 def _decode_summary(steps: list[tuple[int, float, int]], run: dict[str, Any],
@@ -190,6 +267,14 @@ def main() -> None:
     ap.add_argument("--fp8-tiling", default="default", choices=["default", "tma"],
                     help="tma: the FP8 projections run the TMA variants of their default tilings (the same "
                          "tiles and bits, operands through the tensor-memory accelerator); an experiment")
+    ap.add_argument("--variant-fp8-tiling", default=None, metavar="FIELD=VALUE[,FIELD=VALUE]",
+                    help="a second run in this invocation (result key 'variant') with these Fp8TileConfig "
+                         "fields changed in every tiling of the workload's FP8 projections (e.g. "
+                         "prefetch_scales=False,num_stages=3), so a launch setting's gain compares two runs "
+                         "of one commit")
+    ap.add_argument("--variant-flags", default=None, metavar="MODULE.NAME=VALUE[,...]",
+                    help="the variant run with these module-level settings of shardinfer changed (e.g. "
+                         "kernels.paged_attention.PAGE_PREFETCH=True); with --variant-fp8-tiling, both")
     ap.add_argument("--compare-unfused", action="store_true",
                     help="also run the same configuration with the fused launches off (an FP8 linear's input "
                          "quantised by the linear, the dense prologue op by op; the same bits) in this "
@@ -201,6 +286,10 @@ def main() -> None:
         if args.quantization != "fp8":
             ap.error("--fp8-tiling tma: only FP8 weights have FP8 tilings; add --quantization fp8")
         prefer_tma_tilings(args.workload)
+    tiling_change = parse_tiling_change(args.variant_fp8_tiling) if args.variant_fp8_tiling else None
+    if tiling_change is not None and args.quantization != "fp8":
+        ap.error("--variant-fp8-tiling: only FP8 weights have FP8 tilings; add --quantization fp8")
+    flag_change = parse_flags(args.variant_flags) if args.variant_flags else None
 
     shape = SHAPES[args.workload]
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload)
@@ -241,6 +330,19 @@ def main() -> None:
                    "decode": _decode_summary(plain.pop("decode_steps"), plain, bw)[1]}
         gc.collect()
         torch.cuda.empty_cache()
+    variant = None
+    if tiling_change is not None or flag_change is not None:
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        with changed_tilings(args.workload, tiling_change or {}), changed_flags(flag_change or {}):
+            other = run_shardinfer(model_dir, reqs, args)
+        variant = {"fp8_tiling": args.variant_fp8_tiling, "flags": args.variant_flags,
+                   "output_tok_s": other["output_tok_s"], "wall_s": other["wall_s"], "eager_s": other["eager_s"],
+                   "graphed_s": other["graphed_s"], "decode": _decode_summary(other.pop("decode_steps"), other, bw)[1]}
+        gc.collect()
+        torch.cuda.empty_cache()
     hf = None
     if args.hf_requests:
         hf_reqs = requests(args.hf_requests, shape["vocab_size"], tuple(args.in_range), (1, 1), seed=1)
@@ -264,7 +366,7 @@ def main() -> None:
               "settings": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                            "max_model_len": args.max_model_len, "admission_batch": args.admission_batch},
               "shardinfer": ours, "transformers": hf, "torch": torch.__version__,
-              "baseline": baseline, "unfused": unfused,
+              "baseline": baseline, "unfused": unfused, "variant": variant,
               "speedup_over_baseline": ours["output_tok_s"] / baseline["output_tok_s"] if baseline else None}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -283,6 +385,12 @@ def main() -> None:
         print(f"fused launches off, same run: {unfused['output_tok_s']:.0f} tok/s, decode step "
               f"{(unfused['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms against "
               f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms")
+    if variant:
+        print(f"variant ({variant['fp8_tiling'] or ''} {variant['flags'] or ''}), same run: "
+              f"{variant['output_tok_s']:.0f} tok/s (prefill {variant['eager_s']:.2f} s, decode step "
+              f"{(variant['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms) against "
+              f"{ours['output_tok_s']:.0f} tok/s (prefill {ours['eager_s']:.2f} s, decode step "
+              f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms)")
     if fp8_gemm:
         print(f"fp8 GEMM at M={fp8_gemm['m']}, N={fp8_gemm['n']}, K={fp8_gemm['k']}: {fp8_gemm['ours_tflops']:.0f} "
               f"TFLOP/s = {fp8_gemm['fraction_of_ceiling']:.2f} of torch._scaled_mm's {fp8_gemm['ceiling_tflops']:.0f}")

@@ -10,7 +10,7 @@ and the device's FP8 ceiling (8192^3 _scaled_mm). Then, for candidate tilings, c
 give rows bitwise equal to the default tiling's (whether a problem could switch tiling by M and
 stay batch invariant) and times them.
 
-    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--sweep | --splits]
+    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--sweep | --splits | --settings]
 """
 
 from __future__ import annotations
@@ -73,6 +73,16 @@ SPLIT_CANDIDATES = [
     fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True, split_k=s)
     for s in (2, 4)
 ] + [fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2)]
+# Launch settings that keep the arithmetic (so the bits): each step's scales read in the step
+# rather than a step ahead, and three stages (74 KB of shared memory, three programs per SM where
+# registers allow) rather than four; the default tilings are the reference.
+SETTING_CANDIDATES = [
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, prefetch_scales=False),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=3, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=3, persistent=False, tma=True, prefetch_scales=False),
+    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, prefetch_scales=False),
+    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=4, persistent=False, tma=True),
+]
 L2_SPILL_BYTES = 256 << 20
 
 
@@ -118,11 +128,15 @@ def main() -> None:
     ap.add_argument("--tma-only", action="store_true", help="sweep only the candidates with tma=True")
     ap.add_argument("--splits", action="store_true",
                     help="sweep the fixed split-K candidates (with the default tiling first, for reference)")
+    ap.add_argument("--settings", action="store_true",
+                    help="sweep the launch settings that keep the bits (scale prefetch, stages)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]
     if args.splits:
         candidates = [fp8_matmul.tile_config(0, 0, 256), *SPLIT_CANDIDATES]
+    if args.settings:
+        candidates = SETTING_CANDIDATES
     ceiling = fp8_matmul_rate()
     print(f"FP8 ceiling (torch._scaled_mm 8192^3): {ceiling / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
@@ -134,7 +148,7 @@ def main() -> None:
             if proj == "lm_head":  # stays bf16 in FP8 models
                 continue
             for m in map(int, args.ms.split(",")):
-                sweep = (args.sweep or args.splits) and m in (64, 256, 8192)
+                sweep = (args.sweep or args.splits or args.settings) and m in (64, 256, 8192)
                 r = time_shape(n, k, m, candidates if sweep else None)
                 r.update(model=model, proj=proj)
                 rows.append(r)
