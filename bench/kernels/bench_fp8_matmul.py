@@ -73,15 +73,17 @@ SPLIT_CANDIDATES = [
     fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True, split_k=s)
     for s in (2, 4)
 ] + [fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2)]
-# Launch settings that keep the arithmetic (so the bits): each step's scales read in the step
-# rather than a step ahead, and three stages (74 KB of shared memory, three programs per SM where
-# registers allow) rather than four; the default tilings are the reference.
+# Tilings that keep the bits and give a decode batch's N = 4096 projections (o, down: 128 or fewer
+# 64x128 tiles at M = 256, one program per SM, so nothing overlaps one program's promotion with
+# another's products) two warpgroups per SM without splitting K: eight warps on a 64x128 tile (each
+# warpgroup a 64x64 half), and 128x128 tiles on two warpgroups. Three stages leave room for a
+# third 4-warp program per SM.
 SETTING_CANDIDATES = [
-    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, prefetch_scales=False),
-    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=3, persistent=False, tma=True),
-    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=3, persistent=False, tma=True, prefetch_scales=False),
-    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, prefetch_scales=False),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=8, num_stages=4, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=8, num_stages=3, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True),
     fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=4, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=2),
 ]
 L2_SPILL_BYTES = 256 << 20
 
@@ -129,7 +131,7 @@ def main() -> None:
     ap.add_argument("--splits", action="store_true",
                     help="sweep the fixed split-K candidates (with the default tiling first, for reference)")
     ap.add_argument("--settings", action="store_true",
-                    help="sweep the launch settings that keep the bits (scale prefetch, stages)")
+                    help="sweep the tilings for two warpgroups per SM at decode batches (SETTING_CANDIDATES)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]

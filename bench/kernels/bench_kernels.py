@@ -129,16 +129,15 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
 
     hq, hk, d = 32, 8, 128
     results = []
-    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap, page ids
-    # read a tile ahead); the first FP8 row is the shipped default (paged_attention.FP8_NUM_STAGES,
-    # MAX_REGISTERS, PAGE_PREFETCH). Earlier runs swept caps, stages and 8 warps (NOTES.md); these
-    # rows time the page-id prefetch, alone and with two stages.
-    shipped = pa.PAGE_PREFETCH
-    variants = [("bf16", None, 64, 4, 2, 128, shipped), ("bf16", None, 64, 4, 2, 128, not shipped)] + [
-        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, regs, prefetch)
-        for on_scores, bn, warps, stages, regs, prefetch in (
-            (False, 128, 4, 1, 128, shipped), (False, 128, 4, 1, 128, not shipped),
-            (False, 128, 4, 2, 128, True), (False, 128, 4, 1, 112, True))]
+    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap); the
+    # first FP8 row is the shipped default (paged_attention.FP8_NUM_STAGES, MAX_REGISTERS).
+    # Earlier runs swept caps and stages at 4 warps; these rows add 8 warps (half the tile's bytes
+    # per thread, other bits than 4 warps'), timed slower (NOTES.md).
+    variants = [("bf16", None, 64, 4, 2, 128), ("bf16", None, 64, 8, 2, 128)] + [
+        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, regs)
+        for on_scores, bn, warps, stages, regs in (
+            (False, 128, 4, 1, 128), (False, 128, 8, 1, 128), (False, 128, 8, 1, None), (False, 128, 8, 2, 128),
+            (False, 64, 8, 1, 128), (False, 64, 8, 2, 128))]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
@@ -146,20 +145,20 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
         fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
         bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
         default = None
-        for name, on_scores, bn, warps, stages, regs, prefetch in variants:
+        for name, on_scores, bn, warps, stages, regs in variants:
             fp8 = on_scores is not None
             caches = (kq, vq) if fp8 else tuple(db.caches)
             scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores} if fp8 else {}
 
             def run(caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales, bn: int = bn,
                     warps: int = warps, stages: int = stages, regs: int | None = regs, db: DecodeBatch = db,
-                    ctx: int = ctx, prefetch: bool = prefetch) -> torch.Tensor:
+                    ctx: int = ctx) -> torch.Tensor:
                 return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
                                           max_seq_len=ctx, block_n=bn, num_warps=warps, num_stages=stages,
-                                          max_registers=regs, page_prefetch=prefetch, **scales)
+                                          max_registers=regs, **scales)
 
             row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, "block_n": bn, "num_warps": warps,
-                                   "num_stages": stages, "max_registers": regs, "page_prefetch": prefetch}
+                                   "num_stages": stages, "max_registers": regs}
             try:
                 out = run()
                 if fp8:

@@ -87,8 +87,6 @@ class Fp8TileConfig:
     # workspace and a second kernel adds them in range order. It changes the summation, so every
     # tiling of one (N, K) problem must share it (_check_interchangeable).
     split_k: int = 1
-    # TMA kernel: read each step's scales a step ahead (the same arithmetic, so the same bits).
-    prefetch_scales: bool = True
 
     def __post_init__(self) -> None:
         check_tiles(self, ("block_m", "block_n"), ("num_warps", "num_stages", "group_m", "programs_per_sm",
@@ -158,23 +156,16 @@ def _mma_fp8(a, b, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _step_scale(as_ptrs, ws_row, kt, CHANNEL_SCALES: tl.constexpr):
-    """The factor each row's product of 128-channel step kt is promoted with: the row's activation
-    scale and, with block scales, times the step's weight-block scale (a per-channel scale waits
-    for the epilogue)."""
-    sa = tl.load(as_ptrs + kt)
-    if CHANNEL_SCALES:  # noqa: SIM108 - a compile-time branch (see matmul.py)
-        s = sa
+def _promote(acc, part, sa, ws_row, kt, CHANNEL_SCALES: tl.constexpr):
+    """acc + one 128-channel step's product times its scales: the row's activation scale and, with
+    block scales, the step's weight-block scale (a per-channel scale waits for the epilogue). Both
+    GEMM kernels promote through here, so they round alike."""
+    if CHANNEL_SCALES:
+        acc += part * sa[:, None]
     else:
-        s = sa * tl.load(ws_row + kt)
-    return s
-
-
-@triton.jit
-def _promote(acc, part, s):
-    """acc + one step's product times its rows' factors (_step_scale). Both GEMM kernels promote
-    through here, so they round alike."""
-    return acc + part * s[:, None]
+        sb = tl.load(ws_row + kt)
+        acc += part * (sa[:, None] * sb)
+    return acc
 
 
 @triton.jit
@@ -267,7 +258,7 @@ def _fp8_linear_kernel(
                 a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
                 b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
             part = _mma_fp8(a, b, INTERPRET)
-            acc = _promote(acc, part, _step_scale(as_ptrs, ws_row, kt, CHANNEL_SCALES))
+            acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         _finish_tile(acc, ws_ptr, b_ptr, y_ptr, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, stride_ym, HAS_BIAS,
@@ -298,7 +289,6 @@ def _fp8_linear_tma_kernel(
     PERSISTENT: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    PREFETCH_SCALES: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """_fp8_linear_kernel with both operands fetched by the tensor-memory accelerator. The copy
@@ -318,23 +308,11 @@ def _fp8_linear_tma_kernel(
         as_ptrs = as_ptr + rows * a_groups
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if PREFETCH_SCALES:
-            # Each step's scales are read one step ahead, so their load's latency overlaps the
-            # step's product instead of following it: the same factors, added in the same order.
-            # (An empty K range, possible past the last split, still reads a valid step's scales.)
-            s = _step_scale(as_ptrs, ws_row, tl.minimum(k_first, k_last - 1), CHANNEL_SCALES)
-            for kt in range(k_first, k_last):
-                s_next = _step_scale(as_ptrs, ws_row, tl.minimum(kt + 1, k_last - 1), CHANNEL_SCALES)
-                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-                b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-                acc = _promote(acc, _mma_fp8(a, b.T, INTERPRET), s)
-                s = s_next
-        else:
-            for kt in range(k_first, k_last):
-                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-                b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-                part = _mma_fp8(a, b.T, INTERPRET)
-                acc = _promote(acc, part, _step_scale(as_ptrs, ws_row, kt, CHANNEL_SCALES))
+        for kt in range(k_first, k_last):
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            part = _mma_fp8(a, b.T, INTERPRET)
+            acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
         _finish_tile(acc, ws_ptr, b_ptr, y_ptr, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, stride_ym, HAS_BIAS,
                      CHANNEL_SCALES, SPLIT_K, BLOCK_M, BLOCK_N)
 
@@ -421,7 +399,7 @@ def linear_fp8_quantized(
             a_desc = TensorDescriptor(xq, [m, k], [k, 1], [config.block_m, GROUP])
             w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, GROUP])
             _fp8_linear_tma_kernel[grid](a_desc, xs, w_desc, scale, bias_arg, y, parts, m, n, k, y.stride(0),
-                                         xs.shape[1], scale.shape[-1], PREFETCH_SCALES=config.prefetch_scales, **common)
+                                         xs.shape[1], scale.shape[-1], **common)
         else:
             _fp8_linear_kernel[grid](xq, xs, weight, scale, bias_arg, y, parts, m, n, k, weight.stride(0),
                                      y.stride(0), xs.shape[1], scale.shape[-1], EVEN_K=k % GROUP == 0, **common)

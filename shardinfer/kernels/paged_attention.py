@@ -72,9 +72,6 @@ FP8_BLOCK_N = 128
 NUM_STAGES = 2
 FP8_NUM_STAGES = 1
 MAX_REGISTERS = 128
-# Another launch setting (the same bits): read a key tile's page ids one tile ahead, so the key
-# tile's load does not wait on the block table's first. Off until measured faster on the H200.
-PAGE_PREFETCH = False
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
@@ -90,8 +87,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       PAGE_PREFETCH: tl.constexpr):
+                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -116,19 +112,10 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-        bt_row = bt_ptr + seq.to(tl.int64) * sbt
-        if PAGE_PREFETCH:  # the first tile's page ids; each later tile's are read a tile ahead
-            n_next = kv_lo + tl.arange(0, BLOCK_N)
-            page_next = tl.load(bt_row + n_next // PAGE, mask=n_next < kv_hi, other=0)
         for start in range(kv_lo, kv_hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             n_ok = n < kv_hi
-            if PAGE_PREFETCH:
-                page = page_next.to(tl.int64)
-                n_next = n + BLOCK_N
-                page_next = tl.load(bt_row + n_next // PAGE, mask=n_next < kv_hi, other=0)
-            else:
-                page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
             if KV_FP8:
@@ -226,7 +213,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    max_registers: int | None = -1, page_prefetch: bool | None = None) -> torch.Tensor:
+                    max_registers: int | None = -1) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -240,8 +227,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     FP8_BLOCK_N for an FP8 cache with head dims <= 128 when it divides kv_chunk; num_stages
     None: FP8_NUM_STAGES with that FP8 tile, else NUM_STAGES). max_registers caps the registers
     per thread of the chunk kernel (-1: MAX_REGISTERS for head dims <= 128 and 16-bit queries,
-    else none; None: none); a launch setting, it changes no arithmetic. So is page_prefetch (read
-    each key tile's page ids while the tile before it is processed; None: PAGE_PREFETCH).
+    else none; None: none); a launch setting, it changes no arithmetic.
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
@@ -284,8 +270,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers,
-                  PAGE_PREFETCH if page_prefetch is None else page_prefetch)
+                  k_scale, v_scale, fp8_scale_scores, max_registers)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -308,7 +293,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           max_registers: int | None = None, page_prefetch: bool = False) -> torch.Tensor:
+           max_registers: int | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -338,7 +323,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
-            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), PAGE_PREFETCH=page_prefetch,
+            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,

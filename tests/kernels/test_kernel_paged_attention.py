@@ -100,20 +100,6 @@ def test_row_alone_equals_row_in_batch_bitwise(device: torch.device, window: int
         assert torch.equal(alone, full[b.qsl[i]:b.qsl[i + 1]]), f"request {i} differs alone vs batched"
 
 
-@pytest.mark.parametrize("window", [None, 40])
-def test_page_prefetch_changes_no_bits(device: torch.device, window: int | None) -> None:
-    """Reading each key tile's page ids a tile ahead is a launch setting: the same result, bit for bit,
-    with several tiles per chunk (so the prefetch carries) and chunks that end mid-tile."""
-    b = PagedBatch(Q_LENS, CTX_LENS, hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32,
-                   device=device, seed=12)
-    args = b.args()
-    plain = paged_attention(*args, 0.25, window, kv_chunk=64, block_n=16, page_prefetch=False)
-    ahead = paged_attention(*args, 0.25, window, kv_chunk=64, block_n=16, page_prefetch=True)
-    assert torch.equal(ahead, plain)
-    ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.25, window)
-    assert rel_err(ahead.cpu(), ref) < 1e-5
-
-
 def test_chunked_prefill_and_decode_equal_one_shot_prefill_bitwise(device: torch.device) -> None:
     """A request's rows do not depend on how its prompt was chunked into steps."""
     b = PagedBatch([90], [0], hq=4, hk=1, d=16, dv=16, block_size=16, dtype=torch.float32, device=device,
@@ -293,5 +279,3 @@ def test_register_cap_and_stages_change_no_bits(fp8: bool) -> None:
     shipped = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, **extra)
     plain = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, num_stages=2, max_registers=None, **extra)
     assert torch.equal(shipped, plain)
-    other = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, page_prefetch=not pa.PAGE_PREFETCH, **extra)
-    assert torch.equal(shipped, other)
