@@ -73,17 +73,16 @@ SPLIT_CANDIDATES = [
     fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True, split_k=s)
     for s in (2, 4)
 ] + [fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2)]
-# Tilings that keep the bits and give a decode batch's N = 4096 projections (o, down: 128 or fewer
-# 64x128 tiles at M = 256, one program per SM, so nothing overlaps one program's promotion with
-# another's products) two warpgroups per SM without splitting K: eight warps on a 64x128 tile (each
-# warpgroup a 64x64 half), and 128x128 tiles on two warpgroups. Three stages leave room for a
-# third 4-warp program per SM.
+# The down projection's split (fp8_matmul._default: K >= 3N splits K in two, through the workspace
+# up to 256 rows, in one program above) against the unsplit tilings it replaced; the two split
+# paths must give equal bits (the sweep compares tilings within a split_k).
 SETTING_CANDIDATES = [
-    fp8_matmul.Fp8TileConfig(64, 128, num_warps=8, num_stages=4, persistent=False, tma=True),
-    fp8_matmul.Fp8TileConfig(64, 128, num_warps=8, num_stages=3, persistent=False, tma=True),
-    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True),
-    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=4, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True),
+    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True),
     fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=2),
+    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=2,
+                             ranges_in_program=True),
+    fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2),
 ]
 L2_SPILL_BYTES = 256 << 20
 
@@ -131,7 +130,7 @@ def main() -> None:
     ap.add_argument("--splits", action="store_true",
                     help="sweep the fixed split-K candidates (with the default tiling first, for reference)")
     ap.add_argument("--settings", action="store_true",
-                    help="sweep the tilings for two warpgroups per SM at decode batches (SETTING_CANDIDATES)")
+                    help="sweep the split and unsplit tilings of long-K problems (SETTING_CANDIDATES)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]

@@ -38,6 +38,7 @@ summation order differs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,11 @@ class Fp8TileConfig:
     # workspace and a second kernel adds them in range order. It changes the summation, so every
     # tiling of one (N, K) problem must share it (_check_interchangeable).
     split_k: int = 1
+    # With split_k > 1: one program per output tile reduces its K ranges one after another and adds
+    # their partials in range order itself, the combine kernel's arithmetic, so the same bits as the
+    # workspace path without its partials' traffic or second launch (which large M cannot afford and
+    # a decode batch's few tiles do not need: tilings of one problem may mix the two by M).
+    ranges_in_program: bool = False
 
     def __post_init__(self) -> None:
         check_tiles(self, ("block_m", "block_n"), ("num_warps", "num_stages", "group_m", "programs_per_sm",
@@ -111,13 +117,23 @@ def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8Til
     # cover the SMs); not for the 24576-wide gate_up. Every tiling tried gave bitwise equal rows (one
     # K order, each 128-channel step promoted on its own), so switching by M keeps a row's bits (the
     # invariance tests cross the switch), and an operand the copy engine cannot address runs the
-    # same tiles through pointer loads. The measurements: docs/performance.md. No default splits K:
-    # one split serves every M of a problem, and what it gains at decode batches it loses at
-    # prefill sizes (docs/performance.md, "Fixed split-K for the FP8 GEMM").
-    rest = Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True)
-    if key[0] > 8192:
-        return Tiling(rest)
-    return Tiling(rest, ((64, Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True)),))
+    # same tiles through pointer loads. The measurements: docs/performance.md.
+    #
+    # A long K over few columns (K >= 3N: the MLP's down projection) splits K in two: at a decode
+    # batch its 64x128 tiles number no more than the SMs, one program each walking all of K, and two
+    # ranges through the workspace give every SM two programs; from 257 rows on, one program reduces
+    # both ranges itself (the same bits, no workspace). Other problems keep K whole: a split gained
+    # nothing there at decode batches (docs/performance.md, "Fixed split-K for the FP8 GEMM").
+    n, k = key
+    split = 2 if k >= 3 * n else 1
+    rest = Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=split,
+                         ranges_in_program=split > 1)
+    by_m: list[tuple[int, Fp8TileConfig]] = []
+    if n <= 8192:
+        by_m.append((64, Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=split)))
+    if split > 1:
+        by_m.append((256, dataclasses.replace(rest, ranges_in_program=False)))
+    return Tiling(rest, tuple(by_m))
 
 
 _CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default)
@@ -185,19 +201,63 @@ def _tile_schedule(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PERSISTEN
 
 
 @triton.jit
-def _finish_tile(acc, ws_ptr, b_ptr, y_ptr, part_ptr, split, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.constexpr,
-                 CHANNEL_SCALES: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """Store a reduced tile, or a K range's partial of it; a per-channel weight scale, the same for
-    every K step, is applied here once (to each partial when split, before the ordered sum)."""
+def _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A tile's (or a K range's) sum times the per-channel weight scale, the same for every K step,
+    so applied once (to each K range's partial when split, before the ordered sum)."""
     if CHANNEL_SCALES:
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.where(cols < N, cols, 0).to(tl.int64)
         acc = acc * tl.load(ws_ptr + cols)[None, :]
-    if SPLIT_K == 1:
-        _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
-    else:
-        _store_partial(acc, part_ptr, split, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
+    return acc
+
+
+@triton.jit
+def _rounded(x, INTERPRET: tl.constexpr):
+    """x, kept a separately rounded float32 value: a product passed through here cannot be fused into
+    the addition that follows (the workspace path stores each range's product before adding it)."""
+    y = x
+    if not INTERPRET:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [bits], dtype=tl.int32, is_pure=False, pack=1)
+        y = bits.to(tl.float32, bitcast=True)
+    return y
+
+
+@triton.jit
+def _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K: tl.constexpr,
+               CHANNEL_SCALES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               INTERPRET: tl.constexpr):
+    """The sum over 128-channel steps [k_first, k_last) of one tile, operands through pointers."""
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :] + k_first * BLOCK_K
+    w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn + k_first * BLOCK_K  # weight.T tile
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(k_first, k_last):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(w_ptrs)
+        else:  # K is fixed per layer, so this tail mask is the same for every batch size
+            k_left = K - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        part = _mma_fp8(a, b, INTERPRET)
+        acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return acc
+
+
+@triton.jit
+def _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+    """_ptr_range with both operands fetched by the tensor-memory accelerator."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(k_first, k_last):
+        a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+        b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+        part = _mma_fp8(a, b.T, INTERPRET)
+        acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -226,43 +286,50 @@ def _fp8_linear_kernel(
     PERSISTENT: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    RANGES_IN_PROGRAM: tl.constexpr,
+    ITEM_SPLITS: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
+    """A work item is an output tile, or (split K through the workspace, ITEM_SPLITS = SPLIT_K) one
+    K range of it. With RANGES_IN_PROGRAM the item is the whole tile, whose SPLIT_K ranges are each
+    reduced from zero and added in range order here: the combine kernel's sum, so its bits."""
     pid = tl.program_id(0)
-    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS, SPLIT_K)
-    offs_k = tl.arange(0, BLOCK_K)
+    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS,
+                                                           ITEM_SPLITS)
     # The epilogue's own work-item counter (a tensor, as matmul.py's: the store indexes with it).
     out_tile = pid - step
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
         out_tile += step
-        pid_m, pid_n = _tile_coords(tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
-        k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
+        pid_m, pid_n = _tile_coords(tile // ITEM_SPLITS, num_pid_m, num_pid_n, GROUP_M)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         # Rows past M and columns past N read row/column 0; their results are dropped at the store.
         rows = tl.where(rows < M, rows, 0).to(tl.int64)
         cols = tl.where(cols < N, cols, 0).to(tl.int64)
-        a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :] + k_first * BLOCK_K
-        w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn + k_first * BLOCK_K  # weight.T tile
         as_ptrs = as_ptr + rows * a_groups
         # A column tile lies inside one 128-row weight-scale block (BLOCK_N <= 128, a power of two),
         # so its block scale per K step is one scalar.
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_first, k_last):
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(w_ptrs)
-            else:  # K is fixed per layer, so this tail mask is the same for every batch size
-                k_left = K - kt * BLOCK_K
-                a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-                b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-            part = _mma_fp8(a, b, INTERPRET)
-            acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
-            a_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-        _finish_tile(acc, ws_ptr, b_ptr, y_ptr, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, stride_ym, HAS_BIAS,
-                     CHANNEL_SCALES, SPLIT_K, BLOCK_M, BLOCK_N)
+        if RANGES_IN_PROGRAM:
+            k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
+            acc = _channel_scaled(_ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first,
+                                             k_last, EVEN_K, CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET),
+                                  ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
+            for r in tl.static_range(1, SPLIT_K):
+                k_first, k_last = _split_range(r, K, BLOCK_K, SPLIT_K)
+                part = _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K,
+                                  CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+                acc += _rounded(_channel_scaled(part, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N), INTERPRET)
+            _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        else:
+            k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
+            acc = _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K,
+                             CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+            acc = _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
+            if SPLIT_K == 1:
+                _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+            else:
+                _store_partial(acc, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -289,6 +356,8 @@ def _fp8_linear_tma_kernel(
     PERSISTENT: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    RANGES_IN_PROGRAM: tl.constexpr,
+    ITEM_SPLITS: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """_fp8_linear_kernel with both operands fetched by the tensor-memory accelerator. The copy
@@ -296,25 +365,37 @@ def _fp8_linear_tma_kernel(
     products are exact zeros, as the masked loads give), so the loop needs no masks; the scales
     are still read through pointers (one per row and step, one per step)."""
     pid = tl.program_id(0)
-    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS, SPLIT_K)
+    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS,
+                                                           ITEM_SPLITS)
     # The epilogue's own work-item counter (a tensor, as matmul.py's: the store indexes with it).
     out_tile = pid - step
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
         out_tile += step
-        pid_m, pid_n = _tile_coords(tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
-        k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
+        pid_m, pid_n = _tile_coords(tile // ITEM_SPLITS, num_pid_m, num_pid_n, GROUP_M)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rows = tl.where(rows < M, rows, 0).to(tl.int64)
         as_ptrs = as_ptr + rows * a_groups
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(k_first, k_last):
-            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-            b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-            part = _mma_fp8(a, b.T, INTERPRET)
-            acc = _promote(acc, part, tl.load(as_ptrs + kt), ws_row, kt, CHANNEL_SCALES)
-        _finish_tile(acc, ws_ptr, b_ptr, y_ptr, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, stride_ym, HAS_BIAS,
-                     CHANNEL_SCALES, SPLIT_K, BLOCK_M, BLOCK_N)
+        if RANGES_IN_PROGRAM:
+            k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
+            acc = _channel_scaled(_tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last,
+                                             CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET),
+                                  ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
+            for r in tl.static_range(1, SPLIT_K):
+                k_first, k_last = _split_range(r, K, BLOCK_K, SPLIT_K)
+                part = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
+                                  BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+                acc += _rounded(_channel_scaled(part, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N), INTERPRET)
+            _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        else:
+            k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
+            acc = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
+                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+            acc = _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
+            if SPLIT_K == 1:
+                _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+            else:
+                _store_partial(acc, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
 def check_weight(weight: object, scale: object, bias: object, k: int,
@@ -371,12 +452,15 @@ def linear_fp8_quantized(
     on_gpu = xq.device.type == "cuda"
     # The interpreter has no SMs; 4 programs still exercise the persistent loop.
     cap = (sm_count(xq.device.index or 0) if on_gpu else 4) * config.programs_per_sm
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k
+    # A work item is a tile, or one K range of a tile when the ranges go through the workspace.
+    workspace = config.split_k > 1 and not config.ranges_in_program
+    item_splits = config.split_k if workspace else 1
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * item_splits
     grid = (min(cap, tiles) if config.persistent else tiles,)
     switch = on_gpu and xq.device.index is not None and xq.device.index != torch.cuda.current_device()
-    # Split-K partials [split_k, M, N] float32; unsplit, the kernel never touches them and y
-    # stands in (as for the bias), so nothing is allocated.
-    parts = torch.empty((config.split_k, m, n), dtype=torch.float32, device=xq.device) if config.split_k > 1 else y
+    # Split-K partials [split_k, M, N] float32; without the workspace, the kernel never touches them
+    # and y stands in (as for the bias), so nothing is allocated.
+    parts = torch.empty((config.split_k, m, n), dtype=torch.float32, device=xq.device) if workspace else y
     bias_arg = bias if bias is not None else y
     common = dict(
         HAS_BIAS=bias is not None,
@@ -388,6 +472,8 @@ def linear_fp8_quantized(
         PERSISTENT=config.persistent,
         NUM_PROGRAMS=cap,
         SPLIT_K=config.split_k,
+        RANGES_IN_PROGRAM=config.split_k > 1 and config.ranges_in_program,
+        ITEM_SPLITS=item_splits,
         INTERPRET=interpreting(),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -403,7 +489,7 @@ def linear_fp8_quantized(
         else:
             _fp8_linear_kernel[grid](xq, xs, weight, scale, bias_arg, y, parts, m, n, k, weight.stride(0),
                                      y.stride(0), xs.shape[1], scale.shape[-1], EVEN_K=k % GROUP == 0, **common)
-        if config.split_k > 1:
+        if workspace:
             block = 256
             _combine_splits_kernel[(m, triton.cdiv(n, block))](parts, bias_arg, y, m, n, y.stride(0),
                                                                HAS_BIAS=bias is not None, SPLIT_K=config.split_k,

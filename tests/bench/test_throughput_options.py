@@ -1,4 +1,4 @@
-"""bench/throughput.py's FP8 tiling experiment: which tilings it overrides, and the refusal."""
+"""bench/throughput.py's FP8 tiling experiments: which tilings they override, their restores, and the refusals."""
 
 from __future__ import annotations
 
@@ -6,12 +6,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.kernels.bench_matmul import MODELS  # noqa: E402
-from bench.throughput import prefer_tma_tilings  # noqa: E402
-from shardinfer.kernels import fp8_matmul  # noqa: E402
+from bench.throughput import (  # noqa: E402
+    changed_flags,
+    changed_tilings,
+    parse_flags,
+    parse_tiling_change,
+    prefer_tma_tilings,
+)
+from shardinfer.kernels import fp8_matmul, paged_attention  # noqa: E402
 
 
 def test_tma_tilings_are_the_defaults_with_operands_through_tma() -> None:
@@ -46,3 +54,36 @@ def test_results_table_names_a_non_default_fp8_tiling() -> None:
     assert _numerics(run) == "dense-8b, weights fp8, KV fp8"
     assert _numerics({**run, "fp8_tiling": "default"}) == "dense-8b, weights fp8, KV fp8"
     assert _numerics({**run, "fp8_tiling": "tma"}) == "dense-8b, weights fp8, KV fp8, FP8 tiling tma"
+
+
+def test_variant_tilings_change_one_field_and_are_restored() -> None:
+    change = parse_tiling_change("split_k=1,num_stages=3")
+    assert change == {"split_k": 1, "num_stages": 3}
+    before = {nk: fp8_matmul.tiling(*nk) for nk in MODELS["8b"][1].values()}
+    with changed_tilings("dense-8b", change):
+        for (n, k), default in before.items():
+            got = fp8_matmul.tiling(n, k)
+            assert [m for m, _ in got.by_m] == [m for m, _ in default.by_m]
+            for mine, theirs in zip(got.configs, default.configs, strict=True):
+                assert (mine.split_k, mine.num_stages) == (1, 3)
+                assert (mine.block_m, mine.block_n, mine.tma) == (theirs.block_m, theirs.block_n, theirs.tma)
+    assert {nk: fp8_matmul.tiling(*nk) for nk in before} == before
+
+
+def test_variant_flags_are_set_for_the_block_and_restored() -> None:
+    flags = parse_flags("kernels.paged_attention.FP8_NUM_STAGES=2")
+    shipped = paged_attention.FP8_NUM_STAGES
+    with changed_flags(flags):
+        assert paged_attention.FP8_NUM_STAGES == 2
+    assert shipped == paged_attention.FP8_NUM_STAGES
+
+
+@pytest.mark.parametrize("text, parse, needle", [
+    ("block_q=64", parse_tiling_change, "not FIELD=VALUE with FIELD one of"),
+    ("split_k", parse_tiling_change, "not FIELD=VALUE"),
+    ("kernels.paged_attention.NO_SUCH=1", parse_flags, "has no setting 'NO_SUCH'"),
+    ("PAGE=1", parse_flags, "is not MODULE.NAME=VALUE"),
+])
+def test_variant_options_name_the_bad_item(text: str, parse: object, needle: str) -> None:
+    with pytest.raises(SystemExit, match=needle):
+        parse(text)  # type: ignore[operator]

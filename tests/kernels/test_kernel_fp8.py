@@ -188,6 +188,28 @@ def test_split_k_matches_float64_and_rows_are_bitwise_invariant(
     assert torch.equal(fp8_matmul.linear_fp8(*dev, config=other), full)
 
 
+@pytest.mark.parametrize("scales", ["block", "channel"])
+@pytest.mark.parametrize("config", SPLITS, ids=lambda c: f"split{c.split_k}_{c.block_m}x{c.block_n}_tma{int(c.tma)}")
+def test_ranges_in_one_program_give_the_workspace_bits(
+    device: torch.device, config: fp8_matmul.Fp8TileConfig, scales: str
+) -> None:
+    # The ranges reduced one after another in one program and added there, against the ranges as
+    # separate programs combined through the workspace: the same sum, so the same bits, at every M
+    # (a problem's tilings may use one path at decode batches and the other at prefill sizes). With
+    # a bias and, at split 4, an empty last range; float32 out, so no output rounding hides a
+    # difference.
+    k = 320 if config.tma else 300
+    x, wq, ws, b = linear_problem(37, 150, k, torch.float32, seed=13, scales=scales)
+    dev = [t.to(device) for t in (x, wq, ws, b)]
+    in_program = replace(config, ranges_in_program=True)
+    full = fp8_matmul.linear_fp8(*dev, config=config)
+    assert torch.equal(fp8_matmul.linear_fp8(*dev, config=in_program), full)
+    other = replace(in_program, block_m=32, block_n=64, persistent=not config.persistent, tma=not config.tma)
+    for start, rows in [(5, 1), (17, 20)]:
+        part = fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:], config=other)
+        assert torch.equal(part, full[start : start + rows]), (start, rows)
+
+
 def test_split_k_sums_its_ranges_in_order(device: torch.device) -> None:
     # Split 2 at K = 384 (three steps: ranges [0, 2) and [2, 3)) is, row by row, the unsplit kernel
     # on each range's channels, the two added in float32, then the bias: the bits follow from K and
@@ -289,9 +311,17 @@ def test_gpu_split_k_shapes_match_float64_and_are_batch_invariant(n: int, k: int
                 fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True,
                                          split_k=split),
                 fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, split_k=split)]
+        # The same ranges reduced in one program (the large-M path) give the workspace path's bits.
+        cfgs += [replace(c, ranges_in_program=True) for c in cfgs]
         full = fp8_matmul.linear_fp8(*dev, config=cfgs[0])
         assert rel_err(full, linear_float64(x, wq, ws, None)) < TOL[torch.bfloat16]
         for start, rows in [(0, 1), (137, 1), (5, 64), (44, 256)]:
             for cfg in cfgs:
                 part = fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:], config=cfg)
                 assert torch.equal(part, full[start : start + rows]), (split, cfg, start, rows)
+        # In float32 out, where no output rounding can hide a last-place difference between the two
+        # ways of adding the ranges (one fused multiply-add would show here).
+        x32 = dev[0].float()
+        ranges = fp8_matmul.linear_fp8(x32, *dev[1:], config=cfgs[0])
+        for cfg in cfgs[len(cfgs) // 2:]:
+            assert torch.equal(fp8_matmul.linear_fp8(x32, *dev[1:], config=cfg), ranges), (split, cfg)
