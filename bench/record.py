@@ -199,6 +199,29 @@ def _numerics(r: dict) -> str:
     return ", ".join([r["workload"], *extra])
 
 
+def _second_run_rows(r: dict) -> list[str]:
+    """Rows for a throughput JSON's second run of the same requests in the same call: the fused
+    launches off (--compare-unfused) or a variant's tilings or settings (--variant-*)."""
+    out = []
+    for key in ("unfused", "variant"):
+        other = r.get(key)
+        if not other:
+            continue
+        if key == "unfused":
+            what = "fused launches off (`--compare-unfused`, same call)"
+        else:
+            changes = " ".join(x for x in (other.get("fp8_tiling"), other.get("flags")) if x)
+            what = f"variant `{changes}` (same call)"
+        decode = other.get("decode") or {}
+        floor = decode["floor_ms"] / decode["median_step_ms"] if decode.get("median_step_ms") else None
+        out.append(
+            f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {_numerics(r)}, {what} | "
+            f"{r['batch_invariant']} | {r.get('requests', '—')} | {fmt(other['output_tok_s'], '.0f')} | — | — | "
+            f"{fmt(floor, '.2f')} | — |"
+        )
+    return out
+
+
 def _ratio(value: float, floor: float | None) -> float | None:
     return value / floor if floor else None
 
@@ -219,6 +242,7 @@ def main() -> None:
             f"{fmt(r.get('transformers_output_tok_s'), '.0f')} | {fmt(r.get('ratio'), '.1f')} | "
             f"{fmt(r.get('decode_floor_fraction'), '.2f')} | {fmt(r.get('speedup_over_baseline'), '.2f')} |"
         )
+        rows.extend(_second_run_rows(r))
     so_rows = []
     for r in sorted(records, key=lambda r: str(r.get("date", ""))):
         if r.get("bench") != "structured_decode" or r.get("device") != "cuda":

@@ -91,7 +91,10 @@ class Fp8TileConfig:
     # With split_k > 1: one program per output tile reduces its K ranges one after another and adds
     # their partials in range order itself, the combine kernel's arithmetic, so the same bits as the
     # workspace path without its partials' traffic or second launch (which large M cannot afford and
-    # a decode batch's few tiles do not need: tilings of one problem may mix the two by M).
+    # a decode batch's few tiles do not need: tilings of one problem may mix the two by M). Block
+    # scales only: a per-channel scale multiplies each range's partial, and the compiler may fuse
+    # that product into the addition of the ranges (one rounding where the workspace path has two;
+    # seen on the H200), so per-channel weights keep the workspace at every M.
     ranges_in_program: bool = False
 
     def __post_init__(self) -> None:
@@ -212,18 +215,6 @@ def _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _rounded(x, INTERPRET: tl.constexpr):
-    """x, kept a separately rounded float32 value: a product passed through here cannot be fused into
-    the addition that follows (the workspace path stores each range's product before adding it)."""
-    y = x
-    if not INTERPRET:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [bits], dtype=tl.int32, is_pure=False, pack=1)
-        y = bits.to(tl.float32, bitcast=True)
-    return y
-
-
-@triton.jit
 def _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K: tl.constexpr,
                CHANNEL_SCALES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                INTERPRET: tl.constexpr):
@@ -291,8 +282,10 @@ def _fp8_linear_kernel(
     INTERPRET: tl.constexpr,
 ):
     """A work item is an output tile, or (split K through the workspace, ITEM_SPLITS = SPLIT_K) one
-    K range of it. With RANGES_IN_PROGRAM the item is the whole tile, whose SPLIT_K ranges are each
-    reduced from zero and added in range order here: the combine kernel's sum, so its bits."""
+    K range of it. With RANGES_IN_PROGRAM (block scales only) the item is the whole tile, whose
+    SPLIT_K ranges are each reduced from zero and added in range order here: the combine kernel's
+    sum, so its bits. (A range ends on a fused multiply-add, never a bare product, so nothing can
+    fuse the product into the addition of the ranges; a per-channel scale's product could be.)"""
     pid = tl.program_id(0)
     num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS,
                                                            ITEM_SPLITS)
@@ -312,14 +305,14 @@ def _fp8_linear_kernel(
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
         if RANGES_IN_PROGRAM:
             k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
-            acc = _channel_scaled(_ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first,
-                                             k_last, EVEN_K, CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET),
-                                  ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
+            tl.static_assert(not CHANNEL_SCALES, "per-channel scales add their ranges through the workspace")
+            acc = _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K,
+                             CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
             for r in tl.static_range(1, SPLIT_K):
                 k_first, k_last = _split_range(r, K, BLOCK_K, SPLIT_K)
                 part = _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K,
                                   CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
-                acc += _rounded(_channel_scaled(part, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N), INTERPRET)
+                acc += part
             _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
         else:
             k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
@@ -378,14 +371,14 @@ def _fp8_linear_tma_kernel(
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
         if RANGES_IN_PROGRAM:
             k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
-            acc = _channel_scaled(_tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last,
-                                             CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET),
-                                  ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
+            tl.static_assert(not CHANNEL_SCALES, "per-channel scales add their ranges through the workspace")
+            acc = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
+                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
             for r in tl.static_range(1, SPLIT_K):
                 k_first, k_last = _split_range(r, K, BLOCK_K, SPLIT_K)
                 part = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
                                   BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
-                acc += _rounded(_channel_scaled(part, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N), INTERPRET)
+                acc += part
             _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
         else:
             k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
@@ -453,7 +446,9 @@ def linear_fp8_quantized(
     # The interpreter has no SMs; 4 programs still exercise the persistent loop.
     cap = (sm_count(xq.device.index or 0) if on_gpu else 4) * config.programs_per_sm
     # A work item is a tile, or one K range of a tile when the ranges go through the workspace.
-    workspace = config.split_k > 1 and not config.ranges_in_program
+    # Per-channel scales always take the workspace (Fp8TileConfig.ranges_in_program says why).
+    channel = scale.dim() == 1
+    workspace = config.split_k > 1 and (channel or not config.ranges_in_program)
     item_splits = config.split_k if workspace else 1
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * item_splits
     grid = (min(cap, tiles) if config.persistent else tiles,)
@@ -472,7 +467,7 @@ def linear_fp8_quantized(
         PERSISTENT=config.persistent,
         NUM_PROGRAMS=cap,
         SPLIT_K=config.split_k,
-        RANGES_IN_PROGRAM=config.split_k > 1 and config.ranges_in_program,
+        RANGES_IN_PROGRAM=config.split_k > 1 and not workspace,
         ITEM_SPLITS=item_splits,
         INTERPRET=interpreting(),
         num_warps=config.num_warps,

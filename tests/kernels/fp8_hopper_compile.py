@@ -57,7 +57,8 @@ def _linear_cases() -> list[dict[str, Any]]:
 
         compiled = _compiled(fp8_matmul._fp8_linear_tma_kernel, launch_split)
         out.append({"kernel": "fp8_linear_tma_split", "scales": layout, **compiled})
-        in_program = dataclasses.replace(split, ranges_in_program=True)  # both ranges in one program
+        # Both ranges in one program (block scales; per-channel ones take the workspace path above).
+        in_program = dataclasses.replace(split, ranges_in_program=True)
 
         def launch_in_program(wq: torch.Tensor = wq, ws: torch.Tensor = ws, cfg: Any = in_program) -> object:
             return fp8_matmul.linear_fp8_quantized(xq, xs, wq, ws, None, torch.bfloat16, cfg)

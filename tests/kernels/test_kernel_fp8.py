@@ -197,7 +197,8 @@ def test_ranges_in_one_program_give_the_workspace_bits(
     # separate programs combined through the workspace: the same sum, so the same bits, at every M
     # (a problem's tilings may use one path at decode batches and the other at prefill sizes). With
     # a bias and, at split 4, an empty last range; float32 out, so no output rounding hides a
-    # difference.
+    # difference. (Per-channel scales take the workspace either way; the interpreter fuses no
+    # multiply-add, so the GPU test is the one that tells the two paths' roundings apart.)
     k = 320 if config.tma else 300
     x, wq, ws, b = linear_problem(37, 150, k, torch.float32, seed=13, scales=scales)
     dev = [t.to(device) for t in (x, wq, ws, b)]
@@ -294,9 +295,12 @@ def test_gpu_engine_shapes_match_float64_and_are_batch_invariant(n: int, k: int,
         assert torch.equal(
             fp8_matmul.linear_fp8(dev[0][start : start + rows], *dev[1:]), full[start : start + rows]
         )
-    # The TMA tilings compiled for the device give the pointer tilings' bits.
-    for cfg in (fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True),
-                fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, tma=True)):
+    # The TMA tilings compiled for the device give the pointer tilings' bits (with the problem's own
+    # split of K: a long-K problem's default splits it, which moves the sum).
+    split = fp8_matmul.tile_config(n, k).split_k
+    for cfg in (fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True,
+                                         split_k=split),
+                fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, tma=True, split_k=split)):
         assert torch.equal(fp8_matmul.linear_fp8(*dev, config=cfg), full), cfg
 
 
