@@ -24,7 +24,10 @@ ranges that depend on K and the config only; each range is reduced as above from
 partial (times a per-channel scale, if any) goes to a workspace, and matmul.py's combine kernel
 adds the partials in range order, then the bias, and rounds once. A decode batch's projections
 with few output tiles get more, shorter K loops; the sum changes, so every tiling of one problem
-shares split_k (checked when a tiling is chosen).
+shares split_k (checked when a tiling is chosen). With block scales the ranges can instead be
+reduced one after another by the tile's one program and added there in the same order
+(`ranges_in_program`): the same sum and bits without the workspace, which is how large M runs a
+split problem.
 
 Batch invariance: the kernel is not specialised on M, and each output tile is reduced by one
 program in K order, one 128-channel step at a time, each step's product promoted on its own, so a
