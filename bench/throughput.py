@@ -149,19 +149,24 @@ def _fp8_shapes(workload: str) -> set[tuple[int, int]]:
     return shapes
 
 
-def prefer_tma_tilings(workload: str) -> None:
-    """Override the FP8 tilings of the workload's projection shapes with their TMA variants."""
+def _override_tilings(workload: str, change: dict[str, Any]) -> None:
+    """Override every tiling of the workload's FP8 projection shapes with `change` applied to it."""
     from shardinfer.kernels import fp8_matmul
     from shardinfer.kernels.tuning import Tiling
 
     for n, k in _fp8_shapes(workload):
         t = fp8_matmul.tiling(n, k)
-        fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(dataclasses.replace(t.rest, tma=True),
-                                                     tuple((m, dataclasses.replace(c, tma=True)) for m, c in t.by_m))
+        fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(dataclasses.replace(t.rest, **change),
+                                                     tuple((m, dataclasses.replace(c, **change)) for m, c in t.by_m))
+
+
+def prefer_tma_tilings(workload: str) -> None:
+    """Override the FP8 tilings of the workload's projection shapes with their TMA variants."""
+    _override_tilings(workload, {"tma": True})
 
 
 def parse_tiling_change(text: str) -> dict[str, Any]:
-    """"prefetch_scales=False,num_stages=3" -> {"prefetch_scales": False, "num_stages": 3}, checked
+    """"split_k=1,num_stages=3" -> {"split_k": 1, "num_stages": 3}, checked
     against Fp8TileConfig's fields so a typo fails before any run."""
     import ast
 
@@ -181,13 +186,9 @@ def parse_tiling_change(text: str) -> dict[str, Any]:
 def changed_tilings(workload: str, change: dict[str, Any]) -> Iterator[None]:
     """Every tiling of the workload's FP8 projection shapes with `change` applied, for the block."""
     from shardinfer.kernels import fp8_matmul
-    from shardinfer.kernels.tuning import Tiling
 
     saved = dict(fp8_matmul.CONFIG_OVERRIDES)
-    for n, k in _fp8_shapes(workload):
-        t = fp8_matmul.tiling(n, k)
-        fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(dataclasses.replace(t.rest, **change),
-                                                     tuple((m, dataclasses.replace(c, **change)) for m, c in t.by_m))
+    _override_tilings(workload, change)
     try:
         yield
     finally:
@@ -196,8 +197,8 @@ def changed_tilings(workload: str, change: dict[str, Any]) -> Iterator[None]:
 
 
 def parse_flags(text: str) -> dict[tuple[str, str], Any]:
-    """"kernels.paged_attention.PAGE_PREFETCH=True" -> {("shardinfer.kernels.paged_attention",
-    "PAGE_PREFETCH"): True}; the module must exist and already define the name."""
+    """"kernels.paged_attention.FP8_NUM_STAGES=2" -> {("shardinfer.kernels.paged_attention",
+    "FP8_NUM_STAGES"): 2}; the module must exist and already define the name."""
     import ast
     import importlib
 
@@ -270,11 +271,11 @@ def main() -> None:
     ap.add_argument("--variant-fp8-tiling", default=None, metavar="FIELD=VALUE[,FIELD=VALUE]",
                     help="a second run in this invocation (result key 'variant') with these Fp8TileConfig "
                          "fields changed in every tiling of the workload's FP8 projections (e.g. "
-                         "prefetch_scales=False,num_stages=3), so a launch setting's gain compares two runs "
+                         "split_k=1,num_stages=3), so a launch setting's gain compares two runs "
                          "of one commit")
     ap.add_argument("--variant-flags", default=None, metavar="MODULE.NAME=VALUE[,...]",
                     help="the variant run with these module-level settings of shardinfer changed (e.g. "
-                         "kernels.paged_attention.PAGE_PREFETCH=True); with --variant-fp8-tiling, both")
+                         "kernels.paged_attention.FP8_NUM_STAGES=2); with --variant-fp8-tiling, both")
     ap.add_argument("--compare-unfused", action="store_true",
                     help="also run the same configuration with the fused launches off (an FP8 linear's input "
                          "quantised by the linear, the dense prologue op by op; the same bits) in this "

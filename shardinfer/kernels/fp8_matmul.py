@@ -280,12 +280,11 @@ def _fp8_linear_kernel(
     PERSISTENT: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    RANGES_IN_PROGRAM: tl.constexpr,
     ITEM_SPLITS: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """A work item is an output tile, or (split K through the workspace, ITEM_SPLITS = SPLIT_K) one
-    K range of it. With RANGES_IN_PROGRAM (block scales only) the item is the whole tile, whose
+    K range of it. With ITEM_SPLITS = 1 < SPLIT_K (block scales only) the item is the whole tile, whose
     SPLIT_K ranges are each reduced from zero and added in range order here: the combine kernel's
     sum, so its bits. (A range ends on a fused multiply-add, never a bare product, so nothing can
     fuse the product into the addition of the ranges; a per-channel scale's product could be.)"""
@@ -306,7 +305,7 @@ def _fp8_linear_kernel(
         # A column tile lies inside one 128-row weight-scale block (BLOCK_N <= 128, a power of two),
         # so its block scale per K step is one scalar.
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
-        if RANGES_IN_PROGRAM:
+        if ITEM_SPLITS < SPLIT_K:  # the ranges reduced here, not through the workspace
             k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
             tl.static_assert(not CHANNEL_SCALES, "per-channel scales add their ranges through the workspace")
             acc = _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K,
@@ -352,7 +351,6 @@ def _fp8_linear_tma_kernel(
     PERSISTENT: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    RANGES_IN_PROGRAM: tl.constexpr,
     ITEM_SPLITS: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -372,7 +370,7 @@ def _fp8_linear_tma_kernel(
         rows = tl.where(rows < M, rows, 0).to(tl.int64)
         as_ptrs = as_ptr + rows * a_groups
         ws_row = ws_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * w_groups
-        if RANGES_IN_PROGRAM:
+        if ITEM_SPLITS < SPLIT_K:  # the ranges reduced here, not through the workspace
             k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
             tl.static_assert(not CHANNEL_SCALES, "per-channel scales add their ranges through the workspace")
             acc = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
@@ -470,7 +468,6 @@ def linear_fp8_quantized(
         PERSISTENT=config.persistent,
         NUM_PROGRAMS=cap,
         SPLIT_K=config.split_k,
-        RANGES_IN_PROGRAM=config.split_k > 1 and not workspace,
         ITEM_SPLITS=item_splits,
         INTERPRET=interpreting(),
         num_warps=config.num_warps,

@@ -87,3 +87,16 @@ def test_variant_flags_are_set_for_the_block_and_restored() -> None:
 def test_variant_options_name_the_bad_item(text: str, parse: object, needle: str) -> None:
     with pytest.raises(SystemExit, match=needle):
         parse(text)  # type: ignore[operator]
+
+
+def test_record_writes_a_row_for_a_same_call_second_run() -> None:
+    from bench.record import _second_run_rows
+
+    run = {"date": "2026-12-04T03:52:51", "gpu": "NVIDIA H200", "commit": "abc1234", "workload": "dense-8b",
+           "quantization": "fp8", "kv_cache_dtype": "fp8", "batch_invariant": True, "requests": 512,
+           "variant": {"fp8_tiling": "split_k=1", "flags": None, "output_tok_s": 10263.1,
+                       "decode": {"floor_ms": 5.0, "median_step_ms": 12.5}}}
+    assert _second_run_rows(run) == [
+        "| 2026-12-04 03:52 | NVIDIA H200 | abc1234 | dense-8b, weights fp8, KV fp8, variant `split_k=1` (same call) | "
+        "True | 512 | 10263 | — | — | 0.40 | — |"]
+    assert _second_run_rows({k: v for k, v in run.items() if k != "variant"}) == []

@@ -226,6 +226,18 @@ def test_split_k_sums_its_ranges_in_order(device: torch.device) -> None:
     assert torch.equal(fp8_matmul.linear_fp8(x, wq, ws, b, config=split), (head + tail) + b)
 
 
+@pytest.mark.parametrize("n,k,split", [(4096, 12288, 2), (1024, 3072, 2), (576, 2048, 2), (4096, 4096, 1),
+                                         (24576, 4096, 1), (2048, 2816, 1)])
+def test_default_splits_long_k_through_the_workspace_only_at_decode_batches(n: int, k: int, split: int) -> None:
+    # K >= 3N splits K in two for every M (one sum, so one set of bits): through the workspace up to
+    # 256 rows, where the tiles are too few to fill the SMs, in the tile's own program above.
+    for m in (1, 64, 65, 256, 257, 8192):
+        cfg = fp8_matmul.tile_config(n, k, m)
+        assert cfg.split_k == split, (m, cfg)
+        if split > 1:
+            assert cfg.ranges_in_program == (m > 256), (m, cfg)
+
+
 def test_tilings_of_one_problem_must_share_split_k() -> None:
     one = fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4)
     fp8_matmul.CONFIG_OVERRIDES[(640, 512)] = Tiling(one, ((64, replace(one, split_k=2)),))
