@@ -210,7 +210,7 @@ def _second_run_rows(r: dict) -> list[str]:
         if key == "unfused":
             what = "fused launches off (`--compare-unfused`, same call)"
         else:
-            changes = " ".join(x for x in (other.get("fp8_tiling"), other.get("flags")) if x)
+            changes = " ".join(x for x in (other.get("fp8_tiling"), other.get("flags"), other.get("settings")) if x)
             what = f"variant `{changes}` (same call)"
         decode = other.get("decode") or {}
         floor = decode["floor_ms"] / decode["median_step_ms"] if decode.get("median_step_ms") else None

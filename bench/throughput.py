@@ -215,6 +215,23 @@ def parse_flags(text: str) -> dict[tuple[str, str], Any]:
     return flags
 
 
+ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "admission_batch")
+
+
+def parse_settings(text: str) -> dict[str, int]:
+    """"max_num_seqs=512" -> {"max_num_seqs": 512}: engine settings of the same-call variant run,
+    checked so a typo fails before any run."""
+    settings: dict[str, int] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or name not in ENGINE_SETTINGS or not value.strip().isdigit() or int(value) < 1:
+            raise SystemExit(f"--variant-settings: {item!r} is not NAME=POSITIVE_INT with NAME one of "
+                             f"{list(ENGINE_SETTINGS)}")
+        settings[name] = int(value)
+    return settings
+
+
 @contextlib.contextmanager
 def changed_flags(flags: dict[tuple[str, str], Any]) -> Iterator[None]:
     """Module-level settings changed for the block, restored after."""
@@ -276,6 +293,10 @@ def main() -> None:
     ap.add_argument("--variant-flags", default=None, metavar="MODULE.NAME=VALUE[,...]",
                     help="the variant run with these module-level settings of shardinfer changed (e.g. "
                          "kernels.paged_attention.FP8_NUM_STAGES=2); with --variant-fp8-tiling, both")
+    ap.add_argument("--variant-settings", default=None, metavar="NAME=VALUE[,...]",
+                    help="the variant run with these engine settings instead (max_num_seqs, "
+                         "max_num_batched_tokens, admission_batch; e.g. max_num_seqs=512); combines with "
+                         "the other --variant-* options")
     ap.add_argument("--compare-unfused", action="store_true",
                     help="also run the same configuration with the fused launches off (an FP8 linear's input "
                          "quantised by the linear, the dense prologue op by op; the same bits) in this "
@@ -291,6 +312,7 @@ def main() -> None:
     if tiling_change is not None and args.quantization != "fp8":
         ap.error("--variant-fp8-tiling: only FP8 weights have FP8 tilings; add --quantization fp8")
     flag_change = parse_flags(args.variant_flags) if args.variant_flags else None
+    settings_change = parse_settings(args.variant_settings) if args.variant_settings else None
 
     shape = SHAPES[args.workload]
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload)
@@ -332,14 +354,15 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
     variant = None
-    if tiling_change is not None or flag_change is not None:
+    if tiling_change is not None or flag_change is not None or settings_change is not None:
         import gc
 
         gc.collect()
         torch.cuda.empty_cache()
         with changed_tilings(args.workload, tiling_change or {}), changed_flags(flag_change or {}):
-            other = run_shardinfer(model_dir, reqs, args)
+            other = run_shardinfer(model_dir, reqs, argparse.Namespace(**{**vars(args), **(settings_change or {})}))
         variant = {"fp8_tiling": args.variant_fp8_tiling, "flags": args.variant_flags,
+                   "settings": args.variant_settings,
                    "output_tok_s": other["output_tok_s"], "wall_s": other["wall_s"], "eager_s": other["eager_s"],
                    "graphed_s": other["graphed_s"], "decode": _decode_summary(other.pop("decode_steps"), other, bw)[1]}
         gc.collect()
@@ -387,7 +410,8 @@ def main() -> None:
               f"{(unfused['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms against "
               f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms")
     if variant:
-        print(f"variant ({variant['fp8_tiling'] or ''} {variant['flags'] or ''}), same run: "
+        changes = " ".join(x for x in (variant["fp8_tiling"], variant["flags"], variant["settings"]) if x)
+        print(f"variant ({changes}), same run: "
               f"{variant['output_tok_s']:.0f} tok/s (prefill {variant['eager_s']:.2f} s, decode step "
               f"{(variant['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms) against "
               f"{ours['output_tok_s']:.0f} tok/s (prefill {ours['eager_s']:.2f} s, decode step "

@@ -16,6 +16,7 @@ from bench.throughput import (  # noqa: E402
     changed_flags,
     changed_tilings,
     parse_flags,
+    parse_settings,
     parse_tiling_change,
     prefer_tma_tilings,
 )
@@ -83,10 +84,18 @@ def test_variant_flags_are_set_for_the_block_and_restored() -> None:
     ("split_k", parse_tiling_change, "not FIELD=VALUE"),
     ("kernels.paged_attention.NO_SUCH=1", parse_flags, "has no setting 'NO_SUCH'"),
     ("PAGE=1", parse_flags, "is not MODULE.NAME=VALUE"),
+    ("max_num_seq=512", parse_settings, "is not NAME=POSITIVE_INT with NAME one of"),
+    ("max_num_seqs=0", parse_settings, "is not NAME=POSITIVE_INT"),
+    ("max_num_seqs=lots", parse_settings, "is not NAME=POSITIVE_INT"),
 ])
 def test_variant_options_name_the_bad_item(text: str, parse: object, needle: str) -> None:
     with pytest.raises(SystemExit, match=needle):
         parse(text)  # type: ignore[operator]
+
+
+def test_variant_settings_parse_to_engine_keywords() -> None:
+    assert parse_settings("max_num_seqs=512, max_num_batched_tokens=16384") == {
+        "max_num_seqs": 512, "max_num_batched_tokens": 16384}
 
 
 def test_record_writes_a_row_for_a_same_call_second_run() -> None:
@@ -100,3 +109,5 @@ def test_record_writes_a_row_for_a_same_call_second_run() -> None:
         "| 2026-12-04 03:52 | NVIDIA H200 | abc1234 | dense-8b, weights fp8, KV fp8, variant `split_k=1` (same call) | "
         "True | 512 | 10263 | — | — | 0.40 | — |"]
     assert _second_run_rows({k: v for k, v in run.items() if k != "variant"}) == []
+    settings = {**run, "variant": {**run["variant"], "fp8_tiling": None, "settings": "max_num_seqs=512"}}
+    assert "variant `max_num_seqs=512` (same call)" in _second_run_rows(settings)[0]
