@@ -175,59 +175,6 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
     return results
 
 
-def prefill_attention(flops: float) -> list[dict[str, Any]]:
-    """dense-8b prefill attention (32 q / 8 kv heads, d 128, 16-token pages): fresh prompts of one
-    length, over the q blocks a program covers (`q_blocks_per_program`), stage counts and register
-    caps, on the bf16 and the FP8 cache. TFLOP/s counts the causal products (4 * d * heads per
-    visible query-key pair) against the measured bf16 matmul rate. Each variant's output is compared
-    bitwise with one q block a program at the shipped settings (none of these settings changes a
-    bit). Timed as CUDA-graph replays."""
-    from shardinfer.kernels.reference_fp8 import quantize_groups
-
-    hq, hk, d, page = 32, 8, 128, 16
-    results = []
-    for n_prompts, length in ((4, 2048), (16, 512)):
-        gen = torch.Generator(device="cuda").manual_seed(length)
-        per_seq = length // page
-        bf16 = [torch.randn(n_prompts * per_seq, page, hk, d, device="cuda", dtype=BF16, generator=gen)
-                for _ in range(2)]
-        (kq, ks), (vq, vs) = quantize_groups(bf16[0]), quantize_groups(bf16[1])
-        bt = torch.randperm(n_prompts * per_seq, device="cuda", generator=gen).view(n_prompts, per_seq).int()
-        q = torch.randn(n_prompts * length, hq, d, device="cuda", dtype=BF16, generator=gen)
-        qsl = torch.arange(0, n_prompts * length + 1, length, device="cuda", dtype=torch.int32)
-        sl = torch.full((n_prompts,), length, device="cuda", dtype=torch.int32)
-        pair_flops = 4 * d * hq * n_prompts * length * (length + 1) / 2
-        for cache in ("bf16", "fp8"):
-            caches = (kq, vq) if cache == "fp8" else tuple(bf16)
-            scales = {"k_scale": ks, "v_scale": vs} if cache == "fp8" else {}
-            first = None
-            for nsub, stages, regs in ((1, None, -1), (2, None, None), (4, None, None), (4, 2, None), (4, 1, None),
-                                       (4, None, 128), (2, 2, None)):
-                def run(nsub: int = nsub, stages: int | None = stages, regs: int | None = regs,
-                        caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales,
-                        layout: tuple[torch.Tensor, ...] = (q, qsl, sl, bt), length: int = length) -> torch.Tensor:
-                    q_, qsl_, sl_, bt_ = layout
-                    return pa.paged_attention(q_, caches[0], caches[1], qsl_, sl_, bt_, d ** -0.5, max_seq_len=length,
-                                              num_stages=stages, max_registers=regs, q_blocks_per_program=nsub,
-                                              **scales)
-
-                row: dict[str, Any] = {"prompts": n_prompts, "length": length, "cache": cache,
-                                       "q_blocks_per_program": nsub, "num_stages": stages or "default",
-                                       "max_registers": "default" if regs == -1 else regs}
-                try:
-                    out = run()
-                    first = out if first is None else first
-                    row["bitwise_equal_to_one_block"] = bool(torch.equal(out, first))
-                    ms = graph_ms(run)
-                    row.update(us=ms * 1e3, tflops=pair_flops / (ms * 1e-3) / 1e12,
-                               of_bf16_matmul=pair_flops / (ms * 1e-3) / flops)
-                except Exception as exc:  # a config that fails to compile is reported, not fatal
-                    row["error"] = repr(exc)[:300]
-                results.append(row)
-                print(json.dumps(row), flush=True)
-    return results
-
-
 def _mla_bytes(batch: int, ctx: int) -> int:
     """HBM bytes of one moe-16b MLA decode call: the latent + rope cache of every key, and per
     token 16 heads' queries (576 wide) and outputs (512 wide), bf16."""
@@ -494,7 +441,6 @@ def main() -> None:
                      ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
                      ("mla_scaling", lambda: mla_scaling(bw)), ("mla_merge", lambda: mla_merge(bw)),
                      ("paged_attention", lambda: sweep_dense(bw, flops)), ("fp8_attention", lambda: fp8_attention(bw)),
-                     ("prefill_attention", lambda: prefill_attention(flops)),
                      ("mla_fp8", lambda: mla_fp8(bw))]:
         if args.only and name not in args.only.split(","):
             continue

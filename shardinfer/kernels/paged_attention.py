@@ -72,66 +72,10 @@ FP8_BLOCK_N = 128
 NUM_STAGES = 2
 FP8_NUM_STAGES = 1
 MAX_REGISTERS = 128
-# Prefill: a program covers this many consecutive q blocks of one request, so each key and value
-# tile it loads serves that many times the queries (the 16-row tiles alone reload the keys for every
-# four tokens). Each q block still runs through its own 16-row products and softmax, so the bits are
-# the one-block kernel's. Chosen for a step whose requests average at least
-# PREFILL_TOKENS_PER_REQUEST query tokens; decode steps keep one block a program (a program of a
-# one-token request would run its empty blocks). Measured: docs/performance.md.
-PREFILL_Q_BLOCKS = 4
-PREFILL_TOKENS_PER_REQUEST = 16
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
-
-
-@triton.jit
-def _q_tile(q_ptr, sqt, sqh, q_start, tok0, q_len, kvh_split, d, GROUP: tl.constexpr, HB: tl.constexpr,
-            N_HSPLIT: tl.constexpr, SUB_M: tl.constexpr, SUB_Q: tl.constexpr, D: tl.constexpr):
-    """One q block's tile rows (kv head, token, query head, valid) and its queries."""
-    kvh, tok, head, row_ok = split_kv.tile_rows(kvh_split, tok0, q_len, GROUP, HB, SUB_M, SUB_Q, N_HSPLIT)
-    q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
-    q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
-    return kvh, tok, head, row_ok, q
-
-
-@triton.jit
-def _scores(q, k, ks, n, n_ok, pos, m_i, l_i, scale_log2, window, HAS_WINDOW: tl.constexpr,
-            SCALE_SCORES: tl.constexpr, PRECISION: tl.constexpr):
-    """One key tile's online-softmax step for one q block's rows: (m, l, alpha, p)."""
-    s = tl.dot(q, k, input_precision=PRECISION)
-    if SCALE_SCORES:
-        s = s * ks[None, :]
-    s = s * scale_log2
-    visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
-    if HAS_WINDOW:
-        visible = visible & (n[None, :] > pos[:, None] - window)
-    s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives exact zeros.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    return m_new, l_i * alpha + tl.sum(p, 1), alpha, p
-
-
-@triton.jit
-def _values(acc, alpha, p, v, vs, SCALE_SCORES: tl.constexpr, PRECISION: tl.constexpr):
-    """One value tile's contribution to one q block's rows."""
-    pv = p
-    if SCALE_SCORES:  # one scale per key, applied to its column of probabilities
-        pv = p * vs[None, :]
-    return acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
-
-
-@triton.jit
-def _store_partials(pacc_ptr, pm_ptr, pl_ptr, qsl_ptr, num_seqs, block_base, q_start, tok, head, row_ok,
-                    n_heads, n_chunks, c, m_i, l_i, acc, dv, DV: tl.constexpr, BQ: tl.constexpr):
-    w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
-    tl.store(pm_ptr + w, m_i, mask=row_ok)
-    tl.store(pl_ptr + w, l_i, mask=row_ok)
-    tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
 
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "window", "n_chunks"])
@@ -143,13 +87,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       NSUB: tl.constexpr):
-    # A program covers NSUB consecutive q blocks of one request (BQ tokens, BLOCK_M rows in all):
-    # each key and value tile is loaded once for all of them, and each q block's rows go through
-    # their own BLOCK_M // NSUB-row products and softmax, the ones a program of one q block runs.
-    SUB_M: tl.constexpr = BLOCK_M // NSUB
-    SUB_Q: tl.constexpr = BQ // NSUB
+                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -165,101 +103,75 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         kv_lo = tl.maximum(kv_lo, (first // BLOCK_N) * BLOCK_N)
     kv_hi = tl.minimum(c * CHUNK + CHUNK, max_pos + 1)
     if (n_tok > 0) & (kv_lo < kv_hi):
+        kvh, tok, head, row_ok = split_kv.tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
+        pos = ctx + tok
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
-        kvh_split = tl.program_id(1)
-        kvh, tok0_, head0, ok0, q0 = _q_tile(q_ptr, sqt, sqh, q_start, tok0, q_len, kvh_split, d, GROUP, HB,
-                                             N_HSPLIT, SUB_M, SUB_Q, D)
-        pos0 = ctx + tok0_
-        m0 = tl.full([SUB_M], float("-inf"), tl.float32)
-        l0 = tl.zeros([SUB_M], tl.float32)
-        acc0 = tl.zeros([SUB_M, BLOCK_DV], tl.float32)
-        if NSUB >= 2:
-            _, tok1, head1, ok1, q1 = _q_tile(q_ptr, sqt, sqh, q_start, tok0 + SUB_Q, q_len, kvh_split, d, GROUP,
-                                              HB, N_HSPLIT, SUB_M, SUB_Q, D)
-            pos1 = ctx + tok1
-            m1 = tl.full([SUB_M], float("-inf"), tl.float32)
-            l1 = tl.zeros([SUB_M], tl.float32)
-            acc1 = tl.zeros([SUB_M, BLOCK_DV], tl.float32)
-        if NSUB >= 4:
-            _, tok2, head2, ok2, q2 = _q_tile(q_ptr, sqt, sqh, q_start, tok0 + 2 * SUB_Q, q_len, kvh_split, d,
-                                              GROUP, HB, N_HSPLIT, SUB_M, SUB_Q, D)
-            _, tok3, head3, ok3, q3 = _q_tile(q_ptr, sqt, sqh, q_start, tok0 + 3 * SUB_Q, q_len, kvh_split, d,
-                                              GROUP, HB, N_HSPLIT, SUB_M, SUB_Q, D)
-            pos2 = ctx + tok2
-            pos3 = ctx + tok3
-            m2 = tl.full([SUB_M], float("-inf"), tl.float32)
-            l2 = tl.zeros([SUB_M], tl.float32)
-            acc2 = tl.zeros([SUB_M, BLOCK_DV], tl.float32)
-            m3 = tl.full([SUB_M], float("-inf"), tl.float32)
-            l3 = tl.zeros([SUB_M], tl.float32)
-            acc3 = tl.zeros([SUB_M, BLOCK_DV], tl.float32)
+        q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
+        q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         for start in range(kv_lo, kv_hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             n_ok = n < kv_hi
             page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
-            ks = n_ok  # placeholder where the cache carries no scales (unused)
             if KV_FP8:
                 ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
-                if SCALE_SCORES:  # one scale per key, applied to its column of scores in _scores
+                if SCALE_SCORES:  # one scale per key, applied to its column of scores below
                     ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-                    k = k.to(q0.dtype)
+                    k = k.to(q.dtype)
                 elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
                     ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-                    k = (k.to(tl.float32) * ks[None, :]).to(q0.dtype)
+                    k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
                 else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
                     ks_lo = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
                     ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
                     ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
-                    k = (k.to(tl.float32) * ks2).to(q0.dtype)
+                    k = (k.to(tl.float32) * ks2).to(q.dtype)
                 if OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
                     k = opaque(k)
-            m0, l0, alpha0, p0 = _scores(q0, k, ks, n, n_ok, pos0, m0, l0, scale_log2, window, HAS_WINDOW,
-                                         SCALE_SCORES, PRECISION)
-            if NSUB >= 2:
-                m1, l1, alpha1, p1 = _scores(q1, k, ks, n, n_ok, pos1, m1, l1, scale_log2, window, HAS_WINDOW,
-                                             SCALE_SCORES, PRECISION)
-            if NSUB >= 4:
-                m2, l2, alpha2, p2 = _scores(q2, k, ks, n, n_ok, pos2, m2, l2, scale_log2, window, HAS_WINDOW,
-                                             SCALE_SCORES, PRECISION)
-                m3, l3, alpha3, p3 = _scores(q3, k, ks, n, n_ok, pos3, m3, l3, scale_log2, window, HAS_WINDOW,
-                                             SCALE_SCORES, PRECISION)
+            s = tl.dot(q, k, input_precision=PRECISION)
+            if SCALE_SCORES:
+                s = s * ks[None, :]
+            s = s * scale_log2
+            visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
+            if HAS_WINDOW:
+                visible = visible & (n[None, :] > pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with no visible key yet keeps m = -inf; shift by 0 so exp2 gives exact zeros.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
             v_off = page * svb + (n % PAGE) * svs + kvh * svh
             v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
-            vs = n_ok  # placeholder, as ks
+            pv = p
             if KV_FP8:
                 vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
-                if SCALE_SCORES:  # one scale per key, applied to its column of probabilities in _values
+                if SCALE_SCORES:  # one scale per key, applied to its column of probabilities
                     vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
-                    v = v.to(q0.dtype)
+                    pv = p * vs[None, :]
+                    v = v.to(q.dtype)
                 elif DV <= 128:
                     vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
-                    v = (v.to(tl.float32) * vs[:, None]).to(q0.dtype)
+                    v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
                 else:
                     vs_lo = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
                     vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
                     vs2 = tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])
-                    v = (v.to(tl.float32) * vs2).to(q0.dtype)
+                    v = (v.to(tl.float32) * vs2).to(q.dtype)
                 if OPAQUE:
                     v = opaque(v)
-            acc0 = _values(acc0, alpha0, p0, v, vs, SCALE_SCORES, PRECISION)
-            if NSUB >= 2:
-                acc1 = _values(acc1, alpha1, p1, v, vs, SCALE_SCORES, PRECISION)
-            if NSUB >= 4:
-                acc2 = _values(acc2, alpha2, p2, v, vs, SCALE_SCORES, PRECISION)
-                acc3 = _values(acc3, alpha3, p3, v, vs, SCALE_SCORES, PRECISION)
-        _store_partials(pacc_ptr, pm_ptr, pl_ptr, qsl_ptr, num_seqs, block_base, q_start, tok0_, head0, ok0,
-                        n_heads, n_chunks, c, m0, l0, acc0, dv, DV, BQ)
-        if NSUB >= 2:
-            _store_partials(pacc_ptr, pm_ptr, pl_ptr, qsl_ptr, num_seqs, block_base, q_start, tok1, head1, ok1,
-                            n_heads, n_chunks, c, m1, l1, acc1, dv, DV, BQ)
-        if NSUB >= 4:
-            _store_partials(pacc_ptr, pm_ptr, pl_ptr, qsl_ptr, num_seqs, block_base, q_start, tok2, head2, ok2,
-                            n_heads, n_chunks, c, m2, l2, acc2, dv, DV, BQ)
-            _store_partials(pacc_ptr, pm_ptr, pl_ptr, qsl_ptr, num_seqs, block_base, q_start, tok3, head3, ok3,
-                            n_heads, n_chunks, c, m3, l3, acc3, dv, DV, BQ)
+            acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
+        tl.store(pm_ptr + w, m_i, mask=row_ok)
+        tl.store(pl_ptr + w, l_i, mask=row_ok)
+        tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -301,7 +213,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    max_registers: int | None = -1, q_blocks_per_program: int | None = None) -> torch.Tensor:
+                    max_registers: int | None = -1) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -315,10 +227,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     FP8_BLOCK_N for an FP8 cache with head dims <= 128 when it divides kv_chunk; num_stages
     None: FP8_NUM_STAGES with that FP8 tile, else NUM_STAGES). max_registers caps the registers
     per thread of the chunk kernel (-1: MAX_REGISTERS for head dims <= 128 and 16-bit queries,
-    else none; None: none); a launch setting, it changes no arithmetic. q_blocks_per_program (1, 2
-    or 4; None: PREFILL_Q_BLOCKS when the batch averages PREFILL_TOKENS_PER_REQUEST query tokens a
-    request or more, else 1) is another: how many q blocks of a request share a program's key and
-    value tiles (the register cap then applies to one block a program only).
+    else none; None: none); a launch setting, it changes no arithmetic.
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
@@ -354,19 +263,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_n = FP8_BLOCK_N if wide else BLOCK_N
     if num_stages is None:
         num_stages = FP8_NUM_STAGES if wide and block_n == FP8_BLOCK_N else NUM_STAGES
-    if q_blocks_per_program is None:
-        prefill = q.shape[0] >= PREFILL_TOKENS_PER_REQUEST * max(1, seq_lens.shape[0])
-        q_blocks_per_program = PREFILL_Q_BLOCKS if prefill else 1
-    if q_blocks_per_program not in (1, 2, 4):
-        raise fail("q_blocks_per_program", q_blocks_per_program, "need 1, 2 or 4, or None for the batch's default")
     if max_registers == -1:
         small = max(q.shape[-1], v_cache.shape[-1]) <= _CAPPED_HEAD_DIM and q.dtype in (torch.bfloat16, torch.float16)
-        max_registers = MAX_REGISTERS if small and q_blocks_per_program == 1 else None
+        max_registers = MAX_REGISTERS if small else None
     return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers, q_blocks_per_program)
+                  k_scale, v_scale, fp8_scale_scores, max_registers)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -389,11 +293,10 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           max_registers: int | None = None, q_blocks_per_program: int = 1) -> torch.Tensor:
+           max_registers: int | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
-    k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous;
-    block_m is one q block's rows.
+    k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
     """
     fp8 = k_scale is not None and v_scale is not None
     scores_ok = _one_scale_per_key(d, dv) and q.dtype in (torch.bfloat16, torch.float32)
@@ -420,10 +323,10 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
-            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), NSUB=q_blocks_per_program,
+            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
-                              phase1, q_blocks_per_program=q_blocks_per_program)
+                              phase1)
 
 

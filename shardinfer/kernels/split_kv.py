@@ -195,7 +195,7 @@ class Workspace:
 def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
               max_seq_len: int | None, kv_chunk: int, block_m: int, sliding_window: int | None,
               phase1: Callable[[tuple[int, int, int], int, Workspace, dict[str, object]], None],
-              merge_in_phase1: bool = False, q_blocks_per_program: int = 1) -> torch.Tensor:
+              merge_in_phase1: bool = False) -> torch.Tensor:
     """Run a chunk kernel (`phase1(grid, first q block, workspace, tile constants)`) over slices of
     q blocks, each followed by the in-order merge of its chunks; returns out [T, Hq, Dv].
 
@@ -203,10 +203,6 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     from here, so every chunk kernel writing this layout shares the merge and its invariance.
     merge_in_phase1: the chunk kernel merges itself (the last of a tile's chunk programs to
     finish calls merge_rows, see mla_decode), so no merge kernel is launched.
-    q_blocks_per_program: the q blocks of block_m rows one phase-1 program covers (a power of two,
-    at most 4; the chunk kernel takes it as NSUB and runs each q block's rows through their own
-    block_m-row tile). The blocks are then numbered, and merged, in units of that many, which
-    changes no row's arithmetic: the merge is a function of the row alone.
     """
     t, hq = q.shape[0], q.shape[1]
     b = seq_lens.shape[0]
@@ -218,8 +214,7 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     n_chunks = max(1, -(-max_seq_len // kv_chunk))
     group = hq // hk
     hb = heads_per_tile(group, block_m)
-    bq = block_m // hb * q_blocks_per_program
-    block_m *= q_blocks_per_program
+    bq = block_m // hb
     n_hsplit = group // hb
     n_qblocks = t if bq == 1 else t // bq + b  # see locate
     per_token = hq * n_chunks * (dv + 2) * 4

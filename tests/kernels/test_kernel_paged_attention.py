@@ -277,49 +277,5 @@ def test_register_cap_and_stages_change_no_bits(fp8: bool) -> None:
         (kc, ks), (vc, vs) = quantize_groups(kc), quantize_groups(vc)
         extra = {"k_scale": ks, "v_scale": vs}
     shipped = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, **extra)
-    plain = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, num_stages=2, max_registers=None,
-                            q_blocks_per_program=1, **extra)
+    plain = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, num_stages=2, max_registers=None, **extra)
     assert torch.equal(shipped, plain)
-    for nsub in (2, 4):  # the prefill launch, with and without the cap
-        for regs in (None, 128):
-            several = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, max_registers=regs,
-                                      q_blocks_per_program=nsub, **extra)
-            assert torch.equal(several, plain), (nsub, regs)
-
-
-@pytest.mark.parametrize("window", [None, 40])
-@pytest.mark.parametrize("hq,hk", [(4, 2), (8, 1)])
-def test_q_blocks_per_program_change_no_bits(device: torch.device, window: int | None, hq: int, hk: int) -> None:
-    """Prefill programs covering two or four q blocks of a request (each key tile loaded once for
-    all of them) give each row the one-block program's bits: prompts that end mid-block, a decode
-    row among them, a chunked-prefill continuation, and more chunks than one."""
-    b = PagedBatch([37, 1, 70, 5, 16], [0, 100, 20, 140, 3], hq=hq, hk=hk, d=16, dv=16, block_size=16,
-                   dtype=torch.float32, device=device, seed=13)
-    one = _run(b, 0.25, window, kv_chunk=64, q_blocks_per_program=1)
-    ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.25, window)
-    assert rel_err(one, ref) < 1e-5
-    for nsub in (2, 4):
-        assert torch.equal(_run(b, 0.25, window, kv_chunk=64, q_blocks_per_program=nsub), one), nsub
-
-
-def test_prefill_batches_default_to_several_q_blocks_a_program(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The wrapper's choice: several q blocks a program where requests average at least
-    PREFILL_TOKENS_PER_REQUEST query tokens, one (and the register cap) otherwise."""
-    seen: list[tuple[object, object]] = []
-    signature = inspect.signature(pa.launch)
-
-    def fake_launch(*args: object, **kwargs: object) -> torch.Tensor:
-        given = signature.bind(*args, **kwargs).arguments
-        seen.append((given.get("q_blocks_per_program"), given.get("max_registers")))
-        return torch.empty(0)
-
-    monkeypatch.setattr(pa, "launch", fake_launch)
-    long = pa.PREFILL_TOKENS_PER_REQUEST
-    for q_lens in ([long, long], [2 * long - 1, 1], [1, 1], [long - 1, long]):
-        b = PagedBatch(q_lens, [0, 20], hq=4, hk=2, d=128, dv=128, block_size=16, dtype=torch.bfloat16,
-                       device=torch.device("cpu"), seed=1)
-        paged_attention(*b.args(), 0.1)
-    several = (pa.PREFILL_Q_BLOCKS, None)
-    assert seen == [several, several, (1, pa.MAX_REGISTERS), (1, pa.MAX_REGISTERS)]
-    with pytest.raises(ValueError, match="q_blocks_per_program"):
-        paged_attention(*b.args(), 0.1, q_blocks_per_program=3)
