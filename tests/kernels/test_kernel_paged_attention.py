@@ -235,7 +235,8 @@ def test_padded_decode_layout_reads_no_key_past_a_sequence(device: torch.device)
     ],
 )
 def test_launch_settings_follow_the_cache_and_head_dim(
-    monkeypatch: pytest.MonkeyPatch, fp8: bool, dtype: torch.dtype, d: int, want: tuple[int, int | None]
+    monkeypatch: pytest.MonkeyPatch, device: torch.device, fp8: bool, dtype: torch.dtype, d: int,
+    want: tuple[int, int | None]
 ) -> None:
     """The stage count and register cap the wrapper launches with, by cache dtype, query dtype and
     head dim (paged_attention's docstring); an explicit argument wins."""
@@ -250,7 +251,7 @@ def test_launch_settings_follow_the_cache_and_head_dim(
         return torch.empty(0)
 
     monkeypatch.setattr(pa, "launch", fake_launch)
-    b = PagedBatch([1], [20], hq=4, hk=2, d=d, dv=d, block_size=16, dtype=dtype, device=torch.device("cpu"), seed=1)
+    b = PagedBatch([1], [20], hq=4, hk=2, d=d, dv=d, block_size=16, dtype=dtype, device=device, seed=1)
     q, kc, vc, qsl, sl, bt = b.args()
     extra: dict[str, object] = {}
     if fp8:
