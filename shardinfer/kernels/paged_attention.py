@@ -17,6 +17,8 @@ Keys are cut into chunks of KV_CHUNK absolute positions (a fixed length, never f
            and writes the row's unnormalised partial (m, l, acc) to a float32 workspace.
   phase 2  grid (q blocks, Hk, value-column slices): merges each row's chunks in increasing
            chunk order (split_kv.py: the tile layout, workspace and merge MLA shares).
+           A tile whose rows all end in the first chunk is written by phase 1 itself (acc / l,
+           what the merge of one chunk returns exactly) and skipped here.
 
 Why this is batch invariant: a row's result is a fixed function of its own chunks. Within a
 chunk the key tiles start at the same absolute positions whatever the batch; a tile that is
@@ -72,6 +74,10 @@ FP8_BLOCK_N = 128
 NUM_STAGES = 2
 FP8_NUM_STAGES = 1
 MAX_REGISTERS = 128
+# A tile whose rows all end inside the first KV chunk (most decode rows up to KV_CHUNK tokens of
+# context) writes its normalised output from the chunk kernel: the merge of one chunk is acc / l
+# exactly, so the bits are the same, and the partials' round trip and the merge program are saved.
+SINGLE_CHUNK_DIRECT = True
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
@@ -80,6 +86,7 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "window", "n_chunks"])
 def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
+                       out_ptr, sot, soh,
                        sqt, sqh, skb, sks, skh, svb, svs, svh, sksb, skss, sksh, svsb, svss, svsh, sbt,
                        num_seqs, block_base, scale_log2, window, n_heads, n_chunks,
                        GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
@@ -87,7 +94,8 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr):
+                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
+                       DIRECT: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -168,10 +176,15 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     v = opaque(v)
             acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
-        tl.store(pm_ptr + w, m_i, mask=row_ok)
-        tl.store(pl_ptr + w, l_i, mask=row_ok)
-        tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
+        if DIRECT and max_pos < CHUNK:
+            # Every row of the tile has one chunk, whose merge gives acc / l exactly (the running
+            # state starts empty: alpha 0, beta 1); split_kv.merge_kernel skips these tiles.
+            split_kv.store_rows(out_ptr, sot, soh, q_start, tok, head, row_ok, acc, l_i, dv, DV)
+        else:
+            w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
+            tl.store(pm_ptr + w, m_i, mask=row_ok)
+            tl.store(pl_ptr + w, l_i, mask=row_ok)
+            tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -314,19 +327,21 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     page = k_cache.shape[1]
     limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
+    direct = SINGLE_CHUNK_DIRECT
 
     def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace,
                common: dict[str, object]) -> None:
         _attn_chunk_kernel[grid](
             q, k_cache, v_cache, ks, vs, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
+            ws.out, ws.out.stride(0), ws.out.stride(1),
             q.stride(0), q.stride(1), *k_strides, *v_strides, *ks_strides, *vs_strides,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
-            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(),
+            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), DIRECT=direct,
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
-                              phase1)
+                              phase1, single_chunk_direct=direct)
 
 

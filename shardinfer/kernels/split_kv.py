@@ -144,6 +144,13 @@ def merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok,
         m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m1, l1, a1)
         m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m2, l2, a2)
         m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m3, l3, a3)
+    store_rows(out_ptr, sot, soh, q_start, tok, head, row_ok, acc, l_run, dv, DV)
+
+
+@triton.jit
+def store_rows(out_ptr, sot, soh, q_start, tok, head, row_ok, acc, l_run, dv, DV: tl.constexpr):
+    """The normalised output acc / l of a tile's rows, value columns `dv` (the one division both
+    the merge and a chunk kernel writing a one-chunk tile itself use, so they round alike)."""
     out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
     o_rows = (q_start + tok).to(tl.int64) * sot + head * soh
     tl.store(out_ptr + o_rows[:, None] + dv[None, :], out.to(out_ptr.dtype.element_ty),
@@ -156,15 +163,19 @@ def merge_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
                     GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BQ: tl.constexpr,
                     DV: tl.constexpr, DV_SLICE: tl.constexpr, CHUNK: tl.constexpr,
-                    HAS_WINDOW: tl.constexpr):
+                    HAS_WINDOW: tl.constexpr, SKIP_ONE_CHUNK: tl.constexpr):
     """Grid (q blocks, head slices, DV / DV_SLICE): merges one slice of the value columns of a
-    tile's rows (splitting the columns over programs changes no arithmetic)."""
+    tile's rows (splitting the columns over programs changes no arithmetic). SKIP_ONE_CHUNK: the
+    chunk kernel wrote the tiles whose rows all end in the first chunk itself."""
     qblock = block_base + tl.program_id(0)
     seq, q_start, tok0 = locate(qsl_ptr, num_seqs, qblock, BQ)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     ctx = tl.load(sl_ptr + seq) - q_len
     n_tok = tl.minimum(q_len - tok0, BQ)
-    if n_tok > 0:
+    todo = n_tok > 0
+    if SKIP_ONE_CHUNK:
+        todo = todo & (ctx + tok0 + n_tok - 1 >= CHUNK)
+    if todo:
         _, tok, head, row_ok = tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
         w_row = partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
         dv = tl.program_id(2) * DV_SLICE + tl.arange(0, DV_SLICE)
@@ -195,7 +206,7 @@ class Workspace:
 def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
               max_seq_len: int | None, kv_chunk: int, block_m: int, sliding_window: int | None,
               phase1: Callable[[tuple[int, int, int], int, Workspace, dict[str, object]], None],
-              merge_in_phase1: bool = False) -> torch.Tensor:
+              merge_in_phase1: bool = False, single_chunk_direct: bool = False) -> torch.Tensor:
     """Run a chunk kernel (`phase1(grid, first q block, workspace, tile constants)`) over slices of
     q blocks, each followed by the in-order merge of its chunks; returns out [T, Hq, Dv].
 
@@ -203,6 +214,8 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     from here, so every chunk kernel writing this layout shares the merge and its invariance.
     merge_in_phase1: the chunk kernel merges itself (the last of a tile's chunk programs to
     finish calls merge_rows, see mla_decode), so no merge kernel is launched.
+    single_chunk_direct: the chunk kernel writes a tile whose rows all end in the first chunk to
+    `out` itself (store_rows), and the merge skips it.
     """
     t, hq = q.shape[0], q.shape[1]
     b = seq_lens.shape[0]
@@ -235,7 +248,8 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
             continue
         merge_kernel[(n, hk * n_hsplit, triton.cdiv(dv, dv_slice))](
             out, query_start_loc, seq_lens, ws.acc, ws.m, ws.l, out.stride(0), out.stride(1),
-            b, base, window, hq, n_chunks, DV=dv, DV_SLICE=dv_slice, num_warps=4, **common)
+            b, base, window, hq, n_chunks, DV=dv, DV_SLICE=dv_slice, SKIP_ONE_CHUNK=single_chunk_direct,
+            num_warps=4, **common)
     return out
 
 

@@ -280,3 +280,42 @@ def test_register_cap_and_stages_change_no_bits(fp8: bool) -> None:
     shipped = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, **extra)
     plain = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, num_stages=2, max_registers=None, **extra)
     assert torch.equal(shipped, plain)
+
+
+def _direct_and_merged(monkeypatch: pytest.MonkeyPatch, run: object) -> tuple[torch.Tensor, torch.Tensor]:
+    monkeypatch.setattr(pa, "SINGLE_CHUNK_DIRECT", True)
+    direct = run()  # type: ignore[operator]
+    monkeypatch.setattr(pa, "SINGLE_CHUNK_DIRECT", False)
+    return direct, run()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("window", [None, 30])
+def test_one_chunk_tiles_written_by_the_chunk_kernel_equal_the_merge(
+    monkeypatch: pytest.MonkeyPatch, device: torch.device, window: int | None
+) -> None:
+    """Tiles whose rows all end in the first chunk skip the merge; every row keeps the merged bits:
+    decodes inside and past the first chunk, and a prompt whose q blocks straddle its end."""
+    b = PagedBatch([1, 1, 1, 40, 3], [10, 63, 64, 40, 200], hq=4, hk=2, d=16, dv=16, block_size=16,
+                   dtype=torch.float32, device=device, seed=14)
+    direct, merged = _direct_and_merged(monkeypatch, lambda: _run(b, 0.3, window, kv_chunk=64))
+    assert torch.equal(direct, merged)
+    ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.3, window)
+    assert rel_err(direct, ref) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp8", [False, True])
+def test_one_chunk_tiles_equal_the_merge_at_dense_8b_heads(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
+    """The same at dense-8b's heads with the shipped tiles, on a bf16 and an FP8 cache."""
+    from shardinfer.kernels.reference_fp8 import quantize_groups
+
+    b = PagedBatch([200, 1, 1, 1] + [1] * 20, [0, 1023, 1024, 1500] + [60 * i for i in range(20)], hq=32, hk=8,
+                   d=128, dv=128, block_size=16, dtype=torch.bfloat16, device=torch.device("cuda"), seed=15)
+    q, kc, vc, qsl, sl, bt = b.args()
+    extra: dict[str, object] = {}
+    if fp8:
+        (kc, ks), (vc, vs) = quantize_groups(kc), quantize_groups(vc)
+        extra = {"k_scale": ks, "v_scale": vs}
+    direct, merged = _direct_and_merged(
+        monkeypatch, lambda: paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, **extra))
+    assert torch.equal(direct, merged)
