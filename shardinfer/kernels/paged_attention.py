@@ -17,8 +17,8 @@ Keys are cut into chunks of KV_CHUNK absolute positions (a fixed length, never f
            and writes the row's unnormalised partial (m, l, acc) to a float32 workspace.
   phase 2  grid (q blocks, Hk, value-column slices): merges each row's chunks in increasing
            chunk order (split_kv.py: the tile layout, workspace and merge MLA shares).
-           A tile whose rows all end in the first chunk is written by phase 1 itself (acc / l,
-           what the merge of one chunk returns exactly) and skipped here.
+           On an FP8 cache a tile whose rows all end in the first chunk is written by phase 1
+           itself (acc / l, what the merge of one chunk returns exactly) and skipped here.
 
 Why this is batch invariant: a row's result is a fixed function of its own chunks. Within a
 chunk the key tiles start at the same absolute positions whatever the batch; a tile that is
@@ -74,9 +74,11 @@ FP8_BLOCK_N = 128
 NUM_STAGES = 2
 FP8_NUM_STAGES = 1
 MAX_REGISTERS = 128
-# A tile whose rows all end inside the first KV chunk (most decode rows up to KV_CHUNK tokens of
-# context) writes its normalised output from the chunk kernel: the merge of one chunk is acc / l
-# exactly, so the bits are the same, and the partials' round trip and the merge program are saved.
+# On an FP8 cache, a tile whose rows all end inside the first KV chunk (decode rows up to KV_CHUNK
+# tokens of context) writes its normalised output from the chunk kernel: the merge of one chunk is
+# acc / l exactly, so the bits are the same, and the partials' round trip and the merge program are
+# saved. On the H200 that was faster on the FP8 cache and not on the bf16 cache's kernel (numbers:
+# bench/kernels/NOTES.md, "One-chunk tiles"), which keeps the merge.
 SINGLE_CHUNK_DIRECT = True
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
@@ -327,7 +329,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     page = k_cache.shape[1]
     limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
-    direct = SINGLE_CHUNK_DIRECT
+    direct = SINGLE_CHUNK_DIRECT and fp8
 
     def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace,
                common: dict[str, object]) -> None:

@@ -293,20 +293,31 @@ def _direct_and_merged(monkeypatch: pytest.MonkeyPatch, run: object) -> tuple[to
 def test_one_chunk_tiles_written_by_the_chunk_kernel_equal_the_merge(
     monkeypatch: pytest.MonkeyPatch, device: torch.device, window: int | None
 ) -> None:
-    """Tiles whose rows all end in the first chunk skip the merge; every row keeps the merged bits:
-    decodes inside and past the first chunk, and a prompt whose q blocks straddle its end."""
+    """On an FP8 cache, tiles whose rows all end in the first chunk skip the merge; every row keeps
+    the merged bits: decodes inside and past the first chunk, and a prompt whose q blocks straddle
+    its end."""
+    from shardinfer.kernels.reference_fp8 import quantize_groups
+
     b = PagedBatch([1, 1, 1, 40, 3], [10, 63, 64, 40, 200], hq=4, hk=2, d=16, dv=16, block_size=16,
                    dtype=torch.float32, device=device, seed=14)
-    direct, merged = _direct_and_merged(monkeypatch, lambda: _run(b, 0.3, window, kv_chunk=64))
+    q, kc, vc, qsl, sl, bt = b.args()
+    (kq, ks), (vq, vs) = quantize_groups(kc), quantize_groups(vc)
+
+    def run() -> torch.Tensor:
+        return paged_attention(q, kq, vq, qsl, sl, bt, 0.3, window, kv_chunk=64, k_scale=ks, v_scale=vs).cpu()
+
+    direct, merged = _direct_and_merged(monkeypatch, run)
     assert torch.equal(direct, merged)
-    ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.3, window)
+    ref = reference.paged_attention(b.q, (kq.float() * ks).cpu(), (vq.float() * vs).cpu(), b.qsl, b.seq_lens,
+                                    b.block_tables, 0.3, window)
     assert rel_err(direct, ref) < 1e-5
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True])
 def test_one_chunk_tiles_equal_the_merge_at_dense_8b_heads(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
-    """The same at dense-8b's heads with the shipped tiles, on a bf16 and an FP8 cache."""
+    """The same at dense-8b's heads with the shipped tiles, on an FP8 cache (and on a bf16 cache,
+    where the setting is off: the same bits trivially)."""
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     b = PagedBatch([200, 1, 1, 1] + [1] * 20, [0, 1023, 1024, 1500] + [60 * i for i in range(20)], hq=32, hk=8,
