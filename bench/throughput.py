@@ -2,6 +2,8 @@
 
     python bench/throughput.py --workload dense-small [--requests 1024] [--hf-requests 64]
                                [--batch-invariant on|off] [--quantization fp8] [--kv-cache-dtype fp8]
+                               [--baseline] [--compare-unfused] [--variant-fp8-tiling FIELD=VALUE,...]
+                               [--variant-flags MODULE.NAME=VALUE,...] [--variant-settings NAME=VALUE,...]
                                [--out bench/results]
 
 Prints output tok/s of each and the ratio; for the decode phase, the step time against the HBM
