@@ -178,7 +178,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     v = opaque(v)
             acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        if DIRECT and max_pos < CHUNK:
+        if DIRECT and split_kv.ends_in_first_chunk(ctx, tok0, n_tok, CHUNK):
             # Every row of the tile has one chunk, whose merge gives acc / l exactly (the running
             # state starts empty: alpha 0, beta 1); split_kv.merge_kernel skips these tiles.
             split_kv.store_rows(out_ptr, sot, soh, q_start, tok, head, row_ok, acc, l_i, dv, DV)

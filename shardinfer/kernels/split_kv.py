@@ -89,6 +89,13 @@ def tile_rows(kvh_split, tok0, q_len, GROUP: tl.constexpr, HB: tl.constexpr, BLO
 
 
 @triton.jit
+def ends_in_first_chunk(ctx, tok0, n_tok, CHUNK: tl.constexpr):
+    """Whether every row of a tile (tokens tok0 .. tok0 + n_tok - 1 after ctx cached ones) ends in
+    KV chunk 0: the chunk kernel then writes it itself and the merge skips it (the two must agree)."""
+    return ctx + tok0 + n_tok - 1 < CHUNK
+
+
+@triton.jit
 def _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, use, dv, DV: tl.constexpr, CACHE: tl.constexpr):
     """Chunk c's (m, l, acc slice) of each row; rows not using it read (-inf, 0, 0), an exact
     no-op in _merge_partial."""
@@ -174,7 +181,7 @@ def merge_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
     n_tok = tl.minimum(q_len - tok0, BQ)
     todo = n_tok > 0
     if SKIP_ONE_CHUNK:
-        todo = todo & (ctx + tok0 + n_tok - 1 >= CHUNK)
+        todo = todo & ~ends_in_first_chunk(ctx, tok0, n_tok, CHUNK)
     if todo:
         _, tok, head, row_ok = tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
         w_row = partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)

@@ -314,19 +314,15 @@ def test_one_chunk_tiles_written_by_the_chunk_kernel_equal_the_merge(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fp8", [False, True])
-def test_one_chunk_tiles_equal_the_merge_at_dense_8b_heads(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
-    """The same at dense-8b's heads with the shipped tiles, on an FP8 cache (and on a bf16 cache,
-    where the setting is off: the same bits trivially)."""
+def test_one_chunk_tiles_equal_the_merge_at_dense_8b_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same at dense-8b's heads with the shipped tiles on an FP8 cache (a bf16 cache always
+    merges)."""
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     b = PagedBatch([200, 1, 1, 1] + [1] * 20, [0, 1023, 1024, 1500] + [60 * i for i in range(20)], hq=32, hk=8,
                    d=128, dv=128, block_size=16, dtype=torch.bfloat16, device=torch.device("cuda"), seed=15)
     q, kc, vc, qsl, sl, bt = b.args()
-    extra: dict[str, object] = {}
-    if fp8:
-        (kc, ks), (vc, vs) = quantize_groups(kc), quantize_groups(vc)
-        extra = {"k_scale": ks, "v_scale": vs}
+    (kq, ks), (vq, vs) = quantize_groups(kc), quantize_groups(vc)
     direct, merged = _direct_and_merged(
-        monkeypatch, lambda: paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, **extra))
+        monkeypatch, lambda: paged_attention(q, kq, vq, qsl, sl, bt, 128 ** -0.5, k_scale=ks, v_scale=vs))
     assert torch.equal(direct, merged)
