@@ -210,49 +210,6 @@ def single_chunk(bw: float) -> list[dict[str, Any]]:
     return results
 
 
-def fp8_prefetch(bw: float) -> list[dict[str, Any]]:
-    """dense-8b decode attention on an FP8 cache, each key tile's bytes loaded one iteration ahead
-    into registers (`prefetch`, packed four to an int32) against the shipped loop, over key tiles and
-    register caps; graph-timed with the engine's graph bound for max_seq_len. A prefetching run is
-    compared bitwise with the plain loop at the same key tile (prefetching changes no bits; the key
-    tile does)."""
-    from shardinfer.kernels.reference_fp8 import quantize_groups
-
-    hq, hk, d = 32, 8, 128
-    results = []
-    # (block_n, prefetch, register cap); the first row is the shipped default.
-    variants = [(128, False, 128), (128, True, 128), (128, True, 168), (128, True, None),
-                (64, False, 128), (64, True, 128), (64, True, 168), (64, True, None),
-                (32, False, 128), (32, True, 128), (32, True, None)]
-    for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
-        db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
-        (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
-        nbytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
-        plain: dict[int, torch.Tensor] = {}
-        fp8 = (kq, vq, ks, vs)
-        for bn, pre, regs in variants:
-            def run(db: DecodeBatch = db, bn: int = bn, pre: bool = pre, regs: int | None = regs,
-                    c: tuple[torch.Tensor, ...] = fp8) -> torch.Tensor:
-                return pa.paged_attention(db.qs[0], c[0], c[1], db.qsl, db.sl, db.bt, d ** -0.5, max_seq_len=4096,
-                                          k_scale=c[2], v_scale=c[3], block_n=bn, num_stages=1, max_registers=regs,
-                                          prefetch=pre)
-
-            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "block_n": bn, "prefetch": pre, "max_registers": regs}
-            try:
-                out = run()
-                if not pre:
-                    plain[bn] = out
-                elif bn in plain:
-                    row["bitwise_equal_to_plain"] = bool(torch.equal(out, plain[bn]))
-                ms = graph_ms(run)
-                row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)
-            except Exception as exc:  # a config that fails to compile is reported, not fatal
-                row["error"] = repr(exc)[:300]
-            results.append(row)
-            print(json.dumps(row), flush=True)
-    return results
-
-
 def _mla_bytes(batch: int, ctx: int) -> int:
     """HBM bytes of one moe-16b MLA decode call: the latent + rope cache of every key, and per
     token 16 heads' queries (576 wide) and outputs (512 wide), bf16."""
@@ -519,7 +476,7 @@ def main() -> None:
                      ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
                      ("mla_scaling", lambda: mla_scaling(bw)), ("mla_merge", lambda: mla_merge(bw)),
                      ("paged_attention", lambda: sweep_dense(bw, flops)), ("fp8_attention", lambda: fp8_attention(bw)),
-                     ("single_chunk", lambda: single_chunk(bw)), ("fp8_prefetch", lambda: fp8_prefetch(bw)),
+                     ("single_chunk", lambda: single_chunk(bw)),
                      ("mla_fp8", lambda: mla_fp8(bw))]:
         if args.only and name not in args.only.split(","):
             continue
@@ -553,11 +510,6 @@ def main() -> None:
             print(f"mla merge_in_kernel={r['merge_in_kernel']} batch={r['batch']} ctx={r['ctx']}: "
                   f"{r['ms_per_call_in_graph'] * 1e3:.1f} us per call in a graph ({100 * r['of_copy_bw_in_graph']:.0f}%); "
                   + ", ".join(f"{k[:24]} {v:.1f} us" for k, v in r["kernel_us"].items()))
-    for r in record.get("fp8_prefetch", []):
-        if isinstance(r, dict) and "us" in r:
-            print(f"fp8 prefetch={r['prefetch']} block_n={r['block_n']} cap={r['max_registers']} batch={r['batch']} "
-                  f"ctx={r['ctx']}: {r['us']:.1f} us ({100 * r['of_copy_bw']:.0f}%) "
-                  f"bits={r.get('bitwise_equal_to_plain', '-')}")
     print(f"wrote {path}")
 
 

@@ -80,57 +80,10 @@ MAX_REGISTERS = 128
 # saved. On the H200 that was faster on the FP8 cache and not on the bf16 cache's kernel (numbers:
 # bench/kernels/NOTES.md, "One-chunk tiles"), which keeps the merge.
 SINGLE_CHUNK_DIRECT = True
-# On an FP8 cache with one scale per key: load the next key tile's raw bytes (keys, values, scales)
-# while the current one is dequantised and multiplied, a double buffer in registers rather than the
-# cp.async stage in shared memory. The same arithmetic in the same order, so the same bits; a launch
-# setting measured by bench_kernels.py --only fp8_prefetch (bench/kernels/NOTES.md).
-FP8_PREFETCH = False
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
-
-
-
-@triton.jit
-def _fp8_tile_packed(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq, kvh, start, kv_hi, skb, sks, skh, svb, svs, svh,
-                     sksb, skss, sksh, svsb, svss, svsh, sbt, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                     BLOCK_D: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, PAGE: tl.constexpr):
-    """One key tile of an FP8 cache with one scale per key, as stored, four bytes to an int32 (k_ptr and
-    v_ptr are the caches viewed as int32; strides stay in bytes): keys [N, D/4], values [N, DV/4] and
-    their scale vectors, keys at or past kv_hi masked to zeros. Packed, so that a tile loaded one
-    iteration ahead stays in flight, four values a register, until _unpack_e4m3 first reads it."""
-    n = start + tl.arange(0, BLOCK_N)
-    n_ok = n < kv_hi
-    page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-    slot = n % PAGE
-    d4 = tl.arange(0, BLOCK_D // 4)
-    dv4 = tl.arange(0, BLOCK_DV // 4)
-    k = tl.load(k_ptr + ((page * skb + slot * sks + kvh * skh) // 4)[:, None] + d4[None, :],
-                mask=n_ok[:, None] & (d4 < D // 4)[None, :], other=0)
-    v = tl.load(v_ptr + ((page * svb + slot * svs + kvh * svh) // 4)[:, None] + dv4[None, :],
-                mask=n_ok[:, None] & (dv4 < DV // 4)[None, :], other=0)
-    ks = tl.load(ks_ptr + page * sksb + slot * skss + kvh * sksh, mask=n_ok, other=0.0)
-    vs = tl.load(vs_ptr + page * svsb + slot * svss + kvh * svsh, mask=n_ok, other=0.0)
-    return k, v, ks, vs
-
-
-@triton.jit
-def _unpack_e4m3(w, scale, dtype: tl.constexpr, OPAQUE: tl.constexpr):
-    """int32 [N, C] holding four e4m3 bytes each (little endian) times a scale per row -> [N, 4C] in
-    dtype: byte j of w[r, c] is column 4c + j. The dequantisation is the unpacked tiles' (exact through
-    float32), so the bits are the same."""
-    b0 = (w & 0xFF).to(tl.uint8)
-    b1 = ((w >> 8) & 0xFF).to(tl.uint8)
-    b2 = ((w >> 16) & 0xFF).to(tl.uint8)
-    b3 = ((w >> 24) & 0xFF).to(tl.uint8)
-    # join stacks along a new last axis: [r, c, t, s] holds byte 2t + s, so the flattening is in order.
-    x = tl.join(tl.join(b0, b2), tl.join(b1, b3))
-    x = tl.reshape(x, (w.shape[0], 4 * w.shape[1])).to(tl.float8e4nv, bitcast=True)
-    x = (x.to(tl.float32) * scale[:, None]).to(dtype)
-    if OPAQUE:
-        x = opaque(x)
-    return x
 
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "window", "n_chunks"])
@@ -144,7 +97,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
                        KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       DIRECT: tl.constexpr, PREFETCH: tl.constexpr):
+                       DIRECT: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -169,41 +122,27 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-        if PREFETCH:  # the first tile's raw bytes; each iteration then loads the next one's
-            k_nx, v_nx, ks_nx, vs_nx = _fp8_tile_packed(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq, kvh, kv_lo, kv_hi,
-                                                        skb, sks, skh, svb, svs, svh, sksb, skss, sksh, svsb, svss,
-                                                        svsh, sbt, BLOCK_N, D, BLOCK_D, DV, BLOCK_DV, PAGE)
         for start in range(kv_lo, kv_hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             n_ok = n < kv_hi
-            if PREFETCH:
-                # Register double buffering: the next tile's loads are in flight while this one is
-                # dequantised and multiplied (past kv_hi they are fully masked: no memory traffic).
-                k_raw, v_raw, ks, vs = k_nx, v_nx, ks_nx, vs_nx
-                k_nx, v_nx, ks_nx, vs_nx = _fp8_tile_packed(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq, kvh,
-                                                            start + BLOCK_N, kv_hi, skb, sks, skh, svb, svs, svh,
-                                                            sksb, skss, sksh, svsb, svss, svsh, sbt, BLOCK_N, D,
-                                                            BLOCK_D, DV, BLOCK_DV, PAGE)
-                k = tl.trans(_unpack_e4m3(k_raw, ks, q.dtype, OPAQUE))
-            else:
-                page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-                k_off = page * skb + (n % PAGE) * sks + kvh * skh
-                k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
-                if KV_FP8:
-                    ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
-                    if SCALE_SCORES:  # one scale per key, applied to its column of scores below
-                        ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-                        k = k.to(q.dtype)
-                    elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
-                        ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-                        k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
-                    else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
-                        ks_lo = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-                        ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
-                        ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
-                        k = (k.to(tl.float32) * ks2).to(q.dtype)
-                    if OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
-                        k = opaque(k)
+            page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            k_off = page * skb + (n % PAGE) * sks + kvh * skh
+            k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
+            if KV_FP8:
+                ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
+                if SCALE_SCORES:  # one scale per key, applied to its column of scores below
+                    ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    k = k.to(q.dtype)
+                elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
+                    ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
+                else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
+                    ks_lo = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
+                    ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
+                    ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
+                    k = (k.to(tl.float32) * ks2).to(q.dtype)
+                if OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
+                    k = opaque(k)
             s = tl.dot(q, k, input_precision=PRECISION)
             if SCALE_SCORES:
                 s = s * ks[None, :]
@@ -218,28 +157,25 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
+            v_off = page * svb + (n % PAGE) * svs + kvh * svh
+            v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
             pv = p
-            if PREFETCH:
-                v = _unpack_e4m3(v_raw, vs, q.dtype, OPAQUE)
-            else:
-                v_off = page * svb + (n % PAGE) * svs + kvh * svh
-                v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
-                if KV_FP8:
-                    vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
-                    if SCALE_SCORES:  # one scale per key, applied to its column of probabilities
-                        vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
-                        pv = p * vs[None, :]
-                        v = v.to(q.dtype)
-                    elif DV <= 128:
-                        vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
-                        v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
-                    else:
-                        vs_lo = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
-                        vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
-                        vs2 = tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])
-                        v = (v.to(tl.float32) * vs2).to(q.dtype)
-                    if OPAQUE:
-                        v = opaque(v)
+            if KV_FP8:
+                vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
+                if SCALE_SCORES:  # one scale per key, applied to its column of probabilities
+                    vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    pv = p * vs[None, :]
+                    v = v.to(q.dtype)
+                elif DV <= 128:
+                    vs = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
+                else:
+                    vs_lo = tl.load(vs_ptr + vs_off, mask=n_ok, other=0.0)
+                    vs_hi = tl.load(vs_ptr + vs_off + 1, mask=n_ok, other=0.0)
+                    vs2 = tl.where((dv < 128)[None, :], vs_lo[:, None], vs_hi[:, None])
+                    v = (v.to(tl.float32) * vs2).to(q.dtype)
+                if OPAQUE:
+                    v = opaque(v)
             acc = acc * alpha[:, None] + tl.dot(pv.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         if DIRECT and split_kv.ends_in_first_chunk(ctx, tok0, n_tok, CHUNK):
@@ -292,7 +228,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    max_registers: int | None = -1, prefetch: bool | None = None) -> torch.Tensor:
+                    max_registers: int | None = -1) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -306,9 +242,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     FP8_BLOCK_N for an FP8 cache with head dims <= 128 when it divides kv_chunk; num_stages
     None: FP8_NUM_STAGES with that FP8 tile, else NUM_STAGES). max_registers caps the registers
     per thread of the chunk kernel (-1: MAX_REGISTERS for head dims <= 128 and 16-bit queries,
-    else none; None: none); a launch setting, it changes no arithmetic. prefetch (an FP8 cache with
-    one scale per key, scales on the tiles) loads each key tile's bytes one iteration ahead into
-    registers (None: FP8_PREFETCH); also a launch setting.
+    else none; None: none); a launch setting, it changes no arithmetic.
 
     An FP8 cache (float8_e4m3fn k_cache/v_cache) comes with k_scale/v_scale [num_blocks,
     block_size, Hk, ceil(D / 128)] float32 contiguous (kv_store.store_kv_fp8). Its tiles are
@@ -351,7 +285,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers, FP8_PREFETCH if prefetch is None else prefetch)
+                  k_scale, v_scale, fp8_scale_scores, max_registers)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -374,7 +308,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           max_registers: int | None = None, prefetch: bool = False) -> torch.Tensor:
+           max_registers: int | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -396,23 +330,18 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     page = k_cache.shape[1]
     limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
     direct = SINGLE_CHUNK_DIRECT and fp8
-    # The double buffer holds one scale vector per tile: one scale per key, on the tiles.
-    prefetch = prefetch and fp8 and _one_scale_per_key(d, dv) and not scale_scores and d % 4 == 0 and dv % 4 == 0
-    # The prefetching kernel reads the caches four bytes at a time (_fp8_tile_packed).
-    k_arg = k_cache.view(torch.int32) if prefetch else k_cache
-    v_arg = v_cache.view(torch.int32) if prefetch else v_cache
 
     def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace,
                common: dict[str, object]) -> None:
         _attn_chunk_kernel[grid](
-            q, k_arg, v_arg, ks, vs, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
+            q, k_cache, v_cache, ks, vs, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
             ws.out, ws.out.stride(0), ws.out.stride(1),
             q.stride(0), q.stride(1), *k_strides, *v_strides, *ks_strides, *vs_strides,
             block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
             SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), DIRECT=direct,
-            PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages, **limits, **common)
+            num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
                               phase1, single_chunk_direct=direct)

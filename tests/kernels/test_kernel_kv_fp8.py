@@ -127,16 +127,6 @@ def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
             *dev, 0.25, kv_chunk=256, k_scale=ks.to(device), v_scale=vs.to(device), fp8_scale_scores=True
         )
         assert torch.equal(on_scores, got)
-    if d <= 128:
-        # Each tile's bytes loaded one iteration ahead (a launch setting) give the same bits, with a
-        # sliding window too (the loop then starts past the window's first tile).
-        scales = {"k_scale": ks.to(device), "v_scale": vs.to(device)}
-        for window in (None, 40):
-            plain = paged_attention.paged_attention(*dev, 0.25, kv_chunk=256, sliding_window=window, prefetch=False,
-                                                    **scales)
-            ahead = paged_attention.paged_attention(*dev, 0.25, kv_chunk=256, sliding_window=window, prefetch=True,
-                                                    **scales)
-            assert torch.equal(ahead, plain)
     ref = reference.paged_attention(q, kq, vq, b.qsl, b.seq_lens, bt, 0.25, k_scale=ks, v_scale=vs)
     assert torch.equal(ref, reference.paged_attention(q, kd, vd, b.qsl, b.seq_lens, bt, 0.25))
     assert rel_err(got, ref) < (1e-5 if dtype == torch.float32 else 2 * TOL[dtype])
