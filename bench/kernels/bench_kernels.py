@@ -210,42 +210,6 @@ def single_chunk(bw: float) -> list[dict[str, Any]]:
     return results
 
 
-def fp8_keys_f16(bw: float) -> list[dict[str, Any]]:
-    """dense-8b decode attention on an FP8 cache: keys widened to float16 against float16 queries,
-    the key scale on the scores (`keys_f16`, with and without the opaque move on the key tile)
-    against the shipped dequantised key tile; graph-timed with the engine's graph bound; outputs
-    compared with the shipped kernel's (bits and relative error)."""
-    from shardinfer.kernels.reference_fp8 import quantize_groups
-
-    hq, hk, d = 32, 8, 128
-    results = []
-    for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
-        db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
-        (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
-        nbytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
-        fp8 = (kq, vq, ks, vs)
-        base = None
-        for f16, kop in ((False, True), (True, True), (True, False)):
-            def run(db: DecodeBatch = db, f16: bool = f16, kop: bool = kop,
-                    c: tuple[torch.Tensor, ...] = fp8) -> torch.Tensor:
-                return pa.paged_attention(db.qs[0], c[0], c[1], db.qsl, db.sl, db.bt, d ** -0.5, max_seq_len=4096,
-                                          k_scale=c[2], v_scale=c[3], keys_f16=f16, keys_opaque=kop)
-
-            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "keys_f16": f16, "keys_opaque": kop}
-            try:
-                out = run()
-                base = out if base is None else base
-                row["bitwise_equal_to_shipped"] = bool(torch.equal(out, base))
-                row["rel_err_to_shipped"] = rel_err(out, base)
-                ms = graph_ms(run)
-                row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)
-            except Exception as exc:  # a config that fails to compile is reported, not fatal
-                row["error"] = repr(exc)[:300]
-            results.append(row)
-            print(json.dumps(row), flush=True)
-    return results
-
-
 def _mla_bytes(batch: int, ctx: int) -> int:
     """HBM bytes of one moe-16b MLA decode call: the latent + rope cache of every key, and per
     token 16 heads' queries (576 wide) and outputs (512 wide), bf16."""
@@ -512,7 +476,7 @@ def main() -> None:
                      ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
                      ("mla_scaling", lambda: mla_scaling(bw)), ("mla_merge", lambda: mla_merge(bw)),
                      ("paged_attention", lambda: sweep_dense(bw, flops)), ("fp8_attention", lambda: fp8_attention(bw)),
-                     ("single_chunk", lambda: single_chunk(bw)), ("fp8_keys_f16", lambda: fp8_keys_f16(bw)),
+                     ("single_chunk", lambda: single_chunk(bw)),
                      ("mla_fp8", lambda: mla_fp8(bw))]:
         if args.only and name not in args.only.split(","):
             continue

@@ -80,8 +80,6 @@ MAX_REGISTERS = 128
 # saved. On the H200 that was faster on the FP8 cache and not on the bf16 cache's kernel (numbers:
 # bench/kernels/NOTES.md, "One-chunk tiles"), which keeps the merge.
 SINGLE_CHUNK_DIRECT = True
-# Experiment: FP8 keys widened to float16 (exact) against float16 queries, the key scale on the scores.
-FP8_KEYS_F16 = False
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
@@ -99,7 +97,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
                        KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       DIRECT: tl.constexpr, KEYS_F16: tl.constexpr = False, KEYS_OPAQUE: tl.constexpr = True):
+                       DIRECT: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -121,8 +119,6 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         dv = tl.arange(0, BLOCK_DV)
         q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
         q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
-        if KEYS_F16:
-            q16 = q.to(tl.float16)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -134,10 +130,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
             if KV_FP8:
                 ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
-                if KEYS_F16:  # raw e4m3 keys widened to float16 (exact), the scale on the scores
-                    ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
-                    k = k.to(tl.float16)
-                elif SCALE_SCORES:  # one scale per key, applied to its column of scores below
+                if SCALE_SCORES:  # one scale per key, applied to its column of scores below
                     ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
                     k = k.to(q.dtype)
                 elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
@@ -148,13 +141,10 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                     ks_hi = tl.load(ks_ptr + ks_off + 1, mask=n_ok, other=0.0)
                     ks2 = tl.where((d < 128)[:, None], ks_lo[None, :], ks_hi[None, :])
                     k = (k.to(tl.float32) * ks2).to(q.dtype)
-                if OPAQUE and KEYS_OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
+                if OPAQUE:  # the 16-bit cache's MMA operand layout, so its rounding (kernels/_opaque.py)
                     k = opaque(k)
-            if KEYS_F16:  # noqa: SIM108 - a compile-time branch
-                s = tl.dot(q16, k)
-            else:
-                s = tl.dot(q, k, input_precision=PRECISION)
-            if SCALE_SCORES or KEYS_F16:
+            s = tl.dot(q, k, input_precision=PRECISION)
+            if SCALE_SCORES:
                 s = s * ks[None, :]
             s = s * scale_log2
             visible = n_ok[None, :] & (n[None, :] <= pos[:, None])
@@ -238,7 +228,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    max_registers: int | None = -1, keys_f16: bool | None = None, keys_opaque: bool = True) -> torch.Tensor:
+                    max_registers: int | None = -1) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -295,8 +285,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers,
-                  FP8_KEYS_F16 if keys_f16 is None else keys_f16, keys_opaque)
+                  k_scale, v_scale, fp8_scale_scores, max_registers)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -319,7 +308,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           max_registers: int | None = None, keys_f16: bool = False, keys_opaque: bool = True) -> torch.Tensor:
+           max_registers: int | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -352,7 +341,6 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
             SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), DIRECT=direct,
-            KEYS_F16=fp8 and keys_f16 and not scale_scores, KEYS_OPAQUE=keys_opaque,
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
