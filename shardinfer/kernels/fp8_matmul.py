@@ -110,10 +110,6 @@ class Fp8TileConfig:
             )
 
 
-# Experiment: Triton's warp specialisation of the TMA kernel's K loop (a producer partition issues
-# the copies). Off until measured (bench/kernels/NOTES.md).
-WARP_SPECIALIZE = False
-
 # Measured winners per (N, K) go here (tests and tuning runs); anything absent uses the default.
 CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] = {}
 
@@ -247,13 +243,10 @@ def _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first,
 
 @triton.jit
 def _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
-               WS: tl.constexpr):
-    """_ptr_range with both operands fetched by the tensor-memory accelerator; WS: Triton's warp
-    specialisation of the loop (the copies issued by a producer partition; the same products and
-    promotion, so the same bits)."""
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+    """_ptr_range with both operands fetched by the tensor-memory accelerator."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in tl.range(k_first, k_last, warp_specialize=WS):
+    for kt in range(k_first, k_last):
         a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
         b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
         part = _mma_fp8(a, b.T, INTERPRET)
@@ -360,7 +353,6 @@ def _fp8_linear_tma_kernel(
     SPLIT_K: tl.constexpr,
     ITEM_SPLITS: tl.constexpr,
     INTERPRET: tl.constexpr,
-    WS: tl.constexpr = False,
 ):
     """_fp8_linear_kernel with both operands fetched by the tensor-memory accelerator. The copy
     engine zero-fills rows past M, columns past N and the K tail (zero FP8 codes, so the tail's
@@ -382,17 +374,17 @@ def _fp8_linear_tma_kernel(
             k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
             tl.static_assert(not CHANNEL_SCALES, "per-channel scales add their ranges through the workspace")
             acc = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
-                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET, WS)
+                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
             for r in tl.static_range(1, SPLIT_K):
                 k_first, k_last = _split_range(r, K, BLOCK_K, SPLIT_K)
                 part = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
-                                  BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET, WS)
+                                  BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
                 acc += part
             _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
         else:
             k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
             acc = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
-                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET, WS)
+                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
             acc = _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
             if SPLIT_K == 1:
                 _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
@@ -488,8 +480,7 @@ def linear_fp8_quantized(
             a_desc = TensorDescriptor(xq, [m, k], [k, 1], [config.block_m, GROUP])
             w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, GROUP])
             _fp8_linear_tma_kernel[grid](a_desc, xs, w_desc, scale, bias_arg, y, parts, m, n, k, y.stride(0),
-                                         xs.shape[1], scale.shape[-1], WS=WARP_SPECIALIZE and not interpreting(),
-                                         **common)
+                                         xs.shape[1], scale.shape[-1], **common)
         else:
             _fp8_linear_kernel[grid](xq, xs, weight, scale, bias_arg, y, parts, m, n, k, weight.stride(0),
                                      y.stride(0), xs.shape[1], scale.shape[-1], EVEN_K=k % GROUP == 0, **common)
