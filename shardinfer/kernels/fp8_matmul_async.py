@@ -122,12 +122,19 @@ def _fp8_linear_async_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N,
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
     if HAS_BIAS:
-        bias = gl.load(b_ptr + cols, mask=cols < N, other=0.0)
+        bias_cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        bias = gl.load(b_ptr + bias_cols, mask=bias_cols < N, other=0.0)
         acc += bias.to(gl.float32)[None, :]
-    y_ptrs = y_ptr + rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]
-    gl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    # Rounded in the MMA layout, then moved (exactly) to one where each thread stores 16 bytes of a row.
+    vec: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
+    out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // (BLOCK_N // vec),
+                                                BLOCK_N // vec], warps_per_cta=[num_warps, 1], order=[1, 0])
+    out = gl.convert_layout(acc.to(y_ptr.dtype.element_ty), out_layout)
+    out_rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+    y_ptrs = y_ptr + out_rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]
+    gl.store(y_ptrs, out, mask=(out_rows[:, None] < M) & (cols[None, :] < N))
 
 
 def supported(block_m: int, block_n: int, num_warps: int) -> bool:
