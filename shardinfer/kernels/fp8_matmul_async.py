@@ -50,15 +50,19 @@ def _issue(a_smem, b_smem, ready, step, zero, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _retire(acc, part, as_ptrs, ws_row, step, OUTSTANDING: gl.constexpr):
-    """acc + step `step`'s product times its scales, once at most OUTSTANDING products are in flight
-    (the scales are read first, so their loads overlap the wait)."""
-    sa = gl.load(as_ptrs + step)
-    sb = gl.load(ws_row + step)
+def _scales(as_ptrs, ws_row, step):
+    """Step `step`'s row scales and block scale; read when its product is issued, so the loads have
+    the product's time to arrive before the promotion needs them."""
+    return gl.load(as_ptrs + step), gl.load(ws_row + step)
+
+
+@gluon.jit
+def _retire(acc, part, scales, OUTSTANDING: gl.constexpr):
+    """acc + a step's product times its scales, once at most OUTSTANDING products are in flight."""
+    sa, sb = scales
     done = warpgroup_mma_wait(num_outstanding=OUTSTANDING, deps=(part,))
     acc += done * (sa[:, None] * sb)
     return acc
-
 
 @gluon.jit
 def _fp8_linear_async_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups, w_groups,
@@ -106,18 +110,21 @@ def _fp8_linear_async_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N,
     n_grouped = (k_tiles // UNROLL) * UNROLL
     for k0 in range(0, n_grouped, UNROLL):
         prev = _issue(a_smem, b_smem, ready, k0, zero, STAGES)
+        prev_scales = _scales(as_ptrs, ws_row, k0)
         for j in gl.static_range(1, UNROLL):
             cur = _issue(a_smem, b_smem, ready, k0 + j, zero, STAGES)
-            acc = _retire(acc, prev, as_ptrs, ws_row, k0 + j - 1, 1)
+            cur_scales = _scales(as_ptrs, ws_row, k0 + j)
+            acc = _retire(acc, prev, prev_scales, 1)
             _load_step(a_desc, w_desc, a_smem, b_smem, ready, k0 + j - 1 + STAGES, k_tiles, off_m, off_n, STAGES,
                        BLOCK_K)
             prev = cur
-        acc = _retire(acc, prev, as_ptrs, ws_row, k0 + UNROLL - 1, 0)
+            prev_scales = cur_scales
+        acc = _retire(acc, prev, prev_scales, 0)
         _load_step(a_desc, w_desc, a_smem, b_smem, ready, k0 + UNROLL - 1 + STAGES, k_tiles, off_m, off_n, STAGES,
                    BLOCK_K)
     for kt in range(n_grouped, k_tiles):
         last = _issue(a_smem, b_smem, ready, kt, zero, STAGES)
-        acc = _retire(acc, last, as_ptrs, ws_row, kt, 0)
+        acc = _retire(acc, last, _scales(as_ptrs, ws_row, kt), 0)
         _load_step(a_desc, w_desc, a_smem, b_smem, ready, kt + STAGES, k_tiles, off_m, off_n, STAGES, BLOCK_K)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
