@@ -111,12 +111,12 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
         plain = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
         row["async"] = []
         for unroll in async_unrolls:
-            fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL = True, unroll
+            fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL, fp8_matmul.ASYNC_MAX_M = True, unroll, 1 << 30
             try:
                 equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), plain)
                 us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
             finally:
-                fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL = False, 2
+                fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL, fp8_matmul.ASYNC_MAX_M = False, 2, 256
             row["async"].append({"unroll": unroll, "us": us, "bitwise_equal": equal})
     if configs:
         # Each tiling's rows against the first tiling of its split_k (the default for unsplit ones):

@@ -43,7 +43,7 @@ def _attention(fp8: bool) -> Callable[[], Any]:
 
 
 def _gemm(m: int, n: int, k: int, asynchronous: bool = False) -> Callable[[], Any]:
-    fp8_matmul.ASYNC_MMA = asynchronous
+    fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_MAX_M = asynchronous, 1 << 30
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     wq, ws = quantize_blocks(torch.randn(n, k, device="cuda") * k ** -0.5)
     return lambda: fp8_matmul.linear_fp8(x, wq, ws)

@@ -116,6 +116,8 @@ class Fp8TileConfig:
 # tiles, products and promotions, so the same bits. Off until measured (bench/kernels/NOTES.md).
 ASYNC_MMA = False
 ASYNC_UNROLL = 2
+# Up to this many rows (decode batches); above it the TMA kernel, the same bits.
+ASYNC_MAX_M = 256
 
 # Measured winners per (N, K) go here (tests and tuning runs); anything absent uses the default.
 CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] = {}
@@ -495,7 +497,7 @@ def linear_fp8_quantized(
         # The copy engine needs 16-byte aligned bases and rows; elsewhere the pointer kernel runs
         # the same tiles in the same K order, so the bits do not change.
         tma_ok = config.tma and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16)
-        if tma_ok and _async_ok(config, channel, xq.device):
+        if tma_ok and m <= ASYNC_MAX_M and _async_ok(config, channel, xq.device):
             from shardinfer.kernels import fp8_matmul_async
 
             fp8_matmul_async.linear_fp8_async(xq, xs, weight, scale, bias, y, config.block_m, config.block_n,

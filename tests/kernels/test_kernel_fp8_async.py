@@ -23,12 +23,12 @@ TILINGS = [
 
 def _run(dev: list[torch.Tensor], cfg: fp8_matmul.Fp8TileConfig, asynchronous: bool, unroll: int = 2,
          bias: torch.Tensor | None = None) -> torch.Tensor:
-    saved = fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL
-    fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL = asynchronous, unroll
+    saved = fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL, fp8_matmul.ASYNC_MAX_M
+    fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL, fp8_matmul.ASYNC_MAX_M = asynchronous, unroll, 1 << 30
     try:
         return fp8_matmul.linear_fp8(*dev, bias, config=cfg)
     finally:
-        fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL = saved
+        fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL, fp8_matmul.ASYNC_MAX_M = saved
 
 
 # K of 9, 8, 32 and 11 steps (a tail inside the last 128 channels: 1040 = 8 x 128 + 16); M past a tile edge.
