@@ -91,8 +91,7 @@ def _copies(nbytes: int) -> int:
     return max(2, min(16, -(-L2_SPILL_BYTES // max(nbytes, 1))))
 
 
-def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None,
-               async_unrolls: tuple[int, ...] = ()) -> dict[str, Any]:
+def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None) -> dict[str, Any]:
     copies = _copies(n * k)
     ws = [quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5) for _ in range(copies)]
     wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(_copies(2 * n * k))]
@@ -107,17 +106,6 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
         lambda w=w: torch._scaled_mm(xq, w[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16) for w in ws])
     row["ours_tflops"] = flop / row["ours_fp8_us"] / 1e6
     row["ours_GBps"] = (n * k + m * k * 2 + m * n * 2) / row["ours_fp8_us"] / 1e3
-    if async_unrolls:  # the default tiling with fp8_matmul.ASYNC_MMA's kernel, per unroll
-        plain = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
-        row["async"] = []
-        for unroll in async_unrolls:
-            fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL, fp8_matmul.ASYNC_MAX_M = True, unroll, 1 << 30
-            try:
-                equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), plain)
-                us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
-            finally:
-                fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_UNROLL, fp8_matmul.ASYNC_MAX_M = False, 2, 256
-            row["async"].append({"unroll": unroll, "us": us, "bitwise_equal": equal})
     if configs:
         # Each tiling's rows against the first tiling of its split_k (the default for unsplit ones):
         # equal bits mean the two could serve one problem at different M.
@@ -143,12 +131,8 @@ def main() -> None:
                     help="sweep the fixed split-K candidates (with the default tiling first, for reference)")
     ap.add_argument("--settings", action="store_true",
                     help="sweep the split and unsplit tilings of long-K problems (SETTING_CANDIDATES)")
-    ap.add_argument("--async-mma", default="", metavar="UNROLLS",
-                    help="also time the default tiling on fp8_matmul.ASYNC_MMA's kernel at these unrolls "
-                         "(e.g. 1,2,3; bits compared with the default kernel's)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
-    unrolls = tuple(int(u) for u in args.async_mma.split(",") if u)
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]
     if args.splits:
         candidates = [fp8_matmul.tile_config(0, 0, 256), *SPLIT_CANDIDATES]
@@ -166,15 +150,12 @@ def main() -> None:
                 continue
             for m in map(int, args.ms.split(",")):
                 sweep = (args.sweep or args.splits or args.settings) and m in (64, 256, 8192)
-                r = time_shape(n, k, m, candidates if sweep else None, unrolls)
+                r = time_shape(n, k, m, candidates if sweep else None)
                 r.update(model=model, proj=proj)
                 rows.append(r)
                 print(f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "
                       f"{r['scaled_mm_us']:>9.1f} {r['ours_tflops']:>8.0f} {r['ours_GBps']:>7.0f} "
                       f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}", flush=True)
-                for a in r.get("async", []):
-                    print(f"    async products, unroll {a['unroll']}: {a['us']:.1f} us, "
-                          f"bitwise equal={a['bitwise_equal']}")
                 for c in r.get("configs", []):
                     print(f"    {c['config']:<122} {c['us']:>9.1f} equal={c['bitwise_equal_within_split']}")
     now = dt.datetime.now(dt.UTC)

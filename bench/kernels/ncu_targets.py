@@ -11,7 +11,6 @@ Cases (dense-8b and dense-small shapes, as bench_kernels.py and gpu_timing.fp8_g
   fp8_gemm_decode, fp8_gemm_prefill, fp8_gemm_small
                                   the FP8 linear of dense-8b's gate/up projection (N 24576, K 4096)
                                   at M 256 and 8192, and dense-small's (N 6144, K 1024) at M 8192
-  fp8_gemm_prefill_async          fp8_gemm_prefill on fp8_matmul.ASYNC_MMA's kernel
 """
 
 from __future__ import annotations
@@ -42,8 +41,7 @@ def _attention(fp8: bool) -> Callable[[], Any]:
                                       max_seq_len=4096)
 
 
-def _gemm(m: int, n: int, k: int, asynchronous: bool = False) -> Callable[[], Any]:
-    fp8_matmul.ASYNC_MMA, fp8_matmul.ASYNC_MAX_M = asynchronous, 1 << 30
+def _gemm(m: int, n: int, k: int) -> Callable[[], Any]:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     wq, ws = quantize_blocks(torch.randn(n, k, device="cuda") * k ** -0.5)
     return lambda: fp8_matmul.linear_fp8(x, wq, ws)
@@ -55,7 +53,6 @@ CASES: dict[str, Callable[[], Callable[[], Any]]] = {
     "fp8_gemm_decode": lambda: _gemm(256, 24576, 4096),
     "fp8_gemm_prefill": lambda: _gemm(8192, 24576, 4096),
     "fp8_gemm_small": lambda: _gemm(8192, 6144, 1024),
-    "fp8_gemm_prefill_async": lambda: _gemm(8192, 24576, 4096, asynchronous=True),
 }
 
 

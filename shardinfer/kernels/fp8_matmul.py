@@ -52,7 +52,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from shardinfer.kernels import fp8_quant, tuning
 from shardinfer.kernels._common import (
     FLOAT_DTYPES,
-    capability,
     check_same_device,
     check_tensor,
     check_tiles,
@@ -110,14 +109,6 @@ class Fp8TileConfig:
                 "(a column tile must sit inside one weight-scale block)"
             )
 
-
-# Experiment: the TMA tilings' products asynchronous (fp8_matmul_async, Gluon, Hopper only), the
-# promotion of one step beside the next step's product, in groups of ASYNC_UNROLL steps. The same
-# tiles, products and promotions, so the same bits. Off until measured (bench/kernels/NOTES.md).
-ASYNC_MMA = False
-ASYNC_UNROLL = 2
-# Up to this many rows (decode batches); above it the TMA kernel, the same bits.
-ASYNC_MAX_M = 256
 
 # Measured winners per (N, K) go here (tests and tuning runs); anything absent uses the default.
 CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] = {}
@@ -401,17 +392,6 @@ def _fp8_linear_tma_kernel(
                 _store_partial(acc, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
-def _async_ok(config: Fp8TileConfig, channel: bool, device: torch.device) -> bool:
-    """Whether ASYNC_MMA's kernel (fp8_matmul_async) runs this launch: a Hopper GPU, an unsplit,
-    non-persistent tiling of one warpgroup MMA layout, block scales."""
-    if not ASYNC_MMA or interpreting() or device.type != "cuda" or capability(device.index or 0)[0] != 9:
-        return False
-    from shardinfer.kernels import fp8_matmul_async
-
-    return (config.split_k == 1 and not config.persistent and not channel
-            and fp8_matmul_async.supported(config.block_m, config.block_n, config.num_warps))
-
-
 def check_weight(weight: object, scale: object, bias: object, k: int,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The checks on an FP8 linear's operands other than its input, for an input of K channels whose
@@ -496,14 +476,7 @@ def linear_fp8_quantized(
     with torch.cuda.device(xq.device) if switch else contextlib.nullcontext():
         # The copy engine needs 16-byte aligned bases and rows; elsewhere the pointer kernel runs
         # the same tiles in the same K order, so the bits do not change.
-        tma_ok = config.tma and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16)
-        if tma_ok and m <= ASYNC_MAX_M and _async_ok(config, channel, xq.device):
-            from shardinfer.kernels import fp8_matmul_async
-
-            fp8_matmul_async.linear_fp8_async(xq, xs, weight, scale, bias, y, config.block_m, config.block_n,
-                                              config.num_warps, config.num_stages, config.group_m, ASYNC_UNROLL)
-            return y
-        if tma_ok:
+        if config.tma and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16):
             a_desc = TensorDescriptor(xq, [m, k], [k, 1], [config.block_m, GROUP])
             w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, GROUP])
             _fp8_linear_tma_kernel[grid](a_desc, xs, w_desc, scale, bias_arg, y, parts, m, n, k, y.stride(0),
