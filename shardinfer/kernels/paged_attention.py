@@ -97,7 +97,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                        DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
                        PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
                        KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       DIRECT: tl.constexpr, TILE_VEC: tl.constexpr = 0):
+                       DIRECT: tl.constexpr):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -119,14 +119,6 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         dv = tl.arange(0, BLOCK_DV)
         q_rows = (q_start + tok).to(tl.int64) * sqt + head * sqh
         q = tl.load(q_ptr + q_rows[:, None] + d[None, :], mask=row_ok[:, None] & (d < D)[None, :], other=0.0)
-        if TILE_VEC > 0:
-            # At most TILE_VEC consecutive values a load: the tile's registers then hold that many
-            # values a thread, and its dequantised copy is stored to shared memory in that layout.
-            d_vec = tl.max_contiguous(d, TILE_VEC)
-            dv_vec = tl.max_contiguous(dv, TILE_VEC)
-        else:
-            d_vec = d
-            dv_vec = dv
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -135,7 +127,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             n_ok = n < kv_hi
             page = tl.load(bt_ptr + seq.to(tl.int64) * sbt + n // PAGE, mask=n_ok, other=0).to(tl.int64)
             k_off = page * skb + (n % PAGE) * sks + kvh * skh
-            k = tl.load(k_ptr + k_off[None, :] + d_vec[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
+            k = tl.load(k_ptr + k_off[None, :] + d[:, None], mask=n_ok[None, :] & (d < D)[:, None], other=0.0)
             if KV_FP8:
                 ks_off = page * sksb + (n % PAGE) * skss + kvh * sksh
                 if SCALE_SCORES:  # one scale per key, applied to its column of scores below
@@ -166,7 +158,7 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v_off = page * svb + (n % PAGE) * svs + kvh * svh
-            v = tl.load(v_ptr + v_off[:, None] + dv_vec[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
+            v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
             pv = p
             if KV_FP8:
                 vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
@@ -236,7 +228,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
                     num_stages: int | None = None, k_scale: torch.Tensor | None = None,
                     v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    max_registers: int | None = -1, tile_vec: int = 0) -> torch.Tensor:
+                    max_registers: int | None = -1) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -293,7 +285,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                   (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
                   v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
                   max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers, tile_vec)
+                  k_scale, v_scale, fp8_scale_scores, max_registers)
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -316,7 +308,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
            num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
            v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           max_registers: int | None = None, tile_vec: int = 0) -> torch.Tensor:
+           max_registers: int | None = None) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -349,7 +341,6 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
             BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
             SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), DIRECT=direct,
-            TILE_VEC=tile_vec,
             num_warps=num_warps, num_stages=num_stages, **limits, **common)
 
     return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
