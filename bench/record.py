@@ -199,6 +199,11 @@ def _numerics(r: dict) -> str:
     return ", ".join([r["workload"], *extra])
 
 
+def variant_changes(variant: dict) -> str:
+    """What a same-call variant run changed (throughput.py's --variant-* options), as one string."""
+    return " ".join(x for x in (variant.get("fp8_tiling"), variant.get("flags"), variant.get("settings")) if x)
+
+
 def _second_run_rows(r: dict) -> list[str]:
     """Rows for a throughput JSON's second run of the same requests in the same call: the fused
     launches off (--compare-unfused) or a variant's tilings or settings (--variant-*)."""
@@ -210,8 +215,7 @@ def _second_run_rows(r: dict) -> list[str]:
         if key == "unfused":
             what = "fused launches off (`--compare-unfused`, same call)"
         else:
-            changes = " ".join(x for x in (other.get("fp8_tiling"), other.get("flags"), other.get("settings")) if x)
-            what = f"variant `{changes}` (same call)"
+            what = f"variant `{variant_changes(other)}` (same call)"
         decode = other.get("decode") or {}
         floor = decode["floor_ms"] / decode["median_step_ms"] if decode.get("median_step_ms") else None
         out.append(

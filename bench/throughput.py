@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_timing import StepBytes, copy_bandwidth, decode_bytes, fp8_gemm_rates
+from bench.record import variant_changes
 from bench.slow_steps import SlowStepSampler, summary_lines
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
@@ -412,8 +413,7 @@ def main() -> None:
               f"{(unfused['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms against "
               f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms")
     if variant:
-        changes = " ".join(x for x in (variant["fp8_tiling"], variant["flags"], variant["settings"]) if x)
-        print(f"variant ({changes}), same run: "
+        print(f"variant ({variant_changes(variant)}), same run: "
               f"{variant['output_tok_s']:.0f} tok/s (prefill {variant['eager_s']:.2f} s, decode step "
               f"{(variant['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms) against "
               f"{ours['output_tok_s']:.0f} tok/s (prefill {ours['eager_s']:.2f} s, decode step "

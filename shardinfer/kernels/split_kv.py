@@ -251,7 +251,9 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     for base in range(0, n_qblocks, slice_blocks):
         n = min(slice_blocks, n_qblocks - base)
         phase1((n, hk * n_hsplit, n_chunks), base, ws, common)
-        if merge_in_phase1:
+        # With one chunk every tile ends in it, so a chunk kernel that writes such tiles leaves the
+        # merge nothing to do.
+        if merge_in_phase1 or (single_chunk_direct and n_chunks == 1):
             continue
         merge_kernel[(n, hk * n_hsplit, triton.cdiv(dv, dv_slice))](
             out, query_start_loc, seq_lens, ws.acc, ws.m, ws.l, out.stride(0), out.stride(1),
