@@ -8,17 +8,20 @@ enough weight copies to spill L2, as a forward reads each layer's weight cold):
     invariant: a ceiling, not an alternative),
 and the device's FP8 ceiling (8192^3 _scaled_mm). Then, for candidate tilings, checks whether they
 give rows bitwise equal to the default tiling's (whether a problem could switch tiling by M and
-stay batch invariant) and times them.
+stay batch invariant) and times them. --ws times the two kernels fp8_matmul chooses between by M
+(the TMA kernel and the warp-specialised one) at every shape, each forced, bits compared.
 
-    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--sweep | --splits | --settings]
+    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--ws] [--sweep | --splits | --settings]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +94,19 @@ def _copies(nbytes: int) -> int:
     return max(2, min(16, -(-L2_SPILL_BYTES // max(nbytes, 1))))
 
 
-def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None) -> dict[str, Any]:
+@contextlib.contextmanager
+def _warp_specialized(on: bool) -> Iterator[None]:
+    """fp8_matmul's warp-specialised kernel forced on (at every M and K it can serve) or off."""
+    saved = fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K
+    fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K = on, 1, 0
+    try:
+        yield
+    finally:
+        fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K = saved
+
+
+def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None,
+               kernels: bool = False) -> dict[str, Any]:
     copies = _copies(n * k)
     ws = [quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5) for _ in range(copies)]
     wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(_copies(2 * n * k))]
@@ -106,19 +121,33 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
         lambda w=w: torch._scaled_mm(xq, w[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16) for w in ws])
     row["ours_tflops"] = flop / row["ours_fp8_us"] / 1e6
     row["ours_GBps"] = (n * k + m * k * 2 + m * n * 2) / row["ours_fp8_us"] / 1e3
+    if kernels:  # the default tiling's TMA kernel against the warp-specialised one, bits compared
+        default = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
+        for name, on in (("tma", False), ("warp_specialized", True)):
+            with _warp_specialized(on):
+                equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
+                us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
+            row[name] = {"us": us, "bitwise_equal": equal}
     if configs:
         # Each tiling's rows against the first tiling of its split_k (the default for unsplit ones):
         # equal bits mean the two could serve one problem at different M.
         base = {fp8_matmul.tile_config(n, k).split_k: fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])}
-        row["configs"] = []
-        for cfg in configs:
-            out = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1], config=cfg)
-            us = 1e3 * graph_ms_per_call([lambda w=w, c=cfg: fp8_matmul.linear_fp8(x, w[0], w[1], config=c)
-                                          for w in ws])
-            first = base.setdefault(cfg.split_k, out)
-            row["configs"].append({"config": repr(cfg), "us": us, "split_k": cfg.split_k,
-                                   "bitwise_equal_within_split": torch.equal(out, first)})
+        with _warp_specialized(False):  # each tiling on its own kernel
+            row["configs"] = _time_configs(x, ws, configs, base)
     return row
+
+
+def _time_configs(x: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]],
+                  configs: list[fp8_matmul.Fp8TileConfig], base: dict[int, torch.Tensor]) -> list[dict[str, Any]]:
+    timed = []
+    for cfg in configs:
+        out = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1], config=cfg)
+        us = 1e3 * graph_ms_per_call([lambda w=w, c=cfg: fp8_matmul.linear_fp8(x, w[0], w[1], config=c)
+                                      for w in ws])
+        first = base.setdefault(cfg.split_k, out)
+        timed.append({"config": repr(cfg), "us": us, "split_k": cfg.split_k,
+                      "bitwise_equal_within_split": torch.equal(out, first)})
+    return timed
 
 
 def main() -> None:
@@ -131,6 +160,9 @@ def main() -> None:
                     help="sweep the fixed split-K candidates (with the default tiling first, for reference)")
     ap.add_argument("--settings", action="store_true",
                     help="sweep the split and unsplit tilings of long-K problems (SETTING_CANDIDATES)")
+    ap.add_argument("--ws", action="store_true",
+                    help="also time the TMA kernel and the warp-specialised one (fp8_matmul_ws) at every shape, "
+                         "each forced, bits compared with the default's")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]
@@ -150,12 +182,15 @@ def main() -> None:
                 continue
             for m in map(int, args.ms.split(",")):
                 sweep = (args.sweep or args.splits or args.settings) and m in (64, 256, 8192)
-                r = time_shape(n, k, m, candidates if sweep else None)
+                r = time_shape(n, k, m, candidates if sweep else None, args.ws)
                 r.update(model=model, proj=proj)
                 rows.append(r)
                 print(f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "
                       f"{r['scaled_mm_us']:>9.1f} {r['ours_tflops']:>8.0f} {r['ours_GBps']:>7.0f} "
                       f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}", flush=True)
+                for name in ("tma", "warp_specialized"):
+                    if name in r:
+                        print(f"    {name} kernel: {r[name]['us']:.1f} us, bitwise equal={r[name]['bitwise_equal']}")
                 for c in r.get("configs", []):
                     print(f"    {c['config']:<122} {c['us']:>9.1f} equal={c['bitwise_equal_within_split']}")
     now = dt.datetime.now(dt.UTC)

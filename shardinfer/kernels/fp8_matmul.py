@@ -19,6 +19,11 @@ tilings, the default; the copy engine zero-fills past M, N and the K tail), and 
 operands it cannot address runs on the pointer kernel instead: the same tiles and order, so the
 same bits.
 
+Prefill-sized problems (WARP_SPECIALIZED, WS_MIN_M and WS_MIN_K) run on a third kernel,
+fp8_matmul_ws's, written in Gluon: a producer warp issues the copies while two consumer warpgroups
+multiply and promote, the products asynchronous. It keeps the K order and the promotion of every
+step, so it gives the TMA kernel's bits at any tile, and the switch by M keeps a row's bits.
+
 Fixed split-K (`split_k > 1`, matmul.py's scheme): K's 128-channel steps are cut into split_k
 ranges that depend on K and the config only; each range is reduced as above from zero, its float32
 partial (times a per-channel scale, if any) goes to a workspace, and matmul.py's combine kernel
@@ -52,6 +57,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from shardinfer.kernels import fp8_quant, tuning
 from shardinfer.kernels._common import (
     FLOAT_DTYPES,
+    capability,
     check_same_device,
     check_tensor,
     check_tiles,
@@ -109,6 +115,16 @@ class Fp8TileConfig:
                 "(a column tile must sit inside one weight-scale block)"
             )
 
+
+# Prefill-sized problems run on the warp-specialised kernel (fp8_matmul_ws: a producer warp feeds
+# two consumer warpgroups): the same bits as the TMA kernel at any tile, so the switch by M keeps a
+# row's bits. Where it was faster on the H200 (bench_fp8_matmul.py --ws; the numbers:
+# bench/kernels/NOTES.md, "The warp-specialised FP8 GEMM"): above decode batches, over K of at
+# least WS_MIN_K channels; it lost on the small model's short K. Hopper, unsplit tilings through
+# TMA, block scales; anything else keeps its tiling's kernel.
+WARP_SPECIALIZED = True
+WS_MIN_M = 257
+WS_MIN_K = 4096
 
 # Measured winners per (N, K) go here (tests and tuning runs); anything absent uses the default.
 CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] = {}
@@ -425,6 +441,14 @@ def _check(
     return x, weight, scale, bias
 
 
+def warp_specialized(m: int, k: int, device: torch.device) -> bool:
+    """Whether an unsplit, block-scaled problem of m rows over k channels whose operands the copy
+    engine can address runs on fp8_matmul_ws's kernel (WARP_SPECIALIZED's comment says where)."""
+    if not WARP_SPECIALIZED or m < WS_MIN_M or k < WS_MIN_K:
+        return False
+    return device.type == "cuda" and not interpreting() and capability(device.index or 0)[0] == 9
+
+
 def linear_fp8_quantized(
     xq: torch.Tensor,
     xs: torch.Tensor,
@@ -476,7 +500,12 @@ def linear_fp8_quantized(
     with torch.cuda.device(xq.device) if switch else contextlib.nullcontext():
         # The copy engine needs 16-byte aligned bases and rows; elsewhere the pointer kernel runs
         # the same tiles in the same K order, so the bits do not change.
-        if config.tma and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16):
+        tma_ok = config.tma and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16)
+        if tma_ok and not channel and config.split_k == 1 and warp_specialized(m, k, xq.device):
+            from shardinfer.kernels import fp8_matmul_ws  # Gluon: imported where it can run
+
+            fp8_matmul_ws.linear_fp8_ws(xq, xs, weight, scale, bias, y)
+        elif tma_ok:
             a_desc = TensorDescriptor(xq, [m, k], [k, 1], [config.block_m, GROUP])
             w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, GROUP])
             _fp8_linear_tma_kernel[grid](a_desc, xs, w_desc, scale, bias_arg, y, parts, m, n, k, y.stride(0),

@@ -124,9 +124,25 @@ def _moe_cases() -> list[dict[str, Any]]:
     return out
 
 
+def _warp_specialized_case() -> dict[str, Any]:
+    """fp8_matmul_ws's kernel (Gluon), which fp8_matmul runs at prefill sizes."""
+    from shardinfer.kernels import fp8_matmul_ws
+
+    n, k, m = 512, 1024, 300
+    xq, xs = quantize_groups(torch.randn(m, k))
+    wq, ws = quantize_blocks(torch.randn(n, k))
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+
+    def launch() -> object:
+        fp8_matmul_ws.linear_fp8_ws(xq, xs, wq, ws, None, y)
+        return y
+
+    return {"kernel": "fp8_linear_ws", "scales": "block", **_compiled(fp8_matmul_ws._fp8_linear_ws_kernel, launch)}
+
+
 def main() -> None:
     _compile_only()
-    for case in (*_linear_cases(), *_moe_cases()):
+    for case in (*_linear_cases(), *_moe_cases(), _warp_specialized_case()):
         print(json.dumps(case), flush=True)
 
 
