@@ -121,7 +121,9 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
         lambda w=w: torch._scaled_mm(xq, w[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16) for w in ws])
     row["ours_tflops"] = flop / row["ours_fp8_us"] / 1e6
     row["ours_GBps"] = (n * k + m * k * 2 + m * n * 2) / row["ours_fp8_us"] / 1e3
-    if kernels:  # the default tiling's TMA kernel against the warp-specialised one, bits compared
+    # The default tiling's TMA kernel against the warp-specialised one, bits compared (a split-K
+    # problem has only the first).
+    if kernels and fp8_matmul.tile_config(n, k, m).split_k == 1:
         default = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
         for name, on in (("tma", False), ("warp_specialized", True)):
             with _warp_specialized(on):
