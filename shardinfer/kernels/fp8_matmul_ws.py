@@ -174,6 +174,9 @@ def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scal
                   bias: torch.Tensor | None, y: torch.Tensor) -> None:
     """y = dequant(xq) @ dequant(weight).T + bias into y [M, N], for fp8_matmul.linear_fp8_quantized
     (operands validated there; K a multiple of 16, 16-byte aligned bases, 128x128 block scales)."""
+    if PER_WARPGROUP:
+        linear_fp8_ws_split(xq, xs, weight, scale, bias, y)
+        return
     m, k = xq.shape
     n = weight.shape[0]
     a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, GROUP], gl.float8e4nv)
@@ -186,3 +189,142 @@ def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scal
                                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=GROUP, GROUP_M=GROUP_M, STAGES=STAGES,
                                 PRODUCER_WARPS=_PRODUCER_WARPS, PRODUCER_REGISTERS=_PRODUCER_REGISTERS,
                                 num_warps=NUM_WARPS)
+
+
+# Experiment: each consumer warpgroup its own partition over half the tile's rows, releasing a
+# stage on its own (empty barriers count both) and storing its rows itself, so neither waits for
+# the other. Off until measured.
+PER_WARPGROUP = False
+_CONSUMER_REGISTERS = 232
+
+
+@gluon.jit
+def _issue_rows(a_smem, b_smem, ready, step, zero, STAGES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+    """_issue for the A rows [ROW0, ROW0 + ROWS) of the stage."""
+    stage = step % STAGES
+    mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
+    return warpgroup_mma(a_smem.index(stage).slice(ROW0, ROWS, dim=0), b_smem.index(stage).permute((1, 0)), zero,
+                         use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _consume_rows(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups, w_groups,
+                  off_m, off_n, has_bias, ROW0: gl.constexpr):
+    """One warpgroup's half of the tile's rows from ROW0: products, promotions and the store. (The
+    tile's sizes come from the shared-memory shapes: warp_specialize passes its arguments as
+    values, not compile-time constants.)"""
+    STAGES: gl.constexpr = a_smem.shape[0]
+    ROWS: gl.constexpr = a_smem.shape[1] // 2
+    BLOCK_N: gl.constexpr = b_smem.shape[1]
+    BLOCK_K: gl.constexpr = b_smem.shape[2]
+    warps: gl.constexpr = gl.num_warps()
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
+                                                  instr_shape=[16, BLOCK_N, 32])
+    rows = off_m + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))
+    as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * a_groups
+    ws_row = ws_ptr + (off_n // BLOCK_K) * w_groups
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
+    acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    n_pairs = k_tiles // 2
+    for p in range(n_pairs):
+        k0 = 2 * p
+        first = _issue_rows(a_smem, b_smem, ready, k0, zero, STAGES, ROW0, ROWS)
+        first_scales = _scales(as_ptrs, ws_row, k0)
+        second = _issue_rows(a_smem, b_smem, ready, k0 + 1, zero, STAGES, ROW0, ROWS)
+        second_scales = _scales(as_ptrs, ws_row, k0 + 1)
+        acc = _retire(acc, first, first_scales, 1)
+        mbarrier.arrive(empty.index(k0 % STAGES), count=1)
+        acc = _retire(acc, second, second_scales, 0)
+        mbarrier.arrive(empty.index((k0 + 1) % STAGES), count=1)
+    if k_tiles % 2:
+        last = k_tiles - 1
+        acc = _retire(acc, _issue_rows(a_smem, b_smem, ready, last, zero, STAGES, ROW0, ROWS),
+                      _scales(as_ptrs, ws_row, last), 0)
+        mbarrier.arrive(empty.index(last % STAGES), count=1)
+    # Without a bias this adds +0.0, which changes nothing: the accumulator starts at +0.0 and an
+    # exact zero sum rounds to +0.0, so it never holds -0.0. (A branch on has_bias here crashes
+    # Triton 3.6's lowering.)
+    bias_cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+    bias = gl.load(b_ptr + bias_cols, mask=(bias_cols < N) & has_bias, other=0.0)
+    acc += bias.to(gl.float32)[None, :]
+    vec: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
+    out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // (BLOCK_N // vec),
+                                                BLOCK_N // vec], warps_per_cta=[warps, 1], order=[1, 0])
+    out = gl.convert_layout(acc.to(y_ptr.dtype.element_ty), out_layout)
+    out_rows = off_m + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, out_layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+    y_ptrs = y_ptr + out_rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]
+    gl.store(y_ptrs, out, mask=(out_rows[:, None] < M) & (cols[None, :] < N))
+
+
+@gluon.jit
+def _consume_first_rows(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups,
+                        w_groups, off_m, off_n, has_bias):
+    """The default partition: the tile's first rows (it returns a tuple, here empty)."""
+    _consume_rows(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups, w_groups,
+                  off_m, off_n, has_bias, 0)
+    return ()
+
+
+@gluon.jit
+def _consume_last_rows(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups,
+                       w_groups, off_m, off_n, has_bias):
+    """A worker partition: the tile's last rows."""
+    half: gl.constexpr = a_smem.shape[1] // 2
+    _consume_rows(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups, w_groups,
+                  off_m, off_n, has_bias, half)
+
+
+@gluon.jit
+def _fp8_linear_ws_split_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups,
+                                w_groups, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                                PRODUCER_WARPS: gl.constexpr, PRODUCER_REGISTERS: gl.constexpr,
+                                CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    rows_in_group = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows_in_group
+    pid_n = (pid % per_group) // rows_in_group
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    consumer = (a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups, w_groups,
+                off_m, off_n, HAS_BIAS)
+    gl.warp_specialize([
+        (_consume_first_rows, consumer),
+        (_consume_last_rows, consumer),
+        (_produce, (a_desc, w_desc, a_smem, b_smem, ready, empty, off_m, off_n, k_tiles, STAGES, BLOCK_K)),
+    ], [num_warps, PRODUCER_WARPS], [CONSUMER_REGISTERS, PRODUCER_REGISTERS])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
+def linear_fp8_ws_split(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                        bias: torch.Tensor | None, y: torch.Tensor) -> None:
+    """linear_fp8_ws with each consumer warpgroup its own partition (PER_WARPGROUP)."""
+    m, k = xq.shape
+    n = weight.shape[0]
+    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, GROUP], gl.float8e4nv)
+    w_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, GROUP], gl.float8e4nv)
+    a_desc = TensorDescriptor(xq, [m, k], [k, 1], [BLOCK_M, GROUP], a_layout)
+    w_desc = TensorDescriptor(weight, [n, k], [k, 1], [BLOCK_N, GROUP], w_layout)
+    grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N),)
+    _fp8_linear_ws_split_kernel[grid](a_desc, w_desc, xs, scale, bias if bias is not None else y, y, m, n, k,
+                                      y.stride(0), xs.shape[1], scale.shape[-1], HAS_BIAS=bias is not None,
+                                      BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=GROUP, GROUP_M=GROUP_M,
+                                      STAGES=STAGES, PRODUCER_WARPS=_PRODUCER_WARPS,
+                                      PRODUCER_REGISTERS=_PRODUCER_REGISTERS, CONSUMER_REGISTERS=_CONSUMER_REGISTERS,
+                                      num_warps=NUM_WARPS // 2)
