@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_timing import fp8_matmul_rate, graph_ms_per_call
 from bench.kernels.bench_matmul import MODELS
 from bench.workloads import bench_commit
-from shardinfer.kernels import fp8_matmul, fp8_matmul_ws, matmul
+from shardinfer.kernels import fp8_matmul, matmul
 from shardinfer.kernels.reference_fp8 import quantize_blocks
 
 MS = (1, 64, 256, 1024, 8192)
@@ -125,15 +125,10 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
     # problem has only the first).
     if kernels and fp8_matmul.tile_config(n, k, m).split_k == 1:
         default = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
-        for name, on, split in (("tma", False, False), ("warp_specialized", True, False),
-                                ("warp_specialized_per_warpgroup", True, True)):
-            fp8_matmul_ws.PER_WARPGROUP = split
-            try:
-                with _warp_specialized(on):
-                    equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
-                    us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
-            finally:
-                fp8_matmul_ws.PER_WARPGROUP = False
+        for name, on in (("tma", False), ("warp_specialized", True)):
+            with _warp_specialized(on):
+                equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
+                us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
             row[name] = {"us": us, "bitwise_equal": equal}
     if configs:
         # Each tiling's rows against the first tiling of its split_k (the default for unsplit ones):
@@ -195,7 +190,7 @@ def main() -> None:
                 print(f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "
                       f"{r['scaled_mm_us']:>9.1f} {r['ours_tflops']:>8.0f} {r['ours_GBps']:>7.0f} "
                       f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}", flush=True)
-                for name in ("tma", "warp_specialized", "warp_specialized_per_warpgroup"):
+                for name in ("tma", "warp_specialized"):
                     if name in r:
                         print(f"    {name} kernel: {r[name]['us']:.1f} us, bitwise equal={r[name]['bitwise_equal']}")
                 for c in r.get("configs", []):

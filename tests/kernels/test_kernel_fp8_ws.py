@@ -57,13 +57,8 @@ TMA_TILINGS = [
 # K of 9, 8, 32 and 11 steps (1040 = 8 x 128 + 16: a tail inside the last 128 channels; odd counts
 # end on a single step), M past a tile edge, N past a 128-column tile.
 @pytest.mark.gpu
-@pytest.mark.parametrize("per_warpgroup", [False, True])
 @pytest.mark.parametrize("m,n,k", [(300, 512, 1152), (1024, 6144, 1024), (257, 4096, 4096), (333, 384, 1040)])
-def test_gives_the_tma_kernels_bits(m: int, n: int, k: int, per_warpgroup: bool,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from shardinfer.kernels import fp8_matmul_ws
-
-    monkeypatch.setattr(fp8_matmul_ws, "PER_WARPGROUP", per_warpgroup)
+def test_gives_the_tma_kernels_bits(m: int, n: int, k: int) -> None:
     x, wq, ws, b = linear_problem(m, n, k, torch.bfloat16, seed=m + n + k + 5)
     dev = (x.cuda(), wq.cuda(), ws.cuda())
     for bias in (None, b.cuda()):
