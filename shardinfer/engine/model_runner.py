@@ -26,7 +26,7 @@ from shardinfer.engine.input_fixup import InputFixup
 from shardinfer.engine.kv_cache import allocate_kv_caches, plan_num_blocks
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
-from shardinfer.engine.models.fp8 import resolve_quantization
+from shardinfer.engine.models.fp8 import check_fp8_device, resolve_quantization
 from shardinfer.engine.models.registry import load_model
 from shardinfer.engine.request import Request
 from shardinfer.engine.scheduler import ScheduledBatch
@@ -107,6 +107,7 @@ class ModelRunner:
             collect_dropped()
             torch.cuda.empty_cache()
         self.numerics = Numerics(self.dtype, cfg.batch_invariant, resolve_quantization(cfg.quantization, model_config.hf))
+        check_fp8_device(self.device, cfg.quantization, self.numerics.quantization, cfg.kv_cache_dtype)
         with phases.phase("model_load_s"):
             self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
         specs = self.model.kv_cache_specs()

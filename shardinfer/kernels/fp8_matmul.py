@@ -441,6 +441,12 @@ def _check(
     return x, weight, scale, bias
 
 
+def _has_tma(device: torch.device) -> bool:
+    """Whether `tma` tilings can use the copy engine here: Hopper and later (compute capability
+    9.0); the interpreter runs them anywhere."""
+    return device.type != "cuda" or interpreting() or capability(device.index or 0)[0] >= 9
+
+
 def warp_specialized(m: int, k: int, device: torch.device) -> bool:
     """Whether an unsplit, block-scaled problem of m rows over k channels whose operands the copy
     engine can address runs on fp8_matmul_ws's kernel (WARP_SPECIALIZED's comment says where)."""
@@ -500,7 +506,9 @@ def linear_fp8_quantized(
     with torch.cuda.device(xq.device) if switch else contextlib.nullcontext():
         # The copy engine needs 16-byte aligned bases and rows; elsewhere the pointer kernel runs
         # the same tiles in the same K order, so the bits do not change.
-        tma_ok = config.tma and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16)
+        # So does a GPU without the copy engine (before Hopper).
+        tma_ok = (config.tma and _has_tma(xq.device)
+                  and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16))
         if tma_ok and not channel and config.split_k == 1 and warp_specialized(m, k, xq.device):
             from shardinfer.kernels import fp8_matmul_ws  # Gluon: imported where it can run
 

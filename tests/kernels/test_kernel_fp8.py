@@ -341,3 +341,13 @@ def test_gpu_split_k_shapes_match_float64_and_are_batch_invariant(n: int, k: int
         ranges = fp8_matmul.linear_fp8(x32, *dev[1:], config=cfgs[0])
         for cfg in cfgs[len(cfgs) // 2:]:
             assert torch.equal(fp8_matmul.linear_fp8(x32, *dev[1:], config=cfg), ranges), (split, cfg)
+
+
+def test_tma_tilings_use_the_copy_engine_from_hopper_on_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before Hopper a `tma` tiling runs on the pointer kernel (the same tiles and order, so the same
+    # bits); the interpreter runs the TMA kernel anywhere.
+    monkeypatch.setattr(fp8_matmul, "interpreting", lambda: False)
+    for cap, want in (((8, 9), False), ((8, 0), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(fp8_matmul, "capability", lambda index, cap=cap: cap)
+        assert fp8_matmul._has_tma(torch.device("cuda", 0)) is want, cap
+    assert fp8_matmul._has_tma(torch.device("cpu"))

@@ -36,7 +36,7 @@ from shardinfer.engine.models.fp8_formats import (
     Fp8Format,
     fp8_format,
 )
-from shardinfer.errors import CheckpointError
+from shardinfer.errors import CheckpointError, ModelLoadError
 from shardinfer.kernels.reference_fp8 import (
     GROUP,
     WEIGHT_BLOCK,
@@ -46,8 +46,8 @@ from shardinfer.kernels.reference_fp8 import (
     quantize_channels,
 )
 
-__all__ = ["Fp8Format", "WeightLoader", "dequantize_block_fp8", "dequantize_checkpoint", "dequantize_fp8", "fp8_format",
-           "pair_fp8_weights", "quantize_linears", "resolve_quantization", "runs_fp8"]
+__all__ = ["Fp8Format", "WeightLoader", "check_fp8_device", "dequantize_block_fp8", "dequantize_checkpoint",
+           "dequantize_fp8", "fp8_format", "pair_fp8_weights", "quantize_linears", "resolve_quantization", "runs_fp8"]
 
 logger = logging.getLogger(__name__)
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -71,6 +71,36 @@ def resolve_quantization(requested: str | None, hf_config: dict[str, Any]) -> st
     if requested == "fp8":
         return "fp8"
     return "fp8" if runs_fp8(fmt) else None
+
+
+# e4m3 values need compute capability 8.9 or later on NVIDIA GPUs (Ada, Hopper, Blackwell): the
+# conversions and FP8 tensor-core products are instructions from 8.9 on, and Triton refuses the
+# type below it.
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def check_fp8_device(device: torch.device, requested: str | None, runs: str | None, kv_cache_dtype: str) -> None:
+    """Refuse, before anything loads, FP8 weights (`runs`, as resolve_quantization chose from
+    `requested`) or an FP8 KV cache on a GPU that cannot compute with e4m3, naming the setting
+    and what to set instead."""
+    if device.type != "cuda" or (runs != "fp8" and kv_cache_dtype != "fp8"):
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) >= FP8_MIN_CAPABILITY:
+        return
+    fixes = []
+    if runs == "fp8":
+        why = ("this checkpoint's weights are FP8, which quantization unset keeps" if requested is None
+               else "quantization='fp8'")
+        fixes.append(f"{why}: set quantization='none' (a job's model.quantization = \"none\") to run the weights "
+                     "in the engine's dtype (an FP8 checkpoint is dequantised at load)")
+    if kv_cache_dtype == "fp8":
+        fixes.append("kv_cache_dtype='fp8': use kv_cache_dtype='auto' (a job's engine.kv_cache_dtype = \"auto\"), "
+                     "a cache in the model's dtype")
+    raise ModelLoadError(f"{device.type}:{index} ({torch.cuda.get_device_name(index)}) has compute capability "
+                         f"{major}.{minor}, and FP8 needs 8.9 or later (Ada, Hopper, Blackwell). "
+                         + "; ".join(fixes))
 
 
 def _engine_scale(weight: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, name: str) -> torch.Tensor:
