@@ -209,7 +209,8 @@ CAPS = (None, 168, 128)  # register caps per thread tried for the prototype
 
 
 def compare(batch: int, ctx: int, group: int, bw: float) -> str:
-    """One batch and context: the shipped kernel and the prototype at each cap, one table row."""
+    """One batch and context: the shipped kernel on a bf16 and on the FP8 cache, and the prototype
+    at each register cap, as one table row (µs per call, CUDA-graph replays)."""
     from bench.gpu_timing import graph_ms_per_call
 
     pr = problem(batch, ctx, group)
@@ -223,15 +224,25 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     def direct(cap: int | None) -> torch.Tensor:
         return decode_direct(pr["q"], k_p, v_p, pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, cap)
 
+    # The bf16 cache holding the same values: the shipped kernel's bits on it are the FP8 cache's
+    # (paged_attention's docstring), and its time is the bar a 16-bit cache sets.
+    k16 = (pr["k"].float() * pr["ks"]).to(torch.bfloat16)
+    v16 = (pr["v"].float() * pr["vs"]).to(torch.bfloat16)
+
+    def shipped_bf16() -> torch.Tensor:
+        return paged_attention.paged_attention(pr["q"], k16, v16, pr["qsl"], pr["sl"], pr["bt"], scale,
+                                               max_seq_len=ctx)
+
     want = shipped()
     outs = [direct(c) for c in CAPS]
     equal = all(torch.equal(want, o) for o in outs)
+    t_bf16 = 1e3 * graph_ms_per_call([shipped_bf16])
     t_ship = 1e3 * graph_ms_per_call([shipped])
     t_direct = [1e3 * graph_ms_per_call([lambda c=c: direct(c)]) for c in CAPS]
     kv_bytes = 2 * batch * ctx * pr["k"].shape[2] * (HEAD_DIM + 4)
     floor = kv_bytes / bw * 1e6
     worst = max((want.float() - o.float()).abs().max().item() for o in outs)
-    return (f"{batch:>5} {ctx:>5} {t_ship:>10.1f} " + " ".join(f"{t:>12.1f}" for t in t_direct)
+    return (f"{batch:>5} {ctx:>5} {t_bf16:>9.1f} {t_ship:>10.1f} " + " ".join(f"{t:>12.1f}" for t in t_direct)
             + f" {floor:>9.1f} {equal!s:>13}" + ("" if equal else f"  max |diff| {worst:.3g}"))
 
 
@@ -244,7 +255,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     args = ap.parse_args()
     bw = copy_bandwidth()
-    print(f"{'batch':>5} {'ctx':>5} {'shipped us':>10} " + " ".join(f"{'direct/' + str(c):>12}" for c in CAPS)
+    print(f"{'batch':>5} {'ctx':>5} {'bf16 us':>9} {'shipped us':>10} " + " ".join(f"{'direct/' + str(c):>12}" for c in CAPS)
           + f" {'floor us':>9} {'bitwise equal':>13}")
     for ctx in args.ctx:
         print(compare(args.batch, ctx, args.group, bw), flush=True)
