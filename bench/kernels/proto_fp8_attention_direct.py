@@ -224,8 +224,8 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     def direct(cap: int | None) -> torch.Tensor:
         return decode_direct(pr["q"], k_p, v_p, pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, cap)
 
-    # The bf16 cache holding the same values: the shipped kernel's bits on it are the FP8 cache's
-    # (paged_attention's docstring), and its time is the bar a 16-bit cache sets.
+    # The bf16 cache holding the same values, on the shipped kernel's bf16 tiling: the time a 16-bit
+    # cache takes, twice the bytes (its bits are not compared: another tile, another rounding).
     k16 = (pr["k"].float() * pr["ks"]).to(torch.bfloat16)
     v16 = (pr["v"].float() * pr["vs"]).to(torch.bfloat16)
 
