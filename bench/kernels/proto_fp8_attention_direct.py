@@ -149,10 +149,9 @@ def _decode_direct_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, sl_ptr, o
         raw_v = gl.where(v_ok, raw_v, gl.zeros_like(raw_v))
         pg_s = start // PAGE + pages_s
         vpage_s = gl.load(bt_row + pg_s, mask=pg_s * PAGE < seq_len, other=0).to(gl.int64)
-        slot_s = gl.arange(0, PAGE, layout=gl.SliceLayout(0, gl.SliceLayout(1, v_load)))
-        key_s = 8 * ((slot_s // 2) % 2) + 2 * (slot_s // 4) + slot_s % 2
-        vs_ok = ((start + pages_s * PAGE)[:, None] + key_s[None, :]) < seq_len
-        vs = gl.load(vs_ptr + vpage_s[:, None] * svsb + key_s[None, :] * svss + kvh * svsh, mask=vs_ok, other=0.0)
+        vs_ok = ((start + pages_s * PAGE)[:, None] + key_of_slot[None, :]) < seq_len
+        vs = gl.load(vs_ptr + vpage_s[:, None] * svsb + key_of_slot[None, :] * svss + kvh * svsh, mask=vs_ok,
+                     other=0.0)
         vf = (raw_v.to(gl.float32) * vs[:, None, :]).to(gl.bfloat16)
         vt = gl.reshape(gl.permute(gl.reshape(vf, [BLOCK_N // PAGE, D, 4, 2, 2]), [0, 3, 2, 4, 1]), [BLOCK_N, D])
         v_b = gl.convert_layout(vt, b_l, assert_trivial=True)
