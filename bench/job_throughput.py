@@ -185,6 +185,9 @@ def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[
         cmd += ["--conf", conf]
     cmd.append(str(spec_path))
     env = _child_env()
+    if args.triton_cache == "cold":  # an empty Triton cache: the job compiles every kernel it runs
+        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")
+    env["SHARDINFER_PRECOMPILE"] = "1" if args.precompile == "on" else "0"
     if args.record:
         Path(args.record).write_text("")  # the recording appends: start it empty
         env[REPLAY_ENV] = f"record:{args.record}"
@@ -318,6 +321,10 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--max-model-len", type=int, default=None, help="default 4096; 1024 for demo (its positions)")
     ap.add_argument("--skip-engine", action="store_true", help="run the job only")
+    ap.add_argument("--triton-cache", default="warm", choices=["warm", "cold"],
+                    help="cold: the job gets an empty Triton cache directory, as on a fresh machine")
+    ap.add_argument("--precompile", default="on", choices=["on", "off"],
+                    help="the job's SHARDINFER_PRECOMPILE (engine/precompile.py)")
     replay = ap.add_mutually_exclusive_group()
     replay.add_argument("--record", metavar="PATH", help="record every row's output to PATH (for --replay)")
     replay.add_argument(
@@ -402,6 +409,8 @@ def main() -> None:
         ),
         "device": args.device,
         "job_conf": args.job_conf,
+        "triton_cache": args.triton_cache,
+        "precompile": args.precompile,
         "job_output_tok_s": job_rate,
         "engine_output_tok_s": None,
         "steady_ratio": None,

@@ -127,6 +127,18 @@ class DecodeGraphs:
                                       self.context(b, w))
 
     @torch.inference_mode()
+    def run_each_bucket(self) -> None:
+        """Each (width, bucket)'s forward once, eagerly and without capturing: the passes capture()
+        begins with, for engine/precompile.py to compile ahead."""
+        for w in sorted(self.widths, reverse=True):
+            self.seq_lens.fill_(w)
+            for b in reversed(self.sizes):
+                hidden, _ = self._forward(b, w)
+                if self.draft_layer:
+                    self.model.mtp_forward(self.draft_ids[: b * w], self.positions[: b * w], hidden,
+                                           self.context(b, w))
+
+    @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         stream = torch.cuda.Stream()

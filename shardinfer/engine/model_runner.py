@@ -28,10 +28,12 @@ from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.fp8 import check_fp8_device, resolve_quantization
 from shardinfer.engine.models.registry import load_model
+from shardinfer.engine.precompile import precompile, precompile_enabled
 from shardinfer.engine.request import Request
 from shardinfer.engine.scheduler import ScheduledBatch
 from shardinfer.engine.startup_phases import StartupPhases
 from shardinfer.kernels import ops
+from shardinfer.kernels.compile_ahead import CompileAhead
 
 
 @dataclass
@@ -124,10 +126,6 @@ class ModelRunner:
             self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
             self.kv_caches = allocate_kv_caches(specs, self.num_blocks, cfg.block_size, self.dtype, self.device,
                                                 cfg.kv_cache_dtype == "fp8")
-        if self.device.type == "cuda" and cfg.batch_invariant:
-            with phases.phase("warm_up_s"):
-                self._warm_up()
-        self.graphs: Any = None  # a DecodeGraphs, or None
         # Speculative steps verify 1 + k rows per request, k up to the draft depth (fewer near a
         # request's max_tokens, or where a draft budget chooses fewer): one graph per width.
         self.graph_widths = list(range(1, 2 + cfg.draft_depth))
@@ -135,39 +133,52 @@ class ModelRunner:
         # kept only when asked (keep_last_forward), else they would pin the device memory of the
         # last step's hidden states. The MTP layer also gets its own graphs (cuda_graphs.py).
         self.keep_last_forward = use_mtp
+        self.graphs: Any = None  # a DecodeGraphs, or None
         if self.device.type == "cuda" and not cfg.enforce_eager:
+            with phases.phase("graph_capture_s"):  # the graphs' static buffers
+                self.graphs = self._decode_graphs(cfg.max_num_seqs)
+        self.compiled_ahead: CompileAhead | None = None
+        if self.device.type == "cuda" and precompile_enabled():
+            with phases.phase("precompile_s"):
+                self.compiled_ahead = precompile(self, self.graphs, cfg.max_num_batched_tokens)
+        if self.device.type == "cuda" and cfg.batch_invariant:
+            with phases.phase("warm_up_s"):
+                self.warm_up()
+        if self.graphs is not None:
             with phases.phase("graph_capture_s"):
-                self.graphs = self._capture_graphs(cfg.max_num_seqs)
+                self.graphs.capture()
         self.last_step_graphed = False
         self.last_step_width = 0  # tokens per request of the last graphed step (0: eager)
         self.last_forward: tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor] | None = None
 
-    def _warm_up(self) -> None:
+    def warm_up(self) -> None:
         """Compile the large-batch matmul tilings now, not in the first long prefill step."""
         from shardinfer.engine.models.layers import Linear
 
         ops.warm_up_matmuls([m.weight for m in self.model.modules() if isinstance(m, Linear)])
 
-    def _capture_graphs(self, max_num_seqs: int) -> Any:
+    def _decode_graphs(self, max_num_seqs: int) -> Any:
+        """The decode graphs' static buffers; captured later (DecodeGraphs.capture)."""
         from shardinfer.engine.cuda_graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, self.max_model_len, max_num_seqs,
-                              self.device, self.batch_invariant, self.graph_widths, draft_layer=self.keep_last_forward)
-        graphs.capture()
-        return graphs
+        return DecodeGraphs(self.model, self.kv_caches, self.block_size, self.max_model_len, max_num_seqs,
+                            self.device, self.batch_invariant, self.graph_widths, draft_layer=self.keep_last_forward)
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         return array_to_device(a, self.device)
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
-        host = build_host_batch(batch, self.block_size)
+        return self.device_inputs(build_host_batch(batch, self.block_size))
+
+    def device_inputs(self, host: HostBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+        """(input ids, positions, forward context) of a host batch, on the model's device."""
         meta = AttentionMetadata(
             query_start_loc=self._to_device(host.query_start_loc),
             seq_lens=self._to_device(host.seq_lens),
             block_tables=self._to_device(host.block_tables),
             slot_mapping=self._to_device(host.slot_mapping),
             block_size=self.block_size,
-            max_query_len=max(batch.num_new_tokens),
+            max_query_len=int(np.diff(host.query_start_loc).max(initial=0)),
             max_seq_len=int(host.seq_lens.max()),
             query_start_loc_cpu=host.query_start_loc.tolist(),
             seq_lens_cpu=host.seq_lens.tolist(),

@@ -1,0 +1,105 @@
+"""Compile Triton kernels ahead of their first launch, several at a time.
+
+A fresh process (a new machine, a new container, a Ray worker on a new node) finds Triton's
+on-disk cache empty and compiles every kernel variant at its first launch. A forward pass
+launches its kernels one after another, so those compiles run one after another too, each
+blocking the pass that needs it. Compiling spends most of its time in MLIR, LLVM and ptxas,
+which release the GIL, so variants compile in parallel on threads; what stops that is knowing
+which variants a pass will need before it runs.
+
+`compile_instead_of_launch()` finds out by running the pass itself: inside it every Triton
+launch in the process takes the JIT's warm-up road (bind the arguments, work out the
+specialisation, compile) and stops before the launch, with the compile handed to a thread pool
+through Triton's `AsyncCompileMode`. On leaving, the pool drains and every variant sits in its
+kernel's in-memory cache, so the real pass that follows finds them all.
+
+Nothing launches inside, so every tensor a kernel would have written keeps whatever its memory
+held. The pass run inside must therefore be one whose host-side control does not depend on
+kernel outputs, and whose torch operations do not index with them (a garbage index would be a
+device-side assert): the engine runs its own forward passes there (engine/precompile.py), whose
+launch decisions come from host-side shapes and metadata only.
+
+The switch is process-wide (Triton's launch entry point is a class method), so nothing else in
+the process may launch Triton kernels meanwhile; the engine calls it while it is being built,
+before any other thread has a reason to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+_lock = threading.Lock()  # one compile-ahead pass at a time: the switch is process-wide
+
+
+@dataclass
+class CompileAhead:
+    """What one pass did: the variants it handed to the pool (a variant found in Triton's on-disk
+    cache counts too: loading it is the whole of its compile), the pool's threads, and the seconds
+    spent draining the pool after the pass."""
+
+    variants: int = 0
+    workers: int = 0
+    drain_s: float = 0.0
+
+
+def default_workers() -> int:
+    """Threads to compile on: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def available() -> bool:
+    """Whether kernels compile here and this Triton can compile them asynchronously
+    (`AsyncCompileMode`, Triton 3.4 and later). Under the interpreter nothing compiles."""
+    from shardinfer.kernels._common import interpreting
+
+    if interpreting():
+        return False
+    try:
+        from triton.runtime import _async_compile  # noqa: F401
+        from triton.runtime.jit import JITFunction  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def compile_instead_of_launch(workers: int | None = None) -> Iterator[CompileAhead]:
+    """Inside: every Triton launch compiles its kernel variant on a pool of `workers` threads
+    (default: one per available CPU) and launches nothing. On exit: waits for the compiles. A
+    variant that fails to compile is left out; its first real launch compiles it again and raises
+    where the failure belongs."""
+    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime.jit import JITFunction
+
+    stats = CompileAhead(workers=workers or default_workers())
+    with _lock:
+        launch = JITFunction.run
+
+        def warm_up_only(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            return launch(self, *args, grid=grid, warmup=True, **kwargs)
+
+        with ThreadPoolExecutor(stats.workers, thread_name_prefix="triton-compile") as pool:
+            mode = AsyncCompileMode(pool, ignore_errors=True)
+            JITFunction.run = warm_up_only  # type: ignore[method-assign]
+            try:
+                with mode:
+                    try:
+                        yield stats
+                    finally:
+                        JITFunction.run = launch  # type: ignore[method-assign]
+                        stats.variants = len(mode.future_kernels)
+                        drain_start = time.monotonic()
+                    # AsyncCompileMode's exit waits for every compile and fills the kernel caches.
+            finally:
+                JITFunction.run = launch  # type: ignore[method-assign]
+        stats.drain_s = time.monotonic() - drain_start

@@ -1,0 +1,99 @@
+"""Compiling ahead (engine/precompile.py, kernels/compile_ahead.py): the passes compile, for
+Hopper, every kernel variant a model's prefill steps and sampler reach, launch nothing, and leave
+nothing for a second pass to compile. Checked on the CPU through the compile-only driver
+(precompile_compile_only.py); the GPU test (test_gpu_precompile.py) checks that an engine's
+build then compiles nothing at a launch and that outputs do not change."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardinfer.engine.forward_context import SKIP_SLOT
+from shardinfer.engine.precompile import (
+    PREFILL_SEQUENCE_TOKENS,
+    precompile_enabled,
+    prefill_batch,
+    prefill_sizes,
+)
+
+MLA_KERNEL_SHAPES = {"qk_rope_head_dim": 16, "kv_lora_rank": 64}  # what the Triton MLA kernel takes
+
+
+@pytest.mark.parametrize(
+    ("family", "engine_kwargs", "overrides"),
+    [
+        ("qwen3", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, {"hidden_size": 256, "intermediate_size": 512}),
+        ("deepseek_v3", {}, MLA_KERNEL_SHAPES),
+    ],
+)
+def test_compile_ahead_compiles_every_variant_of_the_passes_and_launches_nothing(
+    tmp_path: Path, family: str, engine_kwargs: dict[str, str], overrides: dict[str, int]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    script = Path(__file__).with_name("precompile_compile_only.py")
+    args = [family, "2", json.dumps(engine_kwargs), json.dumps(overrides)]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+    # The stand-in driver raises on any launch: a clean exit means the passes launched nothing.
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["variants"] > 0, got
+    assert got["second_pass_variants"] == 0, f"the first pass left variants to compile: {got}"
+
+
+def test_prefill_batch_covers_the_tokens_in_sequences_from_position_zero() -> None:
+    host = prefill_batch(2 * PREFILL_SEQUENCE_TOKENS + 5, max_model_len=8192, block_size=16)
+    lens = np.diff(host.query_start_loc)
+    assert lens.tolist() == [PREFILL_SEQUENCE_TOKENS, PREFILL_SEQUENCE_TOKENS, 5]
+    assert host.seq_lens.tolist() == lens.tolist()
+    assert len(host.input_ids) == len(host.positions) == 2 * PREFILL_SEQUENCE_TOKENS + 5
+    assert host.positions[PREFILL_SEQUENCE_TOKENS] == 0 and host.positions[-1] == 4
+    assert (host.slot_mapping == SKIP_SLOT).all()
+    assert host.block_tables.shape == (3, PREFILL_SEQUENCE_TOKENS // 16) and (host.block_tables == 0).all()
+    short = prefill_batch(100, max_model_len=64, block_size=16)
+    assert np.diff(short.query_start_loc).tolist() == [64, 36]
+
+
+def test_prefill_sizes_cover_both_divisibilities() -> None:
+    assert prefill_sizes(8192) == [8192, 8191]
+    assert prefill_sizes(1) == [1]
+
+
+def test_precompile_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHARDINFER_PRECOMPILE", raising=False)
+    assert precompile_enabled()
+    for off in ("0", "off", "false"):
+        monkeypatch.setenv("SHARDINFER_PRECOMPILE", off)
+        assert not precompile_enabled()
+
+
+def test_a_failing_pass_leaves_compiling_to_the_launches(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Compiling ahead is an optimisation: a pass that raises is logged and the build goes on."""
+    import contextlib
+
+    from shardinfer.engine import precompile as module
+    from shardinfer.kernels import compile_ahead
+
+    class Runner:
+        batch_invariant = True
+
+        def warm_up(self) -> None:
+            raise RuntimeError("a pass that needed its kernel's output")
+
+    monkeypatch.setattr(compile_ahead, "available", lambda: True)
+    monkeypatch.setattr(compile_ahead, "compile_instead_of_launch",
+                        lambda workers=None: contextlib.nullcontext(compile_ahead.CompileAhead()))
+    with caplog.at_level("WARNING", logger=module.__name__):
+        assert module.precompile(Runner(), None, 64) is None  # type: ignore[arg-type]
+    assert "a pass that needed its kernel's output" in caplog.text
+    assert "SHARDINFER_PRECOMPILE=0" in caplog.text
