@@ -6,7 +6,8 @@ sampler each compile their kernel variants one at a time, as each is first launc
 same passes run first inside `kernels.compile_ahead.compile_instead_of_launch`, which launches
 nothing and compiles every variant the passes reach on a thread per CPU; the real passes after it
 find them in memory. The passes: the matmul warm-up, each decode graph's forward, prefill steps
-of a full and a one-short token budget, and the sampler's choice over two rows. A variant they
+of a full and a one-short token budget with short and long prompts, and the sampler's choice over
+two rows. A variant they
 do not reach (a prefill shape of a later step) compiles at its first launch, as before.
 
 What runs inside is safe to run without its kernels: the passes take their control decisions
@@ -34,9 +35,9 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from shardinfer.engine.model_runner import HostBatch, ModelRunner
 
-# Prompts of a first step are split into sequences of at most this many new tokens: long enough
-# that attention reads past one KV chunk, as a real step's longer prompts do.
-PREFILL_SEQUENCE_TOKENS = 2048
+# The prompt lengths of the prefill passes: one KV chunk of attention or less (kernels/split_kv.py
+# merges nothing then), and more than one, as a step's longer prompts read.
+PREFILL_SEQUENCE_TOKENS = (512, 2048)
 
 
 def precompile_enabled() -> bool:
@@ -45,13 +46,12 @@ def precompile_enabled() -> bool:
     return os.environ.get("SHARDINFER_PRECOMPILE", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def prefill_batch(n_tokens: int, max_model_len: int, block_size: int) -> HostBatch:
-    """n_tokens of prompt prefill from position 0, in sequences of up to
-    min(PREFILL_SEQUENCE_TOKENS, max_model_len) tokens; no KV is stored and every block-table
-    entry is block 0."""
+def prefill_batch(n_tokens: int, sequence_tokens: int, block_size: int) -> HostBatch:
+    """n_tokens of prompt prefill from position 0, in sequences of `sequence_tokens` (the last
+    one shorter where they do not divide); no KV is stored and every block-table entry is block 0."""
     from shardinfer.engine.model_runner import HostBatch
 
-    per_seq = max(1, min(PREFILL_SEQUENCE_TOKENS, max_model_len))
+    per_seq = max(1, sequence_tokens)
     lens = [per_seq] * (n_tokens // per_seq) + ([n_tokens % per_seq] if n_tokens % per_seq else [])
     qsl = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(lens, out=qsl[1:])
@@ -67,10 +67,13 @@ def prefill_batch(n_tokens: int, max_model_len: int, block_size: int) -> HostBat
     )
 
 
-def prefill_sizes(max_num_batched_tokens: int) -> list[int]:
-    """Token counts of the prefill passes: a full step (a job's first steps are full) and one token
-    fewer, since Triton specialises integer arguments on divisibility by 16."""
-    return sorted({max_num_batched_tokens, max(1, max_num_batched_tokens - 1)}, reverse=True)
+def prefill_shapes(max_num_batched_tokens: int, max_model_len: int) -> list[tuple[int, int]]:
+    """(tokens, prompt length) of the prefill passes: a full step and one token fewer (Triton
+    specialises integer arguments on divisibility by 16), each with prompts of every length of
+    PREFILL_SEQUENCE_TOKENS that max_model_len allows."""
+    sizes = sorted({max_num_batched_tokens, max(1, max_num_batched_tokens - 1)}, reverse=True)
+    lengths = sorted({min(n, max_model_len, max_num_batched_tokens) for n in PREFILL_SEQUENCE_TOKENS})
+    return [(n, length) for n in sizes for length in lengths]
 
 
 @torch.inference_mode()
@@ -109,8 +112,8 @@ def precompile(runner: ModelRunner, graphs: Any, max_num_batched_tokens: int,
                 runner.warm_up()
             if graphs is not None:
                 graphs.run_each_bucket()
-            for n in prefill_sizes(max_num_batched_tokens):
-                logits = run_prefill(runner, prefill_batch(n, runner.max_model_len, runner.block_size))
+            for n, length in prefill_shapes(max_num_batched_tokens, runner.max_model_len):
+                logits = run_prefill(runner, prefill_batch(n, length, runner.block_size))
             run_sampling(logits.shape[-1], logits.device)
     except Exception as e:  # an optimisation only: what it did not compile compiles at its launch
         logger.warning("compiling kernels ahead stopped (%s: %s); the rest compile as they first launch "

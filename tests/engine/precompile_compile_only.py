@@ -25,14 +25,15 @@ from hopper_compile import _compile_only
 from shardinfer import LLM
 from shardinfer.testing.tiny_checkpoint import make_tiny_checkpoint
 
-BATCHED_TOKENS = 256
+BATCHED_TOKENS = 2100  # prompts of one KV chunk and of two (engine/precompile.py)
 
 
 def main() -> None:
     family, workers = sys.argv[1], int(sys.argv[2])
     engine_kwargs, overrides = json.loads(sys.argv[3]), json.loads(sys.argv[4])
-    model_dir = make_tiny_checkpoint(tempfile.mkdtemp(), family, dtype="bfloat16", **overrides)
-    llm = LLM(model_dir, device="cpu", dtype="bfloat16", max_model_len=512, max_num_batched_tokens=BATCHED_TOKENS,
+    model_dir = make_tiny_checkpoint(tempfile.mkdtemp(), family, dtype="bfloat16", max_position_embeddings=4096,
+                                     **overrides)
+    llm = LLM(model_dir, device="cpu", dtype="bfloat16", max_model_len=4096, max_num_batched_tokens=BATCHED_TOKENS,
               **engine_kwargs)
     runner = llm.llm_engine.runner
     _compile_only()

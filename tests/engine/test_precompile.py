@@ -20,7 +20,7 @@ from shardinfer.engine.precompile import (
     PREFILL_SEQUENCE_TOKENS,
     precompile_enabled,
     prefill_batch,
-    prefill_sizes,
+    prefill_shapes,
 )
 
 MLA_KERNEL_SHAPES = {"qk_rope_head_dim": 16, "kv_lora_rank": 64}  # what the Triton MLA kernel takes
@@ -51,21 +51,21 @@ def test_compile_ahead_compiles_every_variant_of_the_passes_and_launches_nothing
 
 
 def test_prefill_batch_covers_the_tokens_in_sequences_from_position_zero() -> None:
-    host = prefill_batch(2 * PREFILL_SEQUENCE_TOKENS + 5, max_model_len=8192, block_size=16)
+    host = prefill_batch(2 * 2048 + 5, 2048, block_size=16)
     lens = np.diff(host.query_start_loc)
-    assert lens.tolist() == [PREFILL_SEQUENCE_TOKENS, PREFILL_SEQUENCE_TOKENS, 5]
+    assert lens.tolist() == [2048, 2048, 5]
     assert host.seq_lens.tolist() == lens.tolist()
-    assert len(host.input_ids) == len(host.positions) == 2 * PREFILL_SEQUENCE_TOKENS + 5
-    assert host.positions[PREFILL_SEQUENCE_TOKENS] == 0 and host.positions[-1] == 4
+    assert len(host.input_ids) == len(host.positions) == 2 * 2048 + 5
+    assert host.positions[2048] == 0 and host.positions[-1] == 4
     assert (host.slot_mapping == SKIP_SLOT).all()
-    assert host.block_tables.shape == (3, PREFILL_SEQUENCE_TOKENS // 16) and (host.block_tables == 0).all()
-    short = prefill_batch(100, max_model_len=64, block_size=16)
-    assert np.diff(short.query_start_loc).tolist() == [64, 36]
+    assert host.block_tables.shape == (3, 2048 // 16) and (host.block_tables == 0).all()
 
 
-def test_prefill_sizes_cover_both_divisibilities() -> None:
-    assert prefill_sizes(8192) == [8192, 8191]
-    assert prefill_sizes(1) == [1]
+def test_prefill_shapes_cover_both_divisibilities_and_one_and_several_kv_chunks() -> None:
+    short, long = PREFILL_SEQUENCE_TOKENS
+    assert prefill_shapes(8192, 4096) == [(8192, short), (8192, long), (8191, short), (8191, long)]
+    assert prefill_shapes(8192, 300) == [(8192, 300), (8191, 300)]  # no prompt may be longer
+    assert prefill_shapes(1, 4096) == [(1, 1)]
 
 
 def test_precompile_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
