@@ -78,28 +78,55 @@ def compile_instead_of_launch(workers: int | None = None) -> Iterator[CompileAhe
     (default: one per available CPU) and launches nothing. On exit: waits for the compiles. A
     variant that fails to compile is left out; its first real launch compiles it again and raises
     where the failure belongs."""
+    from triton import knobs
     from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 
     stats = CompileAhead(workers=workers or default_workers())
     with _lock:
         launch = JITFunction.run
+        previous_hook = knobs.runtime.jit_cache_hook
+        missed: list[tuple[Any, str]] = []  # (kernel, variant key) of the launch under way, if a miss
+        pending: list[tuple[dict[str, Any], str, Any]] = []  # placeholders put into kernel caches
+
+        def note_miss(*, key: str, fn: Any, **kwargs: Any) -> Any:
+            missed.append((fn.jit_function, key))
+            return previous_hook(key=key, fn=fn, **kwargs) if previous_hook is not None else None
 
         def warm_up_only(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-            return launch(self, *args, grid=grid, warmup=True, **kwargs)
+            missed.clear()
+            kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
+            # Triton 3.6 puts a variant in its kernel's cache only once the pool is drained; until
+            # then each launch of it takes the whole miss path again (packing the arguments,
+            # hashing the source), most of a pass's host time. Its pending compile stands in for
+            # it in the cache meanwhile (later Triton does the same itself; setdefault keeps theirs).
+            if kernel is not None and missed and missed[-1][0] is self:
+                cache = self.device_caches[driver.active.get_current_device()][0]
+                cache.setdefault(missed[-1][1], kernel)
+                pending.append((cache, missed[-1][1], kernel))
+            return kernel
 
+        drain_start = time.monotonic()
         with ThreadPoolExecutor(stats.workers, thread_name_prefix="triton-compile") as pool:
             mode = AsyncCompileMode(pool, ignore_errors=True)
             JITFunction.run = warm_up_only  # type: ignore[method-assign]
+            knobs.runtime.jit_cache_hook = note_miss
             try:
-                with mode:
+                with mode:  # its exit waits for every compile and puts each variant in its cache
                     try:
                         yield stats
                     finally:
                         JITFunction.run = launch  # type: ignore[method-assign]
+                        knobs.runtime.jit_cache_hook = previous_hook
                         stats.variants = len(mode.future_kernels)
                         drain_start = time.monotonic()
-                    # AsyncCompileMode's exit waits for every compile and fills the kernel caches.
             finally:
                 JITFunction.run = launch  # type: ignore[method-assign]
+                knobs.runtime.jit_cache_hook = previous_hook
+                # A stand-in whose compile failed is still there: drop it, so that the variant's
+                # first launch compiles it again.
+                for cache, key, stand_in in pending:
+                    if cache.get(key) is stand_in:
+                        del cache[key]
         stats.drain_s = time.monotonic() - drain_start
