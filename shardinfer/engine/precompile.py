@@ -4,7 +4,7 @@ On a GPU whose Triton cache is cold, an engine's start-up is mostly compiling: t
 warm-up, the eager pass before each CUDA graph is captured, the first long prefill step and the
 sampler each compile their kernel variants one at a time, as each is first launched. Here the
 same passes run first inside `kernels.compile_ahead.compile_instead_of_launch`, which launches
-nothing and compiles every variant the passes reach on a thread per CPU; the real passes after it
+nothing and compiles every variant the passes reach on a thread per CPU (up to 16); the real passes after it
 find them in memory. The passes: the matmul warm-up, each decode graph's forward, prefill steps
 of a full and a one-short token budget with short and long prompts, and the sampler's choice over
 two rows. A variant they

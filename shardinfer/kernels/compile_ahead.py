@@ -49,12 +49,18 @@ class CompileAhead:
     drain_s: float = 0.0
 
 
+# At most this many compiles at once per process: several engine processes on one machine (one
+# per GPU) each compile the same kernels, and each compile holds its own LLVM context in memory.
+MAX_WORKERS = 16
+
+
 def default_workers() -> int:
-    """Threads to compile on: the CPUs this process may run on."""
+    """Threads to compile on: the CPUs this process may run on, up to MAX_WORKERS."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cpus))
 
 
 def available() -> bool:
