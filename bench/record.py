@@ -169,6 +169,36 @@ def score_rows(records: list[dict]) -> list[str]:
 
 STANDARD_CONF = ("job.split_rows=", "engine.num_kv_blocks=")  # sizing, not what is being compared
 
+STARTUP_HEADER = """
+## Start-up with an empty kernel cache
+
+`bench/startup.py`: each mode a fresh process that builds the engine and generates a first batch
+(prompts × prompt length, 16 tokens out). `cold`: an empty Triton cache directory; `warm`: the one
+the previous cold run filled. `ahead on`/`off`: compiling the start-up's kernels ahead on a thread
+pool (engine/precompile.py) or each at its first launch. Seconds from the process's start.
+
+| date (UTC) | GPU | commit | workload | CPUs | mode | import | engine build | compiled ahead | warm-up | graph capture | first batch | total | variants ahead |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
+
+def startup_rows(records: list[dict]) -> list[str]:
+    out = []
+    for r in sorted(records, key=lambda r: str(r.get("date", ""))):
+        if r.get("bench") != "startup" or not r.get("gpu"):
+            continue
+        for run in r["runs"]:
+            ph, ahead = run["phases"], run.get("compiled_ahead") or {}
+            cache, precompile = run["mode"].split("-")
+            out.append(
+                f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {_numerics(r)}, "
+                f"{r['requests']} × {r['prompt_len']} | {r.get('cpus', '—')} | {cache}, ahead {precompile} | "
+                f"{run['import_s']:.1f} | {run['engine_build_s']:.1f} | {fmt(ph.get('precompile_s'), '.1f')} | "
+                f"{fmt(ph.get('warm_up_s'), '.1f')} | {fmt(ph.get('graph_capture_s'), '.1f')} | "
+                f"{run['first_batch_s']:.1f} | {run['total_s']:.1f} | {ahead.get('variants', '—')} |"
+            )
+    return out
+
 
 def job_row(r: dict) -> str:
     start = r.get("startup_s") or {}
@@ -178,6 +208,10 @@ def job_row(r: dict) -> str:
     workload = r["workload"] + "".join(f", {c}" for c in r.get("job_conf") or [] if not c.startswith(STANDARD_CONF))
     if r.get("replay_alpha") is not None:
         workload += f", replay drafts at alpha {r['replay_alpha']}"
+    if r.get("triton_cache") == "cold":  # job_throughput.py --triton-cache cold
+        workload += ", empty kernel cache"
+    if r.get("precompile") == "off":
+        workload += ", no compiling ahead"
     return (
         f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | {workload} | "
         f"{r['batch_invariant']} | {master} | {r['rows']} | {fmt(r['job_output_tok_s'], '.0f')} | "
@@ -287,6 +321,9 @@ def main() -> None:
     sc_rows = score_rows(records)
     if sc_rows:
         text += SCORE_HEADER + "\n".join(sc_rows) + "\n"
+    st_rows = startup_rows(records)
+    if st_rows:
+        text += STARTUP_HEADER + "\n".join(st_rows) + "\n"
     (HERE / "RESULTS.md").write_text(text)
     print(f"{len(rows)} throughput rows, {len(so_rows)} structured-output rows, {len(job_rows)} job rows")
 

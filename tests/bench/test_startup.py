@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.record import startup_rows
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -25,3 +27,6 @@ def test_startup_bench_runs_each_mode_in_its_own_process(tmp_path: Path) -> None
         assert run["total_s"] >= run["import_s"] + run["engine_build_s"] > 0
         assert "model_load_s" in run["phases"]
         assert run["compiled_ahead"] is None  # nothing compiles on the CPU
+    assert startup_rows([result]) == []  # CPU runs are smoke runs, never results
+    rows = startup_rows([{**result, "gpu": "a GPU"}])
+    assert [row.split(" | ")[5] for row in rows] == ["cold, ahead off", "cold, ahead on", "warm, ahead on"]
