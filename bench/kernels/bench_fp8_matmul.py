@@ -95,14 +95,18 @@ def _copies(nbytes: int) -> int:
 
 
 @contextlib.contextmanager
-def _warp_specialized(on: bool) -> Iterator[None]:
-    """fp8_matmul's warp-specialised kernel forced on (at every M and K it can serve) or off."""
-    saved = fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K
+def _warp_specialized(on: bool, persistent: bool = False) -> Iterator[None]:
+    """fp8_matmul's warp-specialised kernel forced on (at every M and K it can serve; its
+    persistent variant if asked) or off."""
+    from shardinfer.kernels import fp8_matmul_ws
+
+    saved = fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT
     fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K = on, 1, 0
+    fp8_matmul_ws.PERSISTENT = persistent
     try:
         yield
     finally:
-        fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K = saved
+        fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT = saved
 
 
 def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None,
@@ -125,8 +129,9 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
     # problem has only the first).
     if kernels and fp8_matmul.tile_config(n, k, m).split_k == 1:
         default = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
-        for name, on in (("tma", False), ("warp_specialized", True)):
-            with _warp_specialized(on):
+        for name, on, persistent in (("tma", False, False), ("warp_specialized", True, False),
+                                     ("warp_specialized_persistent", True, True)):
+            with _warp_specialized(on, persistent):
                 equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
                 us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
             row[name] = {"us": us, "bitwise_equal": equal}
@@ -163,8 +168,8 @@ def main() -> None:
     ap.add_argument("--settings", action="store_true",
                     help="sweep the split and unsplit tilings of long-K problems (SETTING_CANDIDATES)")
     ap.add_argument("--ws", action="store_true",
-                    help="also time the TMA kernel and the warp-specialised one (fp8_matmul_ws) at every shape, "
-                         "each forced, bits compared with the default's")
+                    help="also time the TMA kernel and the warp-specialised one (fp8_matmul_ws), plain and "
+                         "persistent, at every shape, each forced, bits compared with the default's")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]
@@ -190,7 +195,7 @@ def main() -> None:
                 print(f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "
                       f"{r['scaled_mm_us']:>9.1f} {r['ours_tflops']:>8.0f} {r['ours_GBps']:>7.0f} "
                       f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}", flush=True)
-                for name in ("tma", "warp_specialized"):
+                for name in ("tma", "warp_specialized", "warp_specialized_persistent"):
                     if name in r:
                         print(f"    {name} kernel: {r[name]['us']:.1f} us, bitwise equal={r[name]['bitwise_equal']}")
                 for c in r.get("configs", []):

@@ -35,6 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from shardinfer.kernels._common import sm_count
 from shardinfer.kernels.reference_fp8 import GROUP
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
@@ -47,6 +48,11 @@ BLOCK_N = 128
 NUM_WARPS = 8
 STAGES = 6
 GROUP_M = 8
+# One program per SM walking its share of the tiles, so a tile's first copies overlap the previous
+# tile's last promotions and its store: what short K (few steps a tile) leaves exposed. Not yet
+# measured, so off (bench/README.md, "Next on a GPU"); the same bits either way.
+PERSISTENT = False
+PERSISTENT_STAGES = 6
 _PRODUCER_WARPS = 1
 _PRODUCER_REGISTERS = 40
 
@@ -170,6 +176,117 @@ def _fp8_linear_ws_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
     gl.store(y_ptrs, out, mask=(out_rows[:, None] < M) & (cols[None, :] < N))
 
 
+@gluon.jit
+def _tile_offsets(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Output tile `tile`'s first row and column, in fp8_matmul's grouped order (matmul._tile_coords)."""
+    per_group = GROUP_M * num_pid_n
+    first_m = (tile // per_group) * GROUP_M
+    rows_in_group = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % rows_in_group
+    pid_n = (tile % per_group) // rows_in_group
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@gluon.jit
+def _produce_tiles(a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, STAGES: gl.constexpr,
+                   GROUP_M: gl.constexpr):
+    """The persistent kernel's producer: the copies of this program's tiles one after another,
+    through one ring of stages, so a tile's first steps load while the previous tile is promoted
+    and stored. `step` counts every K step the program issues (it picks the stage and its parity)."""
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    step = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, GROUP_M, BLOCK_M, BLOCK_N)
+        for kt in range(k_tiles):
+            stage = step % STAGES
+            mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(stage), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            _tma_load(a_desc, [off_m, kt * BLOCK_K], ready.index(stage), a_smem.index(stage))
+            _tma_load(w_desc, [off_n, kt * BLOCK_K], ready.index(stage), b_smem.index(stage))
+            step += 1
+
+
+@gluon.jit
+def _consume_tiles(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, stride_ym, a_groups, w_groups,
+                   k_tiles, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """The persistent kernel's consumers: per tile of this program, _consume's products and
+    promotions (the same order, so the same bits), then the bias and the store while the producer
+    loads the next tile's steps."""
+    BLOCK_M: gl.constexpr = a_smem.shape[1]
+    BLOCK_N: gl.constexpr = b_smem.shape[1]
+    BLOCK_K: gl.constexpr = a_smem.shape[2]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BLOCK_N, 32])
+    vec: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
+    out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // (BLOCK_N // vec),
+                                                BLOCK_N // vec], warps_per_cta=[num_warps, 1], order=[1, 0])
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    base = 0  # the program's K steps before this tile's
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, GROUP_M, BLOCK_M, BLOCK_N)
+        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+        as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * a_groups
+        ws_row = ws_ptr + (off_n // BLOCK_K) * w_groups
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+        for p in range(k_tiles // 2):
+            k0 = 2 * p
+            first = _issue(a_smem, b_smem, ready, base + k0, zero, STAGES)
+            first_scales = _scales(as_ptrs, ws_row, k0)
+            second = _issue(a_smem, b_smem, ready, base + k0 + 1, zero, STAGES)
+            second_scales = _scales(as_ptrs, ws_row, k0 + 1)
+            acc = _retire(acc, first, first_scales, 1)
+            mbarrier.arrive(empty.index((base + k0) % STAGES), count=1)
+            acc = _retire(acc, second, second_scales, 0)
+            mbarrier.arrive(empty.index((base + k0 + 1) % STAGES), count=1)
+        if k_tiles % 2:
+            last = k_tiles - 1
+            acc = _retire(acc, _issue(a_smem, b_smem, ready, base + last, zero, STAGES),
+                          _scales(as_ptrs, ws_row, last), 0)
+            mbarrier.arrive(empty.index((base + last) % STAGES), count=1)
+        base += k_tiles
+        if HAS_BIAS:
+            bias_cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+            bias = gl.load(b_ptr + bias_cols, mask=bias_cols < N, other=0.0)
+            acc += bias.to(gl.float32)[None, :]
+        out = gl.convert_layout(acc.to(y_ptr.dtype.element_ty), out_layout)
+        out_rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+        y_ptrs = y_ptr + out_rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]
+        gl.store(y_ptrs, out, mask=(out_rows[:, None] < M) & (cols[None, :] < N))
+    return ()
+
+
+@gluon.jit
+def _fp8_linear_ws_persistent_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups,
+                                     w_groups, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
+                                     STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
+                                     PRODUCER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    gl.warp_specialize([
+        (_consume_tiles, (a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, stride_ym, a_groups,
+                          w_groups, k_tiles, HAS_BIAS, STAGES, GROUP_M, num_warps)),
+        (_produce_tiles, (a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, STAGES, GROUP_M)),
+    ], [PRODUCER_WARPS], [PRODUCER_REGISTERS])
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
 def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                   bias: torch.Tensor | None, y: torch.Tensor) -> None:
     """y = dequant(xq) @ dequant(weight).T + bias into y [M, N], for fp8_matmul.linear_fp8_quantized
@@ -180,7 +297,15 @@ def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scal
     w_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, GROUP], gl.float8e4nv)
     a_desc = TensorDescriptor(xq, [m, k], [k, 1], [BLOCK_M, GROUP], a_layout)
     w_desc = TensorDescriptor(weight, [n, k], [k, 1], [BLOCK_N, GROUP], w_layout)
-    grid = (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N),)
+    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
+    if PERSISTENT:
+        persistent = _fp8_linear_ws_persistent_kernel[(min(tiles, sm_count(xq.device.index or 0)),)]
+        persistent(a_desc, w_desc, xs, scale, bias if bias is not None else y, y, m, n, k, y.stride(0), xs.shape[1],
+                   scale.shape[-1], HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=GROUP,
+                   GROUP_M=GROUP_M, STAGES=PERSISTENT_STAGES, PRODUCER_WARPS=_PRODUCER_WARPS,
+                   PRODUCER_REGISTERS=_PRODUCER_REGISTERS, num_warps=NUM_WARPS)
+        return
+    grid = (tiles,)
     _fp8_linear_ws_kernel[grid](a_desc, w_desc, xs, scale, bias if bias is not None else y, y, m, n, k,
                                 y.stride(0), xs.shape[1], scale.shape[-1], HAS_BIAS=bias is not None,
                                 BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=GROUP, GROUP_M=GROUP_M, STAGES=STAGES,

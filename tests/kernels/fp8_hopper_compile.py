@@ -140,9 +140,29 @@ def _warp_specialized_case() -> dict[str, Any]:
     return {"kernel": "fp8_linear_ws", "scales": "block", **_compiled(fp8_matmul_ws._fp8_linear_ws_kernel, launch)}
 
 
+def _persistent_case() -> dict[str, Any]:
+    """fp8_matmul_ws's persistent kernel (PERSISTENT), with a bias (stored inside its consumer partition)."""
+    from shardinfer.kernels import fp8_matmul_ws
+
+    n, k, m = 512, 1024, 300
+    xq, xs = quantize_groups(torch.randn(m, k))
+    wq, ws = quantize_blocks(torch.randn(n, k))
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    fp8_matmul_ws.PERSISTENT = True
+    fp8_matmul_ws.sm_count = lambda device_index: 132  # type: ignore[assignment]  # an H200's; no device here
+
+    def launch() -> object:
+        fp8_matmul_ws.linear_fp8_ws(xq, xs, wq, ws, bias, y)
+        return y
+
+    compiled = _compiled(fp8_matmul_ws._fp8_linear_ws_persistent_kernel, launch)
+    return {"kernel": "fp8_linear_ws_persistent", "scales": "block", **compiled}
+
+
 def main() -> None:
     _compile_only()
-    for case in (*_linear_cases(), *_moe_cases(), _warp_specialized_case()):
+    for case in (*_linear_cases(), *_moe_cases(), _warp_specialized_case(), _persistent_case()):
         print(json.dumps(case), flush=True)
 
 

@@ -1,7 +1,8 @@
 """The warp-specialised FP8 GEMM (kernels/fp8_matmul_ws.py), which fp8_matmul runs at prefill sizes:
 bit for bit the TMA kernel's rows (at the same and at other tiles), rows independent of the batch
 across the switch between the two kernels, and float64 on the same quantised operands. Gluon
-kernels compile for the GPU only (no interpreter), so those are `gpu` tests; the CPU suite
+kernels compile for the GPU only (no interpreter), so those are `gpu` tests (the persistent variant,
+PERSISTENT, included); the CPU suite
 compiles the kernel for Hopper (test_kernel_fp8_hopper_compile.py) and checks where it runs."""
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ def test_runs_above_decode_batches_over_long_k_on_hopper_only(monkeypatch: pytes
 
 
 def _run(dev: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cfg: fp8_matmul.Fp8TileConfig | None, warp_specialized: bool,
-         bias: torch.Tensor | None = None) -> torch.Tensor:
-    saved = fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_K
+         bias: torch.Tensor | None = None, persistent: bool = False) -> torch.Tensor:
+    from shardinfer.kernels import fp8_matmul_ws
+
+    saved = fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT
     fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_K = warp_specialized, 0  # any K
+    fp8_matmul_ws.PERSISTENT = persistent
     try:
         x, wq, ws = dev
         return fp8_matmul.linear_fp8(x, wq, ws, bias, config=cfg)
     finally:
-        fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_K = saved
+        fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT = saved
 
 
 TMA_TILINGS = [
@@ -65,7 +69,23 @@ def test_gives_the_tma_kernels_bits(m: int, n: int, k: int) -> None:
         got = _run(dev, None, True, bias=bias)
         for cfg in TMA_TILINGS:
             assert torch.equal(got, _run(dev, cfg, False, bias=bias)), (cfg, bias is not None)
+        # The persistent variant walks several tiles a program through one ring of stages.
+        assert torch.equal(got, _run(dev, None, True, bias=bias, persistent=True)), bias is not None
     assert rel_err(got, linear_float64(x, wq, ws, b)) < TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_the_persistent_kernel_gives_the_same_bits_when_programs_take_many_tiles(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Few programs for many tiles: the ring's stage and parity carry across tiles of odd step counts.
+    from shardinfer.kernels import fp8_matmul_ws
+
+    x, wq, ws, b = linear_problem(1000, 2048, 1152, torch.bfloat16, seed=11)
+    dev = (x.cuda(), wq.cuda(), ws.cuda())
+    want = _run(dev, None, True, bias=b.cuda())
+    for programs in (1, 3, 7):
+        monkeypatch.setattr(fp8_matmul_ws, "sm_count", lambda index, n=programs: n)
+        assert torch.equal(_run(dev, None, True, bias=b.cuda(), persistent=True), want), programs
 
 
 @pytest.mark.gpu
