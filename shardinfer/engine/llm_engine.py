@@ -444,7 +444,9 @@ class LLMEngine:
         return self.outputs.output(req)
 
     def stats(self) -> dict[str, float]:
-        """Counters since the engine was built. With asynchronous scheduling, synchronous_steps
+        """Counters since the engine was built, and its build: engine_start_s (the constructor's
+        seconds) and, where it compiled kernels ahead (engine/precompile.py), compiled_ahead_variants
+        and compiled_ahead_s. With asynchronous scheduling, synchronous_steps
         counts steps whose forward waited for the previous step's tokens (prompt logprobs), and
         deferred_sampling_steps those that read the previous step back between their forward and
         their sampling (grammar masks, penalties); both stay 0 without it. grammar_mask_wait_s is
@@ -465,6 +467,11 @@ class LLMEngine:
         out["prefix_cache_hit_rate"] = self.block_manager.prefix_hit_rate
         out["preemptions"] = float(self.scheduler.num_preemptions)
         out["kv_blocks"] = float(self.block_manager.num_blocks)
+        out["engine_start_s"] = float(self.startup_phases.get("total_s", 0.0))
+        ahead = self.runner.compiled_ahead
+        if ahead is not None:
+            out["compiled_ahead_variants"] = float(ahead.variants)
+            out["compiled_ahead_s"] = float(self.startup_phases.get("precompile_s", 0.0))
         if self.drafter is not None:
             steps = out.pop("draft_depth_steps")
             out["mean_draft_depth"] = out.pop("draft_depth_sum") / steps if steps else 0.0

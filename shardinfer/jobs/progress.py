@@ -179,6 +179,7 @@ class Reporter:
             f"tokens out     {summary.get('completion_tokens', 0)}",
             f"this run       {summary.get('run_completion_tokens', 0)} tokens generated in "
             f"{summary.get('wall_time_s', 0.0):.1f} s = {summary.get('output_tokens_per_s', 0.0):.1f} tok/s",
+            *_engine_start(summary),
             f"prefix cache   {summary.get('prefix_cache_hit_rate', 0.0):.1%} hit rate",
             f"numerics       {_numerics(summary.get('numerics') or {})}",
             f"splits         {summary.get('splits', 0)}",
@@ -207,6 +208,18 @@ class Reporter:
         for line in lines:
             print("  " + line, file=out)
         out.flush()
+
+
+def _engine_start(summary: dict[str, Any]) -> list[str]:
+    """The engine build's line: its seconds and, where kernels were compiled ahead, how many in how
+    long (a fresh machine's first run compiles every kernel; later runs load them from the cache)."""
+    if "engine_start_s" not in summary:
+        return []
+    line = f"engine start   {summary['engine_start_s']:.1f} s"
+    if summary.get("kernels_compiled_ahead"):
+        line += (f" ({summary['kernels_compiled_ahead']} kernel variants compiled or loaded ahead in "
+                 f"{summary.get('kernels_compiled_ahead_s', 0.0):.1f} s)")
+    return [line]
 
 
 def _numerics(n: dict[str, Any]) -> str:

@@ -144,6 +144,14 @@ class RunStats:
             "prefix_cache_hit_rate": round(hit / prompt, 4) if prompt else 0.0,
             "run_worker_restarts": self.restarts,
         }
+        # Engines build in parallel (one per worker): the slowest is what the run waited for.
+        starts = [e["engine_start_s"] for e in self.engine if "engine_start_s" in e]
+        if starts:
+            out["engine_start_s"] = round(max(starts), 3)
+        ahead = [e for e in self.engine if "compiled_ahead_variants" in e]
+        if ahead:
+            out["kernels_compiled_ahead"] = int(max(e["compiled_ahead_variants"] for e in ahead))
+            out["kernels_compiled_ahead_s"] = round(max(e.get("compiled_ahead_s", 0.0) for e in ahead), 3)
         speculative = self._speculative()
         if speculative:
             out["speculative"] = speculative

@@ -45,3 +45,24 @@ def test_summary_reports_the_budgets_choices_also_where_speculation_switched_off
     assert off.summary(1.0, 1)["speculative"] == {"draft_tokens": 0, "accepted_draft_tokens": 0,
                                                   "acceptance_rate": 0.0, "mean_draft_tokens_per_step": 0.0,
                                                   "speculation_off_share": 1.0}
+
+
+def test_summary_reports_the_slowest_engine_start_and_what_was_compiled_ahead() -> None:
+    import io
+
+    from shardinfer.jobs.progress import Reporter
+
+    stats = RunStats()
+    stats.add({"engine_stats": {"generated_tokens": 10.0, "engine_start_s": 12.5, "compiled_ahead_variants": 40.0,
+                                "compiled_ahead_s": 3.25}}, worker="0")
+    stats.add({"engine_stats": {"generated_tokens": 10.0, "engine_start_s": 14.0, "compiled_ahead_variants": 38.0,
+                                "compiled_ahead_s": 3.5}}, worker="1")
+    summary = stats.summary(10.0, 2)
+    assert (summary["engine_start_s"], summary["kernels_compiled_ahead"], summary["kernels_compiled_ahead_s"]) == (
+        14.0, 40, 3.5)
+    out = io.StringIO()
+    Reporter(run_id="r", stream=io.StringIO()).summary({**summary, "run_id": "r"}, out=out)
+    assert "engine start   14.0 s (40 kernel variants compiled or loaded ahead in 3.5 s)" in out.getvalue()
+    cpu = RunStats()
+    cpu.add({"engine_stats": {"generated_tokens": 10.0, "engine_start_s": 0.5}})
+    assert "kernels_compiled_ahead" not in cpu.summary(1.0, 1)
