@@ -2,7 +2,7 @@
 building, sampling bookkeeping and stop checks add per step (GPU steps wait on it unless it
 overlaps the device).
 
-    python bench/host_overhead.py [--batch 256] [--steps 200] [--vocab 151936]
+    python bench/host_overhead.py [--batch 256] [--steps 200] [--vocab 151936] [--logprobs 1]
 
 The model is replaced by a stub that returns fixed logits instantly, so the time measured is the
 engine's own. Greedy sampling keeps the CPU sampler's cost small and constant.
@@ -41,11 +41,19 @@ class StubModel:
         return self.logits_row.expand(hidden.shape[0], -1)
 
 
+def _argmax_with_logprobs(raw: torch.Tensor, x: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, ...]:
+    """What ops.sample_with_logprobs returns (token, its logprob, the row's logsumexp), by argmax."""
+    lse = torch.logsumexp(raw, dim=-1)
+    tokens = x.argmax(-1)
+    return tokens, raw.gather(1, tokens.view(-1, 1)).view(-1) - lse, lse
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--logprobs", type=int, default=0, help="SamplingParams.logprobs of every request (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,8 +64,9 @@ def main() -> None:
         # On a GPU the token choice is one kernel launch; here the CPU reference would dominate,
         # so it is replaced by an argmax to leave only the engine's own bookkeeping.
         sampler.gumbel_noise = lambda seeds, positions, vocab: None
-        sampler.ops = SimpleNamespace(sample=lambda x, *rest, **kw: x.argmax(-1))
-        params = SamplingParams(temperature=0.0, max_tokens=args.steps + 10, ignore_eos=True)
+        sampler.ops = SimpleNamespace(sample_with_logprobs=_argmax_with_logprobs)
+        params = SamplingParams(temperature=0.0, max_tokens=args.steps + 10, ignore_eos=True,
+                                logprobs=args.logprobs or None)
         for i in range(args.batch):
             engine.add_request(f"r{i}", [1 + (i + j) % 300 for j in range(200 + i % 300)], params)
         while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running) or \
@@ -67,7 +76,7 @@ def main() -> None:
         for _ in range(args.steps):
             engine.step()
         per_step = (time.perf_counter() - t0) / args.steps
-    print(f"batch {args.batch}: {per_step * 1e3:.2f} ms host time per decode step "
+    print(f"batch {args.batch}, logprobs {args.logprobs}: {per_step * 1e3:.2f} ms host time per decode step "
           f"({per_step / args.batch * 1e6:.1f} us per request)")
 
 

@@ -46,7 +46,8 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
               quantization=None if args.quantization == "auto" else args.quantization,
               kv_cache_dtype=args.kv_cache_dtype, async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling])
     engine = llm.llm_engine
-    params = [SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=i)
+    params = [SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=i,
+                             logprobs=getattr(args, "logprobs", 0) or None)
               for i, (_, out) in enumerate(reqs)]
     warm = [SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=1)] * 4
     llm.generate([r[0] for r in reqs[:4]], warm)
@@ -218,7 +219,9 @@ def parse_flags(text: str) -> dict[tuple[str, str], Any]:
     return flags
 
 
-ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "admission_batch")
+# The engine's settings, and `logprobs` (every request's SamplingParams.logprobs, as a job's
+# `sampling.logprobs` asks: the top-k logprobs of each token; 0 in the main run unless --logprobs).
+ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "admission_batch", "logprobs")
 
 
 def parse_settings(text: str) -> dict[str, int]:
@@ -298,8 +301,10 @@ def main() -> None:
                          "kernels.paged_attention.FP8_NUM_STAGES=2); with --variant-fp8-tiling, both")
     ap.add_argument("--variant-settings", default=None, metavar="NAME=VALUE[,...]",
                     help="the variant run with these engine settings instead (max_num_seqs, "
-                         "max_num_batched_tokens, admission_batch; e.g. max_num_seqs=512); combines with "
-                         "the other --variant-* options")
+                         "max_num_batched_tokens, admission_batch, or logprobs: every request's top-k "
+                         "logprobs; e.g. max_num_seqs=512); combines with the other --variant-* options")
+    ap.add_argument("--logprobs", type=int, default=0,
+                    help="every request's SamplingParams.logprobs in the main run (0: none)")
     ap.add_argument("--compare-unfused", action="store_true",
                     help="also run the same configuration with the fused launches off (an FP8 linear's input "
                          "quantised by the linear, the dense prologue op by op; the same bits) in this "
@@ -391,7 +396,8 @@ def main() -> None:
               "decode_floor_fraction": floor_frac, "decode": decode_summary, "copy_bandwidth_GBps": bw / 1e9,
               "requests": args.requests, "in_range": args.in_range, "out_range": args.out_range,
               "settings": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                           "max_model_len": args.max_model_len, "admission_batch": args.admission_batch},
+                           "max_model_len": args.max_model_len, "admission_batch": args.admission_batch,
+                           "logprobs": args.logprobs},
               "shardinfer": ours, "transformers": hf, "torch": torch.__version__,
               "baseline": baseline, "unfused": unfused, "variant": variant,
               "speedup_over_baseline": ours["output_tok_s"] / baseline["output_tok_s"] if baseline else None}

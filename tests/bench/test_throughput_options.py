@@ -96,6 +96,7 @@ def test_variant_options_name_the_bad_item(text: str, parse: object, needle: str
 def test_variant_settings_parse_to_engine_keywords() -> None:
     assert parse_settings("max_num_seqs=512, max_num_batched_tokens=16384") == {
         "max_num_seqs": 512, "max_num_batched_tokens": 16384}
+    assert parse_settings("logprobs=1") == {"logprobs": 1}  # a job's sampling.logprobs, in the variant run
 
 
 def test_record_writes_a_row_for_a_same_call_second_run() -> None:
