@@ -175,10 +175,11 @@ STARTUP_HEADER = """
 `bench/startup.py`: each mode a fresh process that builds the engine and generates a first batch
 (prompts × prompt length, 16 tokens out). `cold`: an empty Triton cache directory; `warm`: the one
 the previous cold run filled. `ahead on`/`off`: compiling the start-up's kernels ahead on a thread
-pool (engine/precompile.py) or each at its first launch. Seconds from the process's start.
+pool (engine/precompile.py) or each at its first launch. Seconds from the process's start. Late:
+kernel variants the first batch still compiled at their launch.
 
-| date (UTC) | GPU | commit | workload | CPUs | mode | import | engine build | compiled ahead | warm-up | graph capture | first batch | total | variants ahead |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| date (UTC) | GPU | commit | workload | CPUs | mode | import | engine build | compiled ahead | warm-up | graph capture | first batch | total | variants ahead | late |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -195,7 +196,8 @@ def startup_rows(records: list[dict]) -> list[str]:
                 f"{r['requests']} × {r['prompt_len']} | {r.get('cpus', '—')} | {cache}, ahead {precompile} | "
                 f"{run['import_s']:.1f} | {run['engine_build_s']:.1f} | {fmt(ph.get('precompile_s'), '.1f')} | "
                 f"{fmt(ph.get('warm_up_s'), '.1f')} | {fmt(ph.get('graph_capture_s'), '.1f')} | "
-                f"{run['first_batch_s']:.1f} | {run['total_s']:.1f} | {ahead.get('variants', '—')} |"
+                f"{run['first_batch_s']:.1f} | {run['total_s']:.1f} | {ahead.get('variants', '—')} | "
+                f"{len(run.get('compiled_in_first_batch', []))} |"
             )
     return out
 

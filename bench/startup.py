@@ -8,8 +8,9 @@ one the previous cold run filled (the same commit's kernels, as a machine's seco
 them); `on` / `off` sets SHARDINFER_PRECOMPILE. Each process imports shardinfer, builds the engine
 (LLM) and generates a first batch: `--requests` prompts of `--prompt-len` random tokens, 16 tokens
 each with ignore_eos, enough to fill the first prefill steps and a few graphed decode steps. It
-reports the engine's start-up phases, what was compiled ahead, and the seconds from the process's
-start to the first batch's end. All modes run in one invocation on one commit.
+reports the engine's start-up phases, what was compiled ahead, the kernels the first batch still
+compiled at their launch, and the seconds from the process's start to the first batch's end.
+All modes run in one invocation on one commit.
 
 The result goes to bench/results/startup-<workload>-<stamp>.json.
 """
@@ -47,6 +48,14 @@ def child(args: argparse.Namespace) -> None:
               kv_cache_dtype=args.kv_cache_dtype)
     built = time.perf_counter()
     engine = llm.llm_engine
+    late: list[str] = []  # kernels the first batch compiled at their launch: what compiling ahead missed
+    if args.device == "cuda":
+        from triton import knobs
+
+        def note(*, fn: Any, **_: Any) -> None:
+            late.append(fn.name)
+
+        knobs.runtime.jit_cache_hook = note
     prompts = [ids for ids, _ in requests(args.requests, args.vocab, (args.prompt_len, args.prompt_len), (16, 16))]
     params = [SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=i) for i in range(len(prompts))]
     llm.generate(prompts, params, use_tqdm=False)
@@ -58,6 +67,7 @@ def child(args: argparse.Namespace) -> None:
         "first_batch_s": done - built,
         "total_s": done - started,
         "phases": dict(getattr(engine, "startup_phases", {}) or {}),
+        "compiled_in_first_batch": late,
         "compiled_ahead": None if ahead is None else {"variants": ahead.variants, "workers": ahead.workers,
                                                       "drain_s": ahead.drain_s},
     }))
@@ -135,13 +145,13 @@ def main() -> None:
     path = out / f"startup-{args.workload}-{stamp.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"{'mode':<9} {'import':>7} {'build':>7} {'ahead':>7} {'warm-up':>8} {'capture':>8} {'1st batch':>9} "
-          f"{'total':>7} {'variants':>8}")
+          f"{'total':>7} {'variants':>8} {'late':>5}")
     for r in runs:
         ph = r["phases"]
         ahead = r["compiled_ahead"] or {}
         print(f"{r['mode']:<9} {r['import_s']:7.1f} {r['engine_build_s']:7.1f} {ph.get('precompile_s', 0.0):7.1f} "
               f"{ph.get('warm_up_s', 0.0):8.1f} {ph.get('graph_capture_s', 0.0):8.1f} {r['first_batch_s']:9.1f} "
-              f"{r['total_s']:7.1f} {ahead.get('variants', '-'):>8}")
+              f"{r['total_s']:7.1f} {ahead.get('variants', '-'):>8} {len(r['compiled_in_first_batch']):>5}")
     print(f"wrote {path}")
 
 
