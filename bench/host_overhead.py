@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from shardinfer.engine import sampler
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.kernels.top_logprob import TopLogprob, fill_reference
 from shardinfer.testing.tiny_checkpoint import make_tiny_checkpoint
 
 
@@ -41,10 +42,13 @@ class StubModel:
         return self.logits_row.expand(hidden.shape[0], -1)
 
 
-def _argmax_with_logprobs(raw: torch.Tensor, x: torch.Tensor, *rest: Any) -> tuple[torch.Tensor, ...]:
+def _argmax_with_logprobs(raw: torch.Tensor, x: torch.Tensor, *rest: Any,
+                          top: TopLogprob | None = None) -> tuple[torch.Tensor, ...]:
     """What ops.sample_with_logprobs returns (token, its logprob, the row's logsumexp), by argmax."""
     lse = torch.logsumexp(raw, dim=-1)
     tokens = x.argmax(-1)
+    if top is not None:
+        fill_reference(top, raw, lse)
     return tokens, raw.gather(1, tokens.view(-1, 1)).view(-1) - lse, lse
 
 

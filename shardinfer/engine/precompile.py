@@ -29,6 +29,7 @@ import torch
 
 from shardinfer.engine.forward_context import SKIP_SLOT
 from shardinfer.kernels import compile_ahead, ops
+from shardinfer.kernels.top_logprob import TopLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -90,13 +91,15 @@ def run_prefill(runner: ModelRunner, host: HostBatch) -> torch.Tensor:
 @torch.inference_mode()
 def run_sampling(vocab: int, device: torch.device) -> None:
     """The sampler's choice over two rows, as engine/sampler.py makes it: without filters on the
-    logits themselves and on a processed copy (penalties, masks), and with filters."""
+    logits themselves and on a processed copy (penalties, masks), and with filters; each with and
+    without the top-1 logprob."""
     raw = torch.zeros(2, vocab, dtype=torch.float32, device=device)
     ones, zeros = torch.ones(2, device=device), torch.zeros(2, device=device)
     top_k = torch.zeros(2, dtype=torch.int32, device=device)
     seeds = positions = torch.zeros(2, dtype=torch.int64, device=device)
     for x, filtered in ((raw, False), (raw.clone(), False), (raw, True)):
-        ops.sample_with_logprobs(raw, x, ones, top_k, ones, zeros, seeds, positions, filtered)
+        for top in (None, TopLogprob.empty(2, device)):  # with and without logprobs=1
+            ops.sample_with_logprobs(raw, x, ones, top_k, ones, zeros, seeds, positions, filtered, top=top)
 
 
 def precompile(runner: ModelRunner, graphs: Any, max_num_batched_tokens: int,

@@ -27,6 +27,7 @@ from shardinfer.engine.sampling_noise import gumbel_noise
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.engine.scheduler import ScheduledBatch
 from shardinfer.kernels import ops
+from shardinfer.kernels.top_logprob import TopLogprob
 
 # SamplingPlan.output_slots markers for requests whose sampled token owns no placeholder.
 DRAFTS = -1  # the request's draft tokens hold this step's slots (speculative decoding)
@@ -186,13 +187,19 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], grammar: Gra
     noise = None if x.is_cuda else gumbel_noise(seeds, positions, x.shape[-1])
     # Whether any row filters is known here, on the host; a row's token is the same either way.
     filtered = any(_filters(r.params, x.shape[-1]) for r in rows)
-    chosen, lps, lse = ops.sample_with_logprobs(logits, x, temperature, top_k, top_p, min_p, seeds, positions,
-                                                filtered, noise)
     k_per_row = [r.params.logprobs or 0 for r in rows]
+    top_k_max = max(k_per_row, default=0)
+    # One top logprob per token (logprobs=1, the common ask) comes out of the pass that computes
+    # the log-sum-exp (kernels/top_logprob.py); more take a top-k over the raw logits.
+    top1 = TopLogprob.empty(len(rows), dev) if top_k_max == 1 else None
+    chosen, lps, lse = ops.sample_with_logprobs(logits, x, temperature, top_k, top_p, min_p, seeds, positions,
+                                                filtered, noise, top=top1)
     top = None
-    if max(k_per_row):
+    if top1 is not None:
+        top = (top1.logprobs.view(-1, 1), top1.token_ids.view(-1, 1))
+    elif top_k_max:
         # The raw logits' top ids, as logprobs with the same lse as the sampled token's.
-        values, indices = torch.topk(logits, max(k_per_row), dim=-1)
+        values, indices = torch.topk(logits, top_k_max, dim=-1)
         top = (values - lse.view(-1, 1), indices)
     return DeviceSample(chosen, lps, top, k_per_row)
 

@@ -15,6 +15,7 @@ from shardinfer.kernels import reference, reference_fp8
 from shardinfer.kernels._common import check_same_device
 from shardinfer.kernels.reference import bmm_rows
 from shardinfer.kernels.reference_fp8 import Fp8Activation
+from shardinfer.kernels.top_logprob import TopLogprob, fill_reference
 
 __all__ = ["Fp8Activation", "bmm_rows", "fused_add_rms_norm", "fused_add_rms_norm_fp8", "grouped_topk",
            "heads_matmul", "linear", "linear_fp8", "linear_fp8_prequantized", "mla_absorb_query",
@@ -218,10 +219,12 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
 
 def sample_with_logprobs(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                          top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                         filtered: bool, noise: torch.Tensor | None = None
+                         filtered: bool, noise: torch.Tensor | None = None, top: TopLogprob | None = None,
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token [B] int64, logprob [B] float32, lse [B] float32): `sample` on x, and the chosen
     token's log-probability under the RAW logits (raw[token] - logsumexp(raw), lse per row).
+    `top`, if given, receives each row's top-1 token and logprob under the raw logits
+    (kernels/top_logprob.py).
 
     filtered: some row has top_k / top_p / min_p. On CUDA a step without filters samples with
     the row-split kernel (kernels/sampling_split.py), which picks the token the filtered kernel
@@ -230,11 +233,13 @@ def sample_with_logprobs(raw: torch.Tensor, x: torch.Tensor, temperature: torch.
     if _use_triton(x):
         from shardinfer.kernels import sampling_split
         if not filtered:
-            return sampling_split.sample(raw, x, temperature, seeds, positions)
+            return sampling_split.sample(raw, x, temperature, seeds, positions, top=top)
         tokens = sample(x, temperature, top_k, top_p, min_p, seeds, positions)
-        return (tokens, *sampling_split.logprobs_of(raw, tokens))
+        return (tokens, *sampling_split.logprobs_of(raw, tokens, top=top))
     tokens = sample(x, temperature, top_k, top_p, min_p, seeds, positions, noise).to(x.device)
     lse = torch.logsumexp(raw, dim=-1)
+    if top is not None:
+        fill_reference(top, raw, lse)
     return tokens, raw.gather(1, tokens.view(-1, 1)).view(-1) - lse, lse
 
 

@@ -155,3 +155,17 @@ def test_stop_reason_as_vllm(llm: LLM) -> None:
     req = Request("r", [1, 2], SamplingParams(max_tokens=4, stop_token_ids=[free.token_ids[0]]), 1, 4)
     req.output_token_ids = [free.token_ids[0]]
     assert check_stop(req, tok, 64)[:2] == (RequestStatus.FINISHED_STOPPED, free.token_ids[0])
+
+
+def test_one_top_logprob_is_the_first_of_three_and_the_greedy_token(llm: LLM) -> None:
+    """logprobs=1 comes from the sampling pass (kernels/top_logprob.py), more from a top-k: the
+    same entry either way, and under greedy sampling it is the token chosen."""
+    prompts = ["Hello", "The quick brown fox", "1 + 2 ="]
+    one = llm.generate(prompts, GREEDY.replace(logprobs=1, max_tokens=12), use_tqdm=False)
+    three = llm.generate(prompts, GREEDY.replace(logprobs=3, max_tokens=12), use_tqdm=False)
+    for a, b in zip(one, three, strict=True):
+        ca, cb = a.outputs[0], b.outputs[0]
+        assert ca.token_ids == cb.token_ids and ca.top_logprobs is not None and cb.top_logprobs is not None
+        for token, lp, top1, top3 in zip(ca.token_ids, ca.logprobs, ca.top_logprobs, cb.top_logprobs, strict=True):
+            assert len(top1) == 1 and top1[0] == top3[0]
+            assert top1[0] == (token, lp)

@@ -144,3 +144,34 @@ def test_batch_sizes_compile_nothing_new_on_gpu() -> None:
     torch.cuda.synchronize()
     after = compiled_variants(sampling_split._sample_chunks_kernel, sampling_split._sample_combine_kernel)
     assert after == before
+
+
+def test_the_top_logprob_is_the_lowest_id_of_the_raw_maximum_and_changes_nothing_else(device: torch.device) -> None:
+    from shardinfer.kernels.top_logprob import TopLogprob, fill_reference
+
+    raw, seeds, positions = _rows(6, VOCAB, seed=9)
+    raw[1, [4100, 2049, 2050]] = 50.0  # a tie across the second and third chunk: 2049
+    raw[2, 77] = float("nan")  # NaN counts as -inf, not as the maximum
+    raw[3] = float("-inf")  # nothing but -inf: id 0
+    raw[4, 10] = float("inf")
+    x = raw.clone()
+    x[5, 3] = 1e9  # sampling follows x; the top logprob follows raw
+    temp = torch.tensor([1.0, 0.0, 0.7, 0.0, 1.3, 0.0])
+    args = [t.to(device) for t in (raw, x, temp, seeds, positions)]
+    plain = [t.cpu() for t in sampling_split.sample(*args)]
+    top = TopLogprob.empty(6, device)
+    with_top = [t.cpu() for t in sampling_split.sample(*args, top=top)]
+    for a, b in zip(plain, with_top, strict=True):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())
+    want = TopLogprob.empty(6, torch.device("cpu"))
+    fill_reference(want, raw, with_top[2])  # over the kernel's own log-sum-exp: the same bits
+    assert want.token_ids.tolist()[1:5] == [2049, int(raw[2].nan_to_num(float("-inf")).argmax()), 0, 10]
+    assert top.token_ids.cpu().tolist() == want.token_ids.tolist()
+    assert torch.equal(top.logprobs.cpu().nan_to_num(), want.logprobs.nan_to_num())
+    assert torch.allclose(top.logprobs.cpu()[[0, 1, 5]].double(),
+                          _float64_logprobs(raw[[0, 1, 5]], want.token_ids[[0, 1, 5]]), atol=2e-5, rtol=0)
+    # For tokens chosen elsewhere (the filtered kernel's rows), the same top.
+    other = TopLogprob.empty(6, device)
+    sampling_split.logprobs_of(args[0], plain[0].to(device), top=other)
+    assert other.token_ids.cpu().tolist() == want.token_ids.tolist()
+    assert torch.equal(other.logprobs.cpu().nan_to_num(), want.logprobs.nan_to_num())
