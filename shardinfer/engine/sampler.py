@@ -136,6 +136,11 @@ class DeviceSample:
         return SampleResult(tokens, lps, tops, accepted, mtp_drafts, mtp_confidence)
 
 
+# logprobs=1 read from the sampling pass (kernels/top_logprob.py); False: a top-k, as for more
+# (the same values; for benchmarks to compare the two in one run).
+TOP1_FROM_SAMPLING = True
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None) -> SampleResult:
     """Choose and read back in one call (see sample_on_device)."""
     return sample_on_device(logits, rows, grammar).result()
@@ -191,7 +196,7 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], grammar: Gra
     top_k_max = max(k_per_row, default=0)
     # One top logprob per token (logprobs=1, the common ask) comes out of the pass that computes
     # the log-sum-exp (kernels/top_logprob.py); more take a top-k over the raw logits.
-    top1 = TopLogprob.empty(len(rows), dev) if top_k_max == 1 else None
+    top1 = TopLogprob.empty(len(rows), dev) if top_k_max == 1 and TOP1_FROM_SAMPLING else None
     chosen, lps, lse = ops.sample_with_logprobs(logits, x, temperature, top_k, top_p, min_p, seeds, positions,
                                                 filtered, noise, top=top1)
     top = None
