@@ -105,8 +105,9 @@ def run_sampling(vocab: int, device: torch.device) -> None:
 def precompile(runner: ModelRunner, graphs: Any, max_num_batched_tokens: int,
                workers: int | None = None) -> compile_ahead.CompileAhead | None:
     """Compile what the runner's warm-up, the capture of `graphs` (a DecodeGraphs, or None) and
-    its first prefill steps will launch. Returns what was compiled, or None where this Triton
-    cannot compile asynchronously (nothing is done then; everything compiles as it launches)."""
+    its first prefill steps and the sampler will launch. Returns what was compiled, or None where
+    this Triton cannot compile asynchronously or a pass failed (logged); what was not compiled
+    ahead compiles as it launches."""
     if not compile_ahead.available():
         return None
     try:

@@ -81,7 +81,7 @@ def available() -> bool:
 @contextlib.contextmanager
 def compile_instead_of_launch(workers: int | None = None) -> Iterator[CompileAhead]:
     """Inside: every Triton launch compiles its kernel variant on a pool of `workers` threads
-    (default: one per available CPU) and launches nothing. On exit: waits for the compiles. A
+    (default: default_workers()) and launches nothing. On exit: waits for the compiles. A
     variant that fails to compile is left out; its first real launch compiles it again and raises
     where the failure belongs."""
     from triton import knobs
