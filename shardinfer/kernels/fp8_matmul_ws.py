@@ -83,39 +83,108 @@ def _retire(acc, part, scales, OUTSTANDING: gl.constexpr):
 
 
 @gluon.jit
+def _load_step(a_desc, w_desc, a_smem, b_smem, ready, empty, step, off_m, off_n, kt, STAGES: gl.constexpr,
+               BLOCK_K: gl.constexpr):
+    """K step `kt` of the tile at (off_m, off_n), the program's `step`-th: its two copies, once its
+    stage is free (a fresh barrier counts as released: the first pass over the stages waits on
+    parity 1, which passes at once)."""
+    stage = step % STAGES
+    mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(stage), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+    _tma_load(a_desc, [off_m, kt * BLOCK_K], ready.index(stage), a_smem.index(stage))
+    _tma_load(w_desc, [off_n, kt * BLOCK_K], ready.index(stage), b_smem.index(stage))
+
+
+@gluon.jit
 def _produce(a_desc, w_desc, a_smem, b_smem, ready, empty, off_m, off_n, k_tiles, STAGES: gl.constexpr,
              BLOCK_K: gl.constexpr):
-    """The producer partition: each K step's copies once its stage is free (a fresh barrier counts
-    as released: the first pass over the stages waits on parity 1, which passes at once)."""
+    """The producer partition: the tile's K steps in order."""
     for kt in range(k_tiles):
-        stage = kt % STAGES
-        mbarrier.wait(empty.index(stage), ((kt // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(stage), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        _tma_load(a_desc, [off_m, kt * BLOCK_K], ready.index(stage), a_smem.index(stage))
-        _tma_load(w_desc, [off_n, kt * BLOCK_K], ready.index(stage), b_smem.index(stage))
+        _load_step(a_desc, w_desc, a_smem, b_smem, ready, empty, kt, off_m, off_n, kt, STAGES, BLOCK_K)
+
+
+@gluon.jit
+def _steps(a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, base, zero, acc, STAGES: gl.constexpr):
+    """One tile's products and promotions in K order, two steps in flight within a pair; a stage is
+    released once its product has been retired (Gluon syncs the partition's warps before the
+    arrive, so both warpgroups are done with it). `base`: the steps the program issued before this
+    tile (they pick the stage and its parity)."""
+    n_pairs = k_tiles // 2
+    for p in range(n_pairs):
+        k0 = 2 * p
+        first = _issue(a_smem, b_smem, ready, base + k0, zero, STAGES)
+        first_scales = _scales(as_ptrs, ws_row, k0)
+        second = _issue(a_smem, b_smem, ready, base + k0 + 1, zero, STAGES)
+        second_scales = _scales(as_ptrs, ws_row, k0 + 1)
+        acc = _retire(acc, first, first_scales, 1)
+        mbarrier.arrive(empty.index((base + k0) % STAGES), count=1)
+        acc = _retire(acc, second, second_scales, 0)
+        mbarrier.arrive(empty.index((base + k0 + 1) % STAGES), count=1)
+    if k_tiles % 2:
+        last = k_tiles - 1
+        acc = _retire(acc, _issue(a_smem, b_smem, ready, base + last, zero, STAGES),
+                      _scales(as_ptrs, ws_row, last), 0)
+        mbarrier.arrive(empty.index((base + last) % STAGES), count=1)
+    return acc
 
 
 @gluon.jit
 def _consume(a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, zero, acc, STAGES: gl.constexpr):
-    """The consumer partition: products and promotions in K order, two steps in flight within a
-    pair; a stage is released once its product has been retired (Gluon syncs the partition's warps
-    before the arrive, so both warpgroups are done with it)."""
-    n_pairs = k_tiles // 2
-    for p in range(n_pairs):
-        k0 = 2 * p
-        first = _issue(a_smem, b_smem, ready, k0, zero, STAGES)
-        first_scales = _scales(as_ptrs, ws_row, k0)
-        second = _issue(a_smem, b_smem, ready, k0 + 1, zero, STAGES)
-        second_scales = _scales(as_ptrs, ws_row, k0 + 1)
-        acc = _retire(acc, first, first_scales, 1)
-        mbarrier.arrive(empty.index(k0 % STAGES), count=1)
-        acc = _retire(acc, second, second_scales, 0)
-        mbarrier.arrive(empty.index((k0 + 1) % STAGES), count=1)
-    if k_tiles % 2:
-        last = k_tiles - 1
-        acc = _retire(acc, _issue(a_smem, b_smem, ready, last, zero, STAGES), _scales(as_ptrs, ws_row, last), 0)
-        mbarrier.arrive(empty.index(last % STAGES), count=1)
-    return (acc,)  # the default partition returns a tuple
+    """The consumer partition: the tile's steps (_steps)."""
+    return (_steps(a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, 0, zero, acc, STAGES),)  # a tuple
+
+
+@gluon.jit
+def _tile_offsets(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Output tile `tile`'s first row and column, in fp8_matmul's grouped order (matmul._tile_coords)."""
+    per_group = GROUP_M * num_pid_n
+    first_m = (tile // per_group) * GROUP_M
+    rows_in_group = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % rows_in_group
+    pid_n = (tile % per_group) // rows_in_group
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@gluon.jit
+def _store_tile(acc, b_ptr, y_ptr, off_m, off_n, M, N, stride_ym, HAS_BIAS: gl.constexpr, mma: gl.constexpr,
+                num_warps: gl.constexpr):
+    """The tile plus the bias, rounded in the MMA layout, then moved (exactly) to one where each
+    thread stores 16 bytes of a row."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    if HAS_BIAS:
+        bias_cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        bias = gl.load(b_ptr + bias_cols, mask=bias_cols < N, other=0.0)
+        acc += bias.to(gl.float32)[None, :]
+    vec: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
+    out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // (BLOCK_N // vec),
+                                                BLOCK_N // vec], warps_per_cta=[num_warps, 1], order=[1, 0])
+    out = gl.convert_layout(acc.to(y_ptr.dtype.element_ty), out_layout)
+    out_rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+    y_ptrs = y_ptr + out_rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]
+    gl.store(y_ptrs, out, mask=(out_rows[:, None] < M) & (cols[None, :] < N))
+
+
+@gluon.jit
+def _make_ring(a_desc, w_desc, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               BLOCK_K: gl.constexpr):
+    """The stages' operand buffers and their `ready` / `empty` barriers, initialised."""
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return a_smem, b_smem, ready, empty
+
+
+@gluon.jit
+def _drop_ring(ready, empty, STAGES: gl.constexpr):
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
 
 
 @gluon.jit
@@ -124,27 +193,11 @@ def _fp8_linear_ws_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
                           BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                           PRODUCER_WARPS: gl.constexpr, PRODUCER_REGISTERS: gl.constexpr,
                           num_warps: gl.constexpr):
-    # The output tile, in fp8_matmul's grouped order (matmul._tile_coords).
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_pid_n
-    first_m = (pid // per_group) * GROUP_M
-    rows_in_group = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows_in_group
-    pid_n = (pid % per_group) // rows_in_group
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-
+    off_m, off_n = _tile_offsets(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M, BLOCK_M,
+                                 BLOCK_N)
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BLOCK_N, 32])
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    a_smem, b_smem, ready, empty = _make_ring(a_desc, w_desc, STAGES, BLOCK_M, BLOCK_N, BLOCK_K)
     k_tiles = gl.cdiv(K, BLOCK_K)
     # Rows past M read row 0's scales (their results are dropped at the store), as fp8_matmul does.
     rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
@@ -157,34 +210,8 @@ def _fp8_linear_ws_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
         (_consume, (a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, zero, acc, STAGES)),
         (_produce, (a_desc, w_desc, a_smem, b_smem, ready, empty, off_m, off_n, k_tiles, STAGES, BLOCK_K)),
     ], [PRODUCER_WARPS], [PRODUCER_REGISTERS])
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
-
-    if HAS_BIAS:
-        bias_cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-        bias = gl.load(b_ptr + bias_cols, mask=bias_cols < N, other=0.0)
-        acc += bias.to(gl.float32)[None, :]
-    # Rounded in the MMA layout, then moved (exactly) to one where each thread stores 16 bytes of a row.
-    vec: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
-    out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // (BLOCK_N // vec),
-                                                BLOCK_N // vec], warps_per_cta=[num_warps, 1], order=[1, 0])
-    out = gl.convert_layout(acc.to(y_ptr.dtype.element_ty), out_layout)
-    out_rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
-    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
-    y_ptrs = y_ptr + out_rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]
-    gl.store(y_ptrs, out, mask=(out_rows[:, None] < M) & (cols[None, :] < N))
-
-
-@gluon.jit
-def _tile_offsets(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Output tile `tile`'s first row and column, in fp8_matmul's grouped order (matmul._tile_coords)."""
-    per_group = GROUP_M * num_pid_n
-    first_m = (tile // per_group) * GROUP_M
-    rows_in_group = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % per_group) % rows_in_group
-    pid_n = (tile % per_group) // rows_in_group
-    return pid_m * BLOCK_M, pid_n * BLOCK_N
+    _drop_ring(ready, empty, STAGES)
+    _store_tile(acc, b_ptr, y_ptr, off_m, off_n, M, N, stride_ym, HAS_BIAS, mma, num_warps)
 
 
 @gluon.jit
@@ -202,11 +229,7 @@ def _produce_tiles(a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, 
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         off_m, off_n = _tile_offsets(tile, num_pid_m, num_pid_n, GROUP_M, BLOCK_M, BLOCK_N)
         for kt in range(k_tiles):
-            stage = step % STAGES
-            mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(stage), a_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            _tma_load(a_desc, [off_m, kt * BLOCK_K], ready.index(stage), a_smem.index(stage))
-            _tma_load(w_desc, [off_n, kt * BLOCK_K], ready.index(stage), b_smem.index(stage))
+            _load_step(a_desc, w_desc, a_smem, b_smem, ready, empty, step, off_m, off_n, kt, STAGES, BLOCK_K)
             step += 1
 
 
@@ -214,17 +237,14 @@ def _produce_tiles(a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, 
 def _consume_tiles(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, stride_ym, a_groups, w_groups,
                    k_tiles, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                    num_warps: gl.constexpr):
-    """The persistent kernel's consumers: per tile of this program, _consume's products and
-    promotions (the same order, so the same bits), then the bias and the store while the producer
-    loads the next tile's steps."""
+    """The persistent kernel's consumers: per tile of this program, the plain kernel's steps (the
+    same order, so the same bits), then the bias and the store while the producer loads the next
+    tile's steps."""
     BLOCK_M: gl.constexpr = a_smem.shape[1]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
     BLOCK_K: gl.constexpr = a_smem.shape[2]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BLOCK_N, 32])
-    vec: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
-    out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // (BLOCK_N // vec),
-                                                BLOCK_N // vec], warps_per_cta=[num_warps, 1], order=[1, 0])
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
@@ -234,32 +254,10 @@ def _consume_tiles(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M
         rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
         as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * a_groups
         ws_row = ws_ptr + (off_n // BLOCK_K) * w_groups
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-        for p in range(k_tiles // 2):
-            k0 = 2 * p
-            first = _issue(a_smem, b_smem, ready, base + k0, zero, STAGES)
-            first_scales = _scales(as_ptrs, ws_row, k0)
-            second = _issue(a_smem, b_smem, ready, base + k0 + 1, zero, STAGES)
-            second_scales = _scales(as_ptrs, ws_row, k0 + 1)
-            acc = _retire(acc, first, first_scales, 1)
-            mbarrier.arrive(empty.index((base + k0) % STAGES), count=1)
-            acc = _retire(acc, second, second_scales, 0)
-            mbarrier.arrive(empty.index((base + k0 + 1) % STAGES), count=1)
-        if k_tiles % 2:
-            last = k_tiles - 1
-            acc = _retire(acc, _issue(a_smem, b_smem, ready, base + last, zero, STAGES),
-                          _scales(as_ptrs, ws_row, last), 0)
-            mbarrier.arrive(empty.index((base + last) % STAGES), count=1)
+        acc = _steps(a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, base, zero,
+                     gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma), STAGES)
         base += k_tiles
-        if HAS_BIAS:
-            bias_cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-            bias = gl.load(b_ptr + bias_cols, mask=bias_cols < N, other=0.0)
-            acc += bias.to(gl.float32)[None, :]
-        out = gl.convert_layout(acc.to(y_ptr.dtype.element_ty), out_layout)
-        out_rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
-        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
-        y_ptrs = y_ptr + out_rows.to(gl.int64)[:, None] * stride_ym + cols[None, :]
-        gl.store(y_ptrs, out, mask=(out_rows[:, None] < M) & (cols[None, :] < N))
+        _store_tile(acc, b_ptr, y_ptr, off_m, off_n, M, N, stride_ym, HAS_BIAS, mma, num_warps)
     return ()
 
 
@@ -269,22 +267,14 @@ def _fp8_linear_ws_persistent_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_pt
                                      BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
                                      STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
                                      PRODUCER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-    b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    a_smem, b_smem, ready, empty = _make_ring(a_desc, w_desc, STAGES, BLOCK_M, BLOCK_N, BLOCK_K)
     k_tiles = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
         (_consume_tiles, (a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, stride_ym, a_groups,
                           w_groups, k_tiles, HAS_BIAS, STAGES, GROUP_M, num_warps)),
         (_produce_tiles, (a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, STAGES, GROUP_M)),
     ], [PRODUCER_WARPS], [PRODUCER_REGISTERS])
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
+    _drop_ring(ready, empty, STAGES)
 
 
 def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
