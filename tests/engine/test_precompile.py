@@ -7,9 +7,6 @@ build then compiles nothing at a launch and that outputs do not change."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +19,7 @@ from shardinfer.engine.precompile import (
     prefill_batch,
     prefill_shapes,
 )
+from tests.kernels.kernel_checks import run_compile_script
 
 MLA_KERNEL_SHAPES = {"qk_rope_head_dim": 16, "kv_lora_rank": 64}  # what the Triton MLA kernel takes
 
@@ -36,16 +34,10 @@ MLA_KERNEL_SHAPES = {"qk_rope_head_dim": 16, "kv_lora_rank": 64}  # what the Tri
 def test_compile_ahead_compiles_every_variant_of_the_passes_and_launches_nothing(
     tmp_path: Path, family: str, engine_kwargs: dict[str, str], overrides: dict[str, int]
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    script = Path(__file__).with_name("precompile_compile_only.py")
-    args = [family, "2", json.dumps(engine_kwargs), json.dumps(overrides)]
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
-                          timeout=600)
     # The stand-in driver raises on any launch: a clean exit means the passes launched nothing.
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = run_compile_script(Path(__file__).with_name("precompile_compile_only.py"), tmp_path / "triton", family,
+                               "2", json.dumps(engine_kwargs), json.dumps(overrides))
+    got = json.loads(lines[-1])
     assert got["variants"] > 0, got
     assert got["second_pass_variants"] == 0, f"the first pass left variants to compile: {got}"
 

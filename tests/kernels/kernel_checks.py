@@ -33,6 +33,18 @@ def compile_in_child(script: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_compile_script(script: Path, cache_dir: Path, *args: str, timeout: int = 600) -> list[str]:
+    """Run a compile-only script (hopper_compile.py's driver stands in for the GPU and raises on any
+    launch) in a child with Triton's interpreter off and its cache in `cache_dir`; it must exit 0.
+    Returns its stdout lines."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(cache_dir), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
 # Relative-error bounds: one rounding of the output dtype plus float32 reduction-order noise.
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
