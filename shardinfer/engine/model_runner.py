@@ -141,7 +141,8 @@ class ModelRunner:
         if self.device.type == "cuda" and precompile_enabled():
             with phases.phase("precompile_s"):
                 self.compiled_ahead = precompile(self, self.graphs, cfg.max_num_batched_tokens)
-        if self.device.type == "cuda" and cfg.batch_invariant:
+        # The warm-up only compiles; compiling ahead ran it already (without launching anything).
+        if self.device.type == "cuda" and cfg.batch_invariant and self.compiled_ahead is None:
             with phases.phase("warm_up_s"):
                 self.warm_up()
         if self.graphs is not None:

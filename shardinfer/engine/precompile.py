@@ -4,11 +4,12 @@ On a GPU whose Triton cache is cold, an engine's start-up is mostly compiling: t
 warm-up, the eager pass before each CUDA graph is captured, the first long prefill step and the
 sampler each compile their kernel variants one at a time, as each is first launched. Here the
 same passes run first inside `kernels.compile_ahead.compile_instead_of_launch`, which launches
-nothing and compiles every variant the passes reach on a thread per CPU (up to 16); the real passes after it
-find them in memory. The passes: the matmul warm-up, each decode graph's forward, prefill steps
-of a full and a one-short token budget with short and long prompts, and the sampler's choice over
-two rows. A variant they
-do not reach (a prefill shape of a later step) compiles at its first launch, as before.
+nothing and compiles every variant the passes reach on a thread per CPU (up to 16); capture and
+the first steps then find them in memory, and the matmul warm-up, which only compiles, is not run
+again. The passes: the matmul warm-up, each decode graph's forward, prefill steps of a full and a
+one-short token budget with short and long prompts, and the sampler's choice over two rows. A
+variant they do not reach (a prefill shape of a later step) compiles at its first launch, as
+before.
 
 What runs inside is safe to run without its kernels: the passes take their control decisions
 from shapes and host-side metadata, and their torch operations never index with a kernel's
