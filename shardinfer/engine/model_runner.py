@@ -110,6 +110,7 @@ class ModelRunner:
             torch.cuda.empty_cache()
         self.numerics = Numerics(self.dtype, cfg.batch_invariant, resolve_quantization(cfg.quantization, model_config.hf))
         check_fp8_device(self.device, cfg.quantization, self.numerics.quantization, cfg.kv_cache_dtype)
+        compile_ahead = self.device.type == "cuda" and precompile_enabled()  # a bad setting fails before the load
         with phases.phase("model_load_s"):
             self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
         specs = self.model.kv_cache_specs()
@@ -138,7 +139,7 @@ class ModelRunner:
             with phases.phase("graph_capture_s"):  # the graphs' static buffers
                 self.graphs = self._decode_graphs(cfg.max_num_seqs)
         self.compiled_ahead: CompileAhead | None = None
-        if self.device.type == "cuda" and precompile_enabled():
+        if compile_ahead:
             with phases.phase("precompile_s"):
                 self.compiled_ahead = precompile(self, self.graphs, cfg.max_num_batched_tokens)
         # The warm-up only compiles; compiling ahead ran it already (without launching anything).

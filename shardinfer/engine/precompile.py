@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from shardinfer.engine.forward_context import SKIP_SLOT
+from shardinfer.errors import ConfigError
 from shardinfer.kernels import compile_ahead, ops
 from shardinfer.kernels.top_logprob import TopLogprob
 
@@ -42,10 +43,20 @@ if TYPE_CHECKING:
 PREFILL_SEQUENCE_TOKENS = (512, 2048)
 
 
+_ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
+
+
 def precompile_enabled() -> bool:
-    """Whether engines compile ahead: on unless SHARDINFER_PRECOMPILE is 0 (which leaves every
-    kernel to compile at its first launch, one at a time)."""
-    return os.environ.get("SHARDINFER_PRECOMPILE", "1").strip().lower() not in ("0", "false", "off", "no")
+    """Whether engines compile ahead: SHARDINFER_PRECOMPILE unset or 1 (also true, on, yes), or 0
+    (also false, off, no: every kernel compiles at its first launch, one at a time). Anything else
+    is refused, naming the value (exit 78)."""
+    value = os.environ.get("SHARDINFER_PRECOMPILE", "1")
+    if value.strip().lower() in _ON:
+        return True
+    if value.strip().lower() in _OFF:
+        return False
+    raise ConfigError(f"SHARDINFER_PRECOMPILE={value!r}: set it to 1 to compile the engine's kernels ahead "
+                      "in parallel (the default, as when unset) or to 0 to compile each at its first launch")
 
 
 def prefill_batch(n_tokens: int, sequence_tokens: int, block_size: int) -> HostBatch:

@@ -19,6 +19,7 @@ from shardinfer.engine.precompile import (
     prefill_batch,
     prefill_shapes,
 )
+from shardinfer.errors import ConfigError
 from tests.kernels.kernel_checks import run_compile_script
 
 MLA_KERNEL_SHAPES = {"qk_rope_head_dim": 16, "kv_lora_rank": 64}  # what the Triton MLA kernel takes
@@ -66,6 +67,12 @@ def test_precompile_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     for off in ("0", "off", "false"):
         monkeypatch.setenv("SHARDINFER_PRECOMPILE", off)
         assert not precompile_enabled()
+    monkeypatch.setenv("SHARDINFER_PRECOMPILE", " Yes ")
+    assert precompile_enabled()
+    monkeypatch.setenv("SHARDINFER_PRECOMPILE", "disable")
+    with pytest.raises(ConfigError, match=r"SHARDINFER_PRECOMPILE='disable': set it to 1 .* or to 0") as err:
+        precompile_enabled()
+    assert err.value.exit_code == 78
 
 
 def test_a_failing_pass_leaves_compiling_to_the_launches(monkeypatch: pytest.MonkeyPatch,
