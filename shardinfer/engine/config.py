@@ -70,6 +70,13 @@ class EngineConfig:
     # Grammar matchers built per sample instead of copied from the compiled grammar (None: when
     # the process may use >= 4 CPUs; see independent_matchers below and docs/structured-outputs.md).
     structured_independent_matchers: bool | None = None
+    # Ranks of one engine (engine/parallel/): each rank its own requests and KV cache (data-parallel
+    # attention) and a share of the routed experts (expert parallelism). The two sizes are one
+    # layout, as in DeepSeek's serving: give either, or both equal. 1: one process, all experts.
+    expert_parallel_size: int = 1
+    data_parallel_size: int = 1
+    # Redundant expert replicas over the ranks (placed by measured load at a rebalance, placement.py).
+    expert_redundancy: int = 0
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
@@ -113,10 +120,38 @@ class EngineConfig:
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes={self.kv_cache_memory_bytes}: must be >= 1, or unset to size "
                              "the cache from gpu_memory_utilization")
+        for name in ("expert_parallel_size", "data_parallel_size"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
+                    or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be an integer >= 1 (1: one process)")
+        if min(self.expert_parallel_size, self.data_parallel_size) > 1 and \
+                self.expert_parallel_size != self.data_parallel_size:
+            raise ValueError(f"expert_parallel_size={self.expert_parallel_size} and data_parallel_size="
+                             f"{self.data_parallel_size}: each rank runs attention for its own requests and holds a "
+                             "share of the experts, so the two are one size; give one of them, or both equal")
+        if self.expert_redundancy < 0:
+            raise ValueError(f"expert_redundancy={self.expert_redundancy}: must be >= 0 (extra expert replicas)")
+        if self.parallel_size > 1:
+            if self.speculative_mode != "off":
+                raise ValueError(f"speculative={self.speculative_mode!r} with expert_parallel_size="
+                                 f"{self.parallel_size}: speculative decoding does not run on expert-parallel "
+                                 "ranks yet; set speculative='off' or expert_parallel_size=1")
+            if self.device not in ("auto", "cpu"):
+                raise ValueError(f"device={self.device!r} with expert_parallel_size={self.parallel_size}: "
+                                 "expert-parallel ranks run on the CPU (gloo) in this version; use device='cpu', "
+                                 "or expert_parallel_size=1 and local[N] for one engine per GPU")
+        elif self.expert_redundancy:
+            raise ValueError(f"expert_redundancy={self.expert_redundancy} needs expert_parallel_size > 1: replicas "
+                             "spread hot experts over ranks")
         independent = self.structured_independent_matchers
         if independent is not None and not isinstance(independent, bool):
             raise ValueError(f"structured_independent_matchers={independent!r}: "
                              "use true, false, or leave it unset (independent when >= 4 CPUs)")
+
+    @property
+    def parallel_size(self) -> int:
+        """Ranks of the engine: expert_parallel_size or data_parallel_size, whichever is given."""
+        return max(self.expert_parallel_size, self.data_parallel_size)
 
     @property
     def speculative_mode(self) -> str:

@@ -113,6 +113,14 @@ class ModelRunner:
         compile_ahead = self.device.type == "cuda" and precompile_enabled()  # a bad setting fails before the load
         with phases.phase("model_load_s"):
             self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
+            # An expert-parallel rank keeps its own expert slots (engine/parallel/sharding.py).
+            self.expert_parallel = cfg.parallel_size > 1
+            if self.expert_parallel:
+                from shardinfer.engine.parallel.group import current_group
+                from shardinfer.engine.parallel.sharding import shard_experts
+
+                self.parallel_group = current_group(cfg.parallel_size)
+                self.parallel_experts = shard_experts(self.model, self.parallel_group)
         specs = self.model.kv_cache_specs()
         use_mtp = cfg.speculative_mode == "mtp"
         if use_mtp:
@@ -201,6 +209,15 @@ class ModelRunner:
                     or (r.wants_prompt_logprobs and not r.prompt_logprobs_done)):
                 return 0
         return w
+
+    @torch.inference_mode()
+    def idle_forward(self) -> None:
+        """An expert-parallel rank with nothing to run this step: its MoE layers' exchanges with no
+        rows of its own, so the rows other ranks route to its experts are computed."""
+        from shardinfer.engine.parallel.sharding import idle_forward, moe_shape
+
+        top_k, hidden = moe_shape(self.model)
+        idle_forward(self.parallel_experts, top_k, hidden, self.dtype, self.device)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, fixup: InputFixup | None = None) -> StepLogits:

@@ -86,7 +86,7 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("reference_moe.moe_experts reads expert ids back to the host and cannot run in a "
                            "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA")
-    return _weighted_sum(_slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant), topk_weights, x.dtype)
+    return weighted_sum(_slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant), topk_weights, x.dtype)
 
 
 def moe_experts_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
@@ -96,20 +96,35 @@ def moe_experts_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     [E, ceil(rows/128), ceil(cols/128)] or per channel [E, rows], float32), as kernels/fp8_moe.py computes it: the
     input and the gate/up output quantised per token and 128 channels, each product of the
     dequantised operands in float32, the gate/up and down outputs rounded to x's dtype."""
-    from shardinfer.kernels.reference_fp8 import dequantize_groups, dequantize_weight, quantize_groups
-
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("reference_moe.moe_experts_fp8 reads expert ids back to the host and cannot run in a "
                            "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA")
+    slot_out = expert_slots(x, topk_ids, w_gate_up, w_down, batch_invariant, w_gate_up_scale, w_down_scale)
+    return weighted_sum(slot_out, topk_weights, x.dtype)
+
+
+def expert_slots(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                 batch_invariant: bool = True, w_gate_up_scale: torch.Tensor | None = None,
+                 w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Each slot's expert output before the weighting, [T, k, H] float32: expert topk_ids[t, j] of
+    the stacked weights applied to x[t] (FP8 experts when their scales are given, computed as
+    moe_experts_fp8 describes). A row's result depends on that row and its expert alone, so the
+    slots may be computed anywhere (another rank of an expert-parallel group) and combined later
+    by `weighted_sum` with the same bits."""
+    if w_gate_up_scale is None or w_down_scale is None:
+        return _slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant)
+    from shardinfer.kernels.reference_fp8 import dequantize_groups, dequantize_weight, quantize_groups
+
+    gate_up_scale, down_scale = w_gate_up_scale, w_down_scale
 
     def expert(rows: torch.Tensor, e: int) -> torch.Tensor:
-        wgu = dequantize_weight(w_gate_up[e], w_gate_up_scale[e])
-        wd = dequantize_weight(w_down[e], w_down_scale[e])
+        wgu = dequantize_weight(w_gate_up[e], gate_up_scale[e])
+        wd = dequantize_weight(w_down[e], down_scale[e])
         h = ops.linear(dequantize_groups(*quantize_groups(rows)), wgu, None, batch_invariant).to(x.dtype)
         act = ops.silu_and_mul(h)
         return ops.linear(dequantize_groups(*quantize_groups(act)), wd, None, batch_invariant).to(x.dtype).float()
 
-    return _weighted_sum(_gather_slots(x, topk_ids, expert), topk_weights, x.dtype)
+    return _gather_slots(x, topk_ids, expert)
 
 
 def _expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
@@ -133,10 +148,10 @@ def _gather_slots(x: torch.Tensor, topk_ids: torch.Tensor,
     for expert in torch.unique(flat_ids).tolist():
         slots = (flat_ids == expert).nonzero(as_tuple=True)[0]
         slot_out[slots] = run_expert(x[token_of_slot[slots]], expert)
-    return slot_out.view(t, k, -1)
+    return slot_out.view(t, k, x.shape[-1])
 
 
-def _weighted_sum(slot_out: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def weighted_sum(slot_out: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """sum_j topk_weights[:, j] * slot_out[:, j] in float32, in x's dtype."""
     weights = topk_weights.float()
     out = torch.zeros(slot_out.shape[0], slot_out.shape[-1], dtype=torch.float32, device=slot_out.device)

@@ -11,7 +11,7 @@ Expert weights are stacked: w_gate_up [E, 2I, H] ([gate | up] rows) and w_down [
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -22,6 +22,9 @@ from shardinfer.engine.models.layers import Linear
 from shardinfer.errors import ModelLoadError
 from shardinfer.kernels import ops
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, quantize_blocks
+
+if TYPE_CHECKING:
+    from shardinfer.engine.parallel.group import ExpertParallelGroup
 
 
 class SwiGLUMLP(nn.Module):
@@ -107,10 +110,28 @@ class RoutedExperts(nn.Module):
                 scales = gate_up, cast(torch.Tensor | None, getattr(self, "w_down" + suffix))
         return scales
 
+    # Set by parallel.sharding.shard_experts on an expert-parallel rank: the weights then hold this
+    # rank's physical expert slots only, and forward exchanges rows with the other ranks.
+    parallel: ExpertParallelGroup | None = None
+    parallel_layer: int = -1
+
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        if self.parallel is not None:
+            from shardinfer.engine.parallel.expert_exchange import exchange_routed
+
+            return exchange_routed(x, topk_ids, topk_weights, self.parallel, self.parallel_layer, self.local_slots)
         gate_up_scale, down_scale = self._scales()
         return ops.moe_experts(x, topk_ids, topk_weights, self.w_gate_up, self.w_down,
                                self.numerics.batch_invariant, gate_up_scale, down_scale)
+
+    def local_slots(self, rows: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """Rows [n, H] through the expert held in this module's slot slot[i], [n, H] float32 before
+        routing weights (reference_moe.expert_slots: the single-process layer's per-row function)."""
+        from shardinfer.kernels.reference_moe import expert_slots
+
+        gate_up_scale, down_scale = self._scales()
+        return expert_slots(rows, slot.view(-1, 1), self.w_gate_up, self.w_down, self.numerics.batch_invariant,
+                            gate_up_scale, down_scale)[:, 0]
 
     def quantize_fp8(self) -> bool:
         """Quantise float expert weights to block-scaled FP8, expert by expert, on their device."""

@@ -1,0 +1,93 @@
+"""One expert-parallel rank: `python -m shardinfer.engine.parallel.rank_main SPEC.json RANK`.
+
+The rank joins the group, builds its engine (its expert slots only, engine/parallel/sharding.py)
+and serves the driver (ranks.py) over stdin/stdout, one JSON object a line:
+
+    {"op": "add", "id", "ids", "params"}   queue a request (no reply)
+    {"op": "abort", "id"}                  -> {"outputs": [...]}
+    {"op": "step"}                         -> {"outputs": [...]}: one forward, real or idle
+    {"op": "stats"}                        -> {"stats": {...}, "slot_rows": [[...]], "expert_tokens": [[...]]}
+    {"op": "exit"}                         leave the group and exit
+
+Every rank gets every "step": a rank with requests runs engine.step(), one without runs its MoE
+layers' exchanges with no rows (`idle_forward`), so all ranks meet in the same collectives. The
+engine's own output goes to stderr; stdout carries only the replies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import IO, Any
+
+import torch
+
+from shardinfer.engine.parallel import wire
+from shardinfer.engine.parallel.group import ExpertParallelGroup, init_process_group, set_current_group
+from shardinfer.engine.parallel.placement import ExpertPlacement
+
+
+def _counts(table: dict[int, torch.Tensor]) -> list[list[int]]:
+    return [table[layer].tolist() for layer in sorted(table) if layer >= 0]
+
+
+def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
+    from shardinfer.engine.llm_engine import LLMEngine
+
+    size = int(spec["size"])
+    placement = ExpertPlacement(int(spec["num_logical"]), size, tuple(spec["physical_to_logical"]))
+    init_process_group(rank, size, spec["address"], int(spec["port"]), float(spec["timeout_s"]))
+    group = ExpertParallelGroup(rank, size, placement)
+    set_current_group(group)
+    engine = LLMEngine(spec["model"], **spec["engine"])
+    runner = engine.runner
+    wire.send(replies, {"ready": True, "max_model_len": engine.max_model_len})
+    for line in sys.stdin:
+        msg = json.loads(line)
+        op = msg["op"]
+        if op == "add":
+            engine.add_request(msg["id"], msg["ids"], wire.params_from_dict(msg["params"]))
+        elif op == "abort":
+            out = engine.abort(msg["id"])
+            wire.send(replies, {"outputs": [] if out is None else [wire.output_to_dict(out)]})
+        elif op == "step":
+            outputs = []
+            before = group.forwards
+            if engine.has_unfinished():
+                outputs = engine.step()
+            if group.forwards == before:  # no forward of its own this step: meet the others idle
+                runner.idle_forward()
+            wire.send(replies, {"outputs": [wire.output_to_dict(o) for o in outputs]})
+        elif op == "stats":
+            wire.send(replies, {"stats": engine.stats(), "slot_rows": _counts(group.slot_rows),
+                                "expert_tokens": _counts(group.expert_tokens)})
+        elif op == "exit":
+            break
+        else:
+            raise ValueError(f"unknown rank operation {op!r}")
+
+
+def main() -> None:
+    spec_path, rank = sys.argv[1], int(sys.argv[2])
+    # Replies go to the original stdout; anything the engine prints goes to stderr.
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    try:
+        serve(spec, rank, replies)
+    except BaseException as exc:  # report, then exit non-zero: the driver names this rank
+        traceback.print_exc()
+        wire.send(replies, {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        raise SystemExit(1) from exc
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The driver of an expert-parallel engine: N rank processes behind the engine's own interface.
+
+`ExpertParallelEngine(model, expert_parallel_size=N, ...)` starts N rank processes
+(rank_main.py), each an LLMEngine holding its share of the routed experts, and answers what the
+LLM API and a job's worker ask of an engine: add_request, step, abort, has_unfinished, stats,
+tokenizer. A request goes to the rank with the fewest unfinished requests (data-parallel
+attention: its KV cache lives there). Every step() steps all ranks together (their MoE layers
+exchange rows), and returns the outputs of all of them.
+
+Which rank runs a request changes none of its bits: each rank's engine is batch invariant, and
+the experts' rows are computed the same wherever they are (expert_exchange.py). So outputs equal
+a one-process engine's, token for token and logprob for logprob.
+
+A rank that dies fails the step with an error naming it; the other ranks are stopped, and a
+job resumes from its last commit like after any failed step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import IO, Any
+
+import torch
+
+from shardinfer.engine.config import EngineConfig
+from shardinfer.engine.models.config import ModelConfig
+from shardinfer.engine.outputs import RequestOutput
+from shardinfer.engine.parallel import wire
+from shardinfer.engine.parallel.group import DEFAULT_TIMEOUT_S, ExpertParallelError
+from shardinfer.engine.parallel.placement import (
+    ExpertPlacement,
+    balanced_placement,
+    moe_lb,
+    static_placement,
+)
+from shardinfer.engine.sampling_params import SamplingParams, checkpoint_sampling_defaults
+from shardinfer.engine.tokenizer import Tokenizer
+
+_ADDRESS = "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((_ADDRESS, 0))
+        return int(s.getsockname()[1])
+
+
+class _Rank:
+    """One rank process and its pipes."""
+
+    def __init__(self, index: int, spec_path: Path) -> None:
+        self.index = index
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shardinfer.engine.parallel.rank_main", str(spec_path), str(index)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.unfinished: set[str] = set()
+
+    @property
+    def stdin(self) -> IO[str]:
+        assert self.proc.stdin is not None
+        return self.proc.stdin
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            wire.send(self.stdin, message)
+        except (BrokenPipeError, OSError) as exc:
+            raise self.failure(f"could not send {message['op']!r}") from exc
+
+    def receive(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise self.failure("stopped without replying")
+        reply: dict[str, Any] = json.loads(line)
+        if "error" in reply:
+            raise self.failure(reply["error"])
+        return reply
+
+    def failure(self, what: str) -> ExpertParallelError:
+        code = self.proc.poll()
+        status = f"exit code {code}" if code is not None else "still running"
+        return ExpertParallelError(f"expert-parallel rank {self.index}: {what} ({status}); the engine stops, and a "
+                                   "job resumes from its last commit")
+
+
+class ExpertParallelEngine:
+    """The engine interface over N rank processes (see the module docstring)."""
+
+    def __init__(self, model: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 placement: ExpertPlacement | None = None, **kwargs: Any) -> None:
+        if kwargs.get("device", "auto") == "auto":
+            kwargs["device"] = "cpu"
+        self.config = EngineConfig.from_kwargs(str(model), **kwargs)
+        self.model_dir = Path(self.config.model)
+        if not self.model_dir.is_dir():
+            raise FileNotFoundError(f"model directory {self.config.model!r} does not exist: pass a local Hugging "
+                                    "Face model directory (config.json, *.safetensors, tokenizer.json)")
+        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.size = self.config.parallel_size
+        num_logical = int(self.model_config.hf.get("n_routed_experts") or 0)
+        if not num_logical:
+            raise ValueError(f"expert_parallel_size={self.size}: {self.model_config.architecture} has no routed "
+                             "experts to split; use expert_parallel_size=1 (local[N] runs one engine per device)")
+        self.placement = placement or static_placement(num_logical, self.size, self.config.expert_redundancy)
+        self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
+        self.timeout_s = timeout_s
+        self._engine_kwargs = {k: v for k, v in kwargs.items()}
+        self._dir = tempfile.TemporaryDirectory(prefix="shardinfer-ranks-")
+        self.ranks: list[_Rank] = []
+        self.requests: dict[str, SimpleNamespace] = {}
+        self._owner: dict[str, _Rank] = {}
+        self._arrivals = 0
+        self._steps = 0
+        self._start()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _start(self) -> None:
+        spec = {"size": self.size, "num_logical": self.placement.num_logical,
+                "physical_to_logical": list(self.placement.physical_to_logical), "address": _ADDRESS,
+                "port": _free_port(), "timeout_s": self.timeout_s, "model": str(self.model_dir),
+                "engine": self._engine_kwargs}
+        spec_path = Path(self._dir.name) / f"ranks-{len(os.listdir(self._dir.name))}.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        self.ranks = [_Rank(i, spec_path) for i in range(self.size)]
+        try:
+            self.max_model_len = min(int(r.receive()["max_model_len"]) for r in self.ranks)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Stop every rank (politely, then by force)."""
+        for r in self.ranks:
+            if r.proc.poll() is None:
+                with contextlib.suppress(BrokenPipeError, OSError):  # it may have died already
+                    wire.send(r.stdin, {"op": "exit"})
+        for r in self.ranks:
+            try:
+                r.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
+        self.ranks = []
+
+    def close(self) -> None:
+        self.shutdown()
+        self._dir.cleanup()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to report to
+            self.shutdown()
+
+    # -- the engine interface -------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if prompt == "":
+                raise ValueError("prompt is empty: give at least one character or token id")
+            return self.tokenizer.encode(prompt)
+        ids = [int(t) for t in prompt]
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {vocab})")
+        return ids
+
+    def default_params(self) -> SamplingParams:
+        return SamplingParams(**checkpoint_sampling_defaults(self.model_dir))
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine: give each request its own id")
+        ids = self.tokenize_prompt(prompt)
+        params = params or self.default_params()
+        rank = min(self.ranks, key=lambda r: (len(r.unfinished), r.index))
+        rank.send({"op": "add", "id": request_id, "ids": ids, "params": params.to_json_dict()})
+        rank.unfinished.add(request_id)
+        self._owner[request_id] = rank
+        self.requests[request_id] = SimpleNamespace(prompt=prompt if isinstance(prompt, str) else None)
+        self._arrivals += 1
+
+    def has_unfinished(self) -> bool:
+        return any(r.unfinished for r in self.ranks)
+
+    @property
+    def num_unfinished(self) -> int:
+        return sum(len(r.unfinished) for r in self.ranks)
+
+    def step(self) -> list[RequestOutput]:
+        """One step of every rank (the ranks with nothing to do meet the others idle)."""
+        try:
+            for r in self.ranks:
+                r.send({"op": "step"})
+            replies = [r.receive() for r in self.ranks]
+        except ExpertParallelError:
+            self.shutdown()
+            raise
+        self._steps += 1
+        return [self._finish(wire.output_from_dict(o)) for reply in replies for o in reply["outputs"]]
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        rank = self._owner.get(request_id)
+        if rank is None:
+            return None
+        rank.send({"op": "abort", "id": request_id})
+        outs = rank.receive()["outputs"]
+        return self._finish(wire.output_from_dict(outs[0])) if outs else None
+
+    def _finish(self, out: RequestOutput) -> RequestOutput:
+        record = self.requests.get(out.request_id)
+        if record is not None:
+            out.prompt = record.prompt
+        if out.finished:
+            rank = self._owner.pop(out.request_id, None)
+            if rank is not None:
+                rank.unfinished.discard(out.request_id)
+            self.requests.pop(out.request_id, None)
+        return out
+
+    # -- load and placement -------------------------------------------------------------------
+    def _gather(self) -> list[dict[str, Any]]:
+        for r in self.ranks:
+            r.send({"op": "stats"})
+        return [r.receive() for r in self.ranks]
+
+    def stats(self) -> dict[str, float]:
+        """The ranks' counters summed (rates averaged, start-up the slowest rank's), plus expert_parallel_size, moe_lb (the heaviest rank's rows
+        over the mean rank's, summed over MoE layers: 1.0 is balanced) and rank<i>_expert_rows."""
+        replies = self._gather()
+        out: dict[str, float] = {}
+        for reply in replies:
+            for key, value in reply["stats"].items():
+                if key.endswith("_rate") or key.startswith("draft_acceptance"):
+                    out[key] = out.get(key, 0.0) + float(value) / len(replies)  # the ranks' mean
+                elif key.endswith("_start_s"):
+                    out[key] = max(out.get(key, 0.0), float(value))  # the ranks build at once
+                else:
+                    out[key] = out.get(key, 0.0) + float(value)
+        out["expert_parallel_size"] = float(self.size)
+        loads = self.rank_loads(replies)
+        out["moe_lb"] = moe_lb(loads) if loads.numel() else 1.0
+        for i, total in enumerate(loads.sum(dim=0).tolist() if loads.numel() else []):
+            out[f"rank{i}_expert_rows"] = float(total)
+        return out
+
+    @staticmethod
+    def rank_loads(replies: list[dict[str, Any]]) -> torch.Tensor:
+        """[MoE layers, ranks]: rows each rank's experts computed, per layer."""
+        per_rank = [torch.tensor(r["slot_rows"], dtype=torch.float64).sum(dim=-1) for r in replies]
+        if not per_rank or per_rank[0].numel() == 0:
+            return torch.zeros(0, len(replies), dtype=torch.float64)
+        return torch.stack(per_rank, dim=1)
+
+    def expert_load(self) -> torch.Tensor:
+        """[MoE layers, logical experts]: tokens routed to each expert so far, all ranks' requests."""
+        loads = [torch.tensor(r["expert_tokens"], dtype=torch.float64) for r in self._gather()]
+        return torch.stack(loads).sum(dim=0)
+
+    def rebalance(self, redundant: int | None = None) -> ExpertPlacement:
+        """Place the experts again from the load measured so far (placement.balanced_placement),
+        with `redundant` extra replicas (default: the engine's expert_redundancy), between
+        batches: only when no request is in flight. The ranks restart with the new placement;
+        no output bit depends on the placement, so later outputs are what they would have been."""
+        if self.has_unfinished():
+            raise RuntimeError(f"rebalance() with {self.num_unfinished} requests in flight: call it between "
+                               "batches, when has_unfinished() is False")
+        load = self.expert_load()
+        extra = self.config.expert_redundancy if redundant is None else redundant
+        self.placement = balanced_placement(load, self.size, extra)
+        self.shutdown()
+        self._start()
+        return self.placement
