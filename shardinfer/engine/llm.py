@@ -16,6 +16,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any
 
+from shardinfer.engine.engines import make_engine
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.outputs import RequestOutput
 from shardinfer.engine.prompt_checks import check_prompt
@@ -70,7 +71,8 @@ def _one_prompt(i: int, prompt: Any) -> str | list[int]:
 
 class LLM:
     def __init__(self, model: str | Path, **engine_kwargs: Any) -> None:
-        self.llm_engine = LLMEngine(model, **engine_kwargs)
+        # expert_parallel_size > 1: the same interface over rank processes (engine/parallel/ranks.py)
+        self.llm_engine: LLMEngine = make_engine(model, **engine_kwargs)
         self._positions = 0  # prompts taken so far: the position that seeds unseeded requests
 
     @property

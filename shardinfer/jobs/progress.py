@@ -181,6 +181,7 @@ class Reporter:
             f"{summary.get('wall_time_s', 0.0):.1f} s = {summary.get('output_tokens_per_s', 0.0):.1f} tok/s",
             *_engine_start(summary),
             f"prefix cache   {summary.get('prefix_cache_hit_rate', 0.0):.1%} hit rate",
+            *_expert_parallel(summary),
             f"numerics       {_numerics(summary.get('numerics') or {})}",
             f"splits         {summary.get('splits', 0)}",
         ]
@@ -220,6 +221,16 @@ def _engine_start(summary: dict[str, Any]) -> list[str]:
         line += (f" ({summary['kernels_compiled_ahead']} kernel variants compiled or loaded ahead in "
                  f"{summary.get('kernels_compiled_ahead_s', 0.0):.1f} s)")
     return [line]
+
+
+def _expert_parallel(summary: dict[str, Any]) -> list[str]:
+    """Expert-parallel ranks: how many, their balance (moe_lb: the busiest rank's expert rows over
+    the mean rank's, 1.0 balanced) and each rank's rows."""
+    ep = summary.get("expert_parallel")
+    if not ep:
+        return []
+    rows = ", ".join(str(r) for r in ep.get("rank_expert_rows", []))
+    return [f"experts        {ep['ranks']} ranks, moe_lb {ep['moe_lb']:.2f} (expert rows per rank: {rows})"]
 
 
 def _numerics(n: dict[str, Any]) -> str:

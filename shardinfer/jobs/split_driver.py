@@ -155,6 +155,13 @@ class RunStats:
         speculative = self._speculative()
         if speculative:
             out["speculative"] = speculative
+        parallel = [e for e in self.engine if "expert_parallel_size" in e]
+        if parallel:
+            # One expert-parallel engine per worker: its ranks' expert rows, and their balance.
+            rows = [[e[f"rank{i}_expert_rows"] for i in range(int(e["expert_parallel_size"]))] for e in parallel]
+            out["expert_parallel"] = {"ranks": int(parallel[0]["expert_parallel_size"]),
+                                      "moe_lb": round(max(e["moe_lb"] for e in parallel), 4),
+                                      "rank_expert_rows": [int(sum(col)) for col in zip(*rows, strict=True)]}
         if workers > 1:
             out["run_workers"] = self._workers(wall_s)
         if scheduler is not None:

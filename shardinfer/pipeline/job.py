@@ -431,16 +431,18 @@ def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
 
 
 def build_engine(config: JobConfig) -> Engine:
+    from shardinfer.engine.engines import make_engine
     from shardinfer.engine.llm_engine import LLMEngine
 
     engine_args = dict(config.engine)
     if config.model.quantization:
         engine_args["quantization"] = config.model.quantization
     try:
-        engine = LLMEngine(
+        engine = make_engine(
             config.model.path, device=config.model.device, dtype=config.model.dtype, **engine_args
         )
-        install_from_env(engine)  # benchmarks only (its ENV): outputs recorded, or replayed as drafts
+        if isinstance(engine, LLMEngine):
+            install_from_env(engine)  # benchmarks only (its ENV): outputs recorded, or replayed as drafts
         return engine
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -120,7 +121,9 @@ class ExpertParallelEngine:
         self._owner: dict[str, _Rank] = {}
         self._arrivals = 0
         self._steps = 0
+        started = time.monotonic()
         self._start()
+        self.start_s = time.monotonic() - started  # rank processes started, engines built
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _start(self) -> None:
@@ -248,6 +251,7 @@ class ExpertParallelEngine:
                     out[key] = max(out.get(key, 0.0), float(value))  # the ranks build at once
                 else:
                     out[key] = out.get(key, 0.0) + float(value)
+        out["engine_start_s"] = self.start_s
         out["expert_parallel_size"] = float(self.size)
         loads = self.rank_loads(replies)
         out["moe_lb"] = moe_lb(loads) if loads.numel() else 1.0
