@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from shardinfer.engine.parallel.placement import ExpertPlacement
+from shardinfer.errors import Retryable
 
 T = TypeVar("T")
 
@@ -29,8 +30,9 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 300.0
 
 
-class ExpertParallelError(RuntimeError):
-    """A collective between expert-parallel ranks failed: a peer stopped, or the ranks diverged."""
+class ExpertParallelError(Retryable, RuntimeError):
+    """A collective between expert-parallel ranks failed: a peer stopped, or the ranks diverged.
+    Like a lost worker, it ends a job as retryable (exit 75): a rerun resumes from its commits."""
 
 
 @dataclass

@@ -64,6 +64,7 @@ class _Rank:
             [sys.executable, "-m", "shardinfer.engine.parallel.rank_main", str(spec_path), str(index)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.unfinished: set[str] = set()
+        self.reported = False  # it replied with an error (a rank that died says nothing)
 
     @property
     def stdin(self) -> IO[str]:
@@ -83,6 +84,7 @@ class _Rank:
             raise self.failure("stopped without replying")
         reply: dict[str, Any] = json.loads(line)
         if "error" in reply:
+            self.reported = True
             raise self.failure(reply["error"])
         return reply
 
@@ -203,13 +205,25 @@ class ExpertParallelEngine:
 
     def step(self) -> list[RequestOutput]:
         """One step of every rank (the ranks with nothing to do meet the others idle)."""
-        try:
-            for r in self.ranks:
+        failed: list[tuple[_Rank, ExpertParallelError]] = []
+        replies = []
+        for r in self.ranks:
+            try:
                 r.send({"op": "step"})
-            replies = [r.receive() for r in self.ranks]
-        except ExpertParallelError:
+            except ExpertParallelError as exc:
+                failed.append((r, exc))
+        for r in self.ranks:
+            if any(r is f for f, _ in failed):
+                continue
+            try:
+                replies.append(r.receive())
+            except ExpertParallelError as exc:
+                failed.append((r, exc))
+        if failed:
+            # The rank that stopped says nothing; the others report its absence from a collective.
+            first = next((error for rank, error in failed if not rank.reported), failed[0][1])
             self.shutdown()
-            raise
+            raise ExpertParallelError(f"step {self._steps + 1} failed: {first}") from first
         self._steps += 1
         return [self._finish(wire.output_from_dict(o)) for reply in replies for o in reply["outputs"]]
 
