@@ -27,7 +27,6 @@ import torch
 from shardinfer.engine.parallel import wire
 from shardinfer.engine.parallel.group import ExpertParallelGroup, init_process_group, set_current_group
 from shardinfer.engine.parallel.placement import ExpertPlacement
-from shardinfer.testing.faults import crash_point
 
 
 def _counts(table: dict[int, torch.Tensor]) -> list[list[int]]:
@@ -45,7 +44,6 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
     engine = LLMEngine(spec["model"], **spec["engine"])
     runner = engine.runner
     wire.send(replies, {"ready": True, "max_model_len": engine.max_model_len})
-    steps = 0
     for line in sys.stdin:
         msg = json.loads(line)
         op = msg["op"]
@@ -55,8 +53,6 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
             out = engine.abort(msg["id"])
             wire.send(replies, {"outputs": [] if out is None else [wire.output_to_dict(out)]})
         elif op == "step":
-            steps += 1
-            crash_point(f"expert_rank_{rank}_step_{steps}")  # tests only: a rank dying mid-run
             outputs = []
             before = group.forwards
             if engine.has_unfinished():
