@@ -41,7 +41,7 @@ from shardinfer.engine.model_runner import ModelRunner, StepLogits
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.output_processor import OutputProcessor
 from shardinfer.engine.outputs import RequestOutput
-from shardinfer.engine.prompt_checks import check_prompt
+from shardinfer.engine.prompt_checks import check_prompt, tokenize_prompt
 from shardinfer.engine.request import Request
 from shardinfer.engine.sampler import DRAFTS, GrammarMasks, SamplingPlan, plan_sampling, sample_on_device
 from shardinfer.engine.sampling_params import SamplingParams, checkpoint_sampling_defaults
@@ -150,16 +150,7 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if prompt == "":
-                raise ValueError("prompt is empty: give at least one character or token id")
-            return self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is out of range: ids must be in [0, {vocab})")
-        return ids
+        return tokenize_prompt(self.tokenizer, self.model_config.vocab_size, prompt)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     prompt_logprobs_from: int = 1) -> None:

@@ -8,6 +8,7 @@ this prompt become a request? Asking it here keeps their answers, messages and e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from shardinfer.errors import EmptyPrompt, PromptTooLong
 
@@ -24,3 +25,18 @@ def check_prompt(token_ids: Sequence[int], max_model_len: int) -> None:
             f"prompt has {len(token_ids)} tokens; max_model_len={max_model_len} leaves no room "
             "to generate: shorten the prompt or raise max_model_len"
         )
+
+
+def tokenize_prompt(tokenizer: Any, vocab_size: int, prompt: str | list[int]) -> list[int]:
+    """A prompt as token ids: text encoded by `tokenizer`, ids checked against the vocabulary
+    (a ValueError naming the first id out of range)."""
+    if isinstance(prompt, str):
+        if prompt == "":
+            raise ValueError("prompt is empty: give at least one character or token id")
+        ids: list[int] = tokenizer.encode(prompt)
+        return ids
+    ids = [int(t) for t in prompt]
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token id {bad[0]} is out of range: ids must be in [0, {vocab_size})")
+    return ids

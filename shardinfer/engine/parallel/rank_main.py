@@ -3,7 +3,8 @@
 The rank joins the group, builds its engine (its expert slots only, engine/parallel/sharding.py)
 and serves the driver (ranks.py) over stdin/stdout, one JSON object a line:
 
-    {"op": "add", "id", "ids", "params"}   queue a request (no reply)
+    {"op": "add", "id", "ids", "params", "prompt_logprobs_from"}
+                                           -> {"ok": true} or {"refused", "kind"}: queue a request
     {"op": "abort", "id"}                  -> {"outputs": [...]}
     {"op": "step"}                         -> {"outputs": [...]}: one forward, real or idle
     {"op": "stats"}                        -> {"stats": {...}, "slot_rows": [[...]], "expert_tokens": [[...]]}
@@ -48,7 +49,13 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
         msg = json.loads(line)
         op = msg["op"]
         if op == "add":
-            engine.add_request(msg["id"], msg["ids"], wire.params_from_dict(msg["params"]))
+            try:
+                engine.add_request(msg["id"], msg["ids"], wire.params_from_dict(msg["params"]),
+                                   msg["prompt_logprobs_from"])
+            except ValueError as exc:  # refused: the engine goes on, the driver raises it for the caller
+                wire.send(replies, {"refused": str(exc), "kind": type(exc).__name__})
+            else:
+                wire.send(replies, {"ok": True})
         elif op == "abort":
             out = engine.abort(msg["id"])
             wire.send(replies, {"outputs": [] if out is None else [wire.output_to_dict(out)]})

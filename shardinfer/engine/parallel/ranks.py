@@ -42,6 +42,7 @@ from shardinfer.engine.parallel.placement import (
     moe_lb,
     static_placement,
 )
+from shardinfer.engine.prompt_checks import tokenize_prompt
 from shardinfer.engine.sampling_params import SamplingParams, checkpoint_sampling_defaults
 from shardinfer.engine.tokenizer import Tokenizer
 
@@ -116,13 +117,14 @@ class ExpertParallelEngine:
         self.placement = placement or static_placement(num_logical, self.size, self.config.expert_redundancy)
         self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
         self.timeout_s = timeout_s
-        self._engine_kwargs = {k: v for k, v in kwargs.items()}
+        self._engine_kwargs = dict(kwargs)
         self._dir = tempfile.TemporaryDirectory(prefix="shardinfer-ranks-")
         self.ranks: list[_Rank] = []
         self.requests: dict[str, SimpleNamespace] = {}
         self._owner: dict[str, _Rank] = {}
         self._arrivals = 0
         self._steps = 0
+        self._compiler: Any = None
         started = time.monotonic()
         self._start()
         self.start_s = time.monotonic() - started  # rank processes started, engines built
@@ -170,27 +172,36 @@ class ExpertParallelEngine:
         return torch.device("cpu")
 
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if prompt == "":
-                raise ValueError("prompt is empty: give at least one character or token id")
-            return self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {vocab})")
-        return ids
+        return tokenize_prompt(self.tokenizer, self.model_config.vocab_size, prompt)
 
     def default_params(self) -> SamplingParams:
         return SamplingParams(**checkpoint_sampling_defaults(self.model_dir))
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+    def grammar_compiler(self) -> Any:
+        """A compiler for checking structured-output schemas before any request is queued (the
+        ranks compile their own for the masks)."""
+        if self._compiler is None:
+            from shardinfer.engine.structured import StructuredOutputCompiler
+
+            self._compiler = StructuredOutputCompiler(str(self.tokenizer.path), list(self.tokenizer.eos_token_ids),
+                                                      self.model_config.vocab_size,
+                                                      independent_matchers=self.config.independent_matchers)
+        return self._compiler
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    prompt_logprobs_from: int = 1) -> None:
+        """LLMEngine.add_request on the least busy rank: the rank's engine checks the request, and a
+        refusal comes back as the same ValueError (RequestError class and row error code kept)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine: give each request its own id")
         ids = self.tokenize_prompt(prompt)
         params = params or self.default_params()
         rank = min(self.ranks, key=lambda r: (len(r.unfinished), r.index))
-        rank.send({"op": "add", "id": request_id, "ids": ids, "params": params.to_json_dict()})
+        rank.send({"op": "add", "id": request_id, "ids": ids, "params": params.to_json_dict(),
+                   "prompt_logprobs_from": prompt_logprobs_from})
+        reply = rank.receive()
+        if "refused" in reply:
+            raise wire.refusal(reply)
         rank.unfinished.add(request_id)
         self._owner[request_id] = rank
         self.requests[request_id] = SimpleNamespace(prompt=prompt if isinstance(prompt, str) else None)

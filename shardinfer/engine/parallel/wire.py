@@ -11,6 +11,7 @@ import dataclasses
 import json
 from typing import IO, Any
 
+from shardinfer import errors
 from shardinfer.engine.outputs import CompletionOutput, RequestOutput
 from shardinfer.engine.sampling_params import SamplingParams
 
@@ -43,3 +44,12 @@ def output_from_dict(data: dict[str, Any]) -> RequestOutput:
               "prompt_top_logprobs": None if prompt_top is None else
               [None if row is None else [(int(i), float(v)) for i, v in row] for row in prompt_top]}
     return RequestOutput(**fields)
+
+
+def refusal(reply: dict[str, Any]) -> ValueError:
+    """A rank's refusal of a request as the ValueError its engine raised: the same RequestError
+    class where it was one (so a job records the row with its error code), else a ValueError."""
+    cls = getattr(errors, str(reply.get("kind")), None)
+    if isinstance(cls, type) and issubclass(cls, ValueError):
+        return cls(reply["refused"])
+    return ValueError(reply["refused"])

@@ -131,6 +131,31 @@ def test_bad_parallel_settings_are_refused_with_the_value(dsv3: Path, qwen3_dir:
         ExpertParallelEngine(dsv3, expert_parallel_size=3)
 
 
+def test_a_refused_request_raises_the_engines_error_and_the_ranks_go_on(dsv3: Path,
+                                                                         single: list[RequestOutput]) -> None:
+    from shardinfer.errors import GrammarError, PromptTooLong
+
+    llm = LLM(dsv3, device="cpu", dtype="float32", expert_parallel_size=2, max_model_len=64)
+    engine = llm.llm_engine
+    try:
+        with pytest.raises(PromptTooLong, match="prompt has 64 tokens; max_model_len=64"):
+            engine.add_request("long", list(range(1, 65)), SamplingParams(max_tokens=2))
+        with pytest.raises(ValueError, match="takes n=1"):
+            engine.add_request("two", [1, 2, 3], SamplingParams(n=2))
+        bad_schema = {"schema_type": "json", "schema": {"type": "integer", "minimum": "zero"}}
+        with pytest.raises(GrammarError, match="invalid json schema"):
+            llm.generate(PROMPTS, SamplingParams(max_tokens=3, structured_output=bad_schema), use_tqdm=False)
+        with pytest.raises(GrammarError, match="invalid json schema") as refused:  # the rank's own check
+            engine.add_request("schema", [1, 2, 3], SamplingParams(max_tokens=3, structured_output=bad_schema))
+        assert refused.value.error_code == "invalid_schema"
+        assert not engine.has_unfinished()  # nothing was queued by the refusals
+        after = llm.generate(PROMPTS, _params(), use_tqdm=False)  # and the ranks still serve
+    finally:
+        engine.close()
+    for ref, got in zip(single, after, strict=True):
+        assert got.outputs[0].token_ids == ref.outputs[0].token_ids
+
+
 def test_an_engine_outside_a_rank_process_is_refused(dsv3: Path) -> None:
     from shardinfer.engine.llm_engine import LLMEngine
 
