@@ -114,13 +114,11 @@ class ModelRunner:
         with phases.phase("model_load_s"):
             self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
             # An expert-parallel rank keeps its own expert slots (engine/parallel/sharding.py).
-            self.expert_parallel = cfg.parallel_size > 1
-            if self.expert_parallel:
+            if cfg.parallel_size > 1:
                 from shardinfer.engine.parallel.group import current_group
                 from shardinfer.engine.parallel.sharding import shard_experts
 
-                self.parallel_group = current_group(cfg.parallel_size)
-                self.parallel_experts = shard_experts(self.model, self.parallel_group)
+                self.parallel_experts = shard_experts(self.model, current_group(cfg.parallel_size))
         specs = self.model.kv_cache_specs()
         use_mtp = cfg.speculative_mode == "mtp"
         if use_mtp:

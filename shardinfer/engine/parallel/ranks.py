@@ -167,10 +167,6 @@ class ExpertParallelEngine:
             self.shutdown()
 
     # -- the engine interface -------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         return tokenize_prompt(self.tokenizer, self.model_config.vocab_size, prompt)
 
