@@ -112,13 +112,17 @@ class ModelRunner:
         check_fp8_device(self.device, cfg.quantization, self.numerics.quantization, cfg.kv_cache_dtype)
         compile_ahead = self.device.type == "cuda" and precompile_enabled()  # a bad setting fails before the load
         with phases.phase("model_load_s"):
-            self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
-            # An expert-parallel rank keeps its own expert slots (engine/parallel/sharding.py).
+            # An expert-parallel rank loads and keeps its own expert slots (engine/parallel/sharding.py).
             if cfg.parallel_size > 1:
                 from shardinfer.engine.parallel.group import current_group
-                from shardinfer.engine.parallel.sharding import shard_experts
+                from shardinfer.engine.parallel.sharding import attach_experts, rank_expert_slots
 
-                self.parallel_experts = shard_experts(self.model, current_group(cfg.parallel_size))
+                group = current_group(cfg.parallel_size)
+                self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device,
+                                        rank_expert_slots(group))
+                self.parallel_experts = attach_experts(self.model, group)
+            else:
+                self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
         specs = self.model.kv_cache_specs()
         use_mtp = cfg.speculative_mode == "mtp"
         if use_mtp:

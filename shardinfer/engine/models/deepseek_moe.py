@@ -110,7 +110,7 @@ class RoutedExperts(nn.Module):
                 scales = gate_up, cast(torch.Tensor | None, getattr(self, "w_down" + suffix))
         return scales
 
-    # Set by parallel.sharding.shard_experts on an expert-parallel rank: the weights then hold this
+    # Set by parallel.sharding.attach_experts on an expert-parallel rank: the weights then hold this
     # rank's physical expert slots only, and forward exchanges rows with the other ranks.
     parallel: ExpertParallelGroup | None = None
     parallel_layer: int = -1

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -17,6 +18,9 @@ from shardinfer.engine.models.fp8 import fp8_format, quantize_linears
 from shardinfer.engine.models.weight_stream import stream_checkpoint_tensors
 from shardinfer.errors import ModelLoadError
 
+if TYPE_CHECKING:  # imported by the caller that splits experts; the families load lazily
+    from shardinfer.engine.models.expert_slots import ExpertSlots
+
 
 def model_class(config: ModelConfig) -> Any:
     if config.architecture not in MODEL_CLASSES:
@@ -27,7 +31,7 @@ def model_class(config: ModelConfig) -> Any:
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, max_positions: int,
-               device: torch.device) -> Any:
+               device: torch.device, expert_slots: ExpertSlots | None = None) -> Any:
     """Build the model with its parameters on `device`, then stream the checkpoint's tensors into them.
 
     The modules are built on the meta device (no memory, no initialisation), their parameters are
@@ -39,6 +43,9 @@ def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, m
     into FP8 Linears in its own scale layout, block or per channel (fp8.WeightLoader); a float
     checkpoint is loaded in float and each quantizable Linear quantised on the device
     (block-scaled), so the host never holds a second copy.
+
+    With `expert_slots` (an expert-parallel rank) the routed experts get only those slots, and the
+    other experts' tensors are never read (expert_slots.py).
     """
     cls = model_class(config)
     fmt = fp8_format(config.hf)
@@ -47,8 +54,17 @@ def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, m
              else dataclasses.replace(numerics, quantization=None))
     with torch.device("meta"):
         model = cls(config, build, max_positions)
+    weights: Iterable[tuple[str, torch.Tensor]]
+    if expert_slots is None:
+        weights = stream_checkpoint_tensors(model_dir, device)
+    else:
+        if not expert_slots.shrink(model):
+            raise ModelLoadError(f"{config.architecture} at {str(model_dir)!r} has no routed-expert (MoE) layers "
+                                 "to split over expert-parallel ranks; run it with expert_parallel_size=1 (local[N] "
+                                 "runs one engine per device)")
+        weights = expert_slots.remap(stream_checkpoint_tensors(model_dir, device, wanted=expert_slots.wanted))
     materialize(model, device)
-    model.load_weights(stream_checkpoint_tensors(model_dir, device))
+    model.load_weights(weights)
     model.to_device(device)
     if numerics.quantization == "fp8" and not direct:
         quantize_linears(model)

@@ -29,7 +29,7 @@ import math
 import os
 import struct
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +133,8 @@ def _chunks(fd: int, entries: list[TensorEntry], chunk_bytes: int) -> list[_Chun
     chunks: list[_Chunk] = []
     for entry in entries:
         last = chunks[-1] if chunks else None
-        if last is not None and entry.end - last.start <= chunk_bytes:
+        # A chunk is one run of bytes: a tensor left out of the stream starts a new chunk after it.
+        if last is not None and last.entries[-1].end == entry.start and entry.end - last.start <= chunk_bytes:
             last.entries.append(entry)
         else:
             chunks.append(_Chunk(fd, [entry]))
@@ -163,10 +164,14 @@ def stream_checkpoint_tensors(
     chunk_bytes: int = CHUNK_BYTES,
     piece_bytes: int = PIECE_BYTES,
     threads: int = READ_THREADS,
+    wanted: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor on `device`) for every tensor of every shard (module docstring)."""
+    """Yield (name, tensor on `device`) for every tensor of every shard (module docstring), or for
+    those whose name `wanted` accepts: the others' bytes are never read."""
     files = checkpoint_files(model_dir)
     headers = [read_header(path) for path in files]  # every header checked before any data is read
+    if wanted is not None:
+        headers = [[entry for entry in entries if wanted(entry.name)] for entries in headers]
     fds = [os.open(path, os.O_RDONLY) for path in files]
     try:
         chunks = [

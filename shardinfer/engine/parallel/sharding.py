@@ -1,10 +1,10 @@
-"""Give a loaded model's routed experts to an expert-parallel rank, and run a forward with no rows.
+"""Point a loaded model's routed experts at an expert-parallel rank's group, and run a forward with
+no rows.
 
-`shard_experts` keeps, in each MoE layer, the weights of the physical expert slots the placement
-gives this rank (a hot expert may sit in several slots, on several ranks) and points the layer at
-the group, so its forward exchanges rows with the other ranks (expert_exchange.py). The model is
-loaded whole first and then cut, so each rank reads every expert once at load; what it keeps on
-its device afterwards is its own slots.
+The rank's model is loaded with only its own physical expert slots (`rank_expert_slots`, then
+models/expert_slots.py in the load): a hot expert may sit in several slots, on several ranks, and
+other ranks' experts are never read. `attach_experts` then points each MoE layer at the group, so
+its forward exchanges rows with the other ranks (expert_exchange.py).
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import torch
 from torch import nn
 
 from shardinfer.engine.models.deepseek_moe import DeepseekMoE, RoutedExperts
+from shardinfer.engine.models.expert_slots import ExpertSlots
 from shardinfer.engine.parallel.group import ExpertParallelGroup
-
-_EXPERT_TENSORS = ("w_gate_up", "w_down", "w_gate_up_scale_inv", "w_down_scale_inv", "w_gate_up_scale",
-                   "w_down_scale")
 
 
 def main_moe_layers(model: nn.Module) -> list[DeepseekMoE]:
@@ -29,11 +27,16 @@ def main_moe_layers(model: nn.Module) -> list[DeepseekMoE]:
     return [layer.mlp for layer in layers if isinstance(layer.mlp, DeepseekMoE)]
 
 
-def shard_experts(model: nn.Module, group: ExpertParallelGroup) -> list[RoutedExperts]:
-    """Cut every MoE layer's experts to this rank's slots; returns the main layers' routed experts
-    in forward order (what `idle_forward` runs). Refuses a model without routed experts."""
+def rank_expert_slots(group: ExpertParallelGroup) -> ExpertSlots:
+    """The logical expert of each slot this rank holds, for the model's load."""
     placement = group.placement
-    local = torch.tensor(placement.local_logical(group.rank), dtype=torch.int64)
+    return ExpertSlots(placement.local_logical(group.rank), placement.num_logical)
+
+
+def attach_experts(model: nn.Module, group: ExpertParallelGroup) -> list[RoutedExperts]:
+    """Point every MoE layer's experts, already loaded with this rank's slots, at the group;
+    returns the main layers' routed experts in forward order (what `idle_forward` runs)."""
+    slots = len(group.placement.local_logical(group.rank))
     main = [moe.experts for moe in main_moe_layers(model)]
     if not main:
         raise ValueError(f"expert_parallel_size={group.size}: the model has no routed-expert (MoE) layers to "
@@ -41,15 +44,9 @@ def shard_experts(model: nn.Module, group: ExpertParallelGroup) -> list[RoutedEx
     for module in model.modules():
         if not isinstance(module, RoutedExperts):
             continue
-        n_experts = module.w_gate_up.shape[0]
-        if n_experts != placement.num_logical:
-            raise ValueError(f"the expert placement has {placement.num_logical} logical experts, the model "
-                             f"{n_experts}: build it from this model's n_routed_experts")
-        for name in _EXPERT_TENSORS:
-            param = getattr(module, name, None)
-            if param is not None:
-                kept = param.data.index_select(0, local.to(param.device)).contiguous()
-                setattr(module, name, nn.Parameter(kept, requires_grad=False))
+        if module.w_gate_up.shape[0] != slots:
+            raise ValueError(f"rank {group.rank} holds {slots} expert slots but a MoE layer was loaded with "
+                             f"{module.w_gate_up.shape[0]}: load the model with rank_expert_slots(group)")
         module.parallel = group
     for layer, experts in enumerate(main):
         experts.parallel_layer = layer
