@@ -77,6 +77,9 @@ class EngineConfig:
     data_parallel_size: int = 1
     # Redundant expert replicas over the ranks (placed by measured load at a rebalance, placement.py).
     expert_redundancy: int = 0
+    # Every N engine steps, place the experts again from the load measured so far (ranks.py,
+    # rebalance); 0: only when asked. The placement changes no output bit, only the ranks' balance.
+    expert_rebalance_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
@@ -129,6 +132,9 @@ class EngineConfig:
             raise ValueError(f"expert_parallel_size={self.expert_parallel_size} and data_parallel_size="
                              f"{self.data_parallel_size}: each rank runs attention for its own requests and holds a "
                              "share of the experts, so the two are one size; give one of them, or both equal")
+        if self.expert_rebalance_steps < 0:
+            raise ValueError(f"expert_rebalance_steps={self.expert_rebalance_steps}: must be >= 0 (0: never "
+                             "rebalance on its own)")
         if self.expert_redundancy < 0:
             raise ValueError(f"expert_redundancy={self.expert_redundancy}: must be >= 0 (extra expert replicas)")
         if self.parallel_size > 1:
@@ -143,6 +149,9 @@ class EngineConfig:
         elif self.expert_redundancy:
             raise ValueError(f"expert_redundancy={self.expert_redundancy} needs expert_parallel_size > 1: replicas "
                              "spread hot experts over ranks")
+        elif self.expert_rebalance_steps:
+            raise ValueError(f"expert_rebalance_steps={self.expert_rebalance_steps} needs expert_parallel_size > 1: "
+                             "a rebalance moves experts between ranks")
         independent = self.structured_independent_matchers
         if independent is not None and not isinstance(independent, bool):
             raise ValueError(f"structured_independent_matchers={independent!r}: "

@@ -230,7 +230,8 @@ def _expert_parallel(summary: dict[str, Any]) -> list[str]:
     if not ep:
         return []
     rows = ", ".join(str(r) for r in ep.get("rank_expert_rows", []))
-    return [f"experts        {ep['ranks']} ranks, moe_lb {ep['moe_lb']:.2f} (expert rows per rank: {rows})"]
+    moved = f", {ep['rebalances']} rebalance(s)" if ep.get("rebalances") else ""
+    return [f"experts        {ep['ranks']} ranks, moe_lb {ep['moe_lb']:.2f}{moved} (expert rows per rank: {rows})"]
 
 
 def _numerics(n: dict[str, Any]) -> str:

@@ -161,7 +161,8 @@ class RunStats:
             rows = [[e[f"rank{i}_expert_rows"] for i in range(int(e["expert_parallel_size"]))] for e in parallel]
             out["expert_parallel"] = {"ranks": int(parallel[0]["expert_parallel_size"]),
                                       "moe_lb": round(max(e["moe_lb"] for e in parallel), 4),
-                                      "rank_expert_rows": [int(sum(col)) for col in zip(*rows, strict=True)]}
+                                      "rank_expert_rows": [int(sum(col)) for col in zip(*rows, strict=True)],
+                                      "rebalances": int(sum(e.get("expert_rebalances", 0) for e in parallel))}
         if workers > 1:
             out["run_workers"] = self._workers(wall_s)
         if scheduler is not None:

@@ -1,15 +1,18 @@
-"""A job on expert-parallel ranks: the same committed rows as one engine, also after a rank dies."""
+"""A job on expert-parallel ranks: the same committed rows as one engine, also after a rank dies and
+under the Ray executor (whose worker actor runs the ranks)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import cli, committed_rows, standard_job, start_cli
+from pipeline_kit import cli, cli_env, committed_rows, standard_job, start_cli
 
 from shardinfer.testing.tiny_checkpoint import make_tiny_checkpoint
 
@@ -47,11 +50,13 @@ def one_engine(tmp_path_factory: pytest.TempPathFactory, dsv3_dir: Path, shards:
 
 def test_two_ranks_commit_the_one_engine_rows(tmp_path: Path, dsv3_dir: Path, shards: Path,
                                               one_engine: list[dict[str, Any]]) -> None:
-    job, out = standard_job(tmp_path, dsv3_dir, str(shards), engine={"expert_parallel_size": 2})
+    # Two replicas more than experts, placed again from the measured load every 3 steps.
+    job, out = standard_job(tmp_path, dsv3_dir, str(shards), engine={
+        "expert_parallel_size": 2, "expert_redundancy": 2, "expert_rebalance_steps": 3})
     result = cli("submit", str(job))
     assert result.returncode == 0, result.stderr
     assert committed_rows(str(out)) == one_engine
-    assert "experts        2 ranks, moe_lb" in result.stdout
+    assert re.search(r"experts        2 ranks, moe_lb \S+, [1-9]\d* rebalance\(s\)", result.stdout), result.stdout
 
 
 def test_a_rank_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path, dsv3_dir: Path, shards: Path,
@@ -76,3 +81,14 @@ def test_a_rank_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path, dsv3_dir
     rows = committed_rows(str(out))
     assert rows == one_engine
     assert len({(r["row_id"], r["sample_index"]) for r in rows}) == len(rows) == 24
+
+
+def test_a_ray_worker_runs_expert_parallel_ranks(tmp_path: Path, dsv3_dir: Path, shards: Path,
+                                                 one_engine: list[dict[str, Any]], ray_address: str) -> None:
+    job, out = standard_job(tmp_path, dsv3_dir, str(shards), engine={"expert_parallel_size": 2})
+    result = cli("submit", "--master", "ray", "--conf", "ray.num_workers=1", "--conf", "ray.num_cpus_per_worker=1",
+                 "--log-format", "json", str(job), env=cli_env(RAY_ADDRESS=ray_address), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert committed_rows(str(out)) == one_engine
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["expert_parallel"]["ranks"] == 2

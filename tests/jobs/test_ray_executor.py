@@ -12,12 +12,10 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 from pipeline_kit import (
     cli,
     cli_env,
@@ -30,28 +28,6 @@ from pipeline_kit import (
 )
 
 TWO_ACTORS = ("--conf", "ray.num_workers=2", "--conf", "ray.num_cpus_per_worker=1")
-
-
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    options: dict[str, Any] = {
-        "address": "local",  # a cluster of its own, whatever other clusters this machine runs
-        "num_cpus": 2,
-        "include_dashboard": False,
-        "object_store_memory": 200 * 1024 * 1024,
-        "_node_ip_address": "127.0.0.1",
-        "log_to_driver": False,
-        "configure_logging": False,
-    }
-    try:
-        context = ray.init(**options)
-    except Exception:  # a raylet on a busy machine can miss its start-up deadline: one more try
-        ray.shutdown()
-        context = ray.init(**options)
-    try:
-        yield str(context.address_info["gcs_address"])
-    finally:
-        ray.shutdown()
 
 
 def _ray_env(address: str) -> dict[str, str]:

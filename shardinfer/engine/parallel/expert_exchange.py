@@ -41,9 +41,18 @@ def _all_to_all(group: ExpertParallelGroup, what: str, send: torch.Tensor, send_
     return recv
 
 
-def _as_bytes(x: torch.Tensor) -> torch.Tensor:
-    """[n, H] of any dtype as [n, H * itemsize] uint8 (gloo moves bytes of every dtype alike)."""
-    return x.contiguous().view(torch.uint8).reshape(x.shape[0], x.shape[-1] * x.element_size())
+def all_to_all_rows(group: ExpertParallelGroup, what: str, rows: torch.Tensor, send_counts: list[int],
+                    recv_counts: list[int]) -> torch.Tensor:
+    """`_all_to_all` for rows [n, ...] of any dtype, moved as raw bytes (gloo moves every dtype's
+    bytes alike, FP8 included): returns [sum(recv_counts), ...] in rows' dtype."""
+    shape = rows.shape[1:]
+    nbytes = shape.numel() * rows.element_size()
+    if rows.numel():
+        as_bytes = rows.contiguous().view(torch.uint8).reshape(rows.shape[0], nbytes)
+    else:  # viewing an empty tensor's bytes is refused; there are none to move
+        as_bytes = torch.empty(rows.shape[0], nbytes, dtype=torch.uint8, device=rows.device)
+    got = _all_to_all(group, what, as_bytes, send_counts, recv_counts)
+    return got.view(rows.dtype).reshape(-1, *shape)
 
 
 def exchange_routed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -67,12 +76,11 @@ def exchange_routed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     recv_counts_t = _all_to_all(group, "row count", send_counts_t.view(-1, 1), [1] * group.size,
                                 [1] * group.size).view(-1)
     send_counts, recv_counts = send_counts_t.tolist(), recv_counts_t.tolist()
-    rows_in = _all_to_all(group, "token row", _as_bytes(x[torch.div(order, k, rounding_mode="floor")]),
-                          send_counts, recv_counts)
+    received = all_to_all_rows(group, "token row", x[torch.div(order, k, rounding_mode="floor")], send_counts,
+                               recv_counts)
     local_slot = _all_to_all(group, "slot index", (slots[order] % per_rank).view(-1, 1), send_counts,
                              recv_counts).view(-1)
     group.count(layer, local_slot, topk_ids)
-    received = rows_in.view(x.dtype).reshape(-1, hidden)
     computed = compute(received, local_slot).to(torch.float32).contiguous()
     rows_back = _all_to_all(group, "expert output", computed, recv_counts, send_counts)
     slot_out = torch.empty(t * k, hidden, dtype=torch.float32, device=x.device)

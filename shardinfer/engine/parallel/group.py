@@ -39,16 +39,17 @@ class ExpertParallelError(Retryable, RuntimeError):
 class ExpertParallelGroup:
     """This rank's place in the group and what its MoE layers count.
 
-    `slot_rows[layer]` counts the rows this rank's physical expert slots computed (any rank's
-    tokens), `expert_tokens[layer]` the tokens of this rank's own batch routed to each logical
-    expert; both feed the load-balance metric and placement (placement.py)."""
+    `expert_rows[layer]` counts the rows this rank's expert slots computed (any rank's tokens),
+    `expert_tokens[layer]` the tokens of this rank's own batch routed to each logical expert;
+    both feed the load-balance metric and placement (placement.py). Both count from the start,
+    across placements."""
 
     rank: int
     size: int
     placement: ExpertPlacement
     process_group: Any = None  # None: the default group
     forwards: int = 0  # MoE forwards run, real or idle; every rank counts the same
-    slot_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    expert_rows: dict[int, int] = field(default_factory=dict)
     expert_tokens: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -69,11 +70,17 @@ class ExpertParallelGroup:
             ) from exc
 
     def count(self, layer: int, local_slots: torch.Tensor, topk_ids: torch.Tensor) -> None:
-        """Add one MoE call's rows per local slot and its own tokens per logical expert."""
-        rows = torch.bincount(local_slots.cpu(), minlength=self.placement.slots_per_rank)
+        """Add one MoE call's rows computed here and its own tokens per logical expert."""
         experts = torch.bincount(topk_ids.reshape(-1).cpu(), minlength=self.placement.num_logical)
-        self.slot_rows[layer] = self.slot_rows.get(layer, torch.zeros_like(rows)) + rows
+        self.expert_rows[layer] = self.expert_rows.get(layer, 0) + int(local_slots.numel())
         self.expert_tokens[layer] = self.expert_tokens.get(layer, torch.zeros_like(experts)) + experts
+
+    def use_placement(self, placement: ExpertPlacement) -> None:
+        """Switch to a new placement (its weights moved already: expert_moves.py)."""
+        if (placement.num_ranks, placement.num_logical) != (self.size, self.placement.num_logical):
+            raise ValueError(f"a placement over {placement.num_ranks} ranks and {placement.num_logical} experts "
+                             f"cannot replace one over {self.size} ranks and {self.placement.num_logical}")
+        self.placement = placement
 
 
 def init_process_group(rank: int, size: int, address: str, port: int,

@@ -7,7 +7,8 @@ and serves the driver (ranks.py) over stdin/stdout, one JSON object a line:
                                            -> {"ok": true} or {"refused", "kind"}: queue a request
     {"op": "abort", "id"}                  -> {"outputs": [...]}
     {"op": "step"}                         -> {"outputs": [...]}: one forward, real or idle
-    {"op": "stats"}                        -> {"stats": {...}, "slot_rows": [[...]], "expert_tokens": [[...]]}
+    {"op": "stats"}                        -> {"stats": {...}, "expert_rows": [...], "expert_tokens": [[...]]}
+    {"op": "place", "physical_to_logical"} -> {"ok": true}: move expert weights to a new placement
     {"op": "exit"}                         leave the group and exit
 
 Every rank gets every "step": a rank with requests runs engine.step(), one without runs its MoE
@@ -26,6 +27,7 @@ from typing import IO, Any
 import torch
 
 from shardinfer.engine.parallel import wire
+from shardinfer.engine.parallel.expert_moves import move_experts
 from shardinfer.engine.parallel.group import ExpertParallelGroup, init_process_group, set_current_group
 from shardinfer.engine.parallel.placement import ExpertPlacement
 
@@ -68,8 +70,13 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
                 runner.idle_forward()
             wire.send(replies, {"outputs": [wire.output_to_dict(o) for o in outputs]})
         elif op == "stats":
-            wire.send(replies, {"stats": engine.stats(), "slot_rows": _counts(group.slot_rows),
+            rows = [group.expert_rows[layer] for layer in sorted(group.expert_rows) if layer >= 0]
+            wire.send(replies, {"stats": engine.stats(), "expert_rows": rows,
                                 "expert_tokens": _counts(group.expert_tokens)})
+        elif op == "place":  # between steps, on every rank at once: the weights move by collectives
+            move_experts(runner.model, group, ExpertPlacement(placement.num_logical, size,
+                                                              tuple(msg["physical_to_logical"])))
+            wire.send(replies, {"ok": True})
         elif op == "exit":
             break
         else:

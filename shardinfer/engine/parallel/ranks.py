@@ -124,6 +124,7 @@ class ExpertParallelEngine:
         self._owner: dict[str, _Rank] = {}
         self._arrivals = 0
         self._steps = 0
+        self._rebalances = 0
         self._compiler: Any = None
         started = time.monotonic()
         self._start()
@@ -211,12 +212,23 @@ class ExpertParallelEngine:
         return sum(len(r.unfinished) for r in self.ranks)
 
     def step(self) -> list[RequestOutput]:
-        """One step of every rank (the ranks with nothing to do meet the others idle)."""
+        """One step of every rank (the ranks with nothing to do meet the others idle); every
+        expert_rebalance_steps steps, a rebalance after it."""
+        replies = self._everyone({"op": "step"}, f"step {self._steps + 1}")
+        self._steps += 1
+        outputs = [self._finish(wire.output_from_dict(o)) for reply in replies for o in reply["outputs"]]
+        every = self.config.expert_rebalance_steps
+        if every and self._steps % every == 0 and self.has_unfinished():
+            self.rebalance()
+        return outputs
+
+    def _everyone(self, message: dict[str, Any], what: str) -> list[dict[str, Any]]:
+        """Send one message to every rank and collect their replies; a rank that fails stops them all."""
         failed: list[tuple[_Rank, ExpertParallelError]] = []
         replies = []
         for r in self.ranks:
             try:
-                r.send({"op": "step"})
+                r.send(message)
             except ExpertParallelError as exc:
                 failed.append((r, exc))
         for r in self.ranks:
@@ -230,9 +242,8 @@ class ExpertParallelEngine:
             # The rank that stopped says nothing; the others report its absence from a collective.
             first = next((error for rank, error in failed if not rank.reported), failed[0][1])
             self.shutdown()
-            raise ExpertParallelError(f"step {self._steps + 1} failed: {first}") from first
-        self._steps += 1
-        return [self._finish(wire.output_from_dict(o)) for reply in replies for o in reply["outputs"]]
+            raise ExpertParallelError(f"{what} failed: {first}") from first
+        return replies
 
     def abort(self, request_id: str) -> RequestOutput | None:
         rank = self._owner.get(request_id)
@@ -274,6 +285,7 @@ class ExpertParallelEngine:
                     out[key] = out.get(key, 0.0) + float(value)
         out["engine_start_s"] = self.start_s
         out["expert_parallel_size"] = float(self.size)
+        out["expert_rebalances"] = float(self._rebalances)
         loads = self.rank_loads(replies)
         out["moe_lb"] = moe_lb(loads) if loads.numel() else 1.0
         for i, total in enumerate(loads.sum(dim=0).tolist() if loads.numel() else []):
@@ -283,7 +295,7 @@ class ExpertParallelEngine:
     @staticmethod
     def rank_loads(replies: list[dict[str, Any]]) -> torch.Tensor:
         """[MoE layers, ranks]: rows each rank's experts computed, per layer."""
-        per_rank = [torch.tensor(r["slot_rows"], dtype=torch.float64).sum(dim=-1) for r in replies]
+        per_rank = [torch.tensor(r["expert_rows"], dtype=torch.float64) for r in replies]
         if not per_rank or per_rank[0].numel() == 0:
             return torch.zeros(0, len(replies), dtype=torch.float64)
         return torch.stack(per_rank, dim=1)
@@ -295,15 +307,15 @@ class ExpertParallelEngine:
 
     def rebalance(self, redundant: int | None = None) -> ExpertPlacement:
         """Place the experts again from the load measured so far (placement.balanced_placement),
-        with `redundant` extra replicas (default: the engine's expert_redundancy), between
-        batches: only when no request is in flight. The ranks restart with the new placement;
-        no output bit depends on the placement, so later outputs are what they would have been."""
-        if self.has_unfinished():
-            raise RuntimeError(f"rebalance() with {self.num_unfinished} requests in flight: call it between "
-                               "batches, when has_unfinished() is False")
+        with `redundant` extra replicas (default: the engine's expert_redundancy). Runs between
+        steps, also with requests in flight: the ranks move expert weights among themselves
+        (expert_moves.py) and keep their requests and KV caches. No output bit depends on the
+        placement, so every output is what it would have been."""
         load = self.expert_load()
         extra = self.config.expert_redundancy if redundant is None else redundant
-        self.placement = balanced_placement(load, self.size, extra)
-        self.shutdown()
-        self._start()
+        placement = balanced_placement(load, self.size, extra)
+        self._everyone({"op": "place", "physical_to_logical": list(placement.physical_to_logical)},
+                       "rebalance")
+        self.placement = placement
+        self._rebalances += 1
         return self.placement

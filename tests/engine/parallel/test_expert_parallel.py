@@ -57,18 +57,22 @@ def _same(reference: list[RequestOutput], got: dict[str, RequestOutput], tag: st
         assert b.top_logprobs == a.top_logprobs, f"request {i}: top logprobs differ"
 
 
-@pytest.mark.parametrize(("ranks", "redundant"), [(2, 0), (4, 0), (4, 4)])
+@pytest.mark.parametrize(("ranks", "redundant", "rebalance_steps"), [(2, 0, 0), (4, 0, 0), (4, 4, 3)])
 def test_ranks_give_the_one_process_bits_under_preemption(dsv3: Path, single: list[RequestOutput], ranks: int,
-                                                          redundant: int) -> None:
+                                                          redundant: int, rebalance_steps: int) -> None:
     # 4 blocks of 16 tokens per rank hold the longest request but not all of a rank's: ranks preempt and recompute.
+    # With rebalance_steps the experts move between ranks every few steps, requests in flight.
     engine = ExpertParallelEngine(dsv3, expert_parallel_size=ranks, expert_redundancy=redundant, dtype="float32",
-                                  num_kv_blocks=4)
+                                  num_kv_blocks=4, expert_rebalance_steps=rebalance_steps)
+    start = engine.placement
     try:
         _same(single, _run(engine, PROMPTS, _params()))
         stats = engine.stats()
     finally:
         engine.close()
     assert stats["preemptions"] > 0  # the case the test is about happened
+    if rebalance_steps:
+        assert stats["expert_rebalances"] >= 2 and engine.placement != start  # experts did move
     assert stats["expert_parallel_size"] == ranks
     assert stats["finished_requests"] == len(PROMPTS)
     rows = [stats[f"rank{i}_expert_rows"] for i in range(ranks)]
@@ -123,6 +127,10 @@ def test_bad_parallel_settings_are_refused_with_the_value(dsv3: Path, qwen3_dir:
         ExpertParallelEngine(dsv3, expert_parallel_size=2, speculative="ngram")
     with pytest.raises(ValueError, match="expert_redundancy=2 needs expert_parallel_size > 1"):
         LLM(dsv3, device="cpu", expert_redundancy=2)
+    with pytest.raises(ValueError, match="expert_rebalance_steps=5 needs expert_parallel_size > 1"):
+        LLM(dsv3, device="cpu", expert_rebalance_steps=5)
+    with pytest.raises(ValueError, match="expert_rebalance_steps=-1: must be >= 0"):
+        ExpertParallelEngine(dsv3, expert_parallel_size=2, expert_rebalance_steps=-1)
     with pytest.raises(ValueError, match="expert_parallel_size=0"):
         LLM(dsv3, device="cpu", expert_parallel_size=0)
     with pytest.raises(ValueError, match="has no routed experts"):
