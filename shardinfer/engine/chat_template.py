@@ -224,7 +224,7 @@ class ChatTemplate:
                     f"got {final!r}"
                 )
             chat[-1]["content"] = final + _CONTINUE_TAG
-        kwargs = {**self.special_tokens, **plain_data(dict(chat_template_kwargs or {}))}
+        kwargs = {**self.special_tokens, **_template_kwargs(chat_template_kwargs)}
         try:
             text = self._template.render(
                 messages=chat,
@@ -235,9 +235,32 @@ class ChatTemplate:
             )
         except TemplateError as exc:
             raise ChatTemplateError(f"the chat template failed to render: {exc}") from exc
+        except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as exc:
+            # A template's own expressions failing on these messages ('+' on a string and a number,
+            # a division by zero): the template or the messages are wrong, not the engine.
+            raise ChatTemplateError(f"the chat template failed to render these messages: "
+                                    f"{type(exc).__name__}: {exc}") from exc
         if continue_final_message:
             text = _cut_after_final_message(text, final)
         return text
+
+
+# Variables render() sets itself; chat_template_kwargs may not replace them.
+_RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt")
+
+
+def _template_kwargs(chat_template_kwargs: Any) -> dict[str, Any]:
+    """chat_template_kwargs as template variables: a mapping of names the render does not set itself."""
+    if chat_template_kwargs is None:
+        return {}
+    if not isinstance(chat_template_kwargs, Mapping):
+        raise ChatTemplateError(f"chat_template_kwargs={chat_template_kwargs!r:.100} must be a dict of template "
+                                "variables, e.g. {'enable_thinking': False}")
+    taken = [k for k in chat_template_kwargs if k in _RENDER_ARGUMENTS]
+    if taken:
+        raise ChatTemplateError(f"chat_template_kwargs sets {taken[0]!r}, which the render sets itself: pass it "
+                                f"as the {taken[0]} argument instead")
+    return dict(plain_data(dict(chat_template_kwargs)))
 
 
 def _cut_after_final_message(text: str, final: str) -> str:

@@ -10,16 +10,18 @@ same. Engine seed 0 (the default) draws a random seed per request instead.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from numbers import Integral
 from pathlib import Path
 from typing import Any
 
+from shardinfer.engine.chat_messages import normalize_messages
 from shardinfer.engine.engines import make_engine
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.outputs import RequestOutput
-from shardinfer.engine.prompt_checks import check_prompt
+from shardinfer.engine.prompt_checks import check_prompt, check_stop_token_ids
 from shardinfer.engine.sampling_noise import derive_seed, sample_seeds
 from shardinfer.engine.sampling_params import SamplingParams
 
@@ -98,7 +100,16 @@ class LLM:
         elif isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompt_list)
         else:
+            if not isinstance(sampling_params, list | tuple):
+                raise ValueError(f"sampling_params is a {type(sampling_params).__name__} "
+                                 f"({sampling_params!r:.100}): give a SamplingParams, a list of them (one per "
+                                 "prompt) or None")
             params_list = list(sampling_params)
+            wrong = next((i for i, p in enumerate(params_list) if not isinstance(p, SamplingParams)), None)
+            if wrong is not None:
+                raise ValueError(f"sampling_params[{wrong}] is a {type(params_list[wrong]).__name__} "
+                                 f"({params_list[wrong]!r:.100}): each must be a SamplingParams, e.g. "
+                                 "SamplingParams(max_tokens=64)")
             if len(params_list) != len(prompt_list):
                 raise ValueError(
                     f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts: "
@@ -124,18 +135,25 @@ class LLM:
         enable_thinking); continue_final_message: continue the last (assistant) message instead of
         opening a new turn (with add_generation_prompt=False); chat_template: use this template
         instead of the model's."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        texts = [
-            self.tokenizer.apply_chat_template(
-                c,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tools=tools,
-                chat_template_kwargs=chat_template_kwargs,
-                chat_template=chat_template,
-            )
-            for c in conversations
-        ]
+        conversations = _conversations(messages)
+        texts = []
+        for i, conversation in enumerate(conversations):
+            try:
+                # Text content as a job gives it to the template (parts joined, images refused).
+                text = self.tokenizer.apply_chat_template(
+                    normalize_messages(conversation),
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                    tools=tools,
+                    chat_template_kwargs=chat_template_kwargs,
+                    chat_template=chat_template,
+                )
+            except ValueError as exc:
+                raise _prefixed(exc, f"conversation {i}") from exc
+            if not text:
+                raise ValueError(f"conversation {i}: the chat template rendered it as an empty prompt; check the "
+                                 "template (chat_template, or the model's tokenizer_config.json)")
+            texts.append(text)
         # The template already places any BOS token, so encode without adding special tokens again.
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         return self.generate(ids, sampling_params, use_tqdm)
@@ -158,9 +176,10 @@ class LLM:
         for i, prompt in enumerate(prompts):
             try:
                 ids = engine.tokenize_prompt(prompt)
-                check_prompt(ids, engine.max_model_len)
+                check_prompt(ids, engine.max_model_len, engine.length_fix)
+                check_stop_token_ids(params_list[i].stop_token_ids, engine.model_config.vocab_size)
             except ValueError as exc:
-                raise ValueError(f"prompt {i}: {exc}") from exc
+                raise _prefixed(exc, f"prompt {i}") from exc
             if (
                 params_list[i].structured_output is not None
             ):  # a bad schema raises GrammarError before any work
@@ -169,21 +188,25 @@ class LLM:
         first_position, self._positions = self._positions, self._positions + len(prompts)
         groups: list[list[str]] = []
         owner: dict[str, int] = {}
-        for i, (ids, params) in enumerate(zip(token_ids, params_list, strict=True)):
-            seed = self._request_seed(params, first_position + i)
-            names = []
-            for j, sample in enumerate(sample_seeds(seed, params.n)):
-                rid = f"{id(self)}-{engine._arrivals}-{i}-{j}"
-                engine.add_request(rid, ids, params.replace(n=1, seed=sample))
-                prompt = prompts[i]
-                engine.requests[rid].prompt = prompt if isinstance(prompt, str) else None
-                names.append(rid)
-                owner[rid] = i
-            groups.append(names)
         done: dict[str, RequestOutput] = {}
-        remaining = [len(g) for g in groups]
-        bar = _progress_bar(use_tqdm, len(groups))
+        bar = None
         try:
+            for i, (ids, params) in enumerate(zip(token_ids, params_list, strict=True)):
+                seed = self._request_seed(params, first_position + i)
+                names = []
+                for j, sample in enumerate(sample_seeds(seed, params.n)):
+                    rid = f"{id(self)}-{engine._arrivals}-{i}-{j}"
+                    try:
+                        engine.add_request(rid, ids, params.replace(n=1, seed=sample))
+                    except ValueError as exc:
+                        raise _prefixed(exc, f"prompt {i}") from exc
+                    prompt = prompts[i]
+                    engine.requests[rid].prompt = prompt if isinstance(prompt, str) else None
+                    names.append(rid)
+                    owner[rid] = i
+                groups.append(names)
+            remaining = [len(g) for g in groups]
+            bar = _progress_bar(use_tqdm, len(groups))
             while engine.has_unfinished():
                 for out in engine.step():
                     done[out.request_id] = out
@@ -191,6 +214,14 @@ class LLM:
                     remaining[i] -= 1
                     if bar is not None and remaining[i] == 0:
                         bar.update(1)
+        except BaseException:
+            # A refused prompt, a failed step or Ctrl-C: this call's requests leave the engine with
+            # it, so the next call starts from an empty engine instead of meeting their outputs.
+            for rid in owner:
+                if rid not in done:
+                    with contextlib.suppress(Exception):
+                        engine.abort(rid)
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -209,6 +240,24 @@ class LLM:
                 ]
         first.outputs = [p.outputs[0] for p in parts]
         return first
+
+
+def _prefixed(exc: ValueError, where: str) -> ValueError:
+    """The same error (its class, hence a row's error code) with the failing input named first."""
+    try:
+        return type(exc)(f"{where}: {exc}")
+    except TypeError:  # a class that takes other arguments
+        return ValueError(f"{where}: {exc}")
+
+
+def _conversations(messages: Any) -> list[Any]:
+    """One conversation (a list of message dicts) or a list of them, as a list of conversations."""
+    if isinstance(messages, list | tuple) and messages and all(isinstance(m, list | tuple) for m in messages):
+        return list(messages)
+    if isinstance(messages, list | tuple) and messages and all(isinstance(m, Mapping) for m in messages):
+        return [list(messages)]
+    raise ValueError(f"messages={messages!r:.120}: give one conversation, a list of {{'role': ..., 'content': ...}} "
+                     "dicts, or a list of such conversations")
 
 
 def _progress_bar(use_tqdm: bool | Callable[..., Any], total: int) -> Any:

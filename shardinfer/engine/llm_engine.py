@@ -23,6 +23,7 @@ queued at the start of step N+1, before N+1's forward (docs/engine.md).
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,7 +42,7 @@ from shardinfer.engine.model_runner import ModelRunner, StepLogits
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.output_processor import OutputProcessor
 from shardinfer.engine.outputs import RequestOutput
-from shardinfer.engine.prompt_checks import check_prompt, tokenize_prompt
+from shardinfer.engine.prompt_checks import check_prompt, check_stop_token_ids, length_fix, tokenize_prompt
 from shardinfer.engine.request import Request
 from shardinfer.engine.sampler import DRAFTS, GrammarMasks, SamplingPlan, plan_sampling, sample_on_device
 from shardinfer.engine.sampling_params import SamplingParams, checkpoint_sampling_defaults
@@ -52,6 +53,9 @@ from shardinfer.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from shardinfer.engine.output_processor import Accepted
+
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -84,6 +88,13 @@ class LLMEngine:
         self.model = self.runner.model
         self.kv_caches = self.runner.kv_caches
         self.max_model_len = self.runner.max_model_len
+        # A KV cache too small for `limit` tokens caps max_model_len; a too-long prompt's error then
+        # says so, since raising max_model_len would not help.
+        self.length_fix = length_fix(limit, self.max_model_len, self.runner.num_blocks, cfg.block_size)
+        if self.max_model_len < limit:
+            log = logger.warning if cfg.max_model_len is not None else logger.info
+            log("max_model_len is %d, not %d: the KV cache holds %d blocks of %d tokens", self.max_model_len, limit,
+                self.runner.num_blocks, cfg.block_size)
         with phases.phase("block_table_s"):
             self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         admission = cfg.admission_batch
@@ -167,7 +178,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         ids = self.tokenize_prompt(prompt)
-        check_prompt(ids, self.max_model_len)
+        check_prompt(ids, self.max_model_len, self.length_fix)
+        check_stop_token_ids(params.stop_token_ids, self.model_config.vocab_size)
         room = self.max_model_len - len(ids)
         max_tokens = min(params.max_tokens, room) if params.max_tokens is not None else room
         seed = params.seed if params.seed is not None else (self.config.seed or secrets.randbits(63))
@@ -176,9 +188,11 @@ class LLMEngine:
         if params.so_args is not None:
             req.grammar = self.grammar_compiler().matcher(params.so_args)
         if params.prompt_logprobs is not None:
-            if not 1 <= prompt_logprobs_from < len(ids):
+            # The first token has no logprob, so a one-token prompt's are [None], as in vLLM.
+            last = max(1, len(ids) - 1)
+            if not 1 <= prompt_logprobs_from <= last:
                 raise ValueError(f"prompt_logprobs_from={prompt_logprobs_from} is outside the prompt: it must be in "
-                                 f"[1, {len(ids) - 1}] for a prompt of {len(ids)} tokens")
+                                 f"[1, {last}] for a prompt of {len(ids)} tokens")
             req.prompt_logprobs = [None] * prompt_logprobs_from
             req.prompt_top_logprobs = [None] * prompt_logprobs_from
         self._arrivals += 1
@@ -189,7 +203,13 @@ class LLMEngine:
         return self.grammar_masks.compiler()
 
     def default_params(self) -> SamplingParams:
-        return SamplingParams(**self.generation_defaults)
+        """The checkpoint's sampling defaults (generation_config.json); a bad value there is named as
+        the file's, not as one the caller passed."""
+        try:
+            return SamplingParams(**self.generation_defaults)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (from {str(self.model_dir / 'generation_config.json')!r}, the checkpoint's "
+                             "sampling defaults: fix the file, or pass SamplingParams explicitly)") from None
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)

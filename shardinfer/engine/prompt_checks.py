@@ -12,19 +12,39 @@ from typing import Any
 
 from shardinfer.errors import EmptyPrompt, PromptTooLong
 
+LENGTH_FIX = "shorten the prompt or raise max_model_len"
 
-def check_prompt(token_ids: Sequence[int], max_model_len: int) -> None:
+
+def length_fix(asked: int, max_model_len: int, num_blocks: int, block_size: int) -> str:
+    """What to do about a prompt too long for an engine whose sequences may hold `max_model_len`
+    tokens, `asked` (max_model_len, or the model's positions) capped by the KV cache's blocks."""
+    if max_model_len >= asked:
+        return LENGTH_FIX
+    return (f"shorten the prompt, or give the KV cache more than its {num_blocks} blocks of {block_size} tokens "
+            f"(num_kv_blocks, or a larger memory share): they cap max_model_len at {max_model_len}, below "
+            f"the {asked} asked for")
+
+
+def check_prompt(token_ids: Sequence[int], max_model_len: int, fix: str = LENGTH_FIX) -> None:
     """Raise EmptyPrompt or PromptTooLong (each carrying its row error code) for an unusable prompt.
 
     A prompt must leave room for at least one generated token: `len(token_ids) < max_model_len`.
+    `fix`: what the message tells the user to do (length_fix: the engine knows what limits it).
     """
     if not token_ids:
         raise EmptyPrompt("prompt is empty after tokenization: give at least one token")
     if len(token_ids) >= max_model_len:
         raise PromptTooLong(
             f"prompt has {len(token_ids)} tokens; max_model_len={max_model_len} leaves no room "
-            "to generate: shorten the prompt or raise max_model_len"
+            f"to generate: {fix}"
         )
+
+
+def check_stop_token_ids(stop_token_ids: Sequence[int] | None, vocab_size: int) -> None:
+    """A stop token id outside the vocabulary could never stop anything: a ValueError naming it."""
+    bad = [t for t in stop_token_ids or () if not 0 <= int(t) < vocab_size]
+    if bad:
+        raise ValueError(f"stop_token_ids holds {bad[0]}, outside the vocabulary: ids must be in [0, {vocab_size})")
 
 
 def tokenize_prompt(tokenizer: Any, vocab_size: int, prompt: str | list[int]) -> list[int]:

@@ -27,6 +27,20 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _tokenizer_config(path: Path) -> dict[str, Any]:
+    """tokenizer_config.json as a dict ({} when absent); a file that is not a JSON object is a
+    ModelLoadError naming it."""
+    if not path.is_file():
+        return {}
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{str(path)!r} is not valid JSON ({exc}): fix or remove it") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{str(path)!r} holds a JSON {type(cfg).__name__}, not an object: fix or remove it")
+    return cfg
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path, eos_token_ids: tuple[int, ...] = ()) -> None:
         model_dir = Path(model_dir)
@@ -37,9 +51,12 @@ class Tokenizer:
                 "`tokenizers` JSON format (save one with tokenizer.save_pretrained)"
             )
         self.path = path
-        self._tok = HFTokenizer.from_file(str(path))
-        cfg_path = model_dir / "tokenizer_config.json"
-        cfg: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the tokenizers library reports a bad file as a bare Exception
+            raise ModelLoadError(f"{str(path)!r} is not a readable tokenizer ({exc}): save it again with "
+                                 "tokenizer.save_pretrained") from None
+        cfg = _tokenizer_config(model_dir / "tokenizer_config.json")
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.add_bos_token = bool(cfg.get("add_bos_token", False))

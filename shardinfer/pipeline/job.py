@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from shardinfer.engine.prompt_checks import LENGTH_FIX
 from shardinfer.engine.sampling_params import SamplingParams, default_sampling_params
 from shardinfer.errors import (
     ConfigError,
@@ -512,7 +513,8 @@ def run_worker(
             raise ConfigError(str(exc)) from None
         worker_class = ScoreWorker
     else:
-        preparer = RowPreparer(engine.tokenizer, engine.max_model_len, job.sampling, cfg.input, cfg.job.seed)
+        preparer = RowPreparer(engine.tokenizer, engine.max_model_len, job.sampling, cfg.input, cfg.job.seed,
+                               getattr(engine, "length_fix", LENGTH_FIX))
     settings = WorkerSettings(
         max_inflight_requests=cfg.job.max_inflight_requests,
         max_splits_in_flight=splits_in_flight(cfg, job.sampling.n),

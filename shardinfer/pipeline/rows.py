@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shardinfer.engine.chat_messages import MessageError, normalize_messages
-from shardinfer.engine.prompt_checks import check_prompt
+from shardinfer.engine.prompt_checks import LENGTH_FIX, check_prompt
 from shardinfer.engine.sampling_noise import sample_seeds
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import (
@@ -81,9 +81,11 @@ class RowPreparer:
         sampling: dict[str, Any] | SamplingParams,
         input_section: InputSection,
         job_seed: int,
+        length_fix: str = LENGTH_FIX,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.length_fix = length_fix  # what a too-long prompt's error suggests (prompt_checks.length_fix)
         # The job's resolved sampling (checkpoint defaults included), or [sampling] as a dict.
         self.base = sampling if isinstance(sampling, SamplingParams) else SamplingParams(**sampling)
         self.inp = input_section
@@ -300,7 +302,7 @@ class RowPreparer:
             except Exception as exc:  # tokenizers raise bare Exceptions on odd input
                 raise RowError(TOKENIZER_ERROR, f"tokenizer failed: {exc}") from None
         try:
-            check_prompt(ids, self.max_model_len)
+            check_prompt(ids, self.max_model_len, self.length_fix)
         except RequestError as exc:
             raise RowError.of(exc) from None
         return ids

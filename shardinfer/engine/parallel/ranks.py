@@ -125,6 +125,7 @@ class ExpertParallelEngine:
         self._arrivals = 0
         self._steps = 0
         self._rebalances = 0
+        self._stopped: str | None = None  # why the ranks are gone: every later call says so
         self._compiler: Any = None
         started = time.monotonic()
         self._start()
@@ -140,10 +141,18 @@ class ExpertParallelEngine:
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
         self.ranks = [_Rank(i, spec_path) for i in range(self.size)]
         try:
-            self.max_model_len = min(int(r.receive()["max_model_len"]) for r in self.ranks)
+            ready = min((r.receive() for r in self.ranks), key=lambda reply: int(reply["max_model_len"]))
+            self.max_model_len, self.length_fix = int(ready["max_model_len"]), str(ready["length_fix"])
         except BaseException:
             self.shutdown()
             raise
+
+    def _running(self) -> list[_Rank]:
+        """The ranks, or an ExpertParallelError saying why there are none any more."""
+        if not self.ranks:
+            raise ExpertParallelError(f"the expert-parallel engine has stopped ({self._stopped or 'closed'}); build a "
+                                      "new LLM or engine to go on")
+        return self.ranks
 
     def shutdown(self) -> None:
         """Stop every rank (politely, then by force)."""
@@ -193,7 +202,7 @@ class ExpertParallelEngine:
             raise ValueError(f"request id {request_id!r} is already in the engine: give each request its own id")
         ids = self.tokenize_prompt(prompt)
         params = params or self.default_params()
-        rank = min(self.ranks, key=lambda r: (len(r.unfinished), r.index))
+        rank = min(self._running(), key=lambda r: (len(r.unfinished), r.index))
         rank.send({"op": "add", "id": request_id, "ids": ids, "params": params.to_json_dict(),
                    "prompt_logprobs_from": prompt_logprobs_from})
         reply = rank.receive()
@@ -226,7 +235,7 @@ class ExpertParallelEngine:
         """Send one message to every rank and collect their replies; a rank that fails stops them all."""
         failed: list[tuple[_Rank, ExpertParallelError]] = []
         replies = []
-        for r in self.ranks:
+        for r in self._running():
             try:
                 r.send(message)
             except ExpertParallelError as exc:
@@ -242,12 +251,13 @@ class ExpertParallelEngine:
             # The rank that stopped says nothing; the others report its absence from a collective.
             first = next((error for rank, error in failed if not rank.reported), failed[0][1])
             self.shutdown()
-            raise ExpertParallelError(f"{what} failed: {first}") from first
+            self._stopped = f"{what} failed: {first}"
+            raise ExpertParallelError(self._stopped) from first
         return replies
 
     def abort(self, request_id: str) -> RequestOutput | None:
         rank = self._owner.get(request_id)
-        if rank is None:
+        if rank is None or not self.ranks:  # unknown, or gone with the stopped ranks
             return None
         rank.send({"op": "abort", "id": request_id})
         outs = rank.receive()["outputs"]
@@ -266,9 +276,7 @@ class ExpertParallelEngine:
 
     # -- load and placement -------------------------------------------------------------------
     def _gather(self) -> list[dict[str, Any]]:
-        for r in self.ranks:
-            r.send({"op": "stats"})
-        return [r.receive() for r in self.ranks]
+        return self._everyone({"op": "stats"}, "stats")
 
     def stats(self) -> dict[str, float]:
         """The ranks' counters summed (rates averaged, start-up the slowest rank's), plus expert_parallel_size, moe_lb (the heaviest rank's rows

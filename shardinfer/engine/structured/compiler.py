@@ -35,7 +35,7 @@ import llguidance
 import torch
 
 from shardinfer.engine.config import usable_cpus
-from shardinfer.engine.structured.bitmask import check_host_bitmask
+from shardinfer.engine.structured.bitmask import bitmask_width, check_host_bitmask
 from shardinfer.engine.structured.matcher import GrammarMatcher, GrammarViolation
 from shardinfer.errors import GrammarError
 
@@ -320,6 +320,7 @@ class StructuredOutputCompiler:
         template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if template.is_error():
             raise GrammarError(_reason(schema_type, template.get_error()))
+        self._check_first_mask(schema_type, template)
         return CompiledGrammar(
             schema_type,
             text,
@@ -329,6 +330,17 @@ class StructuredOutputCompiler:
             self.eos_token_ids,
             _TemplatePool(template, self.tokenizer, grammar, self.templates),
         )
+
+    def _check_first_mask(self, schema_type: str, template: llguidance.LLMatcher) -> None:
+        """A grammar no text can match (a regex of an empty character class) passes llguidance's
+        checks and fails only at a sample's first mask, as every sample's error; its first mask,
+        computed here on a copy of the template, refuses it once, as an invalid schema."""
+        probe = template.deep_copy()
+        mask = torch.zeros((1, bitmask_width(self.vocab_size)), dtype=torch.int32)
+        probe.unsafe_compute_mask_ptr(mask.data_ptr(), mask.numel() * mask.element_size())
+        if probe.is_error() or not bool(mask.any()):
+            why = probe.get_error().strip().splitlines()[0] if probe.is_error() else "no token is allowed"
+            raise GrammarError(_reason(schema_type, f"no output can match it ({why})"))
 
     # ---- batched masks -------------------------------------------------------------------
     def fill_bitmasks(self, matchers: Sequence[tuple[GrammarMatcher, int]], bitmask: torch.Tensor) -> None:
