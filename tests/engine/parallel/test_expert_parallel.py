@@ -116,6 +116,8 @@ def test_a_killed_rank_fails_the_step_naming_it(dsv3: Path) -> None:
             while engine.has_unfinished():
                 engine.step()
         assert engine.ranks == []  # every rank was stopped with it
+        with pytest.raises(ExpertParallelError, match=r"has stopped \(step \d+ failed: expert-parallel rank 1"):
+            engine.add_request("later", PROMPTS[0], _params()[0])
     finally:
         engine.close()
 
