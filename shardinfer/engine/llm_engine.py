@@ -90,6 +90,7 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         # A KV cache too small for `limit` tokens caps max_model_len; a too-long prompt's error then
         # says so, since raising max_model_len would not help.
+        self.max_model_len_asked = limit
         self.length_fix = length_fix(limit, self.max_model_len, self.runner.num_blocks, cfg.block_size)
         if self.max_model_len < limit:
             log = logger.warning if cfg.max_model_len is not None else logger.info

@@ -14,6 +14,7 @@ exists, whoever wrote it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fnmatch
 import json
 import threading
@@ -444,6 +445,7 @@ def build_engine(config: JobConfig) -> Engine:
         )
         if isinstance(engine, LLMEngine):
             install_from_env(engine)  # benchmarks only (its ENV): outputs recorded, or replayed as drafts
+        check_kv_room(engine, config)
         return engine
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
@@ -455,6 +457,27 @@ def build_engine(config: JobConfig) -> Engine:
             f"the engine cannot run model.path={config.model.path!r} with this spec: {exc} (fix [engine] or "
             "[model] in the job file, or pass --conf)"
         ) from None
+
+
+def check_kv_room(engine: Engine, config: JobConfig) -> None:
+    """Refuse an engine whose KV cache caps max_model_len below what the spec asks for.
+
+    The LLM API runs such an engine with the shorter limit (and logs it). A job must not: the cut
+    would depend on this machine's memory, which no fingerprint holds, so a resume on another
+    machine could commit rows cut at another length under the same fingerprint."""
+    asked = getattr(engine, "max_model_len_asked", None)
+    if asked is None or engine.max_model_len >= asked:
+        return
+    source = ("engine.max_model_len" if config.engine.get("max_model_len") is not None
+              else "the model's max_position_embeddings, as engine.max_model_len is unset")
+    with contextlib.suppress(Exception):  # its memory goes back before the job ends
+        getattr(engine, "close", lambda: None)()
+    raise ConfigError(
+        f"the KV cache holds {engine.max_model_len} tokens of one sequence, less than max_model_len={asked} "
+        f"({source}): rows would be cut at a length set by this machine's memory, not by the job. Set "
+        f"engine.max_model_len={engine.max_model_len} or lower (it is part of the fingerprint), or give the KV "
+        "cache more room (engine.num_kv_blocks, kv_cache_memory_bytes or gpu_memory_utilization)"
+    )
 
 
 def splits_in_flight(config: JobConfig, samples_per_row: int) -> int:

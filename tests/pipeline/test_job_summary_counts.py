@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from shardinfer.pipeline.job import finalize_job, open_job, run_worker, write_pl
 
 
 def test_summary_counts_rows_cut_by_max_tokens(tmp_path: Path, model_dir: Path) -> None:
-    every_token = list(range(1024))  # stop at the first token, whatever it is
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    every_token = list(range(vocab))  # stop at the first token, whatever it is
     rows = [{"id": f"r{i}", "prompt": f"hello fox {i}", "stop_token_ids": None} for i in range(3)]
     rows += [{"id": f"s{i}", "prompt": f"shard {i}", "stop_token_ids": every_token} for i in range(2)]
     inp = tmp_path / "in.parquet"

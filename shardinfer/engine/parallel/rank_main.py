@@ -46,7 +46,8 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
     set_current_group(group)
     engine = LLMEngine(spec["model"], **spec["engine"])
     runner = engine.runner
-    wire.send(replies, {"ready": True, "max_model_len": engine.max_model_len, "length_fix": engine.length_fix})
+    wire.send(replies, {"ready": True, "max_model_len": engine.max_model_len, "length_fix": engine.length_fix,
+                        "max_model_len_asked": engine.max_model_len_asked})
     for line in sys.stdin:
         msg = json.loads(line)
         op = msg["op"]

@@ -143,6 +143,7 @@ class ExpertParallelEngine:
         try:
             ready = min((r.receive() for r in self.ranks), key=lambda reply: int(reply["max_model_len"]))
             self.max_model_len, self.length_fix = int(ready["max_model_len"]), str(ready["length_fix"])
+            self.max_model_len_asked = int(ready["max_model_len_asked"])
         except BaseException:
             self.shutdown()
             raise
