@@ -37,6 +37,7 @@ from shardinfer.errors import (
 )
 from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
+from shardinfer.pipeline.error_digest import error_digest
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
 from shardinfer.pipeline.input_listing import diff_listings, snapshot
 from shardinfer.pipeline.output_ids import (
@@ -645,10 +646,13 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
     fraction = totals["rows_error"] / totals["records"] if totals["records"] else 0.0
     summary["error_fraction"] = fraction
     if fraction > job.config.job.max_error_fraction:
+        digest = error_digest(job.store, committed)
         raise TooManyBadRows(
             f"{totals['rows_error']} of {totals['records']} output records are errors ({fraction:.1%}), above "
-            f"job.max_error_fraction={job.config.job.max_error_fraction}; see the error_code/error_message "
-            "columns, fix the input, or raise job.max_error_fraction"
+            f"job.max_error_fraction={job.config.job.max_error_fraction}"
+            + (f" ({digest})" if digest else "")
+            + "; see the error_code/error_message columns, fix the input or the job spec, or raise "
+            "job.max_error_fraction"
         )
     crash_point("before_success")
     return dict(job.store.finalize(summary))

@@ -205,6 +205,7 @@ def test_too_many_bad_rows_exits_65_with_error_records(tmp_path: Path, model_dir
     result = cli("submit", str(job))
     assert result.returncode == 65, result.stderr
     assert "2 of 4 output records are errors" in result.stderr
+    assert "(empty_prompt 2; first: row 'b' (empty_prompt): " in result.stderr  # what the errors are
     got = {r["row_id"]: (r["status"], r["error_code"]) for r in committed_rows(str(tmp_path / "out"))}
     assert got == {
         "a": ("ok", None),
