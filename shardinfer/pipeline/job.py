@@ -356,6 +356,24 @@ def check_columns(config: JobConfig, schema: pa.Schema) -> None:
             raise ConfigError(
                 f"input.{key} names column {col!r}, which the input does not have{hint}; available: {names}"
             )
+    check_prompt_types(config, schema)
+
+
+def check_prompt_types(config: JobConfig, schema: pa.Schema) -> None:
+    """A prompt column must hold text, a messages column lists of messages (or their JSON text):
+    a column of another type would make every row an error record, so it is the spec's mistake."""
+    inp = config.input
+    for key, column, kinds in (("prompt_column", inp.prompt_column, "strings"),
+                               ("messages_column", inp.messages_column, "lists of {role, content} messages, or "
+                                                                        "their JSON text")):
+        if not column or column not in schema.names:
+            continue
+        kind = schema.field(column).type
+        text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+        listed = key == "messages_column" and (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+        if not (text or listed):
+            raise ConfigError(f"input.{key}={column!r} is a column of {kind}; it must hold {kinds}: point "
+                              f"input.{key} at such a column")
 
 
 def write_plan(job: OpenedJob, run_id: str) -> None:
@@ -446,8 +464,6 @@ def build_engine(config: JobConfig) -> Engine:
         )
         if isinstance(engine, LLMEngine):
             install_from_env(engine)  # benchmarks only (its ENV): outputs recorded, or replayed as drafts
-        check_kv_room(engine, config)
-        return engine
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
     except ValueError as exc:
@@ -458,6 +474,34 @@ def build_engine(config: JobConfig) -> Engine:
             f"the engine cannot run model.path={config.model.path!r} with this spec: {exc} (fix [engine] or "
             "[model] in the job file, or pass --conf)"
         ) from None
+    try:
+        check_kv_room(engine, config)
+        check_model_serves_spec(engine, config)
+    except ConfigError:
+        with contextlib.suppress(Exception):  # its memory (and an expert-parallel engine's ranks) goes back now
+            getattr(engine, "close", lambda: None)()
+        raise
+    return engine
+
+
+def check_model_serves_spec(engine: Engine, config: JobConfig) -> None:
+    """What the spec asks of every row that this model cannot give (no chat template for a messages
+    column, a [sampling] schema that does not compile) fails the job once, before any split, not
+    as one error record per row."""
+    tokenizer = engine.tokenizer
+    if config.input.messages_column and getattr(tokenizer, "chat_template", "") is None:
+        raise ConfigError(
+            f"input.messages_column={config.input.messages_column!r} is rendered by the model's chat template, and "
+            f"model.path={config.model.path!r} has none (no chat_template in tokenizer_config.json, no "
+            "chat_template.jinja): give the model a chat template, or use input.prompt_column with plain prompts"
+        )
+    schema = config.sampling.get("structured_output", config.sampling.get("so_args"))
+    compiler = getattr(engine, "grammar_compiler", None)
+    if schema is not None and compiler is not None:
+        try:
+            compiler().compile(schema)
+        except ValueError as exc:
+            raise ConfigError(f"sampling.structured_output: {exc}") from None
 
 
 def check_kv_room(engine: Engine, config: JobConfig) -> None:
@@ -471,8 +515,6 @@ def check_kv_room(engine: Engine, config: JobConfig) -> None:
         return
     source = ("engine.max_model_len" if config.engine.get("max_model_len") is not None
               else "the model's max_position_embeddings, as engine.max_model_len is unset")
-    with contextlib.suppress(Exception):  # its memory goes back before the job ends
-        getattr(engine, "close", lambda: None)()
     raise ConfigError(
         f"the KV cache holds {engine.max_model_len} tokens of one sequence, less than max_model_len={asked} "
         f"({source}): rows would be cut at a length set by this machine's memory, not by the job. Set "

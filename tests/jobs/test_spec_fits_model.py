@@ -1,0 +1,54 @@
+"""What a spec asks of every row, which the input or model cannot give, ends the job once (78)
+before any split, instead of making every row an error record."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pipeline_kit import cli, job_toml
+
+
+def _job(tmp_path: Path, model: Path, **sections: dict[str, object]) -> Path:
+    rows = [{"id": f"r{i}", "prompt": f"hello {i}", "n": i,
+             "messages": [{"role": "user", "content": f"hi {i}"}]} for i in range(4)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model, str(tmp_path / "in.parquet"), str(tmp_path / "out"),
+                            **{"input": {"passthrough_columns": []}, **sections}))
+    return job
+
+
+def _refused(job: Path, out: Path, *expected: str) -> None:
+    result = cli("submit", str(job))
+    assert result.returncode == 78, result.stderr
+    for text in expected:
+        assert text in result.stderr, result.stderr
+    assert not list(out.glob("part-*"))
+
+
+def test_a_prompt_column_of_numbers_is_refused(tmp_path: Path, model_dir: Path) -> None:
+    job = _job(tmp_path, model_dir, input={"passthrough_columns": [], "prompt_column": "n"})
+    _refused(job, tmp_path / "out", "input.prompt_column='n' is a column of int64; it must hold strings")
+
+
+def test_a_messages_column_needs_a_chat_template(tmp_path: Path, model_dir: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    job = _job(tmp_path, model, input={"passthrough_columns": [], "prompt_column": "",
+                                       "messages_column": "messages"})
+    _refused(job, tmp_path / "out", "input.messages_column='messages' is rendered by the model's chat template",
+             "has none")
+
+
+def test_a_sampling_schema_that_does_not_compile_is_refused(tmp_path: Path, model_dir: Path) -> None:
+    bad = {"schema_type": "json", "schema": json.dumps({"type": "object", "properties": {"a": {"type": "nope"}}})}
+    job = _job(tmp_path, model_dir, sampling={"structured_output": bad})
+    _refused(job, tmp_path / "out", "sampling.structured_output: invalid json schema")
