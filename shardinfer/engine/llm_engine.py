@@ -39,7 +39,7 @@ from shardinfer.engine.grammar_masks import GrammarMaskFiller, constrained_rows
 from shardinfer.engine.heap import freeze_startup_heap
 from shardinfer.engine.in_flight import InFlightStep
 from shardinfer.engine.model_runner import ModelRunner, StepLogits
-from shardinfer.engine.models.config import ModelConfig
+from shardinfer.engine.models.config import ModelConfig, model_directory
 from shardinfer.engine.output_processor import OutputProcessor
 from shardinfer.engine.outputs import RequestOutput
 from shardinfer.engine.prompt_checks import check_prompt, check_stop_token_ids, length_fix, tokenize_prompt
@@ -63,10 +63,7 @@ class LLMEngine:
         started = time.monotonic()
         self.config = EngineConfig.from_kwargs(str(model), **kwargs)
         cfg = self.config
-        self.model_dir = Path(cfg.model)
-        if not self.model_dir.is_dir():
-            raise FileNotFoundError(f"model directory {cfg.model!r} does not exist: pass a local Hugging Face "
-                                    "model directory (config.json, *.safetensors, tokenizer.json)")
+        self.model_dir = model_directory(cfg.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.device = cfg.torch_device
         self.dtype = cfg.torch_dtype

@@ -164,3 +164,9 @@ def test_bad_checkpoint_files_are_named(qwen3_dir: Path, tmp_path: Path) -> None
     (model / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match=r"tokenizer_config.json' is not valid JSON"):
         LLM(model, device="cpu")
+
+
+def test_a_model_path_that_is_a_file_is_named(qwen3_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"model.safetensors' is a file, not a model directory: pass the "
+                                             "directory holding it"):
+        LLM(qwen3_dir / "model.safetensors", device="cpu")

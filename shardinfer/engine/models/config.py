@@ -15,6 +15,18 @@ from shardinfer.engine.models.architectures import supported_architectures
 from shardinfer.errors import ModelLoadError
 
 
+def model_directory(model: str | Path) -> Path:
+    """The model directory a caller named, or an error saying what the path is instead."""
+    path = Path(model)
+    if path.is_file():
+        raise ModelLoadError(f"model path {str(model)!r} is a file, not a model directory: pass the directory holding "
+                             f"it ({str(path.parent)!r}), with its config.json, *.safetensors and tokenizer.json")
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {str(model)!r} does not exist: pass a local Hugging Face model "
+                                "directory (config.json, *.safetensors, tokenizer.json)")
+    return path
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str

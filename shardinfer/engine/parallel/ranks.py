@@ -32,7 +32,7 @@ from typing import IO, Any
 import torch
 
 from shardinfer.engine.config import EngineConfig
-from shardinfer.engine.models.config import ModelConfig
+from shardinfer.engine.models.config import ModelConfig, model_directory
 from shardinfer.engine.outputs import RequestOutput
 from shardinfer.engine.parallel import wire
 from shardinfer.engine.parallel.group import DEFAULT_TIMEOUT_S, ExpertParallelError
@@ -104,10 +104,7 @@ class ExpertParallelEngine:
         if kwargs.get("device", "auto") == "auto":
             kwargs["device"] = "cpu"
         self.config = EngineConfig.from_kwargs(str(model), **kwargs)
-        self.model_dir = Path(self.config.model)
-        if not self.model_dir.is_dir():
-            raise FileNotFoundError(f"model directory {self.config.model!r} does not exist: pass a local Hugging "
-                                    "Face model directory (config.json, *.safetensors, tokenizer.json)")
+        self.model_dir = model_directory(self.config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.size = self.config.parallel_size
         num_logical = int(self.model_config.hf.get("n_routed_experts") or 0)
