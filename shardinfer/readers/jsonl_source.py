@@ -22,7 +22,7 @@ from typing import IO, Any
 import pyarrow as pa
 from fsspec.utils import infer_compression
 
-from shardinfer.errors import InputSchemaError
+from shardinfer.errors import ConfigError, InputSchemaError
 from shardinfer.readers.listing import is_compressed, without_query
 from shardinfer.readers.row_errors import attach_row_errors
 from shardinfer.splits import ROW_INDEX_COLUMN
@@ -63,6 +63,24 @@ def _parse_line(line: bytes, url: str, line_index: int) -> dict[str, Any] | None
             f"{url} line {line_index + 1}: expected a JSON object per line, got {type(value).__name__}"
         )
     return value
+
+
+def _not_jsonl(url: str, storage_options: dict, first_bad: BadLine) -> Exception:
+    """The error for a file read as JSON Lines whose first lines hold no object: what the file is
+    instead, when its first bytes tell (a Parquet file, one JSON array, gzip without its suffix)."""
+    fs, path = filesystem(url, storage_options)
+    with with_retries(_RETRY, f"open {url}", lambda: fs.open(path, "rb")) as f:
+        head = f.read(64)
+    if head.startswith(b"PAR1"):
+        return ConfigError(f"{url} is a Parquet file, read as JSON Lines because input.format is 'jsonl': set "
+                           "input.format = 'parquet', or leave it 'auto' to go by the file names")
+    if head.startswith(b"\x1f\x8b"):
+        return InputSchemaError(f"{url} is gzip-compressed but its name does not end in .gz: rename it "
+                                "*.jsonl.gz so it is decompressed")
+    if head.lstrip().startswith(b"["):
+        return InputSchemaError(f"{url} holds a JSON array, not JSON Lines (one object per line): write one "
+                                "object per line, e.g. `jq -c '.[]' FILE > FILE.jsonl`")
+    return InputSchemaError(f"no JSON object in the first lines: {first_bad}")
 
 
 def scan_jsonl(url: str, storage_options: dict, split_rows: int) -> tuple[int, list[int | None]]:
@@ -114,7 +132,7 @@ def infer_jsonl_schema(url: str, storage_options: dict) -> pa.Schema:
                 break
     if not rows:
         if first_bad is not None:  # not one line of the sample is an object: not a JSONL file
-            raise InputSchemaError(f"no JSON object in the first lines: {first_bad}") from None
+            raise _not_jsonl(url, storage_options, first_bad) from None
         return pa.schema([])
     try:
         inferred = pa.Table.from_pylist(rows).schema

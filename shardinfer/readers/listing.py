@@ -12,7 +12,7 @@ import posixpath
 
 from fsspec import AbstractFileSystem
 
-from shardinfer.errors import InputMissingError, InputSchemaError
+from shardinfer.errors import ConfigError, InputMissingError, InputSchemaError
 from shardinfer.readers.spec import InputSpec
 from shardinfer.storage import RetryPolicy, filesystem, full_url, with_retries
 
@@ -101,8 +101,8 @@ def list_input_files(spec: InputSpec) -> list[str]:
     elif spec.format == "auto":
         chosen = [p for p in candidates if format_of(p) is not None]
         formats = sorted({format_of(p) for p in chosen}, key=str)
-        if len(formats) > 1:
-            raise InputSchemaError(
+        if len(formats) > 1:  # the spec's to fix (input.path or input.format), not the data's
+            raise ConfigError(
                 f"input.path {spec.path!r} holds both Parquet and JSONL files; point it at one format "
                 "(a glob such as '*.parquet') or set input.format"
             )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shardinfer.errors import ConfigError
 from shardinfer.readers import InputSchemaError, InputSpec, Split, plan_splits, read_split
 
 
@@ -128,6 +129,25 @@ def test_a_file_without_one_object_is_refused(tmp_path: Path) -> None:
     _write(path, ["{not json", "[1]"])
     with pytest.raises(InputSchemaError, match=r"in\.jsonl line 1: not valid JSON"):
         plan_splits(InputSpec(str(path)), split_rows=10)
+
+
+def test_what_a_file_that_is_not_json_lines_is_gets_named(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"prompt": ["x"]}), parquet)
+    with pytest.raises(ConfigError, match=r"rows\.parquet is a Parquet file, read as JSON Lines because "
+                                          r"input\.format is 'jsonl': set input\.format = 'parquet'"):
+        plan_splits(InputSpec(str(parquet), format="jsonl"), split_rows=10)
+    array = tmp_path / "array.jsonl"
+    array.write_text(json.dumps([{"prompt": "x"}, {"prompt": "y"}], indent=1))
+    with pytest.raises(InputSchemaError, match=r"array\.jsonl holds a JSON array, not JSON Lines"):
+        plan_splits(InputSpec(str(array)), split_rows=10)
+    packed = tmp_path / "packed.jsonl"
+    packed.write_bytes(gzip.compress(b'{"prompt": "x"}\n'))
+    with pytest.raises(InputSchemaError, match=r"packed\.jsonl is gzip-compressed but its name does not end"):
+        plan_splits(InputSpec(str(packed)), split_rows=10)
 
 
 def test_key_not_in_sample_and_type_change_are_error_rows(
