@@ -164,7 +164,13 @@ class RowPreparer:
         try:
             params = self._params(row)
         except RowError as err:
-            return self._error_row(split_index, pos, row_id, passthrough, err)
+            # An error record still carries its seed: the job's derivation, unless the row's own
+            # seed override is what cannot be read.
+            failed = self._error_row(split_index, pos, row_id, passthrough, err)
+            seed = self._row_seed_or_none(row)
+            if seed is not None:
+                failed.seeds = list(sample_seeds(seed, failed.n, row_id))
+            return failed
         base_seed = params.seed if params.seed is not None else self.job_seed
         seeds: list[int | None] = list(sample_seeds(base_seed, params.n, row_id))
         prepared = PreparedRow(split_index, pos, row_id, params.n, seeds, passthrough)
@@ -182,6 +188,19 @@ class RowPreparer:
             return prepared
         prepared.params = [_seeded(params, s, first=j == 0) for j, s in enumerate(seeds) if s is not None]
         return prepared
+
+    def _row_seed_or_none(self, row: dict[str, Any]) -> int | None:
+        """The seed a row's samples derive from (its seed override, else the job seed's base), or
+        None when its seed override is there but unusable."""
+        value = row.get("seed") if "seed" in self.inp.override_columns else None
+        if value is None:
+            return self.base.seed if self.base.seed is not None else self.job_seed
+        try:
+            seed = self._coerce("seed", value)
+            self.base.replace(seed=seed)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return int(seed)
 
     def _params(self, row: dict[str, Any]) -> SamplingParams:
         changes: dict[str, Any] = {}
@@ -272,6 +291,8 @@ class RowPreparer:
                     raise RowError(
                         INVALID_ROW, f"messages column holds a string that is not JSON: {exc}"
                     ) from None
+            if isinstance(messages, list) and not messages:  # nothing to continue from, as a null
+                raise RowError(EMPTY_PROMPT, f"messages column {inp.messages_column!r} is an empty list")
             try:
                 check_depth("messages", messages)
                 messages = normalize_messages(messages)

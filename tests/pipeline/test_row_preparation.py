@@ -103,9 +103,23 @@ def test_bad_rows_become_error_codes(model_dir: Path, row: dict[str, Any], code:
 
 def test_bad_messages_are_invalid_rows(model_dir: Path) -> None:
     prep = _preparer(model_dir, prompt_column="", messages_column="messages")
-    for value in ("not json", json.dumps({"role": "user"}), json.dumps([{"content": "no role"}]), []):
+    for value in ("not json", json.dumps({"role": "user"}), json.dumps([{"content": "no role"}])):
         prepared = prep.prepare(0, 0, 0, {"messages": value, "__row_index": 0})
         assert prepared.error is not None and prepared.error.code == "invalid_row", value
+    for empty in ([], "[]"):  # no message at all: nothing to continue from, as a null prompt
+        prepared = prep.prepare(0, 0, 0, {"messages": empty, "__row_index": 0})
+        assert prepared.error is not None and prepared.error.code == "empty_prompt", empty
+
+
+def test_error_records_of_bad_overrides_keep_their_seeds(model_dir: Path) -> None:
+    prep = _preparer(model_dir, sampling={"max_tokens": 4, "n": 2}, override_columns=["temperature", "seed"])
+    bad = prep.prepare(0, 1, 4, {"prompt": "a", "temperature": "hot", "__row_index": 4})
+    assert bad.error is not None and bad.error.code == "bad_override"
+    assert bad.seeds == [derive_seed(42, "1:4", 0), derive_seed(42, "1:4", 1)]  # what a good row would get
+    own = prep.prepare(0, 1, 5, {"prompt": "a", "temperature": "hot", "seed": 7, "__row_index": 5})
+    assert own.seeds == [derive_seed(7, "1:5", 0), derive_seed(7, "1:5", 1)]
+    unreadable = prep.prepare(0, 1, 6, {"prompt": "a", "seed": "seven", "__row_index": 6})
+    assert unreadable.error is not None and unreadable.seeds == [None, None]  # the seed itself is the problem
 
 
 def test_attempt_ids_are_file_name_safe_and_unique() -> None:
