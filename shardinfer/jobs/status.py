@@ -1,7 +1,9 @@
 """`shardinfer status` and the `--dry-run` report: what a job location holds, read from its markers.
 
-Status trusts `_job.json`, the commit markers and `_SUCCESS`, never a listing of part files
-(an uncommitted part may be lying there from a killed attempt).
+Status trusts `_job.json`, the commit markers and `_SUCCESS`, never a listing of part files, for
+what counts (an uncommitted part may be lying there from a killed attempt); one listing only checks
+that each committed part is there with the size its marker records. It only reads: nothing is
+created at the location it is pointed at.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing
+from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing, UsageError
 from shardinfer.jobs.spec import ResolvedSpec
 from shardinfer.pipeline.job import OpenedJob, committed_totals, read_success_or_none
 from shardinfer.redaction import redact_config, redact_url
@@ -20,8 +22,8 @@ from shardinfer.redaction import redact_config, redact_url
 def job_state(store: Any, job: dict[str, Any]) -> dict[str, Any]:
     """What an output location holds: state, the problems found, the newest run, the totals.
 
-    States: done (a `_SUCCESS` that agrees with the markers and every part present), damaged
-    (they disagree: the problems say how), running (the newest run's heartbeat is fresh),
+    States: done (a `_SUCCESS` that agrees with the markers and every part present, of the size
+    its marker records), damaged (they disagree, or a part is missing or resized: the problems say how), running (the newest run's heartbeat is fresh),
     interrupted (killed, or stopped by a signal), failed (with the run's reason), not started.
     """
     from shardinfer.jobs.run_record import STALE_AFTER_S
@@ -29,25 +31,36 @@ def job_state(store: Any, job: dict[str, Any]) -> dict[str, Any]:
 
     store.use_generation(str(job.get("generation", "")))
     committed = store.committed()
-    problems = [f"split {i}: {why}" for i, why in sorted(store.missing_parts(committed).items())]
+    # The same cheap check of the parts as a submit's (one listing: missing or resized parts).
+    problems = [f"split {i}: {why}" for i, why in sorted(store.listed_damage(committed).items())]
     success = read_success_or_none(store)
     if success is not None:
-        problems = store.success_problems(success) + problems
+        problems = store.success_problems(success, committed) + problems
     runs = read_run_records(store)
     last = runs[-1] if runs else None
+    if last is not None:
+        # A run record says "running" until its run writes an end, which a killed run never does:
+        # the record is shown with the state it is judged to be in, so the two lines agree.
+        last = {**last, "state": run_state(last, STALE_AFTER_S)}
     if success is not None and not problems:
         state = "done"
-    elif last is not None and "ended" not in last:
-        age = _age_s(str(last.get("heartbeat", "")))
-        fresh = age is not None and age < STALE_AFTER_S
-        state = "running" if fresh and _may_be_alive(last) else "interrupted"
-    elif last is not None and last.get("state") in ("failed", "interrupted"):
+    elif last is not None and last["state"] in ("running", "failed", "interrupted"):
         state = str(last["state"])
     elif problems:
         state = "damaged"
     else:
         state = "interrupted" if committed else "not started"
     return {"state": state, "problems": problems, "committed": committed, "success": success, "last": last}
+
+
+def run_state(run: dict[str, Any], stale_after_s: float) -> str:
+    """A run record's state: as recorded once the run has ended; before that "running" while its
+    heartbeat is fresh and its process may be alive, else "interrupted" (killed: no end recorded)."""
+    if "ended" in run:
+        return str(run.get("state"))
+    age = _age_s(str(run.get("heartbeat", "")))
+    fresh = age is not None and age < stale_after_s
+    return "running" if fresh and _may_be_alive(run) else "interrupted"
 
 
 def _may_be_alive(run: dict[str, Any]) -> bool:
@@ -75,11 +88,23 @@ def _age_s(stamp: str) -> float | None:
 
 
 def _open(output: str, storage_options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The store and its `_job.json`; reads only (a mistyped URL must not leave a folder behind)."""
     from shardinfer.writers.output_store import OutputStore
 
+    if not output.strip():
+        raise UsageError("OUTPUT_URL is empty: give the output location of a job (output.path)")
     store = OutputStore(output, storage_options)
-    job = store.read_job()
+    try:
+        job = store.read_job()
+    except (NotADirectoryError, IsADirectoryError):  # a file on the way, or `_job.json` a folder
+        job = None
     if job is None:
+        absent = store.location_problem()
+        if absent is not None:
+            hint = ""
+            if any(ch in output for ch in "*?["):
+                hint = " (status takes one output location; wildcards are not expanded)"
+            raise InputMissing(f"{output} holds no job: {absent}{hint}; check the output URL")
         if store.has_protocol_files():
             raise CorruptOutputError(
                 f"{output} holds commit markers or parts but no _job.json: the location is damaged; "
@@ -95,6 +120,8 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
     committed, success, last = found["committed"], found["success"], found["last"]
     totals, unreadable = _readable_totals(store, committed, found["problems"])
     found["problems"] += unreadable
+    if found["state"] == "done" and unreadable:
+        found["state"] = "damaged"  # never "done" beside a problem: a part's footer cannot be read
     total_splits = len(job.get("splits", []))
     report: dict[str, Any] = {
         "output": output,
@@ -126,7 +153,12 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
     print(f"  rows       {totals['rows_ok']} ok, {totals['rows_error']} error")
     print(f"  tokens     {totals['prompt_tokens']} in, {totals['completion_tokens']} out")
     if last is not None:
-        ended = f", exit {last.get('exit_code')}: {last.get('reason')}" if "ended" in last else ""
+        if "ended" in last:
+            ended = f", exit {last.get('exit_code')}: {last.get('reason')}"
+        elif last.get("state") == "interrupted":
+            ended = f", no end recorded (last heartbeat {last.get('heartbeat')})"
+        else:
+            ended = ""
         print(f"  last run   {last.get('run_id')} ({last.get('state')}) started {last.get('started')}{ended}")
         if last.get("repaired"):
             print(f"  repaired   {last['repaired']}")
@@ -150,7 +182,12 @@ def _readable_totals(
         try:
             part_totals = committed_totals(store, {index: marker})
         except (OSError, ValueError) as exc:  # a truncated or replaced part: ArrowInvalid is a ValueError
-            unreadable.append(f"split {index}: {marker['part']} cannot be read ({type(exc).__name__}: {exc})")
+            # A submit trusts a part of the recorded size without opening it (see open_job):
+            # deleting the part is what makes the rerun that repairs it see the damage.
+            unreadable.append(
+                f"split {index}: {marker['part']} cannot be read ({type(exc).__name__}: {exc}); delete "
+                "that part file and rerun the job to recompute it"
+            )
             continue
         for key in totals:
             totals[key] += part_totals[key]
@@ -161,7 +198,7 @@ def show_history(output: str, storage_options: dict[str, Any], as_json: bool = F
     from shardinfer.writers.run_records import read_run_records
 
     store, _ = _open(output, storage_options)
-    runs = read_run_records(store)
+    runs = read_run_records(store)  # as recorded: a killed run's record still says "running"
     for run in runs:
         if as_json:
             print(json.dumps(run, default=str))
@@ -217,6 +254,8 @@ def dry_run_actions(job: OpenedJob) -> list[str]:
         actions.append(
             f"plan the input that is new since the job was planned (job.incremental = true): {growth}"
         )
+    for note in job.notes:  # a stale or damaged output: what the run's repair step will redo
+        actions.append(f"recompute what is missing or damaged ({note})")
     if job.state == "done":
         actions.append("do nothing: _SUCCESS matches this job")
     return actions

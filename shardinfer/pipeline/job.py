@@ -213,9 +213,26 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
             return job
         success = read_success_or_none(store)
         if success is not None and success_hash(success) == fingerprint["hash"]:
-            problems = store.success_problems(success)
+            # How deep a resubmit looks before trusting `_SUCCESS`: one listing gives every part's
+            # existence and size (a few requests whatever the number of parts: an object store
+            # lists 1000 keys per request), which finds a deleted or truncated part. Opening each
+            # part, for its footer or its hash (writers.verify), would cost a request per part, or
+            # a read of the whole output, on every resubmit of a finished job; so a part replaced
+            # by another of the very same size is not caught here (finalize's hash check is what
+            # guards a run that writes).
+            markers = store.committed()
+            problems = store.success_problems(success, markers)
+            damaged = {} if problems else store.listed_damage(markers)
             if problems:
                 job.notes.append("_SUCCESS does not match the commit markers: " + "; ".join(problems))
+            elif damaged:
+                # Not done: the run's repair step (repair_damaged) verifies every part, deletes
+                # `_SUCCESS`, computes the damaged splits again and commits them under their next
+                # marker number; finalize then writes a `_SUCCESS` that lists the new parts.
+                job.notes.append(
+                    "_SUCCESS cannot be trusted: committed part(s) were damaged after it was written: "
+                    + "; ".join(f"split {i}: {why}" for i, why in sorted(damaged.items()))
+                )
             else:
                 job.state, job.success = "done", success
         return job

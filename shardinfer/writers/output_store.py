@@ -103,8 +103,9 @@ class OutputStore:
         # Split -> marker number to commit under: splits being repaired (their part was damaged).
         self._repairs: dict[int, int] = {}
         self._exclusive_checked = False
-        if is_local(self.fs):
-            os.makedirs(os.path.join(self.root, COMMITS_DIR), exist_ok=True)
+        # Nothing is created here: `status`, `validate` and a refused submit only read, and must
+        # leave no folder behind. Directories appear with the first file written in them (local
+        # writes create their parent directory; object stores have none).
 
     # --- paths -----------------------------------------------------------------------------------
     def _path(self, *names: str) -> str:
@@ -354,18 +355,33 @@ class OutputStore:
                 damaged[index] = f"{marker['part']}: {reason}"
         return damaged
 
-    def missing_parts(self, markers: dict[int, dict[str, Any]]) -> dict[int, str]:
-        """Split -> why, for markers naming a part file that is not there (one listing, no reads)."""
-        present = {posixpath.basename(p) for p in self._listing()}
-        return {
-            i: f"{m['part']}: its part file is missing"
-            for i, m in markers.items()
-            if m["part"] not in present
-        }
+    def listed_damage(self, markers: dict[int, dict[str, Any]]) -> dict[int, str]:
+        """Split -> why, for committed parts that are missing or not of the size their marker
+        records, from one listing of the location (a few requests for any number of parts; no part
+        is opened). The cheap check: a part replaced by one of the same size passes it, and is
+        caught only by `damaged_parts`, which reads or HEADs every part."""
+        sizes = self._listing_sizes()
+        damaged: dict[int, str] = {}
+        for index, marker in markers.items():
+            size, want = sizes.get(marker["part"]), marker.get("bytes")
+            if size is None:
+                damaged[index] = f"{marker['part']}: its part file is missing"
+            elif want is not None and size != int(want):
+                damaged[index] = (
+                    f"{marker['part']}: its part file has {size} bytes, the marker records {want} "
+                    "(truncated or replaced)"
+                )
+        return damaged
 
     def plan_repairs(self, damaged: dict[int, str], markers: dict[int, dict[str, Any]]) -> None:
         """Make the damaged splits uncommitted for this store's workers: the next commit of each
-        goes under the next marker number, created only if absent like the first."""
+        goes under the next marker number, created only if absent like the first.
+
+        `_SUCCESS` is deleted first: it lists the damaged parts, and from here until `finalize`
+        writes it again the output is not complete (a repair killed half-way must not leave a
+        `_SUCCESS` that a reader would trust)."""
+        if damaged:
+            self.delete_success()
         for index in damaged:
             self._repairs[index] = int(markers[index].get("marker_number", 0)) + 1
 
@@ -444,6 +460,8 @@ class OutputStore:
             return
         now = time.time()
         for directory in (self.root, self._path(COMMITS_DIR)):
+            if not os.path.isdir(directory):
+                continue  # `_commits/` appears with the first marker
             for entry in os.scandir(directory):
                 if entry.name.startswith(".tmp-") and entry.is_file():
                     try:
@@ -454,6 +472,33 @@ class OutputStore:
 
     def _listing(self) -> list[str]:
         return list(self._retry(f"list {self.url}", lambda: list_files(self.fs, self.root)))
+
+    def _listing_sizes(self) -> dict[str, int]:
+        """File name -> size of every file directly under the location, fresh from the store."""
+
+        def listing() -> dict[str, int]:
+            self.fs.invalidate_cache(self.root)
+            try:
+                entries = self.fs.ls(self.root, detail=True)
+            except FileNotFoundError:
+                return {}
+            return {
+                posixpath.basename(e["name"]): int(e.get("size") or 0)
+                for e in entries
+                if e.get("type") == "file"
+            }
+
+        sizes: dict[str, int] = self._retry(f"list {self.url}", listing)
+        return sizes
+
+    def location_problem(self) -> str | None:
+        """Why nothing at this URL can be an output location (it does not exist, or it is a file),
+        or None. For read-only commands, which must say so rather than create anything."""
+        if self._retry(f"check {self.url}", lambda: self.fs.isfile(self.root)):
+            return "it is a file, not an output location (a directory or prefix)"
+        if not self._retry(f"check {self.url}", lambda: self.fs.exists(self.root)):
+            return "nothing is there, no job output at that location (it does not exist)"
+        return None
 
     def has_protocol_files(self) -> bool:
         """True when the location holds markers, parts or `_SUCCESS` (whatever `_job.json` says)."""
@@ -467,8 +512,11 @@ class OutputStore:
     def read_success(self) -> dict[str, Any] | None:
         return self._read_json(self._path(SUCCESS_FILE))
 
-    def success_problems(self, success: dict[str, Any]) -> list[str]:
-        """What is wrong between `_SUCCESS`, `_job.json` and the markers (empty when they agree)."""
+    def success_problems(
+        self, success: dict[str, Any], markers: dict[int, dict[str, Any]] | None = None
+    ) -> list[str]:
+        """What is wrong between `_SUCCESS`, `_job.json` and the markers (empty when they agree);
+        `markers` (from `committed`) saves reading them again."""
         job = self.read_job()
         if job is None:
             return [f"{JOB_FILE} is missing"]
@@ -478,7 +526,8 @@ class OutputStore:
                 f"{job.get('generation')!r} (the job was started over since)"
             ]
         self.use_generation(str(job.get("generation")))
-        return success_problems(success, self.committed(), len(job.get("splits", [])))
+        markers = self.committed() if markers is None else markers
+        return success_problems(success, markers, len(job.get("splits", [])))
 
     def read_committed_table(self, verify: bool = True) -> pa.Table:
         """The committed parts concatenated in split order. With `verify`, `_SUCCESS` (when present)
@@ -526,7 +575,9 @@ class OutputStore:
         # would fail that run with a missing file instead of the fence's clear refusal. Old ones are
         # left to `_remove_stale_temporaries`.
         commits = [
-            p for p in list_files(self.fs, self._path(COMMITS_DIR)) if not posixpath.basename(p).startswith(".tmp-")
+            p
+            for p in list_files(self.fs, self._path(COMMITS_DIR))
+            if not posixpath.basename(p).startswith(".tmp-")
         ]
         for path in [self._path(SUCCESS_FILE), *commits]:
             self._delete(path)

@@ -79,6 +79,14 @@ def test_kill_between_part_write_and_marker(
     assert crashed.returncode == -signal.SIGKILL
     orphans = [p for p in part_files(out) if p.startswith("part-00002-")]
     assert len(orphans) == 1 and not list((out / "_commits").glob("00002.*.json"))
+    # The killed run never recorded its end: status and the last-run line both call it interrupted.
+    status = cli("status", str(out))
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0] == f"{out}: interrupted"
+    (last,) = [line for line in lines if line.startswith("  last run ")]
+    assert " (interrupted) started " in last and "no end recorded (last heartbeat " in last
+    assert json.loads(cli("status", "--json", str(out)).stdout)["last_run"]["state"] == "interrupted"
     resumed = cli("submit", str(job))
     assert resumed.returncode == 0, resumed.stderr
     assert committed_rows(str(out)) == reference

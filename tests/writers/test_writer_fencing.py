@@ -198,6 +198,7 @@ def test_stale_temporary_files_are_removed_at_finalize_fresh_ones_kept(tmp_path:
     store = new_store(str(tmp_path / "out"), splits)
     stale, fresh = tmp_path / "out" / ".tmp-stale", tmp_path / "out" / "_commits" / ".tmp-fresh"
     stale.write_bytes(b"x")
+    fresh.parent.mkdir()  # a marker being created makes `_commits/` (the store makes no folder)
     fresh.write_bytes(b"y")
     old = time.time() - 3600
     os.utime(stale, (old, old))
