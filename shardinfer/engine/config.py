@@ -2,15 +2,24 @@
 
 torch is imported only where a device or dtype object is asked for: a job validates its spec's
 `engine.*` keys against these fields long before it builds the engine, and should not pay for
-torch's import there.
+torch's import there. A torch.device or torch.dtype given as `device` / `dtype` is stored as its
+name ("cuda:0", "float16"), the one form every reader of the config sees.
+
+Each field's kind (integer, number, flag, string) is its annotation, checked by field_types.py
+before any range check; a value of another kind is a ValueError that starts `name=value:`, as every
+message here does, so a job names its spec key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from shardinfer.engine.field_types import check_field_types
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +91,13 @@ class EngineConfig:
     expert_rebalance_steps: int = 0
 
     def __post_init__(self) -> None:
-        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+        torch = sys.modules.get("torch")  # a torch object can only come from a process that imported torch
+        if torch is not None and isinstance(self.device, torch.device):
+            self.device = str(self.device)  # "cpu", "cuda", "cuda:1"
+        if torch is not None and isinstance(self.dtype, torch.dtype):
+            self.dtype = str(self.dtype).removeprefix("torch.")  # "float16"; an unsupported one is refused below
+        check_field_types(self)
+        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
             raise ValueError(f"device={self.device!r}: use 'cpu', 'cuda', 'cuda:N' or 'auto'")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {sorted(DTYPES)} or 'auto'")
@@ -124,8 +139,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_bytes={self.kv_cache_memory_bytes}: must be >= 1, or unset to size "
                              "the cache from gpu_memory_utilization")
         for name in ("expert_parallel_size", "data_parallel_size"):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
-                    or getattr(self, name) < 1:
+            if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be an integer >= 1 (1: one process)")
         if min(self.expert_parallel_size, self.data_parallel_size) > 1 and \
                 self.expert_parallel_size != self.data_parallel_size:
@@ -152,10 +166,6 @@ class EngineConfig:
         elif self.expert_rebalance_steps:
             raise ValueError(f"expert_rebalance_steps={self.expert_rebalance_steps} needs expert_parallel_size > 1: "
                              "a rebalance moves experts between ranks")
-        independent = self.structured_independent_matchers
-        if independent is not None and not isinstance(independent, bool):
-            raise ValueError(f"structured_independent_matchers={independent!r}: "
-                             "use true, false, or leave it unset (independent when >= 4 CPUs)")
 
     @property
     def parallel_size(self) -> int:

@@ -1,7 +1,9 @@
 """Per-request sampling settings, validated once at construction.
 
-Every bad value raises ValueError naming the field, the value and the accepted range, so a
-job can turn it into an error record for that row and go on.
+Every bad value raises ValueError naming the field, the value and the accepted kind or range, so a
+job can turn it into an error record for that row and go on. Each field's kind (integer, number,
+flag) is its annotation, checked by field_types.py before any range. The params are frozen: a field
+assigned afterwards would skip these checks, so a change goes through `replace()`, which validates.
 
 `structured_output` constrains the output (docs/structured-outputs.md); `so_args` is its older
 name, still accepted as a keyword and readable as an attribute.
@@ -15,13 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardinfer.engine.field_types import check_field_types, shown
+
 MAX_TOP_LOGPROBS = 20
 SO_SCHEMA_TYPES = ("json", "regex", "ebnf", "lark", "choice")
 TOP_K_OFF = -1  # also accepted: 0, vLLM's and generation_config.json's "off"
 MAX_TOP_K = 2**31 - 1  # the sampler keeps top_k in 32-bit integers
+# Samples per request, for the API and a job's rows alike. LLM.generate queues the n samples at
+# once, each its own request with its own seed and KV blocks: without a bound n=10**9 hangs deriving
+# seeds before any work is done. Far above best-of-n use; more samples are more calls.
+MAX_N = 1024
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
@@ -47,25 +55,30 @@ class SamplingParams:
     so_args: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        def set_(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)  # frozen: only construction sets fields
+
         if self.so_args is not None:
             if self.structured_output is not None and self.structured_output != self.so_args:
                 raise ValueError(
                     "SamplingParams got both structured_output and so_args (its older name) with "
                     "different values: pass structured_output only"
                 )
-            self.structured_output = self.so_args
-        self.so_args = self.structured_output
-        if self.top_k == 0:
-            self.top_k = TOP_K_OFF
+            set_("structured_output", self.so_args)
+        set_("so_args", self.structured_output)
         if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+            set_("stop", [self.stop])
+        for name in ("stop", "stop_token_ids"):
+            if getattr(self, name) is None:
+                set_(name, [])
+        check_field_types(self, "SamplingParams.")
+        if self.top_k == 0:
+            set_("top_k", TOP_K_OFF)
         self._validate()
 
     def _validate(self) -> None:
         def bad(name: str, value: Any, why: str) -> ValueError:
-            return ValueError(f"SamplingParams.{name}={value!r} is invalid: {why}")
+            return ValueError(f"SamplingParams.{name}={shown(value)} is invalid: {why}")
 
         if not (self.temperature >= 0.0):
             raise bad("temperature", self.temperature, "must be >= 0 (0 means greedy)")
@@ -94,13 +107,18 @@ class SamplingParams:
             raise bad("min_tokens", self.min_tokens, f"must be <= max_tokens={self.max_tokens}")
         if self.n < 1:
             raise bad("n", self.n, "must be >= 1")
-        if self.seed is not None and not (0 <= int(self.seed) < 2**63):
+        if self.n > MAX_N:
+            raise ValueError(
+                f"SamplingParams.n={self.n} is above the limit of {MAX_N} samples per request: each sample "
+                "is its own request, all queued at once; ask for more samples in several calls"
+            )
+        if self.seed is not None and not (0 <= self.seed < 2**63):
             raise bad("seed", self.seed, "must be in [0, 2**63)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (0 <= value <= MAX_TOP_LOGPROBS):
                 raise bad(name, value, f"must be None or in [0, {MAX_TOP_LOGPROBS}]")
-        if any(not isinstance(s, str) or s == "" for s in self.stop):
+        if any(s == "" for s in self.stop):
             raise bad("stop", self.stop, "must be a list of non-empty strings")
         so = self.structured_output
         if so is not None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.engine.sampling_params import MAX_N, SamplingParams
 
-MAX_SAMPLES_PER_ROW = 1024  # n
+MAX_SAMPLES_PER_ROW = MAX_N  # n: SamplingParams' own bound
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 512
 MAX_STOP_TOKEN_IDS = 1024

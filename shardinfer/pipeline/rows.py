@@ -87,7 +87,10 @@ class RowPreparer:
         self.max_model_len = max_model_len
         self.length_fix = length_fix  # what a too-long prompt's error suggests (prompt_checks.length_fix)
         # The job's resolved sampling (checkpoint defaults included), or [sampling] as a dict.
-        self.base = sampling if isinstance(sampling, SamplingParams) else SamplingParams(**sampling)
+        try:
+            self.base = sampling if isinstance(sampling, SamplingParams) else SamplingParams(**sampling)
+        except ValueError as exc:
+            raise ConfigError(f"[sampling]: {exc}") from None
         self.inp = input_section
         self.job_seed = job_seed
         # Validated params per distinct set of override values: rows repeating a value (a

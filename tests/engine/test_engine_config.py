@@ -97,3 +97,99 @@ def test_speculative_shorthands_resolve() -> None:
     ) == ("mtp", 1)
     assert EngineConfig(model="m", speculative="ngram").draft_depth == 3
     assert EngineConfig(model="m").draft_depth == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_num_seqs": "8"}, "^max_num_seqs='8': must be an integer$"),
+        ({"max_num_seqs": 2.5}, "^max_num_seqs=2.5: must be an integer$"),
+        ({"max_num_seqs": True}, "^max_num_seqs=True: must be an integer$"),
+        ({"num_kv_blocks": "10"}, "^num_kv_blocks='10': must be an integer, or None$"),
+        ({"num_kv_blocks": 2.5}, "^num_kv_blocks=2.5: must be an integer, or None$"),
+        ({"max_model_len": "256"}, "^max_model_len='256': must be an integer, or None$"),
+        ({"max_model_len": 100.5}, "^max_model_len=100.5: must be an integer, or None$"),
+        ({"speculative_depth": "2"}, "^speculative_depth='2': must be an integer$"),
+        (
+            {"max_num_batched_tokens": None},
+            r"^max_num_batched_tokens=None: must be an integer \(leave it unset for the default, 8192\)$",
+        ),
+        ({"block_size": 16.0}, "^block_size=16.0: must be an integer$"),
+        ({"seed": "x"}, "^seed='x': must be an integer$"),
+        ({"seed": 1.5}, "^seed=1.5: must be an integer$"),
+        ({"enable_prefix_caching": "no"}, "^enable_prefix_caching='no': must be True or False$"),
+        ({"enforce_eager": 1}, "^enforce_eager=1: must be True or False$"),
+        ({"async_scheduling": "yes"}, "^async_scheduling='yes': must be True or False, or None$"),
+        ({"gpu_memory_utilization": "0.5"}, "^gpu_memory_utilization='0.5': must be a finite number$"),
+        ({"gpu_memory_utilization": float("nan")}, "^gpu_memory_utilization=nan: must be a finite number$"),
+        ({"expert_parallel_size": 2.0}, "^expert_parallel_size=2.0: must be an integer$"),
+        ({"kv_cache_dtype": None}, "^kv_cache_dtype=None: must be a string"),
+        ({"device": "cuda:x"}, "^device='cuda:x': use 'cpu', 'cuda', 'cuda:N' or 'auto'$"),
+    ],
+)
+def test_values_of_the_wrong_kind_name_field_value_and_kind(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(model="m", **kwargs)
+
+
+def test_range_checks_still_apply_after_the_kind() -> None:
+    with pytest.raises(ValueError, match="block_size=24: must be a power of two"):
+        EngineConfig(model="m", block_size=24)
+    with pytest.raises(ValueError, match="max_num_seqs=0: must be >= 1"):
+        EngineConfig(model="m", max_num_seqs=0)
+
+
+def test_numpy_integers_and_ints_for_floats_are_accepted_as_python_numbers() -> None:
+    import numpy as np
+
+    cfg = EngineConfig(
+        model="m",
+        max_num_seqs=np.int64(8),
+        block_size=np.int32(32),
+        num_kv_blocks=np.int64(10),
+        gpu_memory_utilization=1,
+        seed=np.uint32(5),
+    )
+    values = (cfg.max_num_seqs, cfg.block_size, cfg.num_kv_blocks, cfg.gpu_memory_utilization, cfg.seed)
+    assert values == (8, 32, 10, 1, 5) and {type(v) for v in values} == {int}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "given_as"),
+    [("float16", "name"), ("float16", "torch"), ("bfloat16", "torch"), ("float32", "torch"), ("half", "torch")],
+)
+def test_a_torch_dtype_is_taken_by_its_name(dtype: str, given_as: str) -> None:
+    import torch
+
+    value = getattr(torch, dtype) if given_as == "torch" else dtype  # torch.half is torch.float16
+    cfg = EngineConfig(model="m", dtype=value)
+    assert cfg.torch_dtype == getattr(torch, dtype) and cfg.dtype in config_module.DTYPES
+    assert getattr(torch, config_module.DTYPES[cfg.dtype]) == getattr(torch, dtype)
+
+
+def test_a_torch_device_is_taken_by_its_name() -> None:
+    import torch
+
+    cfg = EngineConfig(model="m", device=torch.device("cpu"), dtype=torch.float32)
+    assert (cfg.device, cfg.dtype) == ("cpu", "float32")
+    assert cfg.torch_device == torch.device("cpu") and cfg.torch_dtype == torch.float32
+    assert EngineConfig(model="m", device=torch.device("cuda", 1)).device == "cuda:1"
+    assert EngineConfig(model="m", device=torch.device("cuda")).device == "cuda"
+    with pytest.raises(ValueError, match=r"^dtype='float64' is not supported"):
+        EngineConfig(model="m", dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^device='meta': use 'cpu', 'cuda', 'cuda:N' or 'auto'"):
+        EngineConfig(model="m", device=torch.device("meta"))
+
+
+def test_the_job_spec_names_the_engine_key_of_a_wrong_kind() -> None:
+    from shardinfer.errors import ConfigError
+    from shardinfer.jobs.spec import parse_conf, resolve
+
+    base = {"model": {"path": "m"}, "input": {"path": "in"}, "output": {"path": "out"}}
+    with pytest.raises(ConfigError, match=r"engine\.num_kv_blocks='ten': must be an integer, or None"):
+        resolve(base, confs=[parse_conf("engine.num_kv_blocks=ten")])
+    with pytest.raises(ConfigError, match=r"\[sampling\]: SamplingParams\.logprobs=2\.5: must be an integer"):
+        resolve(base, confs=[parse_conf("sampling.logprobs=2.5")])
+    confs = ["engine.num_kv_blocks=10", "sampling.logprobs=2", "sampling.temperature=1"]
+    spec = resolve(base, confs=[parse_conf(c) for c in confs])
+    assert spec.config.engine["num_kv_blocks"] == 10 and spec.config.sampling["logprobs"] == 2

@@ -114,7 +114,8 @@ class ExpertParallelEngine:
         self.placement = placement or static_placement(num_logical, self.size, self.config.expert_redundancy)
         self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
         self.timeout_s = timeout_s
-        self._engine_kwargs = dict(kwargs)
+        # The ranks get the checked values (a torch dtype as its name, numpy ints as ints): they travel as JSON.
+        self._engine_kwargs = {k: getattr(self.config, k, v) for k, v in kwargs.items()}
         self._dir = tempfile.TemporaryDirectory(prefix="shardinfer-ranks-")
         self.ranks: list[_Rank] = []
         self.requests: dict[str, SimpleNamespace] = {}

@@ -81,7 +81,7 @@ def test_ranks_give_the_one_process_bits_under_preemption(dsv3: Path, single: li
 
 
 def test_llm_api_and_rebalanced_placement_keep_the_bits(dsv3: Path, single: list[RequestOutput]) -> None:
-    llm = LLM(dsv3, device="cpu", dtype="float32", expert_parallel_size=2)
+    llm = LLM(dsv3, device="cpu", dtype=torch.float32, expert_parallel_size=2)  # a torch dtype reaches the ranks
     engine = llm.llm_engine
     assert isinstance(engine, ExpertParallelEngine)
     try:
