@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
 import signal
 import sys
 import threading
 import time
 from typing import Any
 
-from shardinfer.errors import EXIT_OK, JobError, UsageError, exit_code_for, is_credentials_error
+from shardinfer.errors import (
+    EXIT_OK,
+    Interrupted,
+    JobError,
+    UsageError,
+    exit_code_for,
+    is_credentials_error,
+)
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.secrets_guard import guard_job, guarded_run
 from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, parse_conf, resolve
 
 # The executor (and with it torch) is imported only once a job is about to run, so usage and
 # spec errors come back in a fraction of a second.
+
+CTRL_C = "interrupted (Ctrl-C): the committed splits are kept; rerun the same command to resume"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,11 +40,44 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}{_unrecognized_hint(extra, parsed)}")
+        return parsed
+
+
+def _unrecognized_hint(extra: list[str], parsed: argparse.Namespace) -> str:
+    """What a stray argument most likely meant: a flag of another tool, or a glob the shell expanded."""
+    flags = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
+    if any(f in ("--set", "-D", "--define", "--config", "-c") for f in flags):
+        return " (set a job key with --conf KEY=VALUE, e.g. --conf sampling.temperature=0.7)"
+    if getattr(parsed, "command", None) == "generate" and not flags:
+        first = str(parsed.input)
+        folder, name = os.path.split(first)
+        ext = os.path.splitext(name)[1]
+        example = os.path.join(folder, f"*{ext}")
+        return (
+            f" (the shell expanded an unquoted glob into {len(extra) + 1} files, and --input takes one URL or "
+            f"glob: quote it, e.g. --input '{example}')"
+        )
+    return ""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardinfer")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="shardinfer", description="Offline batch LLM inference jobs: Parquet in, Parquet out."
     )
+    parser.add_argument("--version", action="version", version=f"shardinfer {_version()}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     def run_flags(p: argparse.ArgumentParser) -> None:
@@ -141,6 +185,16 @@ def _requested_log_format(argv: list[str]) -> str:
     return "text"
 
 
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (`shardinfer status OUT | head -1`)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or a stdout with no descriptor
+        return False
+
+
 def _storage_options(text: str) -> dict[str, Any]:
     # The text is never quoted back: it may hold a key or a secret that was not understood.
     try:
@@ -163,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    reporter = Reporter("-", _requested_log_format(argv))
+    reporter = Reporter("-", _requested_log_format(argv), verbose="--verbose" in argv)
+    spec: ResolvedSpec | None = None
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
@@ -205,7 +260,14 @@ def _main(argv: list[str]) -> int:
         code = exit_code_for(exc)
         if isinstance(exc, SystemExit):
             return int(exc.code or 0)
+        if isinstance(exc, BrokenPipeError) and _stdout_closed():
+            # The reader of our output stopped reading (`| head -1`): what it read was printed whole,
+            # so end quietly, as other commands do; the interpreter's last flush goes nowhere.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_OK
         message = str(exc) if isinstance(exc, JobError) or code != 1 else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, KeyboardInterrupt):
+            message = CTRL_C
         if is_credentials_error(exc):
             message = (
                 f"object storage credentials not found ({exc}): set them in the environment "
@@ -289,8 +351,7 @@ def _plan_and_run(
     args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, cluster: Any, prestart: Any
 ) -> int:
     from shardinfer.jobs.executor import parse_master
-    from shardinfer.jobs.run_record import RunRecorder
-    from shardinfer.pipeline.job import open_job, write_plan
+    from shardinfer.pipeline.job import open_job
 
     num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
     config = spec.config
@@ -311,8 +372,53 @@ def _plan_and_run(
             output=config.output.path,
         )
         return EXIT_OK
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with _StopSignals() as signals:
+        return _start_run(args, job, reporter, cluster, prestart, num_workers, signals)
+
+
+class _StopSignals:
+    """SIGTERM, and a first Ctrl-C, ask the run to stop: no new rows, the requests in flight
+    aborted, the splits already complete committed, exit 75 (docs/cli.md, "Signals"). A second
+    Ctrl-C interrupts at once. The previous handlers come back at the end, and a SIGINT that was
+    ignored (a job started in the background of a script) stays ignored."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.ctrl_c = False
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        self._saved[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self._saved[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT:
+            if self.ctrl_c:
+                raise KeyboardInterrupt
+            self.ctrl_c = True
+        self.stop.set()
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+
+
+def _start_run(
+    args: argparse.Namespace,
+    job: Any,
+    reporter: Reporter,
+    cluster: Any,
+    prestart: Any,
+    num_workers: int,
+    signals: _StopSignals,
+) -> int:
+    from shardinfer.jobs.run_record import RunRecorder
+    from shardinfer.pipeline.job import write_plan
+
+    config = job.config
+    stop = signals.stop
     for note in job.notes:
         reporter.warn(note + "; recomputing what is missing", output=config.output.path)
     if job.discards:
@@ -329,8 +435,9 @@ def _plan_and_run(
     try:
         success = _run_and_finalize(job, num_workers, args.master, stop, reporter, cluster, prestart)
     except BaseException as exc:
-        from shardinfer.errors import Interrupted, exit_code_for
-
+        if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, Interrupted) and signals.ctrl_c):
+            recorder.finish(exit_code_for(exc), CTRL_C, interrupted=True)
+            raise Interrupted(CTRL_C) from None
         recorder.finish(exit_code_for(exc), str(exc), interrupted=isinstance(exc, Interrupted))
         raise
     summary = success.get("summary", success)

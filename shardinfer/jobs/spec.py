@@ -25,10 +25,22 @@ from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import ConfigError, UsageError
 from shardinfer.pipeline.config import SCHEMA_FIELDS, TASKS, TYPED_SECTIONS, JobConfig
 from shardinfer.pipeline.row_limits import LimitError, check_limits
+from shardinfer.pipeline.timeline import check_timeline_path
 from shardinfer.redaction import has_userinfo, is_credential_key, redact_url
 
 SECTIONS = ("job", "input", "model", "engine", "sampling", "output", "ray")
-_ENGINE_EXCLUDED = {"model", "device", "dtype"}  # set through [model]
+# LLM arguments a job sets elsewhere -> the key that sets them: the model's through [model], and
+# request seeds through job.seed (every row carries its own seed, so an engine seed would be unused).
+_ENGINE_EXCLUDED = {
+    "model": "model.path",
+    "device": "model.device",
+    "dtype": "model.dtype",
+    "seed": "job.seed",
+}
+# List keys that name input columns: a string is a comma-separated list of names (`--conf
+# input.passthrough_columns=a,b`). Any other list key given a string (sampling.stop) holds that
+# string as its one item, commas and whitespace included.
+_COLUMN_LISTS = ("input.override_columns", "input.passthrough_columns")
 
 
 def _field_defaults(cls: type) -> dict[str, Any]:
@@ -86,15 +98,19 @@ def coerce(key: str, value: Any, default: Any, raw: str | None = None) -> Any:
     elif want is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+            return value.isoformat()  # an unquoted TOML date (ds = 2024-05-06) is its ISO text
         if raw is not None:  # --conf job.run_id=20240101 is the string "20240101", not a number
             return raw
         if isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)
     elif want is list:
+        if key in _COLUMN_LISTS:
+            return _column_list(key, value)
         if isinstance(value, list):
             return value
-        if isinstance(value, str):
-            return [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, str):  # one stop string, untouched (as OpenAI's and vLLM's `stop`)
+            return [value]
     elif want is dict:
         if isinstance(value, dict):
             return value
@@ -102,6 +118,23 @@ def coerce(key: str, value: Any, default: Any, raw: str | None = None) -> Any:
         return value
     shown = "a value" if holds_credentials(key) else repr(value)  # never quote a key or secret back
     raise ConfigError(f"{key}={shown} has the wrong type: expected {want.__name__} (like {default!r})")
+
+
+def _column_list(key: str, value: Any) -> list[str]:
+    """A list of input column names, from a list of strings or a comma-separated string."""
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+        raise ConfigError(
+            f'{key}={value!r} has the wrong type: expected a list of column names, like ["a", "b"]'
+        )
+    for item in value:
+        if not isinstance(item, str):
+            raise ConfigError(
+                f"{key}={value!r}: {item!r} is not a column name; give the names as strings, "
+                'like ["a", "b"] (or a,b in --conf)'
+            )
+    return value
 
 
 def holds_credentials(dotted: str) -> bool:
@@ -129,12 +162,29 @@ def parse_conf(item: str, source: str = "--conf") -> tuple[str, Any, str]:
     return key, parse_value(raw.strip()), raw.strip()
 
 
-def load_toml(path: str | Path, what: str = "job file") -> dict[str, Any]:
+def _read_text(path: str | Path, what: str, fix: str) -> str:
+    """The file's text (UTF-8, as TOML is); a usage error naming the file when there is none to read."""
     p = Path(path)
+    if p.is_dir():
+        raise UsageError(
+            f"{what} {str(path)!r} is a directory: give the file itself (e.g. {str(p / 'job.toml')!r})"
+        )
     if not p.is_file():
         raise UsageError(f"{what} {str(path)!r} does not exist")
+    data = p.read_bytes()
     try:
-        return tomllib.loads(p.read_text())
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {str(path)!r} is not a text file (byte {data[exc.start]:#04x} at offset {exc.start} is "
+            f"not UTF-8): {fix}"
+        ) from None
+
+
+def load_toml(path: str | Path, what: str = "job file") -> dict[str, Any]:
+    text = _read_text(path, what, "give a TOML file")
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
 
@@ -144,10 +194,9 @@ def load_properties(path: str | Path) -> list[tuple[str, Any, str]]:
     p = Path(path)
     if p.suffix == ".toml":
         return [(k, v, str(v)) for k, v in flatten(load_toml(p, "properties file")).items()]
-    if not p.is_file():
-        raise UsageError(f"properties file {str(path)!r} does not exist")
+    text = _read_text(p, "properties file", "give key=value lines or a .toml file")
     items = []
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -180,10 +229,14 @@ def _check_key(dotted: str) -> tuple[str, str, Any]:
         )
     keys = valid_keys(section)
     if key not in keys:
-        if section == "sampling" and key == "seed":
+        if section in ("sampling", "engine") and key == "seed":
             raise ConfigError(
-                "sampling.seed is not a job setting: use job.seed (each row's seed is derived from "
+                f"{dotted} is not a job setting: use job.seed (each row's seed is derived from "
                 "it and the row id) or a per-row `seed` override column"
+            )
+        if section == "engine" and key in _ENGINE_EXCLUDED:
+            raise ConfigError(
+                f"{dotted} is not an [engine] key: set it as {_ENGINE_EXCLUDED[key]} (the [model] section)"
             )
         raise ConfigError(
             f"unknown key {dotted!r}{nearest(key, list(keys))}; valid [{section}] keys: "
@@ -307,6 +360,7 @@ def validate(config: JobConfig) -> None:
             f"input.prompt_column={inp.prompt_column!r} and input.messages_column="
             f"{inp.messages_column!r} are both set: a row's prompt comes from one of them"
         )
+    _validate_passthrough(config)
     allowed = [f for f in SamplingParams.field_names() if f not in SCHEMA_FIELDS]
     for col in inp.override_columns:
         if col not in allowed:
@@ -334,12 +388,41 @@ def validate(config: JobConfig) -> None:
         datetime.date.fromisoformat(job.ds)
     except ValueError:
         raise ConfigError(f"job.ds={job.ds!r} is not a date: use YYYY-MM-DD") from None
+    # Before the job runs, not when its last split is done; the timeline may go into a local output.
+    output = config.output.path.removeprefix("file://")
+    check_timeline_path(job.timeline_path, "" if "://" in output else output)
     try:
         check_limits(SamplingParams(**config.sampling))
     except LimitError as exc:
         raise ConfigError(f"[sampling]: {exc}; see the per-row limits in docs/jobs.md") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[sampling]: {exc}") from None
+
+
+def _validate_passthrough(config: JobConfig) -> None:
+    """Passthrough names the output schema would refuse, found from the names alone: before the
+    output location is written (whose fingerprint the fix would then change) and by `validate`."""
+    names = config.input.passthrough_columns
+    if not names:
+        return
+    from shardinfer.writers.schema import RESERVED_COLUMNS, SCORE_COLUMNS
+
+    reserved = frozenset(SCORE_COLUMNS) if config.job.task == "score" else RESERVED_COLUMNS
+    for name in names:
+        if name in reserved:
+            raise ConfigError(
+                f"input.passthrough_columns names {name!r}, which is an output column: rename it in "
+                f"input.query (SELECT *, {name} AS input_{name} ...) and pass input_{name} through, or "
+                "leave it out"
+            )
+        if name.startswith("__"):
+            raise ConfigError(
+                f"input.passthrough_columns names {name!r}: names starting with '__' are internal to the "
+                "reader and are not passed through; rename the column in input.query"
+            )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"input.passthrough_columns names {', '.join(map(repr, repeated))} more than once")
 
 
 # These object stores take credentials only through storage options: in such a URL, `key:secret@` would

@@ -32,6 +32,7 @@ from shardinfer.errors import (
     FingerprintMismatch,
     InputChanged,
     InputColumnError,
+    ModelLoadError,
     Retryable,
     TooManyBadRows,
 )
@@ -483,6 +484,11 @@ def build_engine(config: JobConfig) -> Engine:
             install_from_env(engine)  # benchmarks only (its ENV): outputs recorded, or replayed as drafts
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
+    except ModelLoadError as exc:  # the folder is what to fix (a missing tokenizer.json, truncated weights)
+        raise ConfigError(
+            f"cannot load the model at model.path={config.model.path!r}: {exc} (fix the model folder at "
+            "model.path, or point model.path at another)"
+        ) from None
     except ValueError as exc:
         # The engine's constructor refuses what this model cannot do with these settings (a
         # max_model_len past the model's positions, MTP on a model without an MTP layer, a

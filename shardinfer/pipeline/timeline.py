@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from shardinfer.errors import ConfigError
 from shardinfer.redaction import redact_text
 
 TOKEN_MARK_S = 0.1
@@ -129,6 +130,29 @@ class Timeline:
         text = redact_text("".join(json.dumps(line, default=str) + "\n" for line in self._lines))
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(text)
+
+
+def check_timeline_path(path: str, output_dir: str = "") -> None:
+    """A ConfigError naming job.timeline_path when a worker could not append to it at its end,
+    found before the job runs. `output_dir`, the job's local output location, may be missing yet:
+    the job creates it before any worker ends."""
+    if not path:
+        return
+    problem = None
+    parent = os.path.dirname(os.path.abspath(path))
+    if "://" in path:
+        problem = "is a URL: the timeline is a local file; give a local path"
+    elif os.path.isdir(path):
+        problem = f"is a directory: name a file in it, e.g. {os.path.join(path, 'timeline.jsonl')!r}"
+    elif output_dir and parent == os.path.abspath(output_dir) and not os.path.exists(parent):
+        return
+    elif not os.path.isdir(parent):
+        what = "is not a directory" if os.path.exists(parent) else "does not exist"
+        problem = f"is in {parent!r}, which {what}: create the directory or choose another path"
+    elif not os.access(path if os.path.exists(path) else parent, os.W_OK):
+        problem = "cannot be written by this user: choose another path"
+    if problem:
+        raise ConfigError(f"job.timeline_path={path!r} {problem}")
 
 
 def open_timeline(path: str) -> Timeline | None:

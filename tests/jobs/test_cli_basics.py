@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pipeline_kit import cli, committed_rows, job_toml
+from pipeline_kit import REPO, cli, cli_env, committed_rows, fine_grained_job, job_toml, standard_job
 
 from shardinfer.engine.sampling_noise import derive_seed
 from shardinfer.jobs.cli import main
@@ -239,3 +246,118 @@ def test_corrupt_and_empty_input(tmp_path: Path, model_dir: Path, capsys: pytest
     assert "prompts.parquet" in capsys.readouterr().err
     assert main(["submit", "--conf", f"input.path={tmp_path / 'empty'}", str(job)]) == 66
     assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_is_an_interruption_like_sigterm(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
+    """Ctrl-C (SIGINT) once a split is committed: exit 75, the run recorded as interrupted with a
+    reason, and the same command resumes to the uninterrupted output."""
+    job, out = fine_grained_job(tmp_path, model_dir, str(shards))
+    # A child inherits an ignored SIGINT (a test runner in the background): take the default back.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardinfer", "submit", str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 90
+    while not list(out.glob("_commits/*.json")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no commit within 90 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 75, err
+    message = "interrupted (Ctrl-C): the committed splits are kept; rerun the same command to resume"
+    assert f"ERROR {message} (exit_code=75)" in err
+    [record] = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
+    assert (record["state"], record["exit_code"], record["reason"]) == ("interrupted", 75, message)
+    assert not (out / "_SUCCESS").exists()
+    rerun = cli("submit", str(job))
+    assert rerun.returncode == 0, rerun.stderr
+    assert committed_rows(str(out)) == reference
+
+
+def test_a_closed_stdout_ends_status_and_history_quietly(
+    tmp_path: Path, model_dir: Path, shards: Path
+) -> None:
+    """`shardinfer status OUT | head -1`: the reader is gone; no BrokenPipeError, no error line."""
+    job, out = standard_job(
+        tmp_path, model_dir, str(shards / "prompts-00.parquet"), sampling={"max_tokens": 1}
+    )
+    assert cli("submit", str(job)).returncode == 0
+    for args in (["status", str(out)], ["status", "--json", str(out)], ["history", str(out)], ["--version"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader left before the first line
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "shardinfer", *args],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=cli_env(),
+                cwd=REPO,
+                timeout=120,
+            )
+        finally:
+            os.close(write_end)
+        assert (result.returncode, result.stderr) == (0, ""), args
+
+
+def test_verbose_shows_tracebacks_of_errors_while_resolving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shardinfer.jobs.cli as cli_module
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in spec resolution")
+
+    monkeypatch.setattr(cli_module, "resolve", broken)
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml("m", "in", "out"))
+    assert main(["submit", "--verbose", str(job)]) == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError: a bug in spec resolution" in err and "Traceback (most recent call last)" in err
+    assert main(["submit", str(job)]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["no tokenizer.json", "truncated weights", "unknown architecture"])
+def test_model_folder_errors_point_at_the_folder(
+    tmp_path: Path, model_dir: Path, shards: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    if damage == "no tokenizer.json":
+        (model / "tokenizer.json").unlink()
+    elif damage == "truncated weights":
+        weights = next(model.glob("*.safetensors"))
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
+    job, _ = standard_job(tmp_path, model, str(shards))
+    assert main(["submit", str(job)]) == 78
+    err = capsys.readouterr().err
+    assert f"cannot load the model at model.path={str(model)!r}: " in err
+    assert "(fix the model folder at model.path, or point model.path at another) (exit_code=78)" in err
+    assert "fix [engine]" not in err
+
+
+def test_command_line_slips_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml("m", "in", "out"))
+    assert main(["submit", str(tmp_path)]) == 64
+    assert f"job file {str(tmp_path)!r} is a directory: give the file itself" in capsys.readouterr().err
+    assert main(["submit", "--set", "sampling.temperature=0", str(job)]) == 64
+    assert "unrecognized arguments: --set" in (err := capsys.readouterr().err) and "--conf KEY=VALUE" in err
+    files = [str(tmp_path / f"in-{i}.parquet") for i in range(3)]  # what the shell made of in-*.parquet
+    assert main(["generate", "--model", "m", "--input", *files, "--output", "o"]) == 64
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {files[1]} {files[2]}" in err
+    assert f"quote it, e.g. --input '{tmp_path}/*.parquet'" in err
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"shardinfer {importlib.metadata.version('shardinfer')}\n"

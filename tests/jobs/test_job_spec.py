@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shardinfer.errors import ConfigError, UsageError
-from shardinfer.jobs.spec import load_properties, parse_conf, resolve
+from shardinfer.jobs.spec import load_properties, load_toml, parse_conf, resolve
 
 BASE = {
     "model": {"path": "m"},
@@ -110,3 +111,121 @@ def test_values_are_typed_and_checked() -> None:
         resolve({k: v for k, v in BASE.items() if k != "model"})
     with pytest.raises(UsageError):
         parse_conf("no_equals_sign")
+
+
+@pytest.mark.parametrize(
+    ("job_file_stop", "conf", "expected"),
+    [
+        ("\n", None, ["\n"]),
+        ("Q:, A:", None, ["Q:, A:"]),
+        (" ", None, [" "]),
+        (["Q:", "A:"], None, ["Q:", "A:"]),
+        (None, 'sampling.stop="\\n"', ["\n"]),
+        (None, "sampling.stop=Q:, A:", ["Q:, A:"]),
+        (None, 'sampling.stop=["Q:", "A:"]', ["Q:", "A:"]),
+    ],
+)
+def test_a_stop_string_is_one_stop_string(job_file_stop: Any, conf: str | None, expected: list[str]) -> None:
+    """As OpenAI's and vLLM's `stop`: a string is kept whole, never split on commas nor stripped."""
+    sampling = {"stop": job_file_stop} if job_file_stop is not None else {}
+    spec = resolve({**BASE, "sampling": sampling}, confs=[parse_conf(conf)] if conf else [])
+    assert spec.config.sampling["stop"] == expected
+    # The column lists still read a string as comma-separated names.
+    columns = resolve(BASE, confs=[parse_conf("input.passthrough_columns=a, b")]).config
+    assert columns.input.passthrough_columns == ["a", "b"]
+
+
+@pytest.mark.parametrize("key", ["input.override_columns", "input.passthrough_columns"])
+def test_column_lists_hold_names_only(key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{key}=\[1\]: 1 is not a column name") as info:
+        resolve(BASE, confs=[parse_conf(f"{key}=[1]")])
+    assert info.value.exit_code == 78
+    with pytest.raises(ConfigError, match=rf"{key}=\{{"):
+        resolve({**BASE, "input": {"path": "in", key.split(".")[1]: {"a": 1}}})
+
+
+def test_timeline_path_is_checked_when_the_spec_is_resolved(tmp_path: Path) -> None:
+    for path, match in (
+        (tmp_path / "no-such-dir" / "t.jsonl", "which does not exist: create the directory"),
+        (tmp_path, "is a directory: name a file in it"),
+        (tmp_path / "file" / "t.jsonl", "which is not a directory"),
+    ):
+        (tmp_path / "file").write_text("")
+        with pytest.raises(ConfigError, match=r"job\.timeline_path=.*" + match) as info:
+            resolve(BASE, confs=[parse_conf(f"job.timeline_path={path}")])
+        assert info.value.exit_code == 78
+    good = resolve(BASE, confs=[parse_conf(f"job.timeline_path={tmp_path / 't.jsonl'}")]).config
+    assert good.job.timeline_path == str(tmp_path / "t.jsonl") and not (tmp_path / "t.jsonl").exists()
+    # Into the job's own local output location, which the job creates before a worker ends.
+    out = tmp_path / "out"
+    into_output = {**BASE, "output": {"path": str(out)}, "job": {"timeline_path": str(out / "t.jsonl")}}
+    assert resolve(into_output).config.job.timeline_path == str(out / "t.jsonl")
+
+
+def test_job_and_properties_files_that_are_not_text(tmp_path: Path) -> None:
+    binary = tmp_path / "prompts.parquet"
+    binary.write_bytes(b"PAR1\x15\x04\x15\xe4\x01\xff\x00")
+    with pytest.raises(ConfigError, match=r"job file '.*prompts\.parquet' is not a text file \(byte 0xe4"):
+        load_toml(binary)
+    with pytest.raises(ConfigError, match=r"properties file '.*prompts\.parquet' is not a text file"):
+        load_properties(binary)
+    with pytest.raises(UsageError, match=r"job file '.*' is a directory: give the file itself"):
+        load_toml(tmp_path)
+    with pytest.raises(UsageError, match=r"properties file '.*' is a directory"):
+        load_properties(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("task", "column"),
+    [
+        ("generate", "text"),
+        ("generate", "status"),
+        ("generate", "row_id"),
+        ("generate", "top_logprobs"),
+        ("score", "logprob_sum"),
+    ],
+)
+def test_passthrough_named_like_an_output_column_is_refused_up_front(task: str, column: str) -> None:
+    """Found from the names, before `_job.json` is written (whose fingerprint the fix would change)."""
+    job: dict[str, Any] = {**BASE, "job": {"task": task}, "sampling": {}}
+    if task == "score":
+        job["input"] = {"path": "in", "context_column": "q", "continuations_column": "c"}
+    with pytest.raises(
+        ConfigError,
+        match=rf"input\.passthrough_columns names '{column}', which is an output "
+        rf"column: rename it in input\.query \(SELECT \*, {column} AS input_{column}",
+    ):
+        resolve(job, confs=[parse_conf(f"input.passthrough_columns={column},topic")])
+    with pytest.raises(ConfigError, match=r"names 'topic' more than once"):
+        resolve(BASE, confs=[parse_conf("input.passthrough_columns=topic,topic")])
+    assert resolve(
+        job, confs=[parse_conf("input.passthrough_columns=topic")]
+    ).config.input.passthrough_columns
+
+
+@pytest.mark.parametrize(
+    ("conf", "match"),
+    [
+        ("engine.dtype=bfloat16", r"engine\.dtype is not an \[engine\] key: set it as model\.dtype"),
+        ("engine.model=/m", r"engine\.model is not an \[engine\] key: set it as model\.path"),
+        ("engine.device=cpu", r"engine\.device is not an \[engine\] key: set it as model\.device"),
+        ("engine.seed=1", r"engine\.seed is not a job setting: use job\.seed"),
+    ],
+)
+def test_engine_keys_that_belong_elsewhere_name_their_place(conf: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        resolve(BASE, confs=[parse_conf(conf)])
+
+
+def test_ds_may_be_a_toml_date() -> None:
+    import tomllib
+
+    job_file = tomllib.loads(
+        '[job]\nds = 2024-05-06\n[model]\npath = "m"\n[input]\npath = "in"\n[output]\npath = "out/{ds}"\n'
+    )
+    spec = resolve(job_file, run_id="r")
+    assert spec.config.job.ds == "2024-05-06" and spec.config.output.path == "out/2024-05-06"
+    with pytest.raises(
+        ConfigError, match=r"job\.ds=datetime\.datetime\(.*expected str"
+    ):  # a time is not a date
+        resolve({**job_file, "job": {"ds": datetime.datetime(2024, 5, 6, 1, 2)}})
