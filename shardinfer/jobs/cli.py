@@ -7,6 +7,7 @@ retryable failure (75) from a job that needs fixing (64/65/66/78) without readin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import select
@@ -18,6 +19,8 @@ from typing import Any
 
 from shardinfer.errors import (
     EXIT_OK,
+    FingerprintMismatch,
+    InputChanged,
     Interrupted,
     JobError,
     UsageError,
@@ -351,11 +354,22 @@ def _plan_and_run(
     args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, cluster: Any, prestart: Any
 ) -> int:
     from shardinfer.jobs.executor import parse_master
+    from shardinfer.jobs.unstarted import only_an_unstarted_plan
     from shardinfer.pipeline.job import open_job
 
     num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
     config = spec.config
     try:
+        job = open_job(config)
+    except (FingerprintMismatch, InputChanged) as exc:
+        if not only_an_unstarted_plan(config):
+            if args.dry_run:
+                print(f"# dry run: submitting would exit {exc.exit_code} and write nothing: {exc}", flush=True)
+            raise
+        # Nothing of the old job exists but its plan (jobs/unstarted.py): plan this one in its place.
+        reporter.warn(f"the output holds only the plan of a job that committed nothing and is not running "
+                      f"({exc}); planning this job in its place", output=config.output.path)
+        config = dataclasses.replace(config, job=dataclasses.replace(config.job, start_over=True))
         job = open_job(config)
     except JobError as exc:
         if args.dry_run:  # say what a real submit would do, then exit as it would
