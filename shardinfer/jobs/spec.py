@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -140,6 +141,8 @@ def _column_list(key: str, value: Any) -> list[str]:
 def holds_credentials(dotted: str) -> bool:
     """Whether the value of this key (e.g. input.storage_options) may hold a key or a secret."""
     name = dotted.rsplit(".", 1)[-1]
+    if name.endswith("token_ids"):  # vocabulary ids (sampling.stop_token_ids), not an access token
+        return False
     return name in ("storage_options", "runtime_env") or is_credential_key(name)
 
 
@@ -293,13 +296,17 @@ def _fill_defaults(config: JobConfig, sources: dict[str, str], today: datetime.d
         section.path = render_path(section.path, config)
 
 
+PLACEHOLDERS = ("{run_id}", "{ds}", "{name}")
+_PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+# What a scheduler's templates call the same values (Airflow's {ds} is ours; {date} is not).
+_PLACEHOLDER_SYNONYMS = {"{date}": "{ds}", "{dt}": "{ds}", "{day}": "{ds}", "{runid}": "{run_id}",
+                         "{run}": "{run_id}", "{job}": "{name}", "{job_name}": "{name}"}
+
+
 def render_path(path: str, config: JobConfig) -> str:
-    """Replace the known placeholders only, so other braces in a URL are left alone."""
-    for name, value in (
-        ("{run_id}", config.job.run_id),
-        ("{ds}", config.job.ds),
-        ("{name}", config.job.name),
-    ):
+    """Replace the placeholders; a {word} that is none of them is a ConfigError (a misspelt one would
+    become a folder of that name). Other braces in a URL ({a,b}, a lone brace) are left alone."""
+    for name, value in zip(PLACEHOLDERS, (config.job.run_id, config.job.ds, config.job.name), strict=True):
         if name in path and (value in ("", ".", "..") or "/" in value or "\\" in value or ".." in value):
             # A placeholder fills one path segment: `..` or a slash would move the output out of its base.
             raise ConfigError(
@@ -307,6 +314,16 @@ def render_path(path: str, config: JobConfig) -> str:
                 "segment without '/', '\\' or '..'; choose another value"
             )
         path = path.replace(name, value)
+    unknown = _PLACEHOLDER.search(path)
+    if unknown is not None:  # a misspelt placeholder would silently become a folder of that name
+        word = unknown.group(0)
+        near = ([_PLACEHOLDER_SYNONYMS[word]] if word in _PLACEHOLDER_SYNONYMS
+                else difflib.get_close_matches(word, list(PLACEHOLDERS), n=1, cutoff=0.6))
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ConfigError(
+            f"{unknown.group(0)} in path {path!r} is not a placeholder{hint}: the placeholders are "
+            f"{', '.join(PLACEHOLDERS)}; fix the path"
+        )
     return path
 
 

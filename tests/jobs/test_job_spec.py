@@ -47,6 +47,21 @@ def test_placeholders_and_generated_run_id() -> None:
     assert auto.input.prompt_column == "prompt"  # the default when neither column is named
 
 
+def test_a_misspelt_placeholder_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"\{date\} in path 'out/\{date\}' is not a placeholder \(did you mean "
+                                          r"\{ds\}\?\)"):
+        resolve(BASE, confs=[parse_conf("output.path=out/{date}")])
+    with pytest.raises(ConfigError, match=r"\{runid\} .* \(did you mean \{run_id\}\?\)"):
+        resolve(BASE, confs=[parse_conf("output.path=out/{runid}")])
+    kept = resolve(BASE, confs=[parse_conf("input.path=in/{a,b}/*.parquet")]).config
+    assert kept.input.path == "in/{a,b}/*.parquet"  # not a placeholder: left alone
+
+
+def test_a_wrong_stop_token_ids_value_is_shown() -> None:
+    with pytest.raises(ConfigError, match=r"sampling\.stop_token_ids=5"):  # the value, not "a value"
+        resolve(BASE, confs=[parse_conf("sampling.stop_token_ids=5")])
+
+
 @pytest.mark.parametrize(
     ("conf", "hint"),
     [

@@ -26,7 +26,7 @@ def test_a_spec_refused_by_the_workers_can_be_corrected_in_place(
 
 def test_an_output_with_commits_of_another_job_is_still_refused(tmp_path: Path, model_dir: Path,
                                                                 shards: Path) -> None:
-    job, out = standard_job(tmp_path, model_dir, str(shards))
+    job, _ = standard_job(tmp_path, model_dir, str(shards))
     assert cli("submit", str(job)).returncode == 0
     drifted = cli("submit", "--conf", "sampling.temperature=0.5", str(job))
     assert drifted.returncode == 78
