@@ -18,11 +18,13 @@ from shardinfer.writers.run_records import read_run_records
 
 
 def only_an_unstarted_plan(config: JobConfig) -> bool:
-    """True when the output location holds a plan but no marker, part or `_SUCCESS`, and none of
-    its recorded runs is still running."""
+    """True when the output location holds a plan but no marker, part or `_SUCCESS`, and runs of it
+    were recorded, none of them still running. A plan without any run record may be a job that has
+    just planned and not yet recorded its run: it is left alone."""
     if not output_exists(config):
         return False
     store = open_store(config)
     if store.read_job() is None or store.has_protocol_files():
         return False
-    return all(run_state(run, STALE_AFTER_S) != "running" for run in read_run_records(store))
+    runs = read_run_records(store)
+    return bool(runs) and all(run_state(run, STALE_AFTER_S) != "running" for run in runs)
