@@ -104,6 +104,25 @@ def test_llm_api_and_rebalanced_placement_keep_the_bits(dsv3: Path, single: list
         assert got.outputs[0].logprobs == ref.outputs[0].logprobs
 
 
+def test_ngram_speculation_on_ranks_keeps_the_bits(dsv3: Path) -> None:
+    # Repetitive prompts, so that drafts are made and some accepted; 6 KV blocks a rank preempt.
+    prompts = [[1 + (i * 7 + j * 3) % 20 for j in range(30)] for i in range(6)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=20, seed=5 + i, logprobs=2,
+                             ignore_eos=True) for i in range(6)]
+    reference = LLM(dsv3, device="cpu", dtype="float32").generate(prompts, params, use_tqdm=False)
+    llm = LLM(dsv3, device="cpu", dtype="float32", expert_parallel_size=2, speculative="ngram", num_kv_blocks=6)
+    try:
+        got = llm.generate(prompts, params, use_tqdm=False)
+        stats = llm.llm_engine.stats()
+    finally:
+        llm.llm_engine.close()
+    for ref, out in zip(reference, got, strict=True):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+        assert out.outputs[0].logprobs == ref.outputs[0].logprobs
+        assert out.outputs[0].top_logprobs == ref.outputs[0].top_logprobs
+    assert stats["accepted_draft_tokens"] > 0 and stats["preemptions"] > 0  # drafts verified, under preemption
+
+
 def test_a_killed_rank_fails_the_step_naming_it(dsv3: Path) -> None:
     engine = ExpertParallelEngine(dsv3, expert_parallel_size=2, dtype="float32", timeout_s=60)
     try:
@@ -125,8 +144,8 @@ def test_a_killed_rank_fails_the_step_naming_it(dsv3: Path) -> None:
 def test_bad_parallel_settings_are_refused_with_the_value(dsv3: Path, qwen3_dir: Path) -> None:
     with pytest.raises(ValueError, match="expert_parallel_size=2 and data_parallel_size=4"):
         ExpertParallelEngine(dsv3, expert_parallel_size=2, data_parallel_size=4)
-    with pytest.raises(ValueError, match="speculative='ngram' with expert_parallel_size=2"):
-        ExpertParallelEngine(dsv3, expert_parallel_size=2, speculative="ngram")
+    with pytest.raises(ValueError, match="speculative='mtp' with expert_parallel_size=2: the MTP layer's draft"):
+        ExpertParallelEngine(dsv3, expert_parallel_size=2, speculative="mtp")
     with pytest.raises(ValueError, match="expert_redundancy=2 needs expert_parallel_size > 1"):
         LLM(dsv3, device="cpu", expert_redundancy=2)
     with pytest.raises(ValueError, match="expert_rebalance_steps=5 needs expert_parallel_size > 1"):
