@@ -377,6 +377,12 @@ def validate(config: JobConfig) -> None:
             f"input.prompt_column={inp.prompt_column!r} and input.messages_column="
             f"{inp.messages_column!r} are both set: a row's prompt comes from one of them"
         )
+    if inp.chat_template_kwargs and not inp.messages_column:
+        raise ConfigError(
+            "input.chat_template_kwargs are variables of the chat template, which renders "
+            "input.messages_column; a prompt_column's text is used as written: remove them, or give "
+            "the rows as messages"
+        )
     _validate_passthrough(config)
     allowed = [f for f in SamplingParams.field_names() if f not in SCHEMA_FIELDS]
     for col in inp.override_columns:
@@ -483,6 +489,11 @@ def validate_task(config: JobConfig) -> None:
             "a score job reads input.context_column + input.continuations_column (or "
             "input.document_column), not input.prompt_column, input.messages_column or "
             "input.override_columns: remove those keys"
+        )
+    if config.sampling:
+        raise ConfigError(
+            f"a score job samples nothing (scoring is greedy and deterministic), so [sampling] "
+            f"{', '.join(sorted(config.sampling))} would have no effect: remove them"
         )
     pair = bool(inp.context_column or inp.continuations_column)
     if pair and inp.document_column:

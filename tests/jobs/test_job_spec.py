@@ -244,3 +244,17 @@ def test_ds_may_be_a_toml_date() -> None:
         ConfigError, match=r"job\.ds=datetime\.datetime\(.*expected str"
     ):  # a time is not a date
         resolve({**job_file, "job": {"ds": datetime.datetime(2024, 5, 6, 1, 2)}})
+
+
+def test_keys_a_job_would_ignore_are_refused() -> None:
+    score = {**BASE, "job": {"task": "score"},
+             "input": {"path": "in", "context_column": "q", "continuations_column": "c"}}
+    with pytest.raises(ConfigError, match=r"a score job samples nothing .* \[sampling\] temperature, top_p would "
+                                          "have no effect"):
+        resolve(score)
+    assert resolve({**score, "sampling": {}}).config.job.task == "score"
+    with pytest.raises(ConfigError, match=r"input\.chat_template_kwargs are variables of the chat template"):
+        resolve(BASE, confs=[parse_conf("input.chat_template_kwargs={enable_thinking = false}")])
+    chat = resolve(BASE, confs=[parse_conf("input.messages_column=messages"), parse_conf("input.prompt_column="),
+                                parse_conf("input.chat_template_kwargs={enable_thinking = false}")]).config
+    assert chat.input.chat_template_kwargs == {"enable_thinking": False}
