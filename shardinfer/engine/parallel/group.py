@@ -50,6 +50,7 @@ class ExpertParallelGroup:
     process_group: Any = None  # None: the default group
     forwards: int = 0  # MoE forwards run, real or idle; every rank counts the same
     expert_rows: dict[int, int] = field(default_factory=dict)
+    forward_rows: list[int] = field(default_factory=list)  # rows per MoE layer of the latest forward
     expert_tokens: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,7 +73,12 @@ class ExpertParallelGroup:
     def count(self, layer: int, local_slots: torch.Tensor, topk_ids: torch.Tensor) -> None:
         """Add one MoE call's rows computed here and its own tokens per logical expert."""
         experts = torch.bincount(topk_ids.reshape(-1).cpu(), minlength=self.placement.num_logical)
-        self.expert_rows[layer] = self.expert_rows.get(layer, 0) + int(local_slots.numel())
+        rows = int(local_slots.numel())
+        self.expert_rows[layer] = self.expert_rows.get(layer, 0) + rows
+        if layer >= 0:  # the main layers, in forward order (layer 0 starts a forward)
+            if layer == 0:
+                self.forward_rows = []
+            self.forward_rows.append(rows)
         self.expert_tokens[layer] = self.expert_tokens.get(layer, torch.zeros_like(experts)) + experts
 
     def use_placement(self, placement: ExpertPlacement) -> None:

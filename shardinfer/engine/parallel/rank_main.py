@@ -6,7 +6,8 @@ and serves the driver (ranks.py) over stdin/stdout, one JSON object a line:
     {"op": "add", "id", "ids", "params", "prompt_logprobs_from"}
                                            -> {"ok": true} or {"refused", "kind"}: queue a request
     {"op": "abort", "id"}                  -> {"outputs": [...]}
-    {"op": "step"}                         -> {"outputs": [...]}: one forward, real or idle
+    {"op": "step"}                         -> {"outputs": [...], "rows": [...]}: one forward, real or
+                                              idle, and the rows its experts computed per MoE layer
     {"op": "stats"}                        -> {"stats": {...}, "expert_rows": [...], "expert_tokens": [[...]]}
     {"op": "place", "physical_to_logical"} -> {"ok": true}: move expert weights to a new placement
     {"op": "exit"}                         leave the group and exit
@@ -69,7 +70,8 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
                 outputs = engine.step()
             if group.forwards == before:  # no forward of its own this step: meet the others idle
                 runner.idle_forward()
-            wire.send(replies, {"outputs": [wire.output_to_dict(o) for o in outputs]})
+            wire.send(replies, {"outputs": [wire.output_to_dict(o) for o in outputs],
+                                "rows": group.forward_rows})
         elif op == "stats":
             rows = [group.expert_rows[layer] for layer in sorted(group.expert_rows) if layer >= 0]
             wire.send(replies, {"stats": engine.stats(), "expert_rows": rows,

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 from typing import IO, Any
@@ -39,7 +40,6 @@ from shardinfer.engine.parallel.group import DEFAULT_TIMEOUT_S, ExpertParallelEr
 from shardinfer.engine.parallel.placement import (
     ExpertPlacement,
     balanced_placement,
-    moe_lb,
     static_placement,
 )
 from shardinfer.engine.prompt_checks import tokenize_prompt
@@ -96,6 +96,34 @@ class _Rank:
                                    "job resumes from its last commit")
 
 
+class StepBalance:
+    """moe_lb as DeepSeek's EPLB defines it: over (step, MoE layer) pairs, the sum of the busiest
+    rank's expert rows over the sum of the mean rank's. Every rank waits at each layer's exchange
+    for the busiest one, so imbalance within a step counts even when it evens out over a run.
+    Kept for the whole run and for the latest `window` steps."""
+
+    def __init__(self, window: int = 128) -> None:
+        self.peak = self.mean = 0.0
+        self.recent: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def add(self, rows_per_rank: list[list[int]]) -> None:
+        """One step: each rank's rows per MoE layer (ranks that ran no MoE layer report none)."""
+        if not rows_per_rank or not all(rows_per_rank) or len({len(r) for r in rows_per_rank}) != 1:
+            return
+        layers = torch.tensor(rows_per_rank, dtype=torch.float64).T  # [layers, ranks]
+        peak, mean = float(layers.max(dim=1).values.sum()), float(layers.mean(dim=1).sum())
+        self.peak += peak
+        self.mean += mean
+        self.recent.append((peak, mean))
+
+    def run(self) -> float:
+        return self.peak / self.mean if self.mean else 1.0
+
+    def window(self) -> float:
+        mean = sum(m for _, m in self.recent)
+        return sum(p for p, _ in self.recent) / mean if mean else 1.0
+
+
 class ExpertParallelEngine:
     """The engine interface over N rank processes (see the module docstring)."""
 
@@ -123,6 +151,7 @@ class ExpertParallelEngine:
         self._arrivals = 0
         self._steps = 0
         self._rebalances = 0
+        self._balance = StepBalance()
         self._stopped: str | None = None  # why the ranks are gone: every later call says so
         self._compiler: Any = None
         started = time.monotonic()
@@ -224,6 +253,7 @@ class ExpertParallelEngine:
         expert_rebalance_steps steps, a rebalance after it."""
         replies = self._everyone({"op": "step"}, f"step {self._steps + 1}")
         self._steps += 1
+        self._balance.add([reply["rows"] for reply in replies])
         outputs = [self._finish(wire.output_from_dict(o)) for reply in replies for o in reply["outputs"]]
         every = self.config.expert_rebalance_steps
         if every and self._steps % every == 0 and self.has_unfinished():
@@ -278,8 +308,9 @@ class ExpertParallelEngine:
         return self._everyone({"op": "stats"}, "stats")
 
     def stats(self) -> dict[str, float]:
-        """The ranks' counters summed (rates averaged, start-up the slowest rank's), plus expert_parallel_size, moe_lb (the heaviest rank's rows
-        over the mean rank's, summed over MoE layers: 1.0 is balanced) and rank<i>_expert_rows."""
+        """The ranks' counters summed (rates averaged, start-up the slowest rank's), plus
+        expert_parallel_size, moe_lb and moe_lb_window (StepBalance: 1.0 is balanced), the
+        rebalances, and rank<i>_expert_rows (each rank's rows over the run)."""
         replies = self._gather()
         out: dict[str, float] = {}
         for reply in replies:
@@ -294,7 +325,7 @@ class ExpertParallelEngine:
         out["expert_parallel_size"] = float(self.size)
         out["expert_rebalances"] = float(self._rebalances)
         loads = self.rank_loads(replies)
-        out["moe_lb"] = moe_lb(loads) if loads.numel() else 1.0
+        out["moe_lb"], out["moe_lb_window"] = self._balance.run(), self._balance.window()
         for i, total in enumerate(loads.sum(dim=0).tolist() if loads.numel() else []):
             out[f"rank{i}_expert_rows"] = float(total)
         return out
