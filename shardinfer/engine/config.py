@@ -152,12 +152,8 @@ class EngineConfig:
         if self.expert_redundancy < 0:
             raise ValueError(f"expert_redundancy={self.expert_redundancy}: must be >= 0 (extra expert replicas)")
         if self.parallel_size > 1:
-            # An n-gram drafter adds no forward: each step is still one forward on every rank. The
-            # MTP layer's draft forwards would need the ranks without drafts to meet them too.
-            if self.speculative_mode == "mtp":
-                raise ValueError(f"speculative='mtp' with expert_parallel_size={self.parallel_size}: the MTP "
-                                 "layer's draft forwards do not run on expert-parallel ranks yet; use "
-                                 "speculative='ngram' or 'off', or expert_parallel_size=1")
+            # Speculation composes with the ranks: a step is still one main forward on every rank,
+            # and MTP layers keep their experts whole on each rank, so drafts need no exchange.
             if self.device not in ("auto", "cpu"):
                 raise ValueError(f"device={self.device!r} with expert_parallel_size={self.parallel_size}: "
                                  "expert-parallel ranks run on the CPU (gloo) in this version; use device='cpu', "

@@ -119,7 +119,7 @@ class ModelRunner:
 
                 group = current_group(cfg.parallel_size)
                 self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device,
-                                        rank_expert_slots(group))
+                                        rank_expert_slots(group, model_config.num_hidden_layers))
                 self.parallel_experts = attach_experts(self.model, group)
             else:
                 self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)

@@ -40,8 +40,8 @@ def move_sources(old: ExpertPlacement, new: ExpertPlacement) -> list[int]:
 
 
 def move_experts(model: nn.Module, group: ExpertParallelGroup, new: ExpertPlacement) -> None:
-    """Refill every RoutedExperts module of this rank's model for `new`, then make it the group's
-    placement. Every rank must call it at the same point (it runs collectives)."""
+    """Refill every RoutedExperts module of this rank's model split over the group (the main MoE
+    layers; MTP layers hold all experts) for `new`, then make it the group's placement. Every rank must call it at the same point (it runs collectives)."""
     old = group.placement
     sources = move_sources(old, new)
     me, old_per, new_per = group.rank, old.slots_per_rank, new.slots_per_rank
@@ -63,7 +63,7 @@ def move_experts(model: nn.Module, group: ExpertParallelGroup, new: ExpertPlacem
     order = [row for rows in send_rows for row in rows]
     send_counts = [len(rows) for rows in send_rows]
     recv_counts = [len(rows) for rows in received_from]
-    for module in (m for m in model.modules() if isinstance(m, RoutedExperts)):
+    for module in (m for m in model.modules() if isinstance(m, RoutedExperts) and m.parallel is group):
         for name in SLOT_TENSORS:
             param = getattr(module, name, None)
             if param is None:

@@ -27,28 +27,26 @@ def main_moe_layers(model: nn.Module) -> list[DeepseekMoE]:
     return [layer.mlp for layer in layers if isinstance(layer.mlp, DeepseekMoE)]
 
 
-def rank_expert_slots(group: ExpertParallelGroup) -> ExpertSlots:
-    """The logical expert of each slot this rank holds, for the model's load."""
+def rank_expert_slots(group: ExpertParallelGroup, num_hidden_layers: int) -> ExpertSlots:
+    """The logical expert of each slot this rank holds, for the model's load. The layers after the
+    main ones (MTP) keep all their experts on every rank: drafting needs no other rank."""
     placement = group.placement
-    return ExpertSlots(placement.local_logical(group.rank), placement.num_logical)
+    return ExpertSlots(placement.local_logical(group.rank), placement.num_logical, num_hidden_layers)
 
 
 def attach_experts(model: nn.Module, group: ExpertParallelGroup) -> list[RoutedExperts]:
-    """Point every MoE layer's experts, already loaded with this rank's slots, at the group;
-    returns the main layers' routed experts in forward order (what `idle_forward` runs)."""
+    """Point the main MoE layers' experts, already loaded with this rank's slots, at the group;
+    returns them in forward order (what `idle_forward` runs). MTP layers stay whole and local."""
     slots = len(group.placement.local_logical(group.rank))
     main = [moe.experts for moe in main_moe_layers(model)]
     if not main:
         raise ValueError(f"expert_parallel_size={group.size}: the model has no routed-expert (MoE) layers to "
                          "split; run it with expert_parallel_size=1 (local[N] runs one engine per device)")
-    for module in model.modules():
-        if not isinstance(module, RoutedExperts):
-            continue
-        if module.w_gate_up.shape[0] != slots:
-            raise ValueError(f"rank {group.rank} holds {slots} expert slots but a MoE layer was loaded with "
-                             f"{module.w_gate_up.shape[0]}: load the model with rank_expert_slots(group)")
-        module.parallel = group
     for layer, experts in enumerate(main):
+        if experts.w_gate_up.shape[0] != slots:
+            raise ValueError(f"rank {group.rank} holds {slots} expert slots but MoE layer {layer} was loaded with "
+                             f"{experts.w_gate_up.shape[0]}: load the model with rank_expert_slots(group)")
+        experts.parallel = group
         experts.parallel_layer = layer
     return main
 

@@ -21,6 +21,7 @@ from shardinfer.errors import ModelLoadError
 from shardinfer.testing.tiny_checkpoint import make_tiny_checkpoint
 from tests.engine.models.deepseek_helpers import deepseek_checkpoint
 from tests.engine.models.test_deepseek_fp8 import fp8_pair  # noqa: F401 - the FP8 checkpoint fixture
+from tests.engine.models.test_deepseek_mtp import mtp_checkpoint  # noqa: F401 - a checkpoint with an MTP layer
 
 CPU = torch.device("cpu")
 NUMERICS = Numerics(torch.float32, True)
@@ -36,7 +37,7 @@ def _assert_slots_of_whole(whole: torch.nn.Module, part: torch.nn.Module, slots:
     params = dict(part.named_parameters())
     whole_params = dict(whole.named_parameters())
     assert params.keys() == whole_params.keys()
-    experts = {name for name, m in part.named_modules() if isinstance(m, RoutedExperts)}
+    experts = {name for name, m in part.named_modules() if isinstance(m, RoutedExperts) and not name.startswith("mtp.")}
     assert experts, "the checkpoint must have MoE layers"
     for name, param in params.items():
         want = whole_params[name]
@@ -58,6 +59,17 @@ def test_fp8_expert_weights_keep_their_scales(fp8_pair: tuple[Path, Path]) -> No
     whole = _load(fp8_dir)
     part = _load(fp8_dir, ExpertSlots(slots, 16))
     _assert_slots_of_whole(whole, part, slots)
+
+
+def test_mtp_layers_keep_all_their_experts(
+    mtp_checkpoint: tuple[Path, dict[str, torch.Tensor]],  # noqa: F811
+) -> None:
+    model_dir, _ = mtp_checkpoint
+    layers = ModelConfig.from_dir(model_dir).num_hidden_layers
+    whole = _load(model_dir)
+    part = _load(model_dir, ExpertSlots(SLOTS, 8, first_whole_layer=layers))
+    assert any(name.startswith("mtp.") for name, _ in part.named_parameters())
+    _assert_slots_of_whole(whole, part)  # main layers cut to the slots, MTP layers whole
 
 
 def test_stacked_expert_tensors_are_cut_to_the_slots(tmp_path: Path) -> None:

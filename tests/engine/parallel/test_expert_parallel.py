@@ -123,6 +123,31 @@ def test_ngram_speculation_on_ranks_keeps_the_bits(dsv3: Path) -> None:
     assert stats["accepted_draft_tokens"] > 0 and stats["preemptions"] > 0  # drafts verified, under preemption
 
 
+def test_mtp_speculation_on_ranks_keeps_the_bits() -> None:
+    """The demo model's trained MTP layer drafts on each rank with its experts whole (no exchange),
+    while the main layers' experts stay split; 3 KV blocks a rank preempt."""
+    model = Path(__file__).resolve().parents[3] / "examples" / "models" / "tiny-dsv3-demo"
+    chats = [[{"role": "user", "content": c}] for c in (
+        "What is 4821 + 377?", "Reverse the letters: p a r q u e t", "Sort these words alphabetically: zebra anchor",
+        "Extract name, age and city as JSON: Vera, 44, lives in Lima.")]
+    params = [SamplingParams(temperature=0.0, max_tokens=60, logprobs=1),
+              SamplingParams(temperature=0.8, max_tokens=60, seed=5),
+              SamplingParams(temperature=0.0, max_tokens=60),
+              SamplingParams(temperature=1.0, top_p=0.9, max_tokens=60, seed=9)]
+    reference = LLM(model, device="cpu", dtype="float32").chat(chats, params, use_tqdm=False)
+    llm = LLM(model, device="cpu", dtype="float32", expert_parallel_size=2, speculative="mtp", speculative_depth=2,
+              num_kv_blocks=3)
+    try:
+        got = llm.chat(chats, params, use_tqdm=False)
+        stats = llm.llm_engine.stats()
+    finally:
+        llm.llm_engine.close()
+    for ref, out in zip(reference, got, strict=True):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+        assert out.outputs[0].logprobs == ref.outputs[0].logprobs
+    assert stats["accepted_draft_tokens"] > 0 and stats["preemptions"] > 0
+
+
 def test_a_killed_rank_fails_the_step_naming_it(dsv3: Path) -> None:
     engine = ExpertParallelEngine(dsv3, expert_parallel_size=2, dtype="float32", timeout_s=60)
     try:
@@ -144,8 +169,6 @@ def test_a_killed_rank_fails_the_step_naming_it(dsv3: Path) -> None:
 def test_bad_parallel_settings_are_refused_with_the_value(dsv3: Path, qwen3_dir: Path) -> None:
     with pytest.raises(ValueError, match="expert_parallel_size=2 and data_parallel_size=4"):
         ExpertParallelEngine(dsv3, expert_parallel_size=2, data_parallel_size=4)
-    with pytest.raises(ValueError, match="speculative='mtp' with expert_parallel_size=2: the MTP layer's draft"):
-        ExpertParallelEngine(dsv3, expert_parallel_size=2, speculative="mtp")
     with pytest.raises(ValueError, match="expert_redundancy=2 needs expert_parallel_size > 1"):
         LLM(dsv3, device="cpu", expert_redundancy=2)
     with pytest.raises(ValueError, match="expert_rebalance_steps=5 needs expert_parallel_size > 1"):
