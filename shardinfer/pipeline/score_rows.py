@@ -24,6 +24,7 @@ from shardinfer.pipeline.scoring import (
     rolling_windows,
     split_pair,
 )
+from shardinfer.splits import ROW_ERROR_COLUMN
 
 
 @dataclass
@@ -59,6 +60,9 @@ class ScorePreparer:
         passthrough = {c: row.get(c) for c in self.inp.passthrough_columns}
         prepared = ScoreRow(split_index, pos, row_id, 1, [None], passthrough)
         try:
+            unreadable = row.get(ROW_ERROR_COLUMN)  # the reader could not decode a cell of this row
+            if unreadable is not None:
+                raise RowError(INVALID_ROW, unreadable)
             if self.inp.id_column and row.get(self.inp.id_column) is None:
                 raise RowError(INVALID_ROW, f"id_column {self.inp.id_column!r} is null in this row")
             if self.inp.document_column:

@@ -189,6 +189,24 @@ def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
     assert "max_model_len" in got[("long", 0)]["error_message"]
 
 
+def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_dir: Path) -> None:
+    lines = ['{"id": "ok", "ctx": "Hello,", "choices": [" world"]}',
+             '{"id": "mixed", "ctx": "Hello", "choices": [", world", 5]}',  # a number among the strings
+             "{not json"]
+    path = tmp_path / "input.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    job = _score_job(tmp_path, model_dir, path, job={"max_error_fraction": 1.0},
+                     input={"context_column": "ctx", "continuations_column": "choices"})
+    assert _submit(job) == 0
+    got = {row_id: row for (row_id, _), row in _rows_by_key(tmp_path / "out-job").items()}
+    assert got["ok"]["status"] == "ok"
+    bad = [row for row_id, row in got.items() if row_id != "ok"]
+    assert len(bad) == 2 and all(row["error_code"] == "invalid_row" for row in bad)
+    messages = sorted(row["error_message"] for row in bad)
+    assert "input.jsonl line 2" in messages[0] or "input.jsonl line 2" in messages[1]  # named, not "is null"
+    assert all("is null" not in m for m in messages)
+
+
 def test_resume_after_a_kill_and_fingerprint_of_score_columns(
     tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
