@@ -243,7 +243,8 @@ def _main(argv: list[str]) -> int:
 
             settings = settings_from_args(args)
             guard_job({"output": settings.output, "storage_options": settings.storage_options})
-            run_eval(settings, log=lambda m: reporter.info(m))
+            with _EvalStop():
+                run_eval(settings, log=lambda m: reporter.info(m))
             return EXIT_OK
         if args.command == "generate":
             job_file = {
@@ -388,6 +389,23 @@ def _plan_and_run(
         return EXIT_OK
     with _StopSignals() as signals:
         return _start_run(args, job, reporter, cluster, prestart, num_workers, signals)
+
+
+class _EvalStop:
+    """SIGTERM during an eval: it keeps nothing before all its tasks have run, so it stops at once,
+    as retryable (75) with a message saying so, instead of dying by the signal (143)."""
+
+    def __enter__(self) -> _EvalStop:
+        self._saved = signal.signal(signal.SIGTERM, self._on_signal)
+        return self
+
+    @staticmethod
+    def _on_signal(signum: int, frame: Any) -> None:
+        raise Interrupted("interrupted (SIGTERM): an eval commits its results once every task has run, so nothing "
+                          "of this one was kept; rerun the same command")
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self._saved)
 
 
 class _StopSignals:

@@ -5,10 +5,12 @@
                                              logged samples (writers.schema.eval_samples_schema)
     <output>/_commits/, _job.json, _SUCCESS  the job commit protocol, one split per task
 
-The run is fingerprinted like a job (model files, tasks, shots, limit, seed, chat template,
-harness version): a rerun of the same command over a complete output does nothing, one over an
-interrupted output commits the tasks still missing (the evaluation is deterministic, so their
-samples are those the first run would have written), and one with other settings is refused.
+The run is fingerprinted like a job (model files, tasks and the files under --include-path,
+shots, limit, seed, chat template, device, engine numerics, harness version): a rerun of the same
+command over a complete output does nothing, and one with other settings is refused naming what
+changed. Results are committed once every task has run; a rerun over an output whose commit was
+interrupted commits the tasks still missing (the evaluation is deterministic, so their samples are
+those the first run would have written).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import hashlib
 import importlib.metadata
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from shardinfer.errors import ConfigError, FingerprintMismatch
+from shardinfer.errors import ConfigError, FingerprintMismatch, UsageError
 
 RESULTS_FILE = "results.json"
 
@@ -59,6 +62,9 @@ def settings_from_args(args: Any) -> EvalSettings:
     if not tasks:
         raise ConfigError(f"--tasks {args.tasks!r} names no task")
     limit = args.limit
+    if limit is not None and (limit <= 0 or (limit >= 1 and limit != int(limit))):
+        raise UsageError(f"--limit {limit:g}: give a whole number of documents per task (>= 1), or a fraction of "
+                         "them (between 0 and 1)")
     if limit is not None and limit >= 1:
         limit = int(limit)
     try:
@@ -83,12 +89,16 @@ def settings_from_args(args: Any) -> EvalSettings:
 
 
 def fingerprint(settings: EvalSettings) -> dict[str, Any]:
-    from shardinfer.pipeline.fingerprint import model_identity
+    from shardinfer.pipeline.fingerprint import NUMERICS_ENGINE_KEYS, model_identity
 
     parts: dict[str, Any] = dict(model_identity(settings.model))
     parts["eval"] = {
         "tasks": list(settings.tasks),
         "include_path": settings.include_path,
+        # The task definitions and local data under it: an edited task or a shorter dataset is another eval.
+        "include_files": _folder_hashes(settings.include_path) if settings.include_path else {},
+        "device": settings.device,
+        **{k: settings.engine[k] for k in (*NUMERICS_ENGINE_KEYS, "batch_invariant") if k in settings.engine},
         "num_fewshot": settings.num_fewshot,
         "limit": settings.limit,
         "seed": settings.seed,
@@ -98,6 +108,13 @@ def fingerprint(settings: EvalSettings) -> dict[str, Any]:
     }
     parts["hash"] = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return parts
+
+
+def _folder_hashes(folder: str) -> dict[str, str]:
+    """sha256 of every file under a local folder, by path relative to it (a missing folder: {})."""
+    root = Path(folder)
+    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(root.rglob("*")) if path.is_file() and "__pycache__" not in path.parts}
 
 
 def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
@@ -116,9 +133,11 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     store = OutputStore(settings.output, settings.storage_options)
     existing = store.read_job()
     if existing is not None and existing.get("fingerprint", {}).get("hash") != fp["hash"]:
+        from shardinfer.pipeline.fingerprint import diff_fingerprint_parts
+
+        changed = "; ".join(diff_fingerprint_parts(existing.get("fingerprint", {}), fp)) or "its format"
         raise FingerprintMismatch(
-            f"{settings.output} holds an eval of other settings (model, tasks, shots, limit, seed or "
-            "chat template); write to a new output URL"
+            f"{settings.output} holds an eval of other settings (changed: {changed}); write to a new output URL"
         )
     success = store.read_success()
     if success is not None and (success.get("fingerprint") or {}).get("hash") == fp["hash"]:

@@ -51,3 +51,61 @@ def test_eval_dumps_results_and_samples(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(argv) == 0
     assert "already complete" in capsys.readouterr().err
     assert json.loads((out / "_SUCCESS").read_text()) == success
+
+
+def test_the_fingerprint_covers_task_files_device_and_numerics(tmp_path: Path) -> None:
+    import shutil
+
+    from shardinfer.jobs.eval_command import EvalSettings, fingerprint
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(DEMO_TASKS, tasks)
+    base = EvalSettings(str(DEMO_MODEL), ["demo_tasks_mc"], str(tmp_path / "out"), include_path=str(tasks))
+    first = fingerprint(base)["hash"]
+    assert fingerprint(base)["hash"] == first  # the same files and settings: the same eval
+    data = next(tasks.glob("*.jsonl"))
+    data.write_text("\n".join(data.read_text().splitlines()[:3]) + "\n")  # a shorter dataset
+    shorter = fingerprint(base)["hash"]
+    assert shorter != first
+    others = [EvalSettings(**{**base.__dict__, "engine": {"max_model_len": 64}}),
+              EvalSettings(**{**base.__dict__, "device": "cuda"})]
+    assert len({shorter, *(fingerprint(s)["hash"] for s in others)}) == 3
+    same = EvalSettings(**{**base.__dict__, "engine": {"max_num_seqs": 4}})  # scheduling, not numerics
+    assert fingerprint(same)["hash"] == shorter
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "2.5"])
+def test_a_limit_that_is_no_count_or_fraction_is_a_usage_error(tmp_path: Path, limit: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from shardinfer.jobs.cli import main
+
+    argv = ["eval", "--model", str(DEMO_MODEL), "--tasks", "demo_tasks_mc", "--limit", limit,
+            "--output", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 64
+    assert f"--limit {float(limit):g}: give a whole number of documents per task" in capsys.readouterr().err
+
+
+def test_sigterm_during_an_eval_exits_75_saying_nothing_was_kept(tmp_path: Path) -> None:
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "eval"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardinfer", "eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS),
+         "--tasks", "demo_tasks_mc,demo_tasks_gen", "--device", "cpu", "--dtype", "float32", "--output", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.stderr is not None
+    seen, deadline = b"", time.monotonic() + 120
+    while b"shardinfer " not in seen:  # the engine's progress bar: the harness is evaluating
+        assert proc.poll() is None and time.monotonic() < deadline, seen.decode(errors="replace")[-2000:]
+        if select.select([proc.stderr], [], [], 0.05)[0]:
+            seen += os.read(proc.stderr.fileno(), 65536)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 75, (seen + rest).decode(errors="replace")[-2000:]
+    assert b"interrupted (SIGTERM): an eval commits its results once every task has run" in rest
+    assert not (out / "_SUCCESS").exists()
