@@ -481,7 +481,8 @@ def validate_task(config: JobConfig) -> None:
         named = [k for k, v in score_columns.items() if v]
         if named:
             raise ConfigError(
-                f'{", ".join(named)} only apply to score jobs: set job.task="score" or remove them'
+                f'{", ".join(named)} only {"applies" if len(named) == 1 else "apply"} to score jobs: set '
+                f'job.task="score" or remove {"it" if len(named) == 1 else "them"}'
             )
         return
     if inp.prompt_column or inp.messages_column or inp.override_columns:
@@ -491,9 +492,10 @@ def validate_task(config: JobConfig) -> None:
             "input.override_columns: remove those keys"
         )
     if config.sampling:
+        keys = sorted(config.sampling)
         raise ConfigError(
             f"a score job samples nothing (scoring is greedy and deterministic), so [sampling] "
-            f"{', '.join(sorted(config.sampling))} would have no effect: remove them"
+            f"{', '.join(keys)} would have no effect: remove {'it' if len(keys) == 1 else 'them'}"
         )
     pair = bool(inp.context_column or inp.continuations_column)
     if pair and inp.document_column:
@@ -505,6 +507,11 @@ def validate_task(config: JobConfig) -> None:
         missing = "input.context_column" if not inp.context_column else "input.continuations_column"
         raise ConfigError(
             f"{missing} is not set: scoring continuations needs both a context and a continuations column"
+        )
+    if pair and job.rolling_window_tokens:
+        raise ConfigError(
+            f"job.rolling_window_tokens={job.rolling_window_tokens} windows documents (input.document_column); "
+            "continuations after a context are scored whole: remove it"
         )
     if not pair and not inp.document_column:
         raise ConfigError(

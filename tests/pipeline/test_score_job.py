@@ -252,4 +252,4 @@ def test_generation_and_score_keys_do_not_mix(
     job = tmp_path / "mixed.toml"
     job.write_text(job_toml(model_dir, str(input_path), str(tmp_path / "o"), input={"context_column": "ctx"}))
     assert main(["validate", str(job)]) == 78
-    assert "only apply to score jobs" in capsys.readouterr().err
+    assert "input.context_column only applies to score jobs" in capsys.readouterr().err
