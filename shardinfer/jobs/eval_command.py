@@ -143,6 +143,9 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     if success is not None and (success.get("fingerprint") or {}).get("hash") == fp["hash"]:
         log(f"already complete: {settings.output} holds this eval's results; nothing to do")
         return dict(success)
+    if settings.include_path and not Path(settings.include_path).is_dir():
+        raise ConfigError(f"--include-path {settings.include_path!r} is not a folder: give the folder of the tasks' "
+                          "YAML files")
     # Indexing the harness's built-in tasks takes a while: skip it when --include-path has them all.
     manager = (
         TaskManager(include_path=settings.include_path, include_defaults=False)
@@ -153,9 +156,13 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
         manager = TaskManager(include_path=settings.include_path)
     unknown = [t for t in settings.tasks if t not in manager.all_tasks]
     if unknown:
+        import difflib
+
+        near = {t: difflib.get_close_matches(t, list(manager.all_tasks), n=1) for t in unknown}
+        hints = "; ".join(f"{t!r}: did you mean {m[0]!r}?" for t, m in near.items() if m)
         raise ConfigError(
-            f"--tasks names {unknown}, which the harness does not know; add the folder of their YAML files "
-            "with --include-path, or see `lm_eval ls tasks`"
+            f"--tasks names {unknown}, which the harness does not know{f' ({hints})' if hints else ''}; add the "
+            "folder of their YAML files with --include-path, or see `lm_eval ls tasks`"
         )
     lm = ShardinferLM(
         settings.model, device=settings.device, dtype=settings.dtype, seed=settings.seed, **settings.engine
@@ -175,7 +182,30 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     )
     if results is None:
         raise RuntimeError("the harness returned no results")
-    return commit_results(store, settings, fp, dict(results), log)
+    scores = metric_lines(dict(results.get("results") or {}))
+    success = commit_results(store, settings, fp, dict(results), log)
+    for line in scores:
+        log(line)
+    return success
+
+
+def metric_lines(per_task: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per task: its metrics (per filter) with their standard errors, as the harness's table
+    shows them: `demo_tasks_mc: acc 0.7200 ± 0.0641, acc_norm 0.7000 ± 0.0655`."""
+    lines = []
+    for task in sorted(per_task):
+        values = per_task[task]
+        shown = []
+        for key in sorted(values):
+            name, _, kept = key.partition(",")
+            value = values[key]
+            if not kept or name.endswith("_stderr") or not isinstance(value, int | float):
+                continue
+            label = name if kept == "none" else f"{name} ({kept})"
+            error = values.get(f"{name}_stderr,{kept}")
+            shown.append(f"{label} {value:.4f}" + (f" ± {error:.4f}" if isinstance(error, int | float) else ""))
+        lines.append(f"{task}: {', '.join(shown) or 'no metric'}")
+    return lines
 
 
 def commit_results(

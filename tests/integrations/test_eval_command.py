@@ -109,3 +109,23 @@ def test_sigterm_during_an_eval_exits_75_saying_nothing_was_kept(tmp_path: Path)
     assert proc.returncode == 75, (seen + rest).decode(errors="replace")[-2000:]
     assert b"interrupted (SIGTERM): an eval commits its results once every task has run" in rest
     assert not (out / "_SUCCESS").exists()
+
+
+def test_metric_lines_show_each_task_and_filter_with_its_error() -> None:
+    from shardinfer.jobs.eval_command import metric_lines
+
+    lines = metric_lines({
+        "mc": {"alias": "mc", "acc,none": 0.72, "acc_stderr,none": 0.0641, "acc_norm,none": 0.7, "sample_len": 50},
+        "gen": {"exact_match,first-line": 0.8, "exact_match_stderr,first-line": "N/A"},
+    })
+    assert lines == ["gen: exact_match (first-line) 0.8000", "mc: acc 0.7200 ± 0.0641, acc_norm 0.7000"]
+
+
+def test_an_unknown_task_or_task_folder_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardinfer.jobs.cli import main
+
+    base = ["eval", "--model", str(DEMO_MODEL), "--output", str(tmp_path / "out")]
+    assert main([*base, "--include-path", str(DEMO_TASKS), "--tasks", "demo_tasks_mcc"]) == 78
+    assert "'demo_tasks_mcc': did you mean 'demo_tasks_mc'?" in capsys.readouterr().err
+    assert main([*base, "--include-path", str(tmp_path / "nope"), "--tasks", "demo_tasks_mc"]) == 78
+    assert "nope' is not a folder: give the folder of the tasks' YAML files" in capsys.readouterr().err
