@@ -171,9 +171,10 @@ def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
 
 
 def full_url(fs: AbstractFileSystem, path: str) -> str:
-    """A URL that `filesystem()` maps back to `path` on `fs` (local paths stay plain paths)."""
+    """A URL that `filesystem()` maps back to `path` on `fs` (local paths stay plain paths, with `..`
+    resolved: `in/../x` and `x` name one file, in a listing as in a fingerprint)."""
     if is_local(fs):
-        return path
+        return os.path.normpath(path)
     return str(fs.unstrip_protocol(path))
 
 

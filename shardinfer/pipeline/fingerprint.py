@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -125,13 +126,25 @@ def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[st
     }
 
 
+def input_identity(path: str, absolute: bool = True) -> str:
+    """input.path as the fingerprint holds it: without credentials, and a local path made absolute,
+    so `in/*.parquet` and `/data/in/*.parquet` naming the same files are one job. `absolute=False`
+    gives the form jobs planned before local paths were made absolute stored."""
+    identity = location_identity(path)
+    if absolute and "://" not in identity and not os.path.isabs(identity):
+        return os.path.abspath(identity)
+    return identity
+
+
 def compute_fingerprint(
-    config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str
+    config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str, *,
+    absolute_input: bool = True,
 ) -> dict[str, Any]:
     """The fingerprint dict of a resolved job (see the module docstring for what is in it).
 
     `sampling_defaults` is the fully resolved SamplingParams of the job as a JSON dict, so a
-    default that changes between releases also counts as drift.
+    default that changes between releases also counts as drift. `absolute_input=False` computes
+    the fingerprint an older version stored for the same job (input_identity).
     """
     inp = config.input
     parts: dict[str, Any] = {"fingerprint_version": FINGERPRINT_VERSION}
@@ -148,7 +161,7 @@ def compute_fingerprint(
     parts["sampling.defaults"] = sampling_defaults
     parts["job.seed"] = config.job.seed
     # Without credentials (user-info, a signature): a rotated key is not a job change.
-    parts["input.source"] = {"path": location_identity(inp.path), "format": inp.format}
+    parts["input.source"] = {"path": input_identity(inp.path, absolute_input), "format": inp.format}
     parts["input.rows"] = {
         "query": inp.query,
         "id_column": inp.id_column,

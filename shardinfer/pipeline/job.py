@@ -169,6 +169,12 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     if existing is not None and not existing.get("generation") and not config.job.start_over:
         raise _damaged(config, "has a _job.json without a job generation (written by an older version)")
     drifted = existing is not None and existing.get("fingerprint", {}).get("hash") != fingerprint["hash"]
+    if drifted and existing is not None:
+        # A job planned before local input paths were made absolute stored the path as written:
+        # the same spec still resumes it, under the fingerprint it was planned with.
+        legacy = compute_fingerprint(config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION, absolute_input=False)
+        if legacy["hash"] == existing.get("fingerprint", {}).get("hash"):
+            fingerprint, drifted = legacy, False
     input_diff = None
     current: list[dict[str, Any]] = []
     if existing is not None and not drifted and plan:
