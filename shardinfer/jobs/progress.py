@@ -171,14 +171,26 @@ class Reporter:
                 flush=True,
             )
             return
+        wall = summary.get("wall_time_s", 0.0)
+        if summary.get("task") == "score":  # it reads tokens and generates none: say what it scored
+            scored = summary.get("run_prompt_tokens", 0)
+            work = [
+                f"tokens scored  {summary.get('prompt_tokens', 0)}",
+                f"this run       {scored} prompt tokens read in {wall:.1f} s = "
+                f"{scored / wall if wall else 0.0:.1f} tok/s",
+            ]
+        else:
+            work = [
+                f"cut by length  {summary.get('rows_cut_by_max_tokens', 0)} (finish_reason length: max_tokens reached)",
+                f"tokens in      {summary.get('prompt_tokens', 0)}",
+                f"tokens out     {summary.get('completion_tokens', 0)}",
+                f"this run       {summary.get('run_completion_tokens', 0)} tokens generated in "
+                f"{wall:.1f} s = {summary.get('output_tokens_per_s', 0.0):.1f} tok/s",
+            ]
         lines = [
             f"rows ok        {summary.get('rows_ok', 0)}",
             f"rows error     {summary.get('rows_error', 0)}",
-            f"cut by length  {summary.get('rows_cut_by_max_tokens', 0)} (finish_reason length: max_tokens reached)",
-            f"tokens in      {summary.get('prompt_tokens', 0)}",
-            f"tokens out     {summary.get('completion_tokens', 0)}",
-            f"this run       {summary.get('run_completion_tokens', 0)} tokens generated in "
-            f"{summary.get('wall_time_s', 0.0):.1f} s = {summary.get('output_tokens_per_s', 0.0):.1f} tok/s",
+            *work,
             *_engine_start(summary),
             f"prefix cache   {summary.get('prefix_cache_hit_rate', 0.0):.1%} hit rate",
             *_expert_parallel(summary),

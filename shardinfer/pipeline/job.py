@@ -702,6 +702,7 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
         "run_id": run_id,
         "fingerprint": job.fingerprint["hash"],
         "numerics": job.fingerprint.get("engine.numerics"),
+        "task": job.config.job.task,
         "splits": len(job.splits),
         **totals,
         **run_summary,

@@ -189,7 +189,8 @@ def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
     assert "max_model_len" in got[("long", 0)]["error_message"]
 
 
-def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_dir: Path) -> None:
+def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_dir: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
     lines = ['{"id": "ok", "ctx": "Hello,", "choices": [" world"]}',
              '{"id": "mixed", "ctx": "Hello", "choices": [", world", 5]}',  # a number among the strings
              "{not json"]
@@ -205,6 +206,8 @@ def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_di
     messages = sorted(row["error_message"] for row in bad)
     assert "input.jsonl line 2" in messages[0] or "input.jsonl line 2" in messages[1]  # named, not "is null"
     assert all("is null" not in m for m in messages)
+    summary = capsys.readouterr().out  # a score job's summary speaks of what it scored
+    assert "tokens scored  " in summary and "tokens out" not in summary and "cut by length" not in summary
 
 
 def test_resume_after_a_kill_and_fingerprint_of_score_columns(
