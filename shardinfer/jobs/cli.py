@@ -59,6 +59,8 @@ def _unrecognized_hint(extra: list[str], parsed: argparse.Namespace) -> str:
         first = str(parsed.input)
         folder, name = os.path.split(first)
         ext = os.path.splitext(name)[1]
+        if not ext or not all(os.path.splitext(e)[1] == ext for e in extra):
+            return " (generate takes its settings as flags and --conf KEY=VALUE, no job file)"
         example = os.path.join(folder, f"*{ext}")
         return (
             f" (the shell expanded an unquoted glob into {len(extra) + 1} files, and --input takes one URL or "
@@ -247,6 +249,13 @@ def _main(argv: list[str]) -> int:
                 run_eval(settings, log=lambda m: reporter.info(m))
             return EXIT_OK
         if args.command == "generate":
+            flags = {"model.path": ("--model", args.model), "input.path": ("--input", args.input),
+                     "output.path": ("--output", args.output)}
+            for key, (flag, value) in flags.items():
+                if not value:
+                    raise UsageError(f"{flag} is empty: give the {key.split('.')[0]} location")
+                if any(item.split("=", 1)[0].strip() == key for item in args.conf):
+                    raise UsageError(f"--conf {key}=... and {flag} both set it: generate takes it from {flag} only")
             job_file = {
                 "model": {"path": args.model},
                 "input": {"path": args.input},

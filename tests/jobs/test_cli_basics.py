@@ -361,3 +361,14 @@ def test_command_line_slips_are_named(tmp_path: Path, capsys: pytest.CaptureFixt
     assert f"quote it, e.g. --input '{tmp_path}/*.parquet'" in err
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"shardinfer {importlib.metadata.version('shardinfer')}\n"
+
+
+def test_generate_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["generate", "--model", "m", "--input", "in.parquet"]
+    assert main([*base, "--output="]) == 64
+    assert "--output is empty: give the output location" in capsys.readouterr().err
+    assert main([*base, "--output", "o", "--conf", "model.path=other"]) == 64
+    assert "--conf model.path=... and --model both set it" in capsys.readouterr().err
+    assert main([*base, "--output", "o", "extra.toml"]) == 64
+    err = capsys.readouterr().err
+    assert "no job file" in err and "glob" not in err  # not mistaken for an expanded glob
