@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardinfer.errors import ConfigError, FingerprintMismatch, UsageError
+from shardinfer.errors import ConfigError, FingerprintMismatch, InputMissingError, UsageError
 
 RESULTS_FILE = "results.json"
 
@@ -167,7 +167,37 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     lm = ShardinferLM(
         settings.model, device=settings.device, dtype=settings.dtype, seed=settings.seed, **settings.engine
     )
-    results = lm_eval.simple_evaluate(
+    try:
+        results = _evaluate(lm_eval, lm, settings, manager)
+    except Exception as exc:
+        if not _is_network_error(exc):
+            raise
+        raise InputMissingError(
+            f"a task's dataset could not be downloaded ({type(exc).__name__}: {exc}); on a machine without "
+            "network give the task a local dataset (dataset_path: json with data_files) in a folder passed "
+            "with --include-path"
+        ) from None
+    if results is None:
+        raise RuntimeError("the harness returned no results")
+    scores = metric_lines(dict(results.get("results") or {}))
+    success = commit_results(store, settings, fp, dict(results), log)
+    for line in scores:
+        log(line)
+    return success
+
+
+def _is_network_error(exc: BaseException) -> bool:
+    """A failed download anywhere in the chain (the datasets and requests libraries wrap their own)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionError | TimeoutError) or "Connection" in type(seen).__name__:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _evaluate(lm_eval: Any, lm: Any, settings: EvalSettings, manager: Any) -> Any:
+    return lm_eval.simple_evaluate(
         model=lm,
         tasks=list(settings.tasks),
         num_fewshot=settings.num_fewshot,
@@ -180,13 +210,6 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
         torch_random_seed=settings.seed,
         fewshot_random_seed=settings.seed,
     )
-    if results is None:
-        raise RuntimeError("the harness returned no results")
-    scores = metric_lines(dict(results.get("results") or {}))
-    success = commit_results(store, settings, fp, dict(results), log)
-    for line in scores:
-        log(line)
-    return success
 
 
 def metric_lines(per_task: dict[str, dict[str, Any]]) -> list[str]:

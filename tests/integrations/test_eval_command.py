@@ -129,3 +129,25 @@ def test_an_unknown_task_or_task_folder_is_named(tmp_path: Path, capsys: pytest.
     assert "'demo_tasks_mcc': did you mean 'demo_tasks_mc'?" in capsys.readouterr().err
     assert main([*base, "--include-path", str(tmp_path / "nope"), "--tasks", "demo_tasks_mc"]) == 78
     assert "nope' is not a folder: give the folder of the tasks' YAML files" in capsys.readouterr().err
+
+
+def test_a_dataset_that_cannot_be_downloaded_exits_66_with_the_offline_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import lm_eval
+
+    from shardinfer.jobs.cli import main
+
+    def offline(**kwargs: object) -> None:
+        try:
+            raise OSError("Max retries exceeded with url: /datasets/allenai/ai2_arc")
+        except OSError as exc:  # as the datasets library wraps it
+            raise type("HubConnectionError", (Exception,), {})("Couldn't reach 'allenai/ai2_arc'") from exc
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", offline)
+    argv = ["eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS), "--tasks", "demo_tasks_mc",
+            "--device", "cpu", "--output", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 66
+    err = capsys.readouterr().err
+    assert "a task's dataset could not be downloaded (HubConnectionError: Couldn't reach" in err
+    assert "give the task a local dataset" in err
