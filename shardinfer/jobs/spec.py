@@ -508,11 +508,6 @@ def validate_task(config: JobConfig) -> None:
         raise ConfigError(
             f"{missing} is not set: scoring continuations needs both a context and a continuations column"
         )
-    if pair and job.rolling_window_tokens:
-        raise ConfigError(
-            f"job.rolling_window_tokens={job.rolling_window_tokens} windows documents (input.document_column); "
-            "continuations after a context are scored whole: remove it"
-        )
     if not pair and not inp.document_column:
         raise ConfigError(
             'job.task="score" needs input.context_column and input.continuations_column (multiple choice, '
