@@ -476,10 +476,11 @@ def _start_run(
     try:
         success = _run_and_finalize(job, num_workers, args.master, stop, reporter, cluster, prestart)
     except BaseException as exc:
+        done = _committed_this_run(job)
         if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, Interrupted) and signals.ctrl_c):
-            recorder.finish(exit_code_for(exc), CTRL_C, interrupted=True)
+            recorder.finish(exit_code_for(exc), CTRL_C, interrupted=True, **done)
             raise Interrupted(CTRL_C) from None
-        recorder.finish(exit_code_for(exc), str(exc), interrupted=isinstance(exc, Interrupted))
+        recorder.finish(exit_code_for(exc), str(exc), interrupted=isinstance(exc, Interrupted), **done)
         raise
     summary = success.get("summary", success)
     recorder.finish(EXIT_OK, "done", **_record_counters(summary))
@@ -527,6 +528,16 @@ def _run_and_finalize(
     run_summary["run_rows_redone"] = reporter.progress.rows_redone
     run_summary["repaired"] = {str(i): why for i, why in sorted(repaired.items())}
     return dict(finalize_job(job, config.job.run_id, run_summary))
+
+
+def _committed_this_run(job: Any) -> dict[str, Any]:
+    """For the record of a run that did not finish: the splits committed since it opened the job
+    (the markers now, less those it found), or nothing when the store cannot say."""
+    try:
+        now = set(job.store.committed_indexes())
+    except Exception:  # the failure may be the store's own: the record still gets its end
+        return {}
+    return {"splits_committed": len(now - set(job.committed or ()))}
 
 
 def _record_counters(summary: dict[str, Any]) -> dict[str, Any]:

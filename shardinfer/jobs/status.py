@@ -208,7 +208,7 @@ def show_history(output: str, storage_options: dict[str, Any], as_json: bool = F
         print(
             f"{run.get('run_id')}  {run.get('state')}  started {run.get('started')}  {end}  "
             f"workers={run.get('workers')} host={run.get('host')} "
-            f"splits_committed={run.get('splits_committed', 0)}{reason}"
+            f"splits_committed={run.get('splits_committed', '?')}{reason}"  # "?": killed before it could say
         )
     if not runs and not as_json:
         print(f"{output}: no runs recorded (_runs/ is empty)")

@@ -275,6 +275,7 @@ def test_ctrl_c_is_an_interruption_like_sigterm(
     assert f"ERROR {message} (exit_code=75)" in err
     [record] = [json.loads(p.read_text()) for p in (out / "_runs").glob("*.json")]
     assert (record["state"], record["exit_code"], record["reason"]) == ("interrupted", 75, message)
+    assert record["splits_committed"] == len(list(out.glob("_commits/*.json"))) >= 1  # what it did commit
     assert not (out / "_SUCCESS").exists()
     rerun = cli("submit", str(job))
     assert rerun.returncode == 0, rerun.stderr
