@@ -287,6 +287,13 @@ def _main(argv: list[str]) -> int:
                 "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile) or in "
                 "input.storage_options / output.storage_options"
             )
+        elif isinstance(exc, PermissionError) and not isinstance(exc, JobError):
+            # The store refused these credentials (a wrong secret, an unknown key, no permission).
+            message = (
+                f"the object store refused access ({exc or type(exc).__name__}): check the credentials (the "
+                "environment, a profile, or input.storage_options / output.storage_options), their "
+                "permissions on the bucket, and the endpoint"
+            )
         reporter.error(message, exit_code=code)
         if code == 1 and reporter.verbose:
             import traceback

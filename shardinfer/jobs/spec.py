@@ -241,6 +241,12 @@ def _check_key(dotted: str) -> tuple[str, str, Any]:
             raise ConfigError(
                 f"{dotted} is not an [engine] key: set it as {_ENGINE_EXCLUDED[key]} (the [model] section)"
             )
+        table, _, inner = key.partition(".")
+        if inner and isinstance(keys.get(table), dict):  # one entry of a table key: give the table whole
+            raise ConfigError(
+                f"{dotted}: {section}.{table} is set as a whole table, e.g. --conf "
+                f"'{section}.{table}={{{inner} = \"...\"}}' (list every entry it needs)"
+            )
         raise ConfigError(
             f"unknown key {dotted!r}{nearest(key, list(keys))}; valid [{section}] keys: "
             f"{', '.join(sorted(keys))}"

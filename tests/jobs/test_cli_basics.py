@@ -373,3 +373,19 @@ def test_generate_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*base, "--output", "o", "extra.toml"]) == 64
     err = capsys.readouterr().err
     assert "no job file" in err and "glob" not in err  # not mistaken for an expanded glob
+
+
+def test_a_store_refusing_the_credentials_is_named(
+    tmp_path: Path, model_dir: Path, shards: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shardinfer.pipeline.job as job_module
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError("The request signature we calculated does not match the signature you provided.")
+
+    monkeypatch.setattr(job_module, "open_job", refused)
+    job, _ = standard_job(tmp_path, model_dir, str(shards))
+    assert main(["submit", str(job)]) == 78
+    err = capsys.readouterr().err
+    assert "the object store refused access (The request signature we calculated" in err
+    assert "check the credentials" in err and "input.storage_options / output.storage_options" in err

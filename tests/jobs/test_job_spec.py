@@ -258,3 +258,10 @@ def test_keys_a_job_would_ignore_are_refused() -> None:
     chat = resolve(BASE, confs=[parse_conf("input.messages_column=messages"), parse_conf("input.prompt_column="),
                                 parse_conf("input.chat_template_kwargs={enable_thinking = false}")]).config
     assert chat.input.chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_one_entry_of_a_table_key_says_to_give_the_table() -> None:
+    with pytest.raises(ConfigError, match=r"output\.storage_options is set as a whole table, e\.g\. --conf "
+                                          r"'output\.storage_options=\{key = \"\.\.\.\"\}'") as refused:
+        resolve(BASE, confs=[parse_conf("output.storage_options.key=s3cr3t")])
+    assert "s3cr3t" not in str(refused.value)  # a credential is never quoted back
