@@ -278,9 +278,14 @@ def read_bytes_or_none(fs: AbstractFileSystem, path: str) -> bytes | None:
 
 def list_files(fs: AbstractFileSystem, directory: str) -> list[str]:
     """Names (paths) of the files directly under `directory`, fresh from the store (no listing cache)."""
+    return sorted(list_file_sizes(fs, directory))
+
+
+def list_file_sizes(fs: AbstractFileSystem, directory: str) -> dict[str, int]:
+    """Path -> size in bytes of each file directly under `directory`, from one fresh listing."""
     fs.invalidate_cache(directory)
     try:
         entries = fs.ls(directory, detail=True)
     except FileNotFoundError:
-        return []
-    return sorted(e["name"] for e in entries if e.get("type") == "file")
+        return {}
+    return {e["name"]: int(e.get("size") or 0) for e in entries if e.get("type") == "file"}

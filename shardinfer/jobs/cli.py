@@ -380,8 +380,7 @@ def _plan_and_run(
         job = open_job(config)
     except (FingerprintMismatch, InputChanged) as exc:
         if not only_an_unstarted_plan(config):
-            if args.dry_run:
-                print(f"# dry run: submitting would exit {exc.exit_code} and write nothing: {exc}", flush=True)
+            _dry_run_refusal(args, exc)
             raise
         # Nothing of the old job exists but its plan (jobs/unstarted.py): plan this one in its place.
         reporter.warn(f"the output holds only the plan of a job that committed nothing and is not running "
@@ -389,8 +388,7 @@ def _plan_and_run(
         config = dataclasses.replace(config, job=dataclasses.replace(config.job, start_over=True))
         job = open_job(config)
     except JobError as exc:
-        if args.dry_run:  # say what a real submit would do, then exit as it would
-            print(f"# dry run: submitting would exit {exc.exit_code} and write nothing: {exc}", flush=True)
+        _dry_run_refusal(args, exc)
         raise
     if args.dry_run:
         from shardinfer.jobs.status import print_dry_run
@@ -405,6 +403,12 @@ def _plan_and_run(
         return EXIT_OK
     with _StopSignals() as signals:
         return _start_run(args, job, reporter, cluster, prestart, num_workers, signals)
+
+
+def _dry_run_refusal(args: argparse.Namespace, exc: JobError) -> None:
+    """A dry run says what a real submit would do before it exits as that submit would."""
+    if args.dry_run:
+        print(f"# dry run: submitting would exit {exc.exit_code} and write nothing: {exc}", flush=True)
 
 
 class _EvalStop:

@@ -51,6 +51,7 @@ from shardinfer.storage import (
     full_url,
     is_local,
     is_memory,
+    list_file_sizes,
     list_files,
     put_bytes,
     read_bytes_or_none,
@@ -476,20 +477,8 @@ class OutputStore:
     def _listing_sizes(self) -> dict[str, int]:
         """File name -> size of every file directly under the location, fresh from the store."""
 
-        def listing() -> dict[str, int]:
-            self.fs.invalidate_cache(self.root)
-            try:
-                entries = self.fs.ls(self.root, detail=True)
-            except FileNotFoundError:
-                return {}
-            return {
-                posixpath.basename(e["name"]): int(e.get("size") or 0)
-                for e in entries
-                if e.get("type") == "file"
-            }
-
-        sizes: dict[str, int] = self._retry(f"list {self.url}", listing)
-        return sizes
+        found: dict[str, int] = self._retry(f"list {self.url}", lambda: list_file_sizes(self.fs, self.root))
+        return {posixpath.basename(path): size for path, size in found.items()}
 
     def location_problem(self) -> str | None:
         """Why nothing at this URL can be an output location (it does not exist, or it is a file),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from store_helpers import new_store, plan, table_for
+from store_helpers import commit_all, new_store, plan, table_for
 
 from shardinfer.writers import OutputStore
 
@@ -47,9 +47,7 @@ def test_a_file_is_not_an_output_location(tmp_path: Path) -> None:
 def test_listing_finds_deleted_and_truncated_parts_without_opening_them(out_url: str, damage: str) -> None:
     splits = plan(3)
     store = new_store(out_url, splits)
-    parts = [store.write_part(s, "a1", table_for(s), {}) for s in splits]
-    for s, p in zip(splits, parts, strict=True):
-        assert store.commit(s, p)
+    parts = commit_all(store, splits)
     store.finalize({})
     assert store.listed_damage(store.committed()) == {}
     path = f"{store.root}/{parts[1].name}"
@@ -65,9 +63,7 @@ def test_listing_finds_deleted_and_truncated_parts_without_opening_them(out_url:
 def test_planning_a_repair_deletes_success_first(out_url: str) -> None:
     splits = plan(2)
     store = new_store(out_url, splits)
-    parts = [store.write_part(s, "a1", table_for(s), {}) for s in splits]
-    for s, p in zip(splits, parts, strict=True):
-        assert store.commit(s, p)
+    parts = commit_all(store, splits)
     store.finalize({})
     store.fs.rm_file(f"{store.root}/{parts[0].name}")
     markers = store.committed()
@@ -92,9 +88,7 @@ def test_on_s3_reading_creates_nothing_and_the_listing_sees_sizes(s3_bucket) -> 
     splits = plan(2)
     store = new_store(s3_bucket.url("out"), splits, storage_options=options)
     assert store.location_problem() is None
-    parts = [store.write_part(s, "a1", table_for(s), {}) for s in splits]
-    for s, p in zip(splits, parts, strict=True):
-        assert store.commit(s, p)
+    parts = commit_all(store, splits)
     store.finalize({})
     assert store.listed_damage(store.committed()) == {}
     path = f"{store.root}/{parts[0].name}"

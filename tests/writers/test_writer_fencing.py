@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_helpers import full_rows, new_store, plan, race_commits, rows_for, table_for
+from store_helpers import commit_all, full_rows, new_store, plan, race_commits, rows_for, table_for
 
 from shardinfer.writers import (
     CorruptOutputError,
@@ -121,9 +121,7 @@ def test_a_store_error_while_started_over_is_reported_as_the_start_over(
 def test_finalize_refuses_damaged_parts_and_a_repair_wins_once(out_url: str, damage: str) -> None:
     splits = plan(3)
     store = new_store(out_url, splits)
-    parts = [store.write_part(s, "a1", table_for(s), {}) for s in splits]
-    for s, p in zip(splits, parts, strict=True):
-        assert store.commit(s, p)
+    parts = commit_all(store, splits)
     path = f"{store.root}/{parts[1].name}"
     if damage == "deleted":
         store.fs.rm_file(path)

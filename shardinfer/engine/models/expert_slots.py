@@ -33,7 +33,8 @@ from shardinfer.engine.models.deepseek_moe import RoutedExperts
 _PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(.+)$")
 _STACKED = re.compile(r"^.*\.mlp\.experts\.(gate_up_proj|down_proj)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
-_SLOT_TENSORS = ("w_gate_up", "w_down", "w_gate_up_scale_inv", "w_down_scale_inv", "w_gate_up_scale",
+# The tensors of a RoutedExperts module with one row per expert slot (float, or FP8 with its scales).
+SLOT_TENSORS = ("w_gate_up", "w_down", "w_gate_up_scale_inv", "w_down_scale_inv", "w_gate_up_scale",
                  "w_down_scale")
 
 
@@ -96,7 +97,7 @@ class ExpertSlots:
             if module.w_gate_up.shape[0] != self.num_experts:
                 raise ValueError(f"the model's MoE layers have {module.w_gate_up.shape[0]} experts, the slots "
                                  f"were chosen from {self.num_experts}")
-            for name in _SLOT_TENSORS:
+            for name in SLOT_TENSORS:
                 param = getattr(module, name, None)
                 if param is None:
                     continue

@@ -18,11 +18,10 @@ import torch
 from torch import nn
 
 from shardinfer.engine.models.deepseek_moe import RoutedExperts
+from shardinfer.engine.models.expert_slots import SLOT_TENSORS
 from shardinfer.engine.parallel.expert_exchange import all_to_all_rows
 from shardinfer.engine.parallel.group import ExpertParallelGroup
 from shardinfer.engine.parallel.placement import ExpertPlacement
-
-SLOT_TENSORS = ("w_gate_up", "w_down", "w_gate_up_scale_inv", "w_down_scale_inv", "w_gate_up_scale", "w_down_scale")
 
 
 def move_sources(old: ExpertPlacement, new: ExpertPlacement) -> list[int]:
@@ -41,7 +40,8 @@ def move_sources(old: ExpertPlacement, new: ExpertPlacement) -> list[int]:
 
 def move_experts(model: nn.Module, group: ExpertParallelGroup, new: ExpertPlacement) -> None:
     """Refill every RoutedExperts module of this rank's model split over the group (the main MoE
-    layers; MTP layers hold all experts) for `new`, then make it the group's placement. Every rank must call it at the same point (it runs collectives)."""
+    layers; MTP layers hold all experts) for `new`, then make it the group's placement. Every rank
+    must call it at the same point (it runs collectives)."""
     old = group.placement
     sources = move_sources(old, new)
     me, old_per, new_per = group.rank, old.slots_per_rank, new.slots_per_rank

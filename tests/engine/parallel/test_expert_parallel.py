@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,18 +105,24 @@ def test_llm_api_and_rebalanced_placement_keep_the_bits(dsv3: Path, single: list
         assert got.outputs[0].logprobs == ref.outputs[0].logprobs
 
 
+def _on_two_ranks(model: Path, run: Callable[[LLM], list[RequestOutput]],
+                  **engine: Any) -> tuple[list[RequestOutput], dict[str, float]]:
+    """run(llm) on an LLM of two expert-parallel ranks; its outputs and the engine's stats."""
+    llm = LLM(model, device="cpu", dtype="float32", expert_parallel_size=2, **engine)
+    try:
+        return run(llm), llm.llm_engine.stats()
+    finally:
+        llm.llm_engine.close()
+
+
 def test_ngram_speculation_on_ranks_keeps_the_bits(dsv3: Path) -> None:
     # Repetitive prompts, so that drafts are made and some accepted; 6 KV blocks a rank preempt.
     prompts = [[1 + (i * 7 + j * 3) % 20 for j in range(30)] for i in range(6)]
     params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=20, seed=5 + i, logprobs=2,
                              ignore_eos=True) for i in range(6)]
     reference = LLM(dsv3, device="cpu", dtype="float32").generate(prompts, params, use_tqdm=False)
-    llm = LLM(dsv3, device="cpu", dtype="float32", expert_parallel_size=2, speculative="ngram", num_kv_blocks=6)
-    try:
-        got = llm.generate(prompts, params, use_tqdm=False)
-        stats = llm.llm_engine.stats()
-    finally:
-        llm.llm_engine.close()
+    got, stats = _on_two_ranks(dsv3, lambda llm: llm.generate(prompts, params, use_tqdm=False),
+                               speculative="ngram", num_kv_blocks=6)
     for ref, out in zip(reference, got, strict=True):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
         assert out.outputs[0].logprobs == ref.outputs[0].logprobs
@@ -135,13 +142,8 @@ def test_mtp_speculation_on_ranks_keeps_the_bits() -> None:
               SamplingParams(temperature=0.0, max_tokens=60),
               SamplingParams(temperature=1.0, top_p=0.9, max_tokens=60, seed=9)]
     reference = LLM(model, device="cpu", dtype="float32").chat(chats, params, use_tqdm=False)
-    llm = LLM(model, device="cpu", dtype="float32", expert_parallel_size=2, speculative="mtp", speculative_depth=2,
-              num_kv_blocks=3)
-    try:
-        got = llm.chat(chats, params, use_tqdm=False)
-        stats = llm.llm_engine.stats()
-    finally:
-        llm.llm_engine.close()
+    got, stats = _on_two_ranks(model, lambda llm: llm.chat(chats, params, use_tqdm=False), speculative="mtp",
+                               speculative_depth=2, num_kv_blocks=3)
     for ref, out in zip(reference, got, strict=True):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
         assert out.outputs[0].logprobs == ref.outputs[0].logprobs
