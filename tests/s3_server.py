@@ -78,7 +78,7 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
             fault = self.server.next_fault(method, target)
             if fault == "drop":
                 return
-            if fault in ("503", "500"):
+            if fault in ("503", "500", "403"):
                 self._send_error(int(fault), method)
                 continue
             status, reason, out_headers, payload = self._forward(method, target, headers, body)
@@ -155,9 +155,10 @@ class _ProxyHandler(socketserver.StreamRequestHandler):
         self.wfile.flush()
 
     def _send_error(self, status: int, method: str) -> None:
-        code, reason = (
-            ("SlowDown", "Slow Down") if status == 503 else ("InternalError", "Internal Server Error")
-        )
+        code, reason = {
+            503: ("SlowDown", "Slow Down"),
+            403: ("AccessDenied", "Forbidden"),  # what a store answers a wrong key or secret
+        }.get(status, ("InternalError", "Internal Server Error"))
         body = (
             f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
             f"<Message>injected by the test proxy</Message></Error>"
@@ -201,7 +202,7 @@ class FaultProxy:
 
     def __init__(self, upstream: str, every: int, faults: tuple[str, ...], seed: int = 0) -> None:
         for fault in faults:
-            if fault not in ("503", "500", "drop", "drop_after"):
+            if fault not in ("503", "500", "403", "drop", "drop_after"):
                 raise ValueError(f"unknown fault {fault!r}")
         port = int(upstream.rsplit(":", 1)[1])
         self._server = _ProxyServer(port, every, faults, seed)

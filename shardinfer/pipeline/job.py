@@ -303,6 +303,12 @@ def check_output_location(config: JobConfig) -> None:
     if protocols & {"s3", "s3a"}:
         bucket = out_root.split("/", 1)[0]
         if not out_fs.exists(bucket):
+            if _access_refused(out_fs, bucket):
+                raise ConfigError(
+                    f"output.path={config.output.path!r}: the object store refused these credentials access "
+                    f"to bucket {bucket!r}; check output.storage_options (or the environment's credentials), "
+                    "their permissions on the bucket, and the endpoint"
+                )
             raise ConfigError(
                 f"output.path={config.output.path!r}: bucket {bucket!r} does not exist (or these credentials "
                 "cannot see it); create the bucket or fix the path, endpoint or credentials"
@@ -322,6 +328,18 @@ def check_output_location(config: JobConfig) -> None:
             f"output.path={config.output.path!r} lies inside input.path={config.input.path!r}: the next run "
             "would read the output back as input; write the output somewhere outside the input"
         )
+
+
+def _access_refused(fs: Any, bucket: str) -> bool:
+    """Whether the store answers "access denied" for this bucket: `exists` says False both for a
+    bucket that is not there and for credentials it refuses, which a listing tells apart."""
+    try:
+        fs.ls(bucket, refresh=True)
+    except PermissionError:
+        return True
+    except Exception:  # any other answer leaves the "does not exist" message
+        return False
+    return False
 
 
 def stored_plan(splits: list[Split]) -> list[Split]:

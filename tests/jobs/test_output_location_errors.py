@@ -1,5 +1,6 @@
 """Output locations that cannot work are refused with the right exit code and a message naming
-them: a placeholder escaping its base, a file, a missing bucket, a full disk; and an input with
+them: a placeholder escaping its base, a file, a missing bucket, credentials the store refuses, a
+full disk; and an input with
 files but no rows."""
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ def test_missing_bucket_is_a_config_error(
     job.write_text(job_toml(model_dir, str(shards), "s3://no-such-bucket/out", **options))
     assert main(["submit", str(job)]) == 78, json.dumps(options)
     assert "bucket 'no-such-bucket' does not exist" in capsys.readouterr().err
+
+
+def test_output_credentials_the_store_refuses_are_named_as_such(
+    tmp_path: Path, model_dir: Path, s3_bucket, fault_proxy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store answering 403 to everything (a wrong key or secret) is not a missing bucket."""
+    shards = write_shards(tmp_path / "in", files=1, rows=4)
+    denying = fault_proxy(every=1, faults=("403",))
+    job = tmp_path / "job.toml"
+    options = {"output": {"storage_options": denying.storage_options()}}
+    job.write_text(job_toml(model_dir, str(shards), s3_bucket.url("out"), **options))
+    assert main(["submit", str(job)]) == 78
+    err = capsys.readouterr().err
+    assert f"bucket {s3_bucket.name!r}" in err and "refused" in err and "does not exist" not in err
+    assert "output.storage_options" in err
 
 
 def test_empty_jsonl_input_is_a_config_error(
