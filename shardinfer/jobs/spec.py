@@ -523,3 +523,8 @@ def validate_task(config: JobConfig) -> None:
         raise ConfigError(
             f"job.rolling_window_tokens={job.rolling_window_tokens}: must be >= 1, or 0 for the longest"
         )
+    if pair and job.rolling_window_tokens:
+        raise ConfigError(
+            f"job.rolling_window_tokens={job.rolling_window_tokens} only applies to documents "
+            "(input.document_column); continuations are scored whole after their context: remove it"
+        )

@@ -10,7 +10,9 @@ from typing import Any
 from harness_kit import MAX_LENGTH, TASKS_DIR
 
 
-def _submit(tmp_path: Path, model_dir: Path, name: str, rows: list[dict[str, Any]], **inp: str) -> list[dict]:
+def _submit(
+    tmp_path: Path, model_dir: Path, name: str, rows: list[dict[str, Any]], job: str = "", **inp: str
+) -> list[dict]:
     from shardinfer.jobs.cli import main
     from shardinfer.writers.output_store import OutputStore
 
@@ -18,7 +20,7 @@ def _submit(tmp_path: Path, model_dir: Path, name: str, rows: list[dict[str, Any
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / f"out-{name}"
     body = {
-        "job": f'task = "score"\nrolling_window_tokens = {MAX_LENGTH}',
+        "job": f'task = "score"\n{job}',
         "input": f'path = "{data}"\nid_column = "id"\n' + "".join(f'{k} = "{v}"\n' for k, v in inp.items()),
         "model": f'path = "{model_dir}"\ndevice = "cpu"\ndtype = "float32"',
         "engine": "num_kv_blocks = 128",
@@ -61,6 +63,7 @@ def test_score_job_equals_the_harness(
         tiny_models["dense"],
         "docs",
         [{"id": i, "text": t} for i, t in enumerate(texts)],
+        job=f"rolling_window_tokens = {MAX_LENGTH}",
         document_column="text",
     )
     want_docs = [s["resps"][0][0] for s in sorted(ref["samples"]["si_ppl"], key=lambda s: s["doc_id"])]

@@ -253,6 +253,12 @@ def test_keys_a_job_would_ignore_are_refused() -> None:
                                           "have no effect: remove them"):
         resolve(score)
     assert resolve({**score, "sampling": {}}).config.job.task == "score"
+    windowed = {**score, "sampling": {}, "job": {"task": "score", "rolling_window_tokens": 64}}
+    with pytest.raises(ConfigError, match=r"job\.rolling_window_tokens=64 only applies to documents "
+                                          r"\(input\.document_column\).*remove it"):
+        resolve(windowed)
+    documents = {**windowed, "input": {"path": "in", "document_column": "text"}}
+    assert resolve(documents).config.job.rolling_window_tokens == 64
     with pytest.raises(ConfigError, match=r"input\.chat_template_kwargs are variables of the chat template"):
         resolve(BASE, confs=[parse_conf("input.chat_template_kwargs={enable_thinking = false}")])
     chat = resolve(BASE, confs=[parse_conf("input.messages_column=messages"), parse_conf("input.prompt_column="),
