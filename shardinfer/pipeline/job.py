@@ -533,8 +533,8 @@ def build_engine(config: JobConfig) -> Engine:
 
 def check_model_serves_spec(engine: Engine, config: JobConfig) -> None:
     """What the spec asks of every row that this model cannot give (no chat template for a messages
-    column, a [sampling] schema that does not compile) fails the job once, before any split, not
-    as one error record per row."""
+    column, a [sampling] max_tokens past max_model_len, a [sampling] schema that does not compile)
+    fails the job once, before any split, not as one error record per row."""
     tokenizer = engine.tokenizer
     if config.input.messages_column and getattr(tokenizer, "chat_template", "") is None:
         raise ConfigError(
@@ -542,6 +542,14 @@ def check_model_serves_spec(engine: Engine, config: JobConfig) -> None:
             f"model.path={config.model.path!r} has none (no chat_template in tokenizer_config.json, no "
             "chat_template.jinja): give the model a chat template, or use input.prompt_column with plain prompts"
         )
+    for name in ("max_tokens", "min_tokens"):  # as written in the spec; a checkpoint's default may exceed it
+        value = config.sampling.get(name)
+        if isinstance(value, int) and value > engine.max_model_len:
+            raise ConfigError(
+                f"sampling.{name}={value} is above max_model_len={engine.max_model_len}, the most a request can "
+                f"ever hold: lower it to {engine.max_model_len} or less (or leave max_tokens unset to generate up "
+                "to max_model_len)"
+            )
     schema = config.sampling.get("structured_output", config.sampling.get("so_args"))
     compiler = getattr(engine, "grammar_compiler", None)
     if schema is not None and compiler is not None:

@@ -52,3 +52,9 @@ def test_a_sampling_schema_that_does_not_compile_is_refused(tmp_path: Path, mode
     bad = {"schema_type": "json", "schema": json.dumps({"type": "object", "properties": {"a": {"type": "nope"}}})}
     job = _job(tmp_path, model_dir, sampling={"structured_output": bad})
     _refused(job, tmp_path / "out", "sampling.structured_output: invalid json schema")
+
+
+def test_sampling_max_tokens_past_max_model_len_is_refused(tmp_path: Path, model_dir: Path) -> None:
+    job = _job(tmp_path, model_dir, sampling={"max_tokens": 5000}, engine={"max_model_len": 256})
+    _refused(job, tmp_path / "out", "sampling.max_tokens=5000 is above max_model_len=256",
+             "lower it to 256 or less")
