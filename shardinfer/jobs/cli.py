@@ -412,8 +412,9 @@ def _dry_run_refusal(args: argparse.Namespace, exc: JobError) -> None:
 
 
 class _EvalStop:
-    """SIGTERM during an eval: it keeps nothing before all its tasks have run, so it stops at once,
-    as retryable (75) with a message saying so, instead of dying by the signal (143)."""
+    """SIGTERM during an eval: the tasks it committed are kept and the task running is lost (a task
+    is committed whole), so it stops at once, as retryable (75) with a message saying so, instead of
+    dying by the signal (143)."""
 
     def __enter__(self) -> _EvalStop:
         self._saved = signal.signal(signal.SIGTERM, self._on_signal)
@@ -421,8 +422,8 @@ class _EvalStop:
 
     @staticmethod
     def _on_signal(signum: int, frame: Any) -> None:
-        raise Interrupted("interrupted (SIGTERM): an eval commits its results once every task has run, so nothing "
-                          "of this one was kept; rerun the same command")
+        raise Interrupted("interrupted (SIGTERM): the tasks this eval committed are kept, the one running is not; "
+                          "rerun the same command to run the rest")
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGTERM, self._saved)

@@ -1,16 +1,27 @@
 """`shardinfer eval`: lm-evaluation-harness on the engine, its results and every sample dumped.
 
-    <output>/results.json                    the harness's results (metrics, configs, versions)
-    <output>/part-{split}-{attempt}.parquet  one part per task (split k = the k-th task by name): its
-                                             logged samples (writers.schema.eval_samples_schema)
-    <output>/_commits/, _job.json, _SUCCESS  the job commit protocol, one split per task
+    <output>/results.json                                 the harness's results (metrics, configs,
+                                                          versions), merged from the tasks' runs
+    <output>/part-{split}-{generation}-{attempt}.parquet  one part per requested task (split k = the
+                                                          k-th task of --tasks): the logged samples of
+                                                          the task, or of each task of a group
+                                                          (writers.schema.eval_samples_schema), and in
+                                                          its metadata the rest of the task's results
+    <output>/_commits/, _job.json, _SUCCESS               the job commit protocol, one split per task
+
+The harness runs once per requested task, on one engine, and each task is committed as soon as it
+has run, so an eval stopped part-way keeps the tasks it finished. A group runs as one task: its
+aggregate is computed by the harness over its subtasks, as in a run of all the tasks. results.json
+is written once every task is committed, from the results kept with the parts (`eval_dump.
+merge_results`): what a single harness run over all the tasks returns, but for the run's own fields
+(date, config, environment), those of the run that evaluated the first task.
 
 The run is fingerprinted like a job (model files, tasks and the files under --include-path,
 shots, limit, seed, chat template, device, engine numerics, harness version): a rerun of the same
-command over a complete output does nothing, and one with other settings is refused naming what
-changed. Results are committed once every task has run; a rerun over an output whose commit was
-interrupted commits the tasks still missing (the evaluation is deterministic, so their samples are
-those the first run would have written).
+command over a complete output does nothing, one over an interrupted output runs only the tasks not
+yet committed, and one with other settings is refused naming what changed. The evaluation is
+deterministic, and with the engine batch-invariant (its default) a task's scores do not depend on
+the tasks run beside it: run alone, resumed or not, each task gives what one run of all gives.
 """
 
 from __future__ import annotations
@@ -22,9 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardinfer.errors import ConfigError, FingerprintMismatch, InputMissingError, UsageError
+from shardinfer.errors import (
+    ConfigError,
+    FingerprintMismatch,
+    IncompleteOutputError,
+    InputMissingError,
+    UsageError,
+)
+from shardinfer.splits import Split
 
 RESULTS_FILE = "results.json"
+# The part metadata key holding a task's results, all but its samples (JSON).
+RESULTS_METADATA = "shardinfer.eval_results"
 
 
 @dataclass
@@ -58,7 +78,8 @@ def settings_from_args(args: Any) -> EvalSettings:
                 f"--conf {item!r}: shardinfer eval takes engine.KEY=VALUE with KEY one of {', '.join(sorted(engine_keys))}"
             )
         engine[name] = coerce(key, value, engine_keys[name], raw)
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    # A task named twice is run once: each requested task is one split of the output.
+    tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))
     if not tasks:
         raise ConfigError(f"--tasks {args.tasks!r} names no task")
     limit = args.limit
@@ -118,7 +139,48 @@ def _folder_hashes(folder: str) -> dict[str, str]:
 
 
 def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
-    """Run the harness and commit its results and samples; returns the `_SUCCESS` record."""
+    """Run the harness one requested task at a time, committing each task as it finishes, then write
+    results.json and `_SUCCESS`; returns the `_SUCCESS` record. Tasks committed by an earlier run of
+    the same eval are not run again."""
+    lm_eval, task_manager_class = _import_harness()
+    from shardinfer.integrations.lm_eval import ShardinferLM
+    from shardinfer.writers.output_store import OutputStore
+
+    fp = fingerprint(settings)
+    store = OutputStore(settings.output, settings.storage_options)
+    job = store.read_job()
+    _refuse_other_settings(job, settings, fp)
+    success = store.read_success()
+    if success is not None and (success.get("fingerprint") or {}).get("hash") == fp["hash"]:
+        log(f"already complete: {settings.output} holds this eval's results; nothing to do")
+        return dict(success)
+    manager = _task_manager(task_manager_class, settings)
+    plan = task_plan(settings.tasks)
+    _write_or_check_plan(store, job, settings, fp, plan)
+    committed = store.committed_indexes()
+    pending = [split for split in plan if split.index not in committed]
+    if committed:
+        log(
+            f"resuming: {len(plan) - len(pending)} of {len(plan)} tasks already committed; to run: "
+            f"{', '.join(split.path for split in pending) or 'none'}"
+        )
+    if pending:
+        # One engine for every task: loading the model is the costly part of a small task.
+        lm = ShardinferLM(
+            settings.model,
+            device=settings.device,
+            dtype=settings.dtype,
+            seed=settings.seed,
+            **settings.engine,
+        )
+        for split in pending:
+            results = _evaluate(lm_eval, lm, settings, manager, split.path)
+            commit_task(store, settings, fp, split, results, log)
+    return finish_eval(store, plan, log)
+
+
+def _import_harness() -> tuple[Any, Any]:
+    """The harness module and its TaskManager class, or the install command if it is missing."""
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
@@ -126,34 +188,36 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
         raise ConfigError(
             f"shardinfer eval needs lm-evaluation-harness ({exc}): pip install 'shardinfer[eval]'"
         ) from None
-    from shardinfer.integrations.lm_eval import ShardinferLM
-    from shardinfer.writers.output_store import OutputStore
+    return lm_eval, TaskManager
 
-    fp = fingerprint(settings)
-    store = OutputStore(settings.output, settings.storage_options)
-    existing = store.read_job()
-    if existing is not None and existing.get("fingerprint", {}).get("hash") != fp["hash"]:
-        from shardinfer.pipeline.fingerprint import diff_fingerprint_parts
 
-        changed = "; ".join(diff_fingerprint_parts(existing.get("fingerprint", {}), fp)) or "its format"
-        raise FingerprintMismatch(
-            f"{settings.output} holds an eval of other settings (changed: {changed}); write to a new output URL"
-        )
-    success = store.read_success()
-    if success is not None and (success.get("fingerprint") or {}).get("hash") == fp["hash"]:
-        log(f"already complete: {settings.output} holds this eval's results; nothing to do")
-        return dict(success)
+def _refuse_other_settings(job: dict[str, Any] | None, settings: EvalSettings, fp: dict[str, Any]) -> None:
+    """An output holding an eval of other settings is never mixed with this one."""
+    if job is None or job.get("fingerprint", {}).get("hash") == fp["hash"]:
+        return
+    from shardinfer.pipeline.fingerprint import diff_fingerprint_parts
+
+    changed = "; ".join(diff_fingerprint_parts(job.get("fingerprint", {}), fp)) or "its format"
+    raise FingerprintMismatch(
+        f"{settings.output} holds an eval of other settings (changed: {changed}); write to a new output URL"
+    )
+
+
+def _task_manager(task_manager_class: Any, settings: EvalSettings) -> Any:
+    """The harness's task index holding every requested task, or an error naming the unknown ones."""
     if settings.include_path and not Path(settings.include_path).is_dir():
-        raise ConfigError(f"--include-path {settings.include_path!r} is not a folder: give the folder of the tasks' "
-                          "YAML files")
+        raise ConfigError(
+            f"--include-path {settings.include_path!r} is not a folder: give the folder of the tasks' "
+            "YAML files"
+        )
     # Indexing the harness's built-in tasks takes a while: skip it when --include-path has them all.
     manager = (
-        TaskManager(include_path=settings.include_path, include_defaults=False)
+        task_manager_class(include_path=settings.include_path, include_defaults=False)
         if settings.include_path
         else None
     )
     if manager is None or any(t not in manager.all_tasks for t in settings.tasks):
-        manager = TaskManager(include_path=settings.include_path)
+        manager = task_manager_class(include_path=settings.include_path)
     unknown = [t for t in settings.tasks if t not in manager.all_tasks]
     if unknown:
         import difflib
@@ -164,26 +228,32 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
             f"--tasks names {unknown}, which the harness does not know{f' ({hints})' if hints else ''}; add the "
             "folder of their YAML files with --include-path, or see `lm_eval ls tasks`"
         )
-    lm = ShardinferLM(
-        settings.model, device=settings.device, dtype=settings.dtype, seed=settings.seed, **settings.engine
-    )
-    try:
-        results = _evaluate(lm_eval, lm, settings, manager)
-    except Exception as exc:
-        if not _is_network_error(exc):
-            raise
-        raise InputMissingError(
-            f"a task's dataset could not be downloaded ({type(exc).__name__}: {exc}); on a machine without "
-            "network give the task a local dataset (dataset_path: json with data_files) in a folder passed "
-            "with --include-path"
-        ) from None
-    if results is None:
-        raise RuntimeError("the harness returned no results")
-    scores = metric_lines(dict(results.get("results") or {}))
-    success = commit_results(store, settings, fp, dict(results), log)
-    for line in scores:
-        log(line)
-    return success
+    return manager
+
+
+def task_plan(tasks: list[str]) -> list[Split]:
+    """One split per requested task, in the order of --tasks. A task's number of samples is known only
+    once it has run, so every split's row range is empty; its marker records the rows committed."""
+    return [Split(index, index, task, 0, 0) for index, task in enumerate(tasks)]
+
+
+def _write_or_check_plan(
+    store: Any, job: dict[str, Any] | None, settings: EvalSettings, fp: dict[str, Any], plan: list[Split]
+) -> None:
+    """`_job.json` before the first commit; on a resume, the plan it holds must be this one (an output
+    of an earlier shardinfer has a split per subtask, and parts that carry no results)."""
+    from shardinfer.writers.job_file import make_job_record, splits_from_job
+
+    if job is None:
+        store.write_job(make_job_record(settings.run_id, fp, plan, {"eval_tasks": [s.path for s in plan]}))
+        return
+    held = splits_from_job(job)
+    if held != plan:
+        raise FingerprintMismatch(
+            f"{settings.output} holds this eval planned as other splits ({', '.join(s.path for s in held)}; this "
+            f"shardinfer plans one per requested task: {', '.join(s.path for s in plan)}), written by an earlier "
+            "shardinfer; write to a new output URL"
+        )
 
 
 def _is_network_error(exc: BaseException) -> bool:
@@ -196,20 +266,34 @@ def _is_network_error(exc: BaseException) -> bool:
     return False
 
 
-def _evaluate(lm_eval: Any, lm: Any, settings: EvalSettings, manager: Any) -> Any:
-    return lm_eval.simple_evaluate(
-        model=lm,
-        tasks=list(settings.tasks),
-        num_fewshot=settings.num_fewshot,
-        limit=settings.limit,
-        task_manager=manager,
-        log_samples=True,
-        apply_chat_template=settings.apply_chat_template,
-        random_seed=settings.seed,
-        numpy_random_seed=settings.seed,
-        torch_random_seed=settings.seed,
-        fewshot_random_seed=settings.seed,
-    )
+def _evaluate(lm_eval: Any, lm: Any, settings: EvalSettings, manager: Any, task: str) -> dict[str, Any]:
+    """The harness's results of one requested task (a group runs whole, so its aggregate is the
+    harness's), its samples logged."""
+    try:
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[task],
+            num_fewshot=settings.num_fewshot,
+            limit=settings.limit,
+            task_manager=manager,
+            log_samples=True,
+            apply_chat_template=settings.apply_chat_template,
+            random_seed=settings.seed,
+            numpy_random_seed=settings.seed,
+            torch_random_seed=settings.seed,
+            fewshot_random_seed=settings.seed,
+        )
+    except Exception as exc:
+        if not _is_network_error(exc):
+            raise
+        raise InputMissingError(
+            f"a task's dataset could not be downloaded ({type(exc).__name__}: {exc}); on a machine without "
+            "network give the task a local dataset (dataset_path: json with data_files) in a folder passed "
+            "with --include-path"
+        ) from None
+    if results is None:
+        raise RuntimeError(f"the harness returned no results for {task}")
+    return dict(results)
 
 
 def metric_lines(per_task: dict[str, dict[str, Any]]) -> list[str]:
@@ -231,44 +315,64 @@ def metric_lines(per_task: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def commit_results(
-    store: Any, settings: EvalSettings, fp: dict[str, Any], results: dict[str, Any], log: Any
-) -> dict[str, Any]:
-    """Write results.json, one committed part per task, then `_SUCCESS` (the job protocol's order)."""
+def commit_task(
+    store: Any, settings: EvalSettings, fp: dict[str, Any], split: Split, results: dict[str, Any], log: Any
+) -> None:
+    """Commit one requested task's part: the samples of each task it ran as rows, and the rest of the
+    harness's results in the part's metadata, for results.json once every task is committed."""
     import pyarrow as pa
 
     from shardinfer.jobs.eval_dump import sample_rows, to_json
     from shardinfer.pipeline.runner import attempt_id
     from shardinfer.redaction import redact_text
-    from shardinfer.splits import Split
-    from shardinfer.storage import put_bytes
-    from shardinfer.writers.job_file import make_job_record
     from shardinfer.writers.schema import eval_samples_schema
 
-    samples: dict[str, list[dict[str, Any]]] = results.pop("samples", {}) or {}
-    tasks = sorted(samples)
-    request_types = {t: str(results.get("configs", {}).get(t, {}).get("output_type", "")) for t in tasks}
-    rows = {t: sample_rows(t, request_types[t], samples[t]) for t in tasks}
-    splits = [Split(i, i, task, 0, len(rows[task])) for i, task in enumerate(tasks)]
-    if store.read_job() is None:
-        store.write_job(make_job_record(settings.run_id, fp, splits, {"eval_tasks": tasks}))
-    text = redact_text(to_json(results))  # the harness's config may quote a URL or an option
-    put_bytes(store.fs, f"{store.root}/{RESULTS_FILE}", (text + "\n").encode())
-    committed = store.committed_indexes()
-    schema = eval_samples_schema()
-    for split in splits:
-        if split.index in committed:
-            continue
-        table = pa.Table.from_pylist(rows[split.path], schema=schema)
-        meta = {
-            "shardinfer.fingerprint": fp["hash"],
-            "shardinfer.run_id": settings.run_id,
-            "shardinfer.eval_task": split.path,
-        }
-        part = store.write_part(split, attempt_id(settings.run_id), table, meta)
-        store.commit(split, part)
+    samples: dict[str, list[dict[str, Any]]] = results.pop("samples", None) or {}
+    configs = results.get("configs") or {}
+    rows = [
+        row
+        for task in sorted(samples)
+        for row in sample_rows(task, str(configs.get(task, {}).get("output_type", "")), samples[task])
+    ]
+    table = pa.Table.from_pylist(rows, schema=eval_samples_schema())
+    meta = {
+        "shardinfer.fingerprint": fp["hash"],
+        "shardinfer.run_id": settings.run_id,
+        "shardinfer.eval_task": split.path,
+        # Redacted as results.json is: the harness's config may quote a URL or an option.
+        RESULTS_METADATA: redact_text(to_json(results)),
+    }
+    part = store.write_part(split, attempt_id(settings.run_id), table, meta)
+    if store.commit(split, part):
         log(f"committed {split.path}: {table.num_rows} samples")
+    else:
+        log(f"{split.path} was committed by another run of this eval; its part counts")
+
+
+def finish_eval(store: Any, plan: list[Split], log: Any) -> dict[str, Any]:
+    """Write results.json merged from every committed task, then `_SUCCESS` (the job protocol's order)."""
+    from shardinfer.jobs.eval_dump import merge_results, to_json
+    from shardinfer.storage import put_bytes
+
+    results = merge_results(committed_results(store, plan))
+    put_bytes(store.fs, f"{store.root}/{RESULTS_FILE}", (to_json(results) + "\n").encode())
+    for line in metric_lines(dict(results.get("results") or {})):
+        log(line)
     headline = {
         t: {k: v for k, v in r.items() if isinstance(v, int | float)} for t, r in results["results"].items()
     }
     return dict(store.finalize({"results": headline, "results_file": RESULTS_FILE}))
+
+
+def committed_results(store: Any, plan: list[Split]) -> list[dict[str, Any]]:
+    """Each requested task's results, in plan order, from its committed part's metadata."""
+    markers = store.committed()
+    missing = [split.path for split in plan if split.index not in markers]
+    if missing:
+        raise IncompleteOutputError(
+            f"{store.url}: the tasks {', '.join(missing)} are not committed; run the same command again"
+        )
+    return [
+        json.loads(store.read_part_metadata(markers[split.index]["part"])[RESULTS_METADATA.encode()])
+        for split in plan
+    ]

@@ -1,8 +1,13 @@
-"""An lm-evaluation-harness run's logged samples as rows of the eval dump (writers.schema).
+"""What an eval writes of lm-evaluation-harness's runs: the logged samples as rows of the eval dump
+(writers.schema), and the results of several runs merged into one.
 
 The harness logs, per (document, filter), the requests' arguments, the raw responses, the
 filtered responses and the sample's metric values; the dump keeps all of it in typed columns
 (and the doc and every metric value as JSON, for what does not fit a column).
+
+`shardinfer eval` runs the harness once per requested task and keeps each run's results (all but
+its samples) with that task's committed part; `merge_results` makes of them the record one run of
+every task would have returned.
 """
 
 from __future__ import annotations
@@ -10,6 +15,12 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+
+# The harness's result keys with one entry per task or group. The harness computes each entry from
+# that task's samples alone (a group's from its own subtasks), so the entries of separate runs
+# united are those of one run over all their tasks.
+PER_TASK_KEYS = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better",
+                 "n-samples")  # fmt: skip
 
 
 def to_json(value: Any) -> str:
@@ -63,3 +74,16 @@ def sample_rows(task: str, request_type: str, samples: list[dict[str, Any]]) -> 
         row["doc_json"] = to_json(sample.get("doc"))
         rows.append(row)
     return rows
+
+
+def merge_results(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The results of harness runs over disjoint tasks, as one run over all of them: the per-task
+    entries united, in the records' order; the run's own fields (`config`, `date`, the environment)
+    those of the first record, the run that started the eval."""
+    if not records:
+        raise ValueError("no results to merge")
+    merged = dict(records[0])
+    for key in PER_TASK_KEYS:
+        if any(key in record for record in records):
+            merged[key] = {name: value for record in records for name, value in record.get(key, {}).items()}
+    return merged
