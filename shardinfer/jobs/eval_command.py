@@ -19,7 +19,9 @@ merge_results`): what a single harness run over all the tasks returns, but for t
 The run is fingerprinted like a job (model files, tasks and the files under --include-path,
 shots, limit, seed, chat template, device, engine numerics, harness version): a rerun of the same
 command over a complete output does nothing, one over an interrupted output runs only the tasks not
-yet committed, and one with other settings is refused naming what changed. The evaluation is
+yet committed, and one with other settings is refused naming what changed. A committed part deleted
+or truncated since is found by one listing, and its task run again as a job repairs a split (under
+the split's next marker number, `OutputStore.plan_repairs`). The evaluation is
 deterministic, and with the engine batch-invariant (its default) a task's scores do not depend on
 the tasks run beside it: run alone, resumed or not, each task gives what one run of all gives.
 """
@@ -35,6 +37,7 @@ from typing import Any
 
 from shardinfer.errors import (
     ConfigError,
+    CorruptOutputError,
     FingerprintMismatch,
     IncompleteOutputError,
     InputMissingError,
@@ -144,20 +147,33 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     the same eval are not run again."""
     lm_eval, task_manager_class = _import_harness()
     from shardinfer.integrations.lm_eval import ShardinferLM
+    from shardinfer.pipeline.job import read_success_or_none
     from shardinfer.writers.output_store import OutputStore
 
     fp = fingerprint(settings)
     store = OutputStore(settings.output, settings.storage_options)
     job = store.read_job()
     _refuse_other_settings(job, settings, fp)
-    success = store.read_success()
+    markers = store.committed() if job is not None else {}
+    # As a job's resubmit does: one listing of the location finds a committed part deleted or
+    # truncated since its commit (no part is opened; finalize's hash check guards what is written).
+    damaged = store.listed_damage(markers) if markers else {}
+    success = read_success_or_none(store)  # a truncated _SUCCESS (a kill mid-write) is written again
     if success is not None and (success.get("fingerprint") or {}).get("hash") == fp["hash"]:
-        log(f"already complete: {settings.output} holds this eval's results; nothing to do")
-        return dict(success)
+        problems = store.success_problems(success, markers)
+        if not problems and not damaged:
+            log(f"already complete: {settings.output} holds this eval's results; nothing to do")
+            return dict(success)
+        if problems:
+            log(
+                f"_SUCCESS does not match the commit markers ({'; '.join(problems)}); finishing the eval again"
+            )
     manager = _task_manager(task_manager_class, settings)
     plan = task_plan(settings.tasks)
     _write_or_check_plan(store, job, settings, fp, plan)
-    committed = store.committed_indexes()
+    if damaged:
+        _plan_repairs(store, plan, damaged, markers, log)
+    committed = set(markers) - set(damaged)
     pending = [split for split in plan if split.index not in committed]
     if committed:
         log(
@@ -177,6 +193,26 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
             results = _evaluate(lm_eval, lm, settings, manager, split.path)
             commit_task(store, settings, fp, split, results, log)
     return finish_eval(store, plan, log)
+
+
+def _plan_repairs(
+    store: Any, plan: list[Split], damaged: dict[int, str], markers: dict[int, dict[str, Any]], log: Any
+) -> None:
+    """Make the tasks whose committed part was damaged pending again, as a job repairs a split:
+    `_SUCCESS` is deleted, and each task's next commit goes under its next marker number (created
+    only if absent), which `finalize` keeps while deleting the old marker and part."""
+    from shardinfer.storage import delete_if_present
+
+    names = {split.index: split.path for split in plan}
+    for index, why in sorted(damaged.items()):
+        log(
+            f"repairing {names.get(index, f'split {index}')}: its committed part was damaged ({why}); running "
+            "the task again"
+        )
+    store.plan_repairs(damaged, markers)
+    # results.json was merged from the damaged parts: like `_SUCCESS`, it is written again once
+    # every task is committed, and is absent until then (as in an eval stopped part-way).
+    delete_if_present(store.fs, f"{store.root}/{RESULTS_FILE}")
 
 
 def _import_harness() -> tuple[Any, Any]:
@@ -372,7 +408,18 @@ def committed_results(store: Any, plan: list[Split]) -> list[dict[str, Any]]:
         raise IncompleteOutputError(
             f"{store.url}: the tasks {', '.join(missing)} are not committed; run the same command again"
         )
-    return [
-        json.loads(store.read_part_metadata(markers[split.index]["part"])[RESULTS_METADATA.encode()])
-        for split in plan
-    ]
+    return [_task_results(store, split, markers[split.index]) for split in plan]
+
+
+def _task_results(store: Any, split: Split, marker: dict[str, Any]) -> dict[str, Any]:
+    """One task's results from its part's footer. A part of its recorded size that cannot be read
+    (the listing that finds deleted and truncated parts opens none) is named with the fix."""
+    try:
+        raw = store.read_part_metadata(marker["part"])[RESULTS_METADATA.encode()]
+    except (FileNotFoundError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
+        raise CorruptOutputError(
+            f"{store.url}: the committed part of task {split.path}, {marker['part']}, cannot be read "
+            f"({type(exc).__name__}: {exc}); delete that part file and run the same command again to run "
+            "the task again"
+        ) from None
+    return dict(json.loads(raw))

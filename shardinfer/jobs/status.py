@@ -116,6 +116,8 @@ def _open(output: str, storage_options: dict[str, Any]) -> tuple[Any, dict[str, 
 
 def show_status(output: str, storage_options: dict[str, Any], as_json: bool = False) -> int:
     store, job = _open(output, storage_options)
+    if "eval_tasks" in job:  # `shardinfer eval`'s output: its parts hold samples, not job rows
+        return show_eval_status(output, store, job, as_json)
     found = job_state(store, job)
     committed, success, last = found["committed"], found["success"], found["last"]
     totals, unreadable = _readable_totals(store, committed, found["problems"])
@@ -192,6 +194,104 @@ def _readable_totals(
         for key in totals:
             totals[key] += part_totals[key]
     return totals, unreadable
+
+
+def eval_state(store: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """What an eval's output holds, task by task (one split per requested task).
+
+    A task's samples are the rows its marker records; its metrics are read from its part's footer,
+    which also proves the part readable. States: done (as a job's), damaged (the problems say how;
+    a rerun of the same eval command repairs it), incomplete (some task not committed: the eval
+    was stopped, or is running now, which an eval does not record), not started.
+    """
+    from shardinfer.jobs.eval_command import RESULTS_METADATA
+    from shardinfer.writers.job_file import splits_from_job
+
+    store.use_generation(str(job.get("generation", "")))
+    committed = store.committed()
+    damaged = store.listed_damage(committed)  # one listing, as for a job
+    success = read_success_or_none(store)
+    problems = store.success_problems(success, committed) if success is not None else []
+    tasks: list[dict[str, Any]] = []
+    metrics: dict[str, dict[str, Any]] = {}
+    for split in splits_from_job(job):
+        marker = committed.get(split.index)
+        task: dict[str, Any] = {
+            "task": split.path,
+            "split": split.index,
+            "state": "not committed",
+            "samples": None,
+        }
+        tasks.append(task)
+        if marker is None:
+            continue
+        task.update(state="committed", samples=int(marker.get("rows", 0)))
+        why = damaged.get(split.index)
+        if why is None:
+            try:
+                results = json.loads(store.read_part_metadata(marker["part"])[RESULTS_METADATA.encode()])
+            except (OSError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError
+                why = (
+                    f"{marker['part']} cannot be read ({type(exc).__name__}: {exc}); delete that part "
+                    "file and run the same eval command again"
+                )
+            else:
+                for name, values in (results.get("results") or {}).items():
+                    metrics[name] = {k: v for k, v in values.items() if isinstance(v, int | float)}
+        if why is not None:
+            task["state"] = "damaged"
+            problems.append(f"task {split.path} (split {split.index}): {why}")
+    if success is not None and not problems:
+        state = "done"
+    elif problems:
+        state = "damaged"
+    else:
+        state = "incomplete" if committed else "not started"
+    return {"state": state, "problems": problems, "tasks": tasks, "metrics": metrics, "success": success}
+
+
+def show_eval_status(output: str, store: Any, job: dict[str, Any], as_json: bool = False) -> int:
+    from shardinfer.jobs.eval_command import RESULTS_FILE, metric_lines
+
+    found = eval_state(store, job)
+    tasks = found["tasks"]
+    done = [t for t in tasks if t["state"] != "not committed"]
+    samples = sum(t["samples"] for t in done)
+    report: dict[str, Any] = {
+        "output": output,
+        "kind": "eval",
+        "state": found["state"],
+        "problems": found["problems"],
+        "tasks_committed": len(done),
+        "tasks_total": len(tasks),
+        "splits_committed": len(done),  # one split per task, as the commit protocol counts them
+        "splits_total": len(tasks),
+        "samples_committed": samples,
+        "tasks": tasks,
+        "metrics": found["metrics"],
+        "results_file": RESULTS_FILE if found["state"] == "done" else None,
+        "fingerprint": job.get("fingerprint", {}).get("hash"),
+        "generation": job.get("generation"),
+    }
+    if as_json:
+        print(json.dumps(report, default=str))
+        return EXIT_OK
+    print(f"{output}: {report['state']} (eval)")
+    for problem in found["problems"]:
+        print(f"  problem    {problem}")
+    damaged = sum(t["state"] == "damaged" for t in tasks)
+    of_which = f" ({damaged} damaged)" if damaged else ""
+    print(f"  tasks      {len(done)}/{len(tasks)} committed{of_which}, {samples} samples")
+    for task in tasks:
+        shown = "not committed" if task["samples"] is None else f"{task['samples']} samples"
+        print(f"  task       {task['task']}: {shown}{' (damaged)' if task['state'] == 'damaged' else ''}")
+    for line in metric_lines(found["metrics"]):
+        print(f"  metrics    {line}")
+    if report["results_file"]:
+        print(f"  results    {RESULTS_FILE}")
+    elif found["state"] != "not started":
+        print("  results    not final: the same eval command, run again, runs the tasks missing or damaged")
+    return EXIT_OK
 
 
 def show_history(output: str, storage_options: dict[str, Any], as_json: bool = False) -> int:
