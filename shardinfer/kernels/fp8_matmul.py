@@ -119,12 +119,13 @@ class Fp8TileConfig:
 # Prefill-sized problems run on the warp-specialised kernel (fp8_matmul_ws: a producer warp feeds
 # two consumer warpgroups): the same bits as the TMA kernel at any tile, so the switch by M keeps a
 # row's bits. Where it was faster on the H200 (bench_fp8_matmul.py --ws; the numbers:
-# bench/kernels/NOTES.md, "The warp-specialised FP8 GEMM"): above decode batches, over K of at
-# least WS_MIN_K channels; it lost on the small model's short K. Hopper, unsplit tilings through
-# TMA, block scales; anything else keeps its tiling's kernel.
+# bench/kernels/NOTES.md, "The warp-specialised FP8 GEMM" and "A persistent schedule"): above
+# decode batches, over K of at least WS_MIN_K channels, short K through its persistent schedule
+# (with one program a tile it lost to the TMA kernel there). Hopper, unsplit tilings through TMA,
+# block scales; anything else keeps its tiling's kernel.
 WARP_SPECIALIZED = True
 WS_MIN_M = 257
-WS_MIN_K = 4096
+WS_MIN_K = 1024
 
 # Measured winners per (N, K) go here (tests and tuning runs); anything absent uses the default.
 CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] = {}

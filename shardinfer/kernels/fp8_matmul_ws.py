@@ -49,9 +49,13 @@ NUM_WARPS = 8
 STAGES = 6
 GROUP_M = 8
 # One program per SM walking its share of the tiles, so a tile's first copies overlap the previous
-# tile's last promotions and its store: what short K (few steps a tile) leaves exposed. Not yet
-# measured, so off (bench/README.md, "Next on a GPU"); the same bits either way.
-PERSISTENT = False
+# tile's last promotions and its store: what short K (few steps a tile) leaves exposed. The same
+# bits either way. On the H200 it was faster alone at every K up to PERSISTENT_MAX_K tried, and end
+# to end on the small model; at K 4096 it was faster on some shapes and slower on the widest, so
+# those keep one program a tile (bench/kernels/NOTES.md, "A persistent schedule for the
+# warp-specialised FP8 GEMM"). PERSISTENT None chooses by K; True or False forces one schedule.
+PERSISTENT: bool | None = None
+PERSISTENT_MAX_K = 2048
 PERSISTENT_STAGES = 6
 _PRODUCER_WARPS = 1
 _PRODUCER_REGISTERS = 40
@@ -277,6 +281,11 @@ def _fp8_linear_ws_persistent_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_pt
     _drop_ring(ready, empty, STAGES)
 
 
+def persistent_schedule(k: int) -> bool:
+    """Whether a problem over k channels runs on the persistent kernel (PERSISTENT's comment)."""
+    return k <= PERSISTENT_MAX_K if PERSISTENT is None else PERSISTENT
+
+
 def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                   bias: torch.Tensor | None, y: torch.Tensor) -> None:
     """y = dequant(xq) @ dequant(weight).T + bias into y [M, N], for fp8_matmul.linear_fp8_quantized
@@ -288,7 +297,7 @@ def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scal
     a_desc = TensorDescriptor(xq, [m, k], [k, 1], [BLOCK_M, GROUP], a_layout)
     w_desc = TensorDescriptor(weight, [n, k], [k, 1], [BLOCK_N, GROUP], w_layout)
     tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
-    if PERSISTENT:
+    if persistent_schedule(k):
         persistent = _fp8_linear_ws_persistent_kernel[(min(tiles, sm_count(xq.device.index or 0)),)]
         persistent(a_desc, w_desc, xs, scale, bias if bias is not None else y, y, m, n, k, y.stride(0), xs.shape[1],
                    scale.shape[-1], HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=GROUP,

@@ -38,6 +38,19 @@ def test_runs_above_decode_batches_over_long_k_on_hopper_only(monkeypatch: pytes
     assert not fp8_matmul.warp_specialized(m, k, cuda)
 
 
+def test_short_k_takes_the_persistent_schedule_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardinfer.kernels import fp8_matmul_ws
+
+    assert fp8_matmul_ws.PERSISTENT is None
+    short = [k for k in (fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT_MAX_K) if fp8_matmul_ws.persistent_schedule(k)]
+    assert short == [fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT_MAX_K]
+    assert not fp8_matmul_ws.persistent_schedule(fp8_matmul_ws.PERSISTENT_MAX_K + 128)
+    monkeypatch.setattr(fp8_matmul_ws, "PERSISTENT", False)
+    assert not fp8_matmul_ws.persistent_schedule(fp8_matmul.WS_MIN_K)
+    monkeypatch.setattr(fp8_matmul_ws, "PERSISTENT", True)
+    assert fp8_matmul_ws.persistent_schedule(4096)
+
+
 def _run(dev: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cfg: fp8_matmul.Fp8TileConfig | None, warp_specialized: bool,
          bias: torch.Tensor | None = None, persistent: bool = False) -> torch.Tensor:
     from shardinfer.kernels import fp8_matmul_ws
