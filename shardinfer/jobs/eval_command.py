@@ -168,6 +168,10 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
             log(
                 f"_SUCCESS does not match the commit markers ({'; '.join(problems)}); finishing the eval again"
             )
+    if markers:
+        # This run ends in finalize, which checks every committed part's hash: find every damaged
+        # part now (a replaced one too, which the listing passes), so it is run again, not refused.
+        damaged = store.damaged_parts(markers)
     manager = _task_manager(task_manager_class, settings)
     plan = task_plan(settings.tasks)
     _write_or_check_plan(store, job, settings, fp, plan)

@@ -147,12 +147,12 @@ def test_an_unfinished_eval_whose_committed_part_went_missing_runs_that_task_aga
     _assert_equal_outputs(out, fresh.out)
 
 
-def test_a_part_of_its_recorded_size_that_cannot_be_read_is_named_with_the_fix(
+def test_a_part_overwritten_with_as_many_bytes_is_named_and_repaired(
     fresh: Fresh, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The listing opens no part, so it passes a part overwritten with as many other bytes (as for a
-    job); `status` and the merge of results.json read its footer, and say which part to delete.
-    Deleted, it is repaired."""
+    job); `status` reads its footer and says which part to delete, and a rerun that goes on to
+    finish the eval checks every part's hash and runs that task again."""
     out = fresh.copy(tmp_path / "out")
     part = out / _markers(out)[1]["part"]
     part.write_bytes(b"\0" * part.stat().st_size)
@@ -162,12 +162,8 @@ def test_a_part_of_its_recorded_size_that_cannot_be_read_is_named_with_the_fix(
     assert text[1].startswith(f"  problem    task si_ppl (split 1): {part.name} cannot be read (ArrowInvalid")
     assert text[1].endswith("; delete that part file and run the same eval command again")
     _unfinish(out, 2)
-    assert _rerun(fresh, out, monkeypatch) == (78, [["si_gen"]])
-    err = capsys.readouterr().err
-    assert f"the committed part of task si_ppl, {part.name}, cannot be read (ArrowInvalid" in err
-    assert "delete that part file and run the same command again to run the task again" in err
-    part.unlink()
-    assert _rerun(fresh, out, monkeypatch) == (0, [["si_ppl"]])
+    assert _rerun(fresh, out, monkeypatch) == (0, [["si_ppl"], ["si_gen"]])
+    assert f"repairing si_ppl: its committed part was damaged ({part.name}: " in capsys.readouterr().err
     _assert_equal_outputs(out, fresh.out)
 
 
