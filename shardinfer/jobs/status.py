@@ -145,12 +145,8 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
         for key in ("run_id", "wall_time_s", "output_tokens_per_s", "prefix_cache_hit_rate", "repaired"):
             if key in summary:
                 report[key] = summary[key]
-    if as_json:
-        print(json.dumps(report, default=str))
+    if _print_head(report, as_json, f"{output}: {report['state']}", found["problems"]):
         return EXIT_OK
-    print(f"{output}: {report['state']}")
-    for problem in found["problems"]:
-        print(f"  problem    {problem}")
     print(f"  splits     {len(committed)}/{total_splits} committed")
     print(f"  rows       {totals['rows_ok']} ok, {totals['rows_error']} error")
     print(f"  tokens     {totals['prompt_tokens']} in, {totals['completion_tokens']} out")
@@ -273,12 +269,8 @@ def show_eval_status(output: str, store: Any, job: dict[str, Any], as_json: bool
         "fingerprint": job.get("fingerprint", {}).get("hash"),
         "generation": job.get("generation"),
     }
-    if as_json:
-        print(json.dumps(report, default=str))
+    if _print_head(report, as_json, f"{output}: {report['state']} (eval)", found["problems"]):
         return EXIT_OK
-    print(f"{output}: {report['state']} (eval)")
-    for problem in found["problems"]:
-        print(f"  problem    {problem}")
     damaged = sum(t["state"] == "damaged" for t in tasks)
     of_which = f" ({damaged} damaged)" if damaged else ""
     print(f"  tasks      {len(done)}/{len(tasks)} committed{of_which}, {samples} samples")
@@ -359,3 +351,14 @@ def dry_run_actions(job: OpenedJob) -> list[str]:
     if job.state == "done":
         actions.append("do nothing: _SUCCESS matches this job")
     return actions
+
+
+def _print_head(report: dict[str, Any], as_json: bool, header: str, problems: list[str]) -> bool:
+    """Print the whole report as JSON (True: nothing more to print), or its header and problem lines."""
+    if as_json:
+        print(json.dumps(report, default=str))
+        return True
+    print(header)
+    for problem in problems:
+        print(f"  problem    {problem}")
+    return False
