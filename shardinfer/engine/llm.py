@@ -156,7 +156,10 @@ class LLM:
             texts.append(text)
         # The template already places any BOS token, so encode without adding special tokens again.
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        return self.generate(ids, sampling_params, use_tqdm)
+        outputs = self.generate(ids, sampling_params, use_tqdm)
+        for output, text in zip(outputs, texts, strict=True):
+            output.prompt = text  # the rendered conversation: what the model read, as text
+        return outputs
 
     def _request_seed(self, params: SamplingParams, position: int) -> int:
         if params.seed is not None:

@@ -12,7 +12,7 @@ import json
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -122,26 +122,45 @@ class Tokenizer:
                     self._compiled = ChatTemplate(self.chat_template, self.special_tokens)
         return self._compiled
 
+    @overload
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = ..., *,
+        tokenize: Literal[False] = ..., continue_final_message: bool = ...,
+        tools: list[dict[str, Any]] | None = ..., documents: list[dict[str, Any]] | None = ...,
+        chat_template_kwargs: Mapping[str, Any] | None = ..., chat_template: str | None = ...,
+    ) -> str: ...
+
+    @overload
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = ..., *,
+        tokenize: Literal[True], continue_final_message: bool = ...,
+        tools: list[dict[str, Any]] | None = ..., documents: list[dict[str, Any]] | None = ...,
+        chat_template_kwargs: Mapping[str, Any] | None = ..., chat_template: str | None = ...,
+    ) -> list[int]: ...
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         *,
+        tokenize: bool = False,
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         documents: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         chat_template: str | None = None,
-    ) -> str:
+    ) -> str | list[int]:
         """The prompt text of one conversation, as transformers' apply_chat_template(tokenize=False)
-        gives it; raises ValueError (ChatTemplateError) naming what is wrong. chat_template: a
-        template to use instead of the model's (compiled for this call)."""
+        gives it, or with tokenize=True its token ids (the text encoded without adding special
+        tokens: the template places them); raises ValueError (ChatTemplateError) naming what is
+        wrong. chat_template: a template to use instead of the model's (compiled for this call).
+        Unlike transformers' default, tokenize is False unless asked."""
         template = (
             ChatTemplate(chat_template, self.special_tokens)
             if chat_template is not None
             else self.compiled_chat_template()
         )
-        return template.render(
+        text = template.render(
             messages,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
@@ -149,3 +168,4 @@ class Tokenizer:
             documents=documents,
             chat_template_kwargs=chat_template_kwargs,
         )
+        return self.encode(text, add_special_tokens=False) if tokenize else text

@@ -49,6 +49,11 @@ def test_chat_options_match_transformers(llm: LLM, qwen3_dir: Path) -> None:
     )
     assert "In short: " in expected and "«x»" in expected
     assert out[0].prompt_token_ids == llm.tokenizer.encode(expected, add_special_tokens=False)
+    assert out[0].prompt == expected  # the rendered conversation, as a text prompt's output has its text
+    # The tokenizer takes transformers' tokenize flag: text by default, the prompt's ids when asked.
+    options = {"tools": TOOLS, "chat_template_kwargs": {"brief": True}, "chat_template": TOOLS_TEMPLATE}
+    assert llm.get_tokenizer().apply_chat_template(conv, tokenize=False, **options) == expected
+    assert llm.get_tokenizer().apply_chat_template(conv, tokenize=True, **options) == out[0].prompt_token_ids
 
     partial = [*conv, {"role": "assistant", "content": "Hi, I am"}]
     cont = llm.chat([partial], params, add_generation_prompt=False, continue_final_message=True)
