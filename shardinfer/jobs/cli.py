@@ -29,7 +29,7 @@ from shardinfer.errors import (
 )
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.secrets_guard import guard_job, guarded_run
-from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, parse_conf, resolve
+from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, name_layer, parse_conf, resolve
 
 # The executor (and with it torch) is imported only once a job is about to run, so usage and
 # spec errors come back in a fraction of a second.
@@ -172,12 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _resolve(args: argparse.Namespace, job_file: dict[str, Any]) -> ResolvedSpec:
     props = load_properties(args.properties_file) if getattr(args, "properties_file", None) else []
-    confs = []
-    if getattr(args, "name", None):
-        confs.append(("job.name", args.name, args.name))
-    confs += [parse_conf(c) for c in args.conf]
-    guard_job({"job_file": job_file, "layers": [props, confs]})  # before an error can quote one
-    return resolve(job_file, properties=props, confs=confs, run_id=getattr(args, "run_id", None))
+    name = getattr(args, "name", None)
+    confs = [parse_conf(c) for c in args.conf]
+    layers = [props, name_layer(name), confs]
+    guard_job({"job_file": job_file, "layers": layers})  # before an error can quote one
+    return resolve(job_file, properties=props, confs=confs, name=name, run_id=getattr(args, "run_id", None))
 
 
 def _requested_log_format(argv: list[str]) -> str:
@@ -303,9 +302,12 @@ def _main(argv: list[str]) -> int:
 
 
 def _validate(spec: ResolvedSpec) -> int:
-    from shardinfer.pipeline.job import open_job
+    from shardinfer.pipeline.job import check_sampling_lengths, model_length_limit, open_job
 
     job = open_job(spec.config)
+    limit = model_length_limit(spec.config)
+    if limit is not None:  # what submit refuses once the engine is built, said without building it
+        check_sampling_lengths(spec.config, limit)
     print(
         f"ok: {len(job.splits)} split(s); fingerprint {job.fingerprint['hash'][:16]}; output state: {job.state}"
     )

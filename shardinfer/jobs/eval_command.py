@@ -338,7 +338,7 @@ def _evaluate(lm_eval: Any, lm: Any, settings: EvalSettings, manager: Any, task:
 
 def metric_lines(per_task: dict[str, dict[str, Any]]) -> list[str]:
     """One line per task: its metrics (per filter) with their standard errors, as the harness's table
-    shows them: `demo_tasks_mc: acc 0.7200 ± 0.0641, acc_norm 0.7000 ± 0.0655`."""
+    shows them: `demo_tasks_mc: acc <value> ± <stderr>, acc_norm <value> ± <stderr>`."""
     lines = []
     for task in sorted(per_task):
         values = per_task[task]

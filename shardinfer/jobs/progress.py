@@ -17,6 +17,9 @@ from typing import Any, TextIO
 
 from shardinfer.jobs.progress_counts import JobProgress
 
+# `{postfix}` arrives from tqdm as ", " plus the text, so it follows `{elapsed}` directly.
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows [{elapsed}{postfix}]"
+
 
 def _duration(seconds: float) -> str:
     s = round(seconds)
@@ -80,15 +83,17 @@ class Reporter:
         if not self.json and self.stream.isatty():
             from tqdm import tqdm
 
+            # tqdm puts ", " before a non-empty postfix itself, so the format has no separator of
+            # its own; passing the postfix up front keeps the first line drawn from lacking it.
             self._bar = tqdm(
                 total=total_records,
                 unit="rows",
                 file=self.stream,
                 dynamic_ncols=True,
                 desc="shardinfer",
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows [{elapsed}, {postfix}]",
+                bar_format=BAR_FORMAT,
+                postfix=self.progress.postfix(),
             )
-            self._bar.set_postfix_str(self.progress.postfix(), refresh=False)
 
     def handle(self, event: dict[str, Any]) -> None:
         """A worker event: 'progress' (records/tokens finished) or 'split_done' (a commit)."""
@@ -172,12 +177,13 @@ class Reporter:
             )
             return
         wall = summary.get("wall_time_s", 0.0)
-        if summary.get("task") == "score":  # it reads tokens and generates none: say what it scored
-            scored = summary.get("run_prompt_tokens", 0)
+        if summary.get("task") == "score":  # it reads tokens and generates none: say what it read
+            read = summary.get("run_prompt_tokens", 0)
             work = [
-                f"tokens scored  {summary.get('prompt_tokens', 0)}",
-                f"this run       {scored} prompt tokens read in {wall:.1f} s = "
-                f"{scored / wall if wall else 0.0:.1f} tok/s",
+                f"tokens read    {summary.get('prompt_tokens', 0)} (contexts and what they score; each "
+                "record's num_tokens counts the tokens scored)",
+                f"this run       {read} prompt tokens read in {wall:.1f} s = "
+                f"{read / wall if wall else 0.0:.1f} tok/s",
             ]
         else:
             work = [

@@ -254,11 +254,17 @@ def _check_key(dotted: str) -> tuple[str, str, Any]:
     return section, key, keys[key]
 
 
+def name_layer(name: str | None) -> list[tuple[str, Any, str | None]]:
+    """`--name` as a layer's items: job.name, or nothing when the flag is absent."""
+    return [("job.name", name, name)] if name else []
+
+
 def resolve(
     job_file: dict[str, Any],
     *,
     properties: Sequence[tuple[str, Any, str]] = (),
     confs: Sequence[tuple[str, Any, str]] = (),
+    name: str | None = None,
     run_id: str | None = None,
     today: datetime.date | None = None,
 ) -> ResolvedSpec:
@@ -268,6 +274,7 @@ def resolve(
     layers: list[tuple[str, list[tuple[str, Any, str | None]]]] = [
         ("job file", [(k, v, None) for k, v in flatten(job_file).items()]),
         ("properties file", list(properties)),
+        ("--name", name_layer(name)),  # its own layer so the dry run credits it; --conf still wins
         ("--conf", list(confs)),
     ]
     for source, items in layers:

@@ -531,6 +531,35 @@ def build_engine(config: JobConfig) -> Engine:
     return engine
 
 
+def check_sampling_lengths(config: JobConfig, max_model_len: int) -> None:
+    """[sampling] max_tokens and min_tokens as the spec writes them (a checkpoint's default may
+    exceed max_model_len: generation just ends there) must fit max_model_len."""
+    for name in ("max_tokens", "min_tokens"):
+        value = config.sampling.get(name)
+        if isinstance(value, int) and value > max_model_len:
+            raise ConfigError(
+                f"sampling.{name}={value} is above max_model_len={max_model_len}, the most a request can "
+                f"ever hold: lower it to {max_model_len} or less"
+                + (f" (max_tokens = {max_model_len} generates until prompt and output fill it)"
+                   if name == "max_tokens" else "")
+            )
+
+
+def model_length_limit(config: JobConfig) -> int | None:
+    """The max_model_len an engine would take for this spec, read from a local model's config
+    without loading it (None for a model on object storage: known once it is fetched)."""
+    from shardinfer.engine.models.config import ModelConfig, model_directory
+
+    if "://" in str(config.model.path):
+        return None
+    asked = config.engine.get("max_model_len")
+    try:
+        positions = ModelConfig.from_dir(model_directory(config.model.path)).max_position_embeddings
+    except (OSError, ValueError):
+        return None  # the engine's build names what is wrong with the folder
+    return min(int(asked), positions) if isinstance(asked, int) and asked > 0 else positions
+
+
 def check_model_serves_spec(engine: Engine, config: JobConfig) -> None:
     """What the spec asks of every row that this model cannot give (no chat template for a messages
     column, a [sampling] max_tokens past max_model_len, a [sampling] schema that does not compile)
@@ -542,14 +571,7 @@ def check_model_serves_spec(engine: Engine, config: JobConfig) -> None:
             f"model.path={config.model.path!r} has none (no chat_template in tokenizer_config.json, no "
             "chat_template.jinja): give the model a chat template, or use input.prompt_column with plain prompts"
         )
-    for name in ("max_tokens", "min_tokens"):  # as written in the spec; a checkpoint's default may exceed it
-        value = config.sampling.get(name)
-        if isinstance(value, int) and value > engine.max_model_len:
-            raise ConfigError(
-                f"sampling.{name}={value} is above max_model_len={engine.max_model_len}, the most a request can "
-                f"ever hold: lower it to {engine.max_model_len} or less (or leave max_tokens unset to generate up "
-                "to max_model_len)"
-            )
+    check_sampling_lengths(config, engine.max_model_len)
     schema = config.sampling.get("structured_output", config.sampling.get("so_args"))
     compiler = getattr(engine, "grammar_compiler", None)
     if schema is not None and compiler is not None:

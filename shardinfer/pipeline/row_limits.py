@@ -47,7 +47,9 @@ def check_limits(params: SamplingParams, max_model_len: int | None = None) -> No
                 raise LimitError(
                     name,
                     f"{name}={value} is above max_model_len={max_model_len}, the most a request can ever "
-                    "hold; lower it (or leave max_tokens unset to generate up to max_model_len)",
+                    f"hold; lower it to {max_model_len} or less"
+                    + (f" (max_tokens = {max_model_len} generates until prompt and output fill it)"
+                       if name == "max_tokens" else ""),
                 )
     if len(params.stop) > MAX_STOP_STRINGS:
         raise LimitError(

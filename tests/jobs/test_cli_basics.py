@@ -107,6 +107,22 @@ def test_dry_run_shows_precedence_and_writes_nothing(tmp_path: Path, model_dir: 
     assert not (tmp_path / "out").exists()
 
 
+def test_dry_run_credits_name_and_run_id_to_their_flags(
+    tmp_path: Path, model_dir: Path, shards: Path
+) -> None:
+    # --name was merged as a --conf entry, so the dry run credited its value to --conf.
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "{run_id}")))
+    result = cli("submit", "--dry-run", "--name", "nn", "--run-id", "r1", str(job))
+    assert result.returncode == 0, result.stderr
+    assert 'name = "nn"  # --name' in result.stdout
+    assert 'run_id = "r1"  # --run-id' in result.stdout
+    # A --conf job.name still wins over --name, and is credited to --conf.
+    both = cli("submit", "--dry-run", "--name", "nn", "--conf", "job.name=cc", str(job))
+    assert both.returncode == 0, both.stderr
+    assert 'name = "cc"  # --conf' in both.stdout and '"nn"' not in both.stdout
+
+
 def test_generate_without_a_job_file(tmp_path: Path, model_dir: Path, shards: Path) -> None:
     out = tmp_path / "out"
     result = cli(

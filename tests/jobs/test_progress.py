@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 from shardinfer.jobs.progress import Reporter
 
@@ -51,3 +52,17 @@ def test_plain_lines_when_not_a_terminal() -> None:
     last = out.getvalue().strip().splitlines()[-1]
     assert last.startswith("[shardinfer] INFO progress (rows=6/8 splits=1/2")
     assert "error_rows=1" in last and "\r" not in out.getvalue()
+
+
+def test_live_line_reads_as_documented_without_an_empty_field() -> None:
+    # tqdm puts its own ", " before the postfix: a second separator in the format made an empty field.
+    term = _Terminal()
+    reporter = Reporter("r4", stream=term)
+    _feed(reporter)
+    reporter.close()
+    lines = term.getvalue().replace("\r", "\n").strip().splitlines()
+    assert lines[0].endswith("| 0/8 rows [00:00, splits 0/2, 0 tok/s now, 0 avg, ETA ?, 0 error rows]")
+    tail = r"6/8 rows \[\d\d:\d\d, splits 1/2, \d+ tok/s now, \d+ avg, ETA \d+:\d\d, 1 error rows\]"
+    assert re.search(tail + "$", lines[-1]), lines[-1]
+    for line in lines:
+        assert ", ," not in line and ", ]" not in line and "[00:00, ]" not in line, line

@@ -57,4 +57,15 @@ def test_a_sampling_schema_that_does_not_compile_is_refused(tmp_path: Path, mode
 def test_sampling_max_tokens_past_max_model_len_is_refused(tmp_path: Path, model_dir: Path) -> None:
     job = _job(tmp_path, model_dir, sampling={"max_tokens": 5000}, engine={"max_model_len": 256})
     _refused(job, tmp_path / "out", "sampling.max_tokens=5000 is above max_model_len=256",
-             "lower it to 256 or less")
+             "lower it to 256 or less (max_tokens = 256 generates until prompt and output fill it)")
+
+
+def test_validate_refuses_what_submit_would(tmp_path: Path, model_dir: Path) -> None:
+    """`validate` reads a local model's config, so it refuses the lengths submit refuses, without
+    loading the model."""
+    job = _job(tmp_path, model_dir, sampling={"max_tokens": 5000}, engine={"max_model_len": 256})
+    result = cli("validate", str(job))
+    assert result.returncode == 78, result.stdout + result.stderr
+    assert "sampling.max_tokens=5000 is above max_model_len=256" in result.stderr
+    fits = _job(tmp_path, model_dir, sampling={"max_tokens": 200}, engine={"max_model_len": 256})
+    assert cli("validate", str(fits)).returncode == 0

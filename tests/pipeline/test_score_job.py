@@ -206,8 +206,9 @@ def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_di
     messages = sorted(row["error_message"] for row in bad)
     assert "input.jsonl line 2" in messages[0] or "input.jsonl line 2" in messages[1]  # named, not "is null"
     assert all("is null" not in m for m in messages)
-    summary = capsys.readouterr().out  # a score job's summary speaks of what it scored
-    assert "tokens scored  " in summary and "tokens out" not in summary and "cut by length" not in summary
+    summary = capsys.readouterr().out  # a score job's summary speaks of the tokens it read
+    read = sum(row["prompt_tokens"] or 0 for row in got.values())
+    assert f"tokens read    {read} " in summary and "tokens out" not in summary and "cut by length" not in summary
 
 
 def test_resume_after_a_kill_and_fingerprint_of_score_columns(
