@@ -155,23 +155,21 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     job = store.read_job()
     _refuse_other_settings(job, settings, fp)
     markers = store.committed() if job is not None else {}
-    # As a job's resubmit does: one listing of the location finds a committed part deleted or
-    # truncated since its commit (no part is opened; finalize's hash check guards what is written).
-    damaged = store.listed_damage(markers) if markers else {}
     success = read_success_or_none(store)  # a truncated _SUCCESS (a kill mid-write) is written again
     if success is not None and (success.get("fingerprint") or {}).get("hash") == fp["hash"]:
         problems = store.success_problems(success, markers)
-        if not problems and not damaged:
+        # As a job's resubmit does: one listing of the location finds a committed part deleted or
+        # truncated since its commit (no part is opened).
+        if not problems and not store.listed_damage(markers):
             log(f"already complete: {settings.output} holds this eval's results; nothing to do")
             return dict(success)
         if problems:
             log(
                 f"_SUCCESS does not match the commit markers ({'; '.join(problems)}); finishing the eval again"
             )
-    if markers:
-        # This run ends in finalize, which checks every committed part's hash: find every damaged
-        # part now (a replaced one too, which the listing passes), so it is run again, not refused.
-        damaged = store.damaged_parts(markers)
+    # This run ends in finalize, which checks every committed part's hash: find every damaged part
+    # now (a replaced one too, which a listing passes), so it is run again, not refused.
+    damaged = store.damaged_parts(markers) if markers else {}
     manager = _task_manager(task_manager_class, settings)
     plan = task_plan(settings.tasks)
     _write_or_check_plan(store, job, settings, fp, plan)
@@ -416,8 +414,8 @@ def committed_results(store: Any, plan: list[Split]) -> list[dict[str, Any]]:
 
 
 def _task_results(store: Any, split: Split, marker: dict[str, Any]) -> dict[str, Any]:
-    """One task's results from its part's footer. A part of its recorded size that cannot be read
-    (the listing that finds deleted and truncated parts opens none) is named with the fix."""
+    """One task's results from its part's footer. A part that cannot be read (damaged after this
+    run's check of every part) is named with the fix."""
     try:
         raw = store.read_part_metadata(marker["part"])[RESULTS_METADATA.encode()]
     except (FileNotFoundError, ValueError, KeyError) as exc:  # ArrowInvalid is a ValueError

@@ -534,15 +534,12 @@ def build_engine(config: JobConfig) -> Engine:
 def check_sampling_lengths(config: JobConfig, max_model_len: int) -> None:
     """[sampling] max_tokens and min_tokens as the spec writes them (a checkpoint's default may
     exceed max_model_len: generation just ends there) must fit max_model_len."""
+    from shardinfer.pipeline.row_limits import over_max_model_len
+
     for name in ("max_tokens", "min_tokens"):
         value = config.sampling.get(name)
         if isinstance(value, int) and value > max_model_len:
-            raise ConfigError(
-                f"sampling.{name}={value} is above max_model_len={max_model_len}, the most a request can "
-                f"ever hold: lower it to {max_model_len} or less"
-                + (f" (max_tokens = {max_model_len} generates until prompt and output fill it)"
-                   if name == "max_tokens" else "")
-            )
+            raise ConfigError(f"sampling.{over_max_model_len(name, value, max_model_len)}")
 
 
 def model_length_limit(config: JobConfig) -> int | None:

@@ -35,6 +35,13 @@ class LimitError(ValueError):
         self.field = field
 
 
+def over_max_model_len(name: str, value: int, max_model_len: int) -> str:
+    """Why `name` (max_tokens or min_tokens) = value cannot be, and the value to set instead."""
+    fill = f" (max_tokens = {max_model_len} generates until prompt and output fill it)" if name == "max_tokens" else ""
+    return (f"{name}={value} is above max_model_len={max_model_len}, the most a request can ever hold; "
+            f"lower it to {max_model_len} or less{fill}")
+
+
 def check_limits(params: SamplingParams, max_model_len: int | None = None) -> None:
     """Raise LimitError for the first field of `params` above its bound (max_tokens and min_tokens
     against `max_model_len`: a request never generates past it, so a larger value is a mistake)."""
@@ -44,13 +51,7 @@ def check_limits(params: SamplingParams, max_model_len: int | None = None) -> No
         for name in ("max_tokens", "min_tokens"):
             value = getattr(params, name)
             if value is not None and value > max_model_len:
-                raise LimitError(
-                    name,
-                    f"{name}={value} is above max_model_len={max_model_len}, the most a request can ever "
-                    f"hold; lower it to {max_model_len} or less"
-                    + (f" (max_tokens = {max_model_len} generates until prompt and output fill it)"
-                       if name == "max_tokens" else ""),
-                )
+                raise LimitError(name, over_max_model_len(name, value, max_model_len))
     if len(params.stop) > MAX_STOP_STRINGS:
         raise LimitError(
             "stop", f"stop has {len(params.stop)} strings, above the limit of {MAX_STOP_STRINGS}"

@@ -331,7 +331,14 @@ def moe_lb(rank_load: torch.Tensor) -> float:
             f"rank_load has {rows[row, rank].item()} at row {row}, rank {rank}; loads must be "
             f"finite and non-negative"
         )
-    mean = rows.mean(dim=1).sum()
-    if rows.shape[0] == 0 or float(mean) == 0.0:
-        return 1.0
-    return float(rows.max(dim=1).values.sum() / mean)
+    peak, mean = peak_and_mean(rows)
+    return peak / mean if mean else 1.0
+
+
+def peak_and_mean(rows: torch.Tensor) -> tuple[float, float]:
+    """moe_lb's two sums over the rows of a [rows, num_ranks] load: the busiest rank's load and the
+    mean rank's (callers that accumulate rows, such as a window of steps, keep the sums)."""
+    if rows.shape[0] == 0:
+        return 0.0, 0.0
+    rows = rows.to(torch.float64)
+    return float(rows.max(dim=1).values.sum()), float(rows.mean(dim=1).sum())

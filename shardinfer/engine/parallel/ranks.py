@@ -40,6 +40,7 @@ from shardinfer.engine.parallel.group import DEFAULT_TIMEOUT_S, ExpertParallelEr
 from shardinfer.engine.parallel.placement import (
     ExpertPlacement,
     balanced_placement,
+    peak_and_mean,
     static_placement,
 )
 from shardinfer.engine.prompt_checks import tokenize_prompt
@@ -110,8 +111,7 @@ class StepBalance:
         """One step: each rank's rows per MoE layer (ranks that ran no MoE layer report none)."""
         if not rows_per_rank or not all(rows_per_rank) or len({len(r) for r in rows_per_rank}) != 1:
             return
-        layers = torch.tensor(rows_per_rank, dtype=torch.float64).T  # [layers, ranks]
-        peak, mean = float(layers.max(dim=1).values.sum()), float(layers.mean(dim=1).sum())
+        peak, mean = peak_and_mean(torch.tensor(rows_per_rank, dtype=torch.float64).T)  # [layers, ranks]
         self.peak += peak
         self.mean += mean
         self.recent.append((peak, mean))
