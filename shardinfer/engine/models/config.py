@@ -43,7 +43,6 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None
     max_position_embeddings: int
     tie_word_embeddings: bool
-    sliding_window: int | None
     torch_dtype: str | None
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
@@ -90,16 +89,24 @@ class ModelConfig:
                 rope_scaling["rope_type"] = rope_scaling.pop("type")
             if rope_scaling.get("rope_type") in ("default", None):
                 rope_scaling = None
+        max_positions = int(raw.get("max_position_embeddings", 2048))
+        if rope_scaling is not None and rope_scaling.get("rope_type") in ("llama3", "yarn", "longrope"):
+            # As transformers reads it: a top-level original_max_position_embeddings wins over the
+            # scaling's own, and with neither the scaling starts from max_position_embeddings.
+            top_level = raw.get("original_max_position_embeddings")
+            if top_level is not None:
+                rope_scaling["original_max_position_embeddings"] = top_level
+            elif rope_scaling.get("original_max_position_embeddings") is None:
+                rope_scaling["original_max_position_embeddings"] = max_positions
         theta = raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
         eos = raw.get("eos_token_id")
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
-        sliding = raw.get("sliding_window")
-        if raw.get("use_sliding_window") is False:
-            sliding = None
         head_dim = raw.get("head_dim") or hidden // heads
         return cls(
             architecture=arch,
-            model_type=model_type,
+            # The family flags (biases, q/k norms, windows) key on model_type; a config without one
+            # still names its family through the architecture.
+            model_type=model_type or {a: t for t, a in _ARCH_BY_MODEL_TYPE.items()}.get(arch, ""),
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
             num_hidden_layers=int(need("num_hidden_layers")),
@@ -110,9 +117,8 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            sliding_window=int(sliding) if sliding else None,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_ids=eos_ids,
             bos_token_id=raw.get("bos_token_id"),

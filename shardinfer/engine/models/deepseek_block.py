@@ -11,7 +11,7 @@ from torch import nn
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.deepseek_mla import DeepseekMLA
-from shardinfer.engine.models.deepseek_moe import DeepseekMoE, SwiGLUMLP
+from shardinfer.engine.models.deepseek_moe import DeepseekMoE, SwiGLUMLP, moe_setting
 from shardinfer.engine.models.layers import PreNormDecoderLayer, RMSNorm
 from shardinfer.engine.models.rope import RopeTable
 
@@ -21,7 +21,7 @@ def is_moe_layer(config: ModelConfig, layer_idx: int) -> bool:
     hf = config.hf
     if not hf.get("n_routed_experts"):
         return False
-    first_dense = int(hf.get("first_k_dense_replace") or 0)
+    first_dense = int(moe_setting(hf, "first_k_dense_replace") or 0)
     freq = int(hf.get("moe_layer_freq") or 1)
     return layer_idx >= first_dense and layer_idx % freq == 0
 

@@ -48,6 +48,23 @@ _ROUTERS = {("sigmoid", "noaux_tc"), ("softmax", "greedy"), ("softmax", "group_l
 _DEFAULTS = {"deepseek_v3": ("sigmoid", "noaux_tc"), "deepseek_v2": ("softmax", "greedy")}
 
 
+# transformers' DeepseekV3Config / DeepseekV2Config values for MoE keys a config.json leaves out.
+_KEY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": {"routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4, "n_shared_experts": 1,
+                    "first_k_dense_replace": 3},
+    "deepseek_v2": {"routed_scaling_factor": 1.0, "n_group": None, "topk_group": None, "n_shared_experts": 2,
+                    "first_k_dense_replace": 0},
+}
+
+
+def moe_setting(hf: dict[str, Any], key: str) -> Any:
+    """config.json's `key`, or, when the key is absent, the value transformers gives it for this
+    model_type: reading a missing key as 0 or 1 instead would run another network than the checkpoint's."""
+    if key in hf:
+        return hf[key]
+    return _KEY_DEFAULTS.get(hf.get("model_type", ""), _KEY_DEFAULTS["deepseek_v3"])[key]
+
+
 class RoutingConfig:
     """The router settings of config.json, validated once."""
 
@@ -62,11 +79,11 @@ class RoutingConfig:
                                  f"is not supported; supported pairs: {sorted(_ROUTERS)}")
         self.uses_bias = self.topk_method == "noaux_tc"
         grouped = self.topk_method != "greedy"
-        self.n_group = int(hf.get("n_group") or 1) if grouped else 1
-        self.topk_group = int(hf.get("topk_group") or self.n_group) if grouped else 1
+        self.n_group = int(moe_setting(hf, "n_group") or 1) if grouped else 1
+        self.topk_group = int(moe_setting(hf, "topk_group") or self.n_group) if grouped else 1
         # The official V2 code renormalises only for k > 1; V3's (sigmoid) always does when asked.
         self.renormalize = bool(hf.get("norm_topk_prob", self.uses_bias)) and (self.uses_bias or self.top_k > 1)
-        self.routed_scaling_factor = float(hf.get("routed_scaling_factor", 1.0))
+        self.routed_scaling_factor = float(moe_setting(hf, "routed_scaling_factor"))
         if self.n_routed_experts % self.n_group:
             raise ModelLoadError(f"n_routed_experts={self.n_routed_experts} is not divisible by "
                                  f"n_group={self.n_group}: fix config.json")
@@ -179,7 +196,7 @@ class DeepseekMoE(nn.Module):
         inter = int(hf["moe_intermediate_size"])
         self.gate = Router(routing, config.hidden_size, numerics)
         self.experts = RoutedExperts(routing.n_routed_experts, config.hidden_size, inter, numerics)
-        n_shared = int(hf.get("n_shared_experts") or 0)
+        n_shared = int(moe_setting(hf, "n_shared_experts") or 0)
         self.shared_experts = SwiGLUMLP(config.hidden_size, inter * n_shared, numerics) if n_shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.deepseek_block import DeepseekDecoderLayer
 from shardinfer.engine.models.deepseek_mla import DeepseekMLA, MLADims
+from shardinfer.engine.models.deepseek_moe import moe_setting
 from shardinfer.engine.models.deepseek_mtp import MTPLayer
 from shardinfer.engine.models.fp8 import WeightLoader, dequantize_fp8, fp8_format, pair_fp8_weights
 from shardinfer.engine.models.layers import Linear, RMSNorm, embedding
@@ -163,9 +164,12 @@ class DeepseekV3ForCausalLM(nn.Module):
                 filled[filled_name][where[: filled[filled_name].ndim]] = True
         loader.finish()
         if unexpected:
+            keys = "num_hidden_layers, num_nextn_predict_layers"
+            if any(".mlp." in name for name in unexpected):  # a layer's MLP is not the kind config.json says
+                keys += ", first_k_dense_replace, moe_layer_freq, n_shared_experts"
             raise CheckpointError(f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
                                   f"that {self.config.architecture} does not use: is config.json the "
-                                  "checkpoint's own (num_hidden_layers, num_nextn_predict_layers)?")
+                                  f"checkpoint's own ({keys})?")
         self._drop_absent_mtp_layers(filled)
         missing = sorted(n for n, mask in filled.items() if not bool(mask.all()))
         if missing:
@@ -222,7 +226,7 @@ class DeepseekV3ForCausalLM(nn.Module):
             suffix = f".{proj}.weight"
             if target.endswith(suffix) and (".mlp." in target):
                 hf = self.config.hf
-                inter = (int(hf["moe_intermediate_size"]) * int(hf.get("n_shared_experts") or 0)
+                inter = (int(hf["moe_intermediate_size"]) * int(moe_setting(hf, "n_shared_experts") or 0)
                          if ".shared_experts." in target else self.config.intermediate_size)
                 return target[: -len(suffix)] + ".gate_up_proj.weight", (slice(half * inter, (half + 1) * inter),)
         return target, ()

@@ -1,8 +1,8 @@
 """Dense decoder-only transformers: Llama, Qwen2, Qwen3 and Mistral in one implementation.
 
 They differ only in flags: attention biases (Qwen2, Llama's attention_bias), per-head q/k RMSNorm
-before RoPE (Qwen3), a sliding attention window (Mistral, and any layer that `layer_types` marks
-"sliding_attention"), tied embeddings, and the RoPE scaling. Q/K/V and gate/up projections are
+before RoPE (Qwen3), a sliding attention window (Mistral; Qwen2 and Qwen3 with use_sliding_window,
+see layer_windows), tied embeddings, and the RoPE scaling. Q/K/V and gate/up projections are
 fused into one matmul each; the loader splits checkpoint tensors into their row ranges. FP8
 block-scaled checkpoints load as engine/models/fp8.py describes.
 """
@@ -10,6 +10,7 @@ block-scaled checkpoints load as engine/models/fp8.py describes.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,17 +33,43 @@ FUSED_PROLOGUE = True
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 
+# transformers' values for configs that leave these keys out (Mistral, Qwen2 and Qwen3 configs).
+DEFAULT_SLIDING_WINDOW = 4096
+DEFAULT_MAX_WINDOW_LAYERS = 28
+
+
 def layer_windows(config: ModelConfig) -> list[int | None]:
-    """Each layer's attention window (None: full attention)."""
-    layer_types = config.hf.get("layer_types")
-    if layer_types:
-        return [config.sliding_window if t == "sliding_attention" else None for t in layer_types]
-    full_first = config.hf.get("max_window_layers")
-    if config.sliding_window is not None and full_first is not None and config.model_type == "qwen2":
-        # Configs written before `layer_types` existed: Qwen2's first max_window_layers layers
-        # attend to everything, the rest use the window.
-        return [None if i < full_first else config.sliding_window for i in range(config.num_hidden_layers)]
-    return [config.sliding_window] * config.num_hidden_layers
+    """Each layer's attention window (None: full attention), read as transformers reads each family.
+
+    Llama has no sliding attention: a `sliding_window` key in its config is ignored. Mistral uses
+    `sliding_window` on every layer (`layer_types` is not a Mistral key). Qwen2 and Qwen3 use it only
+    with `use_sliding_window` true, and then on the layers `layer_types` marks "sliding_attention",
+    or, for configs written before `layer_types` existed, on layers from `max_window_layers` on.
+    """
+    hf, n = config.hf, config.num_hidden_layers
+    if config.model_type == "mistral":
+        return [_window(hf)] * n
+    if config.model_type not in ("qwen2", "qwen3"):
+        return [None] * n
+    window = _window(hf) if hf.get("use_sliding_window", False) else None
+    layer_types = hf.get("layer_types")
+    if not layer_types:
+        full_first = hf.get("max_window_layers")
+        full_first = DEFAULT_MAX_WINDOW_LAYERS if full_first is None else int(full_first)
+        layer_types = ["sliding_attention" if i >= full_first else "full_attention" for i in range(n)]
+    if len(layer_types) != n:
+        raise ModelLoadError(f"config.json layer_types has {len(layer_types)} entries but num_hidden_layers={n}: "
+                             "give one entry per layer")
+    return [window if t == "sliding_attention" else None for t in layer_types]
+
+
+def _window(hf: dict[str, Any]) -> int | None:
+    """`sliding_window` (transformers' default when absent; null or 0 means full attention)."""
+    value = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ModelLoadError(f"config.json sliding_window={value!r} is not a window length: give a positive "
+                             "integer, or null for full attention")
+    return value or None
 
 
 class DenseAttention(nn.Module):
@@ -128,6 +155,11 @@ class DenseForCausalLM(nn.Module):
         act = config.hf.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise ModelLoadError(f"hidden_act={act!r} is not supported for {config.architecture}; supported: silu")
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        if kv_heads <= 0 or heads % kv_heads:
+            # Grouped-query attention shares each K/V head among a whole number of query heads.
+            raise ModelLoadError(f"config.json num_attention_heads={heads} is not a multiple of "
+                                 f"num_key_value_heads={kv_heads}: is config.json the checkpoint's own?")
         self.config = config
         self.numerics = numerics
         rope_dim = config.head_dim

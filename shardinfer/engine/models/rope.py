@@ -13,7 +13,15 @@ import torch
 
 from shardinfer.errors import ModelLoadError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+# The keys transformers requires of each scaling (it refuses a config without them, and so do we).
+# config.ModelConfig fills original_max_position_embeddings in as transformers does.
+_REQUIRED_KEYS = {
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
 
 
 def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -22,7 +30,7 @@ def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
 
 def _llama3(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     factor = float(s["factor"])
-    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    low, high = float(s["low_freq_factor"]), float(s["high_freq_factor"])
     old_len = float(s["original_max_position_embeddings"])
     low_wavelen, high_wavelen = old_len / low, old_len / high
     wavelen = 2 * math.pi / inv_freq
@@ -39,7 +47,7 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 def _yarn(dim: int, base: float, s: dict[str, Any], max_pos: int) -> tuple[torch.Tensor, float]:
     factor = float(s["factor"])
-    orig = int(s.get("original_max_position_embeddings") or max_pos)
+    orig = int(s["original_max_position_embeddings"])
     beta_fast, beta_slow = float(s.get("beta_fast") or 32), float(s.get("beta_slow") or 1)
     mscale, mscale_all = s.get("mscale"), s.get("mscale_all_dim")
     attention_factor = s.get("attention_factor")
@@ -68,18 +76,33 @@ def _yarn(dim: int, base: float, s: dict[str, Any], max_pos: int) -> tuple[torch
 def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None,
                   max_position_embeddings: int) -> tuple[torch.Tensor, float]:
     """(inv_freq [dim // 2], attention factor multiplying cos and sin)."""
-    kind = (scaling or {}).get("rope_type", "default")
+    kind = check_rope_scaling(scaling)
     inv = _default_inv_freq(dim, base)
-    if kind == "default":
+    if kind in ("default", "dynamic"):
+        # Dynamic NTK scaling changes the frequencies only for sequences longer than
+        # max_position_embeddings, and the engine never runs one (max_model_len is capped there).
         return inv, 1.0
     assert scaling is not None
     if kind == "linear":
         return inv / float(scaling["factor"]), 1.0
     if kind == "llama3":
         return _llama3(inv, scaling), 1.0
-    if kind == "yarn":
-        return _yarn(dim, base, scaling, max_position_embeddings)
-    raise ModelLoadError(f"rope scaling type {kind!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
+    return _yarn(dim, base, scaling, max_position_embeddings)
+
+
+def check_rope_scaling(scaling: dict[str, Any] | None) -> str:
+    """The scaling's rope_type, or a ModelLoadError naming the config value the engine cannot honour."""
+    kind = str((scaling or {}).get("rope_type", "default"))
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(f"config.json rope_scaling (or rope_parameters) has rope_type={kind!r}, which this "
+                             f"engine does not implement; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    for key in _REQUIRED_KEYS.get(kind, ()):
+        value = (scaling or {}).get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ModelLoadError(f"config.json rope_scaling (or rope_parameters) of rope_type={kind!r} has "
+                                 f"{key}={value!r}: it needs a positive number there (transformers refuses "
+                                 "it too); fix config.json")
+    return kind
 
 
 class RopeTable:

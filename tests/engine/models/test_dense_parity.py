@@ -8,6 +8,7 @@ import torch
 from shardinfer import LLM, SamplingParams
 from tests.engine.engine_helpers import batch_logits
 from tests.engine.hf_reference import hf_greedy, hf_logits, hf_model
+from tests.engine.models.deepseek_helpers import hf_greedy as recomputed_greedy
 
 CASES = {
     "llama-tied-llama3": ("llama", dict(tie_word_embeddings=True, rope_scaling={
@@ -69,3 +70,16 @@ def test_prompt_logprobs_match_transformers(qwen3_dir) -> None:
     top = out.prompt_top_logprobs[5]
     assert top is not None
     assert [t for t, _ in top] == torch.topk(want[4], 3).indices.tolist()
+
+
+def test_llama_ignores_a_window_in_its_config_as_transformers_forward_does(tiny_checkpoint) -> None:
+    """transformers' Llama attention has no window; its cached generate() would window the cache
+    anyway (the cache reads config.sliding_window), so the reference recomputes without a cache."""
+    model_dir = tiny_checkpoint("llama", sliding_window=12)
+    llm = LLM(model_dir, device="cpu", dtype="float32")
+    ref = hf_model(model_dir)
+    prompt = _prompts(llm.llm_engine.model_config.vocab_size)[2]
+    (got,) = batch_logits(llm.llm_engine, [prompt])
+    assert (got - hf_logits(ref, prompt)).abs().max().item() <= 1e-4
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    assert out.outputs[0].token_ids == recomputed_greedy(ref, prompt, 12)
