@@ -40,6 +40,10 @@ def _is_token_ids(value: Any) -> bool:
     )
 
 
+def _is_empty_ids(value: Any) -> bool:
+    return isinstance(value, list | tuple) and not value
+
+
 def normalize_prompts(prompts: Any) -> list[str | list[int]]:
     """vLLM's prompt forms -> a list of texts and token-id lists; anything else is a ValueError
     naming the prompt and the accepted forms (a dict is never mistaken for a list of its keys)."""
@@ -55,6 +59,13 @@ def _one_prompt(i: int, prompt: Any) -> str | list[int]:
         return prompt
     if _is_token_ids(prompt):
         return [int(t) for t in prompt]
+    if _is_empty_ids(prompt) or (
+        isinstance(prompt, Mapping)
+        and set(prompt) == {"prompt_token_ids"}
+        and _is_empty_ids(prompt["prompt_token_ids"])
+    ):
+        # Named as what it is: the form is right, the prompt is empty.
+        raise ValueError(f"prompt {i} is an empty list of token ids: give at least one token id")
     if isinstance(prompt, Mapping):
         keys = set(prompt)
         if keys == {"prompt"} and isinstance(prompt["prompt"], str):
@@ -84,6 +95,12 @@ class LLM:
     def get_tokenizer(self) -> Any:
         """The model's tokenizer (encode, decode, apply_chat_template), as vLLM's LLM.get_tokenizer."""
         return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The params `generate` uses when given None, as vLLM's: the checkpoint's
+        generation_config.json over SamplingParams' own defaults. An explicit SamplingParams does
+        not inherit them; start from these (`.replace(max_tokens=64)`) to keep them."""
+        return self.llm_engine.default_params()
 
     def generate(
         self,

@@ -2,8 +2,8 @@
 each into its request (logprobs, grammar, stop checks), prompt logprobs, and `RequestOutput`s.
 
 Stop checks, in order: stop token ids and EOS (unless ignore_eos; both only after min_tokens),
-stop strings on the detokenized text (the matched string is cut from the text unless
-include_stop_str_in_output), a finished grammar, then max_tokens and max_model_len.
+stop strings on the detokenized text (the matched string, or the stop token's text, is cut from the
+text unless include_stop_str_in_output), a finished grammar, then max_tokens and max_model_len.
 """
 
 from __future__ import annotations
@@ -138,7 +138,9 @@ def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
     may_stop = n_out >= p.min_tokens
     is_eos = not p.ignore_eos and token in tokenizer.eos_token_ids
     if may_stop and (is_eos or token in p.stop_token_ids):
-        text = tokenizer.decode(req.output_token_ids[: n_out - 1], p.skip_special_tokens)
+        # As vLLM: the stop token's own text is part of the output only with include_stop_str_in_output.
+        kept = n_out if p.include_stop_str_in_output else n_out - 1
+        text = tokenizer.decode(req.output_token_ids[:kept], p.skip_special_tokens)
         # vLLM's stop_reason: the stop token id, but None for an end-of-sequence token.
         return RequestStatus.FINISHED_STOPPED, None if is_eos else token, text
     total = req.num_prompt_tokens + n_out
@@ -150,11 +152,13 @@ def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
         return status, None, text
     text = tokenizer.decode(req.output_token_ids[:n_out], p.skip_special_tokens)
     if may_stop:
-        # Only a match that ends in the newest token's text is new; earlier text was checked before.
-        window_start = max(0, len(req.output_text) - max(len(s) for s in p.stop))
+        # Only a match that ends past the text already checked is new: it starts at most
+        # len(s) - 1 characters before that text's end (an older one was either found then or
+        # came before min_tokens, where stop strings do not count).
+        checked = _checked_prefix_len(req.output_text, text)
         best: tuple[int, str] | None = None
         for s in p.stop:
-            idx = text.find(s, window_start)
+            idx = text.find(s, max(0, checked - len(s) + 1))
             if idx >= 0 and (best is None or idx < best[0]):
                 best = (idx, s)
         if best is not None:
@@ -162,6 +166,27 @@ def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
             cut = idx + len(s) if p.include_stop_str_in_output else idx
             return RequestStatus.FINISHED_STOPPED, s, text[:cut]
     return _end_status(req, n_out, total, max_model_len), None, text
+
+
+def _checked_prefix_len(previous: str, text: str) -> int:
+    """How much of `text` (the output decoded now) was already searched for stop strings as
+    `previous` (the output decoded one token earlier).
+
+    Decoding more tokens can rewrite the end of the earlier text: an incomplete UTF-8 character
+    decodes to replacement characters, one per byte with a byte-fallback tokenizer, and to the
+    character itself once its last byte arrives. So `previous` is only trusted up to its trailing
+    replacement characters, and only where `text` still agrees with it.
+    """
+    stable = len(previous.rstrip("\ufffd"))
+    if text.startswith(previous[:stable]):
+        return stable
+    # A decoder that rewrote earlier text (rare): trust only the common prefix.
+    same = 0
+    for a, b in zip(previous[:stable], text, strict=False):
+        if a != b:
+            break
+        same += 1
+    return same
 
 
 def _end_status(req: Request, n_out: int, total: int, max_model_len: int) -> RequestStatus | None:

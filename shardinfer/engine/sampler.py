@@ -3,7 +3,7 @@
 Each row is processed alone (per-row ops only), so a row's token never depends on its batch:
   raw logits -> logprobs (returned: the raw model distribution)
   -> penalties (repetition / presence / frequency) -> min_tokens and grammar masks (-inf)
-  -> greedy argmax when temperature == 0, else
+  -> greedy argmax when temperature == 0 (or below GREEDY_BELOW, as vLLM), else
      /T -> top-k, then top-p and min-p over the survivors (kernels/reference_sampling.py defines
      the sets) -> + Gumbel noise g(seed, position, token id) -> argmax.
 Ties go to the lowest token id.
@@ -178,7 +178,7 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], grammar: Gra
     # Every row's sampling settings in one copy (a launch path with asynchronous scheduling).
     temperature, top_k, top_p, min_p, seeds, positions = columns_to_device(
         [
-            np.array([r.params.temperature for r in rows], dtype=np.float32),
+            np.array([0.0 if r.params.greedy else r.params.temperature for r in rows], dtype=np.float32),
             np.array([r.params.top_k for r in rows], dtype=np.int32),
             np.array([r.params.top_p for r in rows], dtype=np.float32),
             np.array([r.params.min_p for r in rows], dtype=np.float32),
@@ -212,7 +212,7 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], grammar: Gra
 def _filters(p: SamplingParams, vocab: int) -> bool:
     """Whether a row restricts its candidates by top_k / top_p / min_p (kernels/sampling.py's
     definitions of "off"); greedy rows never do."""
-    if p.temperature <= 0.0:
+    if p.greedy:
         return False
     return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
 

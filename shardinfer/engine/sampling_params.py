@@ -12,6 +12,7 @@ name, still accepted as a keyword and readable as an attribute.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,10 @@ from typing import Any
 from shardinfer.engine.field_types import check_field_types, shown
 
 MAX_TOP_LOGPROBS = 20
+# A temperature below this samples greedily, as in vLLM. The sampler divides float32 logits by the
+# temperature: by a float32 subnormal one (or 0 after rounding) the quotients overflow to +-inf and
+# the choice among equal infinities ignores the logits; far before that, sampling is argmax anyway.
+GREEDY_BELOW = 1e-5
 SO_SCHEMA_TYPES = ("json", "regex", "ebnf", "lark", "choice")
 TOP_K_OFF = -1  # also accepted: 0, vLLM's and generation_config.json's "off"
 MAX_TOP_K = 2**31 - 1  # the sampler keeps top_k in 32-bit integers
@@ -54,6 +59,14 @@ class SamplingParams:
     # of equality, repr or to_json_dict, so either spelling makes the same params.
     so_args: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # Python's own message for an unknown keyword names it but not the field meant; transformers'
+        # and OpenAI's names for the same settings are the usual slips.
+        unknown = [name for name in kwargs if name not in cls.field_names()]
+        if unknown:
+            raise TypeError(_unknown_field_message(unknown[0], cls.field_names()))
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         def set_(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)  # frozen: only construction sets fields
@@ -81,7 +94,7 @@ class SamplingParams:
             return ValueError(f"SamplingParams.{name}={shown(value)} is invalid: {why}")
 
         if not (self.temperature >= 0.0):
-            raise bad("temperature", self.temperature, "must be >= 0 (0 means greedy)")
+            raise bad("temperature", self.temperature, f"must be >= 0 (0, or below {GREEDY_BELOW}, means greedy)")
         if not (0.0 < self.top_p <= 1.0):
             raise bad("top_p", self.top_p, "must be in (0, 1]")
         if self.top_k < -1:
@@ -134,7 +147,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Whether tokens are the argmax of the (penalised, masked) logits: temperature 0, or one
+        below GREEDY_BELOW."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
@@ -158,6 +173,30 @@ class SamplingParams:
         return [f.name for f in dataclasses.fields(cls)]
 
 
+# Other libraries' names for SamplingParams fields (transformers' generate, OpenAI's API).
+_FIELD_ALIASES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "num_return_sequences": "n",
+    "stop_sequences": "stop",
+    "stop_strings": "stop",
+    "top_logprobs": "logprobs",
+    "response_format": "structured_output",
+    "guided_decoding": "structured_output",
+    "eos_token_id": "stop_token_ids",
+}
+
+
+def _unknown_field_message(name: str, fields: list[str]) -> str:
+    """What to write instead of an unknown SamplingParams keyword."""
+    if name == "do_sample":
+        return ("SamplingParams has no field 'do_sample': use temperature=0.0 for greedy decoding "
+                "(do_sample=False), or a temperature > 0 to sample")
+    meant = _FIELD_ALIASES.get(name) or next(iter(difflib.get_close_matches(name, fields, n=1, cutoff=0.6)), None)
+    hint = f": did you mean {meant!r}?" if meant else f"; its fields are {', '.join(fields)}"
+    return f"SamplingParams has no field {name!r}{hint}"
+
+
 # generation_config.json keys that are sampling defaults, and the SamplingParams field each sets.
 _GENERATION_CONFIG_KEYS = {
     "temperature": "temperature",
@@ -173,9 +212,20 @@ def checkpoint_sampling_defaults(model_dir: str | Path) -> dict[str, Any]:
     """The sampling defaults a checkpoint's generation_config.json sets, as SamplingParams fields.
 
     `do_sample: false` means greedy (temperature 0); `top_k: 0` means off, as in vLLM and
-    transformers. Nothing else of the file is a sampling default (eos ids come with the model).
+    transformers. Nothing else of the file is a sampling default (its eos ids are the
+    tokenizer's, checkpoint_eos_token_ids).
     A missing file or directory gives {}: the SamplingParams field defaults then apply.
     """
+    raw = _generation_config(model_dir)
+    out = {name: raw[key] for key, name in _GENERATION_CONFIG_KEYS.items() if raw.get(key) is not None}
+    if raw.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
+
+
+def _generation_config(model_dir: str | Path) -> dict[str, Any]:
+    """generation_config.json as a dict ({} when absent); a file that is not a JSON object is a
+    ValueError naming it."""
     path = Path(model_dir) / "generation_config.json"
     if not path.is_file():
         return {}
@@ -187,10 +237,24 @@ def checkpoint_sampling_defaults(model_dir: str | Path) -> dict[str, Any]:
         raise ValueError(
             f"{str(path)!r} holds {type(raw).__name__}, expected a JSON object: fix or remove it"
         )
-    out = {name: raw[key] for key, name in _GENERATION_CONFIG_KEYS.items() if raw.get(key) is not None}
-    if raw.get("do_sample") is False:
-        out["temperature"] = 0.0
-    return out
+    return raw
+
+
+def checkpoint_eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
+    """The end-of-sequence ids a checkpoint's generation_config.json names (() when none).
+
+    Instruct checkpoints often list more ids there than config.json does (Qwen2.5's
+    <|endoftext|> beside <|im_end|>, Llama 3's <|eot_id|>), and transformers' generate() and vLLM
+    stop at each of them, so the engine must too.
+    """
+    eos = _generation_config(model_dir).get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    for value in ids:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            path = str(Path(model_dir) / "generation_config.json")
+            raise ValueError(f"{path!r}: eos_token_id holds {value!r}, expected a token id (an integer >= 0) or "
+                             "a list of them: fix or remove it")
+    return tuple(ids)
 
 
 def default_sampling_params(model_dir: str | Path, **overrides: Any) -> SamplingParams:

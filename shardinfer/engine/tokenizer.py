@@ -1,9 +1,10 @@
 """Tokenizer and chat template of a model directory, without transformers.
 
 `tokenizer.json` is read by `tokenizers`; special tokens and the chat template come from
-`tokenizer_config.json`; the chat template is compiled once, on first use, and rendered in the
-environment transformers uses (engine/chat_template.py), inside jinja2's sandbox so a checkpoint's
-template cannot reach Python internals.
+`tokenizer_config.json` (end-of-sequence ids also from `config.json` and `generation_config.json`);
+the chat template is compiled once, on first use, and rendered in the environment transformers uses
+(engine/chat_template.py), inside jinja2's sandbox so a checkpoint's template cannot reach Python
+internals.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Literal, overload
 from tokenizers import Tokenizer as HFTokenizer
 
 from shardinfer.engine.chat_template import SPECIAL_TOKEN_NAMES, ChatTemplate
+from shardinfer.engine.sampling_params import checkpoint_eos_token_ids
 from shardinfer.errors import ModelLoadError
 
 
@@ -68,7 +70,13 @@ class Tokenizer:
         if template is None and jinja_path.is_file():
             template = jinja_path.read_text()
         self.chat_template: str | None = template
+        # End-of-sequence ids: config.json's (passed in), generation_config.json's, then the
+        # tokenizer's eos_token, as transformers and vLLM stop at each of them.
         ids = list(eos_token_ids)
+        try:
+            ids += [t for t in checkpoint_eos_token_ids(model_dir) if t not in ids]
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
         if self.eos_token is not None:
             eos_id = self._tok.token_to_id(self.eos_token)
             if eos_id is not None and eos_id not in ids:

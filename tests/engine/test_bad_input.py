@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from shardinfer import LLM, SamplingParams
@@ -94,3 +96,10 @@ def test_missing_and_misshaped_tensors(tmp_path, qwen3_dir) -> None:
     (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(ModelLoadError, match="pickle checkpoints are never loaded"):
         LLM(tmp_path)
+
+
+@pytest.mark.parametrize("empty", [[[]], [{"prompt_token_ids": []}], ["Hello", ()]])
+def test_empty_token_id_prompt_is_named_as_empty(llm: LLM, empty: list[Any]) -> None:
+    index = len(empty) - 1
+    with pytest.raises(ValueError, match=rf"^prompt {index} is an empty list of token ids: give at least one"):
+        llm.generate(empty, SamplingParams(max_tokens=1), use_tqdm=False)

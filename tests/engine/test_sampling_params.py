@@ -103,3 +103,20 @@ def test_fields_cannot_be_assigned_after_construction_and_replace_validates() ->
     with pytest.raises(ValueError, match=r"SamplingParams\.max_tokens=1\.5: must be an integer"):
         p.replace(max_tokens=1.5)
     assert p.replace(n=3).n == 3 and p.n == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("max_new_tokens", "did you mean 'max_tokens'"),
+        ("num_return_sequences", "did you mean 'n'"),
+        ("temprature", "did you mean 'temperature'"),
+        ("do_sample", "use temperature=0.0 for greedy"),
+        ("zzz", "its fields are temperature, top_p"),
+    ],
+)
+def test_unknown_field_names_the_field_meant(name: str, hint: str) -> None:
+    with pytest.raises(TypeError, match=rf"^SamplingParams has no field '{name}'[:;] .*{hint}"):
+        SamplingParams(**{name: 1})
+    with pytest.raises(TypeError, match=rf"no field '{name}'"):
+        SamplingParams().replace(**{name: 1})

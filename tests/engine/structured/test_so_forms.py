@@ -109,3 +109,16 @@ def test_structured_output_and_its_old_name_so_args() -> None:
     assert old.replace(so_args=None).structured_output is None
     with pytest.raises(ValueError, match="both structured_output and so_args"):
         SamplingParams(structured_output=so, so_args={"schema_type": "json"})
+
+
+class _PydanticLike:
+    """Stands in for a pydantic model: what a user passes instead of its schema."""
+
+    @classmethod
+    def model_json_schema(cls) -> dict:
+        return {"type": "object"}
+
+
+def test_a_pydantic_model_as_schema_names_the_call_to_make(compiler: StructuredOutputCompiler) -> None:
+    with pytest.raises(GrammarError, match=r"must be a JSON object .*pass Model\.model_json_schema\(\)"):
+        compiler.compile({"schema_type": "json", "schema": _PydanticLike})
