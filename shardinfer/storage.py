@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec import AbstractFileSystem
 
-from shardinfer.errors import StorageError
+from shardinfer.errors import ConfigError, StorageError
 
 T = TypeVar("T")
 
@@ -152,9 +152,43 @@ def with_retries(policy: RetryPolicy, what: str, fn: Callable[[], T]) -> T:
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
-    """The fsspec filesystem for `url` and the path within it (protocol stripped)."""
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    """The fsspec filesystem for `url` and the path within it (protocol stripped).
+
+    A protocol fsspec does not know, a likely typo of one (`s3:/bucket`, which fsspec reads as a
+    local folder named `s3:`) and a store whose package is not installed are ConfigErrors naming
+    the URL, not a ValueError or ImportError from deep inside fsspec."""
+    _check_protocol(url)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as exc:
+        raise ConfigError(f"{url!r}: this store needs a package that is not installed ({exc})") from None
     return fs, path
+
+
+# Protocols LocalFileSystem strips itself, with one slash as with two (`file:/tmp/x` is /tmp/x).
+_LOCAL_PREFIXES = {"file", "local"}
+
+
+def _check_protocol(url: str) -> None:
+    if "::" in url:
+        return  # a chained URL (`simplecache::s3://...`): fsspec resolves each link itself
+    known = set(fsspec.available_protocols())
+    scheme, sep, rest = url.partition("://")
+    if sep and "/" not in scheme:
+        if scheme not in known:
+            hint = f"; protocols are lower case: {scheme.lower()}://{rest}" if scheme.lower() in known else ""
+            raise ConfigError(
+                f"{url!r}: unknown storage protocol {scheme!r}{hint} (s3://, file://, memory://, "
+                "http(s):// and the other fsspec protocols are understood)"
+            )
+        return
+    first = url.split("/", 1)[0]
+    if first.endswith(":") and first[:-1] in known - _LOCAL_PREFIXES:
+        fixed = f"{first[:-1]}://{url[len(first) :].lstrip('/')}"
+        raise ConfigError(
+            f"{url!r} would be a local path under a folder named {first!r}: did you mean {fixed!r}? "
+            f"(for a local folder of that name, write ./{url})"
+        )
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
@@ -197,11 +231,26 @@ def put_bytes(fs: AbstractFileSystem, path: str, data: bytes) -> None:
     fs.pipe_file(path, data)
 
 
+class FileInTheWayError(NotADirectoryError):
+    """A local write needs a folder where a file is (the folder itself, or one above it)."""
+
+
+def _make_folder(directory: str) -> None:
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        # Never a FileExistsError: to a create-if-absent caller that means "someone created this
+        # name first" (a lost commit race), not "a file stands where the folder must be".
+        raise FileInTheWayError(
+            errno.ENOTDIR, f"{directory} (or a folder above it) is a file, not a folder", directory
+        ) from exc
+
+
 def _write_temp(path: str, data: bytes) -> str:
     """A fsynced private temporary file holding `data`, next to local `path` (its directory is
     created); the caller moves or links it into place. A failed write leaves no temporary file."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
+    _make_folder(directory)
     tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
     try:
         with open(tmp, "wb") as f:

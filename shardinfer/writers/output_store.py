@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardinfer.errors import (
+    ConfigError,
     CorruptOutputError,
     DamagedPartsError,
     ExclusiveCreateUnsupportedError,
@@ -44,6 +45,7 @@ from shardinfer.errors import (
     StorageError,
 )
 from shardinfer.storage import (
+    FileInTheWayError,
     RetryPolicy,
     create_exclusive,
     delete_if_present,
@@ -67,6 +69,9 @@ from shardinfer.writers.markers import (
     parse_marker_name,
 )
 from shardinfer.writers.parts import (
+    FIX_JOB_FILE,
+    FIX_MARKER,
+    FIX_SUCCESS,
     PartInfo,
     cat_many,
     check_attempt,
@@ -85,9 +90,21 @@ if TYPE_CHECKING:
 JOB_FILE = "_job.json"
 SUCCESS_FILE = "_SUCCESS"
 MARKER_VERSION = 2
+# A resubmit of a finished job checks each part's presence and size, not its content (that would
+# read the whole output every time): a part changed at the same size is recomputed once it is gone.
+_FIX_CHANGED_PART = "delete that part file and run the job again: its split is computed again"
 # A temporary file of an interrupted local write is removed at finalize once it is this old: a
 # live writer's temporary file exists only for the moments of one write and fsync.
 STALE_TEMP_S = 600.0
+
+
+def _without_trailing_slashes(url: str) -> str:
+    """`url` without the slashes that end it, leaving a scheme's `://` whole (`s3://` is not the
+    local path `s3:`) and the root of a local disk (`/`) as it is."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "/" not in scheme:
+        return scheme + sep + (rest.rstrip("/") or rest[:1])
+    return url.rstrip("/") or url
 
 
 class OutputStore:
@@ -96,9 +113,16 @@ class OutputStore:
     def __init__(
         self, url: str, storage_options: dict[str, Any] | None = None, retries: RetryPolicy | None = None
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = _without_trailing_slashes(url)
         self.fs, root = filesystem(self.url, storage_options)
-        self.root = root.rstrip("/")
+        self.root = root.rstrip("/") or root
+        if not self.root.strip("/") and not is_local(self.fs):
+            # `s3://` names no bucket; stripped of its slashes it would even have become `s3:`,
+            # a local folder of that name in the working directory.
+            raise ConfigError(
+                f"output location {url!r} names no bucket or folder: give one, as in "
+                "s3://BUCKET/PREFIX (or memory://NAME, or a local directory)"
+            )
         self.retries = retries or RetryPolicy()
         self._generation: str | None = None
         # Split -> marker number to commit under: splits being repaired (their part was damaged).
@@ -123,18 +147,33 @@ class OutputStore:
                     f"{what}: no space left on the device or quota exceeded ({exc}); free space under "
                     f"{self.url} and run the job again (committed splits are kept)",
                 ) from exc
+            if isinstance(exc, FileInTheWayError):
+                raise ConfigError(
+                    f"{what}: {exc.strerror}; the output location {self.url} cannot hold its files "
+                    "there: move that file away, or set output.path to another folder"
+                ) from exc
+            if is_local(self.fs) and (isinstance(exc, PermissionError) or exc.errno == errno.EROFS):
+                # A folder's permissions or a read-only mount: no credential of an object store is
+                # involved, and no retry helps; a person fixes the folder or picks another.
+                raise ConfigError(
+                    f"{what}: {exc.strerror or exc}: this user cannot read and write the output "
+                    f"location {self.url}; fix the permissions of that folder (or its mount), or set "
+                    "output.path to a folder this user can write (committed splits are kept)"
+                ) from exc
             raise
 
-    def _read_json(self, path: str) -> dict[str, Any] | None:
+    def _read_json(self, path: str, fix: str) -> dict[str, Any] | None:
+        """The JSON record at `path` (None if absent); `fix` is what the error of an unreadable one
+        tells the user to do."""
         data = self._retry(f"read {full_url(self.fs, path)}", lambda: read_bytes_or_none(self.fs, path))
-        return None if data is None else parse_json(data, full_url(self.fs, path))
+        return None if data is None else parse_json(data, full_url(self.fs, path), fix)
 
     def _delete(self, path: str) -> None:
         self._retry(f"delete {full_url(self.fs, path)}", lambda: delete_if_present(self.fs, path))
 
     # --- _job.json and the generation ------------------------------------------------------------
     def read_job(self) -> dict[str, Any] | None:
-        return self._read_json(self._path(JOB_FILE))
+        return self._read_json(self._path(JOB_FILE), FIX_JOB_FILE)
 
     @property
     def generation(self) -> str:
@@ -265,7 +304,7 @@ class OutputStore:
             # the fence names that plainly (exit 78); only a store fault of our own is raised as is.
             self.check_fence()
             raise
-        existing = self._read_json(path)
+        existing = self._read_json(path, FIX_MARKER)
         if existing is not None and existing.get("part") == part.name:
             if existing.get("sha256") != part.sha256:
                 # Two workers used one attempt name: the part file now holds whichever wrote last.
@@ -333,7 +372,7 @@ class OutputStore:
             data = contents.get(path)
             if data is None:
                 continue  # deleted since the listing (a concurrent start-over)
-            marker = parse_json(data, full_url(self.fs, path))
+            marker = parse_json(data, full_url(self.fs, path), FIX_MARKER)
             if marker.get("split") != index or "part" not in marker:
                 raise CorruptOutputError(
                     f"{full_url(self.fs, path)} is not a commit marker for split {index}: {marker}; "
@@ -499,7 +538,7 @@ class OutputStore:
         self._delete(self._path(SUCCESS_FILE))
 
     def read_success(self) -> dict[str, Any] | None:
-        return self._read_json(self._path(SUCCESS_FILE))
+        return self._read_json(self._path(SUCCESS_FILE), FIX_SUCCESS)
 
     def success_problems(
         self, success: dict[str, Any], markers: dict[int, dict[str, Any]] | None = None
@@ -544,12 +583,13 @@ class OutputStore:
             if verify and hashlib.sha256(data).hexdigest() != marker["sha256"]:
                 raise CorruptOutputError(
                     f"{full_url(self.fs, path)} does not match the sha256 its commit marker records; the "
-                    "file was changed after commit; run the job again to recompute the split"
+                    f"file was changed after commit; {_FIX_CHANGED_PART}"
                 )
             table = pq.read_table(io.BytesIO(data))
             if verify and table.num_rows != marker["rows"]:
                 raise CorruptOutputError(
-                    f"{full_url(self.fs, path)} has {table.num_rows} rows, marker says {marker['rows']}"
+                    f"{full_url(self.fs, path)} has {table.num_rows} rows, marker says {marker['rows']}; "
+                    f"{_FIX_CHANGED_PART}"
                 )
             tables.append(table)
         if not tables:
@@ -563,11 +603,9 @@ class OutputStore:
         # A `.tmp-*` file in `_commits/` is a marker another run is creating right now: deleting it
         # would fail that run with a missing file instead of the fence's clear refusal. Old ones are
         # left to `_remove_stale_temporaries`.
-        commits = [
-            p
-            for p in list_files(self.fs, self._path(COMMITS_DIR))
-            if not posixpath.basename(p).startswith(".tmp-")
-        ]
+        directory = self._path(COMMITS_DIR)
+        listed = self._retry(f"list {full_url(self.fs, directory)}", lambda: list_files(self.fs, directory))
+        commits = [p for p in listed if not posixpath.basename(p).startswith(".tmp-")]
         for path in [self._path(SUCCESS_FILE), *commits]:
             self._delete(path)
         for path in self._listing():

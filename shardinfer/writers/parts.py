@@ -119,16 +119,31 @@ def json_bytes(value: dict[str, Any]) -> bytes:
     return (json.dumps(redact_strings(value), indent=1, sort_keys=True) + "\n").encode()
 
 
-def parse_json(data: bytes, url: str) -> dict[str, Any]:
+# What to do about an unreadable record, by its kind: each says a step that works (a start-over
+# of the same job keeps its markers, so it cannot be the fix for a damaged one).
+FIX_MARKER = "delete it and run the job again: its split is computed again"
+FIX_JOB_FILE = (
+    "the job cannot be resumed from it: delete it and run the job again with --conf "
+    "job.start_over=true (which clears the location's markers and parts), or write to a new output path"
+)
+FIX_SUCCESS = "delete it and run the job again: the run checks the committed parts and writes it anew"
+FIX_RECORD = "delete it"
+
+
+def parse_json(data: bytes, url: str, fix: str = FIX_RECORD) -> dict[str, Any]:
+    """The JSON object in `data`, read from `url`; CorruptOutputError naming `url` and `fix` if it
+    is not one (this program writes these records whole, so another program or a person did)."""
     try:
         value = json.loads(data)
     except ValueError as exc:
         raise CorruptOutputError(
-            f"{url} is not valid JSON ({exc}); it was not written by this program's commit protocol; "
-            "delete it (and re-run) or start the job over"
+            f"{url} is not valid JSON ({exc}); it was not written by this program's commit protocol; {fix}"
         ) from exc
     if not isinstance(value, dict):
-        raise CorruptOutputError(f"{url} holds {type(value).__name__}, not a JSON object")
+        raise CorruptOutputError(
+            f"{url} holds a JSON {type(value).__name__}, not an object; it was not written by this "
+            f"program's commit protocol; {fix}"
+        )
     return value
 
 

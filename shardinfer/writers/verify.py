@@ -3,9 +3,11 @@
 The marker records the part's size, sha256 and md5 as written. What each store checks:
 
     local disk   size from stat, then the file read back and its sha256 compared
-    s3://        size and ETag from one HEAD; the ETag of a single-part upload is the MD5 of the
-                 content, compared with the marker's md5; a multipart ETag (with a '-') is not
-                 a content hash, so such a part is read back and its sha256 compared
+    s3://        size and ETag from one HEAD; an ETag equal to the marker's md5 (a plain
+                 single-part upload) proves the content; any other ETag (a multipart upload's,
+                 with a '-', or one of an object encrypted with SSE-KMS or SSE-C, which is not
+                 an MD5 of the content) proves nothing, so the part is read back and its
+                 sha256 compared
     anything     the file read back: size and sha256 compared
     else
 
@@ -53,12 +55,20 @@ def part_damage(fs: AbstractFileSystem, path: str, marker: dict[str, Any]) -> st
                 f"its part file has {info.get('size')} bytes, the marker records {want_bytes} "
                 "(truncated or replaced)"
             )
-        etag = str(info.get("ETag", "")).strip('"')
-        if etag and "-" not in etag and marker.get("md5"):
-            if etag != marker["md5"]:
-                return "its part file's content (ETag) differs from what was committed (replaced)"
+        if _etag_is_marker_md5(info, marker):
             return None
+        # Any other ETag proves nothing either way: a multipart upload's is not a content hash, and
+        # neither is that of an object encrypted with SSE-KMS or SSE-C (a bucket's default
+        # encryption), which would otherwise fail every part of a correct job on every run.
     return _read_back(fs, path, marker)
+
+
+def _etag_is_marker_md5(info: dict[str, Any], marker: dict[str, Any]) -> bool:
+    """True when the object's ETag equals the MD5 the marker recorded: the content is the committed
+    one (an MD5 collision would take a deliberate forgery). False says nothing about the content."""
+    etag = str(info.get("ETag", "")).strip('"').lower()
+    md5 = str(marker.get("md5") or "").lower()
+    return bool(md5) and etag == md5
 
 
 def _read_back(fs: AbstractFileSystem, path: str, marker: dict[str, Any]) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -161,3 +162,58 @@ def test_store_ignoring_if_none_match_is_refused_before_any_commit(s3_bucket, fa
     with pytest.raises(ExclusiveCreateUnsupportedError, match="ignores If-None-Match"):
         other.commit(split, theirs)
     assert store.committed()[0]["attempt"] == "a1"  # the first commit was not overwritten
+
+
+class _EncryptedBucketView:
+    """The test bucket's s3fs filesystem, except that a HEAD (`info`) answers as a bucket with SSE-KMS
+    default encryption does: the ETag of a single-part upload is an opaque string, not the MD5 of
+    the content (moto always answers the MD5). Reads and writes go to moto unchanged."""
+
+    def __init__(self, fs: s3fs.S3FileSystem) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fs, name)
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        info: dict[str, Any] = self._fs.info(path, **kwargs)
+        opaque = hashlib.md5(b"kms:" + str(info.get("ETag")).encode(), usedforsecurity=False).hexdigest()
+        return {**info, "ETag": f'"{opaque}"'}
+
+
+def test_parts_in_an_encrypted_bucket_are_verified_by_content_not_etag(s3_bucket) -> None:
+    """With SSE-KMS no ETag equals the committed MD5: finalize must check the content itself, so a
+    correct part passes (before: every part 'replaced', on every run) and a part replaced at the
+    same size is still named."""
+    splits = plan(2)
+    store = new_store(s3_bucket.url("kms"), splits, storage_options=s3_bucket.storage_options)
+    store.fs = _EncryptedBucketView(store.fs)  # type: ignore[assignment]
+    parts = [store.write_part(s, "a1", table_for(s), {}) for s in splits]
+    for s, p in zip(splits, parts, strict=True):
+        assert store.commit(s, p)
+    assert store.damaged_parts() == {}
+    assert store.finalize({})["totals"]["rows"] == 6
+    # The same bytes with one flipped: the same size, another content.
+    path = f"{s3_bucket.name}/kms/{parts[1].name}"
+    data = bytearray(store.fs.cat_file(path))
+    data[len(data) // 2] ^= 0xFF
+    store.fs.pipe_file(path, bytes(data))
+    assert store.damaged_parts() == {
+        1: f"{parts[1].name}: its part file's sha256 differs from what was committed (replaced)"
+    }
+
+
+def test_a_start_over_clear_rides_out_a_fault_on_its_first_listing(s3_bucket, fault_proxy) -> None:
+    proxy = fault_proxy(every=0)
+    splits = plan(2)
+    store = _bare_store(f"s3://{s3_bucket.name}/clear", proxy.storage_options(), splits)
+    for s in splits:
+        assert store.commit(s, store.write_part(s, "a1", table_for(s), {}))
+    store.finalize({})
+    before = len(proxy.requests)
+    proxy.fail_next("503")  # the listing of `_commits/` that a clear starts with
+    store.clear()
+    assert proxy.requests[before][2] == "503"
+    fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
+    fs.invalidate_cache()
+    assert fs.find(s3_bucket.url("clear")) == []
