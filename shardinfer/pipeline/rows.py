@@ -11,6 +11,7 @@ with a stable `error_code` and the job goes on; only job-level mistakes (a missi
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -65,10 +66,16 @@ class PreparedRow:
     error: RowError | None = None
 
 
+def id_is_missing(id_value: Any) -> bool:
+    """Whether an id cell holds no id: null, or a float NaN (how pandas stores a missing value in a
+    numeric column; as text it would be the id "nan", shared by every such row)."""
+    return id_value is None or (isinstance(id_value, float) and math.isnan(id_value))
+
+
 def row_id_of(id_value: Any, file_index: int, row_index: int) -> str:
     """A row's id: its id column's value as text, or `"{file_index}:{row_index}"` without one (or
-    where it is null: such a row becomes an error record under that id)."""
-    return str(id_value) if id_value is not None else f"{file_index}:{row_index}"
+    where it is missing: such a row becomes an error record under that id)."""
+    return f"{file_index}:{row_index}" if id_is_missing(id_value) else str(id_value)
 
 
 class RowPreparer:
@@ -177,10 +184,11 @@ class RowPreparer:
         base_seed = params.seed if params.seed is not None else self.job_seed
         seeds: list[int | None] = list(sample_seeds(base_seed, params.n, row_id))
         prepared = PreparedRow(split_index, pos, row_id, params.n, seeds, passthrough)
-        if self.inp.id_column and row.get(self.inp.id_column) is None:
+        id_value = row.get(self.inp.id_column) if self.inp.id_column else None
+        if self.inp.id_column and id_is_missing(id_value):
             prepared.error = RowError(
                 INVALID_ROW,
-                f"id_column {self.inp.id_column!r} is null in this row; "
+                f"id_column {self.inp.id_column!r} is {'null' if id_value is None else 'NaN'} in this row; "
                 "every row needs an id (row_id falls back to file:row)",
             )
             return prepared
@@ -292,13 +300,16 @@ class RowPreparer:
                     messages = json.loads(messages)
                 except ValueError as exc:
                     raise RowError(
-                        INVALID_ROW, f"messages column holds a string that is not JSON: {exc}"
+                        INVALID_ROW,
+                        f"messages column {inp.messages_column!r} holds a string that is not JSON ({exc}): "
+                        f"{_short(messages)}; write the messages as a JSON list of "
+                        '{"role": ..., "content": ...} objects',
                     ) from None
             if isinstance(messages, list) and not messages:  # nothing to continue from, as a null
                 raise RowError(EMPTY_PROMPT, f"messages column {inp.messages_column!r} is an empty list")
             try:
                 check_depth("messages", messages)
-                messages = normalize_messages(messages)
+                messages = normalize_messages(_maps_as_dicts(messages))
             except (LimitError, MessageError) as exc:
                 raise RowError(INVALID_ROW, f"messages column {inp.messages_column!r}: {exc}") from None
             try:
@@ -358,6 +369,20 @@ def _seeded(params: SamplingParams, seed: int, first: bool) -> SamplingParams:
     if not first:
         out.__dict__["prompt_logprobs"] = None
     return out
+
+
+def _maps_as_dicts(value: Any) -> Any:
+    """`value` with each Arrow map cell, which Python sees as a list of (key, value) tuples, made a
+    dict: a messages column written as `array<map<string, string>>` (as Spark often writes chat
+    data) holds its messages that way. JSON never gives tuples, so nothing else is changed.
+    Recursive: the caller has bounded the depth (check_depth)."""
+    if isinstance(value, list):
+        if value and all(isinstance(item, tuple) and len(item) == 2 for item in value):
+            return {key: _maps_as_dicts(item) for key, item in value}
+        return [_maps_as_dicts(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _maps_as_dicts(item) for key, item in value.items()}
+    return value
 
 
 def _short(value: Any, limit: int = 120) -> str:

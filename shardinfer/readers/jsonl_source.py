@@ -5,12 +5,15 @@ Blank lines are skipped but keep their number. Planning reads each file once, co
 noting the byte offset where each split starts, so a split of an uncompressed file is read by
 seeking there; compressed files are scanned from the start.
 
-Arrow needs one schema per file: it is inferred from the first `SCHEMA_SAMPLE_LINES` objects
-(a column that is null throughout the sample is read as string; where sampled objects disagree on
-a key's type, the type most of them have). A line that cannot become a row of that schema (not
-JSON, not an object, nested too deeply, a key the sample did not have, a value of another type)
-is an error row carrying the reason (row_errors.py): the job records it and goes on, and no field
-is ever dropped silently.
+Arrow needs one schema per file: it is inferred from the first `SCHEMA_SAMPLE_LINES` objects,
+one column per key any of them has (a line without a key holds null there), each column typed
+from all its sampled values: a column that is null throughout the sample is read as string;
+objects give a struct of every key they have; where the values disagree, lists and objects alike
+(chat messages whose content is text in some lines and a list of parts in others) are read as
+their JSON text, and other values as the type most of them have. A line that cannot become a row
+of that schema (not JSON, not an object, nested too deeply, a key the sample did not have, at the
+top or inside an object, a value of another type) is an error row carrying the reason
+(row_errors.py): the job records it and goes on, and no field is ever dropped silently.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from shardinfer.splits import ROW_INDEX_COLUMN
 from shardinfer.storage import RetryPolicy, filesystem, with_retries
 
 SCHEMA_SAMPLE_LINES = 1000
+JSON_TEXT_KEY = b"shardinfer.json_text"  # field metadata of a column read as JSON text
 _CHUNK = 1 << 20
 _RETRY = RetryPolicy()
 
@@ -134,40 +138,101 @@ def infer_jsonl_schema(url: str, storage_options: dict) -> pa.Schema:
         if first_bad is not None:  # not one line of the sample is an object: not a JSONL file
             raise _not_jsonl(url, storage_options, first_bad) from None
         return pa.schema([])
-    try:
-        inferred = pa.Table.from_pylist(rows).schema
-    except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
-        inferred = _majority_schema(rows, url)
-    fields = [pa.field(f.name, pa.string()) if pa.types.is_null(f.type) else f for f in inferred]
-    return pa.schema(fields)
-
-
-def _majority_schema(rows: list[dict[str, Any]], url: str) -> pa.Schema:
-    """Each key's type as most sampled objects have it (first seen wins a tie); for a sample whose
-    objects disagree, so that the odd rows, not the whole file, are the errors."""
-    votes: dict[str, dict[str, tuple[int, pa.DataType]]] = {}
+    values: dict[str, list[Any]] = {}  # every key of the sample, in the order lines first name it
     for row in rows:
+        for name, value in row.items():
+            values.setdefault(name, []).append(value)
+    return pa.schema([_column_field(name, column) for name, column in values.items()])
+
+
+def _column_field(name: str, values: list[Any]) -> pa.Field:
+    """One column's field from its sampled values (a line without the key holds null there).
+
+    The type that holds them all (struct fields are the union of the sampled objects' keys); where
+    none does, and every value is a list or an object (chat messages whose content is text in some
+    lines and a list of parts in others), JSON text, which a messages column reads as it reads
+    any JSON string; otherwise the type most values have, so the odd lines, not the file, are the
+    errors."""
+    try:
+        kind = pa.array(values).type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
+        present = [v for v in values if v is not None]
+        if all(isinstance(v, list | dict) for v in present):
+            return pa.field(name, pa.string(), metadata={JSON_TEXT_KEY: b"1"})
+        kind = _majority_type(present)
+    return pa.field(name, _without_null(kind))
+
+
+def _majority_type(values: list[Any]) -> pa.DataType:
+    """The type most values have on their own (the first seen wins a tie)."""
+    votes: dict[str, tuple[int, pa.DataType]] = {}
+    for value in values:
         try:
-            schema = pa.Table.from_pylist([row]).schema
+            kind = pa.array([value]).type
         except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
-            continue  # a row mixing types inside one value: it will be an error row
-        for f in schema:
-            if pa.types.is_null(f.type):
-                votes.setdefault(f.name, {})
-                continue
-            count, _ = votes.setdefault(f.name, {}).get(str(f.type), (0, f.type))
-            votes[f.name][str(f.type)] = (count + 1, f.type)
-    if not votes:
-        raise InputSchemaError(f"{url}: no object of the first lines converts to Arrow; check the file")
-    fields = []
-    for name, kinds in votes.items():
-        best = max(kinds.values(), key=lambda v: v[0], default=(0, pa.null()))
-        fields.append(pa.field(name, best[1]))
-    return pa.schema(fields)
+            continue  # a value mixing types inside itself: its line will be an error row
+        count, _ = votes.get(str(kind), (0, kind))
+        votes[str(kind)] = (count + 1, kind)
+    return max(votes.values(), key=lambda v: v[0], default=(0, pa.null()))[1]
 
 
-def _row_problem(row: dict[str, Any], known: set[str], schema: pa.Schema) -> str | None:
-    """Why one object cannot be a row of `schema`, or None if it can."""
+def _without_null(kind: pa.DataType) -> pa.DataType:
+    """`kind` with the null type (a key null throughout the sample) read as string, at any depth."""
+    if pa.types.is_null(kind):
+        return pa.string()
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_without_null(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_without_null(f.type)) for f in kind])
+    return kind
+
+
+def is_json_text(field: pa.Field) -> bool:
+    """Whether the reader writes this column's values as JSON text (see _column_field)."""
+    return bool(field.metadata) and field.metadata.get(JSON_TEXT_KEY) == b"1"
+
+
+def _as_json_text(row: dict[str, Any], json_columns: list[str]) -> dict[str, Any]:
+    """The row with the values of JSON-text columns written as JSON text."""
+    if not json_columns:
+        return row
+    out = dict(row)
+    for name in json_columns:
+        if out.get(name) is not None:
+            out[name] = json.dumps(out[name], ensure_ascii=False)
+    return out
+
+
+def _unknown_key(value: Any, kind: pa.DataType, path: str) -> str | None:
+    """The path of the first object key in `value` that `kind` has no field for (Arrow would drop
+    it without a word), or None."""
+    if isinstance(value, dict) and pa.types.is_struct(kind):
+        for key, item in value.items():
+            index = kind.get_field_index(key)
+            if index < 0:
+                return f"{path}.{key}"
+            found = _unknown_key(item, kind.field(index).type, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(value, list) and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        for i, item in enumerate(value):
+            found = _unknown_key(item, kind.value_type, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _has_struct(kind: pa.DataType) -> bool:
+    if pa.types.is_struct(kind):
+        return True
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _has_struct(kind.value_type)
+    return False
+
+
+def _shape_problem(row: dict[str, Any], known: set[str], schema: pa.Schema, nested: list[str]) -> str | None:
+    """A key of `row`, at the top or inside an object of a `nested` column, that `schema` lacks:
+    Arrow would drop such a key silently, so the row is an error instead."""
     extra = set(row) - known
     if extra:
         return (
@@ -175,13 +240,49 @@ def _row_problem(row: dict[str, Any], known: set[str], schema: pa.Schema) -> str
             f"{SCHEMA_SAMPLE_LINES} lines ({schema.names}); put every key in the first lines (null is "
             "fine) or convert the input to Parquet"
         )
+    for name in nested:
+        field = schema.field(name)
+        unknown = _unknown_key(row.get(name), field.type, name)
+        if unknown is not None:
+            return (
+                f"key {unknown!r} is not among the fields of column {name!r} ({field.type}) inferred from "
+                f"the first {SCHEMA_SAMPLE_LINES} lines; give one of the first lines that key too (null "
+                "is fine) or convert the input to Parquet"
+            )
+    return None
+
+
+def _row_problem(row: dict[str, Any], known: set[str], schema: pa.Schema) -> str | None:
+    """Why one object (JSON-text columns already written as text) cannot be a row of `schema`, or None."""
+    shape = _shape_problem(row, known, schema, [f.name for f in schema if _has_struct(f.type)])
+    if shape is not None:
+        return shape
     try:
         pa.Table.from_pylist([row], schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError) as exc:
+        misfit = _misfit_key(row, schema)
+        if misfit is not None:
+            return misfit
         return (
             f"a value does not fit the column types inferred from the first lines ({exc}); make each "
             "key hold one type"
         )
+    return None
+
+
+def _misfit_key(row: dict[str, Any], schema: pa.Schema) -> str | None:
+    """The first key whose value does not fit its inferred column, named with the value."""
+    for name, value in row.items():
+        kind = schema.field(name).type
+        try:
+            pa.array([value], type=kind)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            return (
+                f"key {name!r} holds {shown} ({type(value).__name__}), but the first lines made it a "
+                f"column of {kind}; make each key hold one type (e.g. quote numbers meant as text)"
+            )
     return None
 
 
@@ -190,17 +291,24 @@ def _to_batch(
 ) -> pa.RecordBatch:
     """Parsed lines as one batch; bad lines and objects that do not fit become error rows."""
     known = set(schema.names)
+    nested = [f.name for f in schema if _has_struct(f.type)]
+    json_columns = [f.name for f in schema if is_json_text(f)]
     errors: dict[int, str] = {}
     good: list[dict[str, Any]] = []
     for i, row in enumerate(rows):
         if isinstance(row, BadLine):
             errors[i] = str(row)
             good.append({})
-        elif set(row) - known:
-            errors[i] = f"{url} line {indexes[i] + 1}: {_row_problem(row, known, schema)}"
-            good.append({})
-        else:
-            good.append(row)
+            continue
+        problem = _shape_problem(row, known, schema, nested)
+        if problem is None:
+            try:
+                good.append(_as_json_text(row, json_columns))
+                continue
+            except (RecursionError, ValueError):
+                problem = "a value is nested too deeply to write as JSON text; flatten it"
+        errors[i] = f"{url} line {indexes[i] + 1}: {problem}"
+        good.append({})
     try:
         table = pa.Table.from_pylist(good, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):

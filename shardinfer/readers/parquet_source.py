@@ -9,6 +9,10 @@ reader holds one row group's column chunks and one batch at a time, never the wh
 memory therefore follows the input's row-group size; write inputs with modest row groups.
 Parquet does not check that string cells are UTF-8: a cell that is not becomes null and its row an
 error row (row_errors.py), instead of failing the whole batch when it is converted.
+Dictionary-encoded columns (a pandas categorical, a file that stored its Arrow schema with
+dictionaries) and string or binary views (a file written from Arrow view types) are read as their
+plain values: a prompt is text whichever way it was stored, and files written either way share
+one schema.
 """
 
 from __future__ import annotations
@@ -39,13 +43,37 @@ def _open_parquet(fs: AbstractFileSystem, path: str, url: str) -> pq.ParquetFile
         ) from exc
 
 
+def _plain_type(kind: pa.DataType) -> pa.DataType:
+    """`kind` with every dictionary type, at any depth of lists and structs, replaced by its values'
+    type, and every string or binary view by the plain string or binary type."""
+    if pa.types.is_dictionary(kind):
+        return _plain_type(kind.value_type)
+    if pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_plain_type(kind.value_type)))
+    if pa.types.is_large_list(kind):
+        return pa.large_list(kind.value_field.with_type(_plain_type(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([field.with_type(_plain_type(field.type)) for field in kind])
+    return kind
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema rows are read with: `schema` without dictionaries or views (see the module docstring)."""
+    return pa.schema([f.with_type(_plain_type(f.type)) for f in schema], metadata=schema.metadata)
+
+
 def parquet_layout(url: str, storage_options: dict) -> tuple[pa.Schema, list[int]]:
-    """The file's Arrow schema and the row count of each row group, from the footer alone."""
+    """The file's Arrow schema (as read: see plain_schema) and the row count of each row group,
+    from the footer alone."""
     fs, path = filesystem(url, storage_options)
     pf = _open_parquet(fs, path, url)
     try:
         meta = pf.metadata
-        return pf.schema_arrow, [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        return plain_schema(pf.schema_arrow), [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     finally:
         pf.close()
 
@@ -103,12 +131,16 @@ def iter_parquet_rows(
         if not groups or first_row is None:
             return
         position = first_row
+        stored = pf.schema_arrow
+        wanted = plain_schema(stored)
         try:
             for batch in pf.iter_batches(batch_size=batch_rows, row_groups=groups, use_threads=False):
                 lo = max(row_start - position, 0)
                 hi = min(row_end - position, batch.num_rows)
                 if hi > lo:
                     part = batch.slice(lo, hi - lo)
+                    if not wanted.equals(stored):
+                        part = part.cast(wanted)
                     index = pa.array(range(position + lo, position + hi), type=pa.int64())
                     yield null_invalid_utf8(part.append_column(ROW_INDEX_COLUMN, index), url, position + lo)
                 position += batch.num_rows

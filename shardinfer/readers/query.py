@@ -8,10 +8,12 @@ anything that looks across rows or is not a pure function of the row:
 
   aggregates, GROUP BY / HAVING, window functions, QUALIFY, ORDER BY, LIMIT/OFFSET, DISTINCT,
   joins, subqueries, CTEs, UNION and other set operations, UNNEST (one row becoming several would
-  duplicate row ids), SAMPLE, and volatile functions such as random() or now().
+  duplicate row ids), SAMPLE, and volatile functions such as random(), now() or current_date.
 
-`__row_index` always passes through: if the select list has no `*` and does not name it, it is
-added in front, so row ids stay `"{file_index}:{row_index}"` of the original row.
+Every connection runs in the UTC time zone, so time-zone-aware functions give every worker the
+same rows. `__row_index` always passes through: if the select list has no `*` and does not name
+it, it is added in front, so row ids stay `"{file_index}:{row_index}"` of the original row; a
+result whose `__row_index` is not the input rows' own, in order, is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from shardinfer.errors import InputQueryError
 from shardinfer.splits import ROW_INDEX_COLUMN
@@ -35,12 +38,33 @@ _ROW_MULTIPLYING = {"unnest", "generate_subscripts"}
 
 def _connect() -> duckdb.DuckDBPyConnection:
     # One thread: the result order is the input order, and the reader stays within its CPU share.
-    return duckdb.connect(config={"threads": 1})
+    con = duckdb.connect(config={"threads": 1})
+    # Time-zone-aware functions and casts (year(), strftime(), a TIMESTAMPTZ as text) follow the
+    # session's time zone, by default the machine's: pinned, every worker computes the same rows.
+    try:
+        con.execute("LOAD icu")
+        con.execute("SET TimeZone = 'UTC'")
+    except duckdb.Error:
+        pass  # a DuckDB built without ICU has no time zones but UTC
+    return con
+
+
+# SQL's clock keywords, written without parentheses: the parser gives them as column references
+# (a column of that name would win), bound to the current time only later.
+_CLOCK_KEYWORDS = {"current_date", "current_time", "current_timestamp", "localtime", "localtimestamp"}
+
+# Functions of the current time that DuckDB lists as consistent in some form: age(ts) is the
+# time from ts to now (age(a, b), with two arguments, is a pure function).
+_NOW_WITH_ONE_ARGUMENT = {"age"}
 
 
 @cache
 def _function_kinds() -> tuple[frozenset[str], frozenset[str]]:
-    """(names of aggregate and window functions, names of non-deterministic scalar functions)."""
+    """(names of aggregate and window functions, names of non-deterministic scalar functions).
+
+    A scalar function is non-deterministic when none of its forms is deterministic: `+` stays
+    allowed although `timestamptz + interval` depends on the session's time zone (which
+    `_connect` pins), while `now()` and `random()` have no deterministic form at all."""
     con = _connect()
     try:
         rows = con.execute(
@@ -49,12 +73,16 @@ def _function_kinds() -> tuple[frozenset[str], frozenset[str]]:
     finally:
         con.close()
     across = frozenset(name.lower() for name, kind, _ in rows if kind in ("aggregate", "window"))
-    volatile = frozenset(
-        name.lower()
-        for name, kind, stability in rows
-        if kind == "scalar" and stability in ("VOLATILE", "CONSISTENT_WITHIN_QUERY")
-    )
+    scalar = [(name.lower(), stability) for name, kind, stability in rows if kind == "scalar"]
+    consistent = {name for name, stability in scalar if stability == "CONSISTENT"}
+    volatile = frozenset(name for name, _ in scalar if name not in consistent)
     return across, volatile
+
+
+def _reads_the_clock(name: str, node: dict[str, Any]) -> bool:
+    # The argument list's key changed between DuckDB versions.
+    arguments = node.get("arguments", node.get("children", []))
+    return name in _NOW_WITH_ONE_ARGUMENT and len(arguments) == 1
 
 
 def _walk(node: Any, query: str) -> None:
@@ -67,6 +95,12 @@ def _walk(node: Any, query: str) -> None:
     if not isinstance(node, dict):
         return
     cls = node.get("class")
+    names = node.get("column_names", [])
+    if cls == "COLUMN_REF" and len(names) == 1 and str(names[0]).lower() in _CLOCK_KEYWORDS:
+        raise InputQueryError(
+            f"input.query {query!r} uses {names[0]}, which changes from run to run; a "
+            "resumed job would not reproduce it; compute such values before the job"
+        )
     if cls == "WINDOW":
         raise InputQueryError(f"input.query {query!r} uses a window function; {_HINT}")
     if cls == "SUBQUERY":
@@ -80,7 +114,7 @@ def _walk(node: Any, query: str) -> None:
                 f"input.query {query!r} uses {name}(), which turns one row into several and would "
                 f"duplicate row ids; {_HINT}"
             )
-        if name in volatile:
+        if name in volatile or _reads_the_clock(name, node):
             raise InputQueryError(
                 f"input.query {query!r} uses {name}(), whose result changes from run to run; a resumed "
                 "job would not reproduce it; compute such values before the job"
@@ -158,6 +192,31 @@ def prepare_query(query: str) -> str:
         con.close()
 
 
+class QueryFailed(InputQueryError):
+    """DuckDB could not run the query on a batch; `detail` is its own message, and `by_value` says
+    whether the failure is one a value causes (a conversion, an out-of-range number, text a
+    function cannot parse) rather than the machine's (memory, an internal error)."""
+
+    def __init__(self, message: str, detail: str, by_value: bool) -> None:
+        super().__init__(message)
+        self.detail = detail
+        self.by_value = by_value
+
+
+def _same_rows(before: pa.Array, after: pa.ChunkedArray) -> bool:
+    """Whether the query's `__row_index` values are input rows' own, in input order, each once:
+    row ids and the split's row accounting are built from them, so a computed one (`__row_index + 1
+    AS __row_index`) would give rows another row's id. The input's are strictly increasing."""
+    values = after.combine_chunks()
+    if len(values) == 0:
+        return True
+    if values.null_count:
+        return False
+    if len(values) > 1 and not pc.all(pc.less(values[:-1], values[1:])).as_py():
+        return False
+    return bool(pc.all(pc.is_in(values, value_set=before)).as_py())
+
+
 class QueryRunner:
     """Runs the prepared query over one batch at a time (the view `input` is that batch)."""
 
@@ -173,14 +232,20 @@ class QueryRunner:
         try:
             result = self._con.sql(self._sql).to_arrow_table()
         except duckdb.Error as exc:
-            raise InputQueryError(
+            raise QueryFailed(
                 f"input.query {self._original!r} failed on {self._where}: {exc}; the input's columns "
-                f"are {[n for n in table.column_names if n != ROW_INDEX_COLUMN]}"
+                f"are {[n for n in table.column_names if n != ROW_INDEX_COLUMN]}",
+                str(exc),
+                isinstance(exc, duckdb.DataError | duckdb.InvalidInputException),
             ) from exc
         finally:
             self._con.unregister("input")
         index = result.schema.get_field_index(ROW_INDEX_COLUMN)
-        if index < 0 or not pa.types.is_int64(result.schema.field(index).type):
+        if (
+            index < 0
+            or not pa.types.is_int64(result.schema.field(index).type)
+            or not _same_rows(batch.column(ROW_INDEX_COLUMN), result.column(index))
+        ):
             raise InputQueryError(
                 f"input.query {self._original!r} must keep {ROW_INDEX_COLUMN} (int64) unchanged; do not "
                 "exclude, rename or compute it"

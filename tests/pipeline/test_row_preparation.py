@@ -239,3 +239,42 @@ def test_message_content_null_list_and_parts(model_dir: Path) -> None:
     none_text = "<|bos|><|user|>call it<|end|><|assistant|><|end|><|assistant|>"
     assert with_tools.error is None
     assert with_tools.prompt_ids == raw.encode(none_text, add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize(("value", "said"), [(None, "null"), (float("nan"), "NaN")])
+def test_a_missing_id_is_an_error_record_under_the_file_row_id(
+    model_dir: Path, value: Any, said: str
+) -> None:
+    # pandas stores a missing value of a numeric column as NaN: as text every such row would share
+    # the id "nan" (and its seeds), so it is as missing as a null.
+    prep = _preparer(model_dir, id_column="id")
+    prepared = prep.prepare(0, 2, 0, {"id": value, "prompt": "x", "__row_index": 9})
+    assert prepared.row_id == "2:9"
+    assert prepared.error is not None and prepared.error.code == "invalid_row"
+    assert f"id_column 'id' is {said} in this row" in prepared.error.message
+    assert prep.prepare(0, 2, 1, {"id": 1.5, "prompt": "x", "__row_index": 10}).row_id == "1.5"
+
+
+def test_messages_text_that_is_not_json_names_the_column_and_the_value(model_dir: Path) -> None:
+    prep = _preparer(model_dir, prompt_column="", messages_column="chat")
+    prepared = prep.prepare(0, 0, 0, {"chat": "user: hello", "__row_index": 0})
+    assert prepared.error is not None and prepared.error.code == "invalid_row"
+    assert "messages column 'chat' holds a string that is not JSON" in prepared.error.message
+    assert "'user: hello'" in prepared.error.message
+
+
+def test_messages_stored_as_maps_go_through_the_chat_template(model_dir: Path) -> None:
+    import pyarrow as pa
+
+    # Spark often writes chat data as array<map<string, string>>; Arrow hands a map cell to Python
+    # as a list of (key, value) tuples.
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    column = pa.array([[list(m.items()) for m in messages]], pa.list_(pa.map_(pa.string(), pa.string())))
+    (cell,) = column.to_pylist()
+    raw = RawTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    expected = raw.encode(
+        "<|bos|><|system|>be brief<|end|><|user|>hi there<|end|><|assistant|>", add_special_tokens=False
+    ).ids
+    prep = _preparer(model_dir, prompt_column="", messages_column="messages")
+    prepared = prep.prepare(0, 0, 0, {"messages": cell, "__row_index": 0})
+    assert prepared.error is None and prepared.prompt_ids == expected

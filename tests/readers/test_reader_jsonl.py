@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shardinfer.errors import ConfigError
-from shardinfer.readers import InputSchemaError, InputSpec, Split, plan_splits, read_split
+from shardinfer.readers import InputSchemaError, InputSpec, Split, plan_splits, read_schema, read_split
 
 
 def _lines(n: int) -> list[str]:
@@ -137,8 +137,11 @@ def test_what_a_file_that_is_not_json_lines_is_gets_named(tmp_path: Path) -> Non
 
     parquet = tmp_path / "rows.parquet"
     pq.write_table(pa.table({"prompt": ["x"]}), parquet)
-    with pytest.raises(ConfigError, match=r"rows\.parquet is a Parquet file, read as JSON Lines because "
-                                          r"input\.format is 'jsonl': set input\.format = 'parquet'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rows\.parquet is a Parquet file, read as JSON Lines because "
+        r"input\.format is 'jsonl': set input\.format = 'parquet'",
+    ):
         plan_splits(InputSpec(str(parquet), format="jsonl"), split_rows=10)
     array = tmp_path / "array.jsonl"
     array.write_text(json.dumps([{"prompt": "x"}, {"prompt": "y"}], indent=1))
@@ -168,7 +171,12 @@ def test_key_not_in_sample_and_type_change_are_error_rows(
     (split,) = plan_splits(spec, split_rows=10)
     got = _rows_and_errors(spec, split)
     assert [(i, p) for i, p, _ in got] == [(0, "a"), (1, "b"), (2, None)]
-    assert re.match(r".*in\.jsonl line 3: a value does not fit", got[2][2] or "")
+    # The message names the key, its value and the type the sample gave the column.
+    assert re.match(
+        r".*in\.jsonl line 3: key 'k' holds 'three' \(str\), but the first lines made it a column "
+        r"of int64; make each key hold one type",
+        got[2][2] or "",
+    )
 
 
 def test_the_sample_majority_decides_a_disputed_type(tmp_path: Path) -> None:
@@ -179,4 +187,71 @@ def test_the_sample_majority_decides_a_disputed_type(tmp_path: Path) -> None:
     (split,) = plan_splits(spec, split_rows=10)
     got = [r for b in read_split(split, spec) for r in b.to_pylist()]
     assert [(r["prompt"], r["k"]) for r in got] == [("a", 1), (None, None), ("c", 3)]
-    assert got[0]["__row_error"] is None and "line 2: a value does not fit" in got[1]["__row_error"]
+    assert got[0]["__row_error"] is None
+    assert (
+        "line 2: key 'k' holds [[1]] (list), but the first lines made it a column of int64"
+        in got[1]["__row_error"]
+    )
+
+
+def _read_all(path: Path) -> list[dict]:
+    spec = InputSpec(str(path))
+    return [r for s in plan_splits(spec, split_rows=10) for b in read_split(s, spec) for r in b.to_pylist()]
+
+
+def test_a_key_first_seen_after_the_first_line_is_a_column(tmp_path: Path) -> None:
+    # An optional key (a per-row override, say) that the first line happens to lack.
+    path = tmp_path / "in.jsonl"
+    _write(path, ['{"prompt": "a"}', '{"prompt": "b", "max_tokens": 5}', '{"max_tokens": 7, "prompt": "c"}'])
+    rows = _read_all(path)
+    assert [(r["prompt"], r["max_tokens"], r.get("__row_error")) for r in rows] == [
+        ("a", None, None),
+        ("b", 5, None),
+        ("c", 7, None),
+    ]
+
+
+def test_messages_with_text_and_part_list_contents_are_read_as_json_text(tmp_path: Path) -> None:
+    # OpenAI-style chat data mixes both forms of content; no Arrow type holds both.
+    conversations = [
+        [{"role": "user", "content": "1+1="}],
+        [{"role": "user", "content": [{"type": "text", "text": "2+2="}]}],
+        None,
+        [{"role": "system", "content": "be brief", "name": "sys"}, {"role": "user", "content": "3+3="}],
+    ]
+    path = tmp_path / "in.jsonl"
+    _write(path, [json.dumps({"id": i, "messages": m}) for i, m in enumerate(conversations)])
+    rows = _read_all(path)
+    assert [r.get("__row_error") for r in rows] == [None] * 4
+    assert [None if r["messages"] is None else json.loads(r["messages"]) for r in rows] == conversations
+
+
+def test_an_object_key_the_sample_lacks_is_an_error_row_not_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardinfer.readers.jsonl_source as source
+
+    monkeypatch.setattr(source, "SCHEMA_SAMPLE_LINES", 2)
+    path = tmp_path / "in.jsonl"
+    message = {"role": "user", "content": "hi"}
+    _write(
+        path,
+        [json.dumps({"messages": [message]})] * 2 + [json.dumps({"messages": [{**message, "name": "x"}]})],
+    )
+    rows = _read_all(path)
+    assert [r["messages"] for r in rows[:2]] == [[message], [message]]
+    assert rows[2]["messages"] is None
+    assert (
+        "line 3: key 'messages[0].name' is not among the fields of column 'messages'"
+        in rows[2]["__row_error"]
+    )
+
+
+def test_an_empty_first_file_does_not_hide_the_columns_of_the_others(tmp_path: Path) -> None:
+    # A sharded export often has empty shards; the first one must not stand for the input's columns.
+    (tmp_path / "part-0.jsonl").write_bytes(b"")
+    _write(tmp_path / "part-1.jsonl", ['{"id": "a", "prompt": "x"}'])
+    spec = InputSpec(str(tmp_path), id_column="id", prompt_column="prompt")
+    (split,) = plan_splits(spec, split_rows=10)
+    assert (split.file_index, split.row_start, split.row_end) == (1, 0, 1)
+    assert read_schema(spec).names == ["id", "prompt", "__row_index"]

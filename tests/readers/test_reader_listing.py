@@ -79,3 +79,68 @@ def test_a_signed_urls_query_is_neither_a_glob_nor_its_extension() -> None:
     assert format_of("https://h.example/data/part.parquet?sig=ab12") == "parquet"
     # Elsewhere `?` stays a glob character.
     assert format_of("s3://bucket/part?.parquet") == "parquet"
+
+
+def _writer_leftovers(root: Path) -> None:
+    """A dataset as a Spark or Hive writer leaves it: data beside markers, checksums and the
+    `_temporary/` copies of a failed attempt, which hold the same rows again."""
+    for name in [
+        "a.parquet",
+        "sub/b.parquet",
+        "_temporary/0/a.parquet",
+        ".staging/b.parquet",
+        "sub/.b.parquet",
+    ]:
+        _touch_parquet(root / name)
+    (root / "_SUCCESS").write_text("")
+    (root / ".a.parquet.crc").write_text("crc")
+
+
+@pytest.mark.parametrize("pattern", ["**/*.parquet", "**", "*/*.parquet", "*"])
+def test_glob_skips_hidden_files_and_folders_like_a_directory_listing(tmp_path: Path, pattern: str) -> None:
+    _writer_leftovers(tmp_path)
+    files = list_input_files(InputSpec(str(tmp_path / pattern), format="auto"))
+    expected = {
+        "**/*.parquet": ["a.parquet", "sub/b.parquet"],
+        "**": ["a.parquet", "sub/b.parquet"],
+        "*/*.parquet": ["sub/b.parquet"],
+        "*": ["a.parquet"],
+    }[pattern]
+    assert files == [str(tmp_path / name) for name in expected]
+
+
+def test_glob_with_declared_format_does_not_read_markers(tmp_path: Path) -> None:
+    # With input.format set a glob's files are taken as named: `_SUCCESS` must still not be one.
+    _writer_leftovers(tmp_path)
+    assert list_input_files(InputSpec(str(tmp_path / "*"), format="parquet")) == [str(tmp_path / "a.parquet")]
+
+
+def test_glob_keeps_hidden_names_it_asks_for(tmp_path: Path) -> None:
+    _writer_leftovers(tmp_path)
+    assert list_input_files(InputSpec(str(tmp_path / "_temporary" / "*" / "*.parquet"))) == [
+        str(tmp_path / "_temporary/0/a.parquet")
+    ]
+    assert list_input_files(InputSpec(str(tmp_path / "sub" / ".*.parquet"))) == [
+        str(tmp_path / "sub/.b.parquet")
+    ]
+
+
+def test_glob_matching_only_directories_says_how_to_reach_their_files(tmp_path: Path) -> None:
+    _touch_parquet(tmp_path / "ds=1" / "a.parquet")
+    _touch_parquet(tmp_path / "ds=2" / "a.parquet")
+    with pytest.raises(InputMissingError, match=r"matches only directories .*ds=1.*'/\*\.parquet'"):
+        list_input_files(InputSpec(str(tmp_path / "ds=*")))
+    assert len(list_input_files(InputSpec(str(tmp_path / "ds=*" / "*.parquet")))) == 2
+
+
+def test_a_path_with_wildcard_characters_that_exists_is_taken_as_written(tmp_path: Path) -> None:
+    # As a pattern, `run[2]` would match a folder `run2`, not the folder named `run[2]`.
+    _touch_parquet(tmp_path / "run[2]" / "a.parquet")
+    _touch_parquet(tmp_path / "run2" / "b.parquet")
+    assert list_input_files(InputSpec(str(tmp_path / "run[2]"))) == [str(tmp_path / "run[2]" / "a.parquet")]
+    assert list_input_files(InputSpec(str(tmp_path / "run[2]" / "a.parquet"))) == [
+        str(tmp_path / "run[2]" / "a.parquet")
+    ]
+    assert list_input_files(InputSpec(str(tmp_path / "run[0-9]" / "*.parquet"))) == [
+        str(tmp_path / "run2" / "b.parquet")
+    ]
