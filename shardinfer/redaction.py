@@ -295,8 +295,16 @@ def _userinfo_out(match: re.Match[str]) -> str:
     return f"{match.group('scheme')}{REDACTED}@"
 
 
+# Python's exception names (`KeyError: 'prompt'`, `TokenError: '...'`) precede a quoted value the way
+# a credential entry does; what follows them is the error's subject, never a credential.
+_EXCEPTION_NAME = re.compile(r"[A-Z][A-Za-z0-9]*(Error|Exception|Warning)")
+
+
 def _entry_out(match: re.Match[str]) -> str:
-    if is_credential_key(match.group("name")) and match.group("value") not in ("", REDACTED):
+    name = match.group("name")
+    if _EXCEPTION_NAME.fullmatch(name):
+        return match.group(0)
+    if is_credential_key(name) and match.group("value") not in ("", REDACTED):
         quote = match.group("quote")
         return f"{match.group('lead')}{quote}{REDACTED}{quote}"
     return match.group(0)

@@ -177,6 +177,15 @@ def test_redact_text_scrubs_urls_and_remembered_secrets() -> None:
     )
 
 
+def test_an_exception_named_after_a_credential_word_keeps_its_subject() -> None:
+    """`KeyError: 'prompt'` reads like an entry named `KeyError`; blanking its value hid which key a
+    failed job missed. An entry whose name is not an exception's is still redacted."""
+    assert redact_text("KeyError: 'prompt'") == "KeyError: 'prompt'"
+    assert redact_text("raised TokenError: 'bad header'") == "raised TokenError: 'bad header'"
+    assert redact_text("AccountKey: 'k-123456'") == "AccountKey: '***'"
+    assert redact_text("key_error: 'k-123456'") == "key_error: '***'"
+
+
 def test_streams_and_errors_crossing_a_process_are_redacted() -> None:
     remember_secrets({"key": "stream-secret-77"})
     sink = io.StringIO()
