@@ -28,8 +28,14 @@ from tqdm import tqdm
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.sampling_noise import derive_seed
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.errors import ConfigError
 from shardinfer.pipeline.score_batch import generate_ids, score_spans
 from shardinfer.pipeline.scoring import Span, encode_text, prefix_token_id, rolling_windows
+
+
+class ContinuationTooLong(ConfigError, ValueError):
+    """A continuation longer than the model's window: the settings, not the run, must change."""
+
 
 DEFAULT_MAX_GEN_TOKS = 256  # the harness's hf model's default
 _SAMPLING_KEYS = (
@@ -140,11 +146,17 @@ class ShardinferLM(TemplateLM):
         **kwargs: Any,
     ) -> list[tuple[float, bool]]:
         spans = []
-        for _, context, continuation in requests:
-            if not continuation or len(continuation) > self.max_length:
+        for request, context, continuation in requests:
+            if not continuation:
                 raise ValueError(
+                    f"a request of the task has an empty continuation (context, continuation: {request!r:.120}): "
+                    "nothing to score"
+                )
+            if len(continuation) > self.max_length:
+                raise ContinuationTooLong(
                     f"a continuation of {len(continuation)} tokens cannot be scored with max_length="
-                    f"{self.max_length}: it must have 1 to max_length tokens"
+                    f"{self.max_length}: raise max_model_len (shardinfer eval: --conf engine.max_model_len=N) "
+                    "or max_length"
                 )
             # As the harness does: keep the last max_length + 1 tokens, dropping context from the left.
             whole = (context + continuation)[-(self.max_length + 1) :]
@@ -197,7 +209,9 @@ class ShardinferLM(TemplateLM):
             outs = generate_ids(self.engine, prompts, params, bar.update)
         texts = []
         for req, out, until in zip(requests, outs, stops, strict=True):
-            text = postprocess_generated_text(out.outputs[0].text, until, None)
+            # As the harness's transformers model: the generated tokens (up to the one completing a
+            # stop string) decoded without special tokens, then cut at the first stop string.
+            text = postprocess_generated_text(self.tok_decode(list(out.outputs[0].token_ids)), until, None)
             self.cache_hook.add_partial("generate_until", req.args, text)
             texts.append(text)
         return texts
@@ -218,5 +232,9 @@ class ShardinferLM(TemplateLM):
             max_tokens=max_gen,
             stop=until,
             seed=int(kwargs.get("seed", seed)),
+            # Stop strings are matched in the text with special tokens, as the harness's
+            # transformers model matches them: a chat task's `until` is often a special token's
+            # text ("<|im_end|>"), which the text without special tokens never holds.
+            skip_special_tokens=False,
             **settings,
         )

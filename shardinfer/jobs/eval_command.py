@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,12 +86,9 @@ def settings_from_args(args: Any) -> EvalSettings:
     tasks = list(dict.fromkeys(t.strip() for t in args.tasks.split(",") if t.strip()))
     if not tasks:
         raise ConfigError(f"--tasks {args.tasks!r} names no task")
-    limit = args.limit
-    if limit is not None and (limit <= 0 or (limit >= 1 and limit != int(limit))):
-        raise UsageError(f"--limit {limit:g}: give a whole number of documents per task (>= 1), or a fraction of "
-                         "them (between 0 and 1)")
-    if limit is not None and limit >= 1:
-        limit = int(limit)
+    limit = _limit(args.limit)
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise UsageError(f"--num-fewshot {args.num_fewshot}: give the number of few-shot examples, 0 or more")
     try:
         storage = json.loads(args.storage_options)
     except ValueError as exc:
@@ -112,13 +110,29 @@ def settings_from_args(args: Any) -> EvalSettings:
     )
 
 
-def fingerprint(settings: EvalSettings) -> dict[str, Any]:
+def _limit(limit: float | None) -> float | int | None:
+    """--limit as the harness takes it: a whole number of documents per task, or a fraction of them."""
+    if limit is None:
+        return None
+    # NaN fails every comparison and infinity every conversion: both are refused here with the rest.
+    if not 0 < limit <= sys.maxsize or (limit >= 1 and limit != int(limit)):
+        raise UsageError(
+            f"--limit {limit:g}: give a whole number of documents per task (>= 1), or a fraction of "
+            "them (between 0 and 1)"
+        )
+    return int(limit) if limit >= 1 else limit
+
+
+def fingerprint(settings: EvalSettings, path_as_written: bool = False) -> dict[str, Any]:
+    """The eval's identity. The --include-path folder counts by its files, not by where it is: the
+    same tasks given by a relative path from elsewhere, or by an absolute one, are the same eval.
+    (`path_as_written`: the fingerprint of an earlier shardinfer, which held the path as given.)"""
     from shardinfer.pipeline.fingerprint import NUMERICS_ENGINE_KEYS, model_identity
 
     parts: dict[str, Any] = dict(model_identity(settings.model))
     parts["eval"] = {
         "tasks": list(settings.tasks),
-        "include_path": settings.include_path,
+        "include_path": settings.include_path if path_as_written else settings.include_path is not None,
         # The task definitions and local data under it: an edited task or a shorter dataset is another eval.
         "include_files": _folder_hashes(settings.include_path) if settings.include_path else {},
         "device": settings.device,
@@ -134,6 +148,18 @@ def fingerprint(settings: EvalSettings) -> dict[str, Any]:
     return parts
 
 
+def _fingerprint_of(settings: EvalSettings, job: dict[str, Any] | None) -> dict[str, Any]:
+    """This eval's fingerprint, or the one an earlier shardinfer gave it where that is what the
+    output holds, so that its eval resumes under the fingerprint it was planned with."""
+    fp = fingerprint(settings)
+    held = (job or {}).get("fingerprint", {}).get("hash")
+    if job is not None and held != fp["hash"] and settings.include_path is not None:
+        legacy = fingerprint(settings, path_as_written=True)
+        if legacy["hash"] == held:
+            return legacy
+    return fp
+
+
 def _folder_hashes(folder: str) -> dict[str, str]:
     """sha256 of every file under a local folder, by path relative to it (a missing folder: {})."""
     root = Path(folder)
@@ -146,13 +172,12 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     results.json and `_SUCCESS`; returns the `_SUCCESS` record. Tasks committed by an earlier run of
     the same eval are not run again."""
     lm_eval, task_manager_class = _import_harness()
-    from shardinfer.integrations.lm_eval import ShardinferLM
     from shardinfer.pipeline.job import read_success_or_none
     from shardinfer.writers.output_store import OutputStore
 
-    fp = fingerprint(settings)
     store = OutputStore(settings.output, settings.storage_options)
-    job = store.read_job()
+    job = _eval_job_or_none(store, settings)
+    fp = _fingerprint_of(settings, job)
     _refuse_other_settings(job, settings, fp)
     markers = store.committed() if job is not None else {}
     success = read_success_or_none(store)  # a truncated _SUCCESS (a kill mid-write) is written again
@@ -160,9 +185,12 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
         problems = store.success_problems(success, markers)
         # As a job's resubmit does: one listing of the location finds a committed part deleted or
         # truncated since its commit (no part is opened).
-        if not problems and not store.listed_damage(markers):
+        results_problem = _results_problem(store)
+        if not problems and not store.listed_damage(markers) and results_problem is None:
             log(f"already complete: {settings.output} holds this eval's results; nothing to do")
             return dict(success)
+        if results_problem is not None:
+            log(f"{RESULTS_FILE} {results_problem}; writing it again from the committed tasks")
         if problems:
             log(
                 f"_SUCCESS does not match the commit markers ({'; '.join(problems)}); finishing the eval again"
@@ -172,7 +200,8 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     damaged = store.damaged_parts(markers) if markers else {}
     manager = _task_manager(task_manager_class, settings)
     plan = task_plan(settings.tasks)
-    _write_or_check_plan(store, job, settings, fp, plan)
+    if job is not None:
+        _check_plan(job, settings, plan)
     if damaged:
         _plan_repairs(store, plan, damaged, markers, log)
     committed = set(markers) - set(damaged)
@@ -184,17 +213,53 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
         )
     if pending:
         # One engine for every task: loading the model is the costly part of a small task.
-        lm = ShardinferLM(
+        lm = _language_model(settings)
+        for split in pending:
+            results = _evaluate(lm_eval, lm, settings, manager, split.path)
+            if job is None:
+                # Planned with the first commit, not before: an eval that fails before it has
+                # anything to keep (an engine setting it refuses, a task whose YAML or data is
+                # wrong) leaves the location empty, so the corrected command can run there.
+                job = _plan_eval(store, settings, fp, plan)
+            commit_task(store, settings, fp, split, results, log)
+    return finish_eval(store, plan, log)
+
+
+def _language_model(settings: EvalSettings) -> Any:
+    """The harness model on the engine; what the engine refuses is named as the flag to fix."""
+    from shardinfer.integrations.lm_eval import ShardinferLM
+
+    try:
+        return ShardinferLM(
             settings.model,
             device=settings.device,
             dtype=settings.dtype,
             seed=settings.seed,
             **settings.engine,
         )
-        for split in pending:
-            results = _evaluate(lm_eval, lm, settings, manager, split.path)
-            commit_task(store, settings, fp, split, results, log)
-    return finish_eval(store, plan, log)
+    except TypeError as exc:
+        raise ConfigError(f"--conf engine.KEY: an argument the engine does not take: {exc}") from None
+    except ValueError as exc:  # ModelLoadError included
+        # A model folder it cannot load, or settings this model cannot run with (a max_model_len
+        # past its positions, an unknown dtype or device).
+        raise ConfigError(
+            f"the engine cannot run --model {settings.model!r} with these settings: {exc} (fix --device, "
+            "--dtype or --conf engine.KEY=VALUE)"
+        ) from None
+
+
+def _results_problem(store: Any) -> str | None:
+    """What is wrong with the `results.json` of a finished eval (deleted or damaged since), or None."""
+    from shardinfer.storage import read_bytes_or_none
+
+    raw = read_bytes_or_none(store.fs, f"{store.root}/{RESULTS_FILE}")
+    if raw is None:
+        return "is missing"
+    try:
+        json.loads(raw)
+    except ValueError as exc:  # a truncated copy, or bytes that are not UTF-8
+        return f"cannot be read ({exc})"
+    return None
 
 
 def _plan_repairs(
@@ -227,6 +292,33 @@ def _import_harness() -> tuple[Any, Any]:
             f"shardinfer eval needs lm-evaluation-harness ({exc}): pip install 'shardinfer[eval]'"
         ) from None
     return lm_eval, TaskManager
+
+
+def _eval_job_or_none(store: Any, settings: EvalSettings) -> dict[str, Any] | None:
+    """The `_job.json` of the eval at the output location, or None for a new location. A location
+    that cannot hold this eval is refused before anything is written: its finish would delete every
+    part and marker that is not the eval's own."""
+    try:
+        if store.fs.isfile(store.root):
+            raise NotADirectoryError(store.root)
+        job = store.read_job()
+    except NotADirectoryError:
+        raise ConfigError(
+            f"--output {settings.output!r} is a file (or in a folder that is a file), not a directory or "
+            "prefix; write the eval to a new location"
+        ) from None
+    if job is None and store.fs.exists(store.root) and store.has_protocol_files():
+        raise CorruptOutputError(
+            f"{settings.output} holds commit markers or part files but no _job.json: it is damaged or another "
+            "program's, and an eval there would delete them; write to a new output URL"
+        )
+    if job is not None and "eval" not in (job.get("fingerprint") or {}):  # a job's has no eval settings
+        task = ((job.get("config") or {}).get("job") or {}).get("task") or "generate"
+        raise FingerprintMismatch(
+            f"{settings.output} holds the output of a shardinfer {task} job, not of an eval; write the eval "
+            "to a new output URL"
+        )
+    return dict(job) if job is not None else None
 
 
 def _refuse_other_settings(job: dict[str, Any] | None, settings: EvalSettings, fp: dict[str, Any]) -> None:
@@ -275,16 +367,25 @@ def task_plan(tasks: list[str]) -> list[Split]:
     return [Split(index, index, task, 0, 0) for index, task in enumerate(tasks)]
 
 
-def _write_or_check_plan(
-    store: Any, job: dict[str, Any] | None, settings: EvalSettings, fp: dict[str, Any], plan: list[Split]
-) -> None:
-    """`_job.json` before the first commit; on a resume, the plan it holds must be this one (an output
-    of an earlier shardinfer has a split per subtask, and parts that carry no results)."""
-    from shardinfer.writers.job_file import make_job_record, splits_from_job
+def _plan_eval(store: Any, settings: EvalSettings, fp: dict[str, Any], plan: list[Split]) -> dict[str, Any]:
+    """Write `_job.json` (if absent: a run of the same eval may have planned it meanwhile, and its
+    plan is then joined) and return the plan in force."""
+    from shardinfer.writers.job_file import make_job_record
 
-    if job is None:
-        store.write_job(make_job_record(settings.run_id, fp, plan, {"eval_tasks": [s.path for s in plan]}))
-        return
+    job = store.create_or_read_job(
+        make_job_record(settings.run_id, fp, plan, {"eval_tasks": [s.path for s in plan]})
+    )
+    _refuse_other_settings(job, settings, fp)
+    _check_plan(job, settings, plan)
+    store.use_generation(str(job["generation"]))
+    return dict(job)
+
+
+def _check_plan(job: dict[str, Any], settings: EvalSettings, plan: list[Split]) -> None:
+    """On a resume, the plan `_job.json` holds must be this one (an output of an earlier shardinfer
+    has a split per subtask, and parts that carry no results)."""
+    from shardinfer.writers.job_file import splits_from_job
+
     held = splits_from_job(job)
     if held != plan:
         raise FingerprintMismatch(
@@ -322,6 +423,12 @@ def _evaluate(lm_eval: Any, lm: Any, settings: EvalSettings, manager: Any, task:
             fewshot_random_seed=settings.seed,
         )
     except Exception as exc:
+        if isinstance(exc, FileNotFoundError) and not _is_network_error(exc):
+            # A local dataset file the task names is not there: the task's YAML or its data is to fix.
+            raise InputMissingError(
+                f"task {task}: {exc}; put the file there, or fix the task's dataset_kwargs / data_files under "
+                "--include-path"
+            ) from None
         if not _is_network_error(exc):
             raise
         raise InputMissingError(

@@ -8,8 +8,11 @@ tokenises to nothing, a span longer than the model takes) becomes that row's err
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import pyarrow as pa
 
 from shardinfer.errors import EMPTY_PROMPT, INVALID_REQUEST, INVALID_ROW, PROMPT_TOO_LONG, TOKENIZER_ERROR
 from shardinfer.pipeline.config import InputSection
@@ -54,6 +57,18 @@ class ScorePreparer:
                 "engine.max_model_len"
             )
         self._ids = RowPreparer(tokenizer, max_model_len, {}, input_section, 0)
+        # Columns of the batch being prepared whose values the reader wrote as JSON text (see
+        # `note_schema`): their strings are lists or objects, not texts to score.
+        self._json_text: frozenset[str] = frozenset()
+
+    def note_schema(self, schema: pa.Schema) -> None:
+        """Called with each read batch's schema before its rows are prepared. A JSONL column whose
+        lines mix shapes (a list of choices in some, an empty or null one in others) arrives as JSON
+        text: a continuations string of such a column is a list to parse, and a context or document
+        string of one is no text at all."""
+        from shardinfer.readers.jsonl_source import is_json_text
+
+        self._json_text = frozenset(f.name for f in schema if is_json_text(f))
 
     def prepare(self, split_index: int, file_index: int, pos: int, row: dict[str, Any]) -> ScoreRow:
         row_id = self._ids.row_id(row, file_index)
@@ -78,23 +93,48 @@ class ScorePreparer:
         value = row.get(column)
         if value is None:
             raise RowError(EMPTY_PROMPT, f"column {column!r} is null")
+        if column in self._json_text:
+            value = json.loads(value)
         if not isinstance(value, str):
             raise RowError(INVALID_ROW, f"column {column!r} holds {type(value).__name__}, expected a string")
         return value
 
-    def _pairs(self, prepared: ScoreRow, row: dict[str, Any]) -> None:
-        context = self._text(row, self.inp.context_column)
-        raw = row.get(self.inp.continuations_column)
+    def _continuations(self, row: dict[str, Any]) -> list[str]:
+        """The row's continuations: a string is one, a list of strings is several."""
+        column = self.inp.continuations_column
+        raw = row.get(column)
+        if isinstance(raw, str) and column in self._json_text:
+            raw = json.loads(raw)
         conts = [raw] if isinstance(raw, str) else raw
-        if not isinstance(conts, list) or not conts or not all(isinstance(c, str) for c in conts):
+        if not isinstance(conts, list) or not conts:
             raise RowError(
                 INVALID_ROW,
-                f"column {self.inp.continuations_column!r} must hold a string or a non-empty list of "
-                f"strings, got {raw!r:.80}",
+                f"column {column!r} must hold a string or a non-empty list of strings, got {raw!r:.80}",
             )
+        for j, cont in enumerate(conts):
+            if not isinstance(cont, str):
+                got = "null" if cont is None else f"{type(cont).__name__} {cont!r:.40}"
+                raise RowError(
+                    INVALID_ROW,
+                    f"column {column!r}: continuation {j} is {got}; every continuation must be a string",
+                )
+        return conts
+
+    def _pairs(self, prepared: ScoreRow, row: dict[str, Any]) -> None:
+        # The continuations first: a row whose context cannot be scored still gets one error
+        # record per continuation, as a row with one bad continuation does.
+        conts = self._continuations(row)
         prepared.n = len(conts)
         prepared.seeds = [None] * len(conts)
         prepared.texts = list(conts)
+        context = self._text(row, self.inp.context_column)
+        if context and not context.strip():
+            # Named as the context's fault, not as the first continuation's (split_pair's message).
+            raise RowError(
+                EMPTY_PROMPT,
+                f"column {self.inp.context_column!r} holds only whitespace: give an empty context (the "
+                "continuations are then scored after the BOS token) or some text",
+            )
         for j, cont in enumerate(conts):
             try:
                 span = split_pair(self.tokenizer, context, cont)

@@ -10,7 +10,10 @@ at once; the document's record is filed when its last window is scored.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import pyarrow as pa
 
 from shardinfer.errors import ENGINE_ERROR, INVALID_REQUEST
 from shardinfer.pipeline.assembly import SplitAssembly
@@ -27,6 +30,20 @@ class ScoreWorker(SplitWorker):
         super().__init__(**kwargs)
         self._followers: dict[str, list[tuple[str, ScoreRow, int]]] = {}  # leader id -> waiting spans
         self._windows: dict[str, list[SpanScore | None]] = {}  # document row key -> window scores
+        self._read_split = self._noting_schemas(self._read_split)
+
+    def _noting_schemas(
+        self, read_split: Callable[..., Iterable[pa.RecordBatch]]
+    ) -> Callable[..., Iterator[pa.RecordBatch]]:
+        """`read_split` handing each batch's schema to the preparer before the batch's rows reach it
+        (both on the preparation thread), so it knows which columns hold JSON text."""
+
+        def read(*args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+            for batch in read_split(*args, **kwargs):
+                self.preparer.note_schema(batch.schema)  # type: ignore[attr-defined]
+                yield batch
+
+        return read
 
     def _admit(self, row: PreparedRow, assembly: SplitAssembly, inflight: Inflight) -> None:
         assert isinstance(row, ScoreRow)  # the score preparer makes every row of a score job

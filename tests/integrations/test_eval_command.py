@@ -51,6 +51,16 @@ def test_eval_dumps_results_and_samples(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(argv) == 0
     assert "already complete" in capsys.readouterr().err
     assert json.loads((out / "_SUCCESS").read_text()) == success
+    # results.json deleted or truncated since: written again from the committed tasks, as it was.
+    written = (out / "results.json").read_text()
+    for damage, why in [
+        (lambda p: p.unlink(), "is missing"),
+        (lambda p: p.write_text(written[:20]), "cannot be read ("),
+    ]:
+        damage(out / "results.json")
+        assert main(argv) == 0
+        assert f"results.json {why}" in capsys.readouterr().err
+        assert (out / "results.json").read_text() == written
 
 
 def test_the_fingerprint_covers_task_files_device_and_numerics(tmp_path: Path) -> None:
@@ -74,7 +84,7 @@ def test_the_fingerprint_covers_task_files_device_and_numerics(tmp_path: Path) -
     assert fingerprint(same)["hash"] == shorter
 
 
-@pytest.mark.parametrize("limit", ["0", "-1", "2.5"])
+@pytest.mark.parametrize("limit", ["0", "-1", "2.5", "nan", "inf", "1e30"])
 def test_a_limit_that_is_no_count_or_fraction_is_a_usage_error(tmp_path: Path, limit: str,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     from shardinfer.jobs.cli import main
@@ -83,6 +93,17 @@ def test_a_limit_that_is_no_count_or_fraction_is_a_usage_error(tmp_path: Path, l
             "--output", str(tmp_path / "out")]  # fmt: skip
     assert main(argv) == 64
     assert f"--limit {float(limit):g}: give a whole number of documents per task" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def test_a_negative_num_fewshot_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardinfer.jobs.cli import main
+
+    argv = ["eval", "--model", str(DEMO_MODEL), "--tasks", "demo_tasks_mc", "--num-fewshot", "-1",
+            "--output", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 64
+    assert "--num-fewshot -1: give the number of few-shot examples, 0 or more" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_sigterm_during_an_eval_exits_75_and_leaves_it_unfinished(tmp_path: Path) -> None:
@@ -165,3 +186,118 @@ def test_each_requested_task_is_one_split_in_the_order_given(tmp_path: Path) -> 
         (0, "demo_tasks_mc", 0),
         (1, "demo_tasks_gen", 0),
     ]
+
+
+def test_an_output_that_holds_no_eval_is_refused_and_left_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardinfer.jobs.cli import main
+
+    def evaluate(out: Path) -> int:
+        return main(["eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS), "--tasks",
+                     "demo_tasks_mc", "--limit", "2", "--device", "cpu", "--dtype", "float32",
+                     "--output", str(out)])  # fmt: skip
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    for out in (a_file, a_file / "eval"):
+        assert evaluate(out) == 78
+        assert "is a file (or in a folder that is a file)" in capsys.readouterr().err
+    assert a_file.read_text() == "mine"
+
+    # Part files without a _job.json: another program's, or damaged. The eval's finish would delete them.
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    (stray / "part-00000-0-0-0.parquet").write_bytes(b"somebody's rows")
+    assert evaluate(stray) == 78
+    assert "holds commit markers or part files but no _job.json" in capsys.readouterr().err
+    assert files(stray) == {"part-00000-0-0-0.parquet": b"somebody's rows"}
+
+    # A generation job's output.
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is 2 + 2?"}\n')
+    job_out = tmp_path / "job"
+    assert main(["generate", "--model", str(DEMO_MODEL), "--input", str(prompts), "--output", str(job_out),
+                 "--conf", "model.device=cpu", "--conf", "sampling.max_tokens=2"]) == 0  # fmt: skip
+    before = files(job_out)
+    capsys.readouterr()
+    assert evaluate(job_out) == 78
+    assert "holds the output of a shardinfer generate job, not of an eval" in capsys.readouterr().err
+    assert files(job_out) == before
+
+
+def test_an_eval_that_fails_before_its_first_commit_leaves_nothing_in_the_way(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from shardinfer.jobs.cli import main
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(DEMO_TASKS, tasks)
+    yaml = (tasks / "demo_tasks_mc.yaml").read_text()
+    (tasks / "demo_later.yaml").write_text(
+        yaml.replace("task: demo_tasks_mc", "task: demo_later").replace("tasks_mc.jsonl", "later.jsonl")
+    )
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(DEMO_MODEL), "--include-path", str(tasks), "--tasks", "demo_later",
+            "--limit", "2", "--device", "cpu", "--dtype", "float32", "--output", str(out)]  # fmt: skip
+
+    # An engine setting the model cannot run with is a config error naming the setting.
+    assert main([*argv, "--conf", "engine.max_model_len=99999"]) == 78
+    assert "max_model_len=99999" in capsys.readouterr().err
+    assert not out.exists()
+    # A task whose local data file is missing: the input is missing, and the task is named.
+    assert main(argv) == 66
+    err = capsys.readouterr().err
+    assert "task demo_later:" in err and "later.jsonl" in err
+    assert not out.exists()
+    shutil.copy(tasks / "tasks_mc.jsonl", tasks / "later.jsonl")
+    # A window too short for the task's answers is a config error too, named with its fix.
+    assert main([*argv, "--conf", "engine.max_model_len=4"]) == 78
+    assert "raise max_model_len (shardinfer eval: --conf engine.max_model_len=N)" in capsys.readouterr().err
+    assert not out.exists()
+    # The corrected command runs in the same place, as it would in a new one.
+    assert main(argv) == 0
+    assert json.loads((out / "results.json").read_text())["results"]["demo_later"]["sample_len"] == 2
+
+
+def test_the_task_folder_counts_by_its_files_not_by_how_its_path_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hashlib
+    import shutil
+
+    from shardinfer.jobs.cli import build_parser, main
+    from shardinfer.jobs.eval_command import fingerprint, settings_from_args, task_plan
+    from shardinfer.writers.job_file import make_job_record
+    from shardinfer.writers.output_store import OutputStore
+
+    shutil.copytree(DEMO_TASKS, tmp_path / "tasks")
+    monkeypatch.chdir(tmp_path)
+
+    def argv(tasks: str, out: str) -> list[str]:
+        return ["eval", "--model", str(DEMO_MODEL), "--include-path", tasks, "--tasks", "demo_tasks_mc",
+                "--limit", "2", "--device", "cpu", "--dtype", "float32", "--output", out]  # fmt: skip
+
+    assert main(argv("tasks", "out")) == 0
+    capsys.readouterr()
+    # The same eval, its folder named by an absolute path (with a trailing slash), from another directory.
+    monkeypatch.chdir(tmp_path / "tasks")
+    assert main(argv(f"{tmp_path / 'tasks'}/", str(tmp_path / "out"))) == 0
+    assert "already complete" in capsys.readouterr().err
+
+    # An output planned by an earlier shardinfer, whose fingerprint held the path as written, resumes.
+    monkeypatch.chdir(tmp_path)
+    settings = settings_from_args(build_parser().parse_args(argv("tasks", "earlier")))
+    earlier = fingerprint(settings)
+    del earlier["hash"]
+    earlier["eval"]["include_path"] = "tasks"
+    earlier["hash"] = hashlib.sha256(json.dumps(earlier, sort_keys=True, default=str).encode()).hexdigest()
+    job = make_job_record("eval", earlier, task_plan(settings.tasks), {"eval_tasks": settings.tasks})
+    OutputStore("earlier").write_job(job)
+    assert main(argv("tasks", "earlier")) == 0
+    assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier["hash"]

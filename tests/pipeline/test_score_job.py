@@ -168,8 +168,9 @@ def test_rolling_document_matches_transformers_over_the_harness_windows(
 def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
     rows = [
         {"id": "ok", "ctx": "Hello,", "choices": [" world", " fox"]},
-        {"id": "null", "ctx": None, "choices": [" world"]},
+        {"id": "null", "ctx": None, "choices": [" world", " fox"]},
         {"id": "empty", "ctx": "Hello", "choices": []},
+        {"id": "blank", "ctx": " \n ", "choices": ["Hello", " world"]},
         {"id": "long", "ctx": "fox " * 200, "choices": [" dog"]},
     ]
     job = _score_job(
@@ -183,8 +184,11 @@ def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
     assert _submit(job) == 0
     got = _rows_by_key(tmp_path / "out-job")
     assert [got[("ok", j)]["status"] for j in (0, 1)] == ["ok", "ok"]
-    assert got[("null", 0)]["error_code"] == "empty_prompt"
+    assert [got[("null", j)]["error_code"] for j in (0, 1)] == ["empty_prompt"] * 2  # a record per choice
     assert got[("empty", 0)]["error_code"] == "invalid_row"
+    for j in (0, 1):  # a context of only whitespace is named as such, on every record of its row
+        assert got[("blank", j)]["error_code"] == "empty_prompt"
+        assert got[("blank", j)]["error_message"].startswith("column 'ctx' holds only whitespace")
     assert got[("long", 0)]["error_code"] == "prompt_too_long"
     assert "max_model_len" in got[("long", 0)]["error_message"]
 
@@ -203,9 +207,12 @@ def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_di
     assert got["ok"]["status"] == "ok"
     bad = [row for row_id, row in got.items() if row_id != "ok"]
     assert len(bad) == 2 and all(row["error_code"] == "invalid_row" for row in bad)
-    messages = sorted(row["error_message"] for row in bad)
-    assert "input.jsonl line 2" in messages[0] or "input.jsonl line 2" in messages[1]  # named, not "is null"
-    assert all("is null" not in m for m in messages)
+    # The line that is not JSON is named by the reader; the mixed list by the reader (its line) or, where
+    # the reader keeps the column as JSON text, by its continuation: named either way, never "is null".
+    assert "input.jsonl line 3" in got["0:2"]["error_message"]
+    mixed = got["mixed"]["error_message"]
+    assert "input.jsonl line 2" in mixed or "continuation 1 is int" in mixed
+    assert all("is null" not in row["error_message"] for row in bad)
     summary = capsys.readouterr().out  # a score job's summary speaks of the tokens it read
     read = sum(row["prompt_tokens"] or 0 for row in got.values())
     assert f"tokens read    {read} " in summary and "tokens out" not in summary and "cut by length" not in summary
@@ -257,3 +264,36 @@ def test_generation_and_score_keys_do_not_mix(
     job.write_text(job_toml(model_dir, str(input_path), str(tmp_path / "o"), input={"context_column": "ctx"}))
     assert main(["validate", str(job)]) == 78
     assert "input.context_column only applies to score jobs" in capsys.readouterr().err
+
+
+def test_jsonl_choices_of_mixed_shapes_are_lists_not_text(tmp_path: Path, model_dir: Path, hf: Any) -> None:
+    # One line's list mixes a number into the strings, so the reader keeps the column as JSON
+    # text; every other line's list must still be scored choice by choice, not as its JSON text.
+    lines = [
+        {"id": "ok", "ctx": "Hello,", "choices": [" world", " fox"]},
+        {"id": "one", "ctx": "Hello,", "choices": [" world"]},
+        {"id": "mixed", "ctx": "Hello,", "choices": [" world", 5]},
+        {"id": "nested", "ctx": "Hello,", "choices": [[" world"]]},
+    ]
+    path = tmp_path / "input.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    job = _score_job(
+        tmp_path,
+        model_dir,
+        path,
+        job={"max_error_fraction": 1.0},
+        input={"context_column": "ctx", "continuations_column": "choices"},
+    )
+    assert _submit(job) == 0
+    got = _rows_by_key(tmp_path / "out-job")
+    tok = Tokenizer(model_dir)
+    ctx_ids = tok.encode("Hello,")
+    for key, choice in [(("ok", 0), " world"), (("ok", 1), " fox"), (("one", 0), " world")]:
+        cont_ids = tok.encode("Hello," + choice)[len(ctx_ids) :]
+        want, _ = _hf_scores(hf, ctx_ids, cont_ids)
+        assert got[key]["status"] == "ok" and got[key]["token_ids"] == cont_ids
+        assert abs(got[key]["logprob_sum"] - sum(want)) < 1e-4
+    assert len(got) == 5  # two records for "ok", one for each other row
+    assert got[("mixed", 0)]["error_code"] == "invalid_row"
+    assert "continuation 1 is int" in got[("mixed", 0)]["error_message"]
+    assert "continuation 0 is list" in got[("nested", 0)]["error_message"]
