@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from shardinfer.errors import EMPTY_PROMPT, INVALID_REQUEST, INVALID_ROW, PROMPT_TOO_LONG, TOKENIZER_ERROR
 from shardinfer.pipeline.config import InputSection
-from shardinfer.pipeline.rows import PreparedRow, RowError, RowPreparer, Tokenizer
+from shardinfer.pipeline.rows import PreparedRow, RowError, RowPreparer, Tokenizer, id_is_missing
 from shardinfer.pipeline.scoring import (
     ScoreInputError,
     Span,
@@ -78,8 +78,11 @@ class ScorePreparer:
             unreadable = row.get(ROW_ERROR_COLUMN)  # the reader could not decode a cell of this row
             if unreadable is not None:
                 raise RowError(INVALID_ROW, unreadable)
-            if self.inp.id_column and row.get(self.inp.id_column) is None:
-                raise RowError(INVALID_ROW, f"id_column {self.inp.id_column!r} is null in this row")
+            id_value = row.get(self.inp.id_column) if self.inp.id_column else None
+            if self.inp.id_column and id_is_missing(id_value):
+                missing = "null" if id_value is None else "NaN"
+                raise RowError(INVALID_ROW, f"id_column {self.inp.id_column!r} is {missing} in this row; "
+                               "every row needs an id (row_id falls back to file:row)")
             if self.inp.document_column:
                 self._document(prepared, row)
             else:

@@ -193,6 +193,22 @@ def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
     assert "max_model_len" in got[("long", 0)]["error_message"]
 
 
+def test_a_nan_id_is_a_missing_id_not_the_id_nan(tmp_path: Path, model_dir: Path) -> None:
+    """A float id column with NaN (pandas' missing value) gives an error record under file:row, as a
+    null id does; scored under the id "nan", every such row would share one id."""
+    rows = [{"id": 1.0, "ctx": "Hello,", "choices": [" world"]},
+            {"id": float("nan"), "ctx": "Hello,", "choices": [" fox"]},
+            {"id": 3.0, "ctx": "Hello,", "choices": [" dog"]}]
+    job = _score_job(tmp_path, model_dir, _write_input(tmp_path, rows), job={"max_error_fraction": 1.0},
+                     input={"context_column": "ctx", "continuations_column": "choices"})
+    assert _submit(job) == 0
+    got = _rows_by_key(tmp_path / "out-job")
+    assert sorted(row_id for row_id, _ in got) == ["0:1", "1.0", "3.0"]
+    assert got[("1.0", 0)]["status"] == got[("3.0", 0)]["status"] == "ok"
+    assert got[("0:1", 0)]["error_code"] == "invalid_row"
+    assert "id_column 'id' is NaN" in got[("0:1", 0)]["error_message"]
+
+
 def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_dir: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     lines = ['{"id": "ok", "ctx": "Hello,", "choices": [" world"]}',
