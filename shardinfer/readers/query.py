@@ -217,6 +217,20 @@ def _same_rows(before: pa.Array, after: pa.ChunkedArray) -> bool:
     return bool(pc.all(pc.is_in(values, value_set=before)).as_py())
 
 
+def _keep_field_metadata(result: pa.Table, input_schema: pa.Schema) -> pa.Table:
+    """`result` with the field metadata of each input column it passes on under the same name and
+    type. DuckDB drops field metadata, and the reader's marks live there (a JSONL column read as
+    JSON text, jsonl_source.is_json_text): without them that text would be taken at face value."""
+    fields = []
+    for field in result.schema:
+        index = input_schema.get_field_index(field.name)
+        source = input_schema.field(index) if index >= 0 else None
+        keep = source is not None and source.metadata and not field.metadata and source.type == field.type
+        fields.append(field.with_metadata(source.metadata) if keep and source is not None else field)
+    schema = pa.schema(fields, metadata=result.schema.metadata)
+    return result if schema.equals(result.schema, check_metadata=True) else pa.Table.from_arrays(result.columns, schema=schema)
+
+
 class QueryRunner:
     """Runs the prepared query over one batch at a time (the view `input` is that batch)."""
 
@@ -250,7 +264,7 @@ class QueryRunner:
                 f"input.query {self._original!r} must keep {ROW_INDEX_COLUMN} (int64) unchanged; do not "
                 "exclude, rename or compute it"
             )
-        return result
+        return _keep_field_metadata(result, table.schema)
 
     def output_schema(self, input_schema: pa.Schema) -> pa.Schema:
         """The schema of the query's result on rows of `input_schema` (runs it on zero rows)."""

@@ -282,9 +282,13 @@ def test_generation_and_score_keys_do_not_mix(
     assert "input.context_column only applies to score jobs" in capsys.readouterr().err
 
 
-def test_jsonl_choices_of_mixed_shapes_are_lists_not_text(tmp_path: Path, model_dir: Path, hf: Any) -> None:
+@pytest.mark.parametrize("query", [None, "SELECT * FROM input", "SELECT id, ctx, choices FROM input"])
+def test_jsonl_choices_of_mixed_shapes_are_lists_not_text(
+    tmp_path: Path, model_dir: Path, hf: Any, query: str | None
+) -> None:
     # One line's list mixes a number into the strings, so the reader keeps the column as JSON
-    # text; every other line's list must still be scored choice by choice, not as its JSON text.
+    # text; every other line's list must still be scored choice by choice, not as its JSON text,
+    # also where input.query passes the column through.
     lines = [
         {"id": "ok", "ctx": "Hello,", "choices": [" world", " fox"]},
         {"id": "one", "ctx": "Hello,", "choices": [" world"]},
@@ -298,7 +302,7 @@ def test_jsonl_choices_of_mixed_shapes_are_lists_not_text(tmp_path: Path, model_
         model_dir,
         path,
         job={"max_error_fraction": 1.0},
-        input={"context_column": "ctx", "continuations_column": "choices"},
+        input={"context_column": "ctx", "continuations_column": "choices", **({"query": query} if query else {})},
     )
     assert _submit(job) == 0
     got = _rows_by_key(tmp_path / "out-job")
