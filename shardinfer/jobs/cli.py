@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from shardinfer.errors import (
@@ -50,11 +51,22 @@ class _Parser(argparse.ArgumentParser):
         return parsed
 
 
+# submit's flags that say how to run a job, which `validate` does not do.
+_RUN_ONLY_FLAGS = ("--master", "--deploy-mode", "--dry-run", "--verbose", "--log-format")
+
+
 def _unrecognized_hint(extra: list[str], parsed: argparse.Namespace) -> str:
     """What a stray argument most likely meant: a flag of another tool, or a glob the shell expanded."""
     flags = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
     if any(f in ("--set", "-D", "--define", "--config", "-c") for f in flags):
         return " (set a job key with --conf KEY=VALUE, e.g. --conf sampling.temperature=0.7)"
+    run_only = [f for f in flags if f in _RUN_ONLY_FLAGS]
+    if getattr(parsed, "command", None) == "validate" and run_only:
+        one = len(run_only) == 1
+        return (
+            f" (validate runs nothing, so {', '.join(run_only)} {'is a flag' if one else 'are flags'} of submit: "
+            f"drop {'it' if one else 'them'}; validate takes --conf, --properties-file, --name and --run-id)"
+        )
     if getattr(parsed, "command", None) == "generate" and not flags:
         first = str(parsed.input)
         folder, name = os.path.split(first)
@@ -133,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="check a job spec, its model and input, without running it")
     validate.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     validate.add_argument("--properties-file", metavar="FILE")
+    # They fill {name} and {run_id} in paths: without them a scheduled run's output location is not
+    # the one checked.
+    validate.add_argument("--name", help="job name (job.name), as submit's")
+    validate.add_argument("--run-id", help="run id, as submit's; fills {run_id} in paths")
     validate.add_argument("job_file", metavar="JOB.toml")
 
     ev = sub.add_parser("eval", help="run lm-evaluation-harness tasks on a model; dump results and samples")
@@ -302,9 +318,15 @@ def _main(argv: list[str]) -> int:
 
 
 def _validate(spec: ResolvedSpec) -> int:
-    from shardinfer.pipeline.job import check_sampling_lengths, model_length_limit, open_job
+    from shardinfer.pipeline.job import (
+        check_model_files,
+        check_sampling_lengths,
+        model_length_limit,
+        open_job,
+    )
 
     job = open_job(spec.config)
+    check_model_files(job)
     limit = model_length_limit(spec.config)
     if limit is not None:  # what submit refuses once the engine is built, said without building it
         check_sampling_lengths(spec.config, limit)
@@ -328,17 +350,18 @@ def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) ->
 
         return submit_to_cluster(args, spec, reporter)
     cluster = None
-    if _is_ray(args.master) and not args.dry_run:
-        from shardinfer.jobs.ray_executor import RayCluster
+    with _StopBeforeRun():
+        if _is_ray(args.master) and not args.dry_run:
+            from shardinfer.jobs.ray_executor import RayCluster
 
-        cluster = RayCluster(args.master, spec.config.ray, reporter)
-        cluster.resolve_device(spec.config)
-        cluster.prestart(spec.config)
-    try:
-        return _run_job(args, spec, reporter, cluster)
-    finally:
-        if cluster is not None:
-            cluster.shutdown()
+            cluster = RayCluster(args.master, spec.config.ray, reporter)
+            cluster.resolve_device(spec.config)
+            cluster.prestart(spec.config)
+        try:
+            return _run_job(args, spec, reporter, cluster)
+        finally:
+            if cluster is not None:
+                cluster.shutdown()
 
 
 def _run_job(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter, cluster: Any) -> int:
@@ -374,7 +397,7 @@ def _plan_and_run(
 ) -> int:
     from shardinfer.jobs.executor import parse_master
     from shardinfer.jobs.unstarted import only_an_unstarted_plan
-    from shardinfer.pipeline.job import open_job
+    from shardinfer.pipeline.job import check_model_files, open_job
 
     num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
     config = spec.config
@@ -392,6 +415,11 @@ def _plan_and_run(
     except JobError as exc:
         _dry_run_refusal(args, exc)
         raise
+    try:
+        check_model_files(job)  # before the output location is written, and said by a dry run
+    except JobError as exc:
+        _dry_run_refusal(args, exc)
+        raise
     if args.dry_run:
         from shardinfer.jobs.status import print_dry_run
 
@@ -403,8 +431,30 @@ def _plan_and_run(
             output=config.output.path,
         )
         return EXIT_OK
+    unresumable = _generated_run_id_in_paths(spec)
+    if unresumable:
+        reporter.warn(unresumable, output=config.output.path)
+    unused = sorted(k for k in spec.sources if k.startswith("ray.")) if not _is_ray(args.master) else []
+    if unused:
+        reporter.warn(
+            f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --master {args.master}: "
+            "the [ray] section applies to --master ray or ray://HOST:PORT"
+        )
     with _StopSignals() as signals:
         return _start_run(args, job, reporter, cluster, prestart, num_workers, signals)
+
+
+def _generated_run_id_in_paths(spec: ResolvedSpec) -> str:
+    """A warning when output.path holds a run id made up for this run: a rerun of the same command
+    makes up another, so it writes to a new location instead of resuming this one."""
+    config = spec.config
+    if spec.sources.get("job.run_id") != "generated" or config.job.run_id not in config.output.path:
+        return ""
+    return (
+        f"output.path holds {{run_id}}, and no --run-id was given: this run writes to {config.output.path}, "
+        "and rerunning the same command would start again in a new location rather than resume this one; "
+        f"to resume it, rerun with --run-id {config.job.run_id}"
+    )
 
 
 def _dry_run_refusal(args: argparse.Namespace, exc: JobError) -> None:
@@ -426,6 +476,26 @@ class _EvalStop:
     def _on_signal(signum: int, frame: Any) -> None:
         raise Interrupted("interrupted (SIGTERM): the tasks this eval committed are kept, the one running is not; "
                           "rerun the same command to run the rest")
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGTERM, self._saved)
+
+
+class _StopBeforeRun:
+    """SIGTERM before the run starts its splits (the input is listed, a Ray cluster reached, the
+    engine built): the run has written nothing yet, so it stops at once, as retryable (75) with a
+    message, instead of dying by the signal (143). Once the run starts, _StopSignals takes over."""
+
+    def __enter__(self) -> _StopBeforeRun:
+        self._saved = signal.signal(signal.SIGTERM, self._on_signal)
+        return self
+
+    @staticmethod
+    def _on_signal(signum: int, frame: Any) -> None:
+        raise Interrupted(
+            "interrupted (SIGTERM) before the run started its splits: it committed nothing; rerun the same "
+            "command to run the job"
+        )
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGTERM, self._saved)
@@ -476,6 +546,8 @@ def _start_run(
     stop = signals.stop
     for note in job.notes:
         reporter.warn(note + "; recomputing what is missing", output=config.output.path)
+    if job.kept_plan:
+        reporter.warn(job.kept_plan, output=config.output.path)
     if job.discards:
         reporter.warn(
             f"job.start_over: discarding the output of {job.discards}: its parts, markers and _SUCCESS",
@@ -533,7 +605,8 @@ def _run_and_finalize(
                 run_in_process(job, scheduler, stop, reporter, stats, prestart)
             else:
                 run_processes(job, scheduler, num_workers, stop, reporter, stats)
-        repaired = repair_damaged(job, stop, config.job.run_id, emit=reporter.handle)
+        emit = _repair_events(job, n_samples, reporter, stats)
+        repaired = repair_damaged(job, stop, config.job.run_id, emit=emit, on_result=stats.repaired)
     finally:
         reporter.close()
     for index, why in sorted(repaired.items()):
@@ -542,6 +615,27 @@ def _run_and_finalize(
     run_summary["run_rows_redone"] = reporter.progress.rows_redone
     run_summary["repaired"] = {str(i): why for i, why in sorted(repaired.items())}
     return dict(finalize_job(job, config.job.run_id, run_summary))
+
+
+def _repair_events(
+    job: Any, n_samples: int, reporter: Reporter, stats: Any
+) -> Callable[[dict[str, Any]], None]:
+    """The events of the finish step's repair, counted as this run's work: the damaged splits join
+    the progress totals, and their committed rows the repair's count."""
+    from shardinfer.jobs.split_driver import REPAIR_WORKER
+
+    rows = {s.index: s.num_rows for s in job.splits}
+
+    def emit(event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "repair":
+            splits = [int(i) for i in event.get("splits", [])]
+            reporter.add_work(sum(rows.get(i, 0) for i in splits) * n_samples, len(splits))
+        elif kind == "split_done" and event.get("won"):
+            stats.kept(REPAIR_WORKER, int(event.get("records", 0)), int(event.get("completion_tokens", 0)))
+        reporter.handle({**event, "worker": REPAIR_WORKER})
+
+    return emit
 
 
 def _committed_this_run(job: Any) -> dict[str, Any]:

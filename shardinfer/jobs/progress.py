@@ -95,6 +95,16 @@ class Reporter:
                 postfix=self.progress.postfix(),
             )
 
+    def add_work(self, records: int, splits: int) -> None:
+        """More work than `start` was told of (damaged splits recomputed at the end): the totals
+        grow, so rows and splits done never run past them."""
+        with self._lock:
+            self.progress.total_records += records
+            self.progress.total_splits += splits
+            if self._bar is not None:
+                self._bar.total = self.progress.total_records
+            self._refresh_bar(force=True)
+
     def handle(self, event: dict[str, Any]) -> None:
         """A worker event: 'progress' (records/tokens finished) or 'split_done' (a commit)."""
         kind = event.get("event")
@@ -204,13 +214,7 @@ class Reporter:
             f"splits         {summary.get('splits', 0)}",
         ]
         if "run_split_attempts" in summary:
-            redone = summary.get("run_splits_redone", 0)
-            why = ", ".join(f"{n}x {reason}" for reason, n in summary.get("run_redo_reasons", {}).items())
-            lines.append(
-                f"this run       {summary.get('run_split_attempts', 0)} split(s) computed, "
-                f"{summary.get('run_splits_committed', 0)} committed, {redone} redone"
-                + (f" ({why}; {summary.get('run_rows_redone', 0)} rows generated again)" if redone else "")
-            )
+            lines.append(_split_counts(summary))
         if summary.get("duplicate_row_ids"):
             lines.append(
                 f"duplicate ids  {summary['duplicate_row_ids']} input row(s) repeat an earlier row's id "
@@ -227,6 +231,27 @@ class Reporter:
         for line in lines:
             print("  " + line, file=out)
         out.flush()
+
+
+def _split_counts(summary: dict[str, Any]) -> str:
+    """The run's splits: those computed (a split found committed by another run when its turn came
+    was handed out but not computed), committed, lost to another run's commit, and redone."""
+    skipped = summary.get("run_splits_skipped", 0)
+    lost = summary.get("run_splits_lost", 0)
+    redone = summary.get("run_splits_redone", 0)
+    why = ", ".join(f"{n}x {reason}" for reason, n in summary.get("run_redo_reasons", {}).items())
+    line = (
+        f"this run       {summary.get('run_split_attempts', 0) - skipped} split(s) computed, "
+        f"{summary.get('run_splits_committed', 0)} committed"
+    )
+    if lost:
+        line += f", {lost} lost the commit race (another attempt committed them first)"
+    if skipped:
+        line += f", {skipped} skipped (already committed by another run)"
+    line += f", {redone} redone"
+    if redone:
+        line += f" ({why}; {summary.get('run_rows_redone', 0)} rows generated again)"
+    return line
 
 
 def _engine_start(summary: dict[str, Any]) -> list[str]:

@@ -44,6 +44,34 @@ _ENGINE_EXCLUDED = {
 _COLUMN_LISTS = ("input.override_columns", "input.passthrough_columns")
 
 
+# Keys other tools (Spark, vLLM, transformers) use that a job file may bring along -> what a job
+# does instead. The nearest valid name would mislead here (job.master is not job.start_over).
+_WORKERS = "the workers are chosen when the job is submitted: --master local[N], or --master ray with ray.num_workers"
+_OVERWRITE = (
+    "job.start_over = true discards an output that holds another job (an output of this same job "
+    "is resumed instead)"
+)
+_FOREIGN_KEYS = {
+    "job.master": _WORKERS,
+    "job.workers": _WORKERS,
+    "job.num_workers": _WORKERS,
+    "engine.tensor_parallel_size": (
+        "tensor parallelism is not supported: each worker runs the whole model; add workers (--master "
+        "local[N] or ray), or split a MoE model's experts with engine.expert_parallel_size"
+    ),
+    "engine.pipeline_parallel_size": (
+        "pipeline parallelism is not supported: each worker runs the whole model; add workers (--master "
+        "local[N] or ray), or split a MoE model's experts with engine.expert_parallel_size"
+    ),
+    "sampling.do_sample": "temperature = 0 decodes greedily and temperature > 0 samples: there is no do_sample switch",
+    "output.overwrite": _OVERWRITE,
+    "output.mode": _OVERWRITE,
+    "model.trust_remote_code": (
+        "no code from a model folder is ever run: the supported families load from config.json and the weights"
+    ),
+}
+
+
 def _field_defaults(cls: type) -> dict[str, Any]:
     out = {}
     for f in dataclasses.fields(cls):
@@ -106,6 +134,7 @@ def coerce(key: str, value: Any, default: Any, raw: str | None = None) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)
     elif want is list:
+        _check_unparsed(key, value, raw, "[", 'a list, like ["a", "b"] (each string quoted)')
         if key in _COLUMN_LISTS:
             return _column_list(key, value)
         if isinstance(value, list):
@@ -113,12 +142,38 @@ def coerce(key: str, value: Any, default: Any, raw: str | None = None) -> Any:
         if isinstance(value, str):  # one stop string, untouched (as OpenAI's and vLLM's `stop`)
             return [value]
     elif want is dict:
+        _check_unparsed(key, value, raw, "{", 'a TOML inline table, like {name = "value", flag = true}')
         if isinstance(value, dict):
             return value
     else:
         return value
     shown = "a value" if holds_credentials(key) else repr(value)  # never quote a key or secret back
     raise ConfigError(f"{key}={shown} has the wrong type: expected {want.__name__} (like {default!r})")
+
+
+def _check_unparsed(key: str, value: Any, raw: str | None, opener: str, form: str) -> None:
+    """A --conf value written as a list or table that TOML could not read is a ConfigError naming
+    the syntax error: taken as a plain string it would become one stop string `[a, b]`, or fail as
+    a value of the wrong type without saying why. A bracketed word with no comma or quote
+    (`sampling.stop=[INST]`) is a plain string, as a value that is not TOML always was."""
+    if raw is None or not isinstance(value, str) or not raw.startswith(opener):
+        return
+    if opener == "[" and not any(c in raw for c in ",\"'"):
+        return
+    prefix = "v = "
+    try:
+        tomllib.loads(prefix + raw)
+    except tomllib.TOMLDecodeError as exc:
+        # The parser counts the columns of `v = VALUE`; the user wrote VALUE.
+        where = re.sub(
+            r"\(at line 1, column (\d+)\)",
+            lambda m: f"(at character {int(m.group(1)) - len(prefix)})",
+            str(exc),
+        )
+        # Never quote a value that may hold a key or a secret (a storage_options table).
+        shown = "the value" if holds_credentials(key) else repr(raw)
+        single = f", or quote a single string: --conf '{key}=\"...\"'" if opener == "[" else ""
+        raise ConfigError(f"{key}: {shown} is not valid TOML ({where}); write it as {form}{single}") from None
 
 
 def _column_list(key: str, value: Any) -> list[str]:
@@ -172,7 +227,7 @@ def _read_text(path: str | Path, what: str, fix: str) -> str:
         raise UsageError(
             f"{what} {str(path)!r} is a directory: give the file itself (e.g. {str(p / 'job.toml')!r})"
         )
-    if not p.is_file():
+    if not p.exists():  # not is_file(): a pipe (`--properties-file <(...)`) is read as a file is
         raise UsageError(f"{what} {str(path)!r} does not exist")
     data = p.read_bytes()
     try:
@@ -192,13 +247,15 @@ def load_toml(path: str | Path, what: str = "job file") -> dict[str, Any]:
         raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {exc}") from None
 
 
-def load_properties(path: str | Path) -> list[tuple[str, Any, str]]:
-    """A spark-defaults style file: `section.key=value` or `section.key value` lines, # comments; or TOML."""
+def load_properties(path: str | Path) -> list[tuple[str, Any, str | None]]:
+    """A spark-defaults style file: `section.key=value` or `section.key value` lines, # comments; or TOML.
+
+    Each item is (dotted key, value, the text written, or None where TOML typed the value)."""
     p = Path(path)
-    if p.suffix == ".toml":
-        return [(k, v, str(v)) for k, v in flatten(load_toml(p, "properties file")).items()]
+    if p.suffix == ".toml":  # typed as a job file's values are: a quoted "[a, b]" is a string
+        return [(k, v, None) for k, v in flatten(load_toml(p, "properties file")).items()]
     text = _read_text(p, "properties file", "give key=value lines or a .toml file")
-    items = []
+    items: list[tuple[str, Any, str | None]] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -241,6 +298,8 @@ def _check_key(dotted: str) -> tuple[str, str, Any]:
             raise ConfigError(
                 f"{dotted} is not an [engine] key: set it as {_ENGINE_EXCLUDED[key]} (the [model] section)"
             )
+        if dotted in _FOREIGN_KEYS:
+            raise ConfigError(f"{dotted} is not a job setting: {_FOREIGN_KEYS[dotted]}")
         table, _, inner = key.partition(".")
         if inner and isinstance(keys.get(table), dict):  # one entry of a table key: give the table whole
             raise ConfigError(
@@ -262,7 +321,7 @@ def name_layer(name: str | None) -> list[tuple[str, Any, str | None]]:
 def resolve(
     job_file: dict[str, Any],
     *,
-    properties: Sequence[tuple[str, Any, str]] = (),
+    properties: Sequence[tuple[str, Any, str | None]] = (),
     confs: Sequence[tuple[str, Any, str]] = (),
     name: str | None = None,
     run_id: str | None = None,
@@ -279,8 +338,15 @@ def resolve(
     ]
     for source, items in layers:
         for dotted, value, raw in items:
-            section, key, default = _check_key(dotted)
-            data[section][key] = coerce(dotted, value, default, raw)
+            try:
+                section, key, default = _check_key(dotted)
+                data[section][key] = coerce(dotted, value, default, raw)
+            except ConfigError as exc:
+                if source != "properties file":
+                    raise
+                # A defaults file the command line names only once: without this, the key is looked for
+                # in the job file.
+                raise ConfigError(f"{exc} (set in the properties file)") from None
             sources[dotted] = source
     if run_id:
         data["job"]["run_id"] = run_id

@@ -19,6 +19,7 @@ How a worker is started, told a split, or stopped is the executor's business (`W
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -36,8 +37,12 @@ from shardinfer.errors import (
 )
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.split_scheduler import SplitScheduler
+from shardinfer.pipeline.runner import WorkerResult
 
 Inbox = queue.Queue[tuple[str, dict[str, Any]]]
+# The name under which the finish step's recomputation of damaged splits is counted: it runs its
+# own engine in the driver, after the workers are done.
+REPAIR_WORKER = "repair"
 STOP_GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 # A worker that exits with one of these failed on something another worker would fail on too
 # (a damaged checkpoint, a bad config): the job stops with that code instead of retrying.
@@ -74,20 +79,50 @@ class RunStats:
         self.engine: list[dict[str, Any]] = []
         self.per_worker: dict[str, dict[str, Any]] = {}
         self.rows_kept: dict[str, int] = {}
+        # Tokens each worker reported as it went (progress events) and in the splits it committed:
+        # a worker that dies never sends its engine's statistics, but what it generated was this
+        # run's work, and what it committed is in the output.
+        self.tokens_reported: dict[str, int] = {}
+        self.tokens_kept: dict[str, int] = {}
         self.restarts = 0
+        self.repair_counts = {"run_split_attempts": 0, "run_splits_committed": 0, "run_splits_lost": 0}
 
     def add(self, result: dict[str, Any], worker: str = "0") -> None:
         stats = dict(result.get("engine_stats", {}))
         self.engine.append(stats)
         self.per_worker[worker] = stats
 
-    def kept(self, worker: str, records: int) -> None:
+    def kept(self, worker: str, records: int, completion_tokens: int = 0) -> None:
         self.rows_kept[worker] = self.rows_kept.get(worker, 0) + records
+        self.tokens_kept[worker] = self.tokens_kept.get(worker, 0) + completion_tokens
+
+    def reported(self, worker: str, completion_tokens: int) -> None:
+        self.tokens_reported[worker] = self.tokens_reported.get(worker, 0) + completion_tokens
+
+    def _unfinished_tokens(self, worker: str) -> int:
+        """What a worker that never reported its engine's statistics (it died) generated, at least:
+        its progress reports, or the tokens of the splits it committed where those say more (the
+        last report before a death may not have been sent)."""
+        return max(self.tokens_reported.get(worker, 0), self.tokens_kept.get(worker, 0))
+
+    def _generated(self, worker: str) -> int:
+        if worker in self.per_worker:
+            return int(self.per_worker[worker].get("generated_tokens", 0))
+        return self._unfinished_tokens(worker)
+
+    def repaired(self, result: WorkerResult) -> None:
+        """The finish step's recomputation of damaged splits: splits computed and tokens generated
+        by this run like any other, so the run's split counts and throughput include them."""
+        self.add({"engine_stats": result.engine_stats}, REPAIR_WORKER)
+        self.repair_counts["run_split_attempts"] += len(result.committed) + len(result.lost)
+        self.repair_counts["run_splits_committed"] += len(result.committed)
+        self.repair_counts["run_splits_lost"] += len(result.lost)
 
     def _workers(self, wall_s: float) -> dict[str, dict[str, Any]]:
         out = {}
-        for name in sorted(set(self.per_worker) | set(self.rows_kept), key=lambda n: (len(n), n)):
-            generated = int(self.per_worker.get(name, {}).get("generated_tokens", 0))
+        names = set(self.per_worker) | set(self.rows_kept) | set(self.tokens_reported)
+        for name in sorted(names, key=lambda n: (len(n), n)):
+            generated = self._generated(name)
             out[name] = {
                 "rows_committed": self.rows_kept.get(name, 0),
                 "generated_tokens": generated,
@@ -133,6 +168,8 @@ class RunStats:
     def summary(self, wall_s: float, workers: int, scheduler: SplitScheduler | None = None) -> dict[str, Any]:
         prompt = sum(e.get("prompt_tokens", 0.0) for e in self.engine)
         generated = sum(e.get("generated_tokens", 0.0) for e in self.engine)
+        dead = (set(self.rows_kept) | set(self.tokens_reported)) - set(self.per_worker)
+        generated += sum(self._unfinished_tokens(name) for name in dead)
         # Weighted by each engine's prompt tokens, so an idle worker does not dilute the rate.
         hit = sum(e.get("prefix_cache_hit_rate", 0.0) * e.get("prompt_tokens", 0.0) for e in self.engine)
         out: dict[str, Any] = {
@@ -167,6 +204,8 @@ class RunStats:
             out["run_workers"] = self._workers(wall_s)
         if scheduler is not None:
             out.update(scheduler.counts.to_summary())
+            for key, count in self.repair_counts.items():
+                out[key] = out.get(key, 0) + count
         return out
 
 
@@ -220,7 +259,10 @@ def drive(
         elif kind == "split_done":
             scheduler.finish(name, int(event["split"]), "committed" if event.get("won") else "lost")
             if event.get("won"):
-                stats.kept(name, int(event.get("records", 0)))
+                stats.kept(name, int(event.get("records", 0)), int(event.get("completion_tokens", 0)))
+            reporter.handle({**event, "worker": name})
+        elif kind == "progress":
+            stats.reported(name, int(event.get("completion_tokens", 0)))
             reporter.handle({**event, "worker": name})
         elif kind == "split_skipped":
             scheduler.finish(name, int(event["split"]), "skipped")
@@ -231,8 +273,10 @@ def drive(
             code = int(event.get("code", 1))
             if code == 0 and not scheduler.held_by(name):
                 continue
-            if halting and code == EXIT_RETRYABLE:
-                continue  # stopped on request, not dead
+            if halting and code in (EXIT_RETRYABLE, -signal.SIGTERM):
+                # Stopped on request, not dead: a worker that is told to stop before it has set up its
+                # own handling of SIGTERM (still starting) ends by the signal itself.
+                continue
             reason = str(event.get("reason") or f"exit code {code}")
             if code in DETERMINISTIC_EXITS:
                 if fatal is None:

@@ -346,6 +346,8 @@ def dry_run_actions(job: OpenedJob) -> list[str]:
         actions.append(
             f"plan the input that is new since the job was planned (job.incremental = true): {growth}"
         )
+    if job.kept_plan:
+        actions.append(f"keep the job's plan: {job.kept_plan}")
     for note in job.notes:  # a stale or damaged output: what the run's repair step will redo
         actions.append(f"recompute what is missing or damaged ({note})")
     if job.state == "done":

@@ -64,7 +64,10 @@ def main() -> int:
     guard_job(payload.get("config", {}))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Ctrl-C is the driver's to act on: a terminal sends it to the whole process group, the driver
+    # then stops its workers (SIGTERM), and a driver started with SIGINT ignored keeps running. A
+    # worker stopping on its own SIGINT would look to that driver like a worker that died.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(stop, os.getppid()), daemon=True).start()
     try:
         from shardinfer.jobs.model_cache import with_local_model

@@ -88,6 +88,9 @@ class OpenedJob:
     # job.start_over over another job's output: what that job was ("another fingerprint (...)"),
     # whose parts, markers and _SUCCESS the plan's write discards. Empty otherwise.
     discards: str = ""
+    # A resumed job keeps the plan in its _job.json: a job.split_rows that differs from the one it
+    # was planned with does not apply, which the run and a dry run say. Empty otherwise.
+    kept_plan: str = ""
 
     @property
     def input_schema(self) -> pa.Schema:
@@ -216,7 +219,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         if input_diff:
             from shardinfer.pipeline.incremental import extend_plan
 
-            job.growth = extend_plan(job, existing, input_diff, current)
+            job.growth = extend_plan(job, existing, input_diff, current)  # new splits of this split_rows
             return job
         success = read_success_or_none(store)
         if success is not None and success_hash(success) == fingerprint["hash"]:
@@ -242,6 +245,8 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
                 )
             else:
                 job.state, job.success = "done", success
+        if job.state != "done":  # a finished job runs nothing: no plan to speak of
+            job.kept_plan = _kept_plan(existing, config)
         return job
     splits: list[Split] = []
     listing: list[dict[str, Any]] = []
@@ -267,6 +272,18 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     if splits:
         check_columns(config, job.input_schema)
     return job
+
+
+def _kept_plan(existing: dict[str, Any], config: JobConfig) -> str:
+    """Why this run's job.split_rows does not apply, when it differs from the planned job's."""
+    planned = (existing.get("config") or {}).get("job", {}).get("split_rows")
+    if not isinstance(planned, int) or planned == config.job.split_rows:
+        return ""
+    return (
+        f"job.split_rows={config.job.split_rows} does not apply: the job at {config.output.path} was planned "
+        f"with {planned} rows per split, and a resumed job keeps its plan (the rows are the same either way); "
+        f"write to a new output path to plan with {config.job.split_rows}"
+    )
 
 
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -509,10 +526,7 @@ def build_engine(config: JobConfig) -> Engine:
     except TypeError as exc:
         raise ConfigError(f"[engine] has an argument the engine does not take: {exc}") from None
     except ModelLoadError as exc:  # the folder is what to fix (a missing tokenizer.json, truncated weights)
-        raise ConfigError(
-            f"cannot load the model at model.path={config.model.path!r}: {exc} (fix the model folder at "
-            "model.path, or point model.path at another)"
-        ) from None
+        raise _unloadable(config, str(exc)) from None
     except ValueError as exc:
         # The engine's constructor refuses what this model cannot do with these settings (a
         # max_model_len past the model's positions, MTP on a model without an MTP layer, a
@@ -563,11 +577,7 @@ def check_model_serves_spec(engine: Engine, config: JobConfig) -> None:
     fails the job once, before any split, not as one error record per row."""
     tokenizer = engine.tokenizer
     if config.input.messages_column and getattr(tokenizer, "chat_template", "") is None:
-        raise ConfigError(
-            f"input.messages_column={config.input.messages_column!r} is rendered by the model's chat template, and "
-            f"model.path={config.model.path!r} has none (no chat_template in tokenizer_config.json, no "
-            "chat_template.jinja): give the model a chat template, or use input.prompt_column with plain prompts"
-        )
+        raise _no_chat_template(config)
     check_sampling_lengths(config, engine.max_model_len)
     schema = config.sampling.get("structured_output", config.sampling.get("so_args"))
     compiler = getattr(engine, "grammar_compiler", None)
@@ -576,6 +586,37 @@ def check_model_serves_spec(engine: Engine, config: JobConfig) -> None:
             compiler().compile(schema)
         except ValueError as exc:
             raise ConfigError(f"sampling.structured_output: {exc}") from None
+
+
+def _unloadable(config: JobConfig, why: str) -> ConfigError:
+    return ConfigError(
+        f"cannot load the model at model.path={config.model.path!r}: {why} (fix the model folder at "
+        "model.path, or point model.path at another)"
+    )
+
+
+def _no_chat_template(config: JobConfig) -> ConfigError:
+    return ConfigError(
+        f"input.messages_column={config.input.messages_column!r} is rendered by the model's chat template, and "
+        f"model.path={config.model.path!r} has none (no chat_template in tokenizer_config.json, no "
+        "chat_template.jinja): give the model a chat template, or use input.prompt_column with plain prompts"
+    )
+
+
+def check_model_files(job: OpenedJob) -> None:
+    """What the model folder lacks for this job, read from the fingerprint (which hashed its files):
+    a tokenizer.json (every prompt is tokenized), a chat template for a messages column. Said by
+    `validate`, and by `submit` before it writes the plan, not after an engine build (or a copy of
+    the model from object storage, on every worker) has failed on it."""
+    config = job.config
+    if job.fingerprint.get("tokenizer.sha256") is None:
+        raise _unloadable(
+            config,
+            f"no tokenizer.json in {config.model.path!r}: shardinfer reads tokenizers in the `tokenizers` JSON "
+            "format (save one with tokenizer.save_pretrained)",
+        )
+    if config.input.messages_column and job.fingerprint.get("tokenizer.chat_template_sha256") is None:
+        raise _no_chat_template(config)
 
 
 def check_kv_room(engine: Engine, config: JobConfig) -> None:
@@ -683,12 +724,15 @@ def repair_damaged(
     run_id: str,
     emit: Callable[[dict[str, Any]], None] = lambda e: None,
     engine: Any = None,
+    on_result: Callable[[WorkerResult], None] = lambda r: None,
 ) -> dict[int, str]:
     """Check every committed part against its marker; compute the damaged splits again.
 
     A part deleted, truncated or replaced after its commit is recomputed (sampling is
     deterministic: the same bits) and committed under the split's next marker number, created
-    only if absent, so concurrent repairers still have one winner. Returns split -> what was wrong.
+    only if absent, so concurrent repairers still have one winner. Returns split -> what was wrong;
+    `on_result` gets the recomputation's worker result (its commits and engine statistics are
+    this run's work, which the run's summary counts).
     """
     markers = job.store.committed()
     damaged: dict[int, str] = job.store.damaged_parts(markers)
@@ -704,7 +748,7 @@ def repair_damaged(
         )
     emit({"event": "repair", "splits": sorted(damaged), "reasons": damaged})
     job.store.plan_repairs(damaged, markers)
-    run_worker(job, [s for s in job.splits if s.index in damaged], stop, run_id, emit, engine)
+    on_result(run_worker(job, [s for s in job.splits if s.index in damaged], stop, run_id, emit, engine))
     return damaged
 
 

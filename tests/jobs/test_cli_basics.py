@@ -252,6 +252,77 @@ def test_validate_reads_only(
     assert not (tmp_path / "out").exists()
 
 
+def test_validate_checks_the_output_location_of_a_scheduled_run(
+    tmp_path: Path, model_dir: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # {run_id} in output.path: without --run-id, validate checked a new location of its own making.
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "{name}" / "{run_id}")))
+    from shardinfer.splits import Split
+    from shardinfer.writers import OutputStore, make_job_record
+
+    taken = tmp_path / "out" / "nightly" / "scheduled__1"  # holds another job: a submit exits 78
+    OutputStore(str(taken)).write_job(make_job_record("other", {"hash": "f" * 64}, [Split(0, 0, "x", 0, 4)]))
+    assert main(["validate", "--name", "nightly", "--run-id", "scheduled__1", str(job)]) == 78
+    assert f"{taken} holds a job with another fingerprint" in capsys.readouterr().err
+    assert main(["validate", "--name", "nightly", "--run-id", "scheduled__2", str(job)]) == 0
+    assert "output state: new" in capsys.readouterr().out
+    # submit's flags that say how to run are named as such, not as stray arguments only.
+    assert main(["validate", "--master", "local[2]", str(job)]) == 64
+    err = capsys.readouterr().err
+    assert "validate runs nothing, so --master is a flag of submit: drop it" in err
+
+
+def test_a_made_up_run_id_in_the_output_path_and_unused_ray_keys_are_warned_of(
+    tmp_path: Path, model_dir: Path, shards: Path
+) -> None:
+    # "rerun the same command to resume" is untrue there: a rerun makes up another run id. And a
+    # [ray] key with a local master was taken in silence.
+    from shardinfer.jobs.cli import _generated_run_id_in_paths
+    from shardinfer.jobs.spec import load_toml, resolve
+
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "{run_id}")))
+    result = cli("submit", "--conf", "ray.num_workers=4", str(job))
+    assert result.returncode == 0, result.stderr
+    assert "ray.num_workers has no effect with --master local: the [ray] section applies to --master ray" in (
+        result.stderr
+    )
+    (made_up,) = (tmp_path / "out").iterdir()
+    assert (
+        f"output.path holds {{run_id}}, and no --run-id was given: this run writes to {made_up}" in result.stderr
+    )
+    assert f"to resume it, rerun with --run-id {made_up.name}" in result.stderr
+    assert _generated_run_id_in_paths(resolve(load_toml(job), run_id="scheduled__1")) == ""
+
+
+_TERM_WHILE_PLANNING = """
+import os, signal, sys
+import shardinfer.pipeline.job as job_module
+planned = job_module.open_job
+def open_job(*args, **kwargs):  # the SIGTERM arrives while the input is listed
+    os.kill(os.getpid(), signal.SIGTERM)
+    return planned(*args, **kwargs)
+job_module.open_job = open_job
+from shardinfer.jobs.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_planning_exits_75_with_a_message(tmp_path: Path, model_dir: Path, shards: Path) -> None:
+    # It died by the signal (143, no message) until the run's own SIGTERM handling took over.
+    job, out = standard_job(tmp_path, model_dir, str(shards))
+    script = tmp_path / "term_while_planning.py"
+    script.write_text(_TERM_WHILE_PLANNING)
+    result = subprocess.run(
+        [sys.executable, str(script), "submit", str(job)], capture_output=True, text=True, env=cli_env(),
+        cwd=REPO, timeout=120,
+    )
+    assert result.returncode == 75, result.stderr
+    assert "interrupted (SIGTERM) before the run started its splits: it committed nothing" in result.stderr
+    assert not out.exists()
+
+
 def test_corrupt_and_empty_input(tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "prompts.parquet").write_bytes(b"PAR1 this is not parquet")
@@ -295,6 +366,34 @@ def test_ctrl_c_is_an_interruption_like_sigterm(
     assert not (out / "_SUCCESS").exists()
     rerun = cli("submit", str(job))
     assert rerun.returncode == 0, rerun.stderr
+    assert committed_rows(str(out)) == reference
+
+
+def test_a_job_started_with_sigint_ignored_keeps_its_workers_on_ctrl_c(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
+    """A local[2] job started with SIGINT ignored (in the background of a script) gets a SIGINT for its
+    whole process group: it keeps running, and so do its workers (they stopped, and the driver took
+    them for dead: an error per worker and a replacement each)."""
+    job, out = fine_grained_job(tmp_path, model_dir, str(shards))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardinfer", "submit", "--master", "local[2]", str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        start_new_session=True,  # its own process group, as a terminal's job has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    deadline = time.monotonic() + 90
+    while not list(out.glob("_commits/*.json")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "no commit within 90 s"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)  # the driver and both workers, as Ctrl-C in a terminal
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "died" not in err and "replacement" not in err
     assert committed_rows(str(out)) == reference
 
 

@@ -111,3 +111,31 @@ def test_validate_and_a_refused_submit_leave_an_existing_folder_as_it_was(
     assert main(["submit", str(job)]) == 78
     assert "another fingerprint" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["_job.json"]
+
+
+def test_a_repair_counts_in_this_runs_tokens_and_splits(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
+    """The finish step's recomputation of a damaged split is this run's work: the summary's tokens
+    generated, its split counts and the run record say so (they said 0 computed, 0 tokens)."""
+    import pyarrow.parquet as pq
+
+    job, out = standard_job(tmp_path, model_dir, str(shards))
+    assert cli("submit", str(job)).returncode == 0
+    part = out / part_files(out)[1]
+    ids = set(pq.read_table(part, columns=["row_id"]).column("row_id").to_pylist())
+    part.unlink()
+    # What an undamaged run generated for those rows: the tokens the repair must generate again.
+    expected_tokens = sum(r["completion_tokens"] for r in reference if r["row_id"] in ids)
+    assert expected_tokens > 0
+
+    rerun = cli("submit", "--log-format", "json", "--run-id", "repair-run", str(job))
+    assert rerun.returncode == 0, rerun.stderr
+    summary = json.loads(rerun.stdout.strip().splitlines()[-1])
+    assert summary["repaired"].keys() == {"1"}
+    assert summary["run_completion_tokens"] == expected_tokens
+    assert summary["output_tokens_per_s"] > 0
+    assert (summary["run_split_attempts"], summary["run_splits_committed"]) == (1, 1)
+    record = json.loads((out / "_runs" / "repair-run.json").read_text())
+    assert record["splits_committed"] == 1
+    assert committed_rows(str(out)) == reference

@@ -5,8 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from pipeline_kit import cli, standard_job, write_shards
 
+from shardinfer.jobs.cli import main
 from shardinfer.jobs.spec import load_toml, resolve
 from shardinfer.pipeline.job import open_job, write_plan
 
@@ -46,3 +48,22 @@ def test_dry_run_over_another_fingerprint(tmp_path: Path, model_dir: Path) -> No
     )
     assert "discard" not in added.stdout
     assert _files(out) == before  # a dry run writes and deletes nothing
+
+
+def test_a_resumed_job_says_its_split_rows_do_not_apply(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A resumed job keeps its stored plan; another job.split_rows was taken in silence, and a dry run
+    # listed the plan of 4-row splits under a resolved spec saying 2.
+    shards = write_shards(tmp_path / "in", files=1, rows=8)
+    job, out = standard_job(tmp_path, model_dir, str(shards))  # job.split_rows = 4: 2 splits
+    write_plan(open_job(resolve(load_toml(str(job))).config), "first")
+    assert main(["submit", "--dry-run", "--conf", "job.split_rows=2", str(job)]) == 0
+    printed = capsys.readouterr().out
+    assert "# plan: 2 split(s)" in printed
+    assert (
+        f"# submitting would keep the job's plan: job.split_rows=2 does not apply: the job at {out} was "
+        "planned with 4 rows per split" in printed
+    )
+    assert main(["submit", "--dry-run", str(job)]) == 0
+    assert "keep the job's plan" not in capsys.readouterr().out

@@ -271,3 +271,71 @@ def test_one_entry_of_a_table_key_says_to_give_the_table() -> None:
                                           r"'output\.storage_options=\{key = \"\.\.\.\"\}'") as refused:
         resolve(BASE, confs=[parse_conf("output.storage_options.key=s3cr3t")])
     assert "s3cr3t" not in str(refused.value)  # a credential is never quoted back
+
+
+@pytest.mark.parametrize(
+    ("conf", "match"),
+    [
+        # Unquoted items: TOML cannot read them, and they were taken as the one stop string "[a, b]".
+        ("sampling.stop=[a, b]", r"sampling\.stop: '\[a, b\]' is not valid TOML \(Invalid value \(at character 2\)\)"),
+        ('sampling.stop=["a", "b"', r"sampling\.stop: .* is not valid TOML \(Unclosed array"),
+        ('input.passthrough_columns=["a"', r"input\.passthrough_columns: .* is not valid TOML"),
+        # A table of options may hold a secret: the error never quotes it.
+        ('input.storage_options={key = "SECRET"', r"input\.storage_options: the value is not valid TOML"),
+    ],
+)
+def test_a_list_or_table_that_is_not_toml_is_refused(conf: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        resolve(BASE, confs=[parse_conf(conf)])
+    assert info.value.exit_code == 78 and "SECRET" not in str(info.value)
+
+
+def test_bracketed_words_and_typed_lists_stay_as_written(tmp_path: Path) -> None:
+    # A stop string in brackets with no comma or quote is one stop string, as before.
+    spec = resolve(BASE, confs=[parse_conf("sampling.stop=[INST]")])
+    assert spec.config.sampling["stop"] == ["[INST]"]
+    # A TOML properties file types its values itself: a quoted "[a, b]" is a string.
+    props = tmp_path / "p.toml"
+    props.write_text('[sampling]\nstop = "[a, b]"\n')
+    assert resolve(BASE, properties=load_properties(props)).config.sampling["stop"] == ["[a, b]"]
+
+
+def test_a_properties_file_may_be_a_pipe(tmp_path: Path) -> None:
+    # `--properties-file <(...)` names a pipe, which is not a regular file: it was "does not exist".
+    import os
+    import threading
+
+    fifo = tmp_path / "props"
+    os.mkfifo(fifo)
+    # A daemon: when the pipe is never opened for reading, its write blocks without holding up the run.
+    threading.Thread(target=lambda: fifo.write_text("sampling.top_p=0.4\n"), daemon=True).start()
+    items = load_properties(fifo)
+    assert resolve(BASE, properties=items).config.sampling["top_p"] == 0.4
+
+
+@pytest.mark.parametrize(
+    ("conf", "match"),
+    [
+        # The nearest valid name misled: job.master was "did you mean 'start_over'?".
+        ("job.master=local[2]", r"job\.master is not a job setting: .* --master local\[N\]"),
+        ("job.num_workers=2", r"--master local\[N\], or --master ray with ray\.num_workers"),
+        ("engine.tensor_parallel_size=2", r"tensor parallelism is not supported"),
+        ("sampling.do_sample=true", r"temperature = 0 decodes greedily"),
+        ("output.overwrite=true", r"job\.start_over = true"),
+    ],
+)
+def test_keys_of_other_tools_say_what_a_job_does_instead(conf: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        resolve(BASE, confs=[parse_conf(conf)])
+    assert info.value.exit_code == 78 and "did you mean" not in str(info.value)
+
+
+def test_a_bad_key_of_the_properties_file_says_so(tmp_path: Path) -> None:
+    # The command line shows --conf and names the job file; the properties file went unnamed.
+    props = tmp_path / "defaults.conf"
+    props.write_text("sampling.temprature=0.5\n")
+    with pytest.raises(ConfigError, match=r"did you mean 'temperature'\?.* \(set in the properties file\)$"):
+        resolve(BASE, properties=load_properties(props))
+    props.write_text("job.seed=abc\n")
+    with pytest.raises(ConfigError, match=r"job\.seed='abc' has the wrong type.* \(set in the properties file\)$"):
+        resolve(BASE, properties=load_properties(props))

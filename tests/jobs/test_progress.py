@@ -66,3 +66,32 @@ def test_live_line_reads_as_documented_without_an_empty_field() -> None:
     assert re.search(tail + "$", lines[-1]), lines[-1]
     for line in lines:
         assert ", ," not in line and ", ]" not in line and "[00:00, ]" not in line, line
+
+
+def test_splits_recomputed_at_the_end_join_the_totals() -> None:
+    # A repair after the workers are done commits splits the start was not told of: the totals grow
+    # with them, so the line never says more splits done than there are (it said splits 2/1).
+    out = io.StringIO()
+    reporter = Reporter("r5", log_format="json", stream=out, interval_s=0.0)
+    reporter.start(total_records=4, total_splits=1)
+    reporter.handle({"event": "split_done", "worker": "0", "split": 0, "won": True, "records": 4})
+    reporter.add_work(records=4, splits=1)
+    reporter.handle({"event": "split_done", "worker": "repair", "split": 3, "won": True, "records": 4})
+    progress = [json.loads(line) for line in out.getvalue().splitlines()][-1]
+    assert (progress["splits_done"], progress["splits_total"]) == (2, 2)
+    assert (progress["rows_done"], progress["rows_total"]) == (8, 8)
+
+
+def test_the_summary_does_not_count_skipped_splits_as_computed() -> None:
+    # 6 splits handed out: 1 was already committed by another run (skipped), 1 lost the commit race.
+    out = io.StringIO()
+    Reporter("r6").summary(
+        {"run_split_attempts": 6, "run_splits_committed": 4, "run_splits_lost": 1, "run_splits_skipped": 1,
+         "run_splits_redone": 0, "run_redo_reasons": {}},
+        out=out,
+    )
+    line = next(x for x in out.getvalue().splitlines() if "split(s) computed" in x)
+    assert line.strip() == (
+        "this run       5 split(s) computed, 4 committed, 1 lost the commit race (another attempt committed them "
+        "first), 1 skipped (already committed by another run), 0 redone"
+    )

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from pipeline_kit import cli, job_toml
+
+from shardinfer.jobs.cli import main
 
 
 def _job(tmp_path: Path, model: Path, **sections: dict[str, object]) -> Path:
@@ -69,3 +72,44 @@ def test_validate_refuses_what_submit_would(tmp_path: Path, model_dir: Path) -> 
     assert "sampling.max_tokens=5000 is above max_model_len=256" in result.stderr
     fits = _job(tmp_path, model_dir, sampling={"max_tokens": 200}, engine={"max_model_len": 256})
     assert cli("validate", str(fits)).returncode == 0
+
+
+def _model_without(tmp_path: Path, model_dir: Path, *names: str) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    for name in names:
+        (model / name).unlink(missing_ok=True)
+    return model
+
+
+def test_validate_and_submit_refuse_a_model_without_a_tokenizer_before_writing(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # validate said ok, and a local[N] submit wrote its plan before every worker failed to load.
+    model = _model_without(tmp_path, model_dir, "tokenizer.json")
+    job = _job(tmp_path, model)
+    for argv in (
+        ["validate", str(job)],
+        ["submit", "--dry-run", str(job)],
+        ["submit", "--master", "local[2]", str(job)],
+    ):
+        assert main(argv) == 78, argv
+        err = capsys.readouterr().err
+        assert f"cannot load the model at model.path={str(model)!r}: no tokenizer.json in {str(model)!r}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_refuses_a_messages_column_without_a_chat_template(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _model_without(tmp_path, model_dir, "chat_template.jinja")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    chat = _job(
+        tmp_path, model, input={"passthrough_columns": [], "prompt_column": "", "messages_column": "messages"}
+    )
+    assert main(["validate", str(chat)]) == 78
+    assert "input.messages_column='messages' is rendered by the model's chat template" in capsys.readouterr().err
+    plain = _job(tmp_path, model)
+    assert main(["validate", str(plain)]) == 0
