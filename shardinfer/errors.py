@@ -131,9 +131,16 @@ class InputQueryError(ReaderError):
 
 # ---- storage and the output location ------------------------------------------------------------
 class StorageError(OSError, ShardinferError):
-    """A storage call that still failed after the bounded retries: retry the job later."""
+    """A storage call that still failed after the bounded retries: retry the job later.
+
+    Raised as `StorageError(errno, message)`, so callers can test `errno` (EAGAIN, ENOSPC, ...);
+    printed as the message alone, without OSError's "[Errno 11]" prefix, which tells a user nothing.
+    """
 
     exit_code = EXIT_RETRYABLE
+
+    def __str__(self) -> str:
+        return self.strerror if self.strerror is not None else super().__str__()
 
 
 class OutputError(ShardinferError):

@@ -71,3 +71,10 @@ def test_engine_refusals_stay_value_errors_and_storage_errors_stay_os_errors() -
         assert issubclass(cls, ValueError)
     err = E.StorageError(errno.EAGAIN, "still failing")
     assert isinstance(err, OSError) and err.errno == errno.EAGAIN
+
+
+def test_a_storage_error_reads_as_its_message_and_keeps_its_errno() -> None:
+    err = E.StorageError(errno.ENOSPC, "write out/part-1.parquet: no space left")
+    assert str(err) == "write out/part-1.parquet: no space left"
+    assert (err.errno, err.strerror) == (errno.ENOSPC, "write out/part-1.parquet: no space left")
+    assert str(E.StorageError("one argument")) == "one argument"

@@ -239,12 +239,14 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     reporter = Reporter("-", _requested_log_format(argv), verbose="--verbose" in argv)
     spec: ResolvedSpec | None = None
+    locations: list[str] = []  # the paths the command uses, as far as known: they word a refused access
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
             raise UsageError(
                 "shardinfer: give a command: submit, generate, eval, validate, status or history (see --help)"
             )
+        locations += [str(getattr(args, flag, None) or "") for flag in ("model", "input", "output")]
         if args.command == "status":
             from shardinfer.jobs.status import show_status
 
@@ -279,6 +281,7 @@ def _main(argv: list[str]) -> int:
         else:
             job_file = load_toml(args.job_file)
         spec = _resolve(args, job_file)
+        locations += [spec.config.model.path, spec.config.input.path, spec.config.output.path]
         guard_job(spec.config.to_dict())  # paths with {run_id} etc. filled in
         if args.command == "validate":
             return _validate(spec)
@@ -303,18 +306,35 @@ def _main(argv: list[str]) -> int:
                 "input.storage_options / output.storage_options"
             )
         elif isinstance(exc, PermissionError) and not isinstance(exc, JobError):
-            # The store refused these credentials (a wrong secret, an unknown key, no permission).
-            message = (
-                f"the object store refused access ({exc or type(exc).__name__}): check the credentials (the "
-                "environment, a profile, or input.storage_options / output.storage_options), their "
-                "permissions on the bucket, and the endpoint"
-            )
+            message = _permission_message(exc, locations)
         reporter.error(message, exit_code=code)
         if code == 1 and reporter.verbose:
             import traceback
 
             traceback.print_exc()
         return code
+
+
+def _is_remote(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def _permission_message(exc: PermissionError, locations: list[str]) -> str:
+    """What to fix for a refused access: object-store credentials only when the job uses object
+    storage and the refused path is not a file on this machine; a local path otherwise, named."""
+    path = exc.filename if isinstance(exc.filename, str) else None
+    local_file = path is not None and not _is_remote(path) and os.path.lexists(path)
+    if any(_is_remote(loc) for loc in locations) and not local_file:
+        # The store refused these credentials (a wrong secret, an unknown key, no permission).
+        return (
+            f"the object store refused access ({exc or type(exc).__name__}): check the credentials (the "
+            "environment, a profile, or input.storage_options / output.storage_options), their "
+            "permissions on the bucket, and the endpoint"
+        )
+    fix = "change its permissions (or its folder's), or run the job as a user who may"
+    if path is not None:
+        return f"permission denied: this user cannot read or write {path!r} ({exc.strerror}); {fix}"
+    return f"permission denied ({exc or type(exc).__name__}): this user cannot read or write that local path; {fix}"
 
 
 def _validate(spec: ResolvedSpec) -> int:
@@ -632,7 +652,7 @@ def _repair_events(
             splits = [int(i) for i in event.get("splits", [])]
             reporter.add_work(sum(rows.get(i, 0) for i in splits) * n_samples, len(splits))
         elif kind == "split_done" and event.get("won"):
-            stats.kept(REPAIR_WORKER, int(event.get("records", 0)), int(event.get("completion_tokens", 0)))
+            stats.kept_split(REPAIR_WORKER, event)
         reporter.handle({**event, "worker": REPAIR_WORKER})
 
     return emit

@@ -349,6 +349,7 @@ def resolve(
                 raise ConfigError(f"{exc} (set in the properties file)") from None
             sources[dotted] = source
     if run_id:
+        _check_run_id_flags(run_id, data["job"].get("run_id"), sources.get("job.run_id"))
         data["job"]["run_id"] = run_id
         sources["job.run_id"] = "--run-id"
     try:
@@ -358,6 +359,18 @@ def resolve(
     _fill_defaults(config, sources, today or datetime.datetime.now(datetime.UTC).date())
     validate(config)
     return ResolvedSpec(config, sources)
+
+
+def _check_run_id_flags(flag: str, conf_value: Any, source: str | None) -> None:
+    """--run-id and --conf job.run_id both on one command line and disagreeing: either may be the
+    one the scheduler meant, and the run id picks the output folder ({run_id}) and the resume, so
+    neither is chosen silently. A job file's or properties file's run_id is a default --run-id
+    overrides, as every command-line value overrides those files."""
+    if source == "--conf" and str(conf_value) != flag:
+        raise UsageError(
+            f"--run-id {flag!r} and --conf job.run_id={conf_value!r} disagree: give the run id once "
+            "(drop one of them) or give both the same value"
+        )
 
 
 def _fill_defaults(config: JobConfig, sources: dict[str, str], today: datetime.date) -> None:

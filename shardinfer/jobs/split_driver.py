@@ -84,6 +84,9 @@ class RunStats:
         # run's work, and what it committed is in the output.
         self.tokens_reported: dict[str, int] = {}
         self.tokens_kept: dict[str, int] = {}
+        # Prompt tokens of the committed splits: progress events carry none, so for a dead worker
+        # these are all that is known of what it read (a score job's only work).
+        self.prompt_kept: dict[str, int] = {}
         self.restarts = 0
         self.repair_counts = {"run_split_attempts": 0, "run_splits_committed": 0, "run_splits_lost": 0}
 
@@ -92,9 +95,19 @@ class RunStats:
         self.engine.append(stats)
         self.per_worker[worker] = stats
 
-    def kept(self, worker: str, records: int, completion_tokens: int = 0) -> None:
+    def kept(self, worker: str, records: int, completion_tokens: int = 0, prompt_tokens: int = 0) -> None:
         self.rows_kept[worker] = self.rows_kept.get(worker, 0) + records
         self.tokens_kept[worker] = self.tokens_kept.get(worker, 0) + completion_tokens
+        self.prompt_kept[worker] = self.prompt_kept.get(worker, 0) + prompt_tokens
+
+    def kept_split(self, worker: str, event: dict[str, Any]) -> None:
+        """A split_done event this worker won: the counts its commit carries."""
+        self.kept(
+            worker,
+            int(event.get("records", 0)),
+            int(event.get("completion_tokens", 0)),
+            int(event.get("prompt_tokens", 0)),
+        )
 
     def reported(self, worker: str, completion_tokens: int) -> None:
         self.tokens_reported[worker] = self.tokens_reported.get(worker, 0) + completion_tokens
@@ -170,12 +183,14 @@ class RunStats:
         generated = sum(e.get("generated_tokens", 0.0) for e in self.engine)
         dead = (set(self.rows_kept) | set(self.tokens_reported)) - set(self.per_worker)
         generated += sum(self._unfinished_tokens(name) for name in dead)
-        # Weighted by each engine's prompt tokens, so an idle worker does not dilute the rate.
+        # Weighted by each engine's prompt tokens, so an idle worker does not dilute the rate (a dead
+        # worker's prompt tokens below come without a hit rate and stay out of it).
         hit = sum(e.get("prefix_cache_hit_rate", 0.0) * e.get("prompt_tokens", 0.0) for e in self.engine)
+        read_by_dead = sum(self.prompt_kept.get(name, 0) for name in dead)
         out: dict[str, Any] = {
             "workers": workers,
             "wall_time_s": round(wall_s, 3),
-            "run_prompt_tokens": int(prompt),
+            "run_prompt_tokens": int(prompt) + read_by_dead,
             "run_completion_tokens": int(generated),
             "output_tokens_per_s": round(generated / wall_s, 2) if wall_s > 0 else 0.0,
             "prefix_cache_hit_rate": round(hit / prompt, 4) if prompt else 0.0,
@@ -259,7 +274,7 @@ def drive(
         elif kind == "split_done":
             scheduler.finish(name, int(event["split"]), "committed" if event.get("won") else "lost")
             if event.get("won"):
-                stats.kept(name, int(event.get("records", 0)), int(event.get("completion_tokens", 0)))
+                stats.kept_split(name, event)
             reporter.handle({**event, "worker": name})
         elif kind == "progress":
             stats.reported(name, int(event.get("completion_tokens", 0)))

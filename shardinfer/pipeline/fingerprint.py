@@ -8,8 +8,8 @@ the message names the components that changed.
 
 The fingerprint is a flat dict of named components plus `hash` over all of them. Weight files
 are identified by their content cheaply (see `weights_identity`: size, header hash and
-modification time, or an opt-in cached full hash); config.json and the tokenizer files are
-hashed in full. The input is pinned separately, by the listing stored in `_job.json`
+modification time, or an opt-in cached full hash), and only the files the engine's loader reads;
+config.json and the tokenizer files are hashed in full. The input is pinned separately, by the listing stored in `_job.json`
 (see `input_listing`).
 """
 
@@ -55,14 +55,16 @@ def model_identity(
     config_file = root / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"model.path={model_dir!r} has no config.json; is it a Hugging Face model folder?")
-    weights = sorted(p for p in root.iterdir() if p.suffix == ".safetensors")
-    if not weights:
-        raise ConfigError(f"model.path={model_dir!r} has no *.safetensors weight files")
+    weights = _local_weight_files(root, model_dir)
     config_bytes = config_file.read_bytes()
+    generation_config = root / "generation_config.json"
     out: dict[str, Any] = {
         "model.config_sha256": _sha256_bytes(config_bytes),
         "model.weights": {p.name: weight_identity(p, verify_weights) for p in weights},
         **_checkpoint_quantization(config_bytes),
+        **_generation_eos_ids(
+            config_bytes, generation_config.read_bytes() if generation_config.is_file() else None
+        ),
     }
     tok = root / "tokenizer.json"
     out["tokenizer.sha256"] = _sha256_bytes(tok.read_bytes()) if tok.is_file() else None
@@ -75,6 +77,40 @@ def model_identity(
         template = jinja.read_text()
     out["tokenizer.chat_template_sha256"] = _sha256_bytes(_canonical(template).encode()) if template else None
     return out
+
+
+def _local_weight_files(root: Path, model_dir: str) -> list[Path]:
+    """The weight files the engine's loader reads, in its order: a stray *.safetensors beside them
+    (Mistral's consolidated.safetensors) is never loaded, so it costs no hashing and changes no job."""
+    from shardinfer.engine.models.loader import checkpoint_files
+    from shardinfer.errors import ModelLoadError
+
+    try:
+        return checkpoint_files(root)
+    except ModelLoadError as exc:  # no weights, or an index naming shards that are not there
+        raise ConfigError(f"model.path={model_dir!r}: {exc}") from None
+
+
+def _eos_ids(value: Any) -> list[Any]:
+    """An eos_token_id entry (one id, a list of them, or absent) as a list."""
+    return list(value) if isinstance(value, list) else [] if value is None else [value]
+
+
+def _generation_eos_ids(config_bytes: bytes, generation_bytes: bytes | None) -> dict[str, Any]:
+    """{"model.generation_eos_token_ids": ids} when generation_config.json names eos ids that
+    config.json's eos_token_id does not: generation stops at those too (outputs planned before that
+    did not), so such a checkpoint counts as another job. {} otherwise, so every other checkpoint
+    keeps its fingerprint."""
+    if generation_bytes is None:
+        return {}
+    try:
+        listed = _eos_ids(json.loads(generation_bytes).get("eos_token_id"))
+        known = _eos_ids(json.loads(config_bytes).get("eos_token_id"))
+    except (ValueError, AttributeError, TypeError):
+        return {}  # an unreadable file fails at load with its own error
+    if all(i in known for i in listed):
+        return {}
+    return {"model.generation_eos_token_ids": listed}
 
 
 def _checkpoint_quantization(config_bytes: bytes) -> dict[str, Any]:
@@ -120,6 +156,7 @@ def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[st
     return {
         "model.config_sha256": _sha256_bytes(config_bytes),
         **_checkpoint_quantization(config_bytes),
+        **_generation_eos_ids(config_bytes, read("generation_config.json")),
         "model.weights": weights,
         "tokenizer.sha256": _sha256_bytes(tok) if tok is not None else None,
         "tokenizer.chat_template_sha256": _sha256_bytes(_canonical(template).encode()) if template else None,

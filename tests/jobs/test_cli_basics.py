@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import json
 import os
@@ -500,7 +501,53 @@ def test_a_store_refusing_the_credentials_is_named(
 
     monkeypatch.setattr(job_module, "open_job", refused)
     job, _ = standard_job(tmp_path, model_dir, str(shards))
-    assert main(["submit", str(job)]) == 78
+    assert main(["submit", "--conf", "output.path=s3://bucket/out", str(job)]) == 78
     err = capsys.readouterr().err
     assert "the object store refused access (The request signature we calculated" in err
     assert "check the credentials" in err and "input.storage_options / output.storage_options" in err
+
+
+def test_a_local_file_this_user_cannot_read_is_named_not_blamed_on_credentials(
+    tmp_path: Path, model_dir: Path, shards: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shardinfer.pipeline.job as job_module
+
+    unreadable = next(shards.glob("*.parquet")) if shards.is_dir() else shards
+
+    def refused(*args: object, **kwargs: object) -> None:
+        # What open() raises for a file without read permission (a root user cannot be refused one).
+        raise PermissionError(errno.EACCES, "Permission denied", str(unreadable))
+
+    monkeypatch.setattr(job_module, "open_job", refused)
+    job, _ = standard_job(tmp_path, model_dir, str(shards))
+    for output in (str(tmp_path / "out"), "s3://bucket/out"):  # a local input beside remote output too
+        assert main(["submit", "--conf", f"output.path={output}", str(job)]) == 78
+        err = capsys.readouterr().err
+        assert f"this user cannot read or write {str(unreadable)!r} (Permission denied)" in err
+        assert "object store" not in err and "credentials" not in err
+    # A local job whose refusal names no file: still no talk of object storage.
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError("denied")
+
+    monkeypatch.setattr(job_module, "open_job", denied)
+    assert main(["submit", str(job)]) == 78
+    err = capsys.readouterr().err
+    assert "permission denied (denied): this user cannot read or write that local path" in err
+    assert "object store" not in err
+
+
+def test_a_storage_error_prints_its_message_without_the_errno_prefix(
+    tmp_path: Path, model_dir: Path, shards: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shardinfer.pipeline.job as job_module
+    from shardinfer.errors import StorageError
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise StorageError(errno.ENOSPC, "write out/part-00001.parquet: no space left on the device")
+
+    monkeypatch.setattr(job_module, "open_job", full)
+    job, _ = standard_job(tmp_path, model_dir, str(shards))
+    assert main(["submit", str(job)]) == 75
+    err = capsys.readouterr().err
+    assert "write out/part-00001.parquet: no space left on the device" in err
+    assert "Errno" not in err

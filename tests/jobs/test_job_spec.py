@@ -339,3 +339,21 @@ def test_a_bad_key_of_the_properties_file_says_so(tmp_path: Path) -> None:
     props.write_text("job.seed=abc\n")
     with pytest.raises(ConfigError, match=r"job\.seed='abc' has the wrong type.* \(set in the properties file\)$"):
         resolve(BASE, properties=load_properties(props))
+
+
+def test_run_id_flag_and_conf_run_id_must_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Both on one command line with other values: the output folder ({run_id}) would be a guess.
+    with pytest.raises(UsageError, match=r"--run-id 'scheduled__a'.*job\.run_id='manual_b'"):
+        resolve(BASE, confs=[parse_conf("job.run_id=manual_b")], run_id="scheduled__a")
+    # The same value twice is one run id; a job file's run_id is a default the flag overrides.
+    same = resolve(BASE, confs=[parse_conf("job.run_id=20240101")], run_id="20240101")
+    assert same.config.job.run_id == "20240101" and same.config.output.path.endswith("/20240101")
+    from_file = resolve({**BASE, "job": {"run_id": "file"}}, run_id="flag")
+    assert (from_file.config.job.run_id, from_file.sources["job.run_id"]) == ("flag", "--run-id")
+    # Through the command line: exit 64 with both values named, before anything is opened.
+    from shardinfer.jobs.cli import main
+
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\npath = "m"\n[input]\npath = "in"\n[output]\npath = "out"\n')
+    assert main(["submit", "--run-id", "a", "--conf", "job.run_id=b", str(job)]) == 64
+    assert "--run-id 'a' and --conf job.run_id='b' disagree" in capsys.readouterr().err

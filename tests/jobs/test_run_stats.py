@@ -84,18 +84,28 @@ class _FakeWorker:
     right after its first commit, before it could report its engine's statistics."""
 
     def __init__(self, name: str, inbox: Inbox) -> None:
-        self.name, self.inbox, self.generated = name, inbox, 0
+        self.name, self.inbox, self.generated, self.read = name, inbox, 0, 0
         inbox.put((name, {"event": "want_split"}))
 
     def give(self, split: Split | None) -> None:
         if split is None:
-            self.inbox.put((self.name, {"event": "worker_done", "engine_stats": {"generated_tokens": self.generated}}))
+            engine = {"generated_tokens": self.generated, "prompt_tokens": self.read}
+            self.inbox.put((self.name, {"event": "worker_done", "engine_stats": engine}))
             self.inbox.put((self.name, {"event": "exited", "code": 0}))
             return
-        tokens = 10 * (split.index + 1)
+        tokens, prompt = 10 * (split.index + 1), 1000 * (split.index + 1)
         self.generated += tokens
+        self.read += prompt
+        # Progress events carry no prompt tokens; the commit's split statistics do.
         self.inbox.put((self.name, {"event": "progress", "records": 4, "completion_tokens": tokens}))
-        done = {"event": "split_done", "split": split.index, "won": True, "records": 4, "completion_tokens": tokens}
+        done = {
+            "event": "split_done",
+            "split": split.index,
+            "won": True,
+            "records": 4,
+            "completion_tokens": tokens,
+            "prompt_tokens": prompt,
+        }
         self.inbox.put((self.name, done))
         if self.name == "0":
             self.inbox.put((self.name, {"event": "exited", "code": -9, "reason": "killed by signal 9"}))
@@ -126,6 +136,11 @@ def test_a_dead_workers_committed_tokens_count_in_this_run() -> None:
     workers = summary["run_workers"]
     assert sum(w["generated_tokens"] for w in workers.values()) == 100
     assert not workers["0"]["finished"] and workers["0"]["generated_tokens"] > 0
+    # Prompt tokens too (a score job's only work): 1000 + 2000 + 3000 + 4000 read by this run.
+    assert summary["run_prompt_tokens"] == 10000
+    out = io.StringIO()
+    reporter.summary({**summary, "task": "score", "run_id": "r", "prompt_tokens": 10000}, out=out)
+    assert "this run       10000 prompt tokens read in 1.0 s" in out.getvalue()
 
 
 class _StartingWorker:
