@@ -198,13 +198,15 @@ class ChatTemplate:
         messages: Any,
         *,
         add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
+        continue_final_message: bool | str = False,
         tools: list[dict[str, Any]] | None = None,
         documents: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text of `messages`. continue_final_message: end the text inside the final
-        (assistant) message so the model continues it, instead of opening a new one."""
+        (assistant) message so the model continues it, instead of opening a new one; True continues
+        its content (a string, or the last text part of a list), a field name such as
+        "reasoning_content" continues that field, as in transformers."""
         if continue_final_message and add_generation_prompt:
             raise ChatTemplateError(
                 "continue_final_message=True and add_generation_prompt=True contradict each other: "
@@ -215,15 +217,9 @@ class ChatTemplate:
             not isinstance(tools, list | tuple) or not all(isinstance(t, Mapping) for t in tools)
         ):
             raise ChatTemplateError(f"tools={tools!r} must be a list of JSON-schema dicts")
-        final: Any = ""
+        final = ""
         if continue_final_message:
-            final = chat[-1].get("content")
-            if not isinstance(final, str):
-                raise ChatTemplateError(
-                    "continue_final_message=True needs a final message whose content is a string, "
-                    f"got {final!r}"
-                )
-            chat[-1]["content"] = final + _CONTINUE_TAG
+            final = self._tag_final_message(chat[-1], continue_final_message)
         kwargs = {**self.special_tokens, **_template_kwargs(chat_template_kwargs)}
         try:
             text = self._template.render(
@@ -243,6 +239,54 @@ class ChatTemplate:
         if continue_final_message:
             text = _cut_after_final_message(text, final)
         return text
+
+    def _tag_final_message(self, message: dict[str, Any], how: bool | str) -> str:
+        """Appends the continue tag to the text of `message` that is to be continued (in place) and
+        returns that text. `how`: True for the content, or the name of the field to continue."""
+        if not isinstance(how, bool | str) or how == "":
+            raise ChatTemplateError(
+                f"continue_final_message={how!r} must be True, False or the name of the final "
+                "message's field to continue (e.g. 'reasoning_content')"
+            )
+        field = how if isinstance(how, str) else "content"
+        final = message.get(field)
+        if final is None:
+            raise ChatTemplateError(
+                f"continue_final_message is set, but the final message has no {field!r} to continue"
+            )
+        # Reasoning travels under several names (normalize_messages): tag every copy of it, so
+        # whichever name the template reads carries the tag.
+        fields = [field]
+        if field in REASONING_FIELDS:
+            fields = [f for f in REASONING_FIELDS if message.get(f) == final]
+        if not any(f in self.source for f in fields):
+            raise ChatTemplateError(
+                f"continue_final_message={how!r}, but the chat template never reads the field "
+                f"{field!r}: it cannot be continued with this template"
+            )
+        if isinstance(final, list | tuple):
+            return _tag_last_text_part(final, field)
+        if not isinstance(final, str):
+            raise ChatTemplateError(
+                f"continue_final_message is set, but the final message's {field!r} is "
+                f"{type(final).__name__} ({final!r:.100}): it must be a string or a list of text parts"
+            )
+        for f in fields:
+            message[f] = final + _CONTINUE_TAG
+        return final
+
+
+def _tag_last_text_part(parts: list[Any] | tuple[Any, ...], field: str) -> str:
+    """The text of the last part holding one (a {"type": "text", "text": ...} part), tagged in place."""
+    for part in reversed(parts):
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            text: str = part["text"]
+            part["text"] = text + _CONTINUE_TAG
+            return text
+    raise ChatTemplateError(
+        f"continue_final_message is set, but the final message's {field!r} has no text part to "
+        'continue: give it a {"type": "text", "text": ...} part'
+    )
 
 
 # Variables render() sets itself; chat_template_kwargs may not replace them.

@@ -205,3 +205,64 @@ def test_bad_messages_and_options_are_refused() -> None:
         template.render([{"role": "assistant", "content": "a"}], continue_final_message=True)
     with pytest.raises(ChatTemplateError, match="does not compile"):
         ChatTemplate("{% for m in messages %}")
+
+
+# A template that reads content given as a list of text parts, as multimodal-era templates do.
+PARTS_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{% if m.content is string %}{{ m.content }}"
+    "{% else %}{% for part in m.content %}{% if part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}"
+    "{% endif %}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_continue_final_message_of_text_parts_as_transformers(both: Any) -> None:
+    ours, theirs = both("mistral")
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Two plus"}, {"type": "text", "text": " two?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "It is"}, {"type": "image"}]},
+    ]
+    expected = theirs.apply_chat_template(
+        messages, chat_template=PARTS_TEMPLATE, continue_final_message=True, tokenize=False
+    )
+    got = ours.apply_chat_template(
+        messages, chat_template=PARTS_TEMPLATE, add_generation_prompt=False, continue_final_message=True
+    )
+    assert got == expected
+    assert got.endswith("<|assistant|>It is")
+    assert messages[-1]["content"][0]["text"] == "It is"  # the caller's message is left as it was
+
+
+def test_continue_a_named_field_as_transformers(both: Any) -> None:
+    """continue_final_message may name the field to continue (the reasoning, say), as in
+    transformers; a truthy string must not be taken for True and continue the content instead."""
+    ours, theirs = both("qwen3_thinking")
+    messages = [*MULTI_TURN, {"role": "assistant", "content": "", "reasoning_content": "Two and two make"}]
+    expected = theirs.apply_chat_template(
+        messages, continue_final_message="reasoning_content", tokenize=False
+    )
+    got = ours.apply_chat_template(
+        messages, add_generation_prompt=False, continue_final_message="reasoning_content"
+    )
+    assert got == expected
+    assert got.endswith("Two and two make")
+
+
+def test_continue_final_message_refuses_what_it_cannot_continue(both: Any) -> None:
+    ours, _ = both("qwen3_thinking")
+    conv = [*MULTI_TURN, {"role": "assistant", "content": "It is"}]
+    with pytest.raises(ChatTemplateError, match="no 'reasoning_content' to continue"):
+        ours.apply_chat_template(conv, add_generation_prompt=False, continue_final_message="reasoning_content")
+    with pytest.raises(ChatTemplateError, match="never reads the field 'summary'"):
+        ours.apply_chat_template(
+            [*MULTI_TURN, {"role": "assistant", "content": "a", "summary": "b"}],
+            add_generation_prompt=False,
+            continue_final_message="summary",
+        )
+    parts_without_text = [*MULTI_TURN, {"role": "assistant", "content": [{"type": "image"}]}]
+    with pytest.raises(ChatTemplateError, match="no text part to continue"):
+        ours.apply_chat_template(
+            parts_without_text,
+            chat_template=PARTS_TEMPLATE,
+            add_generation_prompt=False,
+            continue_final_message=True,
+        )

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -43,6 +45,7 @@ SCHEMA_TYPES = ("json", "regex", "ebnf", "lark", "choice")
 JSON_WHITESPACE = ("flexible", "compact")
 _SO_KEYS = {"schema_type", "schema", "whitespace", "choices"}
 _MAX_ERROR_CHARS = 1000
+logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
@@ -96,6 +99,10 @@ class CompiledGrammar:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     _templates: _TemplatePool = field(repr=False, compare=False)
+    # What llguidance left out of the grammar where the schema asked it to be lenient ("x-guidance":
+    # {"lenient": true} ignores unsupported keywords, "coerce_one_of" reads oneOf as anyOf):
+    # constraints the output may break.
+    warnings: tuple[str, ...] = ()
 
     def new_matcher(self, independent: bool = False) -> GrammarMatcher:
         """A matcher at the grammar's start: a copy of one of the grammar's templates (sharing that
@@ -318,11 +325,21 @@ class StructuredOutputCompiler:
             else:  # ebnf: GBNF (llama.cpp style) converted to Lark by llguidance; Lark text passes through
                 grammar = llguidance.grammar_from("ebnf", text)
         except ValueError as e:
-            raise GrammarError(_reason(schema_type, str(e))) from e
+            raise GrammarError(_reason(schema_type, str(e)) + _ebnf_hint(schema_type, text)) from e
         template = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if template.is_error():
-            raise GrammarError(_reason(schema_type, template.get_error()))
+            raise GrammarError(_reason(schema_type, template.get_error()) + _ebnf_hint(schema_type, text))
         self._check_first_mask(schema_type, template)
+        warnings = tuple(template.get_grammar_warnings())
+        if warnings:
+            # Once per distinct schema (compilations are cached): the user opted into leniency,
+            # but must learn which constraints the output is not held to.
+            logger.warning(
+                "%s schema %.200s compiled with constraints left out, which outputs may break: %s",
+                schema_type,
+                text,
+                "; ".join(warnings),
+            )
         return CompiledGrammar(
             schema_type,
             text,
@@ -331,6 +348,7 @@ class StructuredOutputCompiler:
             self.vocab_size,
             self.eos_token_ids,
             _TemplatePool(template, self.tokenizer, grammar, self.templates),
+            warnings,
         )
 
     def _check_first_mask(self, schema_type: str, template: llguidance.LLMatcher) -> None:
@@ -509,6 +527,23 @@ def _read_tokenizer_json(source: str | os.PathLike[str]) -> str:
             f"tokenizer_json={str(source)[:200]!r} is neither tokenizer.json text nor a file path"
         )
     return path.read_text(encoding="utf-8")
+
+
+# A GBNF rule definition `name ::=` at the start of a line; `root` is where the output starts.
+_GBNF_RULE = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*::=", re.MULTILINE)
+
+
+def _ebnf_hint(schema_type: str, text: str) -> str:
+    """The likely fix of a failed GBNF grammar without a `root` rule: llguidance then takes the text
+    for Lark (when it has a `start` rule) and reports a Lark syntax error at `::=`, which hides
+    the actual slip."""
+    rules = _GBNF_RULE.findall(text) if schema_type == "ebnf" else []
+    if not rules or "root" in rules:
+        return ""
+    return (
+        f" (the grammar defines {', '.join(map(repr, rules[:5]))} but no rule 'root': a GBNF "
+        "grammar starts at `root ::= ...`; rename its start rule to root)"
+    )
 
 
 def _reason(schema_type: str, message: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -36,6 +37,16 @@ OBJ = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": 
         ({"schema_type": "ebnf", "schema": 'root ::= "a" missing'}, ["invalid ebnf schema", "missing"]),
         ({"schema_type": "ebnf", "schema": 'root ::= "a" [0-9'}, ["invalid ebnf schema"]),
         ({"schema_type": "lark", "schema": "start: undefined_rule"}, ["invalid lark schema", "undefined_rule"]),
+        # GBNF with its start rule named as in Lark: the message says to name it root.
+        ({"schema_type": "ebnf", "schema": 'start ::= "a" | "b"'}, ["invalid ebnf schema", "no rule 'root'"]),
+        ({"schema_type": "ebnf", "schema": 'expr ::= "a"'}, ["invalid ebnf schema", "'expr' but no rule 'root'"]),
+        # Keywords llguidance cannot enforce are refused by name, not ignored.
+        ({"schema_type": "json", "schema": {"type": "array", "uniqueItems": True}}, ["uniqueItems"]),
+        ({"schema_type": "json", "schema": {"not": {"type": "string"}}}, ['"not"']),
+        ({"schema_type": "json", "schema": {"type": "array", "contains": {"const": 1}}}, ["contains"]),
+        ({"schema_type": "json", "schema": {"if": {"type": "string"}, "then": {"minLength": 2}}}, ["if"]),
+        ({"schema_type": "json", "schema": {"type": "object", "propertyNames": {"maxLength": 2}}}, ["propertyNames"]),
+        ({"schema_type": "json", "schema": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}, ["oneOf"]),
         ({"schema_type": "xml", "schema": "<a/>"}, ["schema_type='xml'", "json"]),
         ({"schema_type": "json", "schma": {}}, ["unknown keys", "schma"]),
         ("json", ["must be a dict"]),
@@ -222,3 +233,20 @@ def test_copies_are_filled_one_thread_per_template(tokenizer_path: Path, eos_id:
     want = alone.allowed_mask()
     for i in range(len(batch)):
         assert unpack_bitmask(bitmask[i : i + 1], tok_vocab)[0].equal(want), i
+
+
+def test_lenient_schema_names_the_constraints_it_leaves_out(
+    tokenizer_path: Path, eos_id: int, tok_vocab: int, caplog: pytest.LogCaptureFixture
+):
+    """With "lenient", llguidance drops keywords it cannot enforce instead of refusing the schema:
+    the user is told which ones, once per schema, since outputs may break them."""
+    compiler = StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab)
+    lenient = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "x-guidance": {"lenient": True}}
+    with caplog.at_level(logging.WARNING, logger="shardinfer.engine.structured.compiler"):
+        grammar = compiler.compile({"schema_type": "json", "schema": lenient})
+        compiler.compile({"schema_type": "json", "schema": lenient})  # cached: not told twice
+    assert any("uniqueItems" in w for w in grammar.warnings), grammar.warnings
+    told = [r.getMessage() for r in caplog.records if "uniqueItems" in r.getMessage()]
+    assert len(told) == 1, told
+    strict = compiler.compile({"schema_type": "json", "schema": {"type": "array", "items": {"type": "integer"}}})
+    assert strict.warnings == ()
