@@ -141,7 +141,7 @@ class LLM:
         use_tqdm: bool | Callable[..., Any] = True,
         *,
         add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
+        continue_final_message: bool | str = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         chat_template: str | None = None,
@@ -150,8 +150,10 @@ class LLM:
         apply_chat_template renders it. One conversation or a list of them; tools: JSON-schema
         tool definitions; chat_template_kwargs: extra template variables (Qwen3's
         enable_thinking); continue_final_message: continue the last (assistant) message instead of
-        opening a new turn (with add_generation_prompt=False); chat_template: use this template
-        instead of the model's."""
+        opening a new turn (with add_generation_prompt=False), or, given a field's name such as
+        "reasoning_content", continue that field; chat_template: use this template instead of the
+        model's, or the name of one of the model's named templates ("tool_use" is chosen by itself
+        when tools are given and the model has it)."""
         conversations = _conversations(messages)
         texts = []
         for i, conversation in enumerate(conversations):

@@ -63,12 +63,21 @@ class Tokenizer:
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.add_bos_token = bool(cfg.get("add_bos_token", False))
         template = cfg.get("chat_template")
-        if isinstance(template, list):  # named templates: take "default"
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default") or next(iter(named.values()), None)
+        # Named templates (a list of {name, template}): "default" renders, and "tool_use" where the
+        # call passes tools, as transformers chooses between them.
+        self._named_templates: dict[str, str] = {}
+        if isinstance(template, list):
+            self._named_templates = {
+                str(t["name"]): t["template"] for t in template
+                if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+            }
+            template = self._named_templates.get("default") or next(iter(self._named_templates.values()), None)
         jinja_path = model_dir / "chat_template.jinja"
-        if template is None and jinja_path.is_file():
+        if jinja_path.is_file():
+            # transformers renders chat_template.jinja over tokenizer_config.json's template (the
+            # fingerprint identifies the template the same way).
             template = jinja_path.read_text()
+            self._named_templates = {}
         self.chat_template: str | None = template
         # End-of-sequence ids: config.json's (passed in), generation_config.json's, then the
         # tokenizer's eos_token, as transformers and vLLM stop at each of them.
@@ -88,6 +97,7 @@ class Tokenizer:
             name: text for name in SPECIAL_TOKEN_NAMES if (text := _token_text(cfg.get(name))) is not None
         }
         self._compiled: ChatTemplate | None = None
+        self._compiled_named: dict[str, ChatTemplate] = {}
         self._compile_lock = threading.Lock()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -130,10 +140,26 @@ class Tokenizer:
                     self._compiled = ChatTemplate(self.chat_template, self.special_tokens)
         return self._compiled
 
+    def _template_for(self, chat_template: str | None, tools: list[dict[str, Any]] | None) -> ChatTemplate:
+        """The template a call renders with, chosen as transformers chooses: `chat_template` names
+        one of the model's named templates or is a template itself; else "tool_use" (when the model
+        has one) for a call with tools; else the model's default."""
+        name = chat_template if chat_template in self._named_templates else None
+        if chat_template is None and tools is not None and "tool_use" in self._named_templates:
+            name = "tool_use"
+        if name is not None:
+            with self._compile_lock:
+                if name not in self._compiled_named:
+                    self._compiled_named[name] = ChatTemplate(self._named_templates[name], self.special_tokens)
+                return self._compiled_named[name]
+        if chat_template is not None:
+            return ChatTemplate(chat_template, self.special_tokens)
+        return self.compiled_chat_template()
+
     @overload
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = ..., *,
-        tokenize: Literal[False] = ..., continue_final_message: bool = ...,
+        tokenize: Literal[False] = ..., continue_final_message: bool | str = ...,
         tools: list[dict[str, Any]] | None = ..., documents: list[dict[str, Any]] | None = ...,
         chat_template_kwargs: Mapping[str, Any] | None = ..., chat_template: str | None = ...,
     ) -> str: ...
@@ -141,7 +167,7 @@ class Tokenizer:
     @overload
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = ..., *,
-        tokenize: Literal[True], continue_final_message: bool = ...,
+        tokenize: Literal[True], continue_final_message: bool | str = ...,
         tools: list[dict[str, Any]] | None = ..., documents: list[dict[str, Any]] | None = ...,
         chat_template_kwargs: Mapping[str, Any] | None = ..., chat_template: str | None = ...,
     ) -> list[int]: ...
@@ -152,7 +178,7 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         *,
         tokenize: bool = False,
-        continue_final_message: bool = False,
+        continue_final_message: bool | str = False,
         tools: list[dict[str, Any]] | None = None,
         documents: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -163,11 +189,7 @@ class Tokenizer:
         tokens: the template places them); raises ValueError (ChatTemplateError) naming what is
         wrong. chat_template: a template to use instead of the model's (compiled for this call).
         Unlike transformers' default, tokenize is False unless asked."""
-        template = (
-            ChatTemplate(chat_template, self.special_tokens)
-            if chat_template is not None
-            else self.compiled_chat_template()
-        )
+        template = self._template_for(chat_template, tools)
         text = template.render(
             messages,
             add_generation_prompt=add_generation_prompt,

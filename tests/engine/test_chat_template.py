@@ -266,3 +266,45 @@ def test_continue_final_message_refuses_what_it_cannot_continue(both: Any) -> No
             add_generation_prompt=False,
             continue_final_message=True,
         )
+
+
+def _template_folder(root: Path, config_template: Any, jinja_file: str | None) -> Path:
+    """A tokenizer folder whose tokenizer_config.json holds `config_template` and, if given, a
+    chat_template.jinja beside it."""
+    build_tokenizer(root)
+    cfg = json.loads((root / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = config_template
+    (root / "tokenizer_config.json").write_text(json.dumps(cfg))
+    if jinja_file is not None:
+        (root / "chat_template.jinja").write_text(jinja_file)
+    return root
+
+
+NAMED = [
+    {"name": "default", "template": "DEFAULT{% for m in messages %}|{{ m.content }}{% endfor %}"},
+    {"name": "tool_use", "template": "TOOLS {{ tools | length }}{% for m in messages %}|{{ m.content }}{% endfor %}"},
+]
+
+
+@pytest.mark.parametrize(
+    ("config_template", "jinja_file", "call"),
+    [
+        (NAMED, None, {}),
+        (NAMED, None, {"tools": [WEATHER_TOOL]}),
+        (NAMED, None, {"chat_template": "tool_use", "tools": []}),
+        ("CONFIG{{ messages | length }}", "JINJA{{ messages | length }}", {}),
+    ],
+)
+def test_the_template_chosen_is_transformers_choice(
+    tmp_path: Path, config_template: Any, jinja_file: str | None, call: dict[str, Any]
+) -> None:
+    """Named templates render "tool_use" for a call with tools and "default" otherwise, and a
+    chat_template.jinja file wins over tokenizer_config.json's template, as in transformers."""
+    from transformers import AutoTokenizer
+
+    folder = _template_folder(tmp_path / "tok", config_template, jinja_file)
+    expected = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+        MULTI_TURN, add_generation_prompt=False, tokenize=False, **call
+    )
+    got = Tokenizer(folder).apply_chat_template(MULTI_TURN, add_generation_prompt=False, **call)
+    assert got == expected
