@@ -15,7 +15,7 @@ from typing import Any
 
 from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing, UsageError
 from shardinfer.jobs.spec import ResolvedSpec
-from shardinfer.pipeline.job import OpenedJob, committed_totals, read_success_or_none
+from shardinfer.pipeline.job import OpenedJob, committed_totals
 from shardinfer.redaction import redact_config, redact_url
 
 
@@ -33,7 +33,9 @@ def job_state(store: Any, job: dict[str, Any]) -> dict[str, Any]:
     committed = store.committed()
     # The same cheap check of the parts as a submit's (one listing: missing or resized parts).
     problems = [f"split {i}: {why}" for i, why in sorted(store.listed_damage(committed).items())]
-    success = read_success_or_none(store)
+    success, unreadable = _read_success(store)
+    if unreadable:
+        problems = [unreadable, *problems]
     if success is not None:
         problems = store.success_problems(success, committed) + problems
     runs = read_run_records(store)
@@ -51,6 +53,16 @@ def job_state(store: Any, job: dict[str, Any]) -> dict[str, Any]:
     else:
         state = "interrupted" if committed else "not started"
     return {"state": state, "problems": problems, "committed": committed, "success": success, "last": last}
+
+
+def _read_success(store: Any) -> tuple[dict[str, Any] | None, str]:
+    """`_SUCCESS` (None when absent or unreadable) and, for one that cannot be read (a kill while
+    it was written, a truncated copy), the problem to report: not a job that never finished."""
+    try:
+        success = store.read_success()
+    except CorruptOutputError:
+        return None, "_SUCCESS unreadable: delete it and run the job again"
+    return (dict(success) if success is not None else None), ""
 
 
 def run_state(run: dict[str, Any], stale_after_s: float) -> str:
@@ -200,14 +212,20 @@ def eval_state(store: Any, job: dict[str, Any]) -> dict[str, Any]:
     a rerun of the same eval command repairs it), incomplete (some task not committed: the eval
     was stopped, or is running now, which an eval does not record), not started.
     """
-    from shardinfer.jobs.eval_command import RESULTS_METADATA
+    from shardinfer.jobs.eval_command import RESULTS_FILE, RESULTS_METADATA, _results_problem
     from shardinfer.writers.job_file import splits_from_job
 
     store.use_generation(str(job.get("generation", "")))
     committed = store.committed()
     damaged = store.listed_damage(committed)  # one listing, as for a job
-    success = read_success_or_none(store)
-    problems = store.success_problems(success, committed) if success is not None else []
+    success, unreadable = _read_success(store)
+    problems = [unreadable] if unreadable else []
+    if success is not None:
+        problems += store.success_problems(success, committed)
+        # A finished eval's results are its results.json: one deleted or cut since is no result.
+        lost = _results_problem(store)
+        if lost is not None:
+            problems.append(f"{RESULTS_FILE} {lost}: run the same eval command again to write it")
     tasks: list[dict[str, Any]] = []
     metrics: dict[str, dict[str, Any]] = {}
     for split in splits_from_job(job):

@@ -91,6 +91,8 @@ class OpenedJob:
     # A resumed job keeps the plan in its _job.json: a job.split_rows that differs from the one it
     # was planned with does not apply, which the run and a dry run say. Empty otherwise.
     kept_plan: str = ""
+    # A finished job's part files that no marker names (see remove_strays). Empty otherwise.
+    strays: list[str] = field(default_factory=list)
 
     @property
     def input_schema(self) -> pa.Schema:
@@ -169,6 +171,8 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     existing = store.read_job() if store is not None else None
     if store is not None and existing is None and not config.job.start_over and store.has_protocol_files():
         raise _damaged(config, "holds commit markers or part files but no _job.json")
+    if store is not None and existing is None:
+        check_no_foreign_files(config, store)
     if existing is not None and not existing.get("generation") and not config.job.start_over:
         raise _damaged(config, "has a _job.json without a job generation (written by an older version)")
     drifted = existing is not None and existing.get("fingerprint", {}).get("hash") != fingerprint["hash"]
@@ -232,7 +236,8 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
             # guards a run that writes).
             markers = store.committed()
             problems = store.success_problems(success, markers)
-            damaged = {} if problems else store.listed_damage(markers)
+            sizes = {} if problems else store.listing_sizes()
+            damaged = {} if problems else store.listed_damage(markers, sizes)
             if problems:
                 job.notes.append("_SUCCESS does not match the commit markers: " + "; ".join(problems))
             elif damaged:
@@ -245,6 +250,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
                 )
             else:
                 job.state, job.success = "done", success
+                job.strays = store.stray_parts(markers, sizes)
         if job.state != "done":  # a finished job runs nothing: no plan to speak of
             job.kept_plan = _kept_plan(existing, config)
         return job
@@ -272,6 +278,48 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     if splits:
         check_columns(config, job.input_schema)
     return job
+
+
+def remove_strays(job: OpenedJob) -> list[str]:
+    """Delete the part files of a finished job that no marker names; returns their names.
+
+    `finalize` deletes such parts, but a joined run killed after writing a part and before its
+    marker, once the other run had finalized, leaves one behind: a dataset reader of the folder
+    (which lists files, not markers) would read its rows twice. Only a submit calls this (`open_job`
+    itself must only read). Every writer of parts into a finished job (a repair, job.incremental)
+    deletes `_SUCCESS` first, and a finalize writes another one: the very `_SUCCESS` read before the
+    listing, still there after it, means no listed part can be such a writer's."""
+    if job.state != "done" or not job.strays or read_success_or_none(job.store) != job.success:
+        return []
+    removed, job.strays = job.strays, []
+    job.store.delete_parts(removed)
+    return removed
+
+
+def check_no_foreign_files(config: JobConfig, store: OutputStore) -> None:
+    """A new job's location must hold nothing but what this protocol writes: readers of the output
+    folder (pyarrow.dataset, DuckDB, Spark) read every visible file in it, so another program's
+    data would mix in foreign rows, and a README or a spec would make them fail."""
+    own = _timeline_name_in_output(config)
+    foreign = [n for n in store.foreign_entries() if n != own]
+    if foreign:
+        shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"output.path={config.output.path!r} already holds files that are not this job's output ({shown}): "
+            "readers of the output folder would read them as rows; choose an empty output path, or move them away"
+        )
+
+
+def _timeline_name_in_output(config: JobConfig) -> str:
+    """The file name of job.timeline_path when it lies directly in a local output folder (a run
+    that stopped before writing its plan may have left it there: it is this job's own), else ""."""
+    import os
+
+    timeline, output = config.job.timeline_path, config.output.path
+    if not timeline or "://" in output:
+        return ""
+    inside = os.path.dirname(os.path.abspath(timeline)) == os.path.abspath(output)
+    return os.path.basename(timeline) if inside else ""
 
 
 def _kept_plan(existing: dict[str, Any], config: JobConfig) -> str:
@@ -318,18 +366,7 @@ def check_output_location(config: JobConfig) -> None:
         )
     protocols = {out_fs.protocol} if isinstance(out_fs.protocol, str) else set(out_fs.protocol)
     if protocols & {"s3", "s3a"}:
-        bucket = out_root.split("/", 1)[0]
-        if not out_fs.exists(bucket):
-            if _access_refused(out_fs, bucket):
-                raise ConfigError(
-                    f"output.path={config.output.path!r}: the object store refused these credentials access "
-                    f"to bucket {bucket!r}; check output.storage_options (or the environment's credentials), "
-                    "their permissions on the bucket, and the endpoint"
-                )
-            raise ConfigError(
-                f"output.path={config.output.path!r}: bucket {bucket!r} does not exist (or these credentials "
-                "cannot see it); create the bucket or fix the path, endpoint or credentials"
-            )
+        check_bucket(config, out_fs, out_root.split("/", 1)[0])
     in_fs, in_path = filesystem(config.input.path, dict(config.input.storage_options))
     if type(out_fs) is not type(in_fs):
         return
@@ -347,16 +384,30 @@ def check_output_location(config: JobConfig) -> None:
         )
 
 
-def _access_refused(fs: Any, bucket: str) -> bool:
-    """Whether the store answers "access denied" for this bucket: `exists` says False both for a
-    bucket that is not there and for credentials it refuses, which a listing tells apart."""
+def check_bucket(config: JobConfig, fs: Any, bucket: str) -> None:
+    """The output's bucket must exist and let these credentials list it.
+
+    One listing request of at most one key, retried like every storage call: the store's answer
+    tells a missing bucket (FileNotFoundError) and refused credentials (PermissionError), both for a
+    person to fix (78), from an outage or throttling, which only ends as StorageError (75, retry
+    later) once the retries are spent. An `exists` probe would answer False for all of them."""
+    from shardinfer.storage import RetryPolicy, with_retries
+
     try:
-        fs.ls(bucket, refresh=True)
+        with_retries(
+            RetryPolicy(), f"list bucket {bucket!r}", lambda: fs.call_s3("list_objects_v2", Bucket=bucket, MaxKeys=1)
+        )
+    except FileNotFoundError:
+        raise ConfigError(
+            f"output.path={config.output.path!r}: bucket {bucket!r} does not exist (or these credentials "
+            "cannot see it); create the bucket or fix the path, endpoint or credentials"
+        ) from None
     except PermissionError:
-        return True
-    except Exception:  # any other answer leaves the "does not exist" message
-        return False
-    return False
+        raise ConfigError(
+            f"output.path={config.output.path!r}: the object store refused these credentials access "
+            f"to bucket {bucket!r}; check output.storage_options (or the environment's credentials), "
+            "their permissions on the bucket, and the endpoint"
+        ) from None
 
 
 def stored_plan(splits: list[Split]) -> list[Split]:
@@ -431,8 +482,21 @@ def check_prompt_types(config: JobConfig, schema: pa.Schema) -> None:
         text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
         listed = key == "messages_column" and (pa.types.is_list(kind) or pa.types.is_large_list(kind))
         if not (text or listed):
-            raise ConfigError(f"input.{key}={column!r} is a column of {kind}; it must hold {kinds}: point "
-                              f"input.{key} at such a column")
+            raise ConfigError(f"input.{key}={column!r} is a column of {kind}; it must hold {kinds}: "
+                              + _column_type_fix(key, column, kind))
+
+
+def _column_type_fix(key: str, column: str, kind: pa.DataType) -> str:
+    """What to do about a prompt or messages column of the wrong type. Bytes are usually text that
+    a writer stored untyped (Spark without spark.sql.parquet.binaryAsString): a query decodes it."""
+    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)):
+        return f"point input.{key} at such a column"
+    plain = column.isidentifier() and column.isascii()
+    name = column if plain else '"' + column.replace('"', '""') + '"'
+    query = f"SELECT * REPLACE (decode({name}) AS {name}) FROM input"
+    # As a TOML line: a quoted SQL name holds double quotes, which a literal (single-quoted) string keeps.
+    setting = f'"{query}"' if plain else f"'{query}'"
+    return f"if it holds UTF-8 text, decode it with input.query = {setting}, or point input.{key} at a text column"
 
 
 def write_plan(job: OpenedJob, run_id: str) -> None:

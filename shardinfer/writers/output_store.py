@@ -395,12 +395,15 @@ class OutputStore:
                 damaged[index] = f"{marker['part']}: {reason}"
         return damaged
 
-    def listed_damage(self, markers: dict[int, dict[str, Any]]) -> dict[int, str]:
+    def listed_damage(
+        self, markers: dict[int, dict[str, Any]], sizes: dict[str, int] | None = None
+    ) -> dict[int, str]:
         """Split -> why, for committed parts that are missing or not of the size their marker
         records, from one listing of the location (a few requests for any number of parts; no part
         is opened). The cheap check: a part replaced by one of the same size passes it, and is
-        caught only by `damaged_parts`, which reads or HEADs every part."""
-        sizes = self._listing_sizes()
+        caught only by `damaged_parts`, which reads or HEADs every part. `sizes` (from
+        `listing_sizes`) saves listing again."""
+        sizes = self.listing_sizes() if sizes is None else sizes
         damaged: dict[int, str] = {}
         for index, marker in markers.items():
             size, want = sizes.get(marker["part"]), marker.get("bytes")
@@ -412,6 +415,17 @@ class OutputStore:
                     "(truncated or replaced)"
                 )
         return damaged
+
+    def stray_parts(self, markers: dict[int, dict[str, Any]], sizes: dict[str, int]) -> list[str]:
+        """Names of the part files in the listing `sizes` that no marker of `markers` names: a
+        finished job's leftovers (an attempt killed between its part and its marker after
+        `finalize` ran), which a dataset reader of the folder would count as rows."""
+        named = {m["part"] for m in markers.values()}
+        return sorted(n for n in sizes if is_part_name(n) and n not in named)
+
+    def delete_parts(self, names: list[str]) -> None:
+        for name in names:
+            self._delete(self._path(name))
 
     def plan_repairs(self, damaged: dict[int, str], markers: dict[int, dict[str, Any]]) -> None:
         """Make the damaged splits uncommitted for this store's workers: the next commit of each
@@ -513,7 +527,7 @@ class OutputStore:
     def _listing(self) -> list[str]:
         return list(self._retry(f"list {self.url}", lambda: list_files(self.fs, self.root)))
 
-    def _listing_sizes(self) -> dict[str, int]:
+    def listing_sizes(self) -> dict[str, int]:
         """File name -> size of every file directly under the location, fresh from the store."""
 
         found: dict[str, int] = self._retry(f"list {self.url}", lambda: list_file_sizes(self.fs, self.root))
@@ -527,6 +541,21 @@ class OutputStore:
         if not self._retry(f"check {self.url}", lambda: self.fs.exists(self.root)):
             return "nothing is there, no job output at that location (it does not exist)"
         return None
+
+    def foreign_entries(self) -> list[str]:
+        """Names of the visible files and folders directly under the location that this protocol
+        did not write (its own names are part files, or start with `_` or `.`): a dataset reader of
+        the folder would read them beside the job's rows."""
+        self.fs.invalidate_cache(self.root)
+
+        def entries() -> list[str]:
+            try:
+                return [posixpath.basename(str(e).rstrip("/")) for e in self.fs.ls(self.root, detail=False)]
+            except FileNotFoundError:
+                return []
+
+        names: list[str] = self._retry(f"list {self.url}", entries)
+        return sorted(n for n in names if n and not n.startswith(("_", ".")) and not is_part_name(n))
 
     def has_protocol_files(self) -> bool:
         """True when the location holds markers, parts or `_SUCCESS` (whatever `_job.json` says)."""

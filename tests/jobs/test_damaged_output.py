@@ -139,3 +139,52 @@ def test_a_repair_counts_in_this_runs_tokens_and_splits(
     record = json.loads((out / "_runs" / "repair-run.json").read_text())
     assert record["splits_committed"] == 1
     assert committed_rows(str(out)) == reference
+
+
+def _dataset_rows(out: Path) -> list[dict[str, Any]]:
+    """The rows a dataset reader of the folder sees: every part file it lists, no marker read."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(out), format="parquet", exclude_invalid_files=False).to_table()
+    return sorted(table.to_pylist(), key=lambda r: (r["row_id"], r["sample_index"]))
+
+
+def test_a_finished_jobs_stray_part_is_deleted_by_the_next_submit(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
+    """A joined run killed between its part and its marker after the other run finalized leaves a
+    part no marker names: a resubmit of the finished job deletes it, a dry run only reads."""
+    from shardinfer.jobs.spec import load_toml, resolve
+    from shardinfer.pipeline.job import open_job, remove_strays
+
+    job, out = standard_job(tmp_path, model_dir, str(shards))
+    assert main(["submit", str(job)]) == 0
+    committed = part_files(out)[0]
+    split, generation, _attempt = committed.removeprefix("part-").removesuffix(".parquet").rsplit("-", 2)
+    stray = out / f"part-{split}-{generation}-{'7' * 12}.parquet"  # another attempt at a committed split
+    stray.write_bytes((out / committed).read_bytes())
+    assert main(["submit", "--dry-run", str(job)]) == 0
+    assert stray.exists()  # a dry run writes and deletes nothing
+    assert len(_dataset_rows(out)) > len(reference)  # what the stray costs a reader of the folder
+
+    opened = open_job(resolve(load_toml(str(job))).config)
+    assert opened.state == "done" and opened.strays == [stray.name]
+    assert remove_strays(opened) == [stray.name]
+    assert not stray.exists() and part_files(out) == marker_parts(out)
+    assert _dataset_rows(out) == reference
+
+
+def test_status_of_an_unreadable_success_is_damaged(
+    tmp_path: Path, model_dir: Path, shards: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `_SUCCESS` cut short (a kill while it was written) is damage to name, not a run that was
+    interrupted while its last run line says done."""
+    job, out = standard_job(tmp_path, model_dir, str(shards))
+    assert main(["submit", str(job)]) == 0
+    success = out / "_SUCCESS"
+    success.write_bytes(success.read_bytes()[:40])
+    capsys.readouterr()
+    assert main(["status", "--json", str(out)]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["state"] == "damaged"
+    assert "_SUCCESS unreadable: delete it and run the job again" in found["problems"]

@@ -95,3 +95,56 @@ def test_full_disk_is_retryable_and_names_the_path(tmp_path: Path, monkeypatch: 
         store.write_part(split, "a", one_part_table(split), {})
     assert exit_code_for(info.value) == 75
     assert str(tmp_path / "out") in str(info.value) and "no space left" in str(info.value)
+
+
+def test_storage_outage_is_retryable_not_a_missing_bucket(
+    tmp_path: Path,
+    model_dir: Path,
+    s3_bucket,
+    fault_proxy,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A store answering 503 to everything is down, not empty: retry later (75), never "does not exist"."""
+    import s3fs
+
+    import shardinfer.storage as storage
+
+    # No waiting between retries, and no retry below ours: the outage lasts the whole test anyway.
+    monkeypatch.setattr(storage.RetryPolicy, "delay", lambda self, n: 0.0)
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    shards = write_shards(tmp_path / "in", files=1, rows=4)
+    down = fault_proxy(every=1, faults=("503",))
+    job = tmp_path / "job.toml"
+    bare = {"config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 1}}}
+    options = {"output": {"storage_options": down.storage_options() | bare}}
+    job.write_text(job_toml(model_dir, str(shards), s3_bucket.url("out"), **options))
+    assert main(["submit", str(job)]) == 75
+    err = capsys.readouterr().err
+    assert "does not exist" not in err and "refused" not in err
+    assert s3_bucket.name in err
+
+
+def test_new_job_refuses_an_output_folder_holding_foreign_files(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Someone's data.parquet in the output folder would be read as rows by a dataset reader of it."""
+    shards = write_shards(tmp_path / "in", files=1, rows=4)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data.parquet").write_bytes(b"someone else's rows")
+    (out / "README").write_text("notes")
+    (out / ".hidden").write_text("editor state")  # hidden: no dataset reader reads it
+    (out / "t.jsonl").write_text("")  # the job's own timeline, left by a run stopped before its plan
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(model_dir, str(shards), str(out), job={"timeline_path": str(out / "t.jsonl")}))
+    assert main(["submit", str(job)]) == 78
+    err = capsys.readouterr().err
+    assert "('README', 'data.parquet')" in err and ".hidden" not in err and "t.jsonl" not in err
+    assert "choose an empty output path, or move them away" in err
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".hidden",
+        "README",
+        "data.parquet",
+        "t.jsonl",
+    ]  # nothing written
