@@ -417,7 +417,7 @@ def _plan_and_run(
 ) -> int:
     from shardinfer.jobs.executor import parse_master
     from shardinfer.jobs.unstarted import only_an_unstarted_plan
-    from shardinfer.pipeline.job import check_model_files, open_job
+    from shardinfer.pipeline.job import check_model_files, open_job, remove_strays
 
     num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
     config = spec.config
@@ -446,6 +446,11 @@ def _plan_and_run(
         print_dry_run(job, spec, num_workers)
         return EXIT_OK
     if job.state == "done":
+        removed = remove_strays(job)
+        if removed:
+            shown = ", ".join(removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
+            reporter.info(f"deleted {len(removed)} part file(s) no commit marker names ({shown}): left by a run "
+                          "stopped between a part and its marker", output=config.output.path)
         reporter.info(
             "already complete: _SUCCESS matches this job's fingerprint; nothing to do",
             output=config.output.path,
