@@ -200,12 +200,10 @@ class LLM:
                 ids = engine.tokenize_prompt(prompt)
                 check_prompt(ids, engine.max_model_len, engine.length_fix)
                 check_stop_token_ids(params_list[i].stop_token_ids, engine.model_config.vocab_size)
+                if params_list[i].structured_output is not None:  # a bad schema: GrammarError, before any work
+                    engine.grammar_compiler().compile(params_list[i].structured_output)
             except ValueError as exc:
                 raise _prefixed(exc, f"prompt {i}") from exc
-            if (
-                params_list[i].structured_output is not None
-            ):  # a bad schema raises GrammarError before any work
-                engine.grammar_compiler().compile(params_list[i].structured_output)
             token_ids.append(ids)
         first_position, self._positions = self._positions, self._positions + len(prompts)
         groups: list[list[str]] = []

@@ -59,6 +59,18 @@ def test_generate_names_the_bad_prompt_index_and_does_no_work(llm: LLM) -> None:
     assert llm.llm_engine.counters["steps"] == steps and not llm.llm_engine.has_unfinished()
 
 
+def test_a_bad_schema_names_its_prompt_and_keeps_its_class(llm: LLM) -> None:
+    """Among many prompts, the one whose structured output cannot compile is named, as every other
+    refusal of generate names its prompt; it stays a GrammarError (a row's invalid_schema)."""
+    from shardinfer.engine.structured import GrammarError
+
+    bad = SamplingParams(max_tokens=2, structured_output={"schema_type": "json", "schema": {"uniqueItems": True}})
+    steps = llm.llm_engine.counters["steps"]
+    with pytest.raises(GrammarError, match=r"^prompt 1: .*uniqueItems"):
+        llm.generate(["a", "b"], [SamplingParams(max_tokens=2), bad])
+    assert llm.llm_engine.counters["steps"] == steps and not llm.llm_engine.has_unfinished()
+
+
 def test_unknown_engine_argument_suggests_the_right_one(qwen3_dir) -> None:
     with pytest.raises(ValueError, match="'max_num_seq' \\(did you mean 'max_num_seqs'\\?\\)"):
         LLM(qwen3_dir, max_num_seq=4)
