@@ -225,7 +225,10 @@ def _recurse(
     position.
 
     A position past the request's allocated blocks (a deep chain after rejections) gets no cache
-    entry and attends only to the allocated keys: the draft gets worse, nothing else changes."""
+    entry and attends only to the allocated keys: the draft gets worse, nothing else changes. So
+    does a position at or past max_model_len (a chain started near the end of a sequence): its
+    draft is for a token the request can never hold, and its rotary position is clamped to the
+    last one the tables cover."""
     dev = hidden.device
     reqs = step.sample_requests
     index = {id(r): i for i, r in enumerate(batch.requests)}
@@ -241,13 +244,15 @@ def _recurse(
         newest = newest - shift
     qsl = torch.arange(count + 1, dtype=torch.int32, device=dev)
     out: list[DeviceSample] = []
+    last = runner.max_model_len - 1
     for i in range(more):
         pos = newest + i
-        inside = pos < capacity
+        inside = (pos < capacity) & (pos <= last)
         block = (
             tables.gather(1, (pos // bs).clamp(max=tables.shape[1] - 1).view(-1, 1)).view(-1).to(torch.int64)
         )
         slots = torch.where(inside, block * bs + pos % bs, torch.full_like(pos, SKIP_SLOT))
+        pos = pos.clamp(max=last)
         lens = torch.minimum(pos + 1, capacity).to(torch.int32)
         meta = AttentionMetadata(
             query_start_loc=qsl,

@@ -225,6 +225,31 @@ def test_mtp_speculation_equals_plain_decoding_on_the_demo_model() -> None:
             )
 
 
+def test_mtp_chain_reaching_max_model_len_equals_plain_decoding() -> None:
+    """A chain of MTP drafts started near the end of a sequence runs at positions past
+    max_model_len: they must not index past the rotary tables, and the output stays plain."""
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[2] / "examples" / "models" / "tiny-dsv3-demo"
+    params = SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True, logprobs=1)
+    plain = LLM(model, device="cpu", dtype="float32", max_model_len=24)
+    ids = plain.get_tokenizer().encode("What is 4821 + 377?")
+    want = _key(plain.generate([ids], params, use_tqdm=False))
+    assert len(ids) + len(want[0][0]) == 24  # the sequence fills max_model_len
+    for overlap in (False, True):
+        spec = LLM(
+            model,
+            device="cpu",
+            dtype="float32",
+            max_model_len=24,
+            speculative="mtp",
+            speculative_depth=3,
+            speculative_budget="fixed",
+            async_scheduling=overlap,
+        )
+        assert _key(spec.generate([ids], params, use_tqdm=False)) == want, overlap
+
+
 def test_mtp_speculation_needs_an_mtp_layer(qwen3_dir) -> None:
     with pytest.raises(ValueError, match="has no MTP layer"):
         LLM(qwen3_dir, speculative_mtp=True)
