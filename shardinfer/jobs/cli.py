@@ -7,9 +7,11 @@ retryable failure (75) from a job that needs fixing (64/65/66/78) without readin
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -60,6 +62,9 @@ def _unrecognized_hint(extra: list[str], parsed: argparse.Namespace) -> str:
     flags = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
     if any(f in ("--set", "-D", "--define", "--config", "-c") for f in flags):
         return " (set a job key with --conf KEY=VALUE, e.g. --conf sampling.temperature=0.7)"
+    command = getattr(parsed, "command", None)
+    if command in ("status", "history") and "--log-format" in flags:
+        return f" ({command} has no --log-format: give --json for machine-readable output)"
     run_only = [f for f in flags if f in _RUN_ONLY_FLAGS]
     if getattr(parsed, "command", None) == "validate" and run_only:
         one = len(run_only) == 1
@@ -130,7 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--verbose", action="store_true", help="show where each setting came from, and debug logs"
         )
-        p.add_argument("--log-format", choices=["text", "json"], default="text")
+        p.add_argument(
+            "--log-format",
+            choices=["text", "json"],
+            default="text",
+            help="json: every log, progress and summary line is one JSON object (default: text)",
+        )
 
     submit = sub.add_parser("submit", help="run a job spec (TOML)")
     run_flags(submit)
@@ -196,7 +206,10 @@ def _resolve(args: argparse.Namespace, job_file: dict[str, Any]) -> ResolvedSpec
 
 
 def _requested_log_format(argv: list[str]) -> str:
-    """`--log-format` read ahead of parsing, so that usage and spec errors obey it too."""
+    """`--log-format` read ahead of parsing, so that usage and spec errors obey it too; `status
+    --json` and `history --json` have their errors as JSON lines too, for the script that asked."""
+    if argv[:1] in (["status"], ["history"]) and "--json" in argv:
+        return "json"
     for i, item in enumerate(argv):
         if item == "--log-format" and i + 1 < len(argv):
             return argv[i + 1] if argv[i + 1] in ("text", "json") else "text"
@@ -239,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     reporter = Reporter("-", _requested_log_format(argv), verbose="--verbose" in argv)
     spec: ResolvedSpec | None = None
+    args: argparse.Namespace | None = None  # parsed, once the command line is
     locations: list[str] = []  # the paths the command uses, as far as known: they word a refused access
     try:
         args = build_parser().parse_args(argv)
@@ -266,13 +280,18 @@ def _main(argv: list[str]) -> int:
                 run_eval(settings, log=lambda m: reporter.info(m))
             return EXIT_OK
         if args.command == "generate":
-            flags = {"model.path": ("--model", args.model), "input.path": ("--input", args.input),
-                     "output.path": ("--output", args.output)}
+            flags = {
+                "model.path": ("--model", args.model),
+                "input.path": ("--input", args.input),
+                "output.path": ("--output", args.output),
+            }
             for key, (flag, value) in flags.items():
                 if not value:
                     raise UsageError(f"{flag} is empty: give the {key.split('.')[0]} location")
                 if any(item.split("=", 1)[0].strip() == key for item in args.conf):
-                    raise UsageError(f"--conf {key}=... and {flag} both set it: generate takes it from {flag} only")
+                    raise UsageError(
+                        f"--conf {key}=... and {flag} both set it: generate takes it from {flag} only"
+                    )
             job_file = {
                 "model": {"path": args.model},
                 "input": {"path": args.input},
@@ -281,6 +300,8 @@ def _main(argv: list[str]) -> int:
         else:
             job_file = load_toml(args.job_file)
         spec = _resolve(args, job_file)
+        if args.command == "generate":
+            _credit_generate_flags(spec)
         locations += [spec.config.model.path, spec.config.input.path, spec.config.output.path]
         guard_job(spec.config.to_dict())  # paths with {run_id} etc. filled in
         if args.command == "validate":
@@ -297,22 +318,80 @@ def _main(argv: list[str]) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return EXIT_OK
         message = str(exc) if isinstance(exc, JobError) or code != 1 else f"{type(exc).__name__}: {exc}"
+        command = getattr(args, "command", None)
         if isinstance(exc, KeyboardInterrupt):
             message = CTRL_C
         if is_credentials_error(exc):
+            # status and history take their options from a flag, not from a job's spec keys.
+            where = (
+                "--storage-options"
+                if command in ("status", "history")
+                else "input.storage_options / output.storage_options"
+            )
             message = (
                 f"object storage credentials not found ({exc}): set them in the environment "
-                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile) or in "
-                "input.storage_options / output.storage_options"
+                f"(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile) or in {where}"
             )
         elif isinstance(exc, PermissionError) and not isinstance(exc, JobError):
             message = _permission_message(exc, locations)
-        reporter.error(message, exit_code=code)
-        if code == 1 and reporter.verbose:
-            import traceback
-
-            traceback.print_exc()
+        elif command == "generate" and spec is not None:
+            message += _prompt_column_hint(message, spec)
+        _report_failure(reporter, message, code)
         return code
+
+
+def _report_failure(reporter: Reporter, message: str, code: int) -> None:
+    """The error line; with --verbose, an unexpected error's traceback too, inside the JSON record
+    under --log-format json so that every line stays one object a log pipeline can parse."""
+    if code != 1 or not reporter.verbose:
+        reporter.error(message, exit_code=code)
+        return
+    import traceback
+
+    if reporter.json:
+        reporter.error(message, exit_code=code, traceback=traceback.format_exc())
+        return
+    reporter.error(message, exit_code=code)
+    traceback.print_exc()
+
+
+# generate's flags fill these keys, through the job file layer of the spec.
+_GENERATE_FLAGS = {"model.path": "--model", "input.path": "--input", "output.path": "--output"}
+
+
+def _credit_generate_flags(spec: ResolvedSpec) -> None:
+    """generate has no job file: its --model, --input and --output are credited to those flags in
+    --dry-run and --verbose, not to a "job file" the user never wrote."""
+    for key, flag in _GENERATE_FLAGS.items():
+        if spec.sources.get(key) == "job file":
+            spec.sources[key] = flag
+
+
+def _prompt_column_hint(message: str, spec: ResolvedSpec) -> str:
+    """generate reads the column `prompt` by default: an input without it is most often chat data
+    (a `messages` column) or prompts under another name, so say which --conf picks the right one."""
+    if spec.sources.get("input.prompt_column") != "default":
+        return ""
+    found = re.search(r"column\(s\) (\[.*?\]) not found.*?available columns: (\[.*?\]);", message)
+    if found is None:
+        return ""
+    try:
+        missing, available = ast.literal_eval(found.group(1)), ast.literal_eval(found.group(2))
+    except (SyntaxError, ValueError):
+        return ""
+    if "prompt" not in missing:
+        return ""
+    if "messages" in available:
+        return (
+            " (generate reads prompts from a column named 'prompt' unless told otherwise; this input has "
+            "chat messages: add --conf input.messages_column=messages, or --conf input.prompt_column=NAME "
+            "for a column of prompt text)"
+        )
+    return (
+        " (generate reads prompts from a column named 'prompt' unless told otherwise: name the column of "
+        "prompt text with --conf input.prompt_column=NAME, or of chat messages with "
+        "--conf input.messages_column=NAME)"
+    )
 
 
 def _is_remote(location: str) -> bool:
@@ -425,32 +504,38 @@ def _plan_and_run(
         job = open_job(config)
     except (FingerprintMismatch, InputChanged) as exc:
         if not only_an_unstarted_plan(config):
-            _dry_run_refusal(args, exc)
+            _dry_run_refusal(args, exc, config.job.run_id)
             raise
         # Nothing of the old job exists but its plan (jobs/unstarted.py): plan this one in its place.
-        reporter.warn(f"the output holds only the plan of a job that committed nothing and is not running "
-                      f"({exc}); planning this job in its place", output=config.output.path)
+        reporter.warn(
+            f"the output holds only the plan of a job that committed nothing and is not running "
+            f"({exc}); planning this job in its place",
+            output=config.output.path,
+        )
         config = dataclasses.replace(config, job=dataclasses.replace(config.job, start_over=True))
         job = open_job(config)
     except JobError as exc:
-        _dry_run_refusal(args, exc)
+        _dry_run_refusal(args, exc, config.job.run_id)
         raise
     try:
         check_model_files(job)  # before the output location is written, and said by a dry run
     except JobError as exc:
-        _dry_run_refusal(args, exc)
+        _dry_run_refusal(args, exc, config.job.run_id)
         raise
     if args.dry_run:
         from shardinfer.jobs.status import print_dry_run
 
-        print_dry_run(job, spec, num_workers)
+        print_dry_run(job, spec, num_workers, as_json=args.log_format == "json")
         return EXIT_OK
     if job.state == "done":
         removed = remove_strays(job)
         if removed:
             shown = ", ".join(removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
-            reporter.info(f"deleted {len(removed)} part file(s) no commit marker names ({shown}): left by a run "
-                          "stopped between a part and its marker", output=config.output.path)
+            reporter.info(
+                f"deleted {len(removed)} part file(s) no commit marker names ({shown}): left by a run "
+                "stopped between a part and its marker",
+                output=config.output.path,
+            )
         reporter.info(
             "already complete: _SUCCESS matches this job's fingerprint; nothing to do",
             output=config.output.path,
@@ -482,10 +567,17 @@ def _generated_run_id_in_paths(spec: ResolvedSpec) -> str:
     )
 
 
-def _dry_run_refusal(args: argparse.Namespace, exc: JobError) -> None:
+def _dry_run_refusal(args: argparse.Namespace, exc: JobError, run_id: str) -> None:
     """A dry run says what a real submit would do before it exits as that submit would."""
-    if args.dry_run:
-        print(f"# dry run: submitting would exit {exc.exit_code} and write nothing: {exc}", flush=True)
+    if not args.dry_run:
+        return
+    if args.log_format == "json":  # every line JSON: the refusal as one object (the error line follows)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        head = {"ts": now, "level": "info", "run_id": run_id, "msg": str(exc)}
+        record = {**head, "event": "dry_run", "would_exit": exc.exit_code, "writes": False}
+        print(json.dumps(record, default=str), flush=True)
+        return
+    print(f"# dry run: submitting would exit {exc.exit_code} and write nothing: {exc}", flush=True)
 
 
 class _EvalStop:
@@ -499,8 +591,10 @@ class _EvalStop:
 
     @staticmethod
     def _on_signal(signum: int, frame: Any) -> None:
-        raise Interrupted("interrupted (SIGTERM): the tasks this eval committed are kept, the one running is not; "
-                          "rerun the same command to run the rest")
+        raise Interrupted(
+            "interrupted (SIGTERM): the tasks this eval committed are kept, the one running is not; "
+            "rerun the same command to run the rest"
+        )
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGTERM, self._saved)
@@ -600,7 +694,12 @@ def _start_run(
 
 
 def _run_and_finalize(
-    job: Any, num_workers: int, master: str, stop: threading.Event, reporter: Reporter, cluster: Any,
+    job: Any,
+    num_workers: int,
+    master: str,
+    stop: threading.Event,
+    reporter: Reporter,
+    cluster: Any,
     prestart: Any = None,
 ) -> dict[str, Any]:
     from shardinfer.jobs.executor import make_scheduler, run_in_process, run_processes

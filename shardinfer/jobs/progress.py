@@ -51,13 +51,7 @@ class Reporter:
             return
         with self._lock:
             if self.json:
-                record = {
-                    "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "level": level,
-                    "run_id": self.run_id,
-                    "msg": message,
-                    **fields,
-                }
+                record = {**self._json_head(level, message), **fields}
                 line = json.dumps(record, default=str)
             else:
                 extra = " ".join(f"{k}={v}" for k, v in fields.items())
@@ -66,6 +60,16 @@ class Reporter:
                 self._bar.write(line, file=self.stream)
             else:
                 print(line, file=self.stream, flush=True)
+
+    def _json_head(self, level: str, message: str) -> dict[str, Any]:
+        """The keys every JSON line starts with, the summary's included, so a log pipeline can
+        route each line by level and run without knowing which kind of line it is."""
+        return {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "level": level,
+            "run_id": self.run_id,
+            "msg": message,
+        }
 
     def info(self, message: str, **fields: Any) -> None:
         self.log("info", message, **fields)
@@ -181,7 +185,9 @@ class Reporter:
         out = out if out is not None else sys.stdout
         if self.json:
             print(
-                json.dumps({"event": "summary", "run_id": self.run_id, **summary}, default=str),
+                json.dumps(
+                    {**self._json_head("info", "summary"), "event": "summary", **summary}, default=str
+                ),
                 file=out,
                 flush=True,
             )
@@ -261,8 +267,10 @@ def _engine_start(summary: dict[str, Any]) -> list[str]:
         return []
     line = f"engine start   {summary['engine_start_s']:.1f} s"
     if summary.get("kernels_compiled_ahead"):
-        line += (f" ({summary['kernels_compiled_ahead']} kernel variants compiled or loaded ahead in "
-                 f"{summary.get('kernels_compiled_ahead_s', 0.0):.1f} s)")
+        line += (
+            f" ({summary['kernels_compiled_ahead']} kernel variants compiled or loaded ahead in "
+            f"{summary.get('kernels_compiled_ahead_s', 0.0):.1f} s)"
+        )
     return [line]
 
 
@@ -274,7 +282,9 @@ def _expert_parallel(summary: dict[str, Any]) -> list[str]:
         return []
     rows = ", ".join(str(r) for r in ep.get("rank_expert_rows", []))
     moved = f", {ep['rebalances']} rebalance(s)" if ep.get("rebalances") else ""
-    return [f"experts        {ep['ranks']} ranks, moe_lb {ep['moe_lb']:.2f}{moved} (expert rows per rank: {rows})"]
+    return [
+        f"experts        {ep['ranks']} ranks, moe_lb {ep['moe_lb']:.2f}{moved} (expert rows per rank: {rows})"
+    ]
 
 
 def _numerics(n: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import sys
+import time
 from typing import Any
 
 from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing, UsageError
@@ -305,15 +306,20 @@ def show_eval_status(output: str, store: Any, job: dict[str, Any], as_json: bool
 
 
 def show_history(output: str, storage_options: dict[str, Any], as_json: bool = False) -> int:
+    from shardinfer.jobs.run_record import STALE_AFTER_S
     from shardinfer.writers.run_records import read_run_records
 
     store, _ = _open(output, storage_options)
     runs = read_run_records(store)  # as recorded: a killed run's record still says "running"
     for run in runs:
+        # What status would say of it: a killed run's record says "running" for ever.
+        now = run_state(run, STALE_AFTER_S)
         if as_json:
-            print(json.dumps(run, default=str))
+            print(json.dumps({**run, "state_now": now}, default=str))
             continue
         end = f"ended {run.get('ended')} exit {run.get('exit_code')}" if "ended" in run else "no end recorded"
+        if now != run.get("state"):
+            end += f" (now {now}: last heartbeat {run.get('heartbeat')})"
         reason = f": {run.get('reason')}" if run.get("reason") and run.get("exit_code") else ""
         print(
             f"{run.get('run_id')}  {run.get('state')}  started {run.get('started')}  {end}  "
@@ -325,10 +331,15 @@ def show_history(output: str, storage_options: dict[str, Any], as_json: bool = F
     return EXIT_OK
 
 
-def print_dry_run(job: OpenedJob, spec: ResolvedSpec, num_workers: int, out: Any = None) -> None:
+def print_dry_run(
+    job: OpenedJob, spec: ResolvedSpec, num_workers: int, out: Any = None, as_json: bool = False
+) -> None:
     """The resolved spec (with each value's source), the fingerprint and the split plan."""
     out = out if out is not None else sys.stdout
     cfg = redact_config(spec.config.to_dict())  # credentials are shown as ***
+    if as_json:  # --log-format json: one object, so that every line of the run parses
+        print(json.dumps(dry_run_record(job, spec, num_workers, cfg), default=str), file=out, flush=True)
+        return
     print("# resolved job spec", file=out)
     for section, body in cfg.items():
         print(f"[{section}]", file=out)
@@ -349,6 +360,43 @@ def print_dry_run(job: OpenedJob, spec: ResolvedSpec, num_workers: int, out: Any
         print(
             f"split {s.index}: {redact_url(s.path)} rows [{s.row_start}, {s.row_end}){chosen}{mark}", file=out
         )
+
+
+def dry_run_record(
+    job: OpenedJob, spec: ResolvedSpec, num_workers: int, cfg: dict[str, Any]
+) -> dict[str, Any]:
+    """The dry run's report as data: the same spec, sources, fingerprint and plan as its text."""
+    committed = set(job.committed)
+    splits = [
+        {
+            "split": s.index,
+            "path": redact_url(s.path),
+            "row_start": s.row_start,
+            "row_end": s.row_end,
+            "rows": s.num_rows,
+            "committed": s.index in committed,
+        }
+        for s in job.splits
+    ]
+    sources = {
+        f"{section}.{key}": spec.sources.get(f"{section}.{key}", "default")
+        for section, body in cfg.items()
+        for key in body
+    }
+    return {
+        "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the keys of every JSON log line
+        "level": "info",
+        "run_id": spec.config.job.run_id,
+        "msg": "dry run",
+        "event": "dry_run",
+        "spec": cfg,
+        "sources": sources,
+        "fingerprint": job.fingerprint,
+        "state": job.state,
+        "workers": num_workers,
+        "actions": dry_run_actions(job),
+        "splits": splits,
+    }
 
 
 def dry_run_actions(job: OpenedJob) -> list[str]:
