@@ -57,13 +57,22 @@ _SIGNING_PREFIXES = ("x-amz-", "x-goog-")
 _SIGNING_NAMES = {"expires", "key-pair-id", "policy", "se", "st", "sv", "sp", "sr", "spr", "ss", "srt", "si"}
 # Azure's URLs name `container@account` before the host: there `@` does not end credentials.
 _CONTAINER_AT_ACCOUNT = {"abfs", "abfss", "az", "adl", "wasb", "wasbs"}
+# Object stores whose bucket names never hold ':' or '@': there `key:secret@` written into the URL is
+# a credential even when the secret holds '/' (as AWS secret keys often do), which ends a URL's
+# user-info everywhere else.
+_BUCKET_SCHEMES = {"s3", "s3a", "gs", "gcs", "oci", "r2"}
+_BUCKET_USERINFO = re.compile(
+    rf"(?P<scheme>\b(?:{'|'.join(sorted(_BUCKET_SCHEMES))})://)"
+    r"(?P<userinfo>[^\s/:@'\"<>]+:[^\s@'\"<>]+)@",
+    re.IGNORECASE,
+)
 _MIN_SECRET_LEN = 4  # shorter values would blank out ordinary words of every message
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s@?#'\"<>]+)@")
 # `"secret": "..."`, `secret = "..."`, `key='...'`: a credential-named entry quoted in a message (an
 # options dict's repr, a JSON or TOML fragment an argument parser echoes back).
 _QUOTED_ENTRY = re.compile(
-    r"(?P<lead>[\"']?(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)[\"']?\s*[:=]\s*)(?P<quote>[\"'])(?P<value>[^\"'\n]*)(?P=quote)"
+    r"(?P<lead>[\"']?(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)[\"']?\s*[:=]\s*)(?P<quote>[\"'])(?P<value>(?:\\.|(?!(?P=quote))[^\\\n])*)(?P=quote)"
 )
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>[^&\s'\"#;<>]*)")
 
@@ -87,10 +96,21 @@ def _is_signing_param(name: str, signed: bool) -> bool:
 def _split(url: str) -> Any:
     if "://" not in url:
         return None
+    url = _quote_bucket_userinfo(url)
     try:
         return urlsplit(url)
     except ValueError:
         return None
+
+
+def _quote_bucket_userinfo(url: str) -> str:
+    """`url` with the '/' of credentials written into an object-store URL percent-encoded, so that
+    the user-info ends at its '@' (`s3://KEY:a/b@bucket` is the bucket `bucket`, not `KEY:a`)."""
+    match = _BUCKET_USERINFO.match(url)
+    if match is None:
+        return url
+    userinfo = match.group("userinfo").replace("/", "%2F")
+    return f"{match.group('scheme')}{userinfo}@{url[match.end() :]}"
 
 
 def _userinfo(parts: Any) -> tuple[str, str] | None:
@@ -210,8 +230,12 @@ def secrets_in(value: Any) -> set[str]:
         item = stack.pop()
         if isinstance(item, dict):
             for k, v in item.items():
-                if is_credential_key(str(k)) and isinstance(v, str | int | float) and not isinstance(v, bool):
+                if is_credential_key(str(k)) and _is_scalar(v):
                     found.add(str(v))
+                elif is_credential_key(str(k)) and isinstance(v, list | tuple):
+                    # Several credentials under one name (tokens, a key pair): each is one.
+                    found |= {str(item) for item in v if _is_scalar(item)}
+                    stack.extend(item for item in v if not _is_scalar(item))
                 else:
                     stack.append(v)
         elif isinstance(item, list | tuple):
@@ -219,6 +243,10 @@ def secrets_in(value: Any) -> set[str]:
         elif isinstance(item, str):
             found |= _url_secrets(item)
     return {s for s in found if len(s) >= _MIN_SECRET_LEN}
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def _url_secrets(text: str) -> set[str]:
@@ -324,6 +352,7 @@ def redact_text(text: str) -> str:
         return text
     text = _KNOWN.scrub(text)
     if "://" in text:
+        text = _BUCKET_USERINFO.sub(_userinfo_out, text)
         text = _USERINFO.sub(_userinfo_out, text)
     if "=" in text:
         text = _QUERY_PARAM.sub(_param_out, text)

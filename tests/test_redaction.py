@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 
 from shardinfer.errors import EXIT_CONFIG, ConfigError
-from shardinfer.jobs.secrets_guard import RedactedError, RedactingStream, redacted_error
+from shardinfer.jobs.secrets_guard import (
+    RedactedError,
+    RedactingStream,
+    environment_secrets,
+    guard_job,
+    guarded_run,
+    redacted_error,
+)
 from shardinfer.redaction import (
+    has_userinfo,
     is_credential_key,
     location_identity,
     redact_config,
@@ -217,3 +225,37 @@ def test_an_in_process_cli_run_redacts_and_then_leaves_nothing_behind(
     assert "holds no job" in err and secret not in err and "***" in err
     assert (sys.stdout, sys.stderr) == before  # the caller's streams are its own again
     assert redact_text(f"a {secret}") == f"a {secret}"  # and the secret is forgotten
+
+
+def test_object_store_credentials_holding_a_slash_are_found_and_hidden() -> None:
+    # AWS secret keys are base64 and often hold '/', which ends a URL's user-info elsewhere.
+    url = "s3://AKIAEXAMPLE:wJalr/XUtnFEMI/K7MDENG@bucket/in/part.parquet"
+    assert has_userinfo(url)
+    assert "wJalr/XUtnFEMI/K7MDENG" in secrets_in(url)
+    assert location_identity(url) == "s3://bucket/in/part.parquet"
+    assert redact_url(url) == "s3://***@bucket/in/part.parquet"
+    assert redact_text(f"cannot list {url}: denied") == "cannot list s3://***@bucket/in/part.parquet: denied"
+    # '@' and ':' inside an object's key are not credentials.
+    for plain in ("s3://bucket/users/a@b.com/x", "s3://bucket/a:b/c@d", "gs://bucket/x@1"):
+        assert not has_userinfo(plain) and redact_text(plain) == plain and secrets_in(plain) == set()
+
+
+def test_a_quoted_credential_with_an_escaped_quote_is_hidden_whole() -> None:
+    assert redact_text('{"secret": "ab\\"cdef", "n": 1}') == '{"secret": "***", "n": 1}'
+    assert redact_text("{'password': \"it's-hidden\", 'x': 'y'}") == "{'password': \"***\", 'x': 'y'}"
+
+
+def test_each_credential_of_a_list_is_remembered() -> None:
+    assert secrets_in({"credentials": ["first-token", "second-token"]}) == {"first-token", "second-token"}
+
+
+def test_a_job_remembers_the_credentials_of_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-1234")
+    monkeypatch.setenv("HF_TOKEN", "hf_envtoken5678")
+    monkeypatch.setenv("SOME_TOKEN_ENABLED", "true")  # a flag, not a credential
+    monkeypatch.setenv("TLS_KEY_FILE", "/etc/tls/private.pem")  # a path names no secret
+    with guarded_run():
+        guard_job({})
+        text = "failed: env-secret-1234 hf_envtoken5678 true /etc/tls/private.pem"
+        assert redact_text(text) == "failed: *** *** true /etc/tls/private.pem"
+    assert environment_secrets({"PWD": "/work/here", "API_KEY": "k" * 8}) == {"API_KEY": "k" * 8}

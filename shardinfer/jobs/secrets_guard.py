@@ -10,13 +10,14 @@ the job spec is known (`guard_job`).
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TextIO
 
 from shardinfer.errors import JobError, exit_code_for
-from shardinfer.redaction import redact_text, remember_secrets, secrets_scope
+from shardinfer.redaction import is_credential_key, redact_text, remember_secrets, secrets_scope
 
 
 class RedactingStream:
@@ -66,7 +67,26 @@ def guard_job(config: dict[str, Any]) -> None:
     """Guard this process's output and remember the credentials of `config` (a job spec as a
     dict, or any storage options) so that no printed line can carry them."""
     remember_secrets(config)
+    remember_secrets(environment_secrets(os.environ))
     guard_streams()
+
+
+# Shorter values of credential-named variables are flags and words ("true", "none"), which every
+# line would lose if they were hidden.
+_MIN_ENV_SECRET_LEN = 8
+
+
+def environment_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """The credential-named environment variables (AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
+    HF_TOKEN, ...) that hold a credential: storage libraries read them when storage_options name
+    none, and their errors are printed. File paths (`*_KEY_FILE`) are kept: they name no secret."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if is_credential_key(name)
+        and len(value) >= _MIN_ENV_SECRET_LEN
+        and not value.startswith(("/", "~", "."))
+    }
 
 
 class RedactedError(JobError):

@@ -10,12 +10,14 @@ messages must give the same text, character for character.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shardinfer.engine.chat_template import ChatTemplate, ChatTemplateEnvironment, ChatTemplateError
+from shardinfer.engine.template_budget import RenderBudget
 from shardinfer.engine.tokenizer import Tokenizer
 from shardinfer.testing.tiny_checkpoint import build_tokenizer
 
@@ -308,3 +310,45 @@ def test_the_template_chosen_is_transformers_choice(
     )
     got = Tokenizer(folder).apply_chat_template(MULTI_TURN, add_generation_prompt=False, **call)
     assert got == expected
+
+
+# Templates a checkpoint could carry to take the worker down: each must fail its render with a
+# ChatTemplateError naming what went past the limit, before building the text or recursing out.
+RUNAWAY_TEMPLATES = {
+    "a macro calling itself": (
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "recursed too deeply",
+    ),
+    "a recursive loop": ("{% for m in [1] recursive %}{{ loop([1]) }}{% endfor %}", "recursed too deeply"),
+    "a billion-space JSON indent": ("{{ [[1]] | tojson(indent=10**9) }}", "indent by a few spaces"),
+    "a huge JSON separator": (
+        "{{ [1, 2, 3] | tojson(separators=(' ' * 3000000, ':')) }}",
+        "tojson would build",
+    ),
+    "lorem ipsum of a hundred million words": ("{{ lipsum(1000, false, 10000, 100000) }}", "lipsum"),
+    "a list repeating a long string": ("{{ (['x' * 1000000] * 1000) | join }}", "'*' would build"),
+    "a list doubling a long string": ("{% set a = ['x' * 3000000] %}{{ (a + a) | join }}", "'+' would build"),
+    "bytes repeated": ("{{ 'x'.encode() * 10**10 }}", "'*' would build"),
+    "a printf width from the arguments": ("{{ '%*s' % (999999999, 'x') }}", "was given 999999999"),
+    "a printf width after a mapping key": ("{{ '%(a)999999999s' % {'a': 'x'} }}", "asks for a width"),
+    "the format filter's width": ("{{ '%999999999s' | format('x') }}", "asks for a width"),
+    "tabs expanded a million wide": ("{{ ('\t' * 1000).expandtabs(1000000) }}", "expandtabs(1000000)"),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNAWAY_TEMPLATES))
+def test_runaway_templates_fail_their_render_with_a_message(name: str) -> None:
+    source, message = RUNAWAY_TEMPLATES[name]
+    with pytest.raises(ChatTemplateError, match=re.escape(message)):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+def test_the_size_bounds_leave_ordinary_json_and_long_text_alone() -> None:
+    # Just under the default size limit, and JSON of a few items indented as templates indent it.
+    messages = [{"role": "user", "content": "hi"}]
+    text = ChatTemplate("{{ ('x' * 3000000) | length }}|{{ messages | tojson(indent=4) }}").render(messages)
+    assert text == "3000000|" + json.dumps(messages, indent=4)
+    sized = ChatTemplate(
+        "{{ messages | tojson }}", environment=ChatTemplateEnvironment(budget=RenderBudget(max_chars=80))
+    )
+    assert sized.render(messages) == json.dumps(messages, ensure_ascii=False)
