@@ -258,4 +258,4 @@ def test_a_job_remembers_the_credentials_of_its_environment(monkeypatch: pytest.
         guard_job({})
         text = "failed: env-secret-1234 hf_envtoken5678 true /etc/tls/private.pem"
         assert redact_text(text) == "failed: *** *** true /etc/tls/private.pem"
-    assert environment_secrets({"PWD": "/work/here", "API_KEY": "k" * 8}) == {"API_KEY": "k" * 8}
+    assert environment_secrets({"PWD": "/home/user/project", "API_KEY": "k" * 8}) == {"API_KEY": "k" * 8}
