@@ -119,8 +119,14 @@ class InputColumnError(InputSchemaError):
     """A column the spec names (input.id_column, prompt_column, messages_column) is not in the input.
 
     Still an InputSchemaError for callers that catch bad input as one type; the job turns it into
-    a ConfigError (exit 78), a mistake in the spec rather than bad data.
+    a ConfigError (exit 78), a mistake in the spec rather than bad data. `missing` and `available`
+    name the columns, for a caller that words a hint from them.
     """
+
+    def __init__(self, message: str, missing: list[str] | None = None, available: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.missing = list(missing or [])
+        self.available = list(available or [])
 
 
 class InputQueryError(ReaderError):

@@ -7,11 +7,9 @@ retryable failure (75) from a job that needs fixing (64/65/66/78) without readin
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import json
 import os
-import re
 import select
 import signal
 import sys
@@ -24,6 +22,7 @@ from shardinfer.errors import (
     EXIT_OK,
     FingerprintMismatch,
     InputChanged,
+    InputColumnError,
     Interrupted,
     JobError,
     UsageError,
@@ -276,7 +275,10 @@ def _main(argv: list[str]) -> int:
 
             settings = settings_from_args(args)
             guard_job({"output": settings.output, "storage_options": settings.storage_options})
-            with _EvalStop():
+            with _StopAtOnce(
+                "interrupted (SIGTERM): the tasks this eval committed are kept, the one running is not; "
+                "rerun the same command to run the rest"
+            ):
                 run_eval(settings, log=lambda m: reporter.info(m))
             return EXIT_OK
         if args.command == "generate":
@@ -335,7 +337,7 @@ def _main(argv: list[str]) -> int:
         elif isinstance(exc, PermissionError) and not isinstance(exc, JobError):
             message = _permission_message(exc, locations)
         elif command == "generate" and spec is not None:
-            message += _prompt_column_hint(message, spec)
+            message += _prompt_column_hint(exc, spec)
         _report_failure(reporter, message, code)
         return code
 
@@ -367,20 +369,15 @@ def _credit_generate_flags(spec: ResolvedSpec) -> None:
             spec.sources[key] = flag
 
 
-def _prompt_column_hint(message: str, spec: ResolvedSpec) -> str:
+def _prompt_column_hint(exc: BaseException, spec: ResolvedSpec) -> str:
     """generate reads the column `prompt` by default: an input without it is most often chat data
     (a `messages` column) or prompts under another name, so say which --conf picks the right one."""
     if spec.sources.get("input.prompt_column") != "default":
         return ""
-    found = re.search(r"column\(s\) (\[.*?\]) not found.*?available columns: (\[.*?\]);", message)
-    if found is None:
+    columns = exc if isinstance(exc, InputColumnError) else exc.__cause__
+    if not isinstance(columns, InputColumnError) or "prompt" not in columns.missing:
         return ""
-    try:
-        missing, available = ast.literal_eval(found.group(1)), ast.literal_eval(found.group(2))
-    except (SyntaxError, ValueError):
-        return ""
-    if "prompt" not in missing:
-        return ""
+    available = columns.available
     if "messages" in available:
         return (
             " (generate reads prompts from a column named 'prompt' unless told otherwise; this input has "
@@ -449,7 +446,10 @@ def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) ->
 
         return submit_to_cluster(args, spec, reporter)
     cluster = None
-    with _StopBeforeRun():
+    with _StopAtOnce(
+        "interrupted (SIGTERM) before the run started its splits: it committed nothing; rerun the same "
+        "command to run the job"
+    ):
         if _is_ray(args.master) and not args.dry_run:
             from shardinfer.jobs.ray_executor import RayCluster
 
@@ -580,41 +580,21 @@ def _dry_run_refusal(args: argparse.Namespace, exc: JobError, run_id: str) -> No
     print(f"# dry run: submitting would exit {exc.exit_code} and write nothing: {exc}", flush=True)
 
 
-class _EvalStop:
-    """SIGTERM during an eval: the tasks it committed are kept and the task running is lost (a task
-    is committed whole), so it stops at once, as retryable (75) with a message saying so, instead of
-    dying by the signal (143)."""
+class _StopAtOnce:
+    """SIGTERM where stopping loses nothing worth waiting for (an eval's committed tasks are kept and
+    the running one is lost; a run that has not started its splits has written nothing): stop at
+    once, as retryable (75) with `message`, instead of dying by the signal (143). Once a run starts
+    its splits, _StopSignals takes over."""
 
-    def __enter__(self) -> _EvalStop:
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def __enter__(self) -> _StopAtOnce:
         self._saved = signal.signal(signal.SIGTERM, self._on_signal)
         return self
 
-    @staticmethod
-    def _on_signal(signum: int, frame: Any) -> None:
-        raise Interrupted(
-            "interrupted (SIGTERM): the tasks this eval committed are kept, the one running is not; "
-            "rerun the same command to run the rest"
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGTERM, self._saved)
-
-
-class _StopBeforeRun:
-    """SIGTERM before the run starts its splits (the input is listed, a Ray cluster reached, the
-    engine built): the run has written nothing yet, so it stops at once, as retryable (75) with a
-    message, instead of dying by the signal (143). Once the run starts, _StopSignals takes over."""
-
-    def __enter__(self) -> _StopBeforeRun:
-        self._saved = signal.signal(signal.SIGTERM, self._on_signal)
-        return self
-
-    @staticmethod
-    def _on_signal(signum: int, frame: Any) -> None:
-        raise Interrupted(
-            "interrupted (SIGTERM) before the run started its splits: it committed nothing; rerun the same "
-            "command to run the job"
-        )
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        raise Interrupted(self._message)
 
     def __exit__(self, *exc: object) -> None:
         signal.signal(signal.SIGTERM, self._saved)

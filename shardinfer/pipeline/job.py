@@ -264,7 +264,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
             splits = plan_splits(spec, config.job.split_rows)
         except InputColumnError as exc:
             # A column the spec names but the input lacks is the spec's mistake (78), not bad data (65).
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(str(exc)) from exc
         if not splits:
             # Files were found (no files at all is InputMissingError, 66), but none holds a row:
             # rerunning cannot help, the spec points at the wrong input.

@@ -61,7 +61,9 @@ def _row_schema(file_schema: pa.Schema, url: str, spec: InputSpec) -> pa.Schema:
         available = [n for n in schema.names if n != ROW_INDEX_COLUMN]
         raise InputColumnError(
             f"{url}: column(s) {missing} not found{after}; available columns: {available}; fix "
-            "input.id_column / input.prompt_column / input.messages_column or the query"
+            "input.id_column / input.prompt_column / input.messages_column or the query",
+            missing,
+            available,
         )
     _check_id_type(schema, spec)
     return schema

@@ -2,8 +2,8 @@
 
 - a damaged safetensors file exits 78 (fix the job), under `local` and `local[N]`, never 75;
 - a pickle checkpoint is refused and never unpickled; a config asking for remote code never runs it;
-- a chat template that escapes the sandbox or loops without bound costs its rows a `template_error`,
-  not the job;
+- a chat template that escapes the sandbox, loops without bound, recurses without end or asks for
+  gigantic text costs its rows a `template_error` (naming the limit), not the job;
 - a `[sampling]` section above the per-row limits exits 78 before any work.
 """
 
@@ -99,24 +99,33 @@ ESCAPES = {
     "loops": "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
     "bomb": "{{ 'x' * 10**10 }}",
 }
+# Templates that recurse without end or ask for gigantic text, each with what its error must say.
+RUNAWAY = {
+    "macro": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
+    "recursive-loop": ("{% for m in [1] recursive %}{{ loop([1]) }}{% endfor %}", "recursed too deeply"),
+    "json-indent": ("{{ [[1]] | tojson(indent=10**9) }}", "indent by a few spaces"),
+    "repeated-string": ("{{ (['x' * 1000000] * 1000) | join }}", "'*' would build"),
+    "lipsum": ("{{ lipsum(1000, false, 10000, 100000) }}", "lipsum"),
+}
 
 
-def test_hostile_templates_cost_their_rows_only(tmp_path: Path, model: Path) -> None:
+def _rows_under_template(
+    tmp_path: Path, model: Path, branches: dict[str, str], plain: list[str]
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Run a messages job on a copy of `model` whose chat template renders `branches[content]` for a
+    message of that content and the plain conversation otherwise, one row per branch and per
+    `plain` text; returns the rows' contents in input order and the committed rows by row id."""
     templated = _copy_model(model, tmp_path / "model")
-    marker = tmp_path / "template-escaped"
-    branches = "".join(
-        f"{{% {'if' if i == 0 else 'elif'} messages[0].content == {name!r} %}}"
-        + source.replace("MARKER", str(marker))
-        for i, (name, source) in enumerate(ESCAPES.items())
+    chosen = "".join(
+        f"{{% {'if' if i == 0 else 'elif'} messages[0].content == {name!r} %}}{source}"
+        for i, (name, source) in enumerate(branches.items())
     )
-    template = (
-        branches + "{% else %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% endif %}"
-    )
+    template = chosen + "{% else %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% endif %}"
     tok_config = json.loads((templated / "tokenizer_config.json").read_text())
     tok_config["chat_template"] = template
     (templated / "tokenizer_config.json").write_text(json.dumps(tok_config))
     (tmp_path / "in").mkdir()
-    contents = [*ESCAPES, "fox engine", "shard split"]
+    contents = [*branches, *plain]
     lines = [json.dumps({"id": c, "messages": [{"role": "user", "content": c}]}) for c in contents]
     (tmp_path / "in" / "a.jsonl").write_text("\n".join(lines) + "\n")
     job, out = standard_job(
@@ -128,7 +137,13 @@ def test_hostile_templates_cost_their_rows_only(tmp_path: Path, model: Path) -> 
     )
     result = cli("submit", str(job), timeout=300)
     assert result.returncode == 0, result.stderr
-    got = {r["row_id"]: r for r in committed_rows(str(out))}
+    return contents, {r["row_id"]: r for r in committed_rows(str(out))}
+
+
+def test_hostile_templates_cost_their_rows_only(tmp_path: Path, model: Path) -> None:
+    marker = tmp_path / "template-escaped"
+    branches = {name: source.replace("MARKER", str(marker)) for name, source in ESCAPES.items()}
+    contents, got = _rows_under_template(tmp_path, model, branches, ["fox engine", "shard split"])
     assert [(c, got[c]["status"], got[c]["error_code"]) for c in contents] == [
         *[(name, "error", "template_error") for name in ESCAPES],
         ("fox engine", "ok", None),
@@ -136,6 +151,19 @@ def test_hostile_templates_cost_their_rows_only(tmp_path: Path, model: Path) -> 
     ]
     assert "loop steps" in got["loops"]["error_message"] or "to render" in got["loops"]["error_message"]
     assert not marker.exists()
+
+
+def test_runaway_templates_cost_their_rows_only(tmp_path: Path, model: Path) -> None:
+    """A template that recurses without end or asks for gigantic text fails its row alone with a
+    template_error that says which limit it went past, and the job goes on."""
+    branches = {name: source for name, (source, _) in RUNAWAY.items()}
+    contents, got = _rows_under_template(tmp_path, model, branches, ["fox engine"])
+    assert [(c, got[c]["status"], got[c]["error_code"]) for c in contents] == [
+        *[(name, "error", "template_error") for name in RUNAWAY],
+        ("fox engine", "ok", None),
+    ]
+    for name, (_, message) in RUNAWAY.items():
+        assert message in got[name]["error_message"], got[name]["error_message"]
 
 
 @pytest.mark.parametrize(
