@@ -24,7 +24,6 @@ many times. `ChatTemplateEnvironment` is the one place the environment is built:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -32,8 +31,6 @@ from typing import Any
 import jinja2.ext
 import jinja2.nodes
 from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.runtime import Context
-from jinja2.utils import generate_lorem_ipsum
 
 from shardinfer.engine.template_budget import BudgetedSandbox, TemplateBudgetExceeded
 
@@ -51,9 +48,6 @@ SPECIAL_TOKEN_NAMES = (
     "cls_token",
     "mask_token",
 )
-
-# A printf conversion's optional `(key)`, flags, width and precision, the numbers captured.
-_PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\d+)?(?:\.(\d+))?")
 
 # The widest `tojson(indent=...)` a template may ask for: pretty-printed JSON in a prompt is indented
 # by a few spaces, and every line of the output repeats the indent once per nesting level.
@@ -103,25 +97,6 @@ def _bounded_tojson(max_chars: int) -> Any:
     return tojson
 
 
-def _weight(value: Any, limit: int) -> int:
-    """The characters and leaf items `value` holds, counting an item as often as it occurs (a list of
-    one string repeated is as long as text as its copies would be); counting stops just past `limit`."""
-    total = 0
-    pending = [value]
-    while pending and total <= limit:
-        item = pending.pop()
-        if isinstance(item, str | bytes | bytearray):
-            total += len(item)
-        elif isinstance(item, Mapping):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
-        else:
-            total += 1
-    return total
-
-
 def _json_size_bound(value: Any, indent: int, separator: int, limit: int) -> int:
     """About the most characters `value` takes as JSON (escapes aside), found before building it;
     counting stops just past `limit`. Each item costs its own text, quotes or brackets, its
@@ -141,26 +116,6 @@ def _json_size_bound(value: Any, indent: int, separator: int, limit: int) -> int
         else:
             total += 1
     return total
-
-
-def _bounded_lipsum(max_chars: int) -> Any:
-    """jinja's `lipsum` global, refusing more words than fit the size budget: generating them is one
-    call, so the time budget, which counts calls, never sees it run."""
-
-    def lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
-        words = n * max if isinstance(n, int) and isinstance(max, int) else 0
-        if words > max_chars // _LONGEST_LIPSUM_WORD:
-            raise TemplateBudgetExceeded(
-                f"lipsum(n={n}, max={max}) asks for {words} words, more than the template size limit "
-                f"of {max_chars} characters holds"
-            )
-        return generate_lorem_ipsum(n, html, min, max)
-
-    return lipsum
-
-
-# The most characters one lorem-ipsum word takes, with its separator and punctuation.
-_LONGEST_LIPSUM_WORD = 16
 
 
 def _strftime_now(fmt: str) -> str:
@@ -211,72 +166,9 @@ class ChatTemplateEnvironment(BudgetedSandbox):
         extensions = [jinja2.ext.loopcontrols, _GenerationBlock, *options.pop("extensions", [])]
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=extensions, **options)
         self.filters["tojson"] = _bounded_tojson(self.budget.max_chars)
-        self.globals["lipsum"] = _bounded_lipsum(self.budget.max_chars)
-        self.filters["format"] = _bounded_format(self.filters["format"], self.budget.max_chars)
         self.globals["raise_exception"] = _raise_exception
         self.globals["strftime_now"] = _strftime_now
         self.globals["namespace"] = _Namespace
-
-    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        """The budget's checks, and `str.expandtabs`, whose text grows by its tab size per tab."""
-        _check_expandtabs(__obj, args, kwargs, __self.budget.max_chars)
-        return super().call(__context, __obj, *args, **kwargs)
-
-    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
-        """The budget's own checks, and the same for what `*` and `+` build counted by its text: a
-        list repeating one long string is a few items but as much text as all its copies."""
-        if operator in ("*", "+"):
-            _check_built_weight(operator, left, right, self.budget.max_chars)
-        elif operator == "%" and isinstance(left, str):
-            _check_printf(left, right, self.budget.max_chars)
-        return super().call_binop(context, operator, left, right)
-
-
-def _check_expandtabs(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], limit: int) -> None:
-    text = getattr(function, "__self__", None)
-    if getattr(function, "__name__", None) != "expandtabs" or not isinstance(text, str):
-        return
-    tabsize = args[0] if args else kwargs.get("tabsize", 8)
-    if isinstance(tabsize, int) and text.count("\t") * tabsize > limit:
-        raise TemplateBudgetExceeded(f"expandtabs({tabsize}) would build more than {limit} characters")
-
-
-def _check_printf(fmt: str, arguments: Any, limit: int) -> None:
-    """Refuses a printf-style format whose widths or precisions, written in it or taken from its
-    arguments by `*`, would build a text longer than `limit`."""
-    for match in _PRINTF_SPEC.finditer(fmt):
-        for number in match.groups():
-            if number is not None and int(number) > limit:
-                raise TemplateBudgetExceeded(f"the format {match.group(0)!r} asks for a width above {limit}")
-    for value in arguments if isinstance(arguments, tuple) else ():
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
-            raise TemplateBudgetExceeded(f"'%' was given {value}, above the template size limit of {limit}")
-
-
-def _bounded_format(format_filter: Any, limit: int) -> Any:
-    """jinja's `format` filter (printf-style) with the widths of `%` checked."""
-
-    def printf_format(value: Any, *args: Any, **kwargs: Any) -> str:
-        if isinstance(value, str):
-            _check_printf(value, args, limit)
-        return str(format_filter(value, *args, **kwargs))
-
-    return printf_format
-
-
-def _check_built_weight(operator: str, left: Any, right: Any, limit: int) -> None:
-    sized = (str, bytes, bytearray, list, tuple)
-    if operator == "+":
-        if isinstance(left, sized) and isinstance(right, sized):
-            weight = _weight(left, limit) + _weight(right, limit)
-            if weight > limit:
-                raise TemplateBudgetExceeded(f"'+' would build {weight}+ characters and items, above {limit}")
-        return
-    for seq, times in ((left, right), (right, left)):
-        if isinstance(seq, sized) and isinstance(times, int) and times > 1:
-            weight = _weight(seq, limit // times + 1) * times
-            if weight > limit:
-                raise TemplateBudgetExceeded(f"'*' would build {weight}+ characters and items, above {limit}")
 
 
 def plain_data(value: Any) -> Any:

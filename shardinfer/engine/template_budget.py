@@ -12,8 +12,12 @@ How each part is enforced, without threads or signals (rendering runs on whateve
   call (functions, methods, macros, recursive `loop(...)`) counts too; each count checks the
   step limit and the deadline, so no loop nesting or recursion escapes them;
 - `*`, `**`, `+` and `%` are intercepted and refused before they build a string or list longer
-  than `max_chars` (or an integer with more than `MAX_INT_BITS` bits); `~` concatenation and every
-  captured block and the output itself are joined by a `concat` that counts characters first;
+  than `max_chars` (or an integer with more than `MAX_INT_BITS` bits), `*` and `+` counted by items
+  and by the text they hold (a list repeating one long string is as much text as its copies), `%`
+  by its widths, `(key)` forms and `*` arguments included; `~` concatenation and every captured
+  block and the output itself are joined by a `concat` that counts characters first;
+- `lipsum`, the `format` filter and `str.expandtabs`, which build text in one call, are checked
+  before they run;
 - an integer argument above `max_chars` to any call or filter is refused before the call: it is
   how `center`, `indent`, `ljust`, `batch`, `slice` and format widths would allocate unbounded text.
 
@@ -26,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +38,15 @@ from jinja2 import nodes, pass_context
 from jinja2.exceptions import TemplateRuntimeError
 from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import generate_lorem_ipsum
 from jinja2.visitor import NodeTransformer
 
 MAX_INT_BITS = 4096  # a `**` result larger than this is refused: no template needs such numbers
 _COUNTING_FILTER = "budget-counted"  # not an identifier: templates cannot name it themselves
 _CONCAT_FILTER = "budget-concat"
-_PRINTF_NUMBER = re.compile(r"%[#0\- +]*(\d+)?(?:\.(\d+))?")
+# A printf conversion's optional `(key)`, flags, width and precision, the numbers captured.
+_PRINTF_NUMBER = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\d+)?(?:\.(\d+))?")
+
 _FORMAT_NUMBER = re.compile(r"\{[^{}]*:[^{}\d]*(\d+)(?:\.(\d+))?[^{}]*\}")
 
 
@@ -108,6 +115,10 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
         for name, function in list(self.filters.items()):
             if name not in (_COUNTING_FILTER, _CONCAT_FILTER):
                 self.filters[name] = _checked_filter(function, self.budget)
+        # Calls that build text the argument checks do not see: a printf format's `(key)` widths and
+        # `*` arguments, and lorem ipsum generated in one call.
+        self.filters["format"] = _bounded_format(self.filters["format"], self.budget.max_chars)
+        self.globals["lipsum"] = _bounded_lipsum(self.budget.max_chars)
 
     def _generate(self, source: nodes.Template, *args: Any, **kwargs: Any) -> str:
         """Rewrite the parsed template before it is compiled: loops count their steps, `~` counts
@@ -120,6 +131,7 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
         return _join_within(chunks, self.budget.max_chars)
 
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        _check_expandtabs(__obj, args, kwargs, __self.budget.max_chars)  # its text grows by tab size per tab
         _meter(__context).step()
         _check_numbers(args, kwargs, __self.budget.max_chars, getattr(__obj, "__name__", "a call"))
         result = super().call(__context, __obj, *args, **kwargs)
@@ -128,6 +140,10 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         limit = self.budget.max_chars
+        if operator in ("*", "+"):
+            # By text as well as by items: a list repeating one long string is a few items but as
+            # much text as all its copies.
+            _check_built_weight(operator, left, right, limit)
         if operator == "*":
             for seq, times in ((left, right), (right, left)):
                 if (
@@ -144,7 +160,7 @@ class BudgetedSandbox(ImmutableSandboxedEnvironment):
                         f"'**' would build a {bits:.0f}-bit number, above {MAX_INT_BITS}"
                     )
         elif operator == "%" and isinstance(left, str):
-            _check_format_widths(left, _PRINTF_NUMBER, limit)
+            _check_printf(left, right, limit)
         elif operator == "+" and _sized(left) and _sized(right) and len(left) + len(right) > limit:
             raise TemplateBudgetExceeded(f"'+' would build {len(left) + len(right)} items, above {limit}")
         result = self.binop_table[operator](left, right)
@@ -252,3 +268,89 @@ def _check_format_widths(fmt: str, pattern: re.Pattern[str], limit: int) -> None
         for number in match.groups():
             if number is not None and int(number) > limit:
                 raise TemplateBudgetExceeded(f"the format {match.group(0)!r} asks for a width above {limit}")
+
+
+def _weight(value: Any, limit: int) -> int:
+    """The characters and leaf items `value` holds, counting an item as often as it occurs (a list of
+    one string repeated is as long as text as its copies would be); counting stops just past `limit`."""
+    total = 0
+    pending = [value]
+    while pending and total <= limit:
+        item = pending.pop()
+        if isinstance(item, str | bytes | bytearray):
+            total += len(item)
+        elif isinstance(item, Mapping):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+        else:
+            total += 1
+    return total
+
+
+def _bounded_lipsum(max_chars: int) -> Any:
+    """jinja's `lipsum` global, refusing more words than fit the size budget: generating them is one
+    call, so the time budget, which counts calls, never sees it run."""
+
+    def lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
+        words = n * max if isinstance(n, int) and isinstance(max, int) else 0
+        if words > max_chars // _LONGEST_LIPSUM_WORD:
+            raise TemplateBudgetExceeded(
+                f"lipsum(n={n}, max={max}) asks for {words} words, more than the template size limit "
+                f"of {max_chars} characters holds"
+            )
+        return generate_lorem_ipsum(n, html, min, max)
+
+    return lipsum
+
+
+# The most characters one lorem-ipsum word takes, with its separator and punctuation.
+_LONGEST_LIPSUM_WORD = 16
+
+
+def _check_expandtabs(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], limit: int) -> None:
+    text = getattr(function, "__self__", None)
+    if getattr(function, "__name__", None) != "expandtabs" or not isinstance(text, str):
+        return
+    tabsize = args[0] if args else kwargs.get("tabsize", 8)
+    if isinstance(tabsize, int) and text.count("\t") * tabsize > limit:
+        raise TemplateBudgetExceeded(f"expandtabs({tabsize}) would build more than {limit} characters")
+
+
+def _check_printf(fmt: str, arguments: Any, limit: int) -> None:
+    """Refuses a printf-style format whose widths or precisions, written in it or taken from its
+    arguments by `*`, would build a text longer than `limit`."""
+    for match in _PRINTF_NUMBER.finditer(fmt):
+        for number in match.groups():
+            if number is not None and int(number) > limit:
+                raise TemplateBudgetExceeded(f"the format {match.group(0)!r} asks for a width above {limit}")
+    for value in arguments if isinstance(arguments, tuple) else ():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
+            raise TemplateBudgetExceeded(f"'%' was given {value}, above the template size limit of {limit}")
+
+
+def _bounded_format(format_filter: Any, limit: int) -> Any:
+    """jinja's `format` filter (printf-style) with the widths of `%` checked."""
+
+    def printf_format(value: Any, *args: Any, **kwargs: Any) -> str:
+        if isinstance(value, str):
+            _check_printf(value, args, limit)
+        return str(format_filter(value, *args, **kwargs))
+
+    return printf_format
+
+
+def _check_built_weight(operator: str, left: Any, right: Any, limit: int) -> None:
+    sized = (str, bytes, bytearray, list, tuple)
+    if operator == "+":
+        if isinstance(left, sized) and isinstance(right, sized):
+            weight = _weight(left, limit) + _weight(right, limit)
+            if weight > limit:
+                raise TemplateBudgetExceeded(f"'+' would build {weight}+ characters and items, above {limit}")
+        return
+    for seq, times in ((left, right), (right, left)):
+        if isinstance(seq, sized) and isinstance(times, int) and times > 1:
+            weight = _weight(seq, limit // times + 1) * times
+            if weight > limit:
+                raise TemplateBudgetExceeded(f"'*' would build {weight}+ characters and items, above {limit}")
