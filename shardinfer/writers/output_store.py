@@ -417,9 +417,9 @@ class OutputStore:
         return damaged
 
     def stray_parts(self, markers: dict[int, dict[str, Any]], sizes: dict[str, int]) -> list[str]:
-        """Names of the part files in the listing `sizes` that no marker of `markers` names: a
-        finished job's leftovers (an attempt killed between its part and its marker after
-        `finalize` ran), which a dataset reader of the folder would count as rows."""
+        """Names of the part files in the listing `sizes` that no marker of `markers` names, sorted:
+        what `finalize` deletes, and a finished job's leftovers (an attempt killed between its part
+        and its marker after `finalize` ran), which a dataset reader of the folder would count as rows."""
         named = {m["part"] for m in markers.values()}
         return sorted(n for n in sizes if is_part_name(n) and n not in named)
 
@@ -490,20 +490,14 @@ class OutputStore:
                 + "; run the job again to recompute them",
                 damaged,
             )
-        referenced = {m["part"] for m in markers.values()}
         keep_markers = {m["marker_file"] for m in markers.values()}
-        orphans = [
-            p
-            for p in self._listing()
-            if is_part_name(name := posixpath.basename(p)) and name not in referenced
-        ]
-        for path in orphans:
-            self._delete(path)
+        orphans = self.stray_parts(markers, self.listing_sizes())
+        self.delete_parts(orphans)
         for marker_name in self._marker_names():
             if marker_name.file_name not in keep_markers:
                 self._delete(self._path(COMMITS_DIR, marker_name.file_name))
         self._remove_stale_temporaries()
-        success = build_success(job, markers, sorted(posixpath.basename(p) for p in orphans), summary)
+        success = build_success(job, markers, orphans, summary)
         path = self._path(SUCCESS_FILE)
         self._retry(f"write {full_url(self.fs, path)}", lambda: put_bytes(self.fs, path, json_bytes(success)))
         return success
