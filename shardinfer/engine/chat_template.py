@@ -49,6 +49,10 @@ SPECIAL_TOKEN_NAMES = (
     "mask_token",
 )
 
+# Where transformers saves a model's named templates besides chat_template.jinja (the default), one
+# `<name>.jinja` file each (tool_use.jinja, rag.jinja).
+ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"
+
 # The widest `tojson(indent=...)` a template may ask for: pretty-printed JSON in a prompt is indented
 # by a few spaces, and every line of the output repeats the indent once per nesting level.
 MAX_JSON_INDENT = 64
@@ -169,6 +173,35 @@ class ChatTemplateEnvironment(BudgetedSandbox):
         self.globals["raise_exception"] = _raise_exception
         self.globals["strftime_now"] = _strftime_now
         self.globals["namespace"] = _Namespace
+
+
+def model_chat_templates(
+    config_template: Any, jinja: str | None, additional: Mapping[str, str]
+) -> tuple[str | None, dict[str, str]]:
+    """(default template, named templates) of a model folder, as transformers loads them from its
+    tokenizer_config.json `chat_template` (a template, or a list of {name, template}), its
+    chat_template.jinja and its additional_chat_templates/<name>.jinja files (`additional`, by name).
+
+    Template files, when there are any, replace tokenizer_config.json's templates altogether:
+    chat_template.jinja is "default" (a file named default.jinja among the others wins over it,
+    as in transformers). The named templates are {} when chat_template.jinja is the only file: a
+    template name given to a call is then a template text, as transformers reads it. Without a "default" among
+    several named templates there is no default template: a call must name one."""
+    named: dict[str, str] = {}
+    if jinja is not None or additional:
+        named = {"default": jinja} if jinja is not None else {}
+        named.update(additional)
+        if list(named) == ["default"]:  # transformers keeps a lone template file as plain text
+            return named["default"], {}
+    elif isinstance(config_template, list):
+        named = {
+            str(t["name"]): t["template"]
+            for t in config_template
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+        }
+    else:
+        return (config_template if isinstance(config_template, str) else None), {}
+    return named.get("default"), named
 
 
 def plain_data(value: Any) -> Any:

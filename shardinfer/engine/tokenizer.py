@@ -1,7 +1,9 @@
 """Tokenizer and chat template of a model directory, without transformers.
 
-`tokenizer.json` is read by `tokenizers`; special tokens and the chat template come from
-`tokenizer_config.json` (end-of-sequence ids also from `config.json` and `generation_config.json`);
+`tokenizer.json` is read by `tokenizers`; special tokens come from `tokenizer_config.json`
+(end-of-sequence ids also from `config.json` and `generation_config.json`); the chat templates from
+`chat_template.jinja` and `additional_chat_templates/<name>.jinja`, else from
+`tokenizer_config.json`, as transformers reads them (engine.chat_template.model_chat_templates);
 the chat template is compiled once, on first use, and rendered in the environment transformers uses
 (engine/chat_template.py), inside jinja2's sandbox so a checkpoint's template cannot reach Python
 internals.
@@ -17,7 +19,12 @@ from typing import Any, Literal, overload
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from shardinfer.engine.chat_template import SPECIAL_TOKEN_NAMES, ChatTemplate
+from shardinfer.engine.chat_template import (
+    ADDITIONAL_TEMPLATES_DIR,
+    SPECIAL_TOKEN_NAMES,
+    ChatTemplate,
+    model_chat_templates,
+)
 from shardinfer.engine.sampling_params import checkpoint_eos_token_ids
 from shardinfer.errors import ModelLoadError
 
@@ -27,6 +34,29 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value if isinstance(value, str) else None
+
+
+def read_template_file(path: Path) -> str | None:
+    """A template file's text (None when absent), read as UTF-8 as transformers reads it, whatever
+    the machine's locale: templates carry non-ASCII special tokens."""
+    if not path.is_file():
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelLoadError(f"{str(path)!r} is not UTF-8 text ({exc}): save the template as UTF-8") from None
+
+
+def additional_chat_templates(model_dir: Path) -> dict[str, str]:
+    """name -> template of the folder's additional_chat_templates/<name>.jinja files."""
+    folder = model_dir / ADDITIONAL_TEMPLATES_DIR
+    if not folder.is_dir():
+        return {}
+    return {
+        path.name.removesuffix(".jinja"): text
+        for path in sorted(folder.glob("*.jinja"))
+        if (text := read_template_file(path)) is not None
+    }
 
 
 def _tokenizer_config(path: Path) -> dict[str, Any]:
@@ -62,22 +92,13 @@ class Tokenizer:
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.add_bos_token = bool(cfg.get("add_bos_token", False))
-        template = cfg.get("chat_template")
-        # Named templates (a list of {name, template}): "default" renders, and "tool_use" where the
-        # call passes tools, as transformers chooses between them.
-        self._named_templates: dict[str, str] = {}
-        if isinstance(template, list):
-            self._named_templates = {
-                str(t["name"]): t["template"] for t in template
-                if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
-            }
-            template = self._named_templates.get("default") or next(iter(self._named_templates.values()), None)
-        jinja_path = model_dir / "chat_template.jinja"
-        if jinja_path.is_file():
-            # transformers renders chat_template.jinja over tokenizer_config.json's template (the
-            # fingerprint identifies the template the same way).
-            template = jinja_path.read_text()
-            self._named_templates = {}
+        # The default template renders; a named one ("tool_use", from tokenizer_config.json's list or
+        # additional_chat_templates/) where a call names it or passes tools, as transformers chooses.
+        template, self._named_templates = model_chat_templates(
+            cfg.get("chat_template"),
+            read_template_file(model_dir / "chat_template.jinja"),
+            additional_chat_templates(model_dir),
+        )
         self.chat_template: str | None = template
         # End-of-sequence ids: config.json's (passed in), generation_config.json's, then the
         # tokenizer's eos_token, as transformers and vLLM stop at each of them.
@@ -131,14 +152,23 @@ class Tokenizer:
         """The model's chat template, compiled on first use and kept for every later row."""
         if self._compiled is None:
             if not self.chat_template:
-                raise ValueError(
-                    "this model's tokenizer_config.json has no chat_template: use generate() with "
-                    "plain prompts, or add a chat_template to the model directory"
-                )
+                raise ValueError(self._no_default_template())
             with self._compile_lock:
                 if self._compiled is None:
                     self._compiled = ChatTemplate(self.chat_template, self.special_tokens)
         return self._compiled
+
+    def _no_default_template(self) -> str:
+        if self._named_templates:
+            names = sorted(self._named_templates)
+            return (
+                f"this model's chat templates are named {names} and none is 'default': pass "
+                "chat_template=<one of those names>, or add the default as chat_template.jinja"
+            )
+        return (
+            "this model's tokenizer_config.json has no chat_template: use generate() with plain "
+            "prompts, or add a chat_template to the model directory"
+        )
 
     def _template_for(self, chat_template: str | None, tools: list[dict[str, Any]] | None) -> ChatTemplate:
         """The template a call renders with, chosen as transformers chooses: `chat_template` names

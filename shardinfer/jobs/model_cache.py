@@ -1,12 +1,13 @@
 """`model.path` as an object-storage URL: each machine copies the model once into a local cache.
 
-A cluster then needs no shared file system. The cache entry's name is a hash of the remote
-files' names, sizes and checksums (S3 ETags, or what the filesystem reports), so a model
-replaced under the same URL gets a new entry instead of mixing old and new files. A copy is
-made in a temporary folder beside the entry, each file's size checked against the listing and
-its SHA-256 recorded in a manifest, and only then renamed into place: a half-copied model is
-never used. Before each use the entry's files are checked against the manifest's sizes (and,
-with `verify="full"`, its hashes), and a damaged entry is copied again.
+A cluster then needs no shared file system. Only the files the job reads are copied (the
+checkpoint the loader reads, not a stray *.safetensors or pickle beside it; see remote_listing).
+The cache entry's name is a hash of those files' names, sizes and checksums (S3 ETags, or what
+the filesystem reports), so a model replaced under the same URL gets a new entry instead of mixing
+old and new files. A copy is made in a temporary folder beside the entry, each file's size
+checked against the listing and its SHA-256 recorded in a manifest, and only then renamed into
+place: a half-copied model is never used. Before each use the entry's files are checked against
+the manifest's sizes (and, with `verify="full"`, its hashes), and a damaged entry is copied again.
 
 Several workers on one machine may ask at once: a lock file lets one copy while the others wait.
 """
@@ -22,7 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from shardinfer.engine.chat_template import ADDITIONAL_TEMPLATES_DIR
 from shardinfer.errors import ConfigError
+from shardinfer.pipeline.weights_identity import INDEX_FILE, UNLOADED_WEIGHT_SUFFIXES, checkpoint_file_names
 from shardinfer.redaction import redact_url
 
 MANIFEST = ".shardinfer-model.json"
@@ -60,24 +63,47 @@ def local_model_path(
 
 
 def remote_listing(fs: Any, root: str, url: str) -> dict[str, dict[str, Any]]:
-    """name -> {size, checksum} of the model folder's files (not recursive: an HF folder is flat)."""
+    """name -> {size, checksum} of the files the job reads from the model folder: the weight files
+    the loader reads (as the fingerprint chooses them), every other file but weights in formats
+    never loaded, and the named chat templates under additional_chat_templates/. A stray
+    consolidated.safetensors or pytorch_model.bin beside the checkpoint is neither copied nor part
+    of the cache entry's name."""
+    files, folders = _entries(fs, root, url)
+    if "config.json" not in files:
+        raise ConfigError(
+            f"model.path={url!r} holds no Hugging Face model (no config.json); found {sorted(files)[:10]}"
+        )
+    index = fs.cat_file(f"{root.rstrip('/')}/{INDEX_FILE}") if INDEX_FILE in files else None
+    weights = set(checkpoint_file_names(files, index, url))
+    chosen = {
+        name: info
+        for name, info in files.items()
+        if name in weights or not name.endswith((".safetensors", *UNLOADED_WEIGHT_SUFFIXES))
+    }
+    if ADDITIONAL_TEMPLATES_DIR in folders:
+        templates, _ = _entries(fs, f"{root.rstrip('/')}/{ADDITIONAL_TEMPLATES_DIR}", url)
+        for name, info in templates.items():
+            if name.endswith(".jinja"):  # what transformers reads from that folder
+                chosen[f"{ADDITIONAL_TEMPLATES_DIR}/{name}"] = info
+    return chosen
+
+
+def _entries(fs: Any, folder: str, url: str) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """(name -> {size, checksum} of the files directly in `folder`, names of its sub-folders)."""
     try:
-        infos = fs.ls(root, detail=True)
+        infos = fs.ls(folder, detail=True)
     except FileNotFoundError:
         raise ConfigError(f"model.path={url!r} does not exist; give the URL of a model folder") from None
-    files = {}
+    files, folders = {}, set()
     for info in infos:
+        name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
+        if info.get("type") == "directory":
+            folders.add(name)
         if info.get("type") != "file":
             continue
-        name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
         checksum = info.get("ETag") or info.get("etag") or info.get("md5") or info.get("mtime")
         files[name] = {"size": int(info["size"]), "checksum": str(checksum) if checksum is not None else ""}
-    if "config.json" not in files or not any(n.endswith(".safetensors") for n in files):
-        raise ConfigError(
-            f"model.path={url!r} holds no Hugging Face model (config.json and *.safetensors); "
-            f"found {sorted(files)[:10]}"
-        )
-    return files
+    return files, folders
 
 
 def verify_entry(entry: Path, listing: dict[str, dict[str, Any]], full: bool = False) -> bool:
@@ -103,6 +129,7 @@ def _copy(fs: Any, root: str, url: str, listing: dict[str, dict[str, Any]], entr
         recorded = {}
         for name, want in sorted(listing.items()):
             digest = hashlib.sha256()
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # additional_chat_templates/
             with fs.open(f"{root.rstrip('/')}/{name}", "rb") as src, open(tmp / name, "wb") as dst:
                 while chunk := src.read(16 << 20):
                     digest.update(chunk)

@@ -21,9 +21,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shardinfer.engine.chat_template import ADDITIONAL_TEMPLATES_DIR, model_chat_templates
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.config import JobConfig
-from shardinfer.pipeline.weights_identity import weight_identity
+from shardinfer.pipeline.weights_identity import (
+    INDEX_FILE,
+    check_verify_mode,
+    checkpoint_file_names,
+    weight_identity,
+)
 from shardinfer.redaction import location_identity
 
 FINGERPRINT_VERSION = 2
@@ -44,6 +50,7 @@ def model_identity(
     model_dir: str, storage_options: dict[str, Any] | None = None, verify_weights: str = "stat"
 ) -> dict[str, Any]:
     """Hashes of config.json and tokenizer files, each weight file's identity, the chat template."""
+    check_verify_mode(verify_weights)  # here: the remote branch ignores it, and a typo must still be refused
     if "://" in model_dir and not model_dir.startswith("file://"):
         return _remote_model_identity(model_dir, storage_options or {})
     root = Path(model_dir.removeprefix("file://"))
@@ -68,15 +75,70 @@ def model_identity(
     }
     tok = root / "tokenizer.json"
     out["tokenizer.sha256"] = _sha256_bytes(tok.read_bytes()) if tok.is_file() else None
-    template = None
-    tok_cfg = root / "tokenizer_config.json"
-    if tok_cfg.is_file():
-        template = json.loads(tok_cfg.read_text()).get("chat_template")
-    jinja = root / "chat_template.jinja"
-    if jinja.is_file():
-        template = jinja.read_text()
-    out["tokenizer.chat_template_sha256"] = _sha256_bytes(_canonical(template).encode()) if template else None
+    out["tokenizer.chat_template_sha256"] = _template_sha256(
+        _config_template(_read_local(root / "tokenizer_config.json"), model_dir),
+        _text(_read_local(root / "chat_template.jinja"), "chat_template.jinja", model_dir),
+        _local_additional_templates(root, model_dir),
+    )
     return out
+
+
+def _read_local(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
+
+
+def _local_additional_templates(root: Path, model_dir: str) -> dict[str, str]:
+    folder = root / ADDITIONAL_TEMPLATES_DIR
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for path in sorted(folder.glob("*.jinja")):
+        if path.is_file():
+            where = f"{ADDITIONAL_TEMPLATES_DIR}/{path.name}"
+            found[path.name.removesuffix(".jinja")] = _text(path.read_bytes(), where, model_dir) or ""
+    return found
+
+
+def _text(data: bytes | None, name: str, model_dir: str) -> str | None:
+    """A template file's text, UTF-8 as the tokenizer reads it whatever the machine's locale."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"model.path={model_dir!r}: {name} is not UTF-8 text ({exc}); save it as UTF-8"
+        ) from None
+
+
+def _config_template(data: bytes | None, model_dir: str) -> Any:
+    """tokenizer_config.json's chat_template (a template, a list of named ones, or None)."""
+    if data is None:
+        return None
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(
+            f"model.path={model_dir!r}: tokenizer_config.json is not valid JSON ({exc}); fix or remove it"
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"model.path={model_dir!r}: tokenizer_config.json holds a JSON {type(config).__name__}, not an "
+            "object; fix or remove it"
+        )
+    return config.get("chat_template")
+
+
+def _template_sha256(config_template: Any, jinja: str | None, additional: dict[str, str]) -> str | None:
+    """The hash of the template a job renders with: the model's default one, chosen as the tokenizer
+    chooses it (engine.chat_template.model_chat_templates). No job key selects a named template (jobs
+    pass no tools), so the others do not count, except that tokenizer_config.json's list of named
+    templates is hashed whole, as jobs planned before named template files were read stored it."""
+    default, _ = model_chat_templates(config_template, jinja, additional)
+    if not default:
+        return None
+    hashed = config_template if jinja is None and not additional else default
+    return _sha256_bytes(_canonical(hashed).encode())
 
 
 def _local_weight_files(root: Path, model_dir: str) -> list[Path]:
@@ -125,42 +187,55 @@ def _checkpoint_quantization(config_bytes: bytes) -> dict[str, Any]:
 
 def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     """model_identity of a model folder on object storage, from its listing and its small files,
-    without copying the weights (workers copy the model into their machine's cache)."""
+    without copying the weights (workers copy the model into their machine's cache). The weight
+    files are the ones the loader will read from that copy, chosen by the same rule as locally."""
     from shardinfer.storage import filesystem
 
     fs, root = filesystem(url, storage_options)
-    try:
-        sizes = {
-            str(i["name"]).rstrip("/").rsplit("/", 1)[-1]: int(i["size"])
-            for i in fs.ls(root, detail=True)
-            if i.get("type") == "file"
-        }
-    except FileNotFoundError:
-        raise ConfigError(f"model.path={url!r} does not exist; give the URL of a model folder") from None
+    base = root.rstrip("/")
+    sizes, folders = _remote_entries(fs, base, url)
 
     def read(name: str) -> bytes | None:
-        return fs.cat_file(f"{root.rstrip('/')}/{name}") if name in sizes else None
+        return fs.cat_file(f"{base}/{name}") if name in sizes else None
 
     config_bytes = read("config.json")
-    weights = {n: size for n, size in sorted(sizes.items()) if n.endswith(".safetensors")}
-    if config_bytes is None or not weights:
-        raise ConfigError(f"model.path={url!r} holds no config.json and *.safetensors; is it a model folder?")
+    if config_bytes is None:
+        raise ConfigError(f"model.path={url!r} holds no config.json; is it a Hugging Face model folder?")
+    names = checkpoint_file_names(sizes, read(INDEX_FILE), url)
     tok = read("tokenizer.json")
-    tok_cfg = read("tokenizer_config.json")
-    jinja = read("chat_template.jinja")
-    template = (
-        jinja.decode()
-        if jinja is not None
-        else (json.loads(tok_cfg).get("chat_template") if tok_cfg else None)
+    additional: dict[str, str] = {}
+    if ADDITIONAL_TEMPLATES_DIR in folders:
+        listed, _ = _remote_entries(fs, f"{base}/{ADDITIONAL_TEMPLATES_DIR}", url)
+        for name in sorted(n for n in listed if n.endswith(".jinja")):
+            where = f"{ADDITIONAL_TEMPLATES_DIR}/{name}"
+            additional[name.removesuffix(".jinja")] = _text(fs.cat_file(f"{base}/{where}"), where, url) or ""
+    template_sha256 = _template_sha256(
+        _config_template(read("tokenizer_config.json"), url),
+        _text(read("chat_template.jinja"), "chat_template.jinja", url),
+        additional,
     )
     return {
         "model.config_sha256": _sha256_bytes(config_bytes),
         **_checkpoint_quantization(config_bytes),
         **_generation_eos_ids(config_bytes, read("generation_config.json")),
-        "model.weights": weights,
+        "model.weights": {n: sizes[n] for n in names},
         "tokenizer.sha256": _sha256_bytes(tok) if tok is not None else None,
-        "tokenizer.chat_template_sha256": _sha256_bytes(_canonical(template).encode()) if template else None,
+        "tokenizer.chat_template_sha256": template_sha256,
     }
+
+
+def _remote_entries(fs: Any, folder: str, url: str) -> tuple[dict[str, int], set[str]]:
+    """(name -> size of the files directly in `folder`, names of its sub-folders)."""
+    try:
+        infos = fs.ls(folder, detail=True)
+    except FileNotFoundError:
+        raise ConfigError(f"model.path={url!r} does not exist; give the URL of a model folder") from None
+    sizes = {_base_name(i["name"]): int(i["size"]) for i in infos if i.get("type") == "file"}
+    return sizes, {_base_name(i["name"]) for i in infos if i.get("type") == "directory"}
+
+
+def _base_name(name: Any) -> str:
+    return str(name).rstrip("/").rsplit("/", 1)[-1]
 
 
 def input_identity(path: str, absolute: bool = True) -> str:

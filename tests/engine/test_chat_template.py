@@ -352,3 +352,98 @@ def test_the_size_bounds_leave_ordinary_json_and_long_text_alone() -> None:
         "{{ messages | tojson }}", environment=ChatTemplateEnvironment(budget=RenderBudget(max_chars=80))
     )
     assert sized.render(messages) == json.dumps(messages, ensure_ascii=False)
+
+
+TOOL_USE = "TOOLS {{ (tools or []) | length }}{% for m in messages %}|{{ m.content }}{% endfor %}"
+DEFAULT = "DEFAULT{% for m in messages %}|{{ m.content }}{% endfor %}"
+
+
+def _saved_by_transformers(root: Path, templates: dict[str, str]) -> Path:
+    """A tokenizer folder as transformers' save_pretrained writes named templates: the default as
+    chat_template.jinja, each other one as additional_chat_templates/<name>.jinja."""
+    from transformers import AutoTokenizer
+
+    build_tokenizer(root / "source")
+    tok = AutoTokenizer.from_pretrained(str(root / "source"))
+    tok.chat_template = templates
+    tok.save_pretrained(str(root / "saved"))
+    assert (root / "saved" / "additional_chat_templates" / "tool_use.jinja").is_file()
+    return root / "saved"
+
+
+@pytest.mark.parametrize(
+    "call", [{}, {"tools": [WEATHER_TOOL]}, {"chat_template": "tool_use"}, {"chat_template": "default"}]
+)
+def test_named_template_files_render_as_transformers_renders_them(
+    tmp_path: Path, call: dict[str, Any]
+) -> None:
+    from transformers import AutoTokenizer
+
+    folder = _saved_by_transformers(tmp_path, {"default": DEFAULT, "tool_use": TOOL_USE})
+    expected = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+        MULTI_TURN, add_generation_prompt=False, tokenize=False, **call
+    )
+    got = Tokenizer(folder).apply_chat_template(MULTI_TURN, add_generation_prompt=False, **call)
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("config_template", "tool_use_file", "call"),
+    [
+        # A tool_use.jinja file beside tokenizer_config.json's template replaces it: no default.
+        ("CONFIG{{ messages | length }}", TOOL_USE, {}),
+        ("CONFIG{{ messages | length }}", TOOL_USE, {"tools": [WEATHER_TOOL]}),
+        # Named templates, none of them "default".
+        ([{"name": "a", "template": DEFAULT}, {"name": "tool_use", "template": TOOL_USE}], None, {}),
+        (
+            [{"name": "a", "template": DEFAULT}, {"name": "tool_use", "template": TOOL_USE}],
+            None,
+            {"chat_template": "a"},
+        ),
+    ],
+)
+def test_a_folder_without_a_default_template_is_refused_where_transformers_refuses_it(
+    tmp_path: Path, config_template: Any, tool_use_file: str | None, call: dict[str, Any]
+) -> None:
+    from transformers import AutoTokenizer
+
+    folder = _template_folder(tmp_path / "tok", config_template, None)
+    if tool_use_file is not None:
+        (folder / "additional_chat_templates").mkdir()
+        (folder / "additional_chat_templates" / "tool_use.jinja").write_text(tool_use_file)
+    reference = AutoTokenizer.from_pretrained(str(folder))
+    ours = Tokenizer(folder)
+    try:
+        expected = reference.apply_chat_template(
+            MULTI_TURN, add_generation_prompt=False, tokenize=False, **call
+        )
+    except ValueError:
+        with pytest.raises(ValueError, match=r"none is 'default': pass chat_template="):
+            ours.apply_chat_template(MULTI_TURN, add_generation_prompt=False, **call)
+        assert ours.chat_template is None  # a job refuses such a model before its first row
+        return
+    assert ours.apply_chat_template(MULTI_TURN, add_generation_prompt=False, **call) == expected
+
+
+def test_template_files_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """DeepSeek's template carries non-ASCII special tokens; a machine whose locale is not UTF-8
+    must still read them as transformers does (UTF-8), not fail or garble them."""
+    import subprocess
+    import sys
+
+    build_tokenizer(tmp_path)
+    source = (TEMPLATES / "deepseek_v3.jinja").read_text(encoding="utf-8")
+    (tmp_path / "chat_template.jinja").write_bytes(source.encode())
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_bytes(source.encode())
+    script = (
+        "import sys; from shardinfer.engine.tokenizer import Tokenizer; t = Tokenizer(sys.argv[1]); "
+        "print(ascii(t.chat_template)); print(ascii(t._named_templates['tool_use']))"
+    )
+    # C locale with Python's UTF-8 mode and locale coercion off: the default encoding is ASCII.
+    env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PATH": "/usr/bin:/bin"}
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [ascii(source), ascii(source)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -57,3 +58,30 @@ def test_local_paths_pass_through_and_a_url_without_a_model_is_refused(tmp_path:
     fsspec.filesystem("memory").pipe("/models/empty/readme.txt", b"no model here")
     with pytest.raises(ConfigError, match="memory://models/empty"):
         local_model_path("memory://models/empty", cache_dir=str(tmp_path / "c"))
+
+
+def test_an_s3_model_is_copied_without_the_files_the_job_never_reads(
+    model_dir: Path, tmp_path: Path, s3_bucket: Any
+) -> None:
+    """Only the checkpoint the loader reads, the small files and the named chat templates are copied:
+    Mistral's consolidated.safetensors and a pytorch_model.bin beside it would double the download."""
+    import s3fs
+
+    admin = s3fs.S3FileSystem(**s3_bucket.storage_options)
+    source = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+    source["additional_chat_templates/tool_use.jinja"] = b"TOOLS {{ tools | length }}"
+    extra = {
+        "consolidated.safetensors": source["model.safetensors"],
+        "pytorch_model.bin": b"a pickle",
+        "additional_chat_templates/notes.txt": b"not a template",
+    }
+    for name, body in {**source, **extra}.items():
+        admin.pipe(f"{s3_bucket.name}/model/{name}", body)
+    local = Path(local_model_path(s3_bucket.url("model"), s3_bucket.storage_options, str(tmp_path)))
+    copied = {p.relative_to(local).as_posix(): p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    copied.pop(MANIFEST)
+    assert copied == source
+    # A stray file changed or removed on the store names the same cache entry.
+    admin.rm(f"{s3_bucket.name}/model/pytorch_model.bin")
+    admin.invalidate_cache()
+    assert Path(local_model_path(s3_bucket.url("model"), s3_bucket.storage_options, str(tmp_path))) == local
