@@ -61,6 +61,13 @@ def _unrecognized_hint(extra: list[str], parsed: argparse.Namespace) -> str:
     flags = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
     if any(f in ("--set", "-D", "--define", "--config", "-c") for f in flags):
         return " (set a job key with --conf KEY=VALUE, e.g. --conf sampling.temperature=0.7)"
+    spaced = [c for c in getattr(parsed, "conf", None) or [] if "=" not in c]
+    if spaced:
+        # `--conf KEY VALUE`: the value was taken for the job file, and the job file left over.
+        return (
+            f" (--conf takes KEY=VALUE as one argument: --conf {spaced[0]}=VALUE, not a space between "
+            "the key and its value)"
+        )
     command = getattr(parsed, "command", None)
     if command in ("status", "history") and "--log-format" in flags:
         return f" ({command} has no --log-format: give --json for machine-readable output)"

@@ -328,12 +328,14 @@ def resolve(
     today: datetime.date | None = None,
 ) -> ResolvedSpec:
     """Merge the layers, validate every key and value, fill `{run_id}`/`{ds}`; returns the JobConfig."""
+    _check_flag_given("--name", name, "job name")
+    _check_flag_given("--run-id", run_id, "run id (e.g. your scheduler's)")
     data: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
     sources: dict[str, str] = {}
     layers: list[tuple[str, list[tuple[str, Any, str | None]]]] = [
         ("job file", [(k, v, None) for k, v in flatten(job_file).items()]),
         ("properties file", list(properties)),
-        ("--name", name_layer(name)),  # its own layer so the dry run credits it; --conf still wins
+        ("--name", name_layer(name)),  # its own layer so the dry run credits it; a --conf must agree
         ("--conf", list(confs)),
     ]
     for source, items in layers:
@@ -348,8 +350,12 @@ def resolve(
                 # in the job file.
                 raise ConfigError(f"{exc} (set in the properties file)") from None
             sources[dotted] = source
+    if name:
+        _check_flag_and_conf("--name", name, "job.name", data["job"].get("name"), sources.get("job.name"))
     if run_id:
-        _check_run_id_flags(run_id, data["job"].get("run_id"), sources.get("job.run_id"))
+        _check_flag_and_conf(
+            "--run-id", run_id, "job.run_id", data["job"].get("run_id"), sources.get("job.run_id")
+        )
         data["job"]["run_id"] = run_id
         sources["job.run_id"] = "--run-id"
     try:
@@ -361,15 +367,24 @@ def resolve(
     return ResolvedSpec(config, sources)
 
 
-def _check_run_id_flags(flag: str, conf_value: Any, source: str | None) -> None:
-    """--run-id and --conf job.run_id both on one command line and disagreeing: either may be the
-    one the scheduler meant, and the run id picks the output folder ({run_id}) and the resume, so
-    neither is chosen silently. A job file's or properties file's run_id is a default --run-id
-    overrides, as every command-line value overrides those files."""
-    if source == "--conf" and str(conf_value) != flag:
+def _check_flag_given(flag: str, value: str | None, what: str) -> None:
+    """A flag given an empty value (`--run-id "$RUN_ID"` with the variable unset) is refused: taken as
+    absent, it would quietly give the run a made-up run id, or the job file's name, and with them
+    another output folder than the one the scheduler resumes."""
+    if value is not None and not value.strip():
+        raise UsageError(f"{flag} is empty: give the {what}, or leave the flag out")
+
+
+def _check_flag_and_conf(flag: str, value: str, key: str, conf_value: Any, source: str | None) -> None:
+    """--run-id (--name) and --conf job.run_id (job.name) both on one command line and disagreeing:
+    either may be the one the scheduler meant, and both values pick the output folder ({run_id},
+    {name}), so neither is chosen silently. A job file's or properties file's value is a default
+    the flag overrides, as every command-line value overrides those files."""
+    if source == "--conf" and str(conf_value) != value:
+        what = key.removeprefix("job.").replace("_", " ")  # "run id", "name"
         raise UsageError(
-            f"--run-id {flag!r} and --conf job.run_id={conf_value!r} disagree: give the run id once "
-            "(drop one of them) or give both the same value"
+            f"{flag} {value!r} and --conf {key}={conf_value!r} disagree: give the {what} once (drop one of "
+            "them) or give both the same value"
         )
 
 
@@ -467,7 +482,9 @@ def validate(config: JobConfig) -> None:
     if inp.prompt_column and inp.messages_column:
         raise ConfigError(
             f"input.prompt_column={inp.prompt_column!r} and input.messages_column="
-            f"{inp.messages_column!r} are both set: a row's prompt comes from one of them"
+            f"{inp.messages_column!r} are both set: a row's prompt comes from one of them; keep "
+            "prompt_column for plain text, messages_column for chat messages, and remove the other (or "
+            "empty it on the command line: --conf input.prompt_column= or --conf input.messages_column=)"
         )
     if inp.chat_template_kwargs and not inp.messages_column:
         raise ConfigError(

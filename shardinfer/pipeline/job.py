@@ -19,7 +19,7 @@ import fnmatch
 import json
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ import pyarrow as pa
 from shardinfer.engine.prompt_checks import LENGTH_FIX
 from shardinfer.engine.sampling_params import SamplingParams, default_sampling_params
 from shardinfer.errors import (
+    INVALID_ROW,
     ConfigError,
     CorruptOutputError,
     FingerprintMismatch,
@@ -34,6 +35,7 @@ from shardinfer.errors import (
     InputColumnError,
     ModelLoadError,
     Retryable,
+    RowError,
     TooManyBadRows,
 )
 from shardinfer.pipeline.assembly import OutputOptions
@@ -47,12 +49,12 @@ from shardinfer.pipeline.output_ids import (
     committed_row_ids,
     count_repeated_ids,
 )
-from shardinfer.pipeline.rows import RowPreparer
+from shardinfer.pipeline.rows import RowPreparer, parse_messages, short_cell
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
 from shardinfer.pipeline.timeline import Timeline, open_timeline
 from shardinfer.redaction import location_identity, redact_config, with_credentials_of
-from shardinfer.splits import ROW_INDEX_COLUMN, Split, plan_from_records
+from shardinfer.splits import ROW_ERROR_COLUMN, ROW_INDEX_COLUMN, Split, plan_from_records
 from shardinfer.testing.faults import crash_point
 from shardinfer.testing.replay_drafter import install_from_env
 
@@ -277,6 +279,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     job.discards = discarded
     if splits:
         check_columns(config, job.input_schema)
+        check_messages_sample(config, spec, splits[0])
     return job
 
 
@@ -486,9 +489,96 @@ def check_prompt_types(config: JobConfig, schema: pa.Schema) -> None:
                               + _column_type_fix(key, column, kind))
 
 
+# How much of the input the messages check reads: the first rows of the first split, of which a few
+# non-null values are parsed. Enough to tell a column of plain text from one of messages; a few bad
+# rows among good ones must not refuse the job (they become error records, as any bad row does).
+_SAMPLE_ROWS = 64
+_SAMPLE_VALUES = 8
+_NOT_JSON = "text that is not JSON"  # the reason that makes the error suggest input.prompt_column
+
+
+def check_messages_sample(config: JobConfig, spec: InputSpec, first: Split) -> None:
+    """A messages column whose first values are none of them chat messages (plain prompt text, most
+    often) would make every row an error record once the model is loaded: refuse the spec instead,
+    naming a value. Reads the first rows of the first split only, through the query if there is one."""
+    column = config.input.messages_column
+    if not column:
+        return
+    values = _first_values(spec, first, column)
+    if not values or any(_could_be_messages(v, column) for v in values):
+        # Only nulls to judge by, or one value that is messages: the column holds them, and the
+        # values that are not are those rows' problem (error records, as for any bad row).
+        return
+    value = values[0]
+    reason = _not_messages_reason(value, column)
+    fix = (
+        f"for plain prompt text, set input.prompt_column={column!r} in place of input.messages_column; "
+        if reason == _NOT_JSON
+        else ""
+    )
+    raise ConfigError(
+        f"input.messages_column={column!r} holds no chat messages: none of the first {len(values)} value(s) "
+        f"of {first.path} is a list of {{role, content}} objects or its JSON text (the first: "
+        f"{short_cell(value)}, {reason}); {fix}for chat data, write each row's "
+        """messages as a JSON list, e.g. '[{"role": "user", "content": "What is 2+2?"}]'"""
+    )
+
+
+def _could_be_messages(value: Any, column: str) -> bool:
+    """Whether a cell is chat messages, or close enough that its failure is the row's own (an
+    empty list; a value nested too deeply to judge)."""
+    try:
+        parse_messages(value, column)
+    except RowError as err:
+        return err.error_code != INVALID_ROW
+    except RecursionError:
+        return True
+    return True
+
+
+def _not_messages_reason(value: Any, column: str) -> str:
+    """Why a cell is not messages, in a few words: text that is no JSON said plainly, else the
+    row error's own reason."""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return _NOT_JSON
+    try:
+        parse_messages(value, column)
+    except RowError as err:
+        return err.message.removeprefix(f"messages column {column!r}: ")
+    return "not messages"
+
+
+def _first_values(spec: InputSpec, first: Split, column: str) -> list[Any]:
+    """Up to _SAMPLE_VALUES non-null values of `column` among the first _SAMPLE_ROWS rows of the split
+    (rows the reader could not decode are left out: they are error records whatever they hold)."""
+    from shardinfer.readers.splits import read_split
+
+    head = replace(first, row_end=min(first.row_end, first.row_start + _SAMPLE_ROWS))
+    values: list[Any] = []
+    for batch in read_split(head, spec, batch_rows=_SAMPLE_ROWS):
+        cells = batch.column(column).to_pylist()  # that column only: the row's others are not judged
+        unreadable = batch.column(ROW_ERROR_COLUMN).to_pylist() if ROW_ERROR_COLUMN in batch.schema.names else []
+        for i, value in enumerate(cells):
+            if value is None or (unreadable and unreadable[i] is not None):
+                continue
+            values.append(value)
+            if len(values) == _SAMPLE_VALUES:
+                return values
+    return values
+
+
 def _column_type_fix(key: str, column: str, kind: pa.DataType) -> str:
     """What to do about a prompt or messages column of the wrong type. Bytes are usually text that
-    a writer stored untyped (Spark without spark.sql.parquet.binaryAsString): a query decodes it."""
+    a writer stored untyped (Spark without spark.sql.parquet.binaryAsString): a query decodes it.
+    Lists under a prompt column are most often chat messages, which messages_column renders."""
+    if key == "prompt_column" and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return (
+            f"if it holds chat messages ({{role, content}} lists), set input.messages_column={column!r} in place "
+            "of input.prompt_column; else point input.prompt_column at a text column"
+        )
     if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)):
         return f"point input.{key} at such a column"
     plain = column.isidentifier() and column.isascii()

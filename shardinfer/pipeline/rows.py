@@ -78,6 +78,30 @@ def row_id_of(id_value: Any, file_index: int, row_index: int) -> str:
     return f"{file_index}:{row_index}" if id_is_missing(id_value) else str(id_value)
 
 
+def parse_messages(value: Any, column: str) -> list[dict[str, Any]]:
+    """A messages cell as the chat template takes it: a list of {role, content} structs or maps, or
+    its JSON text. RowError when the cell holds none: EMPTY_PROMPT for a null or an empty list (no
+    turn to answer), INVALID_ROW for anything else (text that is not JSON, JSON of another shape)."""
+    if value is None:
+        raise RowError(EMPTY_PROMPT, f"messages column {column!r} is null")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RowError(
+                INVALID_ROW,
+                f"messages column {column!r} holds a string that is not JSON ({exc}): {short_cell(value)}; "
+                'write the messages as a JSON list of {"role": ..., "content": ...} objects',
+            ) from None
+    if isinstance(value, list) and not value:  # nothing to continue from, as a null
+        raise RowError(EMPTY_PROMPT, f"messages column {column!r} is an empty list")
+    try:
+        check_depth("messages", value)
+        return normalize_messages(_maps_as_dicts(value))
+    except (LimitError, MessageError) as exc:
+        raise RowError(INVALID_ROW, f"messages column {column!r}: {exc}") from None
+
+
 class RowPreparer:
     """Formats, tokenises and parameterises rows for one job; thread-safe (no mutable state)."""
 
@@ -228,7 +252,7 @@ class RowPreparer:
                     INVALID_SCHEMA if name in _SCHEMA_COLUMNS else BAD_OVERRIDE, str(exc)
                 ) from None
             except (TypeError, ValueError, OverflowError) as exc:
-                raise RowError(BAD_OVERRIDE, f"column {name!r} value {_short(value)}: {exc}") from None
+                raise RowError(BAD_OVERRIDE, f"column {name!r} value {short_cell(value)}: {exc}") from None
         if not changes:
             return self.base
         key = _cache_key(changes)
@@ -292,26 +316,7 @@ class RowPreparer:
     def _prompt_ids(self, row: dict[str, Any], encoded: list[int] | None = None) -> list[int]:
         inp = self.inp
         if inp.messages_column:
-            messages = row.get(inp.messages_column)
-            if messages is None:
-                raise RowError(EMPTY_PROMPT, f"messages column {inp.messages_column!r} is null")
-            if isinstance(messages, str):
-                try:
-                    messages = json.loads(messages)
-                except ValueError as exc:
-                    raise RowError(
-                        INVALID_ROW,
-                        f"messages column {inp.messages_column!r} holds a string that is not JSON ({exc}): "
-                        f"{_short(messages)}; write the messages as a JSON list of "
-                        '{"role": ..., "content": ...} objects',
-                    ) from None
-            if isinstance(messages, list) and not messages:  # nothing to continue from, as a null
-                raise RowError(EMPTY_PROMPT, f"messages column {inp.messages_column!r} is an empty list")
-            try:
-                check_depth("messages", messages)
-                messages = normalize_messages(_maps_as_dicts(messages))
-            except (LimitError, MessageError) as exc:
-                raise RowError(INVALID_ROW, f"messages column {inp.messages_column!r}: {exc}") from None
+            messages = parse_messages(row.get(inp.messages_column), inp.messages_column)
             try:
                 text = self.tokenizer.apply_chat_template(
                     messages,
@@ -385,7 +390,7 @@ def _maps_as_dicts(value: Any) -> Any:
     return value
 
 
-def _short(value: Any, limit: int = 120) -> str:
+def short_cell(value: Any, limit: int = 120) -> str:
     """A cell for an error message: its repr cut to `limit` characters (a cell may be megabytes)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

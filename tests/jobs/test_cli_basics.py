@@ -118,10 +118,10 @@ def test_dry_run_credits_name_and_run_id_to_their_flags(
     assert result.returncode == 0, result.stderr
     assert 'name = "nn"  # --name' in result.stdout
     assert 'run_id = "r1"  # --run-id' in result.stdout
-    # A --conf job.name still wins over --name, and is credited to --conf.
+    # A --conf job.name of another value is refused, as a --conf job.run_id is (exit 64, both named).
     both = cli("submit", "--dry-run", "--name", "nn", "--conf", "job.name=cc", str(job))
-    assert both.returncode == 0, both.stderr
-    assert 'name = "cc"  # --conf' in both.stdout and '"nn"' not in both.stdout
+    assert both.returncode == 64, both.stderr
+    assert "--name 'nn' and --conf job.name='cc' disagree" in both.stderr and not both.stdout
 
 
 def test_generate_without_a_job_file(tmp_path: Path, model_dir: Path, shards: Path) -> None:
@@ -479,6 +479,21 @@ def test_command_line_slips_are_named(tmp_path: Path, capsys: pytest.CaptureFixt
     assert f"quote it, e.g. --input '{tmp_path}/*.parquet'" in err
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"shardinfer {importlib.metadata.version('shardinfer')}\n"
+
+
+def test_a_conf_value_after_a_space_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--conf KEY VALUE` made VALUE the job file and left the job file over: the error named only that.
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml("m", "in", "out"))
+    generate = ["generate", "--model", "m", "--input", "i", "--output", "o"]
+    for argv in (
+        ["validate", "--conf", "sampling.temperature", "0.7", str(job)],
+        [*generate, "--conf", "job.seed", "3"],
+    ):
+        assert main(argv) == 64
+        err = capsys.readouterr().err
+        assert "--conf takes KEY=VALUE as one argument: --conf " in err and "=VALUE, not a space" in err
+        assert "no job file" not in err
 
 
 def test_generate_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:

@@ -357,3 +357,48 @@ def test_run_id_flag_and_conf_run_id_must_agree(tmp_path: Path, capsys: pytest.C
     job.write_text('[model]\npath = "m"\n[input]\npath = "in"\n[output]\npath = "out"\n')
     assert main(["submit", "--run-id", "a", "--conf", "job.run_id=b", str(job)]) == 64
     assert "--run-id 'a' and --conf job.run_id='b' disagree" in capsys.readouterr().err
+
+
+def test_name_flag_and_conf_name_must_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --conf job.name silently won over --name: {name} in output.path then picked a folder the
+    # scheduler that passed --name never named.
+    with pytest.raises(UsageError, match=r"--name 'nightly' and --conf job\.name='adhoc' disagree"):
+        resolve(BASE, confs=[parse_conf("job.name=adhoc")], name="nightly")
+    same = resolve(BASE, confs=[parse_conf("job.name=nightly")], name="nightly")
+    assert same.config.job.name == "nightly"
+    # A job file's or a properties file's name is a default the flag overrides, as for --run-id.
+    props = tmp_path / "defaults.conf"
+    props.write_text("job.name=from_props\n")
+    flag = resolve({**BASE, "job": {"name": "file"}}, properties=load_properties(props), name="flag")
+    assert (flag.config.job.name, flag.sources["job.name"]) == ("flag", "--name")
+    from shardinfer.jobs.cli import main
+
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\npath = "m"\n[input]\npath = "in"\n[output]\npath = "out"\n')
+    assert main(["validate", "--name", "a", "--conf", "job.name=b", str(job)]) == 64
+    assert "--name 'a' and --conf job.name='b' disagree" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--name", "--run-id"])
+def test_an_empty_name_or_run_id_flag_is_a_usage_error(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--run-id "$RUN_ID"` with the variable unset was taken as no flag: a made-up run id, and so
+    # another output folder ({run_id}) on every retry.
+    from shardinfer.jobs.cli import main
+
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\npath = "m"\n[input]\npath = "in"\n[output]\npath = "out/{name}/{run_id}"\n')
+    assert main(["submit", "--dry-run", flag, "", str(job)]) == 64
+    assert f"{flag} is empty" in capsys.readouterr().err
+
+
+def test_prompt_and_messages_columns_together_say_how_to_drop_one() -> None:
+    # A job file's prompt_column with a --conf messages_column: the fix is to empty one of them.
+    both = {**BASE, "input": {**BASE["input"], "prompt_column": "q"}}
+    with pytest.raises(
+        ConfigError, match=r"are both set.*--conf input\.prompt_column= or --conf input\.messages_column="
+    ):
+        resolve(both, confs=[parse_conf("input.messages_column=m")])
+    emptied = resolve(both, confs=[parse_conf("input.messages_column=m"), parse_conf("input.prompt_column=")])
+    assert (emptied.config.input.prompt_column, emptied.config.input.messages_column) == ("", "m")
