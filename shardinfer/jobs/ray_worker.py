@@ -18,6 +18,7 @@ for local workers, so an actor killed at any instant leaves at worst an uncommit
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
@@ -52,13 +53,16 @@ class SplitActor:
 
         guard_job(self.config)  # the actor's log files and its errors, which Ray keeps as text
         try:
-            config = with_local_model(JobConfig.from_dict(self.config), self.model_cache_dir)
+            submitted = JobConfig.from_dict(self.config)
+            # The engine reads the machine-local copy of a model on object storage; the job is
+            # opened with the spec as submitted, whose fingerprint names the model where it lives.
+            config = with_local_model(submitted, self.model_cache_dir)
             timeline = open_timeline(config.job.timeline_path)
             engine = build_engine_marked(config, timeline)
             while not self._begun.wait(timeout=0.5):
                 if self._stop.is_set():
                     raise Interrupted("stopped before the job was planned")
-            job = open_job(config, plan=False)
+            job = dataclasses.replace(open_job(submitted, plan=False), config=config)
             result = run_worker(
                 job,
                 self._pulled(),

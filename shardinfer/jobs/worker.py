@@ -10,6 +10,7 @@ errors to stderr; the exit code follows shardinfer.errors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -73,8 +74,10 @@ def main() -> int:
         from shardinfer.jobs.model_cache import with_local_model
         from shardinfer.pipeline.job import open_job, run_worker, schema_from_text
 
-        config = with_local_model(JobConfig.from_dict(payload["config"]))
-        job = open_job(config, plan=False)
+        # The job is opened with its spec as submitted (its fingerprint names the model where the
+        # user put it); only the engine reads the machine-local copy of a model on object storage.
+        config = JobConfig.from_dict(payload["config"])
+        job = dataclasses.replace(open_job(config, plan=False), config=with_local_model(config))
         if payload.get("input_schema"):
             job.input_schema_ = schema_from_text(payload["input_schema"])
         result = run_worker(job, pulled_splits(sys.stdin), stop, config.job.run_id, emit=_emit)

@@ -44,6 +44,23 @@ def _run_in_thread(actor: SplitActor) -> tuple[threading.Thread, dict[str, Any]]
     return thread, outcome
 
 
+def _work_to_the_end(actor: SplitActor, config: Any, thread: threading.Thread, outcome: dict[str, Any]) -> None:
+    """Plan the job as the driver does, feed the actor every split, then finalize."""
+    from shardinfer.pipeline.job import finalize_job
+
+    planned = open_job(config)
+    write_plan(planned, config.job.run_id)
+    actor.begin()
+    pending = list(planned.splits)
+    while thread.is_alive():
+        for event in actor.poll(0.2):
+            if event["event"] == "want_split":
+                actor.give(pending.pop(0).to_dict() if pending else None)
+    assert "error" not in outcome, outcome
+    assert "engine_stats" in outcome["result"]
+    finalize_job(planned, config.job.run_id, {})
+
+
 def test_actor_builds_before_the_plan_and_works_only_after_begin(
     tmp_path: Path,
     model_dir: Path,
@@ -60,21 +77,32 @@ def test_actor_builds_before_the_plan_and_works_only_after_begin(
     # The engine is loaded and nothing is planned yet: the actor must not have opened the job.
     assert actor.poll(0.5) == []
     assert not out.exists()
-    planned = open_job(config)
-    write_plan(planned, config.job.run_id)
-    actor.begin()
-    pending = list(planned.splits)
-    while thread.is_alive():
-        for event in actor.poll(0.2):
-            if event["event"] == "want_split":
-                actor.give(pending.pop(0).to_dict() if pending else None)
-    assert "error" not in outcome, outcome
-    assert "engine_stats" in outcome["result"]
+    _work_to_the_end(actor, config, thread, outcome)
     # Committed exactly as an uninterrupted `local` run of the same job commits them.
-    from shardinfer.pipeline.job import finalize_job
-
-    finalize_job(planned, config.job.run_id, {})
     assert committed_rows(str(out)) == reference
+
+
+def test_actor_runs_a_model_on_object_storage_from_its_copy(
+    tmp_path: Path, model_dir: Path, shards: Path, s3_bucket: Any, reference: list[dict[str, Any]]
+) -> None:
+    # The actor's engine reads the copy in its model cache; the job it opens names the model's URL,
+    # as the driver's plan does, so the fingerprints agree.
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file():
+            fs.put_file(str(path), f"{s3_bucket.name}/model/{path.name}")
+    job, out = standard_job(
+        tmp_path, s3_bucket.url("model"), str(shards), model={"storage_options": s3_bucket.storage_options}
+    )
+    config = resolve(load_toml(str(job))).config
+    cache = tmp_path / "model-cache"
+    actor = SplitActor(config.to_dict(), "0", str(cache))
+    thread, outcome = _run_in_thread(actor)
+    _work_to_the_end(actor, config, thread, outcome)
+    assert committed_rows(str(out)) == reference
+    assert any(cache.rglob("config.json"))
 
 
 def test_actor_stopped_before_begin_is_interrupted_without_touching_the_output(

@@ -58,7 +58,7 @@ def write_shards(
     return directory
 
 
-def job_toml(model: Path | str, input_path: str, output_path: str, **sections: dict[str, Any]) -> str:
+def job_toml(model: Path | str, input_path: str, output_path: str, /, **sections: dict[str, Any]) -> str:
     """A job file; `sections` (job=..., sampling=..., ...) are merged over small test defaults."""
     spec: dict[str, dict[str, Any]] = {
         "job": {"seed": 11, "split_rows": 4, "max_inflight_requests": 8, "max_splits_in_flight": 2},
@@ -81,7 +81,7 @@ def job_toml(model: Path | str, input_path: str, output_path: str, **sections: d
 
 
 def standard_job(
-    tmp_path: Path, model: Path | str, input_path: str, **sections: dict[str, Any]
+    tmp_path: Path, model: Path | str, input_path: str, /, **sections: dict[str, Any]
 ) -> tuple[Path, Path]:
     """(job file, output dir): `tmp_path/job.toml` written by job_toml, output to `tmp_path/out`."""
     out = tmp_path / "out"
