@@ -23,9 +23,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from shardinfer.checkpoint_layout import INDEX_FILE
 from shardinfer.engine.chat_template import ADDITIONAL_TEMPLATES_DIR
 from shardinfer.errors import ConfigError
-from shardinfer.pipeline.weights_identity import INDEX_FILE, UNLOADED_WEIGHT_SUFFIXES, checkpoint_file_names
+from shardinfer.pipeline.weights_identity import UNLOADED_WEIGHT_SUFFIXES, checkpoint_file_names
 from shardinfer.redaction import redact_url
 
 MANIFEST = ".shardinfer-model.json"

@@ -21,11 +21,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shardinfer.checkpoint_layout import INDEX_FILE
 from shardinfer.engine.chat_template import ADDITIONAL_TEMPLATES_DIR, model_chat_templates
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.weights_identity import (
-    INDEX_FILE,
     check_verify_mode,
     checkpoint_file_names,
     weight_identity,
@@ -144,13 +144,9 @@ def _template_sha256(config_template: Any, jinja: str | None, additional: dict[s
 def _local_weight_files(root: Path, model_dir: str) -> list[Path]:
     """The weight files the engine's loader reads, in its order: a stray *.safetensors beside them
     (Mistral's consolidated.safetensors) is never loaded, so it costs no hashing and changes no job."""
-    from shardinfer.engine.models.loader import checkpoint_files
-    from shardinfer.errors import ModelLoadError
-
-    try:
-        return checkpoint_files(root)
-    except ModelLoadError as exc:  # no weights, or an index naming shards that are not there
-        raise ConfigError(f"model.path={model_dir!r}: {exc}") from None
+    names = {p.name for p in root.iterdir() if p.is_file()}
+    index = (root / INDEX_FILE).read_bytes() if INDEX_FILE in names else None
+    return [root / name for name in checkpoint_file_names(names, index, model_dir)]
 
 
 def _eos_ids(value: Any) -> list[Any]:

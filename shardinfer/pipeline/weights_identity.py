@@ -12,8 +12,8 @@ names and sizes). So each file is identified by:
 "sha256" is what to use when the same weights are copied to several places (a copy changes the
 modification time, so under "stat" a copied model counts as another model).
 
-Which files are the weights is the loader's rule (`engine.models.loader.checkpoint_files`);
-`checkpoint_file_names` applies it to a folder known only by its listing (object storage).
+Which files are the weights is the loader's rule (`shardinfer.checkpoint_layout`);
+`checkpoint_file_names` applies it with the job's errors.
 """
 
 from __future__ import annotations
@@ -27,66 +27,25 @@ import uuid
 from collections.abc import Collection
 from pathlib import Path
 
+from shardinfer.checkpoint_layout import LayoutError, weight_file_names
 from shardinfer.errors import ConfigError
 
 VERIFY_MODES = ("stat", "sha256")
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors refuses larger headers too
 
 
-# The loader's names (engine.models.loader), repeated so that planning a job on object storage
-# needs no torch import; a test checks both rules choose the same files.
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 # Weight formats the engine never loads (pickles, other frameworks): never worth copying.
 UNLOADED_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 
 
 def checkpoint_file_names(names: Collection[str], index_text: bytes | None, where: str) -> list[str]:
-    """The weight files the loader reads from a folder holding `names` (file names, no folders),
-    in its order: the shards `index_text` (the folder's model.safetensors.index.json) names; else
-    model.safetensors alone; else every *.safetensors, sorted. A ConfigError naming `where` (the
-    model.path as given) when the index is not one, names absent shards, or there are no weights."""
-    if INDEX_FILE in names:
-        shards = _index_shards(index_text or b"", where)
-        missing = [f for f in shards if f not in names]
-        if missing:
-            raise ConfigError(
-                f"model.path={where!r}: {INDEX_FILE} names shard(s) {missing} that are not in the folder; "
-                "download the model again"
-            )
-        return shards
-    if SINGLE_FILE in names:
-        return [SINGLE_FILE]
-    files = sorted(n for n in names if n.endswith(".safetensors"))
-    if not files:
-        pickles = sorted(n for n in names if n.endswith((".bin", ".pt")))
-        hint = (
-            f" (found {pickles}: pickle checkpoints are never loaded; convert them to safetensors)"
-            if pickles
-            else ""
-        )
-        raise ConfigError(f"model.path={where!r}: no *.safetensors weights in the folder{hint}")
-    return files
-
-
-def _index_shards(text: bytes, where: str) -> list[str]:
-    """The shard names an index's weight_map points at, sorted (as the loader reads it)."""
-    fix = "download it again, or delete it if the folder holds a single model.safetensors"
+    """The weight files the loader reads from a folder holding `names` (file names, no folders), in
+    its order (checkpoint_layout); a ConfigError naming `where` (the model.path as given) when the
+    index is not one, names absent shards, or there are no weights."""
     try:
-        weight_map = json.loads(text.decode("utf-8")).get("weight_map")
-    except (UnicodeDecodeError, ValueError, AttributeError) as exc:
-        raise ConfigError(
-            f"model.path={where!r}: {INDEX_FILE} is not a safetensors index ({exc}); {fix}"
-        ) from None
-    if (
-        not isinstance(weight_map, dict)
-        or not weight_map
-        or not all(isinstance(f, str) for f in weight_map.values())
-    ):
-        raise ConfigError(
-            f"model.path={where!r}: {INDEX_FILE} has no weight_map of tensor names to shard files; {fix}"
-        )
-    return sorted(set(weight_map.values()))
+        return weight_file_names(names, index_text)
+    except LayoutError as exc:
+        raise ConfigError(f"model.path={where!r}: {exc}") from None
 
 
 def check_verify_mode(mode: str) -> None:

@@ -2,55 +2,28 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
+from shardinfer.checkpoint_layout import INDEX_FILE, LayoutError, weight_file_names
 from shardinfer.errors import CheckpointError, ModelLoadError
-
-INDEX_FILE = "model.safetensors.index.json"
-
-
-SINGLE_FILE = "model.safetensors"
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint, in a stable order: the shards its index names; else,
-    as transformers reads a directory, model.safetensors alone (a stray file beside it, such as
-    Mistral's consolidated.safetensors, is not part of it); else every *.safetensors, sorted."""
+    """The safetensors files of a checkpoint, in a stable order (the rule: checkpoint_layout)."""
     model_dir = Path(model_dir)
+    names = {p.name for p in model_dir.iterdir() if p.is_file()} if model_dir.is_dir() else set()
     index = model_dir / INDEX_FILE
-    if index.is_file():
-        shards = _index_shards(index)
-        missing = [f for f in shards if not (model_dir / f).is_file()]
-        if missing:
-            raise CheckpointError(f"{index} names shard(s) {missing} that are not in {str(model_dir)!r}")
-        return [model_dir / f for f in shards]
-    if (model_dir / SINGLE_FILE).is_file():
-        return [model_dir / SINGLE_FILE]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        pickles = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
-        hint = (f" (found {pickles}: pickle checkpoints are never loaded; convert them to safetensors)"
-                if pickles else "")
-        raise ModelLoadError(f"no *.safetensors weights in {str(model_dir)!r}{hint}")
-    return files
-
-
-def _index_shards(index: Path) -> list[str]:
-    """The shard file names an index's weight_map points at, sorted; CheckpointError if it is not one."""
     try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-        raise CheckpointError(f"{index} is not a safetensors index ({exc}); download it again, or delete it "
-                              "if the directory holds a single model.safetensors") from None
-    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(f, str) for f in weight_map.values()):
-        raise CheckpointError(f"{index} has no weight_map of tensor names to shard files; download it again, or "
-                              "delete it if the directory holds a single model.safetensors")
-    return sorted(set(weight_map.values()))
+        chosen = weight_file_names(names, index.read_bytes() if INDEX_FILE in names else None)
+    except LayoutError as exc:
+        if exc.no_weights:
+            raise ModelLoadError(f"{str(model_dir)!r}: {exc}") from None
+        raise CheckpointError(f"{str(model_dir)!r}: {exc}") from None
+    return [model_dir / name for name in chosen]
 
 
 def check_unique_names(names_by_file: Iterable[tuple[Path, Iterable[str]]]) -> None:
