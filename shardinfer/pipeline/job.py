@@ -752,8 +752,10 @@ def _unloadable(config: JobConfig, why: str) -> ConfigError:
 def _no_chat_template(config: JobConfig) -> ConfigError:
     return ConfigError(
         f"input.messages_column={config.input.messages_column!r} is rendered by the model's chat template, and "
-        f"model.path={config.model.path!r} has none (no chat_template in tokenizer_config.json, no "
-        "chat_template.jinja): give the model a chat template, or use input.prompt_column with plain prompts"
+        f"model.path={config.model.path!r} has no default one (no chat_template in tokenizer_config.json, no "
+        "chat_template.jinja, no additional_chat_templates/default.jinja; a job renders the default template, "
+        "never a named one such as tool_use): give the model a default chat template, or use "
+        "input.prompt_column with plain prompts"
     )
 
 

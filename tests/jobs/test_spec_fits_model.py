@@ -48,7 +48,7 @@ def test_a_messages_column_needs_a_chat_template(tmp_path: Path, model_dir: Path
     job = _job(tmp_path, model, input={"passthrough_columns": [], "prompt_column": "",
                                        "messages_column": "messages"})
     _refused(job, tmp_path / "out", "input.messages_column='messages' is rendered by the model's chat template",
-             "has none")
+             "has no default one")
 
 
 def test_a_sampling_schema_that_does_not_compile_is_refused(tmp_path: Path, model_dir: Path) -> None:
@@ -111,5 +111,10 @@ def test_validate_refuses_a_messages_column_without_a_chat_template(
     )
     assert main(["validate", str(chat)]) == 78
     assert "input.messages_column='messages' is rendered by the model's chat template" in capsys.readouterr().err
+    # A named template alone (tool_use) is no default: a job, which passes no tools, never renders it.
+    (model / "additional_chat_templates").mkdir()
+    (model / "additional_chat_templates" / "tool_use.jinja").write_text("{{ tools }}{{ messages }}")
+    assert main(["validate", str(chat)]) == 78
+    assert "never a named one such as tool_use" in capsys.readouterr().err
     plain = _job(tmp_path, model)
     assert main(["validate", str(plain)]) == 0
