@@ -26,7 +26,11 @@ from typing import Any
 from shardinfer.checkpoint_layout import INDEX_FILE
 from shardinfer.engine.chat_template import ADDITIONAL_TEMPLATES_DIR
 from shardinfer.errors import ConfigError
-from shardinfer.pipeline.weights_identity import UNLOADED_WEIGHT_SUFFIXES, checkpoint_file_names
+from shardinfer.pipeline.weights_identity import (
+    UNLOADED_WEIGHT_SUFFIXES,
+    checkpoint_file_names,
+    listed_checksum,
+)
 from shardinfer.redaction import redact_url
 
 MANIFEST = ".shardinfer-model.json"
@@ -102,8 +106,7 @@ def _entries(fs: Any, folder: str, url: str) -> tuple[dict[str, dict[str, Any]],
             folders.add(name)
         if info.get("type") != "file":
             continue
-        checksum = info.get("ETag") or info.get("etag") or info.get("md5") or info.get("mtime")
-        files[name] = {"size": int(info["size"]), "checksum": str(checksum) if checksum is not None else ""}
+        files[name] = {"size": int(info["size"]), "checksum": listed_checksum(info)}
     return files, folders
 
 

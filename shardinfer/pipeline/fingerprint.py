@@ -28,6 +28,8 @@ from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.weights_identity import (
     check_verify_mode,
     checkpoint_file_names,
+    listed_checksum,
+    remote_weight_identity,
     weight_identity,
 )
 from shardinfer.redaction import location_identity
@@ -47,12 +49,18 @@ def _canonical(value: Any) -> str:
 
 
 def model_identity(
-    model_dir: str, storage_options: dict[str, Any] | None = None, verify_weights: str = "stat"
+    model_dir: str,
+    storage_options: dict[str, Any] | None = None,
+    verify_weights: str = "stat",
+    *,
+    checksums: bool = True,
 ) -> dict[str, Any]:
-    """Hashes of config.json and tokenizer files, each weight file's identity, the chat template."""
+    """Hashes of config.json and tokenizer files, each weight file's identity, the chat template.
+    `checksums=False`: a model on object storage identified as before listed checksums were read
+    (weights by size alone), to resume jobs planned then."""
     check_verify_mode(verify_weights)  # here: the remote branch ignores it, and a typo must still be refused
     if "://" in model_dir and not model_dir.startswith("file://"):
-        return _remote_model_identity(model_dir, storage_options or {})
+        return _remote_model_identity(model_dir, storage_options or {}, checksums)
     root = Path(model_dir.removeprefix("file://"))
     if not root.is_dir():
         raise ConfigError(
@@ -181,7 +189,7 @@ def _checkpoint_quantization(config_bytes: bytes) -> dict[str, Any]:
     return {"model.checkpoint_quantization": str(method)} if method else {}
 
 
-def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+def _remote_model_identity(url: str, storage_options: dict[str, Any], checksums: bool) -> dict[str, Any]:
     """model_identity of a model folder on object storage, from its listing and its small files,
     without copying the weights (workers copy the model into their machine's cache). The weight
     files are the ones the loader will read from that copy, chosen by the same rule as locally."""
@@ -189,20 +197,20 @@ def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[st
 
     fs, root = filesystem(url, storage_options)
     base = root.rstrip("/")
-    sizes, folders = _remote_entries(fs, base, url)
+    listed, folders = _remote_entries(fs, base, url)
 
     def read(name: str) -> bytes | None:
-        return fs.cat_file(f"{base}/{name}") if name in sizes else None
+        return fs.cat_file(f"{base}/{name}") if name in listed else None
 
     config_bytes = read("config.json")
     if config_bytes is None:
         raise ConfigError(f"model.path={url!r} holds no config.json; is it a Hugging Face model folder?")
-    names = checkpoint_file_names(sizes, read(INDEX_FILE), url)
+    names = checkpoint_file_names(listed, read(INDEX_FILE), url)
     tok = read("tokenizer.json")
     additional: dict[str, str] = {}
     if ADDITIONAL_TEMPLATES_DIR in folders:
-        listed, _ = _remote_entries(fs, f"{base}/{ADDITIONAL_TEMPLATES_DIR}", url)
-        for name in sorted(n for n in listed if n.endswith(".jinja")):
+        templates, _ = _remote_entries(fs, f"{base}/{ADDITIONAL_TEMPLATES_DIR}", url)
+        for name in sorted(n for n in templates if n.endswith(".jinja")):
             where = f"{ADDITIONAL_TEMPLATES_DIR}/{name}"
             additional[name.removesuffix(".jinja")] = _text(fs.cat_file(f"{base}/{where}"), where, url) or ""
     template_sha256 = _template_sha256(
@@ -214,20 +222,22 @@ def _remote_model_identity(url: str, storage_options: dict[str, Any]) -> dict[st
         "model.config_sha256": _sha256_bytes(config_bytes),
         **_checkpoint_quantization(config_bytes),
         **_generation_eos_ids(config_bytes, read("generation_config.json")),
-        "model.weights": {n: sizes[n] for n in names},
+        "model.weights": {
+            n: remote_weight_identity(listed[n][0], listed[n][1] if checksums else "") for n in names
+        },
         "tokenizer.sha256": _sha256_bytes(tok) if tok is not None else None,
         "tokenizer.chat_template_sha256": template_sha256,
     }
 
 
-def _remote_entries(fs: Any, folder: str, url: str) -> tuple[dict[str, int], set[str]]:
-    """(name -> size of the files directly in `folder`, names of its sub-folders)."""
+def _remote_entries(fs: Any, folder: str, url: str) -> tuple[dict[str, tuple[int, str]], set[str]]:
+    """(name -> (size, listed checksum) of the files directly in `folder`, names of its sub-folders)."""
     try:
         infos = fs.ls(folder, detail=True)
     except FileNotFoundError:
         raise ConfigError(f"model.path={url!r} does not exist; give the URL of a model folder") from None
-    sizes = {_base_name(i["name"]): int(i["size"]) for i in infos if i.get("type") == "file"}
-    return sizes, {_base_name(i["name"]) for i in infos if i.get("type") == "directory"}
+    files = {_base_name(i["name"]): (int(i["size"]), listed_checksum(i)) for i in infos if i.get("type") == "file"}
+    return files, {_base_name(i["name"]) for i in infos if i.get("type") == "directory"}
 
 
 def _base_name(name: Any) -> str:
@@ -246,17 +256,21 @@ def input_identity(path: str, absolute: bool = True) -> str:
 
 def compute_fingerprint(
     config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str, *,
-    absolute_input: bool = True,
+    absolute_input: bool = True, remote_checksums: bool = True,
 ) -> dict[str, Any]:
     """The fingerprint dict of a resolved job (see the module docstring for what is in it).
 
     `sampling_defaults` is the fully resolved SamplingParams of the job as a JSON dict, so a
     default that changes between releases also counts as drift. `absolute_input=False` computes
-    the fingerprint an older version stored for the same job (input_identity).
+    the fingerprint an older version stored for the same job (input_identity), and
+    `remote_checksums=False` the one stored before a model on object storage was identified by
+    its weights' listed checksums (model_identity).
     """
     inp = config.input
     parts: dict[str, Any] = {"fingerprint_version": FINGERPRINT_VERSION}
-    parts.update(model_identity(config.model.path, config.model.storage_options, config.model.verify_weights))
+    parts.update(model_identity(
+        config.model.path, config.model.storage_options, config.model.verify_weights, checksums=remote_checksums
+    ))
     device_type, dtype = resolved_numerics(config)
     parts["engine.numerics"] = {
         "dtype": dtype,

@@ -18,7 +18,7 @@ import contextlib
 import fnmatch
 import json
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -179,11 +179,12 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         raise _damaged(config, "has a _job.json without a job generation (written by an older version)")
     drifted = existing is not None and existing.get("fingerprint", {}).get("hash") != fingerprint["hash"]
     if drifted and existing is not None:
-        # A job planned before local input paths were made absolute stored the path as written:
-        # the same spec still resumes it, under the fingerprint it was planned with.
-        legacy = compute_fingerprint(config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION, absolute_input=False)
-        if legacy["hash"] == existing.get("fingerprint", {}).get("hash"):
-            fingerprint, drifted = legacy, False
+        # A job planned by an older version stored its fingerprint in an older form: the same spec
+        # still resumes it, under the fingerprint it was planned with.
+        for legacy in _older_fingerprints(config, sampling):
+            if legacy["hash"] == existing.get("fingerprint", {}).get("hash"):
+                fingerprint, drifted = legacy, False
+                break
     input_diff = None
     current: list[dict[str, Any]] = []
     if existing is not None and not drifted and plan:
@@ -281,6 +282,21 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         check_columns(config, job.input_schema)
         check_messages_sample(config, spec, splits[0])
     return job
+
+
+def _older_fingerprints(config: JobConfig, sampling: SamplingParams) -> Iterator[dict[str, Any]]:
+    """The job's fingerprint in the forms older versions stored: the input path as written (before
+    local paths were made absolute) and, for a model on object storage, weights by size alone
+    (before their listed checksums were read). Computed only when the stored one differs."""
+    from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION
+
+    remote_model = "://" in config.model.path and not config.model.path.startswith("file://")
+    for absolute_input, remote_checksums in ((False, True), (True, False), (False, False)):
+        if remote_checksums or remote_model:
+            yield compute_fingerprint(
+                config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION,
+                absolute_input=absolute_input, remote_checksums=remote_checksums,
+            )
 
 
 def remove_strays(job: OpenedJob) -> list[str]:

@@ -48,6 +48,20 @@ def checkpoint_file_names(names: Collection[str], index_text: bytes | None, wher
         raise ConfigError(f"model.path={where!r}: {exc}") from None
 
 
+def listed_checksum(info: dict[str, object]) -> str:
+    """What an object-store listing says of a file's content ("" when it says nothing): S3's ETag
+    (a rewrite at the same size gets a new one), else the store's MD5, else its modification time."""
+    checksum = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("md5") or info.get("mtime")
+    return str(checksum) if checksum is not None else ""
+
+
+def remote_weight_identity(size: int, checksum: str) -> int | dict[str, object]:
+    """A weight file on object storage as the fingerprint holds it: its size and its listed
+    checksum; its size alone where the store lists none, the form every remote weight had before
+    checksums were read (`checksums=False` computes that form, to resume jobs planned with it)."""
+    return {"size": size, "checksum": checksum} if checksum else size
+
+
 def check_verify_mode(mode: str) -> None:
     if mode not in VERIFY_MODES:
         raise ConfigError(f"model.verify_weights={mode!r}: use one of {', '.join(VERIFY_MODES)}")
