@@ -32,6 +32,7 @@ import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,6 +63,16 @@ class S3Bucket:
 
     def url(self, key: str = "") -> str:
         return f"s3://{self.name}/{key}".rstrip("/")
+
+    def put_folder(self, local: Path, key: str) -> str:
+        """Upload the files directly in `local` (a model folder) under `key`; its URL."""
+        import s3fs
+
+        fs = s3fs.S3FileSystem(**self.storage_options)
+        for path in sorted(local.iterdir()):
+            if path.is_file():
+                fs.put_file(str(path), f"{self.name}/{key}/{path.name}")
+        return self.url(key)
 
 
 class _ProxyHandler(socketserver.StreamRequestHandler):

@@ -20,6 +20,7 @@ from shardinfer.engine.chat_template import ChatTemplate, ChatTemplateEnvironmen
 from shardinfer.engine.template_budget import RenderBudget
 from shardinfer.engine.tokenizer import Tokenizer
 from shardinfer.testing.tiny_checkpoint import build_tokenizer
+from tests.ascii_locale import run_in_ascii_locale
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 
@@ -428,9 +429,6 @@ def test_a_folder_without_a_default_template_is_refused_where_transformers_refus
 def test_template_files_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
     """DeepSeek's template carries non-ASCII special tokens; a machine whose locale is not UTF-8
     must still read them as transformers does (UTF-8), not fail or garble them."""
-    import subprocess
-    import sys
-
     build_tokenizer(tmp_path)
     source = (TEMPLATES / "deepseek_v3.jinja").read_text(encoding="utf-8")
     (tmp_path / "chat_template.jinja").write_bytes(source.encode())
@@ -440,10 +438,6 @@ def test_template_files_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> 
         "import sys; from shardinfer.engine.tokenizer import Tokenizer; t = Tokenizer(sys.argv[1]); "
         "print(ascii(t.chat_template)); print(ascii(t._named_templates['tool_use']))"
     )
-    # C locale with Python's UTF-8 mode and locale coercion off: the default encoding is ASCII.
-    env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PATH": "/usr/bin:/bin"}
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env, timeout=60
-    )
+    run = run_in_ascii_locale(script, str(tmp_path))
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [ascii(source), ascii(source)]

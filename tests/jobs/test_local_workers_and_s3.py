@@ -114,13 +114,8 @@ def test_local2_runs_a_model_on_object_storage_from_each_machines_copy(
     # Workers open the job with the model where the user put it (the fingerprint names that URL)
     # and run the engine on the local copy; a worker opening it with the copy's path would see
     # the fingerprint drift and refuse.
-    fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file():
-            fs.put_file(str(path), f"{s3_bucket.name}/model/{path.name}")
-    job, out = standard_job(
-        tmp_path, s3_bucket.url("model"), str(shards), model={"storage_options": s3_bucket.storage_options}
-    )
+    url = s3_bucket.put_folder(model_dir, "model")
+    job, out = standard_job(tmp_path, url, str(shards), model={"storage_options": s3_bucket.storage_options})
     env = cli_env(SHARDINFER_MODEL_CACHE=str(tmp_path / "model-cache"))
     result = cli("submit", "--master", "local[2]", str(job), env=env)
     assert result.returncode == 0, result.stderr

@@ -87,15 +87,8 @@ def test_actor_runs_a_model_on_object_storage_from_its_copy(
 ) -> None:
     # The actor's engine reads the copy in its model cache; the job it opens names the model's URL,
     # as the driver's plan does, so the fingerprints agree.
-    import s3fs
-
-    fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file():
-            fs.put_file(str(path), f"{s3_bucket.name}/model/{path.name}")
-    job, out = standard_job(
-        tmp_path, s3_bucket.url("model"), str(shards), model={"storage_options": s3_bucket.storage_options}
-    )
+    url = s3_bucket.put_folder(model_dir, "model")
+    job, out = standard_job(tmp_path, url, str(shards), model={"storage_options": s3_bucket.storage_options})
     config = resolve(load_toml(str(job))).config
     cache = tmp_path / "model-cache"
     actor = SplitActor(config.to_dict(), "0", str(cache))

@@ -16,16 +16,8 @@ from shardinfer.pipeline.job import open_job, write_plan
 from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION
 
 
-def _upload(model_dir: Path, s3_bucket: Any, key: str) -> str:
-    fs = s3fs.S3FileSystem(**s3_bucket.storage_options)
-    for path in sorted(model_dir.iterdir()):
-        if path.is_file():
-            fs.put_file(str(path), f"{s3_bucket.name}/{key}/{path.name}")
-    return s3_bucket.url(key)
-
-
 def test_a_weight_rewritten_at_its_size_is_another_model(model_dir: Path, s3_bucket: Any) -> None:
-    url = _upload(model_dir, s3_bucket, "model")
+    url = s3_bucket.put_folder(model_dir, "model")
     before = model_identity(url, s3_bucket.storage_options)
     weights = (model_dir / "model.safetensors").read_bytes()
     # Other values in the same tensors: same header, same size, as a fine-tune saved over the model.
@@ -43,7 +35,7 @@ def test_a_weight_rewritten_at_its_size_is_another_model(model_dir: Path, s3_buc
 def test_a_job_planned_with_weights_by_size_still_resumes(
     tmp_path: Path, model_dir: Path, shards: Path, s3_bucket: Any
 ) -> None:
-    url = _upload(model_dir, s3_bucket, "model")
+    url = s3_bucket.put_folder(model_dir, "model")
     job, _ = standard_job(tmp_path, url, str(shards), model={"storage_options": s3_bucket.storage_options})
     config = resolve(load_toml(str(job))).config
     planned = open_job(config)

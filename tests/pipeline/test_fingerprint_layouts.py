@@ -16,6 +16,7 @@ import pytest
 from shardinfer.engine.models.loader import checkpoint_files
 from shardinfer.errors import ConfigError, ModelLoadError
 from shardinfer.pipeline.fingerprint import model_identity
+from tests.ascii_locale import run_in_ascii_locale
 
 SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 INDEX = {"metadata": {"total_size": 4}, "weight_map": {"a.weight": SHARDS[0], "b.weight": SHARDS[1]}}
@@ -142,9 +143,6 @@ def test_the_fingerprint_names_the_template_a_job_renders_here_and_on_object_sto
 
 
 def test_the_template_is_hashed_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     folder = _folder(tmp_path / "m", {"model.safetensors": EMPTY_SAFETENSORS})
     (folder / "chat_template.jinja").write_bytes("<｜User｜>{{ messages[0].content }}".encode())
     expected = hashlib.sha256(json.dumps("<｜User｜>{{ messages[0].content }}").encode()).hexdigest()
@@ -152,11 +150,7 @@ def test_the_template_is_hashed_as_utf8_whatever_the_locale(tmp_path: Path) -> N
         "import sys; from shardinfer.pipeline.fingerprint import model_identity; "
         "print(model_identity(sys.argv[1])['tokenizer.chat_template_sha256'])"
     )
-    # C locale with Python's UTF-8 mode and locale coercion off: the default encoding is ASCII.
-    env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PATH": "/usr/bin:/bin"}
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(folder)], capture_output=True, text=True, env=env, timeout=60
-    )
+    run = run_in_ascii_locale(script, str(folder))
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == expected
 
