@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from shardinfer.checkpoint_layout import INDEX_FILE
 from shardinfer.engine.chat_template import ADDITIONAL_TEMPLATES_DIR
+from shardinfer.engine.models.checkpoint_layout import INDEX_FILE
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.weights_identity import (
     UNLOADED_WEIGHT_SUFFIXES,

@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from shardinfer.checkpoint_layout import INDEX_FILE
 from shardinfer.engine.chat_template import ADDITIONAL_TEMPLATES_DIR, model_chat_templates
+from shardinfer.engine.models.checkpoint_layout import INDEX_FILE
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.weights_identity import (

@@ -12,7 +12,7 @@ names and sizes). So each file is identified by:
 "sha256" is what to use when the same weights are copied to several places (a copy changes the
 modification time, so under "stat" a copied model counts as another model).
 
-Which files are the weights is the loader's rule (`shardinfer.checkpoint_layout`);
+Which files are the weights is the loader's rule (`shardinfer.engine.models.checkpoint_layout`);
 `checkpoint_file_names` applies it with the job's errors.
 """
 
@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Collection
 from pathlib import Path
 
-from shardinfer.checkpoint_layout import LayoutError, weight_file_names
+from shardinfer.engine.models.checkpoint_layout import LayoutError, weight_file_names
 from shardinfer.errors import ConfigError
 
 VERIFY_MODES = ("stat", "sha256")

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from shardinfer.checkpoint_layout import INDEX_FILE, LayoutError, weight_file_names
+from shardinfer.engine.models.checkpoint_layout import INDEX_FILE, LayoutError, weight_file_names
 from shardinfer.errors import CheckpointError, ModelLoadError
 
 
