@@ -49,7 +49,7 @@ from shardinfer.pipeline.output_ids import (
     committed_row_ids,
     count_repeated_ids,
 )
-from shardinfer.pipeline.rows import RowPreparer, parse_messages, short_cell
+from shardinfer.pipeline.rows import RowPreparer, is_conversation_text, parse_messages, short_cell
 from shardinfer.pipeline.runner import SplitWorker, WorkerResult, WorkerSettings
 from shardinfer.pipeline.seams import Engine
 from shardinfer.pipeline.timeline import Timeline, open_timeline
@@ -281,6 +281,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     if splits:
         check_columns(config, job.input_schema)
         check_messages_sample(config, spec, splits[0])
+        check_prompt_sample(config, spec, splits[0])
     return job
 
 
@@ -505,9 +506,10 @@ def check_prompt_types(config: JobConfig, schema: pa.Schema) -> None:
                               + _column_type_fix(key, column, kind))
 
 
-# How much of the input the messages check reads: the first rows of the first split, of which a few
-# non-null values are parsed. Enough to tell a column of plain text from one of messages; a few bad
-# rows among good ones must not refuse the job (they become error records, as any bad row does).
+# How much of the input the messages and prompt checks read (one column or the other, never both):
+# the first rows of the first split, of which a few non-null values are parsed. Enough to tell a
+# column of plain text from one of messages; a few bad rows among good ones must not refuse the job
+# (they become error records, as any bad row does).
 _SAMPLE_ROWS = 64
 _SAMPLE_VALUES = 8
 _NOT_JSON = "text that is not JSON"  # the reason that makes the error suggest input.prompt_column
@@ -537,6 +539,31 @@ def check_messages_sample(config: JobConfig, spec: InputSpec, first: Split) -> N
         f"of {first.path} is a list of {{role, content}} objects or its JSON text (the first: "
         f"{short_cell(value)}, {reason}); {fix}for chat data, write each row's "
         """messages as a JSON list, e.g. '[{"role": "user", "content": "What is 2+2?"}]'"""
+    )
+
+
+def check_prompt_sample(config: JobConfig, spec: InputSpec, first: Split) -> None:
+    """A prompt column whose first values are every one a chat conversation as JSON text (chat data
+    named as input.prompt_column) would send each row's raw JSON to the model, without the chat
+    template: every record "ok", every text worthless. Refuse the spec instead, naming a value.
+    Only when all of them are: JSON among plain prompts is those prompts' own text."""
+    column = config.input.prompt_column
+    if not column:
+        return
+    values = _first_values(spec, first, column)
+    if not values or not all(is_conversation_text(v) for v in values):
+        return
+    # The way to send such text on purpose: a prompt that is more than the bare conversation (the
+    # check reads the values after the query, so the framed text passes it).
+    name = _sql_name(column)
+    query = f"SELECT * REPLACE ('Chat as JSON: ' || {name} AS {name}) FROM input"
+    raise ConfigError(
+        f"input.prompt_column={column!r} holds chat conversations: each of the first {len(values)} value(s) "
+        f"of {first.path} is the JSON text of a list of {{role, content}} messages (the first: "
+        f"{short_cell(values[0])}), and a prompt column's text goes to the model as written, without the "
+        f"chat template; set input.messages_column={column!r} in place of input.prompt_column to render "
+        "them with the model's chat template; to send the JSON text itself, put words of your own around it "
+        f"in input.query, e.g. input.query = {json.dumps(query, ensure_ascii=False)}"
     )
 
 
@@ -598,11 +625,18 @@ def _column_type_fix(key: str, column: str, kind: pa.DataType) -> str:
     if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)):
         return f"point input.{key} at such a column"
     plain = column.isidentifier() and column.isascii()
-    name = column if plain else '"' + column.replace('"', '""') + '"'
+    name = _sql_name(column)
     query = f"SELECT * REPLACE (decode({name}) AS {name}) FROM input"
     # As a TOML line: a quoted SQL name holds double quotes, which a literal (single-quoted) string keeps.
     setting = f'"{query}"' if plain else f"'{query}'"
     return f"if it holds UTF-8 text, decode it with input.query = {setting}, or point input.{key} at a text column"
+
+
+def _sql_name(column: str) -> str:
+    """A column name as DuckDB SQL reads it: as written when it is a plain name, else quoted."""
+    if column.isidentifier() and column.isascii():
+        return column
+    return '"' + column.replace('"', '""') + '"'
 
 
 def write_plan(job: OpenedJob, run_id: str) -> None:

@@ -102,6 +102,21 @@ def parse_messages(value: Any, column: str) -> list[dict[str, Any]]:
         raise RowError(INVALID_ROW, f"messages column {column!r}: {exc}") from None
 
 
+def is_conversation_text(value: Any) -> bool:
+    """Whether a cell is a chat conversation written as JSON text: a non-empty JSON list of objects
+    that each have a "role" and a "content". A prompt column holding such cells is chat data named
+    as prompt text: its JSON would reach the model as written, never through the chat template."""
+    if not isinstance(value, str) or not value.lstrip().startswith("["):
+        return False  # most prompts: decided without parsing them
+    try:
+        parsed = json.loads(value)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(parsed, list) or not parsed:
+        return False
+    return all(isinstance(message, dict) and "role" in message and "content" in message for message in parsed)
+
+
 class RowPreparer:
     """Formats, tokenises and parameterises rows for one job; thread-safe (no mutable state)."""
 
