@@ -7,6 +7,7 @@ retryable failure (75) from a job that needs fixing (64/65/66/78) without readin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -37,6 +38,10 @@ from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, name_
 # spec errors come back in a fraction of a second.
 
 CTRL_C = "interrupted (Ctrl-C): the committed splits are kept; rerun the same command to resume"
+SIGTERM_BEFORE_SPLITS = (
+    "interrupted (SIGTERM) before the run started its splits: it committed nothing; rerun the same "
+    "command to run the job"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -250,9 +255,36 @@ def _storage_options(text: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command: `argv` None when it is this process's own command line (the `shardinfer`
+    script, `python -m shardinfer`), a list when a program runs it in-process."""
     # Guarded before the first reporter takes hold of stderr: nothing printed escapes it.
     with guarded_run():
-        return _main(sys.argv[1:] if argv is None else argv)
+        code = _main(sys.argv[1:] if argv is None else argv)
+        _leave_dropped_build(code, own_process=argv is None)
+        return code
+
+
+def _leave_dropped_build(code: int, own_process: bool) -> None:
+    """A job that ended without its prestarted engine did not wait for the build (a model load:
+    jobs/engine_prestart.py), and its error is printed. The command's own process ends here,
+    skipping the interpreter's teardown that a thread inside torch may abort; a program running
+    the command in-process waits for the build instead, so that no build outlives the call."""
+    from shardinfer.jobs.engine_prestart import (
+        dropped_build_running,
+        end_dropped_builds,
+        wait_for_dropped_builds,
+    )
+
+    if not own_process:
+        wait_for_dropped_builds()
+        return
+    if not dropped_build_running():
+        return
+    end_dropped_builds()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone, or a stream closed: exit anyway
+            stream.flush()
+    os._exit(code)
 
 
 def _main(argv: list[str]) -> int:
@@ -453,10 +485,7 @@ def _submit(args: argparse.Namespace, spec: ResolvedSpec, reporter: Reporter) ->
 
         return submit_to_cluster(args, spec, reporter)
     cluster = None
-    with _StopAtOnce(
-        "interrupted (SIGTERM) before the run started its splits: it committed nothing; rerun the same "
-        "command to run the job"
-    ):
+    with _StopAtOnce(SIGTERM_BEFORE_SPLITS):
         if _is_ray(args.master) and not args.dry_run:
             from shardinfer.jobs.ray_executor import RayCluster
 
@@ -660,6 +689,10 @@ def _start_run(
             output=config.output.path,
         )
     if prestart is not None and prestart.serves(config):
+        # A stop while the engine is still built ends the job here, where nothing is written yet,
+        # instead of after a model load it will not use.
+        if not prestart.wait(stop):
+            raise Interrupted(CTRL_C if signals.ctrl_c else SIGTERM_BEFORE_SPLITS)
         prestart.raise_build_error()  # before the output location is written (engine_prestart.py)
     write_plan(job, config.job.run_id)
     if job.growth is not None:
