@@ -240,19 +240,22 @@ class RowError(ShardinferError):
     Unlike the classes above, the code is chosen where the row fails (one class, many reasons).
     """
 
-    def __init__(self, error_code: str, message: str) -> None:
+    def __init__(self, error_code: str, message: str, prompt_tokens: int | None = None) -> None:
         super().__init__(message)
         self.error_code = error_code
         self.message = message
+        # The prompt's length where it was tokenised before the row failed (a prompt too long for
+        # the model): the error record's prompt_tokens.
+        self.prompt_tokens = prompt_tokens
 
     @property
     def code(self) -> str:
         return self.error_code
 
     @classmethod
-    def of(cls, exc: ShardinferError) -> RowError:
+    def of(cls, exc: ShardinferError, prompt_tokens: int | None = None) -> RowError:
         """The row error for an error that carries its own code (a PromptTooLong, a GrammarError)."""
-        return cls(exc.error_code, str(exc))
+        return cls(exc.error_code, str(exc), prompt_tokens)
 
 
 # ---- exit codes of anything ---------------------------------------------------------------------

@@ -167,7 +167,9 @@ def records_table(records: list[Any], schema: pa.Schema) -> tuple[pa.Table, dict
 def _prompt_tokens(row: PreparedRow, res: Slot) -> int | None:
     if isinstance(res, Finished):
         return res.prompt_tokens
-    return len(row.prompt_ids) if row.prompt_ids is not None else None
+    if row.prompt_ids is not None:
+        return len(row.prompt_ids)
+    return row.error.prompt_tokens if row.error is not None else None
 
 
 def _per_record(ok: np.ndarray, values: Iterable[Any]) -> list[Any]:

@@ -359,7 +359,7 @@ class RowPreparer:
         try:
             check_prompt(ids, self.max_model_len, self.length_fix)
         except RequestError as exc:
-            raise RowError.of(exc) from None
+            raise RowError.of(exc, prompt_tokens=len(ids)) from None
         return ids
 
 

@@ -87,6 +87,10 @@ def test_rows_match_the_batch_api_and_bad_rows_become_errors(tmp_path: Path, mod
     assert rows["hot"]["prompt"] == "hello"  # passthrough columns are kept on error records too
     # Reference: the engine's whole-batch API, one call, with the documented per-row seeds.
     llm = LLM(str(model_dir), device="cpu", dtype="float32", **ENGINE)
+    # A prompt too long for the model was tokenised: its record holds its length (output-schema.md).
+    (long,) = [r["prompt"] for r in _rows() if r["id"] == "long"]
+    assert rows["long"]["prompt_tokens"] == len(llm.get_tokenizer().encode(long, add_special_tokens=True))
+    assert rows["null"]["prompt_tokens"] is None
     good = [r for r in _rows() if r["id"].startswith("r")]
     params = [SamplingParams(**SAMPLING, seed=derive_seed(5, r["id"], 0)) for r in good]
     outs = llm.generate([r["prompt"] for r in good], params)
