@@ -63,8 +63,10 @@ def model_identity(
         return _remote_model_identity(model_dir, storage_options or {}, checksums)
     root = Path(model_dir.removeprefix("file://"))
     if not root.is_dir():
+        # A job file's relative paths are read from where the command runs, not from the file's folder.
+        relative = "" if root.is_absolute() else f" (a relative path, read from the current directory {os.getcwd()!r})"
         raise ConfigError(
-            f"model.path={model_dir!r} is not a directory; point it at a local Hugging Face "
+            f"model.path={model_dir!r} is not a directory{relative}; point it at a local Hugging Face "
             "model folder (config.json, *.safetensors, tokenizer.json)"
         )
     config_file = root / "config.json"

@@ -223,3 +223,15 @@ def test_an_index_naming_a_missing_shard_is_a_config_error(tmp_path: Path) -> No
     (folder / shard).unlink()
     with pytest.raises(ConfigError, match=r"model\.path=.*no \*\.safetensors"):
         model_identity(str(folder))
+
+
+def test_a_missing_relative_model_path_names_the_directory_it_was_read_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"a relative path, read from the current directory") as caught:
+        model_identity("models/missing")
+    assert repr(str(tmp_path)) in str(caught.value)
+    with pytest.raises(ConfigError) as absolute:
+        model_identity(str(tmp_path / "missing"))
+    assert "relative path" not in str(absolute.value)
