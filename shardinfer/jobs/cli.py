@@ -32,7 +32,15 @@ from shardinfer.errors import (
 )
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.secrets_guard import guard_job, guarded_run
-from shardinfer.jobs.spec import ResolvedSpec, load_properties, load_toml, name_layer, parse_conf, resolve
+from shardinfer.jobs.spec import (
+    GENERATED,
+    ResolvedSpec,
+    load_properties,
+    load_toml,
+    name_layer,
+    parse_conf,
+    resolve,
+)
 
 # The executor (and with it torch) is imported only once a job is about to run, so usage and
 # spec errors come back in a fraction of a second.
@@ -561,6 +569,7 @@ def _plan_and_run(
     if args.dry_run:
         from shardinfer.jobs.status import print_dry_run
 
+        _warn_before_start(args, spec, job, reporter)  # a dry run says what the submit would
         print_dry_run(job, spec, num_workers, as_json=args.log_format == "json")
         return EXIT_OK
     if job.state == "done":
@@ -577,24 +586,37 @@ def _plan_and_run(
             output=config.output.path,
         )
         return EXIT_OK
+    _warn_before_start(args, spec, job, reporter)
+    with _StopSignals() as signals:
+        return _start_run(args, job, reporter, cluster, prestart, num_workers, signals)
+
+
+def _warn_before_start(args: argparse.Namespace, spec: ResolvedSpec, job: Any, reporter: Reporter) -> None:
+    """What the run will do as asked but most likely not as meant (jobs/start_warnings.py), said
+    before it starts; a finished job runs nothing, and is told nothing."""
+    from shardinfer.jobs.start_warnings import start_warnings
+
+    if job.state == "done":
+        return
+    output = job.config.output.path
     unresumable = _generated_run_id_in_paths(spec)
     if unresumable:
-        reporter.warn(unresumable, output=config.output.path)
+        reporter.warn(unresumable, output=output)
+    for message, fields in start_warnings(spec, job):
+        reporter.warn(message, output=output, **fields)
     unused = sorted(k for k in spec.sources if k.startswith("ray.")) if not _is_ray(args.master) else []
     if unused:
         reporter.warn(
             f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with --master {args.master}: "
             "the [ray] section applies to --master ray or ray://HOST:PORT"
         )
-    with _StopSignals() as signals:
-        return _start_run(args, job, reporter, cluster, prestart, num_workers, signals)
 
 
 def _generated_run_id_in_paths(spec: ResolvedSpec) -> str:
     """A warning when output.path holds a run id made up for this run: a rerun of the same command
     makes up another, so it writes to a new location instead of resuming this one."""
     config = spec.config
-    if spec.sources.get("job.run_id") != "generated" or config.job.run_id not in config.output.path:
+    if spec.sources.get("job.run_id") != GENERATED or config.job.run_id not in config.output.path:
         return ""
     return (
         f"output.path holds {{run_id}}, and no --run-id was given: this run writes to {config.output.path}, "

@@ -205,6 +205,9 @@ def holds_credentials(dotted: str) -> bool:
 class ResolvedSpec:
     config: JobConfig
     sources: dict[str, str] = field(default_factory=dict)  # "section.key" -> where its value came from
+    # "input.path" / "output.path" as written, before the placeholders were filled: which of them a
+    # path holds decides whether a value made up for this run ({run_id}, {ds}) picks its location.
+    written_paths: dict[str, str] = field(default_factory=dict)
 
 
 def parse_conf(item: str, source: str = "--conf") -> tuple[str, Any, str]:
@@ -362,9 +365,10 @@ def resolve(
         config = JobConfig.from_dict(data)
     except TypeError as exc:
         raise ConfigError(f"invalid job spec: {exc}") from None
+    written = {"input.path": config.input.path, "output.path": config.output.path}
     _fill_defaults(config, sources, today or datetime.datetime.now(datetime.UTC).date())
     validate(config)
-    return ResolvedSpec(config, sources)
+    return ResolvedSpec(config, sources, written)
 
 
 def _check_flag_given(flag: str, value: str | None, what: str) -> None:
@@ -388,14 +392,19 @@ def _check_flag_and_conf(flag: str, value: str, key: str, conf_value: Any, sourc
         )
 
 
+# The sources of the values a run makes up when none is given: a rerun makes up others.
+RUN_DATE = "run date (UTC)"
+GENERATED = "generated"
+
+
 def _fill_defaults(config: JobConfig, sources: dict[str, str], today: datetime.date) -> None:
     job = config.job
     if not job.ds:
         job.ds = today.isoformat()
-        sources["job.ds"] = "run date (UTC)"
+        sources["job.ds"] = RUN_DATE
     if not job.run_id:
         job.run_id = f"manual__{datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')}"
-        sources["job.run_id"] = "generated"
+        sources["job.run_id"] = GENERATED
     if config.job.task == "generate" and not config.input.prompt_column and not config.input.messages_column:
         config.input.prompt_column = "prompt"
         sources.setdefault("input.prompt_column", "default")
@@ -516,10 +525,7 @@ def validate(config: JobConfig) -> None:
         )
     if not 0.0 <= job.max_error_fraction <= 1.0:
         raise ConfigError(f"job.max_error_fraction={job.max_error_fraction}: must be in [0, 1]")
-    try:
-        datetime.date.fromisoformat(job.ds)
-    except ValueError:
-        raise ConfigError(f"job.ds={job.ds!r} is not a date: use YYYY-MM-DD") from None
+    check_ds(job.ds)
     # Before the job runs, not when its last split is done; the timeline may go into a local output.
     output = config.output.path.removeprefix("file://")
     check_timeline_path(job.timeline_path, "" if "://" in output else output)
@@ -529,6 +535,28 @@ def validate(config: JobConfig) -> None:
         raise ConfigError(f"[sampling]: {exc}; see the per-row limits in docs/jobs.md") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"[sampling]: {exc}") from None
+
+
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def check_ds(ds: str) -> None:
+    """job.ds is a date written YYYY-MM-DD, as documented. Python's date parser also reads other ISO
+    forms (20240506, the week date 2024-W19-1): taken as written, one of them fills {ds} with
+    another folder name than the same date written with dashes, so the rerun or backfill that
+    writes it the documented way misses the output of the first."""
+    try:
+        day = datetime.date.fromisoformat(ds)
+    except ValueError:
+        raise ConfigError(f"job.ds={ds!r} is not a date: use YYYY-MM-DD") from None
+    if _ISO_DATE.fullmatch(ds):
+        return
+    # Airflow's {{ ds_nodash }} in place of its {{ ds }} is the usual way to get here.
+    scheduler = " (Airflow's {{ ds }}, not {{ ds_nodash }})" if ds.isdigit() else ""
+    raise ConfigError(
+        f"job.ds={ds!r} is not written YYYY-MM-DD: give the date as --conf job.ds={day.isoformat()}{scheduler}; "
+        "written another way it would fill {ds} with another folder name than the same date"
+    )
 
 
 def _validate_passthrough(config: JobConfig) -> None:

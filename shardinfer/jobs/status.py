@@ -76,6 +76,25 @@ def run_state(run: dict[str, Any], stale_after_s: float) -> str:
     return "running" if fresh and _may_be_alive(run) else "interrupted"
 
 
+def live_runs(store: Any, generation: str) -> list[tuple[dict[str, Any], float]]:
+    """The runs of a job generation at an output location that `status` calls running (no end
+    recorded, a fresh heartbeat, a process that may be alive), each with its heartbeat's age in
+    seconds. A run of another generation is left out: the job it runs was started over, and it
+    stops at its next commit."""
+    from shardinfer.jobs.run_record import STALE_AFTER_S
+    from shardinfer.writers.run_records import read_run_records
+
+    live = []
+    for run in read_run_records(store):
+        recorded = str(run.get("generation") or "")
+        if recorded and generation and recorded != generation:
+            continue
+        if run_state(run, STALE_AFTER_S) == "running":
+            age = _age_s(str(run.get("heartbeat", ""))) or 0.0
+            live.append((run, max(age, 0.0)))  # a clock a little ahead of this one's: just now
+    return live
+
+
 def _may_be_alive(run: dict[str, Any]) -> bool:
     """False when the run's process is known dead: it ran on this host and its pid is gone."""
     import os
@@ -336,16 +355,15 @@ def print_dry_run(
 ) -> None:
     """The resolved spec (with each value's source), the fingerprint and the split plan."""
     out = out if out is not None else sys.stdout
-    cfg = redact_config(spec.config.to_dict())  # credentials are shown as ***
+    cfg, sources = shown_spec(job, spec)
     if as_json:  # --log-format json: one object, so that every line of the run parses
-        print(json.dumps(dry_run_record(job, spec, num_workers, cfg), default=str), file=out, flush=True)
+        print(json.dumps(dry_run_record(job, spec, num_workers, cfg, sources), default=str), file=out, flush=True)
         return
     print("# resolved job spec", file=out)
     for section, body in cfg.items():
         print(f"[{section}]", file=out)
         for key, value in body.items():
-            source = spec.sources.get(f"{section}.{key}", "default")
-            print(f"{key} = {json.dumps(value, default=str)}  # {source}", file=out)
+            print(f"{key} = {json.dumps(value, default=str)}  # {sources[f'{section}.{key}']}", file=out)
     print("\n# fingerprint", file=out)
     print(json.dumps(job.fingerprint, indent=2, sort_keys=True, default=str), file=out)
     committed = set(job.committed)
@@ -362,10 +380,57 @@ def print_dry_run(
         )
 
 
+def shown_spec(job: OpenedJob, spec: ResolvedSpec) -> tuple[dict[str, Any], dict[str, str]]:
+    """The spec a dry run shows, credentials as ***, and where each value came from ("section.key"
+    -> source). A generation job's [sampling] is every value its requests take, the defaults
+    included: the keys the spec leaves out still decide the rows (max_tokens above all)."""
+    data = spec.config.to_dict()
+    sources = dict(spec.sources)
+    if spec.config.job.task == "generate":
+        data["sampling"], sampling_sources = sampling_in_use(job, spec)
+        sources.update({f"sampling.{key}": source for key, source in sampling_sources.items()})
+    cfg = redact_config(data)
+    shown = {
+        f"{section}.{key}": sources.get(f"{section}.{key}", "default")
+        for section, body in cfg.items()
+        for key in body
+    }
+    return cfg, shown
+
+
+CHECKPOINT_DEFAULT = "model's generation_config.json"  # the source of a value the checkpoint sets
+
+
+def sampling_in_use(job: OpenedJob, spec: ResolvedSpec) -> tuple[dict[str, Any], dict[str, str]]:
+    """The sampling values of the job's requests (as open_job resolved them: [sampling] over the
+    checkpoint's generation_config.json over SamplingParams' own defaults) and the source of each.
+    `seed` is left out: it is no sampling key, a row's seed derives from job.seed."""
+    from shardinfer.engine.sampling_params import checkpoint_sampling_defaults
+
+    given = spec.config.sampling
+    checkpoint = checkpoint_sampling_defaults(spec.config.model.path)
+    resolved = job.sampling.to_json_dict()
+    values = {k: resolved[k] for k in type(job.sampling).field_names() if k in resolved and k != "seed"}
+    sources = {}
+    for key in values:
+        # `so_args` is structured_output's older name: a spec giving it gives structured_output.
+        named = key if key in given else "so_args" if key == "structured_output" and "so_args" in given else ""
+        if named:
+            sources[key] = spec.sources.get(f"sampling.{named}", "job file")
+        else:
+            sources[key] = CHECKPOINT_DEFAULT if key in checkpoint else "default"
+    return values, sources
+
+
 def dry_run_record(
-    job: OpenedJob, spec: ResolvedSpec, num_workers: int, cfg: dict[str, Any]
+    job: OpenedJob,
+    spec: ResolvedSpec,
+    num_workers: int,
+    cfg: dict[str, Any],
+    sources: dict[str, str],
 ) -> dict[str, Any]:
-    """The dry run's report as data: the same spec, sources, fingerprint and plan as its text."""
+    """The dry run's report as data: the same spec, sources (shown_spec's), fingerprint and plan
+    as its text."""
     committed = set(job.committed)
     splits = [
         {
@@ -378,11 +443,6 @@ def dry_run_record(
         }
         for s in job.splits
     ]
-    sources = {
-        f"{section}.{key}": spec.sources.get(f"{section}.{key}", "default")
-        for section, body in cfg.items()
-        for key in body
-    }
     return {
         "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),  # the keys of every JSON log line
         "level": "info",
