@@ -541,22 +541,18 @@ _ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 def check_ds(ds: str) -> None:
-    """job.ds is a date written YYYY-MM-DD, as documented. Python's date parser also reads other ISO
-    forms (20240506, the week date 2024-W19-1): taken as written, one of them fills {ds} with
-    another folder name than the same date written with dashes, so the rerun or backfill that
-    writes it the documented way misses the output of the first."""
+    """job.ds is a date. Another ISO form than YYYY-MM-DD (20240506, the week date 2024-W19-1) is
+    taken as written, with a warning before the run (jobs/start_warnings.py): a scheduled job
+    planned with it must still resume."""
     try:
-        day = datetime.date.fromisoformat(ds)
+        datetime.date.fromisoformat(ds)
     except ValueError:
         raise ConfigError(f"job.ds={ds!r} is not a date: use YYYY-MM-DD") from None
-    if _ISO_DATE.fullmatch(ds):
-        return
-    # Airflow's {{ ds_nodash }} in place of its {{ ds }} is the usual way to get here.
-    scheduler = " (Airflow's {{ ds }}, not {{ ds_nodash }})" if ds.isdigit() else ""
-    raise ConfigError(
-        f"job.ds={ds!r} is not written YYYY-MM-DD: give the date as --conf job.ds={day.isoformat()}{scheduler}; "
-        "written another way it would fill {ds} with another folder name than the same date"
-    )
+
+
+def is_dashed_date(ds: str) -> bool:
+    """Whether ds is written YYYY-MM-DD, the form the docs give."""
+    return bool(_ISO_DATE.fullmatch(ds))
 
 
 def _validate_passthrough(config: JobConfig) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from shardinfer.jobs.spec import RUN_DATE, ResolvedSpec
+from shardinfer.jobs.spec import RUN_DATE, ResolvedSpec, is_dashed_date
 from shardinfer.pipeline.job import OpenedJob
 
 # A warning: its message, and the fields a --log-format json record carries beside it.
@@ -24,7 +24,7 @@ def start_warnings(spec: ResolvedSpec, job: OpenedJob) -> list[StartWarning]:
     """Every warning of a job about to run (a finished job runs nothing: none)."""
     if job.state == "done":
         return []
-    found: list[StartWarning] = [(run_date_in_paths(spec), {}), *other_live_runs(job)]
+    found: list[StartWarning] = [(run_date_in_paths(spec), {}), (undashed_ds(spec), {}), *other_live_runs(job)]
     found += [(float_ids(job), {}), (identical_samples(spec, job), {})]
     return [(message, fields) for message, fields in found if message]
 
@@ -41,6 +41,25 @@ def run_date_in_paths(spec: ResolvedSpec) -> str:
         f"output.path holds {{ds}}, and no job.ds was given: this run fills it with today's date (UTC), {ds}, "
         f"and writes to {config.output.path}; rerunning the same command after midnight UTC would start "
         f"again in a new location rather than resume this one; to resume it, rerun with --conf job.ds={ds}"
+    )
+
+
+def undashed_ds(spec: ResolvedSpec) -> str:
+    """job.ds is a date written another way than YYYY-MM-DD (Airflow's {{ ds_nodash }}, most often)
+    and fills {ds} in a path as written: the same date given with dashes, as the docs write it,
+    names another location. Taken as given, so a job planned with it still resumes."""
+    ds = spec.config.job.ds
+    paths = [key for key in ("input.path", "output.path") if "{ds}" in spec.written_paths.get(key, "")]
+    if is_dashed_date(ds) or not paths:
+        return ""
+    import datetime
+
+    dashed = datetime.date.fromisoformat(ds).isoformat()
+    scheduler = " (Airflow's {{ ds }}, not {{ ds_nodash }})" if ds.isdigit() else ""
+    return (
+        f"job.ds={ds!r} is not written YYYY-MM-DD: {{ds}} in {' and '.join(paths)} is filled with it as written, "
+        f"so a run given the same date as --conf job.ds={dashed}{scheduler} would use another location; "
+        "keep giving it one way"
     )
 
 

@@ -55,18 +55,22 @@ def test_a_run_date_in_the_output_path_is_warned_of(
     assert (tmp_path / "out" / f"job_{ran}" / "_SUCCESS").is_file()  # the date it named is the one used
 
 
-def test_a_ds_not_written_with_dashes_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_ds_not_written_with_dashes_is_warned_of_and_taken_as_given(
+    tmp_path: Path, model_dir: Path, shards: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # job.ds=20240506 (Airflow's ds_nodash) was taken as written: another folder than 2024-05-06's.
+    # job.ds=20240506 (Airflow's ds_nodash) fills {ds} as written: another folder than 2024-05-06's.
+    # Taken as given (a scheduled job planned with it must still resume), with a warning.
     job = tmp_path / "job.toml"
-    job.write_text(job_toml("m", "in", "out/{ds}"))
-    assert main(["submit", "--conf", "job.ds=20240506", str(job)]) == 78
+    job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "{ds}"), job={"split_rows": 8}))
+    assert main(["submit", "--run-id", "r1", "--conf", "job.ds=20240506", str(job)]) == 0
     err = capsys.readouterr().err
-    assert "job.ds='20240506' is not written YYYY-MM-DD: give the date as --conf job.ds=2024-05-06" in err
-    assert "{{ ds_nodash }}" in err
-    assert main(["validate", "--conf", "job.ds=2024-W19-1", str(job)]) == 78
-    assert "--conf job.ds=2024-05-06" in capsys.readouterr().err
+    assert "job.ds='20240506' is not written YYYY-MM-DD: {ds} in output.path is filled with it as written" in err
+    assert "--conf job.ds=2024-05-06 (Airflow's {{ ds }}, not {{ ds_nodash }})" in err
+    assert (tmp_path / "out" / "20240506" / "_SUCCESS").is_file()
+    assert main(["submit", "--dry-run", "--run-id", "r2", "--conf", "job.ds=2024-W19-1", str(job)]) == 0
+    assert "--conf job.ds=2024-05-06 would use another location" in capsys.readouterr().err
+    assert main(["submit", "--dry-run", "--run-id", "r3", "--conf", "job.ds=2024-05-06", str(job)]) == 0
+    assert "not written YYYY-MM-DD" not in capsys.readouterr().err
     assert main(["validate", "--conf", "job.ds=2024-13-01", str(job)]) == 78
     assert "job.ds='2024-13-01' is not a date: use YYYY-MM-DD" in capsys.readouterr().err
 
