@@ -221,6 +221,8 @@ class Reporter:
         ]
         if "run_split_attempts" in summary:
             lines.append(_split_counts(summary))
+        if summary.get("rows_empty_text"):
+            lines.append(_empty_texts(summary))
         if summary.get("duplicate_row_ids"):
             lines.append(
                 f"duplicate ids  {summary['duplicate_row_ids']} input row(s) repeat an earlier row's id "
@@ -294,3 +296,14 @@ def _numerics(n: dict[str, Any]) -> str:
         f"{n.get('dtype', '?')} on {n.get('device_type', '?')}, weights {weights}, "
         f"KV cache {n.get('kv_cache_dtype', 'auto')}, batch invariant {'on' if n.get('batch_invariant', True) else 'off'}"
     )
+
+
+def _empty_texts(summary: dict[str, Any]) -> str:
+    """Records that ended before any text. Most of a job's rows so is the mark of a chat model given
+    raw prompt text, which it answers with its end of turn: what messages_column is for."""
+    empty, ok = summary["rows_empty_text"], summary.get("rows_ok", 0)
+    line = f"empty texts    {empty} of {ok} ok record(s) ended before any text"
+    if summary.get("prompts_as_written") and ok and empty * 2 > ok:
+        line += (" (input.prompt_column sends the text as written, without the chat template: a chat model "
+                 "often ends at once; input.messages_column renders its chat template, docs/jobs.md)")
+    return line

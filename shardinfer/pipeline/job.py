@@ -969,6 +969,7 @@ def committed_totals(store: OutputStore, committed: dict[int, dict[str, Any]]) -
         "rows_ok": 0,
         "rows_error": 0,
         "rows_cut_by_max_tokens": 0,  # absent from parts written before it was counted: 0
+        "rows_empty_text": 0,  # likewise
         "prompt_tokens": 0,
         "completion_tokens": 0,
     }
@@ -1009,6 +1010,7 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
         else RepeatedIds(0, None)
     )
     summary["duplicate_row_ids"] = repeated.repeats
+    summary["prompts_as_written"] = bool(job.config.input.prompt_column)  # no chat template: see progress.py
     check_unique_ids(repeated, job.config.job.unique_ids)
     fraction = totals["rows_error"] / totals["records"] if totals["records"] else 0.0
     summary["error_fraction"] = fraction

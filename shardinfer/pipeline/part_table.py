@@ -144,6 +144,8 @@ def build_part_table(
         "completion_tokens": total,
         # Samples that ran out of room (max_tokens, or max_model_len) instead of finishing.
         "rows_cut_by_max_tokens": sum(1 for c in comps if c.finish_reason == "length"),
+        # Samples that ended before any text: a chat model given raw prompt text often does.
+        "rows_empty_text": sum(1 for c in comps if not c.text),
     }
     return table, stats
 

@@ -95,3 +95,19 @@ def test_the_summary_does_not_count_skipped_splits_as_computed() -> None:
         "this run       5 split(s) computed, 4 committed, 1 lost the commit race (another attempt committed them "
         "first), 1 skipped (already committed by another run), 0 redone"
     )
+
+
+def test_the_summary_says_when_most_records_ended_before_any_text() -> None:
+    def printed(**fields: object) -> str:
+        out = io.StringIO()
+        Reporter("r4", stream=io.StringIO()).summary({"rows_ok": 24, **fields}, out=out)
+        return out.getvalue()
+
+    most = printed(rows_empty_text=21, prompts_as_written=True)
+    assert "empty texts    21 of 24 ok record(s) ended before any text" in most
+    assert "input.messages_column renders its chat template" in most
+    # A few empty texts, or chat messages already rendered by the template: the count, no advice.
+    few = printed(rows_empty_text=3, prompts_as_written=True)
+    assert "3 of 24 ok record(s)" in few and "messages_column" not in few
+    assert "messages_column" not in printed(rows_empty_text=21, prompts_as_written=False)
+    assert "empty texts" not in printed(rows_empty_text=0)

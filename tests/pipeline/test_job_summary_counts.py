@@ -43,3 +43,7 @@ def test_summary_counts_rows_cut_by_max_tokens(tmp_path: Path, model_dir: Path) 
     reasons = {r["row_id"]: r["finish_reason"] for r in committed_rows(config.output.path)}
     assert reasons == {"r0": "length", "r1": "length", "r2": "length", "s0": "stop", "s1": "stop"}
     assert summary["rows_cut_by_max_tokens"] == 3
+    # The rows stopped at their first token wrote no text (a stop token is not part of it).
+    texts = {r["row_id"]: r["text"] for r in committed_rows(config.output.path)}
+    assert texts["s0"] == texts["s1"] == ""
+    assert summary["rows_empty_text"] == sum(1 for t in texts.values() if t == "")

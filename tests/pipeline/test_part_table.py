@@ -100,6 +100,7 @@ def test_columns_equal_arrow_of_plain_records() -> None:
             "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
             "completion_tokens": sum(r["completion_tokens"] for r in expected),
             "rows_cut_by_max_tokens": sum(1 for r in ok if r["finish_reason"] == "length"),
+            "rows_empty_text": sum(1 for r in ok if r["text"] == ""),
         }
 
 
@@ -134,4 +135,5 @@ def test_empty_split_and_all_errors() -> None:
         "prompt_tokens": 0,
         "completion_tokens": 0,
         "rows_cut_by_max_tokens": 0,
+        "rows_empty_text": 0,
     }
