@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from shardinfer.errors import EXIT_OK, exit_code_for
+from shardinfer.errors import EXIT_OK, Interrupted, exit_code_for
 from shardinfer.jobs.secrets_guard import guard_job
 from shardinfer.pipeline.config import JobConfig
 
@@ -84,7 +84,10 @@ def main() -> int:
         _emit(result.to_event())
         return EXIT_OK
     except BaseException as exc:
-        print(f"[shardinfer] ERROR worker {payload.get('worker')}: {exc}", file=sys.stderr, flush=True)
+        # A worker the driver stopped (SIGTERM: Ctrl-C, preemption) did as asked; the driver says why
+        # the job stopped, once. Anything else is this worker's own failure.
+        if not (isinstance(exc, Interrupted) and stop.is_set()):
+            print(f"[shardinfer] ERROR worker {payload.get('worker')}: {exc}", file=sys.stderr, flush=True)
         return exit_code_for(exc)
 
 

@@ -102,6 +102,7 @@ def test_local2_sigterm_reaches_the_workers_and_rerun_completes(
     _, err = proc.communicate(timeout=35)
     assert proc.returncode == 75, err
     assert "died" not in err  # workers that stop on request are not reported as dead
+    assert "ERROR worker" not in err  # nor as failed: the driver says once why the job stopped
     rerun = cli("submit", "--master", "local[2]", str(job))
     assert rerun.returncode == 0, rerun.stderr
     assert committed_rows(str(out)) == reference
