@@ -139,9 +139,19 @@ def input_spec_of(config: JobConfig) -> InputSpec:
             prompt_column=inp.prompt_column or None,
             messages_column=inp.messages_column or None,
             storage_options=dict(inp.storage_options),
+            used_columns=_used_columns(config),
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _used_columns(config: JobConfig) -> tuple[str, ...]:
+    """The columns a job reads besides the id, prompt and messages columns: the reader reads a cell
+    it cannot decode in any other column as null, without making its row an error record (a
+    column missing here would lose values silently: list every column-naming key of `[input]`)."""
+    inp = config.input
+    named = (inp.context_column, inp.continuations_column, inp.document_column)
+    return tuple(c for c in (*named, *inp.override_columns, *inp.passthrough_columns) if c)
 
 
 def open_store(config: JobConfig) -> OutputStore:

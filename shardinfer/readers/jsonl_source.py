@@ -11,15 +11,22 @@ from all its sampled values: a column that is null throughout the sample is read
 objects give a struct of every key they have; where the values disagree, lists and objects alike
 (chat messages whose content is text in some lines and a list of parts in others) are read as
 their JSON text, and other values as the type most of them have. A line that cannot become a row
-of that schema (not JSON, not an object, nested too deeply, a key the sample did not have, at the
-top or inside an object, a value of another type) is an error row carrying the reason
-(row_errors.py): the job records it and goes on, and no field is ever dropped silently.
+of that schema is an error row carrying the reason (row_errors.py): the job records it and goes
+on, and no field is ever dropped or changed silently. A line that is not a JSON object (not JSON,
+nested too deeply) is a row of nulls; an object keeps every cell that fits, its id among them, and
+names the keys that do not: a key the sample did not have, at the top or inside an object, or a
+value of another type, or one Arrow would store as another value (a fraction in an integer column,
+a bool in a number column, a string in a list column; a whole float in an integer column is its
+integer). Only the columns the job reads count: a cell of another column that does not fit is read
+as null and its row goes on, as nothing reads it (with `input.query` every column counts).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import chain
 from typing import IO, Any
 
 import pyarrow as pa
@@ -35,6 +42,8 @@ SCHEMA_SAMPLE_LINES = 1000
 JSON_TEXT_KEY = b"shardinfer.json_text"  # field metadata of a column read as JSON text
 _CHUNK = 1 << 20
 _RETRY = RetryPolicy()
+# What Arrow raises for a value it cannot convert (OverflowError: an int too large for any of its types).
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, RecursionError)
 
 
 def _open_text(url: str, storage_options: dict) -> IO[bytes]:
@@ -155,7 +164,7 @@ def _column_field(name: str, values: list[Any]) -> pa.Field:
     errors."""
     try:
         kind = pa.array(values).type
-    except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
+    except _CONVERSION_ERRORS:
         present = [v for v in values if v is not None]
         if all(isinstance(v, list | dict) for v in present):
             return pa.field(name, pa.string(), metadata={JSON_TEXT_KEY: b"1"})
@@ -169,7 +178,7 @@ def _majority_type(values: list[Any]) -> pa.DataType:
     for value in values:
         try:
             kind = pa.array([value]).type
-        except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
+        except _CONVERSION_ERRORS:
             continue  # a value mixing types inside itself: its line will be an error row
         count, _ = votes.get(str(kind), (0, kind))
         votes[str(kind)] = (count + 1, kind)
@@ -190,17 +199,6 @@ def _without_null(kind: pa.DataType) -> pa.DataType:
 def is_json_text(field: pa.Field) -> bool:
     """Whether the reader writes this column's values as JSON text (see _column_field)."""
     return bool(field.metadata) and field.metadata.get(JSON_TEXT_KEY) == b"1"
-
-
-def _as_json_text(row: dict[str, Any], json_columns: list[str]) -> dict[str, Any]:
-    """The row with the values of JSON-text columns written as JSON text."""
-    if not json_columns:
-        return row
-    out = dict(row)
-    for name in json_columns:
-        if out.get(name) is not None:
-            out[name] = json.dumps(out[name], ensure_ascii=False)
-    return out
 
 
 def _unknown_key(value: Any, kind: pa.DataType, path: str) -> str | None:
@@ -230,97 +228,242 @@ def _has_struct(kind: pa.DataType) -> bool:
     return False
 
 
-def _shape_problem(row: dict[str, Any], known: set[str], schema: pa.Schema, nested: list[str]) -> str | None:
-    """A key of `row`, at the top or inside an object of a `nested` column, that `schema` lacks:
-    Arrow would drop such a key silently, so the row is an error instead."""
-    extra = set(row) - known
-    if extra:
-        return (
-            f"key(s) {sorted(extra)} are not among the columns inferred from the first "
-            f"{SCHEMA_SAMPLE_LINES} lines ({schema.names}); put every key in the first lines (null is "
-            "fine) or convert the input to Parquet"
+def _may_change(kind: pa.DataType) -> bool:
+    """Whether Arrow stores some JSON value in a column of `kind` as another value instead of
+    refusing it (see _changes); values of other types it takes as they are or refuses."""
+    return (
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or _is_list(kind)
+        or pa.types.is_struct(kind)
+    )
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _changes(value: Any, kind: pa.DataType) -> bool:
+    """Whether Arrow would store `value` in a column of `kind` as another value: a float with a
+    fraction truncated into an integer, a bool made a number, a string split into a list of its
+    characters (or made an empty list, or an object of nulls), a list made an object.
+
+    A whole float in an integer column is that integer, as a safe Arrow cast takes it: JSON has one
+    number type, and the value is the same. An int in a float column is exact where a double holds
+    it, and Arrow refuses the others. The walk keeps its own stack: a value may nest as deeply as
+    the JSON parser allows, deeper than recursion here could follow."""
+    stack = [(value, kind)]
+    while stack:
+        value, kind = stack.pop()
+        if value is None:
+            continue
+        if pa.types.is_integer(kind):
+            if type(value) is float and not value.is_integer():
+                return True
+        elif pa.types.is_floating(kind):
+            if type(value) is bool:
+                return True
+        elif _is_list(kind):
+            if type(value) is not list:
+                return True
+            if _may_change(kind.value_type):
+                stack.extend((item, kind.value_type) for item in value)
+        elif pa.types.is_struct(kind):
+            if type(value) is not dict:
+                return True
+            stack.extend((value.get(f.name), f.type) for f in kind if _may_change(f.type))
+    return False
+
+
+def _any_changes(values: list[Any], kind: pa.DataType) -> bool:
+    """Whether `_changes` holds for any of `values` (one column's cells): the check every batch
+    pays, so it goes by the set of the values' types, built at C speed, level by level of the
+    column's type (the items of its lists, the fields of its objects), and looks at single values
+    only where that set holds a suspect type."""
+    work = [(values, kind)] if _may_change(kind) else []
+    while work:
+        values, kind = work.pop()
+        kinds = set(map(type, values))
+        if pa.types.is_integer(kind):
+            if float in kinds and any(type(v) is float and not v.is_integer() for v in values):
+                return True
+        elif pa.types.is_floating(kind):
+            if bool in kinds:
+                return True
+        elif _is_list(kind):
+            if not kinds <= {list, type(None)}:
+                return True
+            if _may_change(kind.value_type):
+                work.append((list(chain.from_iterable(filter(None, values))), kind.value_type))
+        else:
+            if not kinds <= {dict, type(None)}:
+                return True
+            suspect = [f for f in kind if _may_change(f.type)]
+            present = [v for v in values if v is not None] if suspect else []
+            work.extend(([v.get(f.name) for v in present], f.type) for f in suspect)
+    return False
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """What turning objects into rows needs to know of a file's schema, worked out once per file."""
+
+    schema: pa.Schema
+    known: frozenset[str]
+    nested: tuple[tuple[str, pa.DataType], ...]  # columns holding objects, whose keys the schema may lack
+    json_text: tuple[str, ...]  # columns whose values are written as JSON text (_column_field)
+    exact: tuple[tuple[str, pa.DataType], ...]  # columns some values of which Arrow would store as others
+    # Columns whose cells make their row an error when they cannot be read; None: every column.
+    judged: frozenset[str] | None
+
+    @classmethod
+    def of(cls, schema: pa.Schema, judged: frozenset[str] | None) -> _Columns:
+        return cls(
+            schema,
+            frozenset(schema.names),
+            tuple((f.name, f.type) for f in schema if _has_struct(f.type)),
+            tuple(f.name for f in schema if is_json_text(f)),
+            tuple((f.name, f.type) for f in schema if _may_change(f.type)),
+            judged,
         )
-    for name in nested:
-        field = schema.field(name)
-        unknown = _unknown_key(row.get(name), field.type, name)
-        if unknown is not None:
-            return (
-                f"key {unknown!r} is not among the fields of column {name!r} ({field.type}) inferred from "
-                f"the first {SCHEMA_SAMPLE_LINES} lines; give one of the first lines that key too (null "
-                "is fine) or convert the input to Parquet"
+
+    def judges(self, name: str) -> bool:
+        return self.judged is None or name in self.judged
+
+
+@dataclass
+class _Rows:
+    """Objects on their way into one batch: the cells each will have, and why it is an error row
+    (no reason: it is not one). A cell that cannot be read is null; the row keeps the others, its
+    id among them, so its error record can be found by id."""
+
+    columns: _Columns
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    problems: dict[int, list[str]] = field(default_factory=dict)  # by row position; most rows have none
+
+    def reject(self, i: int, name: str, reason: str) -> None:
+        """Row i's cell of column `name` cannot be read: it is null, and the row an error if the job
+        reads that column; nothing reads the others, so their row goes on."""
+        self.cells[i][name] = None
+        if self.columns.judges(name):
+            self.problems.setdefault(i, []).append(reason)
+
+    def add(self, row: dict[str, Any]) -> None:
+        """One parsed object (taken over, not copied), with the checks that need no other rows."""
+        i = len(self.cells)
+        self.cells.append(row)
+        columns = self.columns
+        if not columns.known.issuperset(row):
+            self._drop_extra_keys(i, row)
+        for name, kind in columns.nested:
+            unknown = _unknown_key(row.get(name), kind, name)
+            if unknown is not None:
+                self.reject(
+                    i,
+                    name,
+                    f"key {unknown!r} is not among the fields of column {name!r} ({kind}) inferred from "
+                    f"the first {SCHEMA_SAMPLE_LINES} lines; give one of the first lines that key too "
+                    "(null is fine) or convert the input to Parquet",
+                )
+        for name in columns.json_text:
+            if row.get(name) is not None:
+                try:
+                    row[name] = json.dumps(row[name], ensure_ascii=False)
+                except (RecursionError, ValueError):
+                    self.reject(i, name, "a value is nested too deeply to write as JSON text; flatten it")
+
+    def _drop_extra_keys(self, i: int, row: dict[str, Any]) -> None:
+        """Drop the keys of row i that the schema lacks: Arrow would drop them without a word, so
+        the row is an error if the job reads one of them."""
+        extra = row.keys() - self.columns.known
+        for key in extra:
+            del row[key]
+        judged = sorted(key for key in extra if self.columns.judges(key))
+        if judged:
+            self.problems.setdefault(i, []).append(
+                f"key(s) {judged} are not among the columns inferred from the first "
+                f"{SCHEMA_SAMPLE_LINES} lines ({self.columns.schema.names}); put every key in the first "
+                "lines (null is fine) or convert the input to Parquet"
             )
-    return None
 
+    def reject_changed(self) -> None:
+        """Reject the cells Arrow would store as another value: it does so without an error."""
+        for name, kind in self.columns.exact:
+            values = [row.get(name) for row in self.cells]
+            if _any_changes(values, kind):
+                for i, value in enumerate(values):
+                    if _changes(value, kind):
+                        self.reject(i, name, _misfit(name, value, kind))
 
-def _row_problem(row: dict[str, Any], known: set[str], schema: pa.Schema) -> str | None:
-    """Why one object (JSON-text columns already written as text) cannot be a row of `schema`, or None."""
-    shape = _shape_problem(row, known, schema, [f.name for f in schema if _has_struct(f.type)])
-    if shape is not None:
-        return shape
-    try:
-        pa.Table.from_pylist([row], schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError) as exc:
-        misfit = _misfit_key(row, schema)
-        if misfit is not None:
-            return misfit
-        return (
-            f"a value does not fit the column types inferred from the first lines ({exc}); make each "
-            "key hold one type"
-        )
-    return None
-
-
-def _misfit_key(row: dict[str, Any], schema: pa.Schema) -> str | None:
-    """The first key whose value does not fit its inferred column, named with the value."""
-    for name, value in row.items():
-        kind = schema.field(name).type
+    def table(self) -> pa.Table:
+        schema = self.columns.schema
         try:
-            pa.array([value], type=kind)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
-            shown = repr(value)
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            return (
-                f"key {name!r} holds {shown} ({type(value).__name__}), but the first lines made it a "
-                f"column of {kind}; make each key hold one type (e.g. quote numbers meant as text)"
-            )
-    return None
+            return pa.Table.from_pylist(self.cells, schema=schema)
+        except _CONVERSION_ERRORS:
+            pass
+        # Some cell does not fit: find it (only on this slow path) and keep the others.
+        for i, row in enumerate(self.cells):
+            try:
+                pa.Table.from_pylist([row], schema=schema)
+                continue
+            except _CONVERSION_ERRORS as exc:
+                whole_row = exc
+            misfits = 0
+            for name, value in list(row.items()):
+                kind = schema.field(name).type
+                try:
+                    pa.array([value], type=kind)
+                except _CONVERSION_ERRORS:
+                    self.reject(i, name, _misfit(name, value, kind))
+                    misfits += 1
+            if not misfits:  # each cell fits alone, the row does not: which cell to blame is unknown
+                row.clear()
+                self.problems.setdefault(i, []).append(
+                    f"a value does not fit the column types inferred from the first lines ({whole_row}); "
+                    "make each key hold one type"
+                )
+        return pa.Table.from_pylist(self.cells, schema=schema)
+
+
+def _misfit(name: str, value: Any, kind: pa.DataType) -> str:
+    """Why a value cannot be a cell of its column, named with the value."""
+    try:
+        shown = repr(value)
+    except RecursionError:
+        shown = "a value nested too deeply to show"
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    example = (
+        "e.g. 3.0 rather than 3 in the first lines, so that the column holds fractions"
+        if pa.types.is_integer(kind) and type(value) is float
+        else "e.g. quote numbers meant as text"
+    )
+    return (
+        f"key {name!r} holds {shown} ({type(value).__name__}), but the first lines made it a column of "
+        f"{kind}; make each key hold one type ({example})"
+    )
 
 
 def _to_batch(
-    rows: list[dict[str, Any] | BadLine], indexes: list[int], schema: pa.Schema, url: str
+    lines: list[dict[str, Any] | BadLine], indexes: list[int], columns: _Columns, url: str
 ) -> pa.RecordBatch:
-    """Parsed lines as one batch; bad lines and objects that do not fit become error rows."""
-    known = set(schema.names)
-    nested = [f.name for f in schema if _has_struct(f.type)]
-    json_columns = [f.name for f in schema if is_json_text(f)]
+    """Parsed lines as one batch: a bad line is an error row of nulls, an object with cells that do
+    not fit an error row that keeps the others (see _Rows)."""
+    rows = _Rows(columns)
     errors: dict[int, str] = {}
-    good: list[dict[str, Any]] = []
-    for i, row in enumerate(rows):
-        if isinstance(row, BadLine):
-            errors[i] = str(row)
-            good.append({})
-            continue
-        problem = _shape_problem(row, known, schema, nested)
-        if problem is None:
-            try:
-                good.append(_as_json_text(row, json_columns))
-                continue
-            except (RecursionError, ValueError):
-                problem = "a value is nested too deeply to write as JSON text; flatten it"
-        errors[i] = f"{url} line {indexes[i] + 1}: {problem}"
-        good.append({})
-    try:
-        table = pa.Table.from_pylist(good, schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, RecursionError):
-        # Some object does not fit: find it (only on this slow path) and keep the others.
-        for i, row in enumerate(good):
-            problem = _row_problem(row, known, schema) if i not in errors else None
-            if problem is not None:
-                errors[i] = f"{url} line {indexes[i] + 1}: {problem}"
-                good[i] = {}
-        table = pa.Table.from_pylist(good, schema=schema)
+    for i, line in enumerate(lines):
+        if isinstance(line, BadLine):
+            errors[i] = str(line)
+            rows.add({})
+        else:
+            rows.add(line)
+    rows.reject_changed()
+    table = rows.table()
+    for i, problems in rows.problems.items():
+        errors[i] = f"{url} line {indexes[i] + 1}: {'; '.join(problems)}"
     batch = (
-        table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema)
+        table.combine_chunks().to_batches()[0]
+        if table.num_rows
+        else pa.RecordBatch.from_pylist([], columns.schema)
     )
     batch = batch.append_column(ROW_INDEX_COLUMN, pa.array(indexes, type=pa.int64()))
     return attach_row_errors(batch, errors)
@@ -333,9 +476,13 @@ def iter_jsonl_rows(
     row_end: int,
     byte_offset: int | None,
     batch_rows: int,
+    judged: frozenset[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Lines [row_start, row_end) of one file as batches of at most `batch_rows` parsed objects."""
-    schema = infer_jsonl_schema(url, storage_options)
+    """Lines [row_start, row_end) of one file as batches of at most `batch_rows` parsed objects.
+
+    `judged`: the columns whose unreadable cells make their row an error (the columns the job
+    reads); a cell of another column is read as null. None: every column."""
+    columns = _Columns.of(infer_jsonl_schema(url, storage_options), judged)
     with _open_text(url, storage_options) as f:
         line_index = 0
         if byte_offset is not None:
@@ -356,7 +503,7 @@ def iter_jsonl_rows(
                     rows.append(row)
                     indexes.append(line_index)
                     if len(rows) == batch_rows:
-                        yield _to_batch(rows, indexes, schema, url)
+                        yield _to_batch(rows, indexes, columns, url)
                         rows, indexes = [], []
             line_index += 1
         if line_index < row_end:
@@ -365,4 +512,4 @@ def iter_jsonl_rows(
                 "input changed after the job was planned; restore it or start the job over"
             )
         if rows:
-            yield _to_batch(rows, indexes, schema, url)
+            yield _to_batch(rows, indexes, columns, url)

@@ -105,10 +105,16 @@ def plan_file_ranges(row_group_rows: list[int], split_rows: int) -> list[tuple[i
 
 
 def iter_parquet_rows(
-    url: str, storage_options: dict, row_start: int, row_end: int, batch_rows: int
+    url: str,
+    storage_options: dict,
+    row_start: int,
+    row_end: int,
+    batch_rows: int,
+    judged: frozenset[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Rows [row_start, row_end) of one file, in order, in batches of at most `batch_rows`,
-    each with the `__row_index` column (row index within the file) appended."""
+    each with the `__row_index` column (row index within the file) appended. `judged`: the columns
+    whose undecodable cells make their row an error (null_invalid_utf8); None: every column."""
     fs, path = filesystem(url, storage_options)
     pf = _open_parquet(fs, path, url)
     try:
@@ -142,7 +148,7 @@ def iter_parquet_rows(
                     if not wanted.equals(stored):
                         part = part.cast(wanted)
                     index = pa.array(range(position + lo, position + hi), type=pa.int64())
-                    yield null_invalid_utf8(part.append_column(ROW_INDEX_COLUMN, index), url, position + lo)
+                    yield null_invalid_utf8(part.append_column(ROW_INDEX_COLUMN, index), url, position + lo, judged)
                 position += batch.num_rows
                 if position >= row_end:
                     break

@@ -6,8 +6,10 @@ has millions of good ones: the pipeline turns it into an error record and goes o
 
 Such a row keeps its place and its `__row_index`; a batch that holds one gets one more column,
 `__row_error` (string), non-null on the rows that could not be decoded. Their cells are null
-where they could not be read (for a Parquet row, only the bad cells: its id column usually
-survives). Batches without a bad row do not have the column, so the common path costs nothing.
+where they could not be read, and only there (a JSONL line that is no object at all has none):
+the id usually survives, so the error record carries the row's own id. Batches without a bad row
+do not have the column, so the common path costs nothing. A cell that cannot be read in a column
+the job does not read is null too, but its row is no error row (InputSpec.judged_columns).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ def attach_row_errors(batch: pa.RecordBatch, errors: dict[int, str]) -> pa.Recor
     return batch.append_column(ROW_ERROR_COLUMN, pa.array(reasons, type=pa.string()))
 
 
-def null_invalid_utf8(batch: pa.RecordBatch, where: str, first_row: int) -> pa.RecordBatch:
+def null_invalid_utf8(
+    batch: pa.RecordBatch, where: str, first_row: int, judged: frozenset[str] | None = None
+) -> pa.RecordBatch:
     """Null out the cells holding invalid UTF-8 (Parquet does not check it) and name them per row.
 
     Only full validation finds them, and it is a fast scan over the string bytes; the slow
     cell-by-cell search runs only for a batch that failed it. `first_row` is the file row index
-    of the batch's first row, for the message.
+    of the batch's first row, for the message. Only a cell of a `judged` column (every column when
+    None) makes its row an error: the job reads no other, so there the null is all it takes.
     """
     try:
         batch.validate(full=True)
@@ -49,6 +54,8 @@ def null_invalid_utf8(batch: pa.RecordBatch, where: str, first_row: int) -> pa.R
         bad = [i for i in range(batch.num_rows) if not _valid(column.slice(i, 1))]
         keep = pa.array([None if i in bad else i for i in range(batch.num_rows)], type=pa.int64())
         columns[c] = column.take(keep)  # a null index gives a null cell: the bad bytes are dropped
+        if judged is not None and name not in judged:
+            continue
         for i in bad:
             previous = errors.get(i)
             what = f"column {name!r} of row {first_row + i} in {where} is not valid UTF-8"

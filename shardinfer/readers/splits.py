@@ -171,17 +171,21 @@ def read_split(split: Split, spec: InputSpec, batch_rows: int = 1024) -> Iterato
     Memory is bounded by one batch (plus one Parquet row group), never the whole file. With
     `input.query`, each batch goes through the query; batches it filters to nothing are skipped.
     Rows the reader could not decode (row_errors.py) bypass the query, which could not judge them,
-    and stay in the output as error rows; so do rows the query itself fails on (_query_rows).
+    and stay in the output as error rows; so do rows the query itself fails on (_query_rows). Without
+    a query, a cell the reader cannot decode in a column the job does not read is null instead
+    (InputSpec.judged_columns).
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows={batch_rows}: must be a positive number of rows")
+    judged = spec.judged_columns()
     if resolve_format(split.path, spec.format) == "parquet":
         source = iter_parquet_rows(
-            split.path, spec.storage_options, split.row_start, split.row_end, batch_rows
+            split.path, spec.storage_options, split.row_start, split.row_end, batch_rows, judged
         )
     else:
         source = iter_jsonl_rows(
-            split.path, spec.storage_options, split.row_start, split.row_end, split.byte_offset, batch_rows
+            split.path, spec.storage_options, split.row_start, split.row_end, split.byte_offset, batch_rows,
+            judged,
         )
     if split.only_rows is not None:
         source = _only_rows(source, split.only_rows)

@@ -164,13 +164,14 @@ def test_key_not_in_sample_and_type_change_are_error_rows(
     spec = InputSpec(str(path))
     (split,) = plan_splits(spec, split_rows=10)
     got = _rows_and_errors(spec, split)
-    assert [(i, p) for i, p, _ in got] == [(0, "a"), (1, "b"), (2, None)]
+    # The error row keeps the cells that fit: only the key the sample lacked is left out.
+    assert [(i, p) for i, p, _ in got] == [(0, "a"), (1, "b"), (2, "c")]
     assert got[0][2] is None and got[1][2] is None
     assert re.match(r".*line 3: key\(s\) \['extra'\]", got[2][2] or "")
     _write(path, ['{"prompt": "a", "k": 1}', '{"prompt": "b", "k": 2}', '{"prompt": "c", "k": "three"}'])
     (split,) = plan_splits(spec, split_rows=10)
     got = _rows_and_errors(spec, split)
-    assert [(i, p) for i, p, _ in got] == [(0, "a"), (1, "b"), (2, None)]
+    assert [(i, p) for i, p, _ in got] == [(0, "a"), (1, "b"), (2, "c")]
     # The message names the key, its value and the type the sample gave the column.
     assert re.match(
         r".*in\.jsonl line 3: key 'k' holds 'three' \(str\), but the first lines made it a column "
@@ -186,7 +187,7 @@ def test_the_sample_majority_decides_a_disputed_type(tmp_path: Path) -> None:
     spec = InputSpec(str(path))
     (split,) = plan_splits(spec, split_rows=10)
     got = [r for b in read_split(split, spec) for r in b.to_pylist()]
-    assert [(r["prompt"], r["k"]) for r in got] == [("a", 1), (None, None), ("c", 3)]
+    assert [(r["prompt"], r["k"]) for r in got] == [("a", 1), ("b", None), ("c", 3)]
     assert got[0]["__row_error"] is None
     assert (
         "line 2: key 'k' holds [[1]] (list), but the first lines made it a column of int64"
