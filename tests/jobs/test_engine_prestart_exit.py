@@ -206,8 +206,9 @@ def test_a_refused_plan_ends_the_ranks_its_engine_build_started(
     marks = tmp_path / "marks"
     spec = _spec(tmp_path, moe_model_dir, shards, engine={"expert_parallel_size": 2},
                  input={"messages_column": "prompt", "prompt_column": ""})
-    # The ranks' spec file stays in the engine's temporary folder, which a killed build cannot remove.
-    proc = _start(spec, marks, TEST_REAL_BUILD="1", TEST_HOLD_PLAN="1", TMPDIR=str(tmp_path))
+    scratch = tmp_path / "tmp"  # the command's temporary folder: the ranks' spec leaves nothing in it
+    scratch.mkdir()
+    proc = _start(spec, marks, TEST_REAL_BUILD="1", TEST_HOLD_PLAN="1", TMPDIR=str(scratch))
     deadline = time.monotonic() + _BOUND_S
     while len(_rank_processes(marks)) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -217,6 +218,7 @@ def test_a_refused_plan_ends_the_ranks_its_engine_build_started(
     assert "input.messages_column='prompt' holds no chat messages" in err
     assert "Traceback" not in err
     assert _rank_processes(marks) == []
+    assert not list(scratch.glob("shardinfer-ranks-*"))
 
 
 class _Engine:

@@ -1,4 +1,4 @@
-"""One expert-parallel rank: `python -m shardinfer.engine.parallel.rank_main SPEC.json RANK`.
+"""One expert-parallel rank: `python -m shardinfer.engine.parallel.rank_main RANK`, its spec the first line on stdin.
 
 The rank joins the group, builds its engine (its expert slots only, engine/parallel/sharding.py)
 and serves the driver (ranks.py) over stdin/stdout, one JSON object a line:
@@ -87,12 +87,11 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
 
 
 def main() -> None:
-    spec_path, rank = sys.argv[1], int(sys.argv[2])
+    rank = int(sys.argv[1])
     # Replies go to the original stdout; anything the engine prints goes to stderr.
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    with open(spec_path, encoding="utf-8") as f:
-        spec = json.load(f)
+    spec = json.loads(sys.stdin.readline())  # the driver's first line; its operations follow
     try:
         serve(spec, rank, replies)
     except BaseException as exc:  # report, then exit non-zero: the driver names this rank

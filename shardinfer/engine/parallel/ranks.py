@@ -23,7 +23,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from pathlib import Path
@@ -59,14 +58,22 @@ def _free_port() -> int:
 class _Rank:
     """One rank process and its pipes."""
 
-    def __init__(self, index: int, spec_path: Path) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shardinfer.engine.parallel.rank_main", str(spec_path), str(index)],
+            [sys.executable, "-m", "shardinfer.engine.parallel.rank_main", str(index)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.unfinished: set[str] = set()
         self.reported = False  # it replied with an error (a rank that died says nothing)
+
+    def send_spec(self, spec: dict[str, Any]) -> None:
+        """The rank's first line on stdin. Not a file: none is left behind by a driver that exits
+        without cleaning up (a refused job does not wait for its engine: jobs/engine_prestart.py)."""
+        try:
+            wire.send(self.stdin, spec)
+        except (BrokenPipeError, OSError) as exc:
+            raise self.failure("could not be sent its spec") from exc
 
     @property
     def stdin(self) -> IO[str]:
@@ -144,7 +151,6 @@ class ExpertParallelEngine:
         self.timeout_s = timeout_s
         # The ranks get the checked values (a torch dtype as its name, numpy ints as ints): they travel as JSON.
         self._engine_kwargs = {k: getattr(self.config, k, v) for k, v in kwargs.items()}
-        self._dir = tempfile.TemporaryDirectory(prefix="shardinfer-ranks-")
         self.ranks: list[_Rank] = []
         self.requests: dict[str, SimpleNamespace] = {}
         self._owner: dict[str, _Rank] = {}
@@ -164,10 +170,10 @@ class ExpertParallelEngine:
                 "physical_to_logical": list(self.placement.physical_to_logical), "address": _ADDRESS,
                 "port": _free_port(), "timeout_s": self.timeout_s, "model": str(self.model_dir),
                 "engine": self._engine_kwargs}
-        spec_path = Path(self._dir.name) / f"ranks-{len(os.listdir(self._dir.name))}.json"
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        self.ranks = [_Rank(i, spec_path) for i in range(self.size)]
+        self.ranks = [_Rank(i) for i in range(self.size)]
         try:
+            for rank in self.ranks:
+                rank.send_spec(spec)
             ready = min((r.receive() for r in self.ranks), key=lambda reply: int(reply["max_model_len"]))
             self.max_model_len, self.length_fix = int(ready["max_model_len"]), str(ready["length_fix"])
             self.max_model_len_asked = int(ready["max_model_len_asked"])
@@ -198,7 +204,6 @@ class ExpertParallelEngine:
 
     def close(self) -> None:
         self.shutdown()
-        self._dir.cleanup()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to report to
