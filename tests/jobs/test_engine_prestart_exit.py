@@ -137,13 +137,14 @@ def test_a_job_already_complete_exits_0_while_the_engine_is_still_built(
     assert "already complete" in err
 
 
-@pytest.mark.parametrize(
-    ("signum", "message"),
-    [
-        (signal.SIGTERM, "interrupted (SIGTERM) before the run started its splits"),
-        (signal.SIGINT, "interrupted (Ctrl-C)"),
-    ],
-)
+# A signal that stops a job before its splits, and what the job then says.
+_STOPS = [
+    (signal.SIGTERM, "interrupted (SIGTERM) before the run started its splits"),
+    (signal.SIGINT, "interrupted (Ctrl-C)"),
+]
+
+
+@pytest.mark.parametrize(("signum", "message"), _STOPS)
 def test_a_stop_while_planning_exits_75_at_once(
     tmp_path: Path, model_dir: Path, shards: Path, signum: int, message: str
 ) -> None:
@@ -156,13 +157,7 @@ def test_a_stop_while_planning_exits_75_at_once(
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    ("signum", "message"),
-    [
-        (signal.SIGTERM, "interrupted (SIGTERM) before the run started its splits"),
-        (signal.SIGINT, "interrupted (Ctrl-C)"),
-    ],
-)
+@pytest.mark.parametrize(("signum", "message"), _STOPS)
 def test_a_stop_while_the_engine_is_built_exits_75_with_nothing_written(
     tmp_path: Path, model_dir: Path, shards: Path, signum: int, message: str
 ) -> None:
