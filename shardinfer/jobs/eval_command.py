@@ -32,6 +32,7 @@ import hashlib
 import importlib.metadata
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,10 +124,15 @@ def _limit(limit: float | None) -> float | int | None:
     return int(limit) if limit >= 1 else limit
 
 
-def fingerprint(settings: EvalSettings, path_as_written: bool = False) -> dict[str, Any]:
+def fingerprint(
+    settings: EvalSettings, path_as_written: bool = False, dtype_as_written: str | None = None
+) -> dict[str, Any]:
     """The eval's identity. The --include-path folder counts by its files, not by where it is: the
     same tasks given by a relative path from elsewhere, or by an absolute one, are the same eval.
-    (`path_as_written`: the fingerprint of an earlier shardinfer, which held the path as given.)"""
+    The dtype counts as resolved on this machine (--dtype auto on a CPU is float32), and the local
+    data files the tasks name outside the folder count by their content.
+    (`path_as_written`: the fingerprint of an earlier shardinfer, which held the path as given;
+    `dtype_as_written`: the dtype such a fingerprint held, --dtype as given.)"""
     from shardinfer.pipeline.fingerprint import NUMERICS_ENGINE_KEYS, model_identity
 
     parts: dict[str, Any] = dict(model_identity(settings.model))
@@ -141,11 +147,25 @@ def fingerprint(settings: EvalSettings, path_as_written: bool = False) -> dict[s
         "limit": settings.limit,
         "seed": settings.seed,
         "apply_chat_template": settings.apply_chat_template,
-        "dtype": settings.dtype,
+        "dtype": dtype_as_written or resolved_dtype(settings.device, settings.dtype),
         "lm_eval": importlib.metadata.version("lm_eval"),
     }
+    outside = _outside_data_hashes(settings.include_path) if settings.include_path else {}
+    if outside:  # only when the tasks name such files, so the other evals keep their fingerprint
+        parts["eval"]["data_files"] = outside
     parts["hash"] = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return parts
+
+
+def resolved_dtype(device: str, dtype: str) -> str:
+    """--dtype as the engine resolves it on this machine ("auto": bfloat16 on CUDA, float32 on a
+    CPU); as given where the engine refuses it (the eval then names the flag to fix)."""
+    from shardinfer.engine.config import EngineConfig
+
+    try:
+        return str(EngineConfig(model="", device=device, dtype=dtype).torch_dtype).removeprefix("torch.")
+    except (TypeError, ValueError):
+        return dtype
 
 
 def _fingerprint_of(settings: EvalSettings, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -153,11 +173,27 @@ def _fingerprint_of(settings: EvalSettings, job: dict[str, Any] | None) -> dict[
     output holds, so that its eval resumes under the fingerprint it was planned with."""
     fp = fingerprint(settings)
     held = (job or {}).get("fingerprint", {}).get("hash")
-    if job is not None and held != fp["hash"] and settings.include_path is not None:
-        legacy = fingerprint(settings, path_as_written=True)
+    if job is None or held == fp["hash"]:
+        return fp
+    for legacy in _older_fingerprints(settings, fp):
         if legacy["hash"] == held:
             return legacy
     return fp
+
+
+def _older_fingerprints(settings: EvalSettings, fp: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The eval's fingerprint in the forms earlier versions stored: the --include-path as written
+    (before the folder counted by its files alone) and --dtype as written (before it counted as
+    resolved: "auto" then, or the spelling given, where it resolves to this eval's dtype)."""
+    resolved = fp["eval"]["dtype"]
+    spellings = [settings.dtype] if settings.dtype != resolved else []
+    if settings.dtype != "auto" and resolved_dtype(settings.device, "auto") == resolved:
+        spellings.append("auto")
+    paths = (False, True) if settings.include_path is not None else (False,)
+    for path_as_written in paths:
+        for dtype in [None, *spellings]:
+            if path_as_written or dtype is not None:
+                yield fingerprint(settings, path_as_written=path_as_written, dtype_as_written=dtype)
 
 
 def _folder_hashes(folder: str) -> dict[str, str]:
@@ -165,6 +201,77 @@ def _folder_hashes(folder: str) -> dict[str, str]:
     root = Path(folder)
     return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
             for path in sorted(root.rglob("*")) if path.is_file() and "__pycache__" not in path.parts}
+
+
+def _outside_data_hashes(folder: str) -> dict[str, str]:
+    """sha256 of every local data file the task YAMLs under `folder` name (their dataset_kwargs'
+    data_files and data_dir) that lies outside it, by absolute path; the files under it count with
+    the folder's. A remote or hub dataset, or a file that is not there, is not counted."""
+    root = Path(folder).resolve()
+    found: set[Path] = set()
+    for config in _task_configs(Path(folder)):
+        for kwargs in _dataset_kwargs(config):
+            found.update(_local_data_files(kwargs))
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(found) if not path.is_relative_to(root)}
+
+
+def _task_configs(folder: Path) -> Iterator[dict[str, Any]]:
+    """Every task YAML under the folder, its includes merged (as the harness reads it, its
+    !function tags left unimported)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    for path in sorted(folder.rglob("*.yaml")):
+        try:
+            config = load_yaml(path, resolve_func=False)
+        except Exception:  # not a task the harness can read: it skips it too
+            continue
+        yield config
+
+
+def _dataset_kwargs(value: Any) -> Iterator[dict[str, Any]]:
+    """The dataset_kwargs of a task config and of the tasks defined inline in it (a group's)."""
+    if isinstance(value, dict):
+        kwargs = value.get("dataset_kwargs")
+        if isinstance(kwargs, dict):
+            yield kwargs
+        for item in value.values():
+            if isinstance(item, dict | list):
+                yield from _dataset_kwargs(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _dataset_kwargs(item)
+
+
+def _local_data_files(kwargs: dict[str, Any]) -> set[Path]:
+    """The local files a task's dataset_kwargs load: its data_files (a path, pattern, list or a
+    mapping of split to those, relative to data_dir or else the working directory, as the datasets
+    library resolves them), or the files under data_dir without them."""
+    import glob
+
+    data_dir = kwargs.get("data_dir")
+    local_dir = isinstance(data_dir, str) and "://" not in data_dir
+    base = Path(str(data_dir)).expanduser().resolve() if local_dir else Path.cwd()
+    patterns: list[str] = []
+    pending: list[Any] = [kwargs.get("data_files")]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            patterns.append(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    if not patterns and local_dir and base.is_dir():
+        return {path for path in base.rglob("*") if path.is_file()}
+    files: set[Path] = set()
+    for pattern in patterns:
+        if "://" in pattern:
+            continue
+        full = Path(pattern).expanduser()
+        full = full if full.is_absolute() else base / full
+        files.update(Path(p).resolve() for p in glob.glob(str(full), recursive=True) if Path(p).is_file())
+    return files
 
 
 def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
@@ -438,7 +545,22 @@ def _evaluate(lm_eval: Any, lm: Any, settings: EvalSettings, manager: Any, task:
         ) from None
     if results is None:
         raise RuntimeError(f"the harness returned no results for {task}")
-    return dict(results)
+    results = dict(results)
+    # Given a model object, the harness records its class and no arguments: record what a run of
+    # `lm_eval --model shardinfer --model_args ...` records, the model without credentials.
+    results["config"] = {**(results.get("config") or {}), "model_args": model_args(settings)}
+    return results
+
+
+def model_args(settings: EvalSettings) -> str:
+    """The harness's --model_args of this eval's model: `pretrained=<model>,dtype=<dtype>,device=<device>`,
+    the model's location without credentials and the dtype as resolved on this machine."""
+    from shardinfer.redaction import redact_url
+
+    return (
+        f"pretrained={redact_url(settings.model)},dtype={resolved_dtype(settings.device, settings.dtype)},"
+        f"device={settings.device}"
+    )
 
 
 def metric_lines(per_task: dict[str, dict[str, Any]]) -> list[str]:

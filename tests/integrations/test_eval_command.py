@@ -301,3 +301,95 @@ def test_the_task_folder_counts_by_its_files_not_by_how_its_path_is_written(
     OutputStore("earlier").write_job(job)
     assert main(argv("tasks", "earlier")) == 0
     assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier["hash"]
+
+
+def _outside_data_task(tmp_path: Path) -> tuple[Path, Path]:
+    """A task folder whose task reads a JSON lines file kept in another folder: (tasks, data file)."""
+    tasks, data = tmp_path / "tasks", tmp_path / "data" / "mc.jsonl"
+    tasks.mkdir()
+    data.parent.mkdir()
+    docs = [{"q": "import ", "choices": ["os", "sys"], "label": 1},
+            {"q": "def f():\n    return", "choices": [" None", " 1"], "label": 0}]  # fmt: skip
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tasks / "ext_mc.yaml").write_text(
+        "task: ext_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data}\noutput_type: multiple_choice\ntest_split: test\n"
+        'doc_to_text: "{{q}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
+        "metric_list:\n  - metric: acc\nmetadata:\n  version: 1.0\n"
+    )
+    return tasks, data
+
+
+def test_a_task_data_file_outside_the_task_folder_counts_in_the_fingerprint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardinfer.jobs.cli import main
+    from shardinfer.jobs.eval_command import EvalSettings, fingerprint
+
+    tasks, data = _outside_data_task(tmp_path)
+    argv = ["eval", "--model", str(DEMO_MODEL), "--include-path", str(tasks), "--tasks", "ext_mc",
+            "--device", "cpu", "--output", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "already complete" in capsys.readouterr().err
+    # Another document in the data: the committed results are of other data, and are kept, not passed off.
+    data.write_text(data.read_text() + json.dumps({"q": "x = ", "choices": ["1", "2"], "label": 0}) + "\n")
+    assert main(argv) == 78
+    err = capsys.readouterr().err
+    assert f"changed: eval.data_files.{data.resolve()}" in err
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["n-samples"]["ext_mc"]["effective"] == 2
+    # Data files under the task folder count with its files: those evals keep their fingerprint.
+    inside = EvalSettings(str(DEMO_MODEL), ["demo_tasks_mc"], str(tmp_path / "o"), include_path=str(DEMO_TASKS))
+    assert "data_files" not in fingerprint(inside)["eval"]
+
+
+def test_the_dtype_counts_as_resolved_and_evals_planned_with_auto_resume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hashlib
+
+    from shardinfer.jobs.cli import build_parser, main
+    from shardinfer.jobs.eval_command import fingerprint, settings_from_args, task_plan
+    from shardinfer.writers.job_file import make_job_record
+    from shardinfer.writers.output_store import OutputStore
+
+    def argv(dtype: str, out: str) -> list[str]:
+        return ["eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS), "--tasks", "demo_tasks_mc",
+                "--limit", "2", "--device", "cpu", "--dtype", dtype, "--output", str(tmp_path / out)]  # fmt: skip
+
+    assert main(argv("auto", "out")) == 0
+    capsys.readouterr()
+    for same in ("float32", "fp32"):  # what auto resolves to on a CPU: the same eval
+        assert main(argv(same, "out")) == 0
+        assert "already complete" in capsys.readouterr().err
+    assert main(argv("bfloat16", "out")) == 78
+    assert 'eval.dtype: "float32" -> "bfloat16"' in capsys.readouterr().err
+
+    # An eval planned by an earlier shardinfer, whose fingerprint held --dtype as given, resumes
+    # under that fingerprint, given as it was or as what it resolves to.
+    settings = settings_from_args(build_parser().parse_args(argv("auto", "earlier")))
+    earlier = fingerprint(settings)
+    del earlier["hash"]
+    earlier["eval"]["dtype"] = "auto"
+    earlier["hash"] = hashlib.sha256(json.dumps(earlier, sort_keys=True, default=str).encode()).hexdigest()
+    job = make_job_record("eval", earlier, task_plan(settings.tasks), {"eval_tasks": settings.tasks})
+    OutputStore(str(tmp_path / "earlier")).write_job(job)
+    assert main(argv("auto", "earlier")) == 0
+    assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier["hash"]
+    capsys.readouterr()
+    assert main(argv("float32", "earlier")) == 0
+    assert "already complete" in capsys.readouterr().err
+
+
+def test_results_record_the_model_as_model_args_without_credentials(tmp_path: Path) -> None:
+    from shardinfer.jobs.cli import main
+    from shardinfer.jobs.eval_command import EvalSettings, model_args
+
+    out = tmp_path / "out"
+    assert main(["eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS), "--tasks", "demo_tasks_mc",
+                 "--limit", "2", "--device", "cpu", "--output", str(out)]) == 0  # fmt: skip
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert config["model_args"] == f"pretrained={DEMO_MODEL},dtype=float32,device=cpu"
+    remote = EvalSettings("s3://key:secret@bucket/model", ["t"], str(out), device="cpu", dtype="bf16")
+    assert model_args(remote) == "pretrained=s3://***@bucket/model,dtype=bfloat16,device=cpu"
