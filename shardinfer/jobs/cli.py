@@ -461,18 +461,11 @@ def _permission_message(exc: PermissionError, locations: list[str]) -> str:
 
 
 def _validate(spec: ResolvedSpec) -> int:
-    from shardinfer.pipeline.job import (
-        check_model_files,
-        check_sampling_lengths,
-        model_length_limit,
-        open_job,
-    )
+    from shardinfer.pipeline.job import check_model_files, check_spec_fits_model, open_job
 
     job = open_job(spec.config)
     check_model_files(job)
-    limit = model_length_limit(spec.config)
-    if limit is not None:  # what submit refuses once the engine is built, said without building it
-        check_sampling_lengths(spec.config, limit)
+    check_spec_fits_model(spec.config)  # what the built engine would refuse, said without building it
     print(
         f"ok: {len(job.splits)} split(s); fingerprint {job.fingerprint['hash'][:16]}; output state: {job.state}"
     )
@@ -540,7 +533,7 @@ def _plan_and_run(
 ) -> int:
     from shardinfer.jobs.executor import parse_master
     from shardinfer.jobs.unstarted import only_an_unstarted_plan
-    from shardinfer.pipeline.job import check_model_files, open_job, remove_strays
+    from shardinfer.pipeline.job import check_model_files, check_spec_fits_model, open_job, remove_strays
 
     num_workers = 0 if _is_ray(args.master) else parse_master(args.master)
     config = spec.config
@@ -563,6 +556,7 @@ def _plan_and_run(
         raise
     try:
         check_model_files(job)  # before the output location is written, and said by a dry run
+        check_spec_fits_model(job.config)  # as validate does: lengths past the local model's max_model_len
     except JobError as exc:
         _dry_run_refusal(args, exc, config.job.run_id)
         raise

@@ -761,13 +761,29 @@ def build_engine(config: JobConfig) -> Engine:
 
 def check_sampling_lengths(config: JobConfig, max_model_len: int) -> None:
     """[sampling] max_tokens and min_tokens as the spec writes them (a checkpoint's default may
-    exceed max_model_len: generation just ends there) must fit max_model_len."""
+    exceed max_model_len: generation just ends there) must fit max_model_len, and so must a score
+    job's job.rolling_window_tokens (the rule ScorePreparer applies to the built engine)."""
     from shardinfer.pipeline.row_limits import over_max_model_len
+    from shardinfer.pipeline.scoring import rolling_window_refusal
 
     for name in ("max_tokens", "min_tokens"):
         value = config.sampling.get(name)
         if isinstance(value, int) and value > max_model_len:
             raise ConfigError(f"sampling.{over_max_model_len(name, value, max_model_len)}")
+    if config.job.task == "score":
+        refusal = rolling_window_refusal(config.job.rolling_window_tokens, max_model_len)
+        if refusal is not None:
+            raise ConfigError(refusal)
+
+
+def check_spec_fits_model(config: JobConfig) -> None:
+    """check_sampling_lengths against the max_model_len a local model's config.json (and
+    engine.max_model_len) gives, without loading the model: said by `validate`, and by `submit`
+    (and `--dry-run`) before the plan is written. A model on object storage is checked once its
+    engine is built (check_model_serves_spec)."""
+    limit = model_length_limit(config)
+    if limit is not None:
+        check_sampling_lengths(config, limit)
 
 
 def model_length_limit(config: JobConfig) -> int | None:
@@ -787,7 +803,8 @@ def model_length_limit(config: JobConfig) -> int | None:
 
 def check_model_serves_spec(engine: Engine, config: JobConfig) -> None:
     """What the spec asks of every row that this model cannot give (no chat template for a messages
-    column, a [sampling] max_tokens past max_model_len, a [sampling] schema that does not compile)
+    column, a [sampling] max_tokens or a job.rolling_window_tokens past max_model_len, a [sampling]
+    schema that does not compile)
     fails the job once, before any split, not as one error record per row."""
     tokenizer = engine.tokenizer
     if config.input.messages_column and getattr(tokenizer, "chat_template", "") is None:

@@ -22,8 +22,10 @@ from shardinfer.pipeline.scoring import (
     Span,
     SpanScore,
     encode_text,
+    longest_rolling_window,
     max_span_tokens,
     prefix_token_id,
+    rolling_window_refusal,
     rolling_windows,
     split_pair,
 )
@@ -49,13 +51,10 @@ class ScorePreparer:
         self.inp = input_section
         self.max_span = max_span_tokens(max_model_len)
         # A window's span is window + 1 tokens (its input positions and the last scored token).
-        self.window = window_tokens or self.max_span - 1
-        if self.window + 1 > self.max_span:
-            raise ValueError(
-                f"job.rolling_window_tokens={window_tokens} needs spans of {window_tokens + 1} tokens but the "
-                f"engine takes at most {self.max_span} (max_model_len={max_model_len}); lower it or raise "
-                "engine.max_model_len"
-            )
+        refusal = rolling_window_refusal(window_tokens, max_model_len)
+        if refusal is not None:
+            raise ValueError(refusal)
+        self.window = window_tokens or longest_rolling_window(max_model_len)
         self._ids = RowPreparer(tokenizer, max_model_len, {}, input_section, 0)
         # Columns of the batch being prepared whose values the reader wrote as JSON text (see
         # `note_schema`): their strings are lists or objects, not texts to score.

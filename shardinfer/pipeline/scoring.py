@@ -176,3 +176,24 @@ def add_span(engine: Any, request_id: str, span: Span) -> None:
 def max_span_tokens(max_model_len: int) -> int:
     """The longest span the engine takes: a prompt must leave room for the one sampled token."""
     return max_model_len - 1
+
+
+def longest_rolling_window(max_model_len: int) -> int:
+    """The most input positions a rolling window may have: its span is the window plus the last
+    scored token, and must fit max_span_tokens (job.rolling_window_tokens = 0 takes this)."""
+    return max_span_tokens(max_model_len) - 1
+
+
+def rolling_window_refusal(window_tokens: int, max_model_len: int) -> str | None:
+    """Why job.rolling_window_tokens=window_tokens cannot be scored by an engine of max_model_len
+    (None when it can; 0 takes the longest window, so always can). The one rule for both the plan
+    (`validate`, `submit --dry-run`, `submit` before it writes) and the engine-time ScorePreparer."""
+    longest = longest_rolling_window(max_model_len)
+    if not window_tokens or window_tokens <= longest:
+        return None
+    return (
+        f"job.rolling_window_tokens={window_tokens} needs spans of {window_tokens + 1} tokens but the engine "
+        f"takes at most {max_span_tokens(max_model_len)} (max_model_len={max_model_len}); lower it to "
+        f"{longest} or less (0 takes the longest, max_model_len - 2), or raise engine.max_model_len (at most "
+        "the model's max_position_embeddings)"
+    )

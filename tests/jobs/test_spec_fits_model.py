@@ -3,6 +3,7 @@ before any split, instead of making every row an error record."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline_kit import cli, job_toml
+from pipeline_kit import _toml, cli, job_toml
 
 from shardinfer.jobs.cli import main
 
@@ -74,6 +75,20 @@ def test_validate_refuses_what_submit_would(tmp_path: Path, model_dir: Path) -> 
     assert cli("validate", str(fits)).returncode == 0
 
 
+def test_dry_run_refuses_sampling_max_tokens_past_max_model_len(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dry run says what submit would (78), not ok: the same plan-time check as validate."""
+    job = _job(tmp_path, model_dir, sampling={"max_tokens": 257}, engine={"max_model_len": 256})
+    assert main(["submit", "--dry-run", str(job)]) == 78
+    captured = capsys.readouterr()
+    assert "# dry run: submitting would exit 78 and write nothing: sampling.max_tokens=257 is above " \
+        "max_model_len=256" in captured.out
+    assert not (tmp_path / "out").exists()
+    fits = _job(tmp_path, model_dir, sampling={"max_tokens": 256}, engine={"max_model_len": 256})
+    assert main(["submit", "--dry-run", str(fits)]) == 0
+
+
 def _model_without(tmp_path: Path, model_dir: Path, *names: str) -> Path:
     model = tmp_path / "model"
     shutil.copytree(model_dir, model)
@@ -118,3 +133,90 @@ def test_validate_refuses_a_messages_column_without_a_chat_template(
     assert "never a named one such as tool_use" in capsys.readouterr().err
     plain = _job(tmp_path, model)
     assert main(["validate", str(plain)]) == 0
+
+
+def _document_job(tmp_path: Path, model: Path, window: int, **engine: int) -> Path:
+    """A score job over one document column with job.rolling_window_tokens = window."""
+    pq.write_table(pa.Table.from_pylist([{"id": "d0", "doc": "Hello world, the quick brown fox jumps."}]),
+                   tmp_path / "docs.parquet")
+    spec: dict[str, dict[str, object]] = {
+        "job": {"task": "score", "split_rows": 4, "max_inflight_requests": 8, "rolling_window_tokens": window},
+        "input": {"path": str(tmp_path / "docs.parquet"), "id_column": "id", "document_column": "doc"},
+        "model": {"path": str(model), "device": "cpu", "dtype": "float32"},
+        "engine": {"num_kv_blocks": 128, "max_num_seqs": 8, **engine},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    job = tmp_path / "docs.toml"
+    job.write_text("\n".join(f"[{k}]\n" + "".join(f"{n} = {_toml(v)}\n" for n, v in b.items())
+                             for k, b in spec.items()))
+    return job
+
+
+def test_a_rolling_window_past_max_model_len_is_refused_before_anything_is_written(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """validate and --dry-run said ok, and submit wrote _job.json before its engine refused the
+    window (status then said `failed`): all three refuse it now, from the model's config.json and
+    engine.max_model_len, with nothing written. max_model_len=64: windows of up to 62 positions."""
+    job = _document_job(tmp_path, model_dir, 63, max_model_len=64)
+    expected = ("job.rolling_window_tokens=63 needs spans of 64 tokens but the engine takes at most 63 "
+                "(max_model_len=64); lower it to 62 or less")
+    for argv in (["validate", str(job)], ["submit", "--dry-run", str(job)], ["submit", str(job)],
+                 ["submit", "--master", "local[2]", str(job)]):
+        assert main(argv) == 78, argv
+        captured = capsys.readouterr()
+        assert expected in captured.err, (argv, captured.err)
+        assert not (tmp_path / "out").exists(), argv
+    assert main(["submit", "--dry-run", str(job)]) == 78
+    assert f"# dry run: submitting would exit 78 and write nothing: {expected}" in capsys.readouterr().out
+
+
+def test_the_largest_rolling_window_the_engine_takes_is_accepted_by_every_check(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan-time check and the engine's (ScorePreparer) draw the line at the same window:
+    max_model_len - 2 input positions (a span of max_model_len - 1 tokens)."""
+    job = _document_job(tmp_path, model_dir, 62, max_model_len=64)
+    for argv in (["validate", str(job)], ["submit", "--dry-run", str(job)], ["submit", str(job)]):
+        assert main(argv) == 0, (argv, capsys.readouterr().err)
+    assert (tmp_path / "out" / "_SUCCESS").is_file()
+    rows = pq.read_table(next((tmp_path / "out").glob("part-*"))).to_pylist()
+    assert [r["status"] for r in rows] == ["ok"]
+
+
+def test_without_engine_max_model_len_the_window_is_held_to_the_models_positions(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    positions = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    over = _document_job(tmp_path, model_dir, positions - 1)
+    assert main(["validate", str(over)]) == 78
+    assert (f"job.rolling_window_tokens={positions - 1} needs spans of {positions} tokens but the engine takes "
+            f"at most {positions - 1} (max_model_len={positions})") in capsys.readouterr().err
+    assert main(["validate", str(_document_job(tmp_path, model_dir, positions - 2))]) == 0
+
+
+@pytest.mark.parametrize("max_model_len", [2, 3, 64, 2048])
+def test_the_plan_and_the_engine_refuse_the_same_windows(tmp_path: Path, model_dir: Path, max_model_len: int) -> None:
+    """check_sampling_lengths (the plan's check, and the built engine's in check_model_serves_spec)
+    and ScorePreparer (what a worker builds its rows with) accept and refuse the same windows."""
+    from shardinfer.engine.tokenizer import Tokenizer
+    from shardinfer.errors import ConfigError
+    from shardinfer.jobs.spec import load_toml, resolve
+    from shardinfer.pipeline.job import check_sampling_lengths
+    from shardinfer.pipeline.score_rows import ScorePreparer
+
+    tok = Tokenizer(model_dir)
+    config = resolve(load_toml(_document_job(tmp_path, model_dir, 1))).config
+    for window in sorted({0, 1, *range(max(max_model_len - 3, 0), max_model_len + 1), 5000}):
+        windowed = dataclasses.replace(config, job=dataclasses.replace(config.job, rolling_window_tokens=window))
+        try:
+            check_sampling_lengths(windowed, max_model_len)
+            plan_accepts = True
+        except ConfigError:
+            plan_accepts = False
+        try:
+            ScorePreparer(tok, max_model_len, config.input, window)
+            engine_accepts = True
+        except ValueError:
+            engine_accepts = False
+        assert plan_accepts == engine_accepts == (window <= max(max_model_len - 2, 0)), (window, max_model_len)
