@@ -46,6 +46,11 @@ from shardinfer.jobs.spec import (
 # spec errors come back in a fraction of a second.
 
 CTRL_C = "interrupted (Ctrl-C): the committed splits are kept; rerun the same command to resume"
+# An eval commits whole tasks: a rerun runs those it had not committed.
+CTRL_C_EVAL = (
+    "interrupted (Ctrl-C): the tasks this eval committed are kept, the one running is not; rerun the "
+    "same command to run the rest"
+)
 SIGTERM_BEFORE_SPLITS = (
     "interrupted (SIGTERM) before the run started its splits: it committed nothing; rerun the same "
     "command to run the job"
@@ -369,7 +374,7 @@ def _main(argv: list[str]) -> int:
         message = str(exc) if isinstance(exc, JobError) or code != 1 else f"{type(exc).__name__}: {exc}"
         command = getattr(args, "command", None)
         if isinstance(exc, KeyboardInterrupt):
-            message = CTRL_C
+            message = CTRL_C_EVAL if command == "eval" else CTRL_C
         if is_credentials_error(exc):
             # status and history take their options from a flag, not from a job's spec keys.
             where = (

@@ -567,3 +567,19 @@ def test_a_storage_error_prints_its_message_without_the_errno_prefix(
     err = capsys.readouterr().err
     assert "write out/part-00001.parquet: no space left on the device" in err
     assert "Errno" not in err
+
+
+def test_ctrl_c_in_an_eval_speaks_of_its_tasks(
+    tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shardinfer.jobs.eval_command as eval_command
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(eval_command, "run_eval", interrupted)
+    code = main(["eval", "--model", str(model_dir), "--tasks", "t", "--output", str(tmp_path / "ev")])
+    err = capsys.readouterr().err
+    assert code == 75, err
+    assert "interrupted (Ctrl-C): the tasks this eval committed are kept, the one running is not" in err
+    assert "splits" not in err
