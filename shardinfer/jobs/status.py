@@ -174,7 +174,10 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
         }
     if success is not None:
         summary = success.get("summary", {})
-        for key in ("run_id", "wall_time_s", "output_tokens_per_s", "prefix_cache_hit_rate", "repaired"):
+        for key in (
+            "run_id", "task", "wall_time_s", "output_tokens_per_s", "run_prompt_tokens", "prefix_cache_hit_rate",
+            "repaired",
+        ):
             if key in summary:
                 report[key] = summary[key]
     if _print_head(report, as_json, f"{output}: {report['state']}", found["problems"]):
@@ -193,11 +196,18 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
         if last.get("repaired"):
             print(f"  repaired   {last['repaired']}")
     if "output_tokens_per_s" in report:
-        print(
-            f"  speed      {report['output_tokens_per_s']} tok/s over {report.get('wall_time_s')} s, "
-            f"prefix-cache hit rate {report.get('prefix_cache_hit_rate')}"
-        )
+        print(f"  speed      {_speed(report)}, prefix-cache hit rate {report.get('prefix_cache_hit_rate')}")
     return EXIT_OK
+
+
+def _speed(report: dict[str, Any]) -> str:
+    """The finishing run's rate: tokens generated, or for a score job (which generates none worth
+    counting) the prompt tokens it read, as its summary says."""
+    wall = report.get("wall_time_s")
+    if report.get("task") == "score" and "run_prompt_tokens" in report:
+        read = report["run_prompt_tokens"] / wall if wall else 0.0
+        return f"{read:.2f} prompt tok/s read over {wall} s"
+    return f"{report['output_tokens_per_s']} tok/s over {wall} s"
 
 
 def _readable_totals(

@@ -182,6 +182,12 @@ def test_the_largest_rolling_window_the_engine_takes_is_accepted_by_every_check(
     assert (tmp_path / "out" / "_SUCCESS").is_file()
     rows = pq.read_table(next((tmp_path / "out").glob("part-*"))).to_pylist()
     assert [r["status"] for r in rows] == ["ok"]
+    # status gives a score job's rate as the prompt tokens its run read, as its summary does.
+    summary = json.loads((tmp_path / "out" / "_SUCCESS").read_text())["summary"]
+    capsys.readouterr()
+    assert main(["status", str(tmp_path / "out")]) == 0
+    rate = summary["run_prompt_tokens"] / summary["wall_time_s"]
+    assert f"speed      {rate:.2f} prompt tok/s read over {summary['wall_time_s']} s" in capsys.readouterr().out
 
 
 def test_without_engine_max_model_len_the_window_is_held_to_the_models_positions(
