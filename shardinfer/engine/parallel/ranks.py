@@ -55,6 +55,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# How long a rank whose pipe failed is given to report its exit status before it is called running.
+_EXIT_STATUS_WAIT_S = 5.0
+
+
 class _Rank:
     """One rank process and its pipes."""
 
@@ -99,6 +103,10 @@ class _Rank:
 
     def failure(self, what: str) -> ExpertParallelError:
         code = self.proc.poll()
+        if code is None:
+            # Its pipe closed as it died: the exit status lands a moment later, and it says why.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self.proc.wait(timeout=_EXIT_STATUS_WAIT_S)
         status = f"exit code {code}" if code is not None else "still running"
         return ExpertParallelError(f"expert-parallel rank {self.index}: {what} ({status}); the engine stops, and a "
                                    "job resumes from its last commit")
