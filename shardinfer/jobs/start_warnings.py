@@ -92,7 +92,7 @@ def float_ids(job: OpenedJob) -> str:
     """input.id_column of floats (pandas stores an integer column with nulls as float64): a row id
     is the value's text, "101.0", which joins neither the input's integer ids nor the same ids read
     from JSONL ("101"). Ids keep that form: a job in flight would otherwise mix both."""
-    from shardinfer.pipeline.job import _sql_name
+    from shardinfer.pipeline.job import sql_name
 
     column = job.config.input.id_column
     if not column or not job.splits:
@@ -100,7 +100,7 @@ def float_ids(job: OpenedJob) -> str:
     schema = job.input_schema  # after input.query: a query that casts the column ends the warning
     if column not in schema.names or not pa.types.is_floating(schema.field(column).type):
         return ""
-    name = _sql_name(column)
+    name = sql_name(column)
     query = f"SELECT * REPLACE (CAST({name} AS BIGINT) AS {name}) FROM input"
     own = " (or cast the column in your own input.query)" if job.config.input.query else ""
     return (

@@ -565,7 +565,7 @@ def check_prompt_sample(config: JobConfig, spec: InputSpec, first: Split) -> Non
         return
     # The way to send such text on purpose: a prompt that is more than the bare conversation (the
     # check reads the values after the query, so the framed text passes it).
-    name = _sql_name(column)
+    name = sql_name(column)
     query = f"SELECT * REPLACE ('Chat as JSON: ' || {name} AS {name}) FROM input"
     raise ConfigError(
         f"input.prompt_column={column!r} holds chat conversations: each of the first {len(values)} value(s) "
@@ -635,14 +635,14 @@ def _column_type_fix(key: str, column: str, kind: pa.DataType) -> str:
     if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)):
         return f"point input.{key} at such a column"
     plain = column.isidentifier() and column.isascii()
-    name = _sql_name(column)
+    name = sql_name(column)
     query = f"SELECT * REPLACE (decode({name}) AS {name}) FROM input"
     # As a TOML line: a quoted SQL name holds double quotes, which a literal (single-quoted) string keeps.
     setting = f'"{query}"' if plain else f"'{query}'"
     return f"if it holds UTF-8 text, decode it with input.query = {setting}, or point input.{key} at a text column"
 
 
-def _sql_name(column: str) -> str:
+def sql_name(column: str) -> str:
     """A column name as DuckDB SQL reads it: as written when it is a plain name, else quoted."""
     if column.isidentifier() and column.isascii():
         return column
