@@ -41,6 +41,7 @@ from shardinfer.jobs.spec import (
     parse_conf,
     resolve,
 )
+from shardinfer.jobs.storage_flag import parse_storage_options
 
 # The executor (and with it torch) is imported only once a job is about to run, so usage and
 # spec errors come back in a fraction of a second.
@@ -252,21 +253,6 @@ def _stdout_closed() -> bool:
         return False
 
 
-def _storage_options(text: str) -> dict[str, Any]:
-    # The text is never quoted back: it may hold a key or a secret that was not understood.
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(
-            f"--storage-options is not JSON ({type(exc).__name__} at character {getattr(exc, 'pos', '?')}); "
-            "e.g. '{\"anon\": true}'"
-        ) from None
-    if not isinstance(value, dict):
-        raise UsageError(f"--storage-options holds a JSON {type(value).__name__}: give a JSON object")
-    guard_job(value)
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command: `argv` None when it is this process's own command line (the `shardinfer`
     script, `python -m shardinfer`), a list when a program runs it in-process."""
@@ -316,12 +302,12 @@ def _main(argv: list[str]) -> int:
             from shardinfer.jobs.status import show_status
 
             guard_job({"output": args.output})
-            return show_status(args.output, _storage_options(args.storage_options), as_json=args.json)
+            return show_status(args.output, parse_storage_options(args.storage_options), as_json=args.json)
         if args.command == "history":
             from shardinfer.jobs.status import show_history
 
             guard_job({"output": args.output})
-            return show_history(args.output, _storage_options(args.storage_options), as_json=args.json)
+            return show_history(args.output, parse_storage_options(args.storage_options), as_json=args.json)
         if args.command == "eval":
             from shardinfer.jobs.eval_command import run_eval, settings_from_args
 

@@ -45,6 +45,7 @@ from shardinfer.errors import (
     InputMissingError,
     UsageError,
 )
+from shardinfer.jobs.storage_flag import parse_storage_options
 from shardinfer.splits import Split
 
 RESULTS_FILE = "results.json"
@@ -90,10 +91,7 @@ def settings_from_args(args: Any) -> EvalSettings:
     limit = _limit(args.limit)
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise UsageError(f"--num-fewshot {args.num_fewshot}: give the number of few-shot examples, 0 or more")
-    try:
-        storage = json.loads(args.storage_options)
-    except ValueError as exc:
-        raise ConfigError(f"--storage-options is not JSON: {exc}") from None
+    storage = parse_storage_options(args.storage_options)
     return EvalSettings(
         model=args.model,
         tasks=tasks,
@@ -199,8 +197,11 @@ def _older_fingerprints(settings: EvalSettings, fp: dict[str, Any]) -> Iterator[
 def _folder_hashes(folder: str) -> dict[str, str]:
     """sha256 of every file under a local folder, by path relative to it (a missing folder: {})."""
     root = Path(folder)
-    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(root.rglob("*")) if path.is_file() and "__pycache__" not in path.parts}
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
 
 
 def _outside_data_hashes(folder: str) -> dict[str, str]:
@@ -212,8 +213,11 @@ def _outside_data_hashes(folder: str) -> dict[str, str]:
     for config in _task_configs(Path(folder)):
         for kwargs in _dataset_kwargs(config):
             found.update(_local_data_files(kwargs))
-    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(found) if not path.is_relative_to(root)}
+    return {
+        str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(found)
+        if not path.is_relative_to(root)
+    }
 
 
 def _task_configs(folder: Path) -> Iterator[dict[str, Any]]:
@@ -577,7 +581,9 @@ def metric_lines(per_task: dict[str, dict[str, Any]]) -> list[str]:
                 continue
             label = name if kept == "none" else f"{name} ({kept})"
             error = values.get(f"{name}_stderr,{kept}")
-            shown.append(f"{label} {value:.4f}" + (f" ± {error:.4f}" if isinstance(error, int | float) else ""))
+            shown.append(
+                f"{label} {value:.4f}" + (f" ± {error:.4f}" if isinstance(error, int | float) else "")
+            )
         lines.append(f"{task}: {', '.join(shown) or 'no metric'}")
     return lines
 
