@@ -22,8 +22,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from shardinfer.engine.config import usable_cpus
 from shardinfer.errors import UsageError
 from shardinfer.jobs.progress import Reporter
 from shardinfer.jobs.split_driver import Inbox, RunStats, drive
@@ -47,11 +49,16 @@ def parse_master(master: str) -> int:
     if m.group(1) is None:
         return 1
     if m.group(1) == "*":
-        return max(1, _device_count() or os.cpu_count() or 1)
+        return max(1, _device_count() or usable_cpus())
     n = int(m.group(1))
     if n < 1:
         raise UsageError(f"--master {master!r}: N must be >= 1")
     return n
+
+
+def _runs_on_cpu(device: str) -> bool:
+    """Whether a worker given model.device `device` runs its engine on the CPU."""
+    return device == "cpu" or (device == "auto" and _device_count() == 0)
 
 
 def _device_count() -> int:
@@ -72,6 +79,16 @@ def _gpu_env(device: str, slot: int) -> dict[str, str]:
         [d for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(_device_count())]
     )
     return {"CUDA_VISIBLE_DEVICES": ids[slot % len(ids)].strip()} if ids else {}
+
+
+def worker_env(device: str, slot: int, num_workers: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of local worker `slot` of `num_workers`, given model.device and ours."""
+    env = dict(environ)
+    env.update(_gpu_env(device, slot))
+    if _runs_on_cpu(device) and "OMP_NUM_THREADS" not in environ:
+        # N CPU workers share the cores; torch's default (all cores each) oversubscribes them.
+        env["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // num_workers))
+    return env
 
 
 def make_scheduler(job: OpenedJob) -> SplitScheduler:
@@ -134,11 +151,7 @@ class ProcessWorker:
         self, name: str, slot: int, job: OpenedJob, input_schema: str, num_workers: int, inbox: Inbox
     ) -> None:
         self.name = name
-        env = dict(os.environ)
-        env.update(_gpu_env(job.config.model.device, slot))
-        if job.config.model.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-            # N CPU workers share the cores; torch's default (all cores each) oversubscribes them.
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_workers))
+        env = worker_env(job.config.model.device, slot, num_workers, os.environ)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "shardinfer.jobs.worker"],
             stdin=subprocess.PIPE,
