@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shardinfer.errors import ConfigError, InputChanged
-from shardinfer.pipeline.input_listing import ListingDiff
+from shardinfer.pipeline.input_listing import ListingDiff, with_content_digests
 from shardinfer.pipeline.output_ids import committed_row_ids
 from shardinfer.pipeline.rows import row_id_of
 from shardinfer.redaction import location_identity, with_credentials_of
@@ -105,7 +105,7 @@ def extend_plan(
         **existing,
         "splits": plan_to_records(stored_plan(job.splits)),
         "total_input_rows": sum(s.num_rows for s in job.splits),
-        "input_listing": listing,
+        "input_listing": with_content_digests(listing, existing.get("input_listing")),
         "superseded_splits": sorted(superseded),
     }
     return growth

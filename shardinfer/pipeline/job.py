@@ -42,7 +42,7 @@ from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.error_digest import error_digest
 from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
-from shardinfer.pipeline.input_listing import diff_listings, snapshot
+from shardinfer.pipeline.input_listing import diff_listings, snapshot, with_content_digests
 from shardinfer.pipeline.output_ids import (
     RepeatedIds,
     check_unique_ids,
@@ -669,7 +669,11 @@ def write_plan(job: OpenedJob, run_id: str) -> None:
         run_id,
         job.fingerprint,
         stored_plan(job.splits),
-        {"job_format_version": JOB_FORMAT_VERSION, "config": config, "input_listing": job.input_listing},
+        {
+            "job_format_version": JOB_FORMAT_VERSION,
+            "config": config,
+            "input_listing": with_content_digests(job.input_listing),
+        },
     )
     if job.config.job.start_over and output_exists(job.config):
         job.store.replace_job(record)

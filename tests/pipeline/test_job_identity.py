@@ -102,6 +102,35 @@ def test_input_changed_since_planning_is_named(tmp_path: Path, model_dir: Path) 
     assert open_job(_config(model_dir, shards, tmp_path / "out", job={"start_over": True})).state == "new"
 
 
+def _later_mtime(path: Path) -> None:
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
+
+
+def test_input_copied_or_fetched_again_is_the_same_input(tmp_path: Path, model_dir: Path) -> None:
+    # A job resumed on another machine reads input downloaded again: new modification times,
+    # the same bytes. It resumes; a same-size rewrite of one value is still named.
+    shards = write_shards(tmp_path / "in", files=2, rows=8)
+    cfg = _config(model_dir, shards, tmp_path / "out")
+    write_plan(open_job(cfg), "r1")
+    for path in shards.glob("*.parquet"):
+        shutil.copyfile(path, tmp_path / "fetched")
+        path.unlink()
+        shutil.copyfile(tmp_path / "fetched", path)
+        _later_mtime(path)
+    assert open_job(cfg).state == "resume"
+    target = shards / "prompts-01.parquet"
+    table = pq.read_table(target)
+    prompts = table.column("prompt").to_pylist()
+    prompts[0] = prompts[0][:-1] + ("X" if prompts[0][-1] != "X" else "Y")  # one character, same length
+    pq.write_table(table.set_column(1, "prompt", pa.array(prompts)), tmp_path / "edited.parquet", row_group_size=4)
+    assert (tmp_path / "edited.parquet").stat().st_size == target.stat().st_size
+    shutil.copyfile(tmp_path / "edited.parquet", target)
+    _later_mtime(target)
+    with pytest.raises(InputChanged, match="changed: " + str(target)):
+        open_job(cfg)
+
+
 def test_markers_without_job_file_are_damage_not_a_new_job(tmp_path: Path, model_dir: Path) -> None:
     shards = write_shards(tmp_path / "in", files=1, rows=4)
     out = tmp_path / "out"
