@@ -239,6 +239,7 @@ class Drafter:
         committed = req.num_output_tokens - req.num_placeholders
         if (
             req.finishing
+            or req.prompt_only  # it samples nothing, so nothing to verify
             or req.num_computed_tokens + 1 != req.num_tokens
             or req.grammar is not None
             or committed < p.min_tokens

@@ -198,7 +198,8 @@ class LLM:
         for i, prompt in enumerate(prompts):
             try:
                 ids = engine.tokenize_prompt(prompt)
-                check_prompt(ids, engine.max_model_len, engine.length_fix)
+                check_prompt(ids, engine.max_model_len, engine.length_fix,
+                             prompt_only=params_list[i].max_tokens == 0)
                 check_stop_token_ids(params_list[i].stop_token_ids, engine.model_config.vocab_size)
                 if params_list[i].structured_output is not None:  # a bad schema: GrammarError, before any work
                     engine.grammar_compiler().compile(params_list[i].structured_output)

@@ -169,17 +169,24 @@ class LLMEngine:
         `prompt_logprobs_from` (with params.prompt_logprobs set): the first prompt position whose
         logprob is wanted; earlier entries stay None. Scoring a continuation after a shared context
         sets it to the context length, so the context may come from the prefix cache (the positions
-        before the last context token need no logits) and only the continuation's logits are computed."""
+        before the last context token need no logits) and only the continuation's logits are computed.
+
+        params.max_tokens=0 makes a prompt-only request: every prompt token but the last is fed,
+        the last is only scored, nothing is sampled, and it finishes ("length") with no output
+        tokens once its prompt logprobs are in. Its prompt may hold max_model_len + 1 tokens."""
         params = params if params is not None else self.default_params()
         if params.n != 1:
             raise ValueError(f"LLMEngine.add_request takes n=1 (got n={params.n}); LLM.generate expands n")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         ids = self.tokenize_prompt(prompt)
-        check_prompt(ids, self.max_model_len, self.length_fix)
+        prompt_only = params.max_tokens == 0
+        check_prompt(ids, self.max_model_len, self.length_fix, prompt_only=prompt_only)
         check_stop_token_ids(params.stop_token_ids, self.model_config.vocab_size)
         room = self.max_model_len - len(ids)
         max_tokens = min(params.max_tokens, room) if params.max_tokens is not None else room
+        if prompt_only:  # its prompt may pass max_model_len by the one token it never feeds
+            max_tokens = 0
         seed = params.seed if params.seed is not None else (self.config.seed or secrets.randbits(63))
         req = Request(request_id, ids, params, int(seed), max_tokens,
                       prompt=prompt if isinstance(prompt, str) else None)
@@ -313,7 +320,7 @@ class LLMEngine:
         until retirement, so the batch shrinks but stays valid."""
         keep = ScheduledBatch(preempted=batch.preempted)
         for req, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-            n = min(n, req.num_tokens - req.num_computed_tokens)
+            n = min(n, req.num_tokens_to_compute - req.num_computed_tokens)
             if not (req.finishing or req.status.finished) and n > 0:
                 keep.requests.append(req)
                 keep.num_new_tokens.append(n)
@@ -417,14 +424,10 @@ class LLMEngine:
     def _complete(self, step: InFlightStep, accepted: Accepted | None = None) -> list[RequestOutput]:
         """Read a launched step's results back (its only host sync) and do the bookkeeping;
         `accepted`: what OutputProcessor.read_back already did for it."""
-        for request_id, (first, logits) in step.prompt_logits.items():
-            req = self.requests.get(request_id)
-            if req is not None:
-                self.outputs.record_prompt_logprobs(req, first, logits)
+        finished = self._record_prompt_logprobs(step)
         if step.sampled is None:
-            return []
+            return finished
         result, live, violations = accepted if accepted is not None else self.outputs.read_back(step)
-        finished: list[RequestOutput] = []
         index = {id(r): i for i, r in enumerate(step.requests)} if self.drafter is not None else {}
         for req, slot, first, count in live:
             if slot == DRAFTS:
@@ -443,6 +446,20 @@ class LLMEngine:
                 finished.append(self._retire(req))
             else:
                 self.block_manager.register_full_blocks(req, req.num_computed_tokens)
+        return finished
+
+    def _record_prompt_logprobs(self, step: InFlightStep) -> list[RequestOutput]:
+        """Record the step's prompt logprobs; retire the prompt-only requests they complete (nothing
+        else ends those: they never sample)."""
+        finished: list[RequestOutput] = []
+        for request_id, (first, logits) in step.prompt_logits.items():
+            req = self.requests.get(request_id)
+            if req is None:
+                continue
+            self.outputs.record_prompt_logprobs(req, first, logits)
+            if req.prompt_only and req.prompt_logprobs_done:
+                self.outputs.finish_prompt_only(req)
+                finished.append(self._retire(req))
         return finished
 
     def _retire(self, req: Request) -> RequestOutput:

@@ -104,6 +104,11 @@ class OutputProcessor:
             req.prompt_logprobs.append(v)
             req.prompt_top_logprobs.append(top_k_logprobs(lps[i], k) if k else None)
 
+    def finish_prompt_only(self, req: Request) -> None:
+        """End a prompt-only request whose prompt logprobs are all in: it asked for no token, so it
+        ends as any request that reached its max_tokens does, with no output."""
+        req.finish(RequestStatus.FINISHED_LENGTH)
+
     def abort(self, req: Request) -> RequestOutput:
         """End a request the caller gave up on; tokens still being sampled are dropped with it."""
         req.finish(RequestStatus.FINISHED_ABORTED)

@@ -25,18 +25,39 @@ def length_fix(asked: int, max_model_len: int, num_blocks: int, block_size: int)
             f"the {asked} asked for")
 
 
-def check_prompt(token_ids: Sequence[int], max_model_len: int, fix: str = LENGTH_FIX) -> None:
+def check_prompt(
+    token_ids: Sequence[int], max_model_len: int, fix: str = LENGTH_FIX, *, prompt_only: bool = False
+) -> None:
     """Raise EmptyPrompt or PromptTooLong (each carrying its row error code) for an unusable prompt.
 
     A prompt must leave room for at least one generated token: `len(token_ids) < max_model_len`.
     `fix`: what the message tells the user to do (length_fix: the engine knows what limits it).
+    `prompt_only` (max_tokens=0): the prompt is scored, not continued; see check_scored_prompt.
     """
     if not token_ids:
         raise EmptyPrompt("prompt is empty after tokenization: give at least one token")
+    if prompt_only:
+        check_scored_prompt(token_ids, max_model_len, fix)
+        return
     if len(token_ids) >= max_model_len:
         raise PromptTooLong(
             f"prompt has {len(token_ids)} tokens; max_model_len={max_model_len} leaves no room "
             f"to generate: {fix}"
+        )
+
+
+def check_scored_prompt(token_ids: Sequence[int], max_model_len: int, fix: str = LENGTH_FIX) -> None:
+    """A prompt-only request's prompt: its last token is only scored, never fed, so the model reads
+    len - 1 positions (at most max_model_len), and its first token has no logprob, so it needs two."""
+    if len(token_ids) < 2:
+        raise EmptyPrompt(
+            f"prompt has {len(token_ids)} token; max_tokens=0 scores the prompt from its second token on, "
+            "so it needs at least 2: give a longer prompt, or max_tokens >= 1 to generate"
+        )
+    if len(token_ids) > max_model_len + 1:
+        raise PromptTooLong(
+            f"prompt has {len(token_ids)} tokens; max_tokens=0 feeds all but the last, so max_model_len="
+            f"{max_model_len} scores prompts of at most {max_model_len + 1}: {fix}"
         )
 
 

@@ -1,7 +1,11 @@
 """A request as the scheduler sees it: its tokens, its progress and its status.
 
-Invariants (checked where they change): num_computed_tokens <= num_tokens; a RUNNING request
-owns ceil(num_tokens_with_kv / block_size) blocks; a finished request owns none.
+Invariants (checked where they change): num_computed_tokens <= num_tokens_to_compute; a RUNNING
+request owns ceil(num_tokens_with_kv / block_size) blocks; a finished request owns none.
+
+A prompt-only request (params.max_tokens == 0) scores its prompt and generates nothing: its last
+prompt token is a target only, scored from the logits of the position before it, so it is never
+fed and has no KV; the request ends once every wanted prompt logprob is recorded.
 """
 
 from __future__ import annotations
@@ -107,6 +111,17 @@ class Request:
     def num_resolved_tokens(self) -> int:
         """Tokens whose values the host knows (all but pending placeholders)."""
         return self.num_tokens - self.num_placeholders
+
+    @property
+    def prompt_only(self) -> bool:
+        """Whether the request only scores its prompt (max_tokens=0): nothing is sampled."""
+        return self.params.max_tokens == 0
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Where this request's computation ends: every token, but for a prompt-only request the
+        last prompt token, which is only a target."""
+        return self.num_tokens - 1 if self.params.max_tokens == 0 else self.num_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -7,6 +7,9 @@ assigned afterwards would skip these checks, so a change goes through `replace()
 
 `structured_output` constrains the output (docs/structured-outputs.md); `so_args` is its older
 name, still accepted as a keyword and readable as an attribute.
+
+`max_tokens=0` (with `prompt_logprobs`) is a prompt-only request: the engine scores every prompt
+token, the last one included, feeds all but that last one and samples nothing (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -112,8 +115,15 @@ class SamplingParams:
             value = getattr(self, name)
             if not (-2.0 <= value <= 2.0):
                 raise bad(name, value, "must be in [-2, 2]")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise bad("max_tokens", self.max_tokens, "must be >= 1 or None (up to max_model_len)")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise bad("max_tokens", self.max_tokens, "must be >= 1, None (up to max_model_len), or 0 with "
+                      "prompt_logprobs (score the prompt, generate nothing)")
+        if self.max_tokens == 0 and self.prompt_logprobs is None:
+            raise ValueError(
+                "SamplingParams.max_tokens=0 without prompt_logprobs asks for nothing: max_tokens=0 only scores "
+                "the prompt; set prompt_logprobs (0 or more top alternatives) to score it, or max_tokens >= 1 "
+                "to generate"
+            )
         if self.min_tokens < 0:
             raise bad("min_tokens", self.min_tokens, "must be >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

@@ -61,8 +61,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if n <= 0 or req.finishing:  # finishing: its last token is in flight; nothing more to compute
+            n = min(req.num_tokens_to_compute - req.num_computed_tokens, budget)
+            # finishing: its last token is in flight. n == 0: a prompt-only request whose last chunk is
+            # in flight; it is retired when that step is read back.
+            if n <= 0 or req.finishing:
                 i += 1
                 continue
             while not self.blocks.can_allocate(req, req.num_computed_tokens + n):
@@ -86,7 +88,7 @@ class Scheduler:
             req = self.waiting[0]
             cached = self.blocks.find_cached_prefix(req)
             computed = len(cached) * self.blocks.block_size
-            n = min(req.num_tokens - computed, budget)
+            n = min(req.num_tokens_to_compute - computed, budget)
             if not self.blocks.can_allocate(req, computed + n, cached):
                 break
             self.waiting.popleft()

@@ -71,12 +71,13 @@ class ShardinferLM(TemplateLM):
         self.model_dir = str(pretrained)
         self.seed = int(seed)
         self._max_gen_toks = int(max_gen_toks)
-        # A span of `max_length` input positions has max_length + 1 tokens (the last one only
-        # scored), and the engine needs room for the one token it samples after every prompt.
-        longest = self.engine.max_model_len - 2
+        # A span of `max_length` input positions has max_length + 1 tokens, its last one scored but
+        # never fed (a prompt-only request), as in the harness's hf model: every position the
+        # engine has is usable.
+        longest = self.engine.max_model_len
         if max_length is not None and not 1 <= int(max_length) <= longest:
             raise ValueError(
-                f"max_length={max_length}: the engine takes at most {longest} here (max_model_len - 2); "
+                f"max_length={max_length}: the engine takes at most {longest} here (max_model_len); "
                 "lower it or raise max_model_len"
             )
         self._max_length = int(max_length) if max_length is not None else longest

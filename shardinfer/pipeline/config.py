@@ -30,7 +30,8 @@ class JobSection:
     start_over: bool = False  # discard an existing output location with another fingerprint
     task: str = "generate"  # "generate" | "score" (loglikelihoods of given text: docs/jobs.md)
     # Score jobs over documents: model input positions per rolling window; 0 = the longest the
-    # engine takes (max_model_len - 2: a window's prompt is window + 1 tokens, plus one sampled).
+    # engine takes (max_model_len: a window's span is window + 1 tokens, its last one scored but
+    # never fed, as in lm-evaluation-harness's hf model).
     rolling_window_tokens: int = 0
     # A local file to append the worker's timeline to (pipeline/timeline.py); "" = none.
     timeline_path: str = ""

@@ -25,6 +25,7 @@ from shardinfer.engine.chat_template import ADDITIONAL_TEMPLATES_DIR, model_chat
 from shardinfer.engine.models.checkpoint_layout import INDEX_FILE
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.config import JobConfig
+from shardinfer.pipeline.scoring import SAMPLED_TOKEN_RULE, SPAN_RULE
 from shardinfer.pipeline.weights_identity import (
     check_verify_mode,
     checkpoint_file_names,
@@ -258,7 +259,7 @@ def input_identity(path: str, absolute: bool = True) -> str:
 
 def compute_fingerprint(
     config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str, *,
-    absolute_input: bool = True, remote_checksums: bool = True,
+    absolute_input: bool = True, remote_checksums: bool = True, span_rule: str = SPAN_RULE,
 ) -> dict[str, Any]:
     """The fingerprint dict of a resolved job (see the module docstring for what is in it).
 
@@ -266,7 +267,9 @@ def compute_fingerprint(
     default that changes between releases also counts as drift. `absolute_input=False` computes
     the fingerprint an older version stored for the same job (input_identity), and
     `remote_checksums=False` the one stored before a model on object storage was identified by
-    its weights' listed checksums (model_identity).
+    its weights' listed checksums (model_identity). `span_rule` (score jobs): how long a span may
+    be (pipeline/scoring.py); SAMPLED_TOKEN_RULE gives the fingerprint of a score job planned
+    before spans could hold max_model_len + 1 tokens, which named no rule (span_rule_of).
     """
     inp = config.input
     parts: dict[str, Any] = {"fingerprint_version": FINGERPRINT_VERSION}
@@ -303,6 +306,9 @@ def compute_fingerprint(
             "document_column": inp.document_column,
             "rolling_window_tokens": config.job.rolling_window_tokens,
         }
+        if span_rule != SAMPLED_TOKEN_RULE:
+            # The longest window (rolling_window_tokens = 0) and the longest span follow the rule.
+            parts["score"]["span_rule"] = span_rule
     parts["output.schema_version"] = schema_version
     if _several_samples_with_prompt_logprobs(config, sampling_defaults):
         # Prompt logprobs are stored on a row's first sample only; outputs written before that copied
@@ -311,6 +317,12 @@ def compute_fingerprint(
         parts["output.prompt_logprobs"] = "first_sample"
     parts["hash"] = _sha256_bytes(_canonical({k: v for k, v in parts.items() if k != "hash"}).encode())
     return parts
+
+
+def span_rule_of(fingerprint: dict[str, Any]) -> str:
+    """The span rule a score job runs under: the one its fingerprint names, or for a job planned
+    before fingerprints named one, the rule it was planned with (SAMPLED_TOKEN_RULE)."""
+    return str((fingerprint.get("score") or {}).get("span_rule", SAMPLED_TOKEN_RULE))
 
 
 def _several_samples_with_prompt_logprobs(config: JobConfig, sampling: dict[str, Any]) -> bool:

@@ -41,7 +41,7 @@ from shardinfer.errors import (
 from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.error_digest import error_digest
-from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts
+from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts, span_rule_of
 from shardinfer.pipeline.input_listing import diff_listings, snapshot, with_content_digests
 from shardinfer.pipeline.output_ids import (
     RepeatedIds,
@@ -297,17 +297,23 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
 
 def _older_fingerprints(config: JobConfig, sampling: SamplingParams) -> Iterator[dict[str, Any]]:
     """The job's fingerprint in the forms older versions stored: the input path as written (before
-    local paths were made absolute) and, for a model on object storage, weights by size alone
-    (before their listed checksums were read). Computed only when the stored one differs."""
+    local paths were made absolute), for a model on object storage weights by size alone (before
+    their listed checksums were read) and, for a score job, no span rule (before spans could hold
+    max_model_len + 1 tokens: such a job keeps its shorter spans, run_worker). Computed only when
+    the stored one differs."""
+    from shardinfer.pipeline.scoring import SAMPLED_TOKEN_RULE, SPAN_RULE
     from shardinfer.writers.schema import OUTPUT_SCHEMA_VERSION
 
     remote_model = "://" in config.model.path and not config.model.path.startswith("file://")
-    for absolute_input, remote_checksums in ((False, True), (True, False), (False, False)):
-        if remote_checksums or remote_model:
-            yield compute_fingerprint(
-                config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION,
-                absolute_input=absolute_input, remote_checksums=remote_checksums,
-            )
+    rules = (SPAN_RULE, SAMPLED_TOKEN_RULE) if config.job.task == "score" else (SPAN_RULE,)
+    for span_rule in rules:
+        for absolute_input, remote_checksums in ((True, True), (False, True), (True, False), (False, False)):
+            current = absolute_input and remote_checksums and span_rule == SPAN_RULE
+            if not current and (remote_checksums or remote_model):
+                yield compute_fingerprint(
+                    config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION,
+                    absolute_input=absolute_input, remote_checksums=remote_checksums, span_rule=span_rule,
+                )
 
 
 def remove_strays(job: OpenedJob) -> list[str]:
@@ -925,7 +931,8 @@ def run_worker(
 
         try:
             preparer = ScorePreparer(
-                engine.tokenizer, engine.max_model_len, cfg.input, cfg.job.rolling_window_tokens
+                engine.tokenizer, engine.max_model_len, cfg.input, cfg.job.rolling_window_tokens,
+                span_rule_of(job.fingerprint),  # a job planned with shorter spans keeps them
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None

@@ -18,6 +18,7 @@ from shardinfer.errors import EMPTY_PROMPT, INVALID_REQUEST, INVALID_ROW, PROMPT
 from shardinfer.pipeline.config import InputSection
 from shardinfer.pipeline.rows import PreparedRow, RowError, RowPreparer, Tokenizer, id_is_missing
 from shardinfer.pipeline.scoring import (
+    SPAN_RULE,
     ScoreInputError,
     Span,
     SpanScore,
@@ -45,16 +46,23 @@ class ScorePreparer:
     """Tokenises score rows (the harness's convention, see scoring.py); thread-safe like RowPreparer."""
 
     def __init__(
-        self, tokenizer: Tokenizer, max_model_len: int, input_section: InputSection, window_tokens: int
+        self,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        input_section: InputSection,
+        window_tokens: int,
+        span_rule: str = SPAN_RULE,
     ) -> None:
+        """`span_rule`: the span limits the job was planned with (scoring.SPAN_RULE)."""
         self.tokenizer: Any = tokenizer
         self.inp = input_section
-        self.max_span = max_span_tokens(max_model_len)
+        self.max_model_len = max_model_len
+        self.max_span = max_span_tokens(max_model_len, span_rule)
         # A window's span is window + 1 tokens (its input positions and the last scored token).
-        refusal = rolling_window_refusal(window_tokens, max_model_len)
+        refusal = rolling_window_refusal(window_tokens, max_model_len, span_rule)
         if refusal is not None:
             raise ValueError(refusal)
-        self.window = window_tokens or longest_rolling_window(max_model_len)
+        self.window = window_tokens or longest_rolling_window(max_model_len, span_rule)
         self._ids = RowPreparer(tokenizer, max_model_len, {}, input_section, 0)
         # Columns of the batch being prepared whose values the reader wrote as JSON text (see
         # `note_schema`): their strings are lists or objects, not texts to score.
@@ -167,7 +175,8 @@ class ScorePreparer:
             raise RowError(
                 PROMPT_TOO_LONG,
                 f"{what}: context and continuation have {len(span.prompt_ids)} tokens; the engine scores at "
-                f"most {self.max_span} (max_model_len - 1): shorten the context or raise engine.max_model_len",
+                f"most {self.max_span} (max_model_len={self.max_model_len}): shorten the context or raise "
+                "engine.max_model_len",
             )
 
 

@@ -1,9 +1,11 @@
 """Loglikelihood scoring: continuations after a context, and whole documents in rolling windows.
 
-A span is one engine request: `context_ids + continuation_ids` as the prompt, with prompt
-logprobs asked from the first continuation position on. The engine then computes logits only
-for the continuation, and the context's KV may come from the prefix cache, so the continuations
-of one context cost one prefill of that context.
+A span is one prompt-only engine request (max_tokens=0): `context_ids + continuation_ids` as the
+prompt, with prompt logprobs asked from the first continuation position on. The engine then
+computes logits only for the continuation, and the context's KV may come from the prefix cache, so
+the continuations of one context cost one prefill of that context. The span's last token is only
+a target, never fed, as in the harness's hf model (`(context + continuation)[:-1]` is its input):
+a span may hold max_model_len + 1 tokens, and a rolling window max_model_len input positions.
 
 Tokenisation follows lm-evaluation-harness, so that a score here equals the harness's for the
 same text and model:
@@ -28,9 +30,19 @@ from typing import Any, Protocol
 from shardinfer.engine.outputs import RequestOutput
 from shardinfer.engine.sampling_params import SamplingParams
 
-# Greedy and seeded so a scoring request never draws randomness; max_tokens=1 because the
-# engine always samples one token after the prompt; top-1 prompt logprobs give the argmax.
-SCORE_PARAMS = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, seed=0)
+# max_tokens=0: score the prompt and sample nothing, so the span's last token is never fed; top-1
+# prompt logprobs give the argmax. Greedy and seeded all the same, so no default draws randomness.
+SCORE_PARAMS = SamplingParams(temperature=0.0, max_tokens=0, prompt_logprobs=1, seed=0)
+
+# How long a span may be, by the name a score job's fingerprint gives it (pipeline/fingerprint.py).
+# SPAN_RULE: the span's last token is scored but not fed, as in the harness's hf model, so a span
+# holds up to max_model_len + 1 tokens. SAMPLED_TOKEN_RULE: the rule of jobs planned before that,
+# whose fingerprint names no rule; their spans were fed whole with one token sampled after them, so
+# a span held up to max_model_len - 1 tokens. A job resumes under the rule it was planned with, so
+# it never mixes windows (or refusals) of two lengths.
+SPAN_RULE = "last_token_unfed"
+SAMPLED_TOKEN_RULE = "sampled_token"
+_SPAN_ROOM = {SPAN_RULE: 1, SAMPLED_TOKEN_RULE: -1}  # tokens a span may hold past max_model_len
 
 
 class ScoreTokenizer(Protocol):
@@ -173,27 +185,30 @@ def add_span(engine: Any, request_id: str, span: Span) -> None:
     engine.add_request(request_id, span.prompt_ids, SCORE_PARAMS, prompt_logprobs_from=span.score_from)
 
 
-def max_span_tokens(max_model_len: int) -> int:
-    """The longest span the engine takes: a prompt must leave room for the one sampled token."""
-    return max_model_len - 1
+def max_span_tokens(max_model_len: int, rule: str = SPAN_RULE) -> int:
+    """The longest span the engine scores under `rule`: max_model_len fed tokens and a last one
+    that is only scored (SPAN_RULE)."""
+    if rule not in _SPAN_ROOM:
+        raise ValueError(f"span rule {rule!r} is unknown: expected one of {sorted(_SPAN_ROOM)}")
+    return max_model_len + _SPAN_ROOM[rule]
 
 
-def longest_rolling_window(max_model_len: int) -> int:
+def longest_rolling_window(max_model_len: int, rule: str = SPAN_RULE) -> int:
     """The most input positions a rolling window may have: its span is the window plus the last
     scored token, and must fit max_span_tokens (job.rolling_window_tokens = 0 takes this)."""
-    return max_span_tokens(max_model_len) - 1
+    return max_span_tokens(max_model_len, rule) - 1
 
 
-def rolling_window_refusal(window_tokens: int, max_model_len: int) -> str | None:
+def rolling_window_refusal(window_tokens: int, max_model_len: int, rule: str = SPAN_RULE) -> str | None:
     """Why job.rolling_window_tokens=window_tokens cannot be scored by an engine of max_model_len
     (None when it can; 0 takes the longest window, so always can). The one rule for both the plan
     (`validate`, `submit --dry-run`, `submit` before it writes) and the engine-time ScorePreparer."""
-    longest = longest_rolling_window(max_model_len)
+    longest = longest_rolling_window(max_model_len, rule)
     if not window_tokens or window_tokens <= longest:
         return None
     return (
         f"job.rolling_window_tokens={window_tokens} needs spans of {window_tokens + 1} tokens but the engine "
-        f"takes at most {max_span_tokens(max_model_len)} (max_model_len={max_model_len}); lower it to "
-        f"{longest} or less (0 takes the longest, max_model_len - 2), or raise engine.max_model_len (at most "
-        "the model's max_position_embeddings)"
+        f"takes at most {max_span_tokens(max_model_len, rule)} (max_model_len={max_model_len}); lower it to "
+        f"{longest} or less (0 takes the longest), or raise engine.max_model_len (at most the model's "
+        "max_position_embeddings)"
     )

@@ -40,7 +40,9 @@ def test_bad_prompt_rejected_while_others_keep_running(llm: LLM, prompt, message
     (dict(top_k=-2), "top_k=-2 is invalid: must be -1 or 0"),
     (dict(top_k=2**31), "top_k=2147483648 is above 2147483647"),
     (dict(min_p=1.5), "min_p=1.5"),
-    (dict(max_tokens=0), "max_tokens=0 is invalid: must be >= 1"),
+    (dict(max_tokens=0), "max_tokens=0 without prompt_logprobs asks for nothing: .* set prompt_logprobs"),
+    (dict(max_tokens=-1), r"max_tokens=-1 is invalid: must be >= 1, None \(up to max_model_len\), or 0 with "
+                          "prompt_logprobs"),
     (dict(n=0), "n=0"),
     (dict(logprobs=21), r"logprobs=21 is invalid: must be None or in \[0, 20\]"),
     (dict(min_tokens=5, max_tokens=2), "min_tokens=5 is invalid: must be <= max_tokens=2"),

@@ -257,7 +257,7 @@ def test_an_eval_that_fails_before_its_first_commit_leaves_nothing_in_the_way(
     assert not out.exists()
     shutil.copy(tasks / "tasks_mc.jsonl", tasks / "later.jsonl")
     # A window too short for the task's answers is a config error too, named with its fix.
-    assert main([*argv, "--conf", "engine.max_model_len=4"]) == 78
+    assert main([*argv, "--conf", "engine.max_model_len=2"]) == 78
     assert "raise max_model_len (shardinfer eval: --conf engine.max_model_len=N)" in capsys.readouterr().err
     assert not out.exists()
     # The corrected command runs in the same place, as it would in a new one.

@@ -74,3 +74,28 @@ def test_chat_templated_prompts(tiny_models: Any) -> None:
             assert abs(lp - lp_ref) < 1e-4 and greedy == greedy_ref
     for a, b in zip(_samples(ours, "si_gen"), _samples(ref, "si_gen"), strict=True):
         assert a["arguments"] == b["arguments"] and a["resps"] == b["resps"]
+
+
+def test_windows_take_every_position_as_the_harness_does(tiny_models: Any, harness_runs: Any) -> None:
+    """Without max_length, a window takes all max_model_len positions, as the harness's hf model's
+    max_length does: the span's last token is scored, never fed. The reference is the harness's
+    own transformers model with max_length = max_model_len."""
+    from harness_kit import MAX_LENGTH, run_harness
+
+    from shardinfer.integrations.lm_eval import ShardinferLM
+
+    lm = ShardinferLM(str(tiny_models["dense"]), device="cpu", dtype="float32", max_model_len=MAX_LENGTH)
+    assert lm.max_length == MAX_LENGTH
+    ours = run_harness(lm, tasks=["si_ppl", "si_mc"])
+    _, ref = harness_runs["dense"]
+    for a, b in zip(_samples(ours, "si_ppl"), _samples(ref, "si_ppl"), strict=True):
+        assert abs(a["resps"][0][0] - b["resps"][0][0]) < 1e-4
+    for a, b in zip(_samples(ours, "si_mc"), _samples(ref, "si_mc"), strict=True):
+        for (lp, greedy), (lp_ref, greedy_ref) in zip(
+            (r[0] for r in a["resps"]), (r[0] for r in b["resps"]), strict=True
+        ):
+            assert abs(lp - lp_ref) < 1e-4 and greedy == greedy_ref
+    too_long = rf"max_length={MAX_LENGTH + 1}: the engine takes at most {MAX_LENGTH} here \(max_model_len\)"
+    with pytest.raises(ValueError, match=too_long):
+        ShardinferLM(str(tiny_models["dense"]), device="cpu", dtype="float32", max_model_len=MAX_LENGTH,
+                     max_length=MAX_LENGTH + 1)

@@ -157,10 +157,10 @@ def test_a_rolling_window_past_max_model_len_is_refused_before_anything_is_writt
 ) -> None:
     """validate and --dry-run said ok, and submit wrote _job.json before its engine refused the
     window (status then said `failed`): all three refuse it now, from the model's config.json and
-    engine.max_model_len, with nothing written. max_model_len=64: windows of up to 62 positions."""
-    job = _document_job(tmp_path, model_dir, 63, max_model_len=64)
-    expected = ("job.rolling_window_tokens=63 needs spans of 64 tokens but the engine takes at most 63 "
-                "(max_model_len=64); lower it to 62 or less")
+    engine.max_model_len, with nothing written. max_model_len=64: windows of up to 64 positions."""
+    job = _document_job(tmp_path, model_dir, 65, max_model_len=64)
+    expected = ("job.rolling_window_tokens=65 needs spans of 66 tokens but the engine takes at most 65 "
+                "(max_model_len=64); lower it to 64 or less")
     for argv in (["validate", str(job)], ["submit", "--dry-run", str(job)], ["submit", str(job)],
                  ["submit", "--master", "local[2]", str(job)]):
         assert main(argv) == 78, argv
@@ -175,8 +175,9 @@ def test_the_largest_rolling_window_the_engine_takes_is_accepted_by_every_check(
     tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The plan-time check and the engine's (ScorePreparer) draw the line at the same window:
-    max_model_len - 2 input positions (a span of max_model_len - 1 tokens)."""
-    job = _document_job(tmp_path, model_dir, 62, max_model_len=64)
+    max_model_len input positions (a span of max_model_len + 1 tokens, its last one only scored),
+    as lm-evaluation-harness's hf model takes."""
+    job = _document_job(tmp_path, model_dir, 64, max_model_len=64)
     for argv in (["validate", str(job)], ["submit", "--dry-run", str(job)], ["submit", str(job)]):
         assert main(argv) == 0, (argv, capsys.readouterr().err)
     assert (tmp_path / "out" / "_SUCCESS").is_file()
@@ -194,11 +195,11 @@ def test_without_engine_max_model_len_the_window_is_held_to_the_models_positions
     tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     positions = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
-    over = _document_job(tmp_path, model_dir, positions - 1)
+    over = _document_job(tmp_path, model_dir, positions + 1)
     assert main(["validate", str(over)]) == 78
-    assert (f"job.rolling_window_tokens={positions - 1} needs spans of {positions} tokens but the engine takes "
-            f"at most {positions - 1} (max_model_len={positions})") in capsys.readouterr().err
-    assert main(["validate", str(_document_job(tmp_path, model_dir, positions - 2))]) == 0
+    assert (f"job.rolling_window_tokens={positions + 1} needs spans of {positions + 2} tokens but the engine "
+            f"takes at most {positions + 1} (max_model_len={positions})") in capsys.readouterr().err
+    assert main(["validate", str(_document_job(tmp_path, model_dir, positions))]) == 0
 
 
 @pytest.mark.parametrize("max_model_len", [2, 3, 64, 2048])
@@ -213,7 +214,7 @@ def test_the_plan_and_the_engine_refuse_the_same_windows(tmp_path: Path, model_d
 
     tok = Tokenizer(model_dir)
     config = resolve(load_toml(_document_job(tmp_path, model_dir, 1))).config
-    for window in sorted({0, 1, *range(max(max_model_len - 3, 0), max_model_len + 1), 5000}):
+    for window in sorted({0, 1, *range(max(max_model_len - 3, 0), max_model_len + 3), 5000}):
         windowed = dataclasses.replace(config, job=dataclasses.replace(config.job, rolling_window_tokens=window))
         try:
             check_sampling_lengths(windowed, max_model_len)
@@ -225,4 +226,4 @@ def test_the_plan_and_the_engine_refuse_the_same_windows(tmp_path: Path, model_d
             engine_accepts = True
         except ValueError:
             engine_accepts = False
-        assert plan_accepts == engine_accepts == (window <= max(max_model_len - 2, 0)), (window, max_model_len)
+        assert plan_accepts == engine_accepts == (window <= max_model_len), (window, max_model_len)
