@@ -196,10 +196,10 @@ class Reporter:
         if summary.get("task") == "score":  # it reads tokens and generates none: say what it read
             read = summary.get("run_prompt_tokens", 0)
             work = [
-                f"tokens read    {summary.get('prompt_tokens', 0)} (contexts and what they score; each "
-                "record's num_tokens counts the tokens scored)",
-                f"this run       {read} prompt tokens read in {wall:.1f} s = "
-                f"{read / wall if wall else 0.0:.1f} tok/s",
+                f"tokens given   {summary.get('prompt_tokens', 0)} (contexts and what they score, the records' "
+                "prompt_tokens; num_tokens counts the tokens scored)",
+                f"this run       {read} tokens fed to the model in {wall:.1f} s = "
+                f"{read / wall if wall else 0.0:.1f} tok/s (a span's last token is scored, never fed)",
             ]
         else:
             work = [

@@ -140,7 +140,7 @@ def test_a_dead_workers_committed_tokens_count_in_this_run() -> None:
     assert summary["run_prompt_tokens"] == 10000
     out = io.StringIO()
     reporter.summary({**summary, "task": "score", "run_id": "r", "prompt_tokens": 10000}, out=out)
-    assert "this run       10000 prompt tokens read in 1.0 s" in out.getvalue()
+    assert "this run       10000 tokens fed to the model in 1.0 s" in out.getvalue()
 
 
 class _StartingWorker:

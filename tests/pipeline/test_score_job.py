@@ -165,6 +165,113 @@ def test_rolling_document_matches_transformers_over_the_harness_windows(
     assert len(got[("d0", 0)]["windows"]) > 2
 
 
+def _harness_windows(tokens: list[int], prefix: int, window: int) -> list[tuple[list[int], list[int]]]:
+    """(context, continuation) of each rolling window, by the rule of lm-evaluation-harness's hf
+    model spelled out: the document after the prefix token is predicted in chunks of `window`
+    tokens, and each chunk's window is the last `window` + 1 tokens of the text up to its end (the
+    model reads all but the last)."""
+    text = [prefix, *tokens]
+    out = []
+    for start in range(0, len(tokens), window):
+        end = min(start + window, len(tokens))  # predicts text[start + 1 .. end]
+        span = text[max(0, end - window) : end + 1]
+        out.append((span[: len(span) - (end - start)], span[len(span) - (end - start) :]))
+    return out
+
+
+def _check_document(rec: dict[str, Any], hf: Any, tokens: list[int], windows: list[tuple[list[int], list[int]]]) -> None:
+    want = [v for ctx, cont in windows for v in _hf_scores(hf, ctx, cont)[0]]
+    assert rec["status"] == "ok" and rec["token_ids"] == tokens
+    assert [(w["num_tokens"], w["context_tokens"]) for w in rec["windows"]] == [
+        (len(cont), len(ctx)) for ctx, cont in windows
+    ]
+    assert max(abs(a - b) for a, b in zip(rec["token_logprobs"], want, strict=True)) < 1e-4
+
+
+def test_the_longest_window_takes_every_position_as_the_harness_does(
+    tmp_path: Path, model_dir: Path, hf: Any
+) -> None:
+    """rolling_window_tokens = 0 with max_model_len = 16: windows of 16 input positions, spans of
+    17 tokens whose last one is scored but never fed (lm-evaluation-harness's hf model with
+    max_length = 16)."""
+    tok = Tokenizer(model_dir)
+    rows = [{"id": "d0", "doc": DOCUMENT}]
+    job = _score_job(
+        tmp_path, model_dir, _write_input(tmp_path, rows), input={"document_column": "doc"},
+        engine={"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 16},
+    )
+    assert _submit(job) == 0
+    rec = _rows_by_key(tmp_path / "out-job")[("d0", 0)]
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    tokens = tok.encode(DOCUMENT)
+    windows = _harness_windows(tokens, tok.bos_token_id, 16)
+    assert windows == [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, tok.bos_token_id, 16, 1)]
+    assert len(windows) > 3 and max(len(ctx) + len(cont) for ctx, cont in windows) == 17
+    _check_document(rec, hf, tokens, windows)
+
+
+def test_a_span_of_max_model_len_plus_one_tokens_is_scored(tmp_path: Path, model_dir: Path, hf: Any) -> None:
+    """Context and continuation of max_model_len + 1 tokens are scored; one more is a row error."""
+    tok = Tokenizer(model_dir)
+    context = " ".join(["fox"] * 5)
+    rows = [{"id": "fits", "ctx": context, "choices": [" do"]}, {"id": "over", "ctx": context, "choices": [" dog"]}]
+    ctx_ids = tok.encode(context)
+    fits = tok.encode(context + " do")
+    assert fits[: len(ctx_ids)] == ctx_ids
+    assert (len(fits), len(tok.encode(context + " dog"))) == (17, 18)
+    job = _score_job(
+        tmp_path, model_dir, _write_input(tmp_path, rows), job={"max_error_fraction": 1.0},
+        input={"context_column": "ctx", "continuations_column": "choices"},
+        engine={"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 16},
+    )
+    assert _submit(job) == 0
+    got = _rows_by_key(tmp_path / "out-job")
+    want, greedy = _hf_scores(hf, ctx_ids, fits[len(ctx_ids) :])
+    rec = got[("fits", 0)]
+    assert rec["status"] == "ok" and rec["prompt_tokens"] == 17 and rec["is_greedy"] == greedy
+    assert max(abs(a - b) for a, b in zip(rec["token_logprobs"], want, strict=True)) < 1e-4
+    over = got[("over", 0)]
+    assert over["error_code"] == "prompt_too_long"
+    assert "have 18 tokens; the engine scores at most 17 (max_model_len=16)" in over["error_message"]
+
+
+def test_a_job_planned_with_shorter_spans_keeps_them(tmp_path: Path, model_dir: Path, hf: Any) -> None:
+    """A score job planned when a span was fed whole and one token sampled after it (windows of
+    max_model_len - 2 positions, spans of max_model_len - 1 tokens) stored a fingerprint naming no
+    span rule. Resumed now, it goes on with the windows and limits it was planned with, so its
+    splits never mix two window lengths."""
+    import hashlib
+
+    from shardinfer.jobs.spec import load_toml, resolve
+    from shardinfer.pipeline.job import open_job, write_plan
+
+    tok = Tokenizer(model_dir)
+    rows = [{"id": "d0", "doc": DOCUMENT}, {"id": "d1", "doc": DOCUMENT[40:]}]
+    engine = {"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 16}
+    job = _score_job(tmp_path, model_dir, _write_input(tmp_path, rows), job={"split_rows": 1},
+                     input={"document_column": "doc"}, engine=engine)
+    planned = open_job(resolve(load_toml(str(job))).config)
+    # The fingerprint as the earlier version computed it: the same components, no span rule.
+    older = json.loads(json.dumps(planned.fingerprint))
+    del older["score"]["span_rule"], older["hash"]
+    canonical = json.dumps(older, sort_keys=True, separators=(",", ":"), default=str)
+    planned.fingerprint = {**older, "hash": hashlib.sha256(canonical.encode()).hexdigest()}
+    write_plan(planned, "older")
+    assert _submit(job) == 0
+    got = _rows_by_key(tmp_path / "out-job")
+    for row in rows:
+        tokens = tok.encode(row["doc"])
+        _check_document(got[(row["id"], 0)], hf, tokens, _harness_windows(tokens, tok.bos_token_id, 14))
+    # The same job in a new location is planned under today's rule: windows of 16 positions.
+    fresh = _score_job(tmp_path, model_dir, _write_input(tmp_path, rows), name="fresh", job={"split_rows": 1},
+                       input={"document_column": "doc"}, engine=engine)
+    assert _submit(fresh) == 0
+    tokens = tok.encode(DOCUMENT)
+    _check_document(_rows_by_key(tmp_path / "out-fresh")[("d0", 0)], hf, tokens,
+                    _harness_windows(tokens, tok.bos_token_id, 16))
+
+
 def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
     rows = [
         {"id": "ok", "ctx": "Hello,", "choices": [" world", " fox"]},
@@ -231,7 +338,7 @@ def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_di
     assert all("is null" not in row["error_message"] for row in bad)
     summary = capsys.readouterr().out  # a score job's summary speaks of the tokens it read
     read = sum(row["prompt_tokens"] or 0 for row in got.values())
-    assert f"tokens read    {read} " in summary and "tokens out" not in summary and "cut by length" not in summary
+    assert f"tokens given   {read} " in summary and "tokens out" not in summary and "cut by length" not in summary
 
 
 def test_resume_after_a_kill_and_fingerprint_of_score_columns(
