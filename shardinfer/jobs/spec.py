@@ -529,6 +529,13 @@ def validate(config: JobConfig) -> None:
     # Before the job runs, not when its last split is done; the timeline may go into a local output.
     output = config.output.path.removeprefix("file://")
     check_timeline_path(job.timeline_path, "" if "://" in output else output)
+    if config.sampling.get("max_tokens") == 0:
+        # The engine's prompt-only requests (max_tokens=0) are what score jobs send; a generate job
+        # of them would write rows of empty text.
+        raise ConfigError(
+            "sampling.max_tokens=0 generates nothing: give max_tokens >= 1 (or leave it unset), or to "
+            'score the prompts instead, run a score job (job.task = "score", docs/jobs.md)'
+        )
     try:
         check_limits(SamplingParams(**config.sampling))
     except LimitError as exc:

@@ -62,6 +62,14 @@ def test_a_wrong_stop_token_ids_value_is_shown() -> None:
         resolve(BASE, confs=[parse_conf("sampling.stop_token_ids=5")])
 
 
+@pytest.mark.parametrize("extra", [[], ["sampling.prompt_logprobs=1"]])
+def test_a_job_generating_no_tokens_is_refused(extra: list[str]) -> None:
+    # With prompt logprobs, max_tokens=0 is a valid engine request (what score jobs send); a
+    # generate job of them would write rows of empty text, so the spec says how to score instead.
+    with pytest.raises(ConfigError, match=r"sampling\.max_tokens=0 generates nothing.*job\.task = \"score\""):
+        resolve(BASE, confs=[parse_conf(c) for c in ["sampling.max_tokens=0", *extra]])
+
+
 @pytest.mark.parametrize(
     ("conf", "hint"),
     [
