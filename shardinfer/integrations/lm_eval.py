@@ -30,7 +30,14 @@ from shardinfer.engine.sampling_noise import derive_seed
 from shardinfer.engine.sampling_params import SamplingParams
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.score_batch import generate_ids, score_spans
-from shardinfer.pipeline.scoring import Span, encode_text, prefix_token_id, rolling_windows
+from shardinfer.pipeline.scoring import (
+    SPAN_RULE,
+    Span,
+    encode_text,
+    longest_rolling_window,
+    prefix_token_id,
+    rolling_windows,
+)
 
 
 class ContinuationTooLong(ConfigError, ValueError):
@@ -63,6 +70,7 @@ class ShardinferLM(TemplateLM):
         max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
         batch_size: int | str | None = None,
         max_batch_size: int | None = None,
+        span_rule: str = SPAN_RULE,
         **engine_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -73,12 +81,12 @@ class ShardinferLM(TemplateLM):
         self._max_gen_toks = int(max_gen_toks)
         # A span of `max_length` input positions has max_length + 1 tokens, its last one scored but
         # never fed (a prompt-only request), as in the harness's hf model: every position the
-        # engine has is usable.
-        longest = self.engine.max_model_len
+        # engine has is usable. (`span_rule`: an eval planned before that keeps its shorter spans.)
+        longest = longest_rolling_window(self.engine.max_model_len, span_rule)
         if max_length is not None and not 1 <= int(max_length) <= longest:
             raise ValueError(
-                f"max_length={max_length}: the engine takes at most {longest} here (max_model_len); "
-                "lower it or raise max_model_len"
+                f"max_length={max_length}: the engine takes at most {longest} here "
+                f"(max_model_len={self.engine.max_model_len}); lower it or raise max_model_len"
             )
         self._max_length = int(max_length) if max_length is not None else longest
         tok = self.engine.tokenizer

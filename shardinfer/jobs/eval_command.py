@@ -46,6 +46,7 @@ from shardinfer.errors import (
     UsageError,
 )
 from shardinfer.jobs.storage_flag import parse_storage_options
+from shardinfer.pipeline.scoring import SAMPLED_TOKEN_RULE, SPAN_RULE
 from shardinfer.splits import Split
 
 RESULTS_FILE = "results.json"
@@ -123,14 +124,20 @@ def _limit(limit: float | None) -> float | int | None:
 
 
 def fingerprint(
-    settings: EvalSettings, path_as_written: bool = False, dtype_as_written: str | None = None
+    settings: EvalSettings,
+    path_as_written: bool = False,
+    dtype_as_written: str | None = None,
+    span_rule: str | None = SPAN_RULE,
 ) -> dict[str, Any]:
     """The eval's identity. The --include-path folder counts by its files, not by where it is: the
     same tasks given by a relative path from elsewhere, or by an absolute one, are the same eval.
     The dtype counts as resolved on this machine (--dtype auto on a CPU is float32), and the local
     data files the tasks name outside the folder count by their content.
+    The span rule (pipeline.scoring) sets how long a scored span may be, so how a long document is
+    cut into windows.
     (`path_as_written`: the fingerprint of an earlier shardinfer, which held the path as given;
-    `dtype_as_written`: the dtype such a fingerprint held, --dtype as given.)"""
+    `dtype_as_written`: the dtype such a fingerprint held, --dtype as given; `span_rule` None: one
+    from before spans could hold max_model_len + 1 tokens, which held no rule.)"""
     from shardinfer.pipeline.fingerprint import NUMERICS_ENGINE_KEYS, model_identity
 
     parts: dict[str, Any] = dict(model_identity(settings.model))
@@ -148,6 +155,8 @@ def fingerprint(
         "dtype": dtype_as_written or resolved_dtype(settings.device, settings.dtype),
         "lm_eval": importlib.metadata.version("lm_eval"),
     }
+    if span_rule is not None:
+        parts["eval"]["span_rule"] = span_rule
     outside = _outside_data_hashes(settings.include_path) if settings.include_path else {}
     if outside:  # only when the tasks name such files, so the other evals keep their fingerprint
         parts["eval"]["data_files"] = outside
@@ -181,17 +190,28 @@ def _fingerprint_of(settings: EvalSettings, job: dict[str, Any] | None) -> dict[
 
 def _older_fingerprints(settings: EvalSettings, fp: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The eval's fingerprint in the forms earlier versions stored: the --include-path as written
-    (before the folder counted by its files alone) and --dtype as written (before it counted as
-    resolved: "auto" then, or the spelling given, where it resolves to this eval's dtype)."""
+    (before the folder counted by its files alone), --dtype as written (before it counted as
+    resolved: "auto" then, or the spelling given, where it resolves to this eval's dtype) and no
+    span rule (before spans could hold max_model_len + 1 tokens; such an eval keeps its shorter
+    windows, `span_rule_of`)."""
     resolved = fp["eval"]["dtype"]
     spellings = [settings.dtype] if settings.dtype != resolved else []
     if settings.dtype != "auto" and resolved_dtype(settings.device, "auto") == resolved:
         spellings.append("auto")
     paths = (False, True) if settings.include_path is not None else (False,)
-    for path_as_written in paths:
-        for dtype in [None, *spellings]:
-            if path_as_written or dtype is not None:
-                yield fingerprint(settings, path_as_written=path_as_written, dtype_as_written=dtype)
+    for span_rule in (SPAN_RULE, None):
+        for path_as_written in paths:
+            for dtype in [None, *spellings]:
+                if path_as_written or dtype is not None or span_rule is None:
+                    yield fingerprint(
+                        settings, path_as_written=path_as_written, dtype_as_written=dtype, span_rule=span_rule
+                    )
+
+
+def span_rule_of(fp: dict[str, Any]) -> str:
+    """The span rule an eval runs under: its fingerprint's, or for an eval planned before the rule
+    was recorded, the one spans then followed (one token sampled after each)."""
+    return str(fp.get("eval", {}).get("span_rule", SAMPLED_TOKEN_RULE))
 
 
 def _folder_hashes(folder: str) -> dict[str, str]:
@@ -324,7 +344,7 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
         )
     if pending:
         # One engine for every task: loading the model is the costly part of a small task.
-        lm = _language_model(settings)
+        lm = _language_model(settings, span_rule_of(fp))
         for split in pending:
             results = _evaluate(lm_eval, lm, settings, manager, split.path)
             if job is None:
@@ -336,7 +356,7 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
     return finish_eval(store, plan, log)
 
 
-def _language_model(settings: EvalSettings) -> Any:
+def _language_model(settings: EvalSettings, span_rule: str = SPAN_RULE) -> Any:
     """The harness model on the engine; what the engine refuses is named as the flag to fix."""
     from shardinfer.integrations.lm_eval import ShardinferLM
 
@@ -346,6 +366,7 @@ def _language_model(settings: EvalSettings) -> Any:
             device=settings.device,
             dtype=settings.dtype,
             seed=settings.seed,
+            span_rule=span_rule,
             **settings.engine,
         )
     except TypeError as exc:

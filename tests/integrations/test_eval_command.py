@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -265,16 +266,67 @@ def test_an_eval_that_fails_before_its_first_commit_leaves_nothing_in_the_way(
     assert json.loads((out / "results.json").read_text())["results"]["demo_later"]["sample_len"] == 2
 
 
-def test_the_task_folder_counts_by_its_files_not_by_how_its_path_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _plan_earlier_eval(argv: list[str], **changed: Any) -> str:
+    """Plan the eval of `argv` at its --output as an earlier shardinfer did: its fingerprint's
+    eval part with `changed` values (None: a key it did not hold yet). Returns that fingerprint's hash."""
     import hashlib
-    import shutil
 
-    from shardinfer.jobs.cli import build_parser, main
+    from shardinfer.jobs.cli import build_parser
     from shardinfer.jobs.eval_command import fingerprint, settings_from_args, task_plan
     from shardinfer.writers.job_file import make_job_record
     from shardinfer.writers.output_store import OutputStore
+
+    settings = settings_from_args(build_parser().parse_args(argv))
+    earlier = fingerprint(settings)
+    del earlier["hash"]
+    for key, value in changed.items():
+        if value is None:
+            del earlier["eval"][key]
+        else:
+            earlier["eval"][key] = value
+    earlier["hash"] = hashlib.sha256(json.dumps(earlier, sort_keys=True, default=str).encode()).hexdigest()
+    job = make_job_record("eval", earlier, task_plan(settings.tasks), {"eval_tasks": settings.tasks})
+    OutputStore(settings.output).write_job(job)
+    return str(earlier["hash"])
+
+
+def test_an_eval_planned_before_spans_held_an_unfed_token_keeps_its_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rolling windows were max_model_len - 2 positions before a span's last token went unfed; an
+    # eval planned then resumes with them, so no eval mixes two window lengths. A new one takes
+    # max_model_len, as the harness's hf model does.
+    from shardinfer.jobs import eval_command
+    from shardinfer.jobs.cli import main
+
+    built: list[tuple[int, int]] = []
+    real = eval_command._language_model
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        lm = real(*args, **kwargs)
+        built.append((lm.max_length, lm.engine.max_model_len))
+        return lm
+
+    monkeypatch.setattr(eval_command, "_language_model", recording)
+
+    def argv(out: str) -> list[str]:
+        return ["eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS), "--tasks", "demo_tasks_mc",
+                "--limit", "2", "--device", "cpu", "--dtype", "float32", "--output", str(tmp_path / out)]  # fmt: skip
+
+    earlier = _plan_earlier_eval(argv("earlier"), span_rule=None)
+    assert main(argv("earlier")) == 0
+    assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier
+    assert main(argv("new")) == 0
+    (old_length, model_len), (new_length, same_len) = built
+    assert model_len == same_len and old_length == model_len - 2 and new_length == model_len
+
+
+def test_the_task_folder_counts_by_its_files_not_by_how_its_path_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from shardinfer.jobs.cli import main
 
     shutil.copytree(DEMO_TASKS, tmp_path / "tasks")
     monkeypatch.chdir(tmp_path)
@@ -292,15 +344,9 @@ def test_the_task_folder_counts_by_its_files_not_by_how_its_path_is_written(
 
     # An output planned by an earlier shardinfer, whose fingerprint held the path as written, resumes.
     monkeypatch.chdir(tmp_path)
-    settings = settings_from_args(build_parser().parse_args(argv("tasks", "earlier")))
-    earlier = fingerprint(settings)
-    del earlier["hash"]
-    earlier["eval"]["include_path"] = "tasks"
-    earlier["hash"] = hashlib.sha256(json.dumps(earlier, sort_keys=True, default=str).encode()).hexdigest()
-    job = make_job_record("eval", earlier, task_plan(settings.tasks), {"eval_tasks": settings.tasks})
-    OutputStore("earlier").write_job(job)
+    earlier = _plan_earlier_eval(argv("tasks", "earlier"), include_path="tasks")
     assert main(argv("tasks", "earlier")) == 0
-    assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier["hash"]
+    assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier
 
 
 def _outside_data_task(tmp_path: Path) -> tuple[Path, Path]:
@@ -347,12 +393,8 @@ def test_a_task_data_file_outside_the_task_folder_counts_in_the_fingerprint(
 def test_the_dtype_counts_as_resolved_and_evals_planned_with_auto_resume(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import hashlib
 
-    from shardinfer.jobs.cli import build_parser, main
-    from shardinfer.jobs.eval_command import fingerprint, settings_from_args, task_plan
-    from shardinfer.writers.job_file import make_job_record
-    from shardinfer.writers.output_store import OutputStore
+    from shardinfer.jobs.cli import main
 
     def argv(dtype: str, out: str) -> list[str]:
         return ["eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS), "--tasks", "demo_tasks_mc",
@@ -368,15 +410,9 @@ def test_the_dtype_counts_as_resolved_and_evals_planned_with_auto_resume(
 
     # An eval planned by an earlier shardinfer, whose fingerprint held --dtype as given, resumes
     # under that fingerprint, given as it was or as what it resolves to.
-    settings = settings_from_args(build_parser().parse_args(argv("auto", "earlier")))
-    earlier = fingerprint(settings)
-    del earlier["hash"]
-    earlier["eval"]["dtype"] = "auto"
-    earlier["hash"] = hashlib.sha256(json.dumps(earlier, sort_keys=True, default=str).encode()).hexdigest()
-    job = make_job_record("eval", earlier, task_plan(settings.tasks), {"eval_tasks": settings.tasks})
-    OutputStore(str(tmp_path / "earlier")).write_job(job)
+    earlier = _plan_earlier_eval(argv("auto", "earlier"), dtype="auto")
     assert main(argv("auto", "earlier")) == 0
-    assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier["hash"]
+    assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier
     capsys.readouterr()
     assert main(argv("float32", "earlier")) == 0
     assert "already complete" in capsys.readouterr().err
