@@ -35,8 +35,9 @@ from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM
 
 
-def first_calls(llm: LLM, reqs: list[tuple[list[int], int]], profiler: cProfile.Profile | None = None
-                ) -> dict[str, float]:
+def first_calls(
+    llm: LLM, reqs: list[tuple[list[int], int]], profiler: cProfile.Profile | None = None
+) -> dict[str, float]:
     """Run the requests to the end; the host ms of the first two step() calls, and (on CUDA) the
     device ms from the first call's start to the end of the work it queued."""
     engine = llm.llm_engine
@@ -71,8 +72,14 @@ def top_functions(stats: pstats.Stats, key: str, n: int) -> list[dict[str, Any]]
     rows = []
     for (path, line, name), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
         short = "/".join(Path(path).parts[-3:]) if path != "~" else "builtin"
-        rows.append({"function": f"{short}:{line} {name}", "calls": calls,
-                     "tottime_ms": tottime * 1000, "cumtime_ms": cumtime * 1000})
+        rows.append(
+            {
+                "function": f"{short}:{line} {name}",
+                "calls": calls,
+                "tottime_ms": tottime * 1000,
+                "cumtime_ms": cumtime * 1000,
+            }
+        )
     return sorted(rows, key=lambda r: -r[f"{key}_ms"])[:n]
 
 
@@ -88,20 +95,34 @@ def main() -> None:
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
-    for flag, value in (("--batch", args.batch), ("--prompt-len", args.prompt_len),
-                        ("--output-len", args.output_len), ("--repeats", args.repeats)):
+    for flag, value in (
+        ("--batch", args.batch),
+        ("--prompt-len", args.prompt_len),
+        ("--output-len", args.output_len),
+        ("--repeats", args.repeats),
+    ):
         if value < 1:
             ap.error(f"{flag} {value}: give at least 1")
     shape = SHAPES[args.workload]
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload, args.device)
-    llm = LLM(model_dir, device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32",
-              max_num_seqs=max(args.batch, 8), max_num_batched_tokens=16384,
-              max_model_len=args.prompt_len + args.output_len + 16)
+    llm = LLM(
+        model_dir,
+        device=args.device,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+        max_num_seqs=max(args.batch, 8),
+        max_num_batched_tokens=16384,
+        max_model_len=args.prompt_len + args.output_len + 16,
+    )
     vocab = shape["vocab_size"]
 
     def fresh(seed: int) -> list[tuple[list[int], int]]:
-        return requests(args.batch, vocab, (args.prompt_len, args.prompt_len),
-                        (args.output_len, args.output_len), seed=seed)
+        return requests(
+            args.batch,
+            vocab,
+            (args.prompt_len, args.prompt_len),
+            (args.output_len, args.output_len),
+            seed=seed,
+        )
 
     first_calls(llm, fresh(10_000))  # compiles and first-shape work out of the timing
     timed = [first_calls(llm, fresh(10_001 + r)) for r in range(args.repeats)]
@@ -130,7 +151,7 @@ def main() -> None:
     print("median over repeats: " + ", ".join(f"{k} {v:.2f}" for k, v in median.items()))
     for title, key in (("own time", "tottime"), ("cumulative time", "cumtime")):
         print(f"profiled first call, by {title} (ms, calls):")
-        for row in result["by_own_time" if key == "tottime" else "by_cumulative_time"][:args.top]:
+        for row in result["by_own_time" if key == "tottime" else "by_cumulative_time"][: args.top]:
             print(f"  {row[key + '_ms']:8.2f} {row['calls']:6d}  {row['function'][:100]}")
     print(f"wrote {path}")
 

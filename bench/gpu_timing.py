@@ -141,8 +141,9 @@ def decode_bytes(engine: Any, drafting_mtp: bool = False) -> StepBytes:
     routing = moe[0].gate.routing if moe else None
     caches = engine.runner.kv_caches
     per_token = sum(t[0, 0].numel() * t.element_size() for layer in caches for t in layer)
-    return StepBytes(dense, experts, routing.n_routed_experts if routing else 0,
-                     routing.top_k if routing else 0, per_token)
+    return StepBytes(
+        dense, experts, routing.n_routed_experts if routing else 0, routing.top_k if routing else 0, per_token
+    )
 
 
 def fp8_matmul_rate(m: int = 8192, n: int = 8192, k: int = 8192) -> float:
@@ -151,7 +152,9 @@ def fp8_matmul_rate(m: int = 8192, n: int = 8192, k: int = 8192) -> float:
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
     one = torch.ones((), device="cuda")
-    ms = median_ms(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps=10)
+    ms = median_ms(
+        lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), reps=10
+    )
     return 2 * m * n * k / (ms * 1e-3)
 
 
@@ -173,5 +176,12 @@ def fp8_gemm_rates(shape: dict[str, Any], m: int) -> dict[str, Any]:
     flop = 2 * m * n * k
     ours = flop / (graph_ms(lambda: fp8_matmul.linear_fp8(x, wq, ws)) * 1e-3)
     eager = flop / (median_ms(lambda: fp8_matmul.linear_fp8(x, wq, ws), reps=10) * 1e-3)
-    return {"m": m, "n": n, "k": k, "ours_tflops": ours / 1e12, "ours_eager_tflops": eager / 1e12,
-            "ceiling_tflops": ceiling / 1e12, "fraction_of_ceiling": ours / ceiling}
+    return {
+        "m": m,
+        "n": n,
+        "k": k,
+        "ours_tflops": ours / 1e12,
+        "ours_eager_tflops": eager / 1e12,
+        "ceiling_tflops": ceiling / 1e12,
+        "fraction_of_ceiling": ours / ceiling,
+    }

@@ -42,8 +42,9 @@ class StubModel:
         return self.logits_row.expand(hidden.shape[0], -1)
 
 
-def _argmax_with_logprobs(raw: torch.Tensor, x: torch.Tensor, *rest: Any,
-                          top: TopLogprob | None = None) -> tuple[torch.Tensor, ...]:
+def _argmax_with_logprobs(
+    raw: torch.Tensor, x: torch.Tensor, *rest: Any, top: TopLogprob | None = None
+) -> tuple[torch.Tensor, ...]:
     """What ops.sample_with_logprobs returns (token, its logprob, the row's logsumexp), by argmax."""
     lse = torch.logsumexp(raw, dim=-1)
     tokens = x.argmax(-1)
@@ -57,31 +58,45 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--logprobs", type=int, default=0, help="SamplingParams.logprobs of every request (0: none)")
+    ap.add_argument(
+        "--logprobs", type=int, default=0, help="SamplingParams.logprobs of every request (0: none)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_tiny_checkpoint(Path(tmp), "qwen3", vocab_size=args.vocab, max_position_embeddings=4096)
-        engine = LLMEngine(model_dir, device="cpu", max_num_seqs=args.batch, max_model_len=4096,
-                           num_kv_blocks=args.batch * 80)
+        model_dir = make_tiny_checkpoint(
+            Path(tmp), "qwen3", vocab_size=args.vocab, max_position_embeddings=4096
+        )
+        engine = LLMEngine(
+            model_dir,
+            device="cpu",
+            max_num_seqs=args.batch,
+            max_model_len=4096,
+            num_kv_blocks=args.batch * 80,
+        )
         engine.runner.model = StubModel(engine.model, args.vocab)
         # On a GPU the token choice is one kernel launch; here the CPU reference would dominate,
         # so it is replaced by an argmax to leave only the engine's own bookkeeping.
         sampler.gumbel_noise = lambda seeds, positions, vocab: None
         sampler.ops = SimpleNamespace(sample_with_logprobs=_argmax_with_logprobs)
-        params = SamplingParams(temperature=0.0, max_tokens=args.steps + 10, ignore_eos=True,
-                                logprobs=args.logprobs or None)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=args.steps + 10, ignore_eos=True, logprobs=args.logprobs or None
+        )
         for i in range(args.batch):
             engine.add_request(f"r{i}", [1 + (i + j) % 300 for j in range(200 + i % 300)], params)
-        while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running) or \
-                engine.scheduler.waiting:
+        while (
+            any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running)
+            or engine.scheduler.waiting
+        ):
             engine.step()
         t0 = time.perf_counter()
         for _ in range(args.steps):
             engine.step()
         per_step = (time.perf_counter() - t0) / args.steps
-    print(f"batch {args.batch}, logprobs {args.logprobs}: {per_step * 1e3:.2f} ms host time per decode step "
-          f"({per_step / args.batch * 1e6:.1f} us per request)")
+    print(
+        f"batch {args.batch}, logprobs {args.logprobs}: {per_step * 1e3:.2f} ms host time per decode step "
+        f"({per_step / args.batch * 1e6:.1f} us per request)"
+    )
 
 
 if __name__ == "__main__":

@@ -207,15 +207,21 @@ _RSS_PROBE = (
 )
 
 
-def run_measured(cmd: list[str], log_path: Path, env: dict[str, str] | None = None) -> tuple[float, float, int, float]:
+def run_measured(
+    cmd: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> tuple[float, float, int, float]:
     """Runs cmd with its output in log_path; returns (spawn and exit time as wall-clock seconds, exit
     code, cmd's peak RSS in MB with its descendants'). The times include the probe interpreter's
     start (tens of milliseconds)."""
     probe_out = log_path.with_name(log_path.name + ".rss")
     with open(log_path, "w") as log:
         spawned = time.time()
-        subprocess.run([sys.executable, "-c", _RSS_PROBE, str(probe_out), *cmd], stdout=log,
-                       stderr=subprocess.STDOUT, env=env)
+        subprocess.run(
+            [sys.executable, "-c", _RSS_PROBE, str(probe_out), *cmd],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         exited = time.time()
     code, kb = probe_out.read_text().split()
     probe_out.unlink()
@@ -319,12 +325,22 @@ def main() -> None:
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    ap.add_argument("--max-model-len", type=int, default=None, help="default 4096; 1024 for demo (its positions)")
+    ap.add_argument(
+        "--max-model-len", type=int, default=None, help="default 4096; 1024 for demo (its positions)"
+    )
     ap.add_argument("--skip-engine", action="store_true", help="run the job only")
-    ap.add_argument("--triton-cache", default="warm", choices=["warm", "cold"],
-                    help="cold: the job gets an empty Triton cache directory, as on a fresh machine")
-    ap.add_argument("--precompile", default="on", choices=["on", "off"],
-                    help="the job's SHARDINFER_PRECOMPILE (engine/precompile.py)")
+    ap.add_argument(
+        "--triton-cache",
+        default="warm",
+        choices=["warm", "cold"],
+        help="cold: the job gets an empty Triton cache directory, as on a fresh machine",
+    )
+    ap.add_argument(
+        "--precompile",
+        default="on",
+        choices=["on", "off"],
+        help="the job's SHARDINFER_PRECOMPILE (engine/precompile.py)",
+    )
     replay = ap.add_mutually_exclusive_group()
     replay.add_argument("--record", metavar="PATH", help="record every row's output to PATH (for --replay)")
     replay.add_argument(
@@ -343,10 +359,16 @@ def main() -> None:
         except ValueError:
             ok = False
         if not ok:
-            ap.error(f"--replay {args.replay!r}: need PATH:ALPHA, PATH a recording made with --record, ALPHA in [0, 1]")
-        modes = [c.partition("=")[2].strip("'\"") for c in args.job_conf if c.startswith("engine.speculative=")]
+            ap.error(
+                f"--replay {args.replay!r}: need PATH:ALPHA, PATH a recording made with --record, ALPHA in [0, 1]"
+            )
+        modes = [
+            c.partition("=")[2].strip("'\"") for c in args.job_conf if c.startswith("engine.speculative=")
+        ]
         if modes != ["ngram"]:
-            ap.error("--replay replaces the prompt-lookup drafter's proposals: add --job-conf engine.speculative=ngram")
+            ap.error(
+                "--replay replaces the prompt-lookup drafter's proposals: add --job-conf engine.speculative=ngram"
+            )
 
     if args.max_model_len is None:
         args.max_model_len = 1024 if args.workload == "demo" else 4096

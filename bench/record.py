@@ -99,12 +99,14 @@ def spec_rows(records: list[dict]) -> list[str]:
         if r.get("gpu") == "cpu":
             continue
         for p in r["points"]:
-            rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | "
-                        f"{r['workload']} | {p['batch']} | {p['alpha']} | {p['depth']} | {p['scheduled']} | "
-                        f"{p['plain_tok_s']:.0f} | {p['spec_tok_s']:.0f} | {p['spec_tok_s'] / p['plain_tok_s']:.2f} | "
-                        f"{fmt(p.get('acceptance'), '.2f')} | {p['identical']} | "
-                        f"{fmt(_ratio(p['plain_tok_s'], p.get('plain_floor_tok_s')), '.2f')} | "
-                        f"{fmt(_ratio(p['spec_tok_s'], p.get('spec_floor_tok_s')), '.2f')} |")
+            rows.append(
+                f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | "
+                f"{r['workload']} | {p['batch']} | {p['alpha']} | {p['depth']} | {p['scheduled']} | "
+                f"{p['plain_tok_s']:.0f} | {p['spec_tok_s']:.0f} | {p['spec_tok_s'] / p['plain_tok_s']:.2f} | "
+                f"{fmt(p.get('acceptance'), '.2f')} | {p['identical']} | "
+                f"{fmt(_ratio(p['plain_tok_s'], p.get('plain_floor_tok_s')), '.2f')} | "
+                f"{fmt(_ratio(p['spec_tok_s'], p.get('spec_floor_tok_s')), '.2f')} |"
+            )
     return rows
 
 
@@ -128,10 +130,12 @@ def demo_spec_rows(records: list[dict]) -> list[str]:
         if r.get("workload") != "demo" or r.get("gpu") in (None, "cpu") or "points" not in r:
             continue
         for p in r["points"]:
-            rows.append(f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | "
-                        f"{p['drafter']} | {p['depth']} | {p['batch']} | {p['temperature']} | "
-                        f"{p['plain_tok_s']:.0f} | {p['spec_tok_s']:.0f} | {p['spec_tok_s'] / p['plain_tok_s']:.2f} | "
-                        f"{fmt(p.get('acceptance_rate'), '.2f')} | {p['identical']} | {p['steps']:.0f} |")
+            rows.append(
+                f"| {r['date'][:16].replace('T', ' ')} | {r['gpu']} | {r.get('commit') or '—'} | "
+                f"{p['drafter']} | {p['depth']} | {p['batch']} | {p['temperature']} | "
+                f"{p['plain_tok_s']:.0f} | {p['spec_tok_s']:.0f} | {p['spec_tok_s'] / p['plain_tok_s']:.2f} | "
+                f"{fmt(p.get('acceptance_rate'), '.2f')} | {p['identical']} | {p['steps']:.0f} |"
+            )
     return rows
 
 
@@ -207,7 +211,9 @@ def job_row(r: dict) -> str:
     master = r.get("master", "local")
     if r.get("ray_cluster") == "running":
         master += ", running"
-    workload = r["workload"] + "".join(f", {c}" for c in r.get("job_conf") or [] if not c.startswith(STANDARD_CONF))
+    workload = r["workload"] + "".join(
+        f", {c}" for c in r.get("job_conf") or [] if not c.startswith(STANDARD_CONF)
+    )
     if r.get("replay_alpha") is not None:
         workload += f", replay drafts at alpha {r['replay_alpha']}"
     if r.get("triton_cache") == "cold":  # job_throughput.py --triton-cache cold
@@ -228,8 +234,11 @@ def job_row(r: dict) -> str:
 
 def _numerics(r: dict) -> str:
     """The workload, with the weights' and the KV cache's format where a run chose one."""
-    extra = [f"{what} {r[key]}" for key, what in (("quantization", "weights"), ("kv_cache_dtype", "KV"))
-             if r.get(key) not in (None, "auto")]
+    extra = [
+        f"{what} {r[key]}"
+        for key, what in (("quantization", "weights"), ("kv_cache_dtype", "KV"))
+        if r.get(key) not in (None, "auto")
+    ]
     if r.get("fp8_tiling") not in (None, "default"):  # throughput.py --fp8-tiling
         extra.append(f"FP8 tiling {r['fp8_tiling']}")
     return ", ".join([r["workload"], *extra])
@@ -237,7 +246,9 @@ def _numerics(r: dict) -> str:
 
 def variant_changes(variant: dict) -> str:
     """What a same-call variant run changed (throughput.py's --variant-* options), as one string."""
-    return " ".join(x for x in (variant.get("fp8_tiling"), variant.get("flags"), variant.get("settings")) if x)
+    return " ".join(
+        x for x in (variant.get("fp8_tiling"), variant.get("flags"), variant.get("settings")) if x
+    )
 
 
 def _second_run_rows(r: dict) -> list[str]:

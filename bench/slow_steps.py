@@ -23,7 +23,7 @@ def short_path(filename: str) -> str:
     """A file name relative to the repository or to site-packages; other absolute paths lose their
     directories, and anything else (a relative path, a native function's name) is kept."""
     if filename.startswith(_ROOT):
-        return filename[len(_ROOT):].lstrip("/")
+        return filename[len(_ROOT) :].lstrip("/")
     marker = "site-packages/"
     if marker in filename:
         return filename.split(marker, 1)[1]
@@ -31,8 +31,9 @@ def short_path(filename: str) -> str:
 
 
 class SlowStepSampler:
-    def __init__(self, threshold_s: float = 0.15, interval_s: float = 0.03, per_step: int = 4,
-                 max_samples: int = 40) -> None:
+    def __init__(
+        self, threshold_s: float = 0.15, interval_s: float = 0.03, per_step: int = 4, max_samples: int = 40
+    ) -> None:
         self.samples: list[dict[str, Any]] = []
         self._target = threading.get_ident()
         self._threshold, self._interval = threshold_s, interval_s
@@ -66,7 +67,9 @@ class SlowStepSampler:
             frame = sys._current_frames().get(self._target)
             if frame is None:
                 continue
-            stack = [f"{short_path(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_stack(frame)[-14:]]
+            stack = [
+                f"{short_path(f.filename)}:{f.lineno} {f.name}" for f in traceback.extract_stack(frame)[-14:]
+            ]
             self.samples.append({"step": step, "after_ms": round(elapsed * 1e3, 1), "stack": stack})
             self._taken += 1
 
@@ -79,7 +82,9 @@ def summary_lines(samples: list[dict[str, Any]], steps: int = 3, frames: int = 3
         if s["step"] in seen:
             continue
         seen.add(s["step"])
-        lines.append(f"slow step {s['step']} at {s['after_ms']} ms: " + " <- ".join(reversed(s["stack"][-frames:])))
+        lines.append(
+            f"slow step {s['step']} at {s['after_ms']} ms: " + " <- ".join(reversed(s["stack"][-frames:]))
+        )
         if len(lines) == steps:
             break
     return lines

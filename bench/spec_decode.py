@@ -396,7 +396,10 @@ def main() -> None:
         ap.error(f"--repeats {args.repeats}: give at least 1")
     if args.timeline_skip < 0:
         ap.error(f"--timeline-skip {args.timeline_skip}: give 0 or more steps")
-    for flag, chosen in (("--profile-batches", args.profile_batches), ("--timeline-batches", args.timeline_batches)):
+    for flag, chosen in (
+        ("--profile-batches", args.profile_batches),
+        ("--timeline-batches", args.timeline_batches),
+    ):
         if missing := sorted(set(chosen) - set(args.batches)):
             ap.error(f"{flag} {missing}: not among --batches {args.batches}; add them there")
     begin = time.perf_counter()
@@ -513,7 +516,9 @@ def main() -> None:
                     # A verify step computes each request's newest token and its drafts: with experts,
                     # the draft rows touch more of them than a plain step's rows.
                     spec_rows = round(batch + drafted / max(1, steps))
-                    spec_floor = step_bytes.floor_s(spec_rows, context, bandwidth) if bandwidth is not None else None
+                    spec_floor = (
+                        step_bytes.floor_s(spec_rows, context, bandwidth) if bandwidth is not None else None
+                    )
                     points.append(
                         {
                             "batch": batch,
@@ -533,7 +538,9 @@ def main() -> None:
                             "plain_steps": plain_steps,
                             "plain_step_times": plain_times,
                             "spec_step_times": spec_times,
-                            "plain_floor_tok_s": tokens / (plain_steps * plain_floor) if plain_floor else None,
+                            "plain_floor_tok_s": tokens / (plain_steps * plain_floor)
+                            if plain_floor
+                            else None,
                             "spec_floor_tok_s": tokens / (steps * spec_floor) if spec_floor else None,
                         }
                     )

@@ -56,8 +56,14 @@ from shardinfer.testing.tiny_checkpoint import SPECIAL_TOKENS
 # Compact JSON, as the recorded runs used: a random-init model samples blanks as readily as any
 # token, and free whitespace would let its samples run to max_tokens instead of closing the object.
 SO_ARGS = {"schema_type": "json", "schema": SCHEMA, "whitespace": "compact"}
-COUNTERS = ("steps", "generated_tokens", "preemptions", "synchronous_steps", "deferred_sampling_steps",
-            "grammar_mask_wait_s")
+COUNTERS = (
+    "steps",
+    "generated_tokens",
+    "preemptions",
+    "synchronous_steps",
+    "deferred_sampling_steps",
+    "grammar_mask_wait_s",
+)
 
 
 def with_tokenizer(model_dir: Path, vocab: int, out_dir: Path) -> Path:
@@ -75,8 +81,12 @@ def with_tokenizer(model_dir: Path, vocab: int, out_dir: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(stdlib_sources(), trainer)
     tok.save(str(target / "tokenizer.json"))
     return target
@@ -149,8 +159,16 @@ class StepClock:
                 elapsed = time.perf_counter() - t0
                 sampler.end()
                 wait = self.engine.stats()["grammar_mask_wait_s"] - wait0
-                self.steps.append((round(elapsed * 1e3, 3), len(self._batch), round(self._fill_s * 1e3, 3),
-                                   round(wait * 1e3, 3), round(self._gc_s * 1e3, 3), self._alloc_retries() - retries0))
+                self.steps.append(
+                    (
+                        round(elapsed * 1e3, 3),
+                        len(self._batch),
+                        round(self._fill_s * 1e3, 3),
+                        round(wait * 1e3, 3),
+                        round(self._gc_s * 1e3, 3),
+                        self._alloc_retries() - retries0,
+                    )
+                )
                 if self._batch and all(n == 1 for n in self._batch):
                     self.decode_s.append(elapsed)
                     self.decode_batch.append(len(self._batch))
@@ -161,8 +179,14 @@ class StepClock:
         return outs
 
 
-def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], sync: Callable[[], None],
-        tag: str, full_batch: int) -> tuple[dict[str, Any], list[Any]]:
+def run(
+    llm: LLM,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    sync: Callable[[], None],
+    tag: str,
+    full_batch: int,
+) -> tuple[dict[str, Any], list[Any]]:
     """One timed run; returns its summary and each request's completion, in request order.
     Decode steps of at least full_batch sequences are also summarised on their own."""
     engine = llm.llm_engine
@@ -182,18 +206,26 @@ def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], sync: 
     steps = clock.decode_s
     full = [t for t, b in zip(steps, clock.decode_batch, strict=True) if b >= full_batch]
     summary = {
-        "wall_s": wall, "output_tokens": sum(lengths), "decode_steps": len(steps),
+        "wall_s": wall,
+        "output_tokens": sum(lengths),
+        "decode_steps": len(steps),
         "mean_decode_batch": statistics.fmean(clock.decode_batch) if steps else None,
         "mean_decode_step_ms": statistics.fmean(steps) * 1e3 if steps else None,
         "median_decode_step_ms": statistics.median(steps) * 1e3 if steps else None,
-        "full_batch": full_batch, "full_batch_decode_steps": len(full),
+        "full_batch": full_batch,
+        "full_batch_decode_steps": len(full),
         "full_batch_mean_step_ms": statistics.fmean(full) * 1e3 if full else None,
         "mask_fill_ms_per_decode_step": clock.mask_fill_s / len(steps) * 1e3 if steps else None,
         # The part of the fill the engine thread waited for (not hidden behind planning the next step).
-        "mask_wait_ms_per_decode_step": ((engine.stats()["grammar_mask_wait_s"] - before["grammar_mask_wait_s"])
-                                         / len(steps) * 1e3 if steps else None),
-        "finish_reasons": {r: sum(c.finish_reason == r for c in completions)
-                           for r in sorted({str(c.finish_reason) for c in completions})},
+        "mask_wait_ms_per_decode_step": (
+            (engine.stats()["grammar_mask_wait_s"] - before["grammar_mask_wait_s"]) / len(steps) * 1e3
+            if steps
+            else None
+        ),
+        "finish_reasons": {
+            r: sum(c.finish_reason == r for c in completions)
+            for r in sorted({str(c.finish_reason) for c in completions})
+        },
         "stats": {k: v - before[k] for k, v in engine.stats().items() if k in COUNTERS},
         "steps_ms_rows_fill_wait_gc_retries": clock.steps,
         "slow_step_stacks": clock.slow_step_stacks,
@@ -233,15 +265,33 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128, help="output budget of a constrained request")
     ap.add_argument("--in-range", type=int, nargs=2, default=(32, 128))
-    ap.add_argument("--tokenizer-vocab", type=int, default=None,
-                    help="BPE size replacing the checkpoint's tokenizer (0: keep it; default 32000 if it fits)")
-    ap.add_argument("--independent-matchers", nargs="?", const="on", default="auto", choices=["auto", "on", "off"],
-                    help="matchers built per request instead of copies of the compiled grammar "
-                         "(auto: the engine's default, independent from 4 CPUs)")
-    ap.add_argument("--mask-threads", type=int, default=None, help="llguidance threads (default: its own choice)")
-    ap.add_argument("--templates", type=int, default=None, help="templates per grammar (default: one per thread)")
-    ap.add_argument("--parallel-accept", default="auto", choices=["auto", "on", "off"],
-                    help="consume each step's grammar tokens on llguidance's thread pool (auto: from 4 mask threads)")
+    ap.add_argument(
+        "--tokenizer-vocab",
+        type=int,
+        default=None,
+        help="BPE size replacing the checkpoint's tokenizer (0: keep it; default 32000 if it fits)",
+    )
+    ap.add_argument(
+        "--independent-matchers",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="matchers built per request instead of copies of the compiled grammar "
+        "(auto: the engine's default, independent from 4 CPUs)",
+    )
+    ap.add_argument(
+        "--mask-threads", type=int, default=None, help="llguidance threads (default: its own choice)"
+    )
+    ap.add_argument(
+        "--templates", type=int, default=None, help="templates per grammar (default: one per thread)"
+    )
+    ap.add_argument(
+        "--parallel-accept",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="consume each step's grammar tokens on llguidance's thread pool (auto: from 4 mask threads)",
+    )
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--max-num-seqs", type=int, default=256)
@@ -259,33 +309,52 @@ def main() -> None:
         tok_vocab = 32000 if shape["vocab_size"] >= 32000 else 0
     if tok_vocab:
         if tok_vocab > shape["vocab_size"]:
-            raise SystemExit(f"--tokenizer-vocab {tok_vocab} exceeds the model's vocabulary ({shape['vocab_size']})")
+            raise SystemExit(
+                f"--tokenizer-vocab {tok_vocab} exceeds the model's vocabulary ({shape['vocab_size']})"
+            )
         model_dir = with_tokenizer(model_dir, tok_vocab, Path(args.ckpt_dir))
     max_num_seqs = min(args.max_num_seqs, args.requests)
-    llm = LLM(model_dir, device=device, dtype="bfloat16" if device == "cuda" else "float32",
-              max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.max_model_len, enable_prefix_caching=False,
-              async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
-              structured_independent_matchers={"auto": None, "on": True, "off": False}[args.independent_matchers])
+    llm = LLM(
+        model_dir,
+        device=device,
+        dtype="bfloat16" if device == "cuda" else "float32",
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=False,
+        async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
+        structured_independent_matchers={"auto": None, "on": True, "off": False}[args.independent_matchers],
+    )
     engine = llm.llm_engine
     if args.mask_threads is not None or args.templates is not None:
         # The engine's own compiler, with this run's thread and template counts (the engine keeps
         # llguidance's thread count and one template per thread).
         engine.grammar_masks._compiler = StructuredOutputCompiler(
-            str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
-            num_threads=args.mask_threads, independent_matchers=engine.config.independent_matchers,
-            templates=args.templates)
+            str(engine.tokenizer.path),
+            list(engine.tokenizer.eos_token_ids),
+            engine.model_config.vocab_size,
+            num_threads=args.mask_threads,
+            independent_matchers=engine.config.independent_matchers,
+            templates=args.templates,
+        )
     if args.parallel_accept != "auto":
         engine.grammar_compiler().parallel_accept = args.parallel_accept == "on"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     prompts = [ids for ids, _ in requests(args.requests, shape["vocab_size"], tuple(args.in_range), (1, 1))]
     # Warm-up: kernels, CUDA graphs, llguidance's tokenizer and the schema's compilation.
-    llm.generate(prompts[:4], [SamplingParams(temperature=1.0, max_tokens=8, seed=i, so_args=SO_ARGS)
-                               for i in range(min(4, len(prompts)))])
+    llm.generate(
+        prompts[:4],
+        [
+            SamplingParams(temperature=1.0, max_tokens=8, seed=i, so_args=SO_ARGS)
+            for i in range(min(4, len(prompts)))
+        ],
+    )
     llm.generate(prompts[:4], SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=1))
 
-    constrained_params = [SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=i, so_args=SO_ARGS)
-                          for i in range(len(prompts))]
+    constrained_params = [
+        SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=i, so_args=SO_ARGS)
+        for i in range(len(prompts))
+    ]
     full_batch = math.ceil(0.9 * max_num_seqs)
     constrained, completions = run(llm, prompts, constrained_params, sync, "constrained", full_batch)
     lengths = [len(c.token_ids) for c in completions]
@@ -293,8 +362,9 @@ def main() -> None:
     # A sanity check of the masks: every sample that ended on its own is a JSON document.
     constrained["stopped_samples_parsing_as_json"] = f"{sum(map(parses_as_json, stopped))}/{len(stopped)}"
     # Each plain request generates exactly as many tokens as its constrained twin did.
-    plain_params = [SamplingParams(temperature=1.0, max_tokens=n, seed=i, ignore_eos=True)
-                    for i, n in enumerate(lengths)]
+    plain_params = [
+        SamplingParams(temperature=1.0, max_tokens=n, seed=i, ignore_eos=True) for i, n in enumerate(lengths)
+    ]
     plain, plain_completions = run(llm, prompts, plain_params, sync, "plain", full_batch)
     if [len(c.token_ids) for c in plain_completions] != lengths:
         raise RuntimeError("the plain run did not generate the constrained run's token counts")
@@ -304,35 +374,58 @@ def main() -> None:
 
     now = dt.datetime.now(dt.UTC)
     result = {
-        "bench": "structured_decode", "workload": args.workload, "device": device,
-        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None, "commit": bench_commit(),
-        "date": now.isoformat(), "requests": args.requests, "max_tokens": args.max_tokens,
-        "in_range": args.in_range, "tokenizer_vocab": tok_vocab or None, "schema": SCHEMA,
-        "async_scheduling": engine.async_scheduling, "independent_matchers": engine.grammar_compiler().independent_matchers,
-        "mask_threads": args.mask_threads, "templates": engine.grammar_compiler().templates,
+        "bench": "structured_decode",
+        "workload": args.workload,
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+        "commit": bench_commit(),
+        "date": now.isoformat(),
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "in_range": args.in_range,
+        "tokenizer_vocab": tok_vocab or None,
+        "schema": SCHEMA,
+        "async_scheduling": engine.async_scheduling,
+        "independent_matchers": engine.grammar_compiler().independent_matchers,
+        "mask_threads": args.mask_threads,
+        "templates": engine.grammar_compiler().templates,
         "parallel_accept": engine.grammar_compiler().parallel_accept,
-        "settings": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                     "max_model_len": args.max_model_len},
-        "constrained": constrained, "plain": plain, "constrained_decoding_cost": cost,
+        "settings": {
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "max_model_len": args.max_model_len,
+        },
+        "constrained": constrained,
+        "plain": plain,
+        "constrained_decoding_cost": cost,
         "constrained_decoding_cost_full_batch": full_cost,
-        "constrained_decoding_cost_stall_free": stall_free, "torch": torch.__version__,
+        "constrained_decoding_cost_stall_free": stall_free,
+        "torch": torch.__version__,
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"structured-decode-{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))
     nan = float("nan")
-    print(f"{'run':<12} {'decode steps':>12} {'mean batch':>10} {'mean step ms':>13} {'mask fill ms':>13} "
-          f"{f'steps >= {full_batch}':>14} {'their mean ms':>14}")
+    print(
+        f"{'run':<12} {'decode steps':>12} {'mean batch':>10} {'mean step ms':>13} {'mask fill ms':>13} "
+        f"{f'steps >= {full_batch}':>14} {'their mean ms':>14}"
+    )
     for name, r in (("constrained", constrained), ("plain", plain)):
-        print(f"{name:<12} {r['decode_steps']:>12} {r['mean_decode_batch'] or 0:>10.1f} "
-              f"{r['mean_decode_step_ms'] or nan:>13.3f} {r['mask_fill_ms_per_decode_step'] or 0:>13.3f} "
-              f"{r['full_batch_decode_steps']:>14} {r['full_batch_mean_step_ms'] or nan:>14.3f}")
+        print(
+            f"{name:<12} {r['decode_steps']:>12} {r['mean_decode_batch'] or 0:>10.1f} "
+            f"{r['mean_decode_step_ms'] or nan:>13.3f} {r['mask_fill_ms_per_decode_step'] or 0:>13.3f} "
+            f"{r['full_batch_decode_steps']:>14} {r['full_batch_mean_step_ms'] or nan:>14.3f}"
+        )
     note = "  (CPU: not a performance figure)" if device == "cpu" else ""
-    print(f"constrained decoding cost = (t_constrained - t_plain) / t_plain = {cost if cost is not None else nan:+.1%}"
-          f"; at batch >= {full_batch}: {full_cost if full_cost is not None else nan:+.1%}{note}")
-    print(f"without one-off stalls (steps over 3x their run's median, either run): "
-          f"{stall_free if stall_free is not None else nan:+.1%}")
+    print(
+        f"constrained decoding cost = (t_constrained - t_plain) / t_plain = {cost if cost is not None else nan:+.1%}"
+        f"; at batch >= {full_batch}: {full_cost if full_cost is not None else nan:+.1%}{note}"
+    )
+    print(
+        f"without one-off stalls (steps over 3x their run's median, either run): "
+        f"{stall_free if stall_free is not None else nan:+.1%}"
+    )
     for name, r in (("constrained", constrained), ("plain", plain)):
         for line in summary_lines(r["slow_step_stacks"]):
             print(f"{name}: {line}")

@@ -66,8 +66,12 @@ def train_tokenizer(vocab: int, out: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|eos|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<|eos|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(text, trainer)
     path = out / "tokenizer.json"
     tok.save(str(path))
@@ -80,24 +84,31 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--threads", type=int, default=None, help="llguidance threads (default: its own choice)")
-    ap.add_argument("--templates", type=int, default=None, help="templates for 'pooled' (default: one per thread)")
+    ap.add_argument(
+        "--templates", type=int, default=None, help="templates for 'pooled' (default: one per thread)"
+    )
     ap.add_argument("--out", default=None, help="folder for structured-masks-<vocab>-b<batch>.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = train_tokenizer(args.vocab, Path(tmp))
         tok_vocab = Tokenizer.from_file(str(path)).get_vocab_size()
         t0 = time.perf_counter()
-        compiler = StructuredOutputCompiler(path, [0], tok_vocab, num_threads=args.threads, templates=args.templates)
+        compiler = StructuredOutputCompiler(
+            path, [0], tok_vocab, num_threads=args.threads, templates=args.templates
+        )
         t_tok = time.perf_counter() - t0
-        pooled_compiler = StructuredOutputCompiler(path, [0], tok_vocab, num_threads=args.threads,
-                                                   templates=args.templates)
+        pooled_compiler = StructuredOutputCompiler(
+            path, [0], tok_vocab, num_threads=args.threads, templates=args.templates
+        )
     t0 = time.perf_counter()
     so_args = {"schema_type": "json", "schema": SCHEMA}
     compiler.compile(so_args)
     t_compile = time.perf_counter() - t0
     # Three copies of the batch walk the same tokens, one per method, so no method reads a mask
     # another one just computed for the same state.
-    sets = {name: [compiler.matcher(so_args) for _ in range(args.batch)] for name in ("batched", "serial", "bool")}
+    sets = {
+        name: [compiler.matcher(so_args) for _ in range(args.batch)] for name in ("batched", "serial", "bool")
+    }
     compiled = compiler.compile(so_args)
     template = llguidance.LLMatcher(compiler.tokenizer, compiled.grammar, log_level=0)
     t0 = time.perf_counter()
@@ -114,7 +125,15 @@ def main() -> None:
     bitmask = allocate_bitmask(args.batch, compiler.vocab_size)
     single = allocate_bitmask(args.batch, compiler.vocab_size)
     logits = torch.randn(args.batch, compiler.vocab_size)
-    times = {"batched": 0.0, "shared": 0.0, "pooled": 0.0, "independent": 0.0, "serial": 0.0, "bool": 0.0, "apply": 0.0}
+    times = {
+        "batched": 0.0,
+        "shared": 0.0,
+        "pooled": 0.0,
+        "independent": 0.0,
+        "serial": 0.0,
+        "bool": 0.0,
+        "apply": 0.0,
+    }
     rows = 0
     for step in range(args.steps):
         live = [i for i, m in enumerate(sets["batched"]) if not m.is_finished()]
@@ -122,13 +141,18 @@ def main() -> None:
             break
         rows += len(live)
         methods = {
-            "batched": lambda live=live: compiler.fill_bitmasks([(sets["batched"][i], i) for i in live], bitmask),
-            "shared": lambda live=live: compiler.fill_bitmasks([(sets["shared"][i], i) for i in live],
-                                                               shared_bitmask),
-            "pooled": lambda live=live: pooled_compiler.fill_bitmasks([(sets["pooled"][i], i) for i in live],
-                                                                      pooled_bitmask),
-            "independent": lambda live=live: compiler.fill_bitmasks([(sets["independent"][i], i) for i in live],
-                                                                    own_bitmask),
+            "batched": lambda live=live: compiler.fill_bitmasks(
+                [(sets["batched"][i], i) for i in live], bitmask
+            ),
+            "shared": lambda live=live: compiler.fill_bitmasks(
+                [(sets["shared"][i], i) for i in live], shared_bitmask
+            ),
+            "pooled": lambda live=live: pooled_compiler.fill_bitmasks(
+                [(sets["pooled"][i], i) for i in live], pooled_bitmask
+            ),
+            "independent": lambda live=live: compiler.fill_bitmasks(
+                [(sets["independent"][i], i) for i in live], own_bitmask
+            ),
             "serial": lambda live=live: [sets["serial"][i].fill_bitmask(single, i) for i in live],
             "bool": lambda live=live: [sets["bool"][i].allowed_mask() for i in live],
             "apply": lambda: apply_bitmask(logits.clone(), bitmask),
@@ -149,19 +173,27 @@ def main() -> None:
             for matchers in sets.values():
                 matchers[i].accept(token)
     steps = rows / args.batch
-    report = {"vocab": compiler.vocab_size, "batch": args.batch, "steps": round(steps, 1),
-              "tokenizer_build_s": round(t_tok, 3), "compile_ms": round(t_compile * 1e3, 2),
-              "threads": args.threads, "templates": compiler.templates,
-              # Building one sample's matcher: a template copy, or a grammar compiled for it alone.
-              "shared_matcher_build_us": round(t_shared / args.batch * 1e6, 1),
-              "independent_matcher_build_us": round(t_independent / args.batch * 1e6, 1)}
+    report = {
+        "vocab": compiler.vocab_size,
+        "batch": args.batch,
+        "steps": round(steps, 1),
+        "tokenizer_build_s": round(t_tok, 3),
+        "compile_ms": round(t_compile * 1e3, 2),
+        "threads": args.threads,
+        "templates": compiler.templates,
+        # Building one sample's matcher: a template copy, or a grammar compiled for it alone.
+        "shared_matcher_build_us": round(t_shared / args.batch * 1e6, 1),
+        "independent_matcher_build_us": round(t_independent / args.batch * 1e6, 1),
+    }
     for k, v in times.items():
         report[f"{k}_ms_per_step"] = round(v / steps * 1e3, 3)
         report[f"{k}_us_per_token"] = round(v / rows * 1e6, 1)
     print(json.dumps(report, indent=1))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / f"structured-masks-{args.vocab}-b{args.batch}.json").write_text(json.dumps(report, indent=1))
+        (Path(args.out) / f"structured-masks-{args.vocab}-b{args.batch}.json").write_text(
+            json.dumps(report, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -33,20 +33,24 @@ from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 
 
-def decode_point(llm: LLM, batch: int, vocab: int, bw: float, profile_to: Path | None = None) -> dict[str, Any]:
+def decode_point(
+    llm: LLM, batch: int, vocab: int, bw: float, profile_to: Path | None = None
+) -> dict[str, Any]:
     """One batch size; with profile_to, also a kernel profile of 8 steady steps written there."""
     engine = llm.llm_engine
     reqs = requests(batch, vocab, (512, 512), (256, 256), seed=batch)
     for i, (ids, out) in enumerate(reqs):
-        engine.add_request(f"d{batch}-{i}", ids, SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True,
-                                                                seed=i))
+        engine.add_request(
+            f"d{batch}-{i}", ids, SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=i)
+        )
     times: list[float] = []
     kv: list[int] = []
     profiler = None
     while engine.has_unfinished():
         if profile_to is not None and len(times) == 64 and profiler is None:
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                          torch.profiler.ProfilerActivity.CUDA])
+            profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            )
             profiler.__enter__()
         s = time.perf_counter()
         engine.step()
@@ -67,9 +71,14 @@ def decode_point(llm: LLM, batch: int, vocab: int, bw: float, profile_to: Path |
     med = times_sorted[len(times) // 2] if times else float("nan")
     med_kv = sorted(kv)[len(kv) // 2] if kv else 0
     floor = step_bytes.floor_s(batch, med_kv, bw)
-    return {"batch": batch, "median_step_ms": med * 1e3, "floor_ms": floor * 1e3,
-            "floor_fraction": floor / med if times else None, "steps_measured": len(times),
-            "output_tok_s": batch / med if times else None}
+    return {
+        "batch": batch,
+        "median_step_ms": med * 1e3,
+        "floor_ms": floor * 1e3,
+        "floor_fraction": floor / med if times else None,
+        "steps_measured": len(times),
+        "output_tok_s": batch / med if times else None,
+    }
 
 
 def main() -> None:
@@ -78,11 +87,17 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256, 512])
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     ap.add_argument("--skip-prefill", action="store_true")
-    ap.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
-                    help="auto: as the checkpoint says; fp8: quantise a bf16 checkpoint at load")
+    ap.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "fp8", "none"],
+        help="auto: as the checkpoint says; fp8: quantise a bf16 checkpoint at load",
+    )
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     ap.add_argument("--profile-prefill", action="store_true", help="kernel profile of 32 prompts' prefill")
-    ap.add_argument("--profile-batch", type=int, default=None, help="kernel profile of 8 steady steps at this batch")
+    ap.add_argument(
+        "--profile-batch", type=int, default=None, help="kernel profile of 8 steady steps at this batch"
+    )
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -93,27 +108,54 @@ def main() -> None:
         "quantization": None if args.quantization == "auto" else args.quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
     }
-    llm = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
-              max_num_seqs=max(args.batches), max_num_batched_tokens=16384, max_model_len=1024, **numerics)
+    llm = LLM(
+        model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        batch_invariant=args.batch_invariant == "on",
+        max_num_seqs=max(args.batches),
+        max_num_batched_tokens=16384,
+        max_model_len=1024,
+        **numerics,
+    )
     now = dt.datetime.now(dt.UTC)
-    common = {"gpu": torch.cuda.get_device_name(0), "commit": bench_commit(),
-              "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
-              "copy_bandwidth_GBps": bw / 1e9, "torch": torch.__version__,
-              "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
+    common = {
+        "gpu": torch.cuda.get_device_name(0),
+        "commit": bench_commit(),
+        "date": now.isoformat(),
+        "batch_invariant": args.batch_invariant == "on",
+        "copy_bandwidth_GBps": bw / 1e9,
+        "torch": torch.__version__,
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
+    }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = now.strftime("%Y%m%d-%H%M%S")
-    points = [decode_point(llm, b, shape["vocab_size"], bw,
-                           out_dir / f"profile-{args.workload}-b{b}-{stamp}.txt" if b == args.profile_batch else None)
-              for b in args.batches]
+    points = [
+        decode_point(
+            llm,
+            b,
+            shape["vocab_size"],
+            bw,
+            out_dir / f"profile-{args.workload}-b{b}-{stamp}.txt" if b == args.profile_batch else None,
+        )
+        for b in args.batches
+    ]
     print(f"{'batch':>6} {'step ms':>9} {'floor ms':>9} {'floor frac':>10} {'tok/s':>9}")
     for p in points:
-        print(f"{p['batch']:>6} {p['median_step_ms']:>9.2f} {p['floor_ms']:>9.2f} "
-              f"{p['floor_fraction'] or float('nan'):>10.2f} {p['output_tok_s'] or float('nan'):>9.0f}")
-    decode = {"workload": f"decode-{args.workload}", **common, "points": points,
-              "shardinfer_output_tok_s": max((p["output_tok_s"] or 0) for p in points),
-              "transformers_output_tok_s": None,
-              "decode_floor_fraction": next((p["floor_fraction"] for p in points if p["batch"] == 256), None)}
+        print(
+            f"{p['batch']:>6} {p['median_step_ms']:>9.2f} {p['floor_ms']:>9.2f} "
+            f"{p['floor_fraction'] or float('nan'):>10.2f} {p['output_tok_s'] or float('nan'):>9.0f}"
+        )
+    decode = {
+        "workload": f"decode-{args.workload}",
+        **common,
+        "points": points,
+        "shardinfer_output_tok_s": max((p["output_tok_s"] or 0) for p in points),
+        "transformers_output_tok_s": None,
+        "decode_floor_fraction": next((p["floor_fraction"] for p in points if p["batch"] == 256), None),
+    }
     (out_dir / f"decode-{args.workload}-{stamp}.json").write_text(json.dumps(decode, indent=2))
     if args.skip_prefill:
         return
@@ -123,9 +165,17 @@ def main() -> None:
     del llm
     gc.collect()
     torch.cuda.empty_cache()
-    llm2 = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
-               max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=4096, enable_prefix_caching=False,
-               **numerics)
+    llm2 = LLM(
+        model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        batch_invariant=args.batch_invariant == "on",
+        max_num_seqs=256,
+        max_num_batched_tokens=16384,
+        max_model_len=4096,
+        enable_prefix_caching=False,
+        **numerics,
+    )
     torch.cuda.synchronize()
     t = time.perf_counter()
     llm2.generate([ids for ids, _ in reqs], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
@@ -133,8 +183,9 @@ def main() -> None:
     wall = time.perf_counter() - t
     if args.profile_prefill:  # a second, profiled pass over the first 32 prompts (timing above is clean)
         prompts = [[(t + 1) % shape["vocab_size"] for t in ids] for ids, _ in reqs[:32]]
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as prof:
             llm2.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
@@ -149,13 +200,22 @@ def main() -> None:
         params -= int(routed * (1 - hf["num_experts_per_tok"] / hf["n_routed_experts"]))
     tokens = 256 * 2048
     flops = 2 * params * tokens
-    prefill = {"workload": f"prefill-{args.workload}", **common, "prompt_tok_s": tokens / wall, "wall_s": wall,
-               "achieved_TFLOPs": flops / wall / 1e12, "matmul_TFLOPs": rate / 1e12,
-               "fraction_of_matmul_rate": flops / wall / rate, "params": params,
-               "note": "FLOPs = 2 * active parameters * tokens (attention excluded; MoE: top-k of the routed "
-                       "experts); matmul_TFLOPs is the FP8 rate (torch._scaled_mm) with --quantization fp8"}
-    print(f"prefill: {tokens / wall:.0f} prompt tok/s, {flops / wall / 1e12:.0f} TFLOP/s "
-          f"of {rate / 1e12:.0f} measured ({flops / wall / rate:.0%})")
+    prefill = {
+        "workload": f"prefill-{args.workload}",
+        **common,
+        "prompt_tok_s": tokens / wall,
+        "wall_s": wall,
+        "achieved_TFLOPs": flops / wall / 1e12,
+        "matmul_TFLOPs": rate / 1e12,
+        "fraction_of_matmul_rate": flops / wall / rate,
+        "params": params,
+        "note": "FLOPs = 2 * active parameters * tokens (attention excluded; MoE: top-k of the routed "
+        "experts); matmul_TFLOPs is the FP8 rate (torch._scaled_mm) with --quantization fp8",
+    }
+    print(
+        f"prefill: {tokens / wall:.0f} prompt tok/s, {flops / wall / 1e12:.0f} TFLOP/s "
+        f"of {rate / 1e12:.0f} measured ({flops / wall / rate:.0%})"
+    )
     (out_dir / f"prefill-{args.workload}-{stamp}.json").write_text(json.dumps(prefill, indent=2))
 
 

@@ -39,16 +39,33 @@ from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
 
 
-def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace) -> dict[str, Any]:
-    llm = LLM(model_dir, device="cuda", dtype="bfloat16", batch_invariant=args.batch_invariant == "on",
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.max_model_len, admission_batch=args.admission_batch,
-              quantization=None if args.quantization == "auto" else args.quantization,
-              kv_cache_dtype=args.kv_cache_dtype, async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling])
+def run_shardinfer(
+    model_dir: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace
+) -> dict[str, Any]:
+    llm = LLM(
+        model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        batch_invariant=args.batch_invariant == "on",
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        admission_batch=args.admission_batch,
+        quantization=None if args.quantization == "auto" else args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
+        async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
+    )
     engine = llm.llm_engine
-    params = [SamplingParams(temperature=1.0, max_tokens=out, ignore_eos=True, seed=i,
-                             logprobs=getattr(args, "logprobs", 0) or None)
-              for i, (_, out) in enumerate(reqs)]
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            max_tokens=out,
+            ignore_eos=True,
+            seed=i,
+            logprobs=getattr(args, "logprobs", 0) or None,
+        )
+        for i, (_, out) in enumerate(reqs)
+    ]
     warm = [SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=1)] * 4
     llm.generate([r[0] for r in reqs[:4]], warm)
     for i, ((ids, _), p) in enumerate(zip(reqs, params, strict=True)):
@@ -96,23 +113,35 @@ def run_shardinfer(model_dir: Path, reqs: list[tuple[list[int], int]], args: arg
     idle_ms = sum(max(0.0, marks[i][1].elapsed_time(marks[i + 1][0])) for i in range(len(marks) - 1))
     stats = engine.stats()
     step_bytes = decode_bytes(engine)
-    return {"output_tok_s": out_tokens / wall, "wall_s": wall, "output_tokens": out_tokens,
-            "steps": stats["steps"], "preemptions": stats["preemptions"],
-            "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
-            "host_gap_s": wall - busy, "decode_steps": decode_steps, "gpu_idle_between_steps_s": idle_ms / 1e3,
-            "async_scheduling": engine.async_scheduling,
-            "graphed_steps": graphed_n, "graphed_s": graphed_s, "eager_steps": eager_n, "eager_s": eager_s,
-            "weight_bytes": step_bytes.dense + step_bytes.experts, "kv_bytes_per_token": step_bytes.kv_per_token,
-            "step_bytes": dataclasses.asdict(step_bytes),
-            "slow_step_stacks": slow_step_stacks}
+    return {
+        "output_tok_s": out_tokens / wall,
+        "wall_s": wall,
+        "output_tokens": out_tokens,
+        "steps": stats["steps"],
+        "preemptions": stats["preemptions"],
+        "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
+        "host_gap_s": wall - busy,
+        "decode_steps": decode_steps,
+        "gpu_idle_between_steps_s": idle_ms / 1e3,
+        "async_scheduling": engine.async_scheduling,
+        "graphed_steps": graphed_n,
+        "graphed_s": graphed_s,
+        "eager_steps": eager_n,
+        "eager_s": eager_s,
+        "weight_bytes": step_bytes.dense + step_bytes.experts,
+        "kv_bytes_per_token": step_bytes.kv_per_token,
+        "step_bytes": dataclasses.asdict(step_bytes),
+        "slow_step_stacks": slow_step_stacks,
+    }
 
 
 def run_transformers(model_dir: Path, reqs: list[tuple[list[int], int]], out_len: int) -> dict[str, Any]:
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
-    gc = transformers.GenerationConfig(max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False,
-                                       eos_token_id=None, pad_token_id=0)
+    gc = transformers.GenerationConfig(
+        max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     inputs = [ids for ids, _ in reqs]
     try:
         torch.cuda.synchronize()
@@ -160,8 +189,10 @@ def _override_tilings(workload: str, change: dict[str, Any]) -> None:
 
     for n, k in _fp8_shapes(workload):
         t = fp8_matmul.tiling(n, k)
-        fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(dataclasses.replace(t.rest, **change),
-                                                     tuple((m, dataclasses.replace(c, **change)) for m, c in t.by_m))
+        fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(
+            dataclasses.replace(t.rest, **change),
+            tuple((m, dataclasses.replace(c, **change)) for m, c in t.by_m),
+        )
 
 
 def prefer_tma_tilings(workload: str) -> None:
@@ -170,7 +201,7 @@ def prefer_tma_tilings(workload: str) -> None:
 
 
 def parse_tiling_change(text: str) -> dict[str, Any]:
-    """"split_k=1,num_stages=3" -> {"split_k": 1, "num_stages": 3}, checked
+    """Parse "split_k=1,num_stages=3" -> {"split_k": 1, "num_stages": 3}, checked
     against Fp8TileConfig's fields so a typo fails before any run."""
     import ast
 
@@ -181,7 +212,9 @@ def parse_tiling_change(text: str) -> dict[str, Any]:
     for item in text.split(","):
         name, sep, value = item.partition("=")
         if not sep or name.strip() not in fields:
-            raise SystemExit(f"--variant-fp8-tiling: {item!r} is not FIELD=VALUE with FIELD one of {sorted(fields)}")
+            raise SystemExit(
+                f"--variant-fp8-tiling: {item!r} is not FIELD=VALUE with FIELD one of {sorted(fields)}"
+            )
         change[name.strip()] = ast.literal_eval(value.strip())
     return change
 
@@ -201,7 +234,7 @@ def changed_tilings(workload: str, change: dict[str, Any]) -> Iterator[None]:
 
 
 def parse_flags(text: str) -> dict[tuple[str, str], Any]:
-    """"kernels.paged_attention.FP8_NUM_STAGES=2" -> {("shardinfer.kernels.paged_attention",
+    """Parse "kernels.paged_attention.FP8_NUM_STAGES=2" -> {("shardinfer.kernels.paged_attention",
     "FP8_NUM_STAGES"): 2}; the module must exist and already define the name."""
     import ast
     import importlib
@@ -225,15 +258,17 @@ ENGINE_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "admission_batch", 
 
 
 def parse_settings(text: str) -> dict[str, int]:
-    """"max_num_seqs=512" -> {"max_num_seqs": 512}: engine settings of the same-call variant run,
+    """Parse "max_num_seqs=512" -> {"max_num_seqs": 512}: engine settings of the same-call variant run,
     checked so a typo fails before any run."""
     settings: dict[str, int] = {}
     for item in text.split(","):
         name, sep, value = item.partition("=")
         name = name.strip()
         if not sep or name not in ENGINE_SETTINGS or not value.strip().isdigit() or int(value) < 1:
-            raise SystemExit(f"--variant-settings: {item!r} is not NAME=POSITIVE_INT with NAME one of "
-                             f"{list(ENGINE_SETTINGS)}")
+            raise SystemExit(
+                f"--variant-settings: {item!r} is not NAME=POSITIVE_INT with NAME one of "
+                f"{list(ENGINE_SETTINGS)}"
+            )
         settings[name] = int(value)
     return settings
 
@@ -253,8 +288,9 @@ def changed_flags(flags: dict[tuple[str, str], Any]) -> Iterator[None]:
             setattr(importlib.import_module(m), n, value)
 
 
-def _decode_summary(steps: list[tuple[int, float, int]], run: dict[str, Any],
-                    bw: float) -> tuple[float | None, dict[str, Any] | None]:
+def _decode_summary(
+    steps: list[tuple[int, float, int]], run: dict[str, Any], bw: float
+) -> tuple[float | None, dict[str, Any] | None]:
     """(floor fraction, summary) of the decode steps at the largest steady batch: every step reads
     its weights (the experts its rows touch) and the batch's KV."""
     if not steps:
@@ -264,8 +300,13 @@ def _decode_summary(steps: list[tuple[int, float, int]], run: dict[str, Any],
     med_s = sorted(s for s, _ in chosen)[len(chosen) // 2]
     med_kv = sorted(kv for _, kv in chosen)[len(chosen) // 2]
     floor_s = StepBytes(**run["step_bytes"]).floor_s(top, med_kv, bw)
-    return floor_s / med_s, {"batch": top, "median_step_ms": med_s * 1e3, "floor_ms": floor_s * 1e3,
-                             "kv_tokens": med_kv, "n_steps": len(chosen)}
+    return floor_s / med_s, {
+        "batch": top,
+        "median_step_ms": med_s * 1e3,
+        "floor_ms": floor_s * 1e3,
+        "kv_tokens": med_kv,
+        "n_steps": len(chosen),
+    }
 
 
 def main() -> None:
@@ -274,7 +315,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--in-range", type=int, nargs=2, default=(100, 1024))
     ap.add_argument("--out-range", type=int, nargs=2, default=(100, 1024))
-    ap.add_argument("--hf-requests", type=int, default=64, help="requests for the transformers side (0 = skip)")
+    ap.add_argument(
+        "--hf-requests", type=int, default=64, help="requests for the transformers side (0 = skip)"
+    )
     ap.add_argument("--hf-out-len", type=int, default=256)
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     ap.add_argument("--max-num-seqs", type=int, default=256)
@@ -282,33 +325,63 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--admission-batch", type=int, default=None)
     ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])
-    ap.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
-                    help="weights: auto follows the checkpoint (the bench's are bf16), fp8 quantises at load")
+    ap.add_argument(
+        "--quantization",
+        default="auto",
+        choices=["auto", "fp8", "none"],
+        help="weights: auto follows the checkpoint (the bench's are bf16), fp8 quantises at load",
+    )
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
-    ap.add_argument("--baseline", action="store_true",
-                    help="also run the checkpoint's own weights and a bf16 KV cache on the same requests in "
-                         "this invocation (after the main run), so an FP8 gain compares two runs of one commit")
-    ap.add_argument("--fp8-tiling", default="default", choices=["default", "tma"],
-                    help="tma: the FP8 projections run the TMA variants of their default tilings (the same "
-                         "tiles and bits, operands through the tensor-memory accelerator); an experiment")
-    ap.add_argument("--variant-fp8-tiling", default=None, metavar="FIELD=VALUE[,FIELD=VALUE]",
-                    help="a second run in this invocation (result key 'variant') with these Fp8TileConfig "
-                         "fields changed in every tiling of the workload's FP8 projections (e.g. "
-                         "split_k=1,num_stages=3), so a launch setting's gain compares two runs "
-                         "of one commit")
-    ap.add_argument("--variant-flags", default=None, metavar="MODULE.NAME=VALUE[,...]",
-                    help="the variant run with these module-level settings of shardinfer changed (e.g. "
-                         "kernels.paged_attention.FP8_NUM_STAGES=2); with --variant-fp8-tiling, both")
-    ap.add_argument("--variant-settings", default=None, metavar="NAME=VALUE[,...]",
-                    help="the variant run with these engine settings instead (max_num_seqs, "
-                         "max_num_batched_tokens, admission_batch, or logprobs: every request's top-k "
-                         "logprobs; e.g. max_num_seqs=512); combines with the other --variant-* options")
-    ap.add_argument("--logprobs", type=int, default=0,
-                    help="every request's SamplingParams.logprobs in the main run (0: none)")
-    ap.add_argument("--compare-unfused", action="store_true",
-                    help="also run the same configuration with the fused launches off (an FP8 linear's input "
-                         "quantised by the linear, the dense prologue op by op; the same bits) in this "
-                         "invocation, so their gain compares two runs of one commit")
+    ap.add_argument(
+        "--baseline",
+        action="store_true",
+        help="also run the checkpoint's own weights and a bf16 KV cache on the same requests in "
+        "this invocation (after the main run), so an FP8 gain compares two runs of one commit",
+    )
+    ap.add_argument(
+        "--fp8-tiling",
+        default="default",
+        choices=["default", "tma"],
+        help="tma: the FP8 projections run the TMA variants of their default tilings (the same "
+        "tiles and bits, operands through the tensor-memory accelerator); an experiment",
+    )
+    ap.add_argument(
+        "--variant-fp8-tiling",
+        default=None,
+        metavar="FIELD=VALUE[,FIELD=VALUE]",
+        help="a second run in this invocation (result key 'variant') with these Fp8TileConfig "
+        "fields changed in every tiling of the workload's FP8 projections (e.g. "
+        "split_k=1,num_stages=3), so a launch setting's gain compares two runs "
+        "of one commit",
+    )
+    ap.add_argument(
+        "--variant-flags",
+        default=None,
+        metavar="MODULE.NAME=VALUE[,...]",
+        help="the variant run with these module-level settings of shardinfer changed (e.g. "
+        "kernels.paged_attention.FP8_NUM_STAGES=2); with --variant-fp8-tiling, both",
+    )
+    ap.add_argument(
+        "--variant-settings",
+        default=None,
+        metavar="NAME=VALUE[,...]",
+        help="the variant run with these engine settings instead (max_num_seqs, "
+        "max_num_batched_tokens, admission_batch, or logprobs: every request's top-k "
+        "logprobs; e.g. max_num_seqs=512); combines with the other --variant-* options",
+    )
+    ap.add_argument(
+        "--logprobs",
+        type=int,
+        default=0,
+        help="every request's SamplingParams.logprobs in the main run (0: none)",
+    )
+    ap.add_argument(
+        "--compare-unfused",
+        action="store_true",
+        help="also run the same configuration with the fused launches off (an FP8 linear's input "
+        "quantised by the linear, the dense prologue op by op; the same bits) in this "
+        "invocation, so their gain compares two runs of one commit",
+    )
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
@@ -338,9 +411,20 @@ def main() -> None:
         torch.cuda.empty_cache()
         base_args = argparse.Namespace(**{**vars(args), "quantization": "auto", "kv_cache_dtype": "auto"})
         base = run_shardinfer(model_dir, reqs, base_args)
-        baseline = {k: base[k] for k in ("output_tok_s", "wall_s", "output_tokens", "steps", "weight_bytes",
-                                         "kv_bytes_per_token", "step_bytes", "graphed_steps",
-                                         "eager_steps")}
+        baseline = {
+            k: base[k]
+            for k in (
+                "output_tok_s",
+                "wall_s",
+                "output_tokens",
+                "steps",
+                "weight_bytes",
+                "kv_bytes_per_token",
+                "step_bytes",
+                "graphed_steps",
+                "eager_steps",
+            )
+        }
         baseline.update(quantization="auto", kv_cache_dtype="auto")
         gc.collect()
         torch.cuda.empty_cache()
@@ -357,8 +441,11 @@ def main() -> None:
             plain = run_shardinfer(model_dir, reqs, args)
         finally:
             layers.FUSE_FP8_INPUT, dense.FUSED_PROLOGUE = True, True
-        unfused = {"output_tok_s": plain["output_tok_s"], "wall_s": plain["wall_s"],
-                   "decode": _decode_summary(plain.pop("decode_steps"), plain, bw)[1]}
+        unfused = {
+            "output_tok_s": plain["output_tok_s"],
+            "wall_s": plain["wall_s"],
+            "decode": _decode_summary(plain.pop("decode_steps"), plain, bw)[1],
+        }
         gc.collect()
         torch.cuda.empty_cache()
     variant = None
@@ -368,11 +455,19 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
         with changed_tilings(args.workload, tiling_change or {}), changed_flags(flag_change or {}):
-            other = run_shardinfer(model_dir, reqs, argparse.Namespace(**{**vars(args), **(settings_change or {})}))
-        variant = {"fp8_tiling": args.variant_fp8_tiling, "flags": args.variant_flags,
-                   "settings": args.variant_settings,
-                   "output_tok_s": other["output_tok_s"], "wall_s": other["wall_s"], "eager_s": other["eager_s"],
-                   "graphed_s": other["graphed_s"], "decode": _decode_summary(other.pop("decode_steps"), other, bw)[1]}
+            other = run_shardinfer(
+                model_dir, reqs, argparse.Namespace(**{**vars(args), **(settings_change or {})})
+            )
+        variant = {
+            "fp8_tiling": args.variant_fp8_tiling,
+            "flags": args.variant_flags,
+            "settings": args.variant_settings,
+            "output_tok_s": other["output_tok_s"],
+            "wall_s": other["wall_s"],
+            "eager_s": other["eager_s"],
+            "graphed_s": other["graphed_s"],
+            "decode": _decode_summary(other.pop("decode_steps"), other, bw)[1],
+        }
         gc.collect()
         torch.cuda.empty_cache()
     hf = None
@@ -381,52 +476,86 @@ def main() -> None:
         try:
             hf = run_transformers(model_dir, hf_reqs, args.hf_out_len)
         except Exception as exc:  # keep our own measurement when the other side cannot run at all
-            print(f"transformers side failed ({type(exc).__name__}: {exc}); recording shardinfer only", flush=True)
+            print(
+                f"transformers side failed ({type(exc).__name__}: {exc}); recording shardinfer only",
+                flush=True,
+            )
             torch.cuda.empty_cache()
     floor_frac, decode_summary = _decode_summary(ours.pop("decode_steps"), ours, bw)
     commit = bench_commit()
     now = dt.datetime.now(dt.UTC)
-    result = {"workload": args.workload, "gpu": torch.cuda.get_device_name(0), "commit": commit,
-              "date": now.isoformat(), "batch_invariant": args.batch_invariant == "on",
-              "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype, "fp8_gemm": fp8_gemm,
-              "fp8_tiling": args.fp8_tiling,
-              "shardinfer_output_tok_s": ours["output_tok_s"],
-              "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
-              "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,
-              "decode_floor_fraction": floor_frac, "decode": decode_summary, "copy_bandwidth_GBps": bw / 1e9,
-              "requests": args.requests, "in_range": args.in_range, "out_range": args.out_range,
-              "settings": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-                           "max_model_len": args.max_model_len, "admission_batch": args.admission_batch,
-                           "logprobs": args.logprobs},
-              "shardinfer": ours, "transformers": hf, "torch": torch.__version__,
-              "baseline": baseline, "unfused": unfused, "variant": variant,
-              "speedup_over_baseline": ours["output_tok_s"] / baseline["output_tok_s"] if baseline else None}
+    result = {
+        "workload": args.workload,
+        "gpu": torch.cuda.get_device_name(0),
+        "commit": commit,
+        "date": now.isoformat(),
+        "batch_invariant": args.batch_invariant == "on",
+        "quantization": args.quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "fp8_gemm": fp8_gemm,
+        "fp8_tiling": args.fp8_tiling,
+        "shardinfer_output_tok_s": ours["output_tok_s"],
+        "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
+        "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,
+        "decode_floor_fraction": floor_frac,
+        "decode": decode_summary,
+        "copy_bandwidth_GBps": bw / 1e9,
+        "requests": args.requests,
+        "in_range": args.in_range,
+        "out_range": args.out_range,
+        "settings": {
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "max_model_len": args.max_model_len,
+            "admission_batch": args.admission_batch,
+            "logprobs": args.logprobs,
+        },
+        "shardinfer": ours,
+        "transformers": hf,
+        "torch": torch.__version__,
+        "baseline": baseline,
+        "unfused": unfused,
+        "variant": variant,
+        "speedup_over_baseline": ours["output_tok_s"] / baseline["output_tok_s"] if baseline else None,
+    }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{args.workload}-{now.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))
-    print(f"{'workload':<12} {'bi':<4} {'weights':<8} {'kv':<5} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>7} "
-          f"{'decode/floor':>13}")
-    print(f"{args.workload:<12} {args.batch_invariant:<4} {args.quantization:<8} {args.kv_cache_dtype:<5} "
-          f"{ours['output_tok_s']:>11.0f} "
-          f"{(hf or {}).get('output_tok_s', float('nan')):>9.0f} {result['ratio'] or float('nan'):>7.1f} "
-          f"{floor_frac if floor_frac is not None else float('nan'):>13.2f}")
+    print(
+        f"{'workload':<12} {'bi':<4} {'weights':<8} {'kv':<5} {'ours tok/s':>11} {'hf tok/s':>9} {'ratio':>7} "
+        f"{'decode/floor':>13}"
+    )
+    print(
+        f"{args.workload:<12} {args.batch_invariant:<4} {args.quantization:<8} {args.kv_cache_dtype:<5} "
+        f"{ours['output_tok_s']:>11.0f} "
+        f"{(hf or {}).get('output_tok_s', float('nan')):>9.0f} {result['ratio'] or float('nan'):>7.1f} "
+        f"{floor_frac if floor_frac is not None else float('nan'):>13.2f}"
+    )
     if baseline:
-        print(f"baseline (checkpoint weights, bf16 KV) in the same run: {baseline['output_tok_s']:.0f} tok/s; "
-              f"this configuration {result['speedup_over_baseline']:.2f}x")
+        print(
+            f"baseline (checkpoint weights, bf16 KV) in the same run: {baseline['output_tok_s']:.0f} tok/s; "
+            f"this configuration {result['speedup_over_baseline']:.2f}x"
+        )
     if unfused:
-        print(f"fused launches off, same run: {unfused['output_tok_s']:.0f} tok/s, decode step "
-              f"{(unfused['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms against "
-              f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms")
+        print(
+            f"fused launches off, same run: {unfused['output_tok_s']:.0f} tok/s, decode step "
+            f"{(unfused['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms against "
+            f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms"
+        )
     if variant:
-        print(f"variant ({variant_changes(variant)}), same run: "
-              f"{variant['output_tok_s']:.0f} tok/s (prefill {variant['eager_s']:.2f} s, decode step "
-              f"{(variant['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms) against "
-              f"{ours['output_tok_s']:.0f} tok/s (prefill {ours['eager_s']:.2f} s, decode step "
-              f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms)")
+        print(
+            f"variant ({variant_changes(variant)}), same run: "
+            f"{variant['output_tok_s']:.0f} tok/s (prefill {variant['eager_s']:.2f} s, decode step "
+            f"{(variant['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms) against "
+            f"{ours['output_tok_s']:.0f} tok/s (prefill {ours['eager_s']:.2f} s, decode step "
+            f"{(decode_summary or {}).get('median_step_ms', float('nan')):.2f} ms)"
+        )
     if fp8_gemm:
-        print(f"fp8 GEMM at M={fp8_gemm['m']}, N={fp8_gemm['n']}, K={fp8_gemm['k']}: {fp8_gemm['ours_tflops']:.0f} "
-              f"TFLOP/s = {fp8_gemm['fraction_of_ceiling']:.2f} of torch._scaled_mm's {fp8_gemm['ceiling_tflops']:.0f}")
+        print(
+            f"fp8 GEMM at M={fp8_gemm['m']}, N={fp8_gemm['n']}, K={fp8_gemm['k']}: {fp8_gemm['ours_tflops']:.0f} "
+            f"TFLOP/s = {fp8_gemm['fraction_of_ceiling']:.2f} of torch._scaled_mm's {fp8_gemm['ceiling_tflops']:.0f}"
+        )
     for line in summary_lines(ours.get("slow_step_stacks", [])):
         print(line)
     print("RESULT " + json.dumps(result))

@@ -14,21 +14,69 @@ from pathlib import Path
 from typing import Any
 
 SHAPES: dict[str, dict[str, Any]] = {
-    "dense-small": dict(family="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                        max_position_embeddings=40960, tie_word_embeddings=True, rope_theta=1000000.0),
-    "dense-8b": dict(family="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
-                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                     max_position_embeddings=40960, tie_word_embeddings=False, rope_theta=1000000.0),
-    "moe-16b": dict(family="deepseek_v3", vocab_size=163840, hidden_size=2048, intermediate_size=11264,
-                    moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16,
-                    num_key_value_heads=16, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
-                    first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
-                    qk_nope_head_dim=128, v_head_dim=128, n_group=1, topk_group=1, routed_scaling_factor=2.446,
-                    norm_topk_prob=True, max_position_embeddings=8192, rope_theta=50000.0,
-                    tie_word_embeddings=False),
-    "tiny": dict(family="qwen3", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096),
+    "dense-small": dict(
+        family="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+        rope_theta=1000000.0,
+    ),
+    "dense-8b": dict(
+        family="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        rope_theta=1000000.0,
+    ),
+    "moe-16b": dict(
+        family="deepseek_v3",
+        vocab_size=163840,
+        hidden_size=2048,
+        intermediate_size=11264,
+        moe_intermediate_size=1408,
+        num_hidden_layers=27,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        n_routed_experts=64,
+        n_shared_experts=2,
+        num_experts_per_tok=6,
+        first_k_dense_replace=1,
+        kv_lora_rank=512,
+        q_lora_rank=None,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=2.446,
+        norm_topk_prob=True,
+        max_position_embeddings=8192,
+        rope_theta=50000.0,
+        tie_word_embeddings=False,
+    ),
+    "tiny": dict(
+        family="qwen3",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+    ),
 }
 
 
@@ -39,19 +87,23 @@ def bench_commit() -> str | None:
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent)
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        )
     except OSError:  # no git on the machine
         return None
     return done.stdout.strip() or None
 
 
-def requests(n: int, vocab: int, in_range: tuple[int, int], out_range: tuple[int, int],
-             seed: int = 0) -> list[tuple[list[int], int]]:
+def requests(
+    n: int, vocab: int, in_range: tuple[int, int], out_range: tuple[int, int], seed: int = 0
+) -> list[tuple[list[int], int]]:
     """n (prompt ids, output length) pairs, lengths uniform in the given inclusive ranges."""
     rng = random.Random(seed)
-    return [([rng.randrange(vocab) for _ in range(rng.randint(*in_range))], rng.randint(*out_range))
-            for _ in range(n)]
+    return [
+        ([rng.randrange(vocab) for _ in range(rng.randint(*in_range))], rng.randint(*out_range))
+        for _ in range(n)
+    ]
 
 
 def build_checkpoint(shape: str, out_dir: Path, device: str = "cuda") -> Path:

@@ -28,10 +28,21 @@ PERSON = {
         "name": {"type": "string", "maxLength": 12},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "email": {"type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.com$"},
-        "languages": {"type": "array", "items": {"enum": ["en", "fr", "de", "zh"]}, "minItems": 1, "maxItems": 3},
-        "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
-                                                     "zip": {"type": "integer", "minimum": 10000, "maximum": 99999}},
-                    "required": ["city", "zip"], "additionalProperties": False},
+        "languages": {
+            "type": "array",
+            "items": {"enum": ["en", "fr", "de", "zh"]},
+            "minItems": 1,
+            "maxItems": 3,
+        },
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "zip": {"type": "integer", "minimum": 10000, "maximum": 99999},
+            },
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
     },
     "required": ["name", "age", "email", "languages", "address"],
     "additionalProperties": False,
@@ -98,8 +109,16 @@ def main() -> int:
         model = str(make_tiny_checkpoint(tempfile.mkdtemp(prefix="so-selfcheck-"), "llama", seed=args.seed))
     llm = LLM(model, device=args.device, dtype=args.dtype)
     prompts = [prompt for _, prompt, _, _ in CASES]
-    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, n=args.samples,
-                             seed=args.seed, structured_output=so) for _, _, so, _ in CASES]
+    params = [
+        SamplingParams(
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            n=args.samples,
+            seed=args.seed,
+            structured_output=so,
+        )
+        for _, _, so, _ in CASES
+    ]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -116,7 +135,9 @@ def main() -> int:
             except (ValueError, SyntaxError) as exc:
                 failures += 1
                 print(f"  INVALID {name} ({c.finish_reason}): {c.text!r}: {exc}")
-        print(f"{name:6s} valid {valid}/{len(out.outputs)}  cut by max_tokens {cut}  e.g. {out.outputs[0].text!r}")
+        print(
+            f"{name:6s} valid {valid}/{len(out.outputs)}  cut by max_tokens {cut}  e.g. {out.outputs[0].text!r}"
+        )
     tokens = sum(len(c.token_ids) for out in outputs for c in out.outputs)
     print(f"{tokens} tokens in {elapsed:.1f}s; {'FAIL' if failures else 'OK'}")
     return 1 if failures else 0

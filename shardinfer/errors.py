@@ -123,7 +123,9 @@ class InputColumnError(InputSchemaError):
     name the columns, for a caller that words a hint from them.
     """
 
-    def __init__(self, message: str, missing: list[str] | None = None, available: list[str] | None = None) -> None:
+    def __init__(
+        self, message: str, missing: list[str] | None = None, available: list[str] | None = None
+    ) -> None:
         super().__init__(message)
         self.missing = list(missing or [])
         self.available = list(available or [])

@@ -10,4 +10,6 @@ import sys
 def run_in_ascii_locale(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     # Python's UTF-8 mode and locale coercion off: open() without an encoding then reads ASCII.
     env = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=60
+    )

@@ -38,8 +38,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("examples/models") / NAME)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=4000)
-    p.add_argument("--time-budget", type=float, default=None,
-                   help="seconds of training; fixes the step count (at most --steps) after 40 timed steps")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds of training; fixes the step count (at most --steps) after 40 timed steps",
+    )
     p.add_argument("--batch-rows", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--vocab", type=int, default=4096)
@@ -77,8 +81,10 @@ def main() -> None:
     train_files = [(r, t) for r, t in files if not corpus.is_held_out(r)]
     eval_set = tasks.eval_tasks(args.seed, args.eval_tasks)
     train_set = tasks.train_tasks(args.seed, args.train_tasks, {t.prompt for t in eval_set})
-    log(f"stdlib {corpus.stdlib_dir()}: {len(train_files)} train / {len(held)} held-out files; "
-        f"{len(train_set)} train tasks, {len(eval_set)} eval tasks")
+    log(
+        f"stdlib {corpus.stdlib_dir()}: {len(train_files)} train / {len(held)} held-out files; "
+        f"{len(train_set)} train tasks, {len(eval_set)} eval tasks"
+    )
 
     tok_texts = [t for _, t in train_files] + [f"{t.prompt}\n{t.answer}" for t in train_set[:30_000]]
     tok = corpus.train_tokenizer(tok_texts, args.vocab)
@@ -94,8 +100,10 @@ def main() -> None:
     docs = stdlib_docs + chat_docs
     random.Random(f"shuffle-{args.seed}").shuffle(docs)
     stream = torch.tensor([i for d in docs for i in d], dtype=torch.int64)
-    log(f"train stream {stream.numel():,} tokens ({sum(map(len, stdlib_docs)):,} stdlib, "
-        f"{sum(map(len, chat_docs)):,} chat)")
+    log(
+        f"train stream {stream.numel():,} tokens ({sum(map(len, stdlib_docs)):,} stdlib, "
+        f"{sum(map(len, chat_docs)):,} chat)"
+    )
 
     # --- model and training -----------------------------------------------------------------------
     raw_cfg = model.model_config_dict(tok.get_vocab_size(), bos, eos, pad, max_positions=2048)
@@ -110,8 +118,13 @@ def main() -> None:
     n_mtp = sum(p.numel() for p in mtp.parameters())
     log(f"params: main {n_main:,}, mtp {n_mtp:,}; experts implementation {impl}")
 
-    settings = train.TrainSettings(steps=args.steps, batch_rows=args.batch_rows, seq_len=args.seq_len,
-                                   time_budget_s=args.time_budget, log_every=5 if args.smoke else 100)
+    settings = train.TrainSettings(
+        steps=args.steps,
+        batch_rows=args.batch_rows,
+        seq_len=args.seq_len,
+        time_budget_s=args.time_budget,
+        log_every=5 if args.smoke else 100,
+    )
     t_train = time.time()
     train.train(main_model, mtp, stream, settings, args.device, args.seed, log=log)
     train_wall = time.time() - t_train
@@ -122,8 +135,12 @@ def main() -> None:
     tensors = model.export_state_dict(main_model, mtp)
     model.add_shared_head(tensors, main_model)
     from safetensors.torch import save_file
-    save_file({k: v.cpu() for k, v in sorted(tensors.items())}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+
+    save_file(
+        {k: v.cpu() for k, v in sorted(tensors.items())},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (out / "config.json").write_text(json.dumps(raw_cfg, indent=2) + "\n")
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(corpus.tokenizer_config(2048), indent=2) + "\n")
@@ -142,41 +159,69 @@ def main() -> None:
     ci_ppl = evaluate.perplexity(ref, ci_windows, args.device)
     prompts = [encode_docs([corpus.render_chat(t.messages(False), True)])[0] for t in eval_set]
     acc, by_kind, completions = evaluate.task_accuracy(ref, eval_set, prompts, tok.decode, eos, args.device)
-    ci_hits = [tasks.is_correct(t, c) for t, c in zip(eval_set[:CI_TASKS], completions[:CI_TASKS], strict=True)]
-    chat_seqs = [p + tok.encode(c, add_special_tokens=False).ids + [eos]
-                 for p, c in zip(prompts[:CI_TASKS], completions[:CI_TASKS], strict=True)]
+    ci_hits = [
+        tasks.is_correct(t, c) for t, c in zip(eval_set[:CI_TASKS], completions[:CI_TASKS], strict=True)
+    ]
+    chat_seqs = [
+        p + tok.encode(c, add_special_tokens=False).ids + [eos]
+        for p, c in zip(prompts[:CI_TASKS], completions[:CI_TASKS], strict=True)
+    ]
     metrics = {
         "name": NAME,
         "config": raw_cfg,
         "params": {"main": n_main, "mtp": n_mtp, "file_tensors": sum(v.numel() for v in tensors.values())},
         "training": {
-            "seed": args.seed, "steps": settings.steps, "batch_rows": args.batch_rows, "seq_len": args.seq_len,
-            "lr": settings.lr, "mtp_lambda": settings.mtp_lambda, "device": device_name(args.device),
-            "experts_implementation": impl, "wall_s": train_wall, "total_wall_s": None,
+            "seed": args.seed,
+            "steps": settings.steps,
+            "batch_rows": args.batch_rows,
+            "seq_len": args.seq_len,
+            "lr": settings.lr,
+            "mtp_lambda": settings.mtp_lambda,
+            "device": device_name(args.device),
+            "experts_implementation": impl,
+            "wall_s": train_wall,
+            "total_wall_s": None,
             "tokens_seen": settings.steps * args.batch_rows * args.seq_len,
-            "python": platform.python_version(), "torch": torch.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
             "transformers": __import__("transformers").__version__,
-            "stdlib_train_files": len(train_files), "stdlib_heldout_files": len(held),
-            "stdlib_train_tokens": sum(map(len, stdlib_docs)), "train_tasks": len(train_set),
+            "stdlib_train_files": len(train_files),
+            "stdlib_heldout_files": len(held),
+            "stdlib_train_tokens": sum(map(len, stdlib_docs)),
+            "train_tasks": len(train_set),
             "task_train_tokens": sum(map(len, chat_docs)),
-            "final_loss": settings.history[-1]["loss"], "final_mtp_loss": settings.history[-1]["mtp_loss"],
-            "history": settings.history, "smoke": args.smoke,
+            "final_loss": settings.history[-1]["loss"],
+            "final_mtp_loss": settings.history[-1]["mtp_loss"],
+            "history": settings.history,
+            "smoke": args.smoke,
         },
         "load_check": load_info,
         "eval": {
-            "heldout_ppl": float(torch.tensor(heldout_total / heldout_n).exp()), "heldout_tokens": heldout_n,
-            "heldout_windows": len(eval_windows), "ci_ppl": ci_ppl,
+            "heldout_ppl": float(torch.tensor(heldout_total / heldout_n).exp()),
+            "heldout_tokens": heldout_n,
+            "heldout_windows": len(eval_windows),
+            "ci_ppl": ci_ppl,
             "ci_ppl_tokens": sum(len(w) - 1 for w in ci_windows),
-            "task_count": len(eval_set), "task_accuracy": acc, "task_accuracy_by_kind": by_kind,
+            "task_count": len(eval_set),
+            "task_accuracy": acc,
+            "task_accuracy_by_kind": by_kind,
             "ci_task_accuracy": sum(ci_hits) / len(ci_hits),
             "mtp_heldout_text": evaluate.mtp_agreement(ref, mtp_ref, eval_windows[:64], args.device),
             "mtp_chat_tasks": evaluate.mtp_agreement(ref, mtp_ref, chat_seqs, args.device),
         },
         "ci": {
             "ppl_windows": ci_windows,
-            "tasks": [{"kind": t.kind, "prompt": t.prompt, "answer": t.answer, "prompt_token_ids": p,
-                       "completion": c, "correct": h}
-                      for t, p, c, h in zip(eval_set[:CI_TASKS], prompts, completions, ci_hits, strict=False)],
+            "tasks": [
+                {
+                    "kind": t.kind,
+                    "prompt": t.prompt,
+                    "answer": t.answer,
+                    "prompt_token_ids": p,
+                    "completion": c,
+                    "correct": h,
+                }
+                for t, p, c, h in zip(eval_set[:CI_TASKS], prompts, completions, ci_hits, strict=False)
+            ],
             "mtp_sequences": chat_seqs,
         },
     }
@@ -184,9 +229,11 @@ def main() -> None:
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     (out / "README.md").write_text(report.model_card(NAME, metrics))
     ev = metrics["eval"]
-    log(f"held-out ppl {ev['heldout_ppl']:.3f}; CI ppl {ci_ppl:.4f}; tasks {acc:.3f} {by_kind}; "
+    log(
+        f"held-out ppl {ev['heldout_ppl']:.3f}; CI ppl {ci_ppl:.4f}; tasks {acc:.3f} {by_kind}; "
         f"CI tasks {ev['ci_task_accuracy']:.3f}; MTP agreement {ev['mtp_heldout_text']['mtp_top1_agreement']:.3f} "
-        f"text / {ev['mtp_chat_tasks']['mtp_top1_agreement']:.3f} chat; total {time.time() - t0:.0f} s")
+        f"text / {ev['mtp_chat_tasks']['mtp_top1_agreement']:.3f} chat; total {time.time() - t0:.0f} s"
+    )
 
 
 def special_id(tok: Tokenizer, name: str) -> int:
@@ -226,9 +273,17 @@ def reload(out: Path, device: str, impl: str):
     ref.to(device).eval()
     mtp_ref = model.load_mtp(load_file(str(out / "model.safetensors")), ref.config).to(device).eval()
     unexpected = sorted(info.get("unexpected_keys") or [])
-    return ref, mtp_ref, {"missing_keys": [], "unexpected_keys": len(unexpected),
-                          "unexpected_all_mtp": all(k.startswith(f"model.layers.{ref.config.num_hidden_layers}.")
-                                                    for k in unexpected)}
+    return (
+        ref,
+        mtp_ref,
+        {
+            "missing_keys": [],
+            "unexpected_keys": len(unexpected),
+            "unexpected_all_mtp": all(
+                k.startswith(f"model.layers.{ref.config.num_hidden_layers}.") for k in unexpected
+            ),
+        },
+    )
 
 
 @torch.no_grad()

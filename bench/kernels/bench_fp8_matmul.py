@@ -69,13 +69,17 @@ CANDIDATES = [
 # per SM walking all of K; more, shorter K ranges fill the SMs and let larger tiles read each weight
 # tile fewer times. Other bits than the unsplit tilings' (the ranges are summed apart), so a
 # problem takes one split_k for every M and the sweep compares these within their split.
-SPLIT_CANDIDATES = [
-    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=s)
-    for s in (2, 3, 4)
-] + [
-    fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True, split_k=s)
-    for s in (2, 4)
-] + [fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2)]
+SPLIT_CANDIDATES = (
+    [
+        fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=s)
+        for s in (2, 3, 4)
+    ]
+    + [
+        fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True, split_k=s)
+        for s in (2, 4)
+    ]
+    + [fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2)]
+)
 # The down projection's split (fp8_matmul._default: K >= 3N splits K in two, through the workspace
 # up to 256 rows, in one program above) against the unsplit tilings it replaced; the two split
 # paths must give equal bits (the sweep compares tilings within a split_k).
@@ -83,8 +87,9 @@ SETTING_CANDIDATES = [
     fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True),
     fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True),
     fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=2),
-    fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=2,
-                             ranges_in_program=True),
+    fp8_matmul.Fp8TileConfig(
+        64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=2, ranges_in_program=True
+    ),
     fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2),
 ]
 L2_SPILL_BYTES = 256 << 20
@@ -106,11 +111,14 @@ def _warp_specialized(on: bool, persistent: bool = False) -> Iterator[None]:
     try:
         yield
     finally:
-        fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT = saved
+        fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_M, fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT = (
+            saved
+        )
 
 
-def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None,
-               kernels: bool = False) -> dict[str, Any]:
+def time_shape(
+    n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None, kernels: bool = False
+) -> dict[str, Any]:
     copies = _copies(n * k)
     ws = [quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5) for _ in range(copies)]
     wb = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(_copies(2 * n * k))]
@@ -119,18 +127,27 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
     one = torch.ones((), device="cuda")
     flop = 2 * m * n * k
     row: dict[str, Any] = {"n": n, "k": k, "m": m}
-    row["ours_fp8_us"] = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
+    row["ours_fp8_us"] = 1e3 * graph_ms_per_call(
+        [lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws]
+    )
     row["bf16_us"] = 1e3 * graph_ms_per_call([lambda w=w: matmul.linear_batch_invariant(x, w) for w in wb])
-    row["scaled_mm_us"] = 1e3 * graph_ms_per_call([
-        lambda w=w: torch._scaled_mm(xq, w[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16) for w in ws])
+    row["scaled_mm_us"] = 1e3 * graph_ms_per_call(
+        [
+            lambda w=w: torch._scaled_mm(xq, w[0].t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            for w in ws
+        ]
+    )
     row["ours_tflops"] = flop / row["ours_fp8_us"] / 1e6
     row["ours_GBps"] = (n * k + m * k * 2 + m * n * 2) / row["ours_fp8_us"] / 1e3
     # The default tiling's TMA kernel against the warp-specialised one, bits compared (a split-K
     # problem has only the first).
     if kernels and fp8_matmul.tile_config(n, k, m).split_k == 1:
         default = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
-        for name, on, persistent in (("tma", False, False), ("warp_specialized", True, False),
-                                     ("warp_specialized_persistent", True, True)):
+        for name, on, persistent in (
+            ("tma", False, False),
+            ("warp_specialized", True, False),
+            ("warp_specialized_persistent", True, True),
+        ):
             with _warp_specialized(on, persistent):
                 equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
                 us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
@@ -144,16 +161,27 @@ def time_shape(n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] |
     return row
 
 
-def _time_configs(x: torch.Tensor, ws: list[tuple[torch.Tensor, torch.Tensor]],
-                  configs: list[fp8_matmul.Fp8TileConfig], base: dict[int, torch.Tensor]) -> list[dict[str, Any]]:
+def _time_configs(
+    x: torch.Tensor,
+    ws: list[tuple[torch.Tensor, torch.Tensor]],
+    configs: list[fp8_matmul.Fp8TileConfig],
+    base: dict[int, torch.Tensor],
+) -> list[dict[str, Any]]:
     timed = []
     for cfg in configs:
         out = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1], config=cfg)
-        us = 1e3 * graph_ms_per_call([lambda w=w, c=cfg: fp8_matmul.linear_fp8(x, w[0], w[1], config=c)
-                                      for w in ws])
+        us = 1e3 * graph_ms_per_call(
+            [lambda w=w, c=cfg: fp8_matmul.linear_fp8(x, w[0], w[1], config=c) for w in ws]
+        )
         first = base.setdefault(cfg.split_k, out)
-        timed.append({"config": repr(cfg), "us": us, "split_k": cfg.split_k,
-                      "bitwise_equal_within_split": torch.equal(out, first)})
+        timed.append(
+            {
+                "config": repr(cfg),
+                "us": us,
+                "split_k": cfg.split_k,
+                "bitwise_equal_within_split": torch.equal(out, first),
+            }
+        )
     return timed
 
 
@@ -163,13 +191,22 @@ def main() -> None:
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--sweep", action="store_true", help="also time and compare the candidate tilings")
     ap.add_argument("--tma-only", action="store_true", help="sweep only the candidates with tma=True")
-    ap.add_argument("--splits", action="store_true",
-                    help="sweep the fixed split-K candidates (with the default tiling first, for reference)")
-    ap.add_argument("--settings", action="store_true",
-                    help="sweep the split and unsplit tilings of long-K problems (SETTING_CANDIDATES)")
-    ap.add_argument("--ws", action="store_true",
-                    help="also time the TMA kernel and the warp-specialised one (fp8_matmul_ws), plain and "
-                         "persistent, at every shape, each forced, bits compared with the default's")
+    ap.add_argument(
+        "--splits",
+        action="store_true",
+        help="sweep the fixed split-K candidates (with the default tiling first, for reference)",
+    )
+    ap.add_argument(
+        "--settings",
+        action="store_true",
+        help="sweep the split and unsplit tilings of long-K problems (SETTING_CANDIDATES)",
+    )
+    ap.add_argument(
+        "--ws",
+        action="store_true",
+        help="also time the TMA kernel and the warp-specialised one (fp8_matmul_ws), plain and "
+        "persistent, at every shape, each forced, bits compared with the default's",
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]
@@ -180,8 +217,10 @@ def main() -> None:
     ceiling = fp8_matmul_rate()
     print(f"FP8 ceiling (torch._scaled_mm 8192^3): {ceiling / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
-    print(f"{'model':<8} {'proj':<15} {'M':>5} {'fp8 us':>9} {'bf16 us':>9} {'smm us':>9} {'TFLOP/s':>8} "
-          f"{'GB/s':>7} {'fp8/bf16':>8}")
+    print(
+        f"{'model':<8} {'proj':<15} {'M':>5} {'fp8 us':>9} {'bf16 us':>9} {'smm us':>9} {'TFLOP/s':>8} "
+        f"{'GB/s':>7} {'fp8/bf16':>8}"
+    )
     for model in args.models.split(","):
         _, shapes = MODELS[model]
         for proj, (n, k) in shapes.items():
@@ -192,20 +231,33 @@ def main() -> None:
                 r = time_shape(n, k, m, candidates if sweep else None, args.ws)
                 r.update(model=model, proj=proj)
                 rows.append(r)
-                print(f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "
-                      f"{r['scaled_mm_us']:>9.1f} {r['ours_tflops']:>8.0f} {r['ours_GBps']:>7.0f} "
-                      f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}", flush=True)
+                print(
+                    f"{model:<8} {proj:<15} {m:>5} {r['ours_fp8_us']:>9.1f} {r['bf16_us']:>9.1f} "
+                    f"{r['scaled_mm_us']:>9.1f} {r['ours_tflops']:>8.0f} {r['ours_GBps']:>7.0f} "
+                    f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}",
+                    flush=True,
+                )
                 for name in ("tma", "warp_specialized", "warp_specialized_persistent"):
                     if name in r:
-                        print(f"    {name} kernel: {r[name]['us']:.1f} us, bitwise equal={r[name]['bitwise_equal']}")
+                        print(
+                            f"    {name} kernel: {r[name]['us']:.1f} us, bitwise equal={r[name]['bitwise_equal']}"
+                        )
                 for c in r.get("configs", []):
                     print(f"    {c['config']:<122} {c['us']:>9.1f} equal={c['bitwise_equal_within_split']}")
     now = dt.datetime.now(dt.UTC)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"bench": "fp8_matmul", "gpu": torch.cuda.get_device_name(0), "commit": bench_commit(),
-              "date": now.isoformat(), "fp8_ceiling_tflops": ceiling / 1e12, "rows": rows}
-    (out / f"kernels-fp8-matmul-{now.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(result, indent=2))
+    result = {
+        "bench": "fp8_matmul",
+        "gpu": torch.cuda.get_device_name(0),
+        "commit": bench_commit(),
+        "date": now.isoformat(),
+        "fp8_ceiling_tflops": ceiling / 1e12,
+        "rows": rows,
+    }
+    (out / f"kernels-fp8-matmul-{now.strftime('%Y%m%d-%H%M%S')}.json").write_text(
+        json.dumps(result, indent=2)
+    )
 
 
 if __name__ == "__main__":

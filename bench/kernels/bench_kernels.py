@@ -38,8 +38,6 @@ from shardinfer.kernels import paged_attention as pa
 BF16 = torch.bfloat16
 
 
-
-
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
@@ -47,12 +45,16 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 class DecodeBatch:
     """B decode rows at one context length over a paged cache (dense GQA or MLA latent)."""
 
-    def __init__(self, batch: int, ctx: int, hq: int, page: int, entry: tuple[int, ...], q_dims: tuple[int, ...]):
+    def __init__(
+        self, batch: int, ctx: int, hq: int, page: int, entry: tuple[int, ...], q_dims: tuple[int, ...]
+    ):
         gen = torch.Generator(device="cuda").manual_seed(batch * 7 + ctx)
         per_seq = -(-ctx // page)
         n_blocks = batch * per_seq
-        self.caches = [torch.randn(n_blocks, page, *entry, device="cuda", dtype=BF16, generator=gen)
-                       for _ in range(2 if len(entry) == 2 else 1)]
+        self.caches = [
+            torch.randn(n_blocks, page, *entry, device="cuda", dtype=BF16, generator=gen)
+            for _ in range(2 if len(entry) == 2 else 1)
+        ]
         self.bt = torch.randperm(n_blocks, device="cuda", generator=gen).view(batch, per_seq).int()
         self.qs = [torch.randn(batch, hq, d, device="cuda", dtype=BF16, generator=gen) for d in q_dims]
         self.qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
@@ -63,8 +65,15 @@ class DecodeBatch:
 def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
     """Qwen3-8B attention (32 q / 8 kv heads, d 128, bf16, 16-token pages) over tile configs."""
     hq, hk, d = 32, 8, 128
-    configs = [(64, 64, 4, 2), (64, 128, 4, 2), (64, 64, 8, 2), (64, 128, 8, 3),
-               (16, 64, 4, 2), (16, 128, 4, 2), (32, 64, 4, 2)]
+    configs = [
+        (64, 64, 4, 2),
+        (64, 128, 4, 2),
+        (64, 64, 8, 2),
+        (64, 128, 8, 3),
+        (16, 64, 4, 2),
+        (16, 128, 4, 2),
+        (32, 64, 4, 2),
+    ]
     batches = {b: DecodeBatch(b, 2048, hq, 16, (hk, d), (d,)) for b in (64, 256)}
     # Prefill: 4 prompts of 2048 tokens, causal.
     pre_t, pre_b = 2048, 4
@@ -82,11 +91,37 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
         for bm, bn, warps, stages in configs:
             cfg = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages, "kv_chunk": chunk}
 
-            def run(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, qsl: torch.Tensor, sl: torch.Tensor,
-                    bt: torch.Tensor, max_len: int, cfg: dict[str, int] = cfg) -> torch.Tensor:
-                return pa.launch(q, kc, vc, kc.stride()[:3], vc.stride()[:3], hk, d, d, qsl, sl, bt,
-                                 d ** -0.5, None, max_len, cfg["kv_chunk"], cfg["block_m"], cfg["block_n"],
-                                 cfg["num_warps"], cfg["num_stages"])
+            def run(
+                q: torch.Tensor,
+                kc: torch.Tensor,
+                vc: torch.Tensor,
+                qsl: torch.Tensor,
+                sl: torch.Tensor,
+                bt: torch.Tensor,
+                max_len: int,
+                cfg: dict[str, int] = cfg,
+            ) -> torch.Tensor:
+                return pa.launch(
+                    q,
+                    kc,
+                    vc,
+                    kc.stride()[:3],
+                    vc.stride()[:3],
+                    hk,
+                    d,
+                    d,
+                    qsl,
+                    sl,
+                    bt,
+                    d**-0.5,
+                    None,
+                    max_len,
+                    cfg["kv_chunk"],
+                    cfg["block_m"],
+                    cfg["block_n"],
+                    cfg["num_warps"],
+                    cfg["num_stages"],
+                )
 
             row: dict[str, Any] = dict(cfg)
             try:
@@ -94,8 +129,9 @@ def sweep_dense(bw: float, flops: float) -> list[dict[str, Any]]:
                     args = (db.qs[0], db.caches[0], db.caches[1], db.qsl, db.sl, db.bt, db.ctx)
                     out = run(*args)
                     baseline.setdefault(b, out)
-                    alone = run(db.qs[0][5:6], db.caches[0], db.caches[1], db.qsl[:2], db.sl[5:6], db.bt[5:6],
-                                db.ctx)
+                    alone = run(
+                        db.qs[0][5:6], db.caches[0], db.caches[1], db.qsl[:2], db.sl[5:6], db.bt[5:6], db.ctx
+                    )
                     ms = median_ms(lambda args=args: run(*args))
                     nbytes = 2 * b * db.ctx * hk * d * 2 + 2 * b * hq * d * 2
                     row[f"decode_b{b}_ms"] = ms
@@ -136,8 +172,14 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
     variants = [("bf16", None, 64, 4, 2, 128), ("bf16", None, 64, 8, 2, 128)] + [
         ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, regs)
         for on_scores, bn, warps, stages, regs in (
-            (False, 128, 4, 1, 128), (False, 128, 8, 1, 128), (False, 128, 8, 1, None), (False, 128, 8, 2, 128),
-            (False, 64, 8, 1, 128), (False, 64, 8, 2, 128))]
+            (False, 128, 4, 1, 128),
+            (False, 128, 8, 1, 128),
+            (False, 128, 8, 1, None),
+            (False, 128, 8, 2, 128),
+            (False, 64, 8, 1, 128),
+            (False, 64, 8, 2, 128),
+        )
+    ]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
@@ -150,21 +192,49 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
             caches = (kq, vq) if fp8 else tuple(db.caches)
             scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores} if fp8 else {}
 
-            def run(caches: tuple[torch.Tensor, ...] = caches, scales: dict[str, Any] = scales, bn: int = bn,
-                    warps: int = warps, stages: int = stages, regs: int | None = regs, db: DecodeBatch = db,
-                    ctx: int = ctx) -> torch.Tensor:
-                return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
-                                          max_seq_len=ctx, block_n=bn, num_warps=warps, num_stages=stages,
-                                          max_registers=regs, **scales)
+            def run(
+                caches: tuple[torch.Tensor, ...] = caches,
+                scales: dict[str, Any] = scales,
+                bn: int = bn,
+                warps: int = warps,
+                stages: int = stages,
+                regs: int | None = regs,
+                db: DecodeBatch = db,
+                ctx: int = ctx,
+            ) -> torch.Tensor:
+                return pa.paged_attention(
+                    db.qs[0],
+                    caches[0],
+                    caches[1],
+                    db.qsl,
+                    db.sl,
+                    db.bt,
+                    d**-0.5,
+                    max_seq_len=ctx,
+                    block_n=bn,
+                    num_warps=warps,
+                    num_stages=stages,
+                    max_registers=regs,
+                    **scales,
+                )
 
-            row: dict[str, Any] = {"batch": batch, "ctx": ctx, "variant": name, "block_n": bn, "num_warps": warps,
-                                   "num_stages": stages, "max_registers": regs}
+            row: dict[str, Any] = {
+                "batch": batch,
+                "ctx": ctx,
+                "variant": name,
+                "block_n": bn,
+                "num_warps": warps,
+                "num_stages": stages,
+                "max_registers": regs,
+            }
             try:
                 out = run()
                 if fp8:
                     default = out if default is None else default
                     row["bitwise_equal_to_default"] = bool(torch.equal(out, default))
-                    row["bitwise_equal_to_dequantised"] = bool(torch.equal(out, run(caches=dequantised, scales={})))
+                    row["bitwise_equal_to_dequantised"] = bool(
+                        torch.equal(out, run(caches=dequantised, scales={}))
+                    )
                 ms = graph_ms(run)
                 nbytes = fp8_bytes if fp8 else bf16_bytes
                 row.update(us=ms * 1e3, of_copy_bw=nbytes / (ms * 1e-3) / bw)
@@ -192,17 +262,36 @@ def single_chunk(bw: float) -> list[dict[str, Any]]:
         for direct in (True, False):
             pa.SINGLE_CHUNK_DIRECT = direct
             try:
-                def run(db: DecodeBatch = db, caches: tuple[torch.Tensor, ...] = (kq, vq, ks, vs)) -> torch.Tensor:
+
+                def run(
+                    db: DecodeBatch = db, caches: tuple[torch.Tensor, ...] = (kq, vq, ks, vs)
+                ) -> torch.Tensor:
                     # the graph bound, as the engine's graphed decode passes max_model_len
-                    return pa.paged_attention(db.qs[0], caches[0], caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
-                                              max_seq_len=4096, k_scale=caches[2], v_scale=caches[3])
+                    return pa.paged_attention(
+                        db.qs[0],
+                        caches[0],
+                        caches[1],
+                        db.qsl,
+                        db.sl,
+                        db.bt,
+                        d**-0.5,
+                        max_seq_len=4096,
+                        k_scale=caches[2],
+                        v_scale=caches[3],
+                    )
 
                 outs[direct] = run()
                 ms = graph_ms(run)
             finally:
                 pa.SINGLE_CHUNK_DIRECT = True
-            row = {"batch": batch, "ctx": ctx, "cache": "fp8", "direct": direct, "us": ms * 1e3,
-                   "of_copy_bw": nbytes / (ms * 1e-3) / bw}
+            row = {
+                "batch": batch,
+                "ctx": ctx,
+                "cache": "fp8",
+                "direct": direct,
+                "us": ms * 1e3,
+                "of_copy_bw": nbytes / (ms * 1e-3) / bw,
+            }
             if not direct:
                 row["bitwise_equal"] = bool(torch.equal(outs[True], outs[False]))
             results.append(row)
@@ -224,26 +313,63 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
     differing only in stages give its bits) and for a row computed alone being bit-identical to
     the same row in the batch. TMA key tiles lost everywhere in earlier sweeps (NOTES.md)."""
     rows = []
-    batches = {(b, ctx): DecodeBatch(b, ctx, 16, 64, (576,), (512, 64)) for b in (64, 128, 256) for ctx in (2048, 8192)}
+    batches = {
+        (b, ctx): DecodeBatch(b, ctx, 16, 64, (576,), (512, 64))
+        for b in (64, 128, 256)
+        for ctx in (2048, 8192)
+    }
     # The shipped default first (stages None: the launcher's choice, mla_decode.pipeline_stages),
     # then its neighbours: shorter chunks (more programs, two per SM at two stages), smaller tiles,
     # other depths and warp counts. (64-row tiles, a token's 16 heads padded to a Hopper wgmma's rows, read
     # 18-31% of copy bandwidth: NOTES.md.)
     configs: list[tuple[int, int, int, int | None, int]] = [
-        (16, 64, 4, None, 1024), (16, 64, 4, 2, 1024), (16, 64, 4, 2, 512), (16, 64, 4, 3, 512),
-        (16, 64, 8, 2, 512), (16, 32, 4, 3, 512), (16, 32, 4, 4, 512), (16, 32, 4, 2, 1024)]
+        (16, 64, 4, None, 1024),
+        (16, 64, 4, 2, 1024),
+        (16, 64, 4, 2, 512),
+        (16, 64, 4, 3, 512),
+        (16, 64, 8, 2, 512),
+        (16, 32, 4, 3, 512),
+        (16, 32, 4, 4, 512),
+        (16, 32, 4, 2, 1024),
+    ]
     baseline: dict[tuple[int, int], torch.Tensor] = {}
     for bm, bn, warps, stages, chunk in configs:
-        row: dict[str, Any] = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages,
-                               "kv_chunk": chunk}
+        row: dict[str, Any] = {
+            "block_m": bm,
+            "block_n": bn,
+            "num_warps": warps,
+            "num_stages": stages,
+            "kv_chunk": chunk,
+        }
         try:
             for (b, ctx), db in batches.items():
-                def run(db: DecodeBatch = db, lo: int = 0, hi: int = b, bm: int = bm, bn: int = bn,
-                        warps: int = warps, stages: int | None = stages, chunk: int = chunk) -> torch.Tensor:
+
+                def run(
+                    db: DecodeBatch = db,
+                    lo: int = 0,
+                    hi: int = b,
+                    bm: int = bm,
+                    bn: int = bn,
+                    warps: int = warps,
+                    stages: int | None = stages,
+                    chunk: int = chunk,
+                ) -> torch.Tensor:
                     return mla_decode.mla_paged_attention(
-                        db.qs[0][lo:hi], db.qs[1][lo:hi], db.caches[0], db.qsl[: hi - lo + 1], db.sl[lo:hi],
-                        db.bt[lo:hi], 0.1, max_seq_len=db.ctx, kv_chunk=chunk, block_m=bm, block_n=bn, num_warps=warps,
-                        num_stages=stages)
+                        db.qs[0][lo:hi],
+                        db.qs[1][lo:hi],
+                        db.caches[0],
+                        db.qsl[: hi - lo + 1],
+                        db.sl[lo:hi],
+                        db.bt[lo:hi],
+                        0.1,
+                        max_seq_len=db.ctx,
+                        kv_chunk=chunk,
+                        block_m=bm,
+                        block_n=bn,
+                        num_warps=warps,
+                        num_stages=stages,
+                    )
+
                 out = run()
                 baseline.setdefault((b, ctx), out)
                 ms = graph_ms(run)
@@ -256,9 +382,17 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
         except Exception as exc:
             row["error"] = repr(exc)[:300]
         rows.append(row)
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()
-                          if "of_copy_bw" in k or k in ("block_m", "block_n", "num_warps", "num_stages", "kv_chunk", "error")}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    k: round(v, 3) if isinstance(v, float) else v
+                    for k, v in row.items()
+                    if "of_copy_bw" in k
+                    or k in ("block_m", "block_n", "num_warps", "num_stages", "kv_chunk", "error")
+                }
+            ),
+            flush=True,
+        )
     return rows
 
 
@@ -281,21 +415,44 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
         groups = cs.shape[-1]
         fp8_bytes = b * ctx * (576 + 4 * groups) + b * 16 * (576 + 512) * 2
         variants: list[tuple[str, int, int | None]] = [("bf16_cache", 4, None)] + [
-            ("fp8", warps, stages) for warps, stages in ((4, None), (4, 2), (8, 1), (8, 2))]
+            ("fp8", warps, stages) for warps, stages in ((4, None), (4, 2), (8, 1), (8, 2))
+        ]
         base = None
         for variant, warps, stages in variants:
             fp8 = variant != "bf16_cache"
             extra: dict[str, Any] = {"cache_scale": cs} if fp8 else {}
 
-            def run(fp8: bool = fp8, extra: dict[str, Any] = extra, warps: int = warps,
-                    stages: int | None = stages, db: DecodeBatch = db, cq: torch.Tensor = cq, lo: int = 0,
-                    hi: int = b) -> torch.Tensor:
-                return mla_decode.mla_paged_attention(db.qs[0][lo:hi], db.qs[1][lo:hi], cq if fp8 else db.caches[0],
-                                                      db.qsl[: hi - lo + 1], db.sl[lo:hi], db.bt[lo:hi], 0.1,
-                                                      max_seq_len=db.ctx, num_warps=warps, num_stages=stages, **extra)
+            def run(
+                fp8: bool = fp8,
+                extra: dict[str, Any] = extra,
+                warps: int = warps,
+                stages: int | None = stages,
+                db: DecodeBatch = db,
+                cq: torch.Tensor = cq,
+                lo: int = 0,
+                hi: int = b,
+            ) -> torch.Tensor:
+                return mla_decode.mla_paged_attention(
+                    db.qs[0][lo:hi],
+                    db.qs[1][lo:hi],
+                    cq if fp8 else db.caches[0],
+                    db.qsl[: hi - lo + 1],
+                    db.sl[lo:hi],
+                    db.bt[lo:hi],
+                    0.1,
+                    max_seq_len=db.ctx,
+                    num_warps=warps,
+                    num_stages=stages,
+                    **extra,
+                )
 
-            row: dict[str, Any] = {"batch": b, "ctx": ctx, "variant": variant, "num_warps": warps,
-                                   "num_stages": stages}
+            row: dict[str, Any] = {
+                "batch": b,
+                "ctx": ctx,
+                "variant": variant,
+                "num_warps": warps,
+                "num_stages": stages,
+            }
             try:
                 out = run()
                 base = out if base is None else base
@@ -327,15 +484,35 @@ def mla_scaling(bw: float, calls_per_graph: int = 4) -> list[dict[str, Any]]:
             dbs = [DecodeBatch(b, ctx, 16, 64, (576,), (512, 64)) for _ in range(calls_per_graph)]
             nbytes = _mla_bytes(b, ctx)
             for stages in (None, 2, 3):
+
                 def run(db: DecodeBatch = dbs[0], stages: int | None = stages) -> torch.Tensor:
-                    return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt,
-                                                          0.1, max_seq_len=db.ctx, num_stages=stages)
+                    return mla_decode.mla_paged_attention(
+                        db.qs[0],
+                        db.qs[1],
+                        db.caches[0],
+                        db.qsl,
+                        db.sl,
+                        db.bt,
+                        0.1,
+                        max_seq_len=db.ctx,
+                        num_stages=stages,
+                    )
+
                 ms = graph_ms(run)
                 in_graph = graph_ms_per_call([lambda db=db, run=run: run(db) for db in dbs])
-                rows.append({"batch": b, "ctx": ctx, "num_stages": stages, "ms": ms,
-                             "GBs": nbytes / (ms * 1e-3) / 1e9, "of_copy_bw": nbytes / (ms * 1e-3) / bw,
-                             "calls_per_graph": calls_per_graph, "ms_per_call_in_graph": in_graph,
-                             "of_copy_bw_in_graph": nbytes / (in_graph * 1e-3) / bw})
+                rows.append(
+                    {
+                        "batch": b,
+                        "ctx": ctx,
+                        "num_stages": stages,
+                        "ms": ms,
+                        "GBs": nbytes / (ms * 1e-3) / 1e9,
+                        "of_copy_bw": nbytes / (ms * 1e-3) / bw,
+                        "calls_per_graph": calls_per_graph,
+                        "ms_per_call_in_graph": in_graph,
+                        "of_copy_bw_in_graph": nbytes / (in_graph * 1e-3) / bw,
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
             del dbs
     return rows
@@ -367,13 +544,31 @@ def mla_merge(bw: float, calls_per_graph: int = 4) -> list[dict[str, Any]]:
         dbs = [DecodeBatch(b, ctx, 16, 64, (576,), (512, 64)) for _ in range(calls_per_graph)]
         nbytes = _mla_bytes(b, ctx)
         for merge in (True, False):
+
             def run(db: DecodeBatch, merge: bool = merge) -> torch.Tensor:
-                return mla_decode.mla_paged_attention(db.qs[0], db.qs[1], db.caches[0], db.qsl, db.sl, db.bt, 0.1,
-                                                      max_seq_len=db.ctx, merge=merge)
+                return mla_decode.mla_paged_attention(
+                    db.qs[0],
+                    db.qs[1],
+                    db.caches[0],
+                    db.qsl,
+                    db.sl,
+                    db.bt,
+                    0.1,
+                    max_seq_len=db.ctx,
+                    merge=merge,
+                )
+
             ms = graph_ms_per_call([lambda db=db, run=run: run(db) for db in dbs])
-            rows.append({"batch": b, "ctx": ctx, "merge_in_kernel": merge, "ms_per_call_in_graph": ms,
-                         "of_copy_bw_in_graph": nbytes / (ms * 1e-3) / bw,
-                         "kernel_us": _kernel_us(lambda run=run, db=dbs[0]: run(db))})
+            rows.append(
+                {
+                    "batch": b,
+                    "ctx": ctx,
+                    "merge_in_kernel": merge,
+                    "ms_per_call_in_graph": ms,
+                    "of_copy_bw_in_graph": nbytes / (ms * 1e-3) / bw,
+                    "kernel_us": _kernel_us(lambda run=run, db=dbs[0]: run(db)),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
         dbs.clear()
     return rows
@@ -388,14 +583,24 @@ def bench_moe(bw: float, flops: float) -> list[dict[str, Any]]:
     rows = []
     for t in (64, 256, 2048):
         x = torch.randn(t, hidden, device="cuda", dtype=BF16, generator=gen)
-        w, ids = reference_moe.grouped_topk(torch.randn(t, experts, device="cuda", generator=gen), None, top_k)
+        w, ids = reference_moe.grouped_topk(
+            torch.randn(t, experts, device="cuda", generator=gen), None, top_k
+        )
         ms = median_ms(lambda x=x, ids=ids, w=w: moe.fused_moe(x, ids, w, wgu, wd))
         touched = int(torch.unique(ids).numel())
         wbytes = touched * 3 * hidden * inter * 2
         fl = 2 * t * top_k * 3 * hidden * inter
-        rows.append({"tokens": t, "ms": ms, "experts_touched": touched, "weight_GBs": wbytes / (ms * 1e-3) / 1e9,
-                     "weight_of_copy_bw": wbytes / (ms * 1e-3) / bw, "TFLOPs": fl / (ms * 1e-3) / 1e12,
-                     "of_matmul_rate": fl / (ms * 1e-3) / flops})
+        rows.append(
+            {
+                "tokens": t,
+                "ms": ms,
+                "experts_touched": touched,
+                "weight_GBs": wbytes / (ms * 1e-3) / 1e9,
+                "weight_of_copy_bw": wbytes / (ms * 1e-3) / bw,
+                "TFLOPs": fl / (ms * 1e-3) / 1e12,
+                "of_matmul_rate": fl / (ms * 1e-3) / flops,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -408,7 +613,7 @@ def bench_heads_matmul(bw: float) -> list[dict[str, Any]]:
     gen = torch.Generator(device="cuda").manual_seed(13)
     rows = []
     for k, n in ((128, 512), (512, 128)):
-        w_nk = torch.randn(heads, n, k, device="cuda", dtype=BF16, generator=gen) * k ** -0.5
+        w_nk = torch.randn(heads, n, k, device="cuda", dtype=BF16, generator=gen) * k**-0.5
         w = w_nk.transpose(1, 2).contiguous()  # [H, K, N], the bmm layout
         for t in (64, 256):
             q = torch.randn(t, heads, k + 64, device="cuda", dtype=BF16, generator=gen)
@@ -420,15 +625,21 @@ def bench_heads_matmul(bw: float) -> list[dict[str, Any]]:
                     out[:, h] = matmul.linear_batch_invariant(x[:, h], w_nk[h])
                 return out
 
-            runs = {"kernel": lambda x=x, w_nk=w_nk: heads_matmul.heads_matmul(x, w_nk),
-                    "bmm": lambda x=x, w=w: torch.bmm(x.transpose(0, 1), w).transpose(0, 1),
-                    "per_head_loop": loop}
+            runs = {
+                "kernel": lambda x=x, w_nk=w_nk: heads_matmul.heads_matmul(x, w_nk),
+                "bmm": lambda x=x, w=w: torch.bmm(x.transpose(0, 1), w).transpose(0, 1),
+                "per_head_loop": loop,
+            }
             out = runs["kernel"]()
             nbytes = heads * (n * k + t * k + t * n) * 2
-            row: dict[str, Any] = {"k": k, "n": n, "tokens": t, "bytes": nbytes,
-                                   "rel_err_vs_bmm": rel_err(out, runs["bmm"]().float()),
-                                   "row_alone_bitwise": bool(torch.equal(heads_matmul.heads_matmul(x[5:6], w_nk),
-                                                                         out[5:6]))}
+            row: dict[str, Any] = {
+                "k": k,
+                "n": n,
+                "tokens": t,
+                "bytes": nbytes,
+                "rel_err_vs_bmm": rel_err(out, runs["bmm"]().float()),
+                "row_alone_bitwise": bool(torch.equal(heads_matmul.heads_matmul(x[5:6], w_nk), out[5:6])),
+            }
             for name, fn in runs.items():
                 ms = median_ms(fn, reps=50)
                 row[f"{name}_us"] = ms * 1e3
@@ -449,10 +660,22 @@ def bench_small() -> dict[str, float]:
     logits = torch.randn(b, vocab, device="cuda") * 4
     seeds = torch.randint(0, 2**62, (b,), device="cuda")
     pos = torch.randint(0, 10**6, (b,), device="cuda")
-    for name, temp, k, p in [("greedy", 0.0, -1, 1.0), ("T1", 1.0, -1, 1.0), ("top_k50", 1.0, 50, 1.0),
-                             ("top_p0.9", 1.0, -1, 0.9), ("top_k50_top_p0.9", 1.0, 50, 0.9)]:
-        args = (logits, torch.full((b,), temp, device="cuda"), torch.full((b,), k, device="cuda", dtype=torch.int32),
-                torch.full((b,), p, device="cuda"), torch.zeros(b, device="cuda"), seeds, pos)
+    for name, temp, k, p in [
+        ("greedy", 0.0, -1, 1.0),
+        ("T1", 1.0, -1, 1.0),
+        ("top_k50", 1.0, 50, 1.0),
+        ("top_p0.9", 1.0, -1, 0.9),
+        ("top_k50_top_p0.9", 1.0, 50, 0.9),
+    ]:
+        args = (
+            logits,
+            torch.full((b,), temp, device="cuda"),
+            torch.full((b,), k, device="cuda", dtype=torch.int32),
+            torch.full((b,), p, device="cuda"),
+            torch.zeros(b, device="cuda"),
+            seeds,
+            pos,
+        )
         res[f"sample_{name}_256x151936_ms"] = median_ms(lambda a=args: sampling.sample(*a), reps=10)
     return res
 
@@ -466,18 +689,34 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     commit = bench_commit()
     bw, flops = ceilings()
-    print(f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
-          f"bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
-    record: dict[str, Any] = {"workload": "kernels", "gpu": torch.cuda.get_device_name(), "commit": commit,
-                              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "batch_invariant": True,
-                              "torch": torch.__version__, "copy_bandwidth_Bps": bw, "bf16_matmul_flops": flops}
+    print(
+        f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
+        f"bf16 matmul {flops / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
+    record: dict[str, Any] = {
+        "workload": "kernels",
+        "gpu": torch.cuda.get_device_name(),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "batch_invariant": True,
+        "torch": torch.__version__,
+        "copy_bandwidth_Bps": bw,
+        "bf16_matmul_flops": flops,
+    }
     path = out / f"kernels-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
-    for name, fn in [("small", bench_small), ("moe", lambda: bench_moe(bw, flops)),
-                     ("heads_matmul", lambda: bench_heads_matmul(bw)), ("mla_decode", lambda: sweep_mla(bw)),
-                     ("mla_scaling", lambda: mla_scaling(bw)), ("mla_merge", lambda: mla_merge(bw)),
-                     ("paged_attention", lambda: sweep_dense(bw, flops)), ("fp8_attention", lambda: fp8_attention(bw)),
-                     ("single_chunk", lambda: single_chunk(bw)),
-                     ("mla_fp8", lambda: mla_fp8(bw))]:
+    for name, fn in [
+        ("small", bench_small),
+        ("moe", lambda: bench_moe(bw, flops)),
+        ("heads_matmul", lambda: bench_heads_matmul(bw)),
+        ("mla_decode", lambda: sweep_mla(bw)),
+        ("mla_scaling", lambda: mla_scaling(bw)),
+        ("mla_merge", lambda: mla_merge(bw)),
+        ("paged_attention", lambda: sweep_dense(bw, flops)),
+        ("fp8_attention", lambda: fp8_attention(bw)),
+        ("single_chunk", lambda: single_chunk(bw)),
+        ("mla_fp8", lambda: mla_fp8(bw)),
+    ]:
         if args.only and name not in args.only.split(","):
             continue
         try:
@@ -489,27 +728,52 @@ def main() -> None:
     print("\nsummary (fraction of copy bandwidth; dense: decode ctx 2048)")
     for r in record.get("paged_attention", []):
         if isinstance(r, dict):
-            print("dense " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                                      for k, v in r.items() if not k.endswith("_ms")))
+            print(
+                "dense "
+                + " ".join(
+                    f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in r.items()
+                    if not k.endswith("_ms")
+                )
+            )
     for r in record.get("mla_decode", []):
         if isinstance(r, dict):
-            keys = ("block_m", "block_n", "num_warps", "num_stages", "kv_chunk",
-                    *(f"b{b}_ctx{c}_of_copy_bw" for b in (64, 128, 256) for c in (2048, 8192)), "error")
-            print("mla " + " ".join(f"{k.removesuffix('_of_copy_bw')}={r[k]:.3g}" if isinstance(r[k], float)
-                                    else f"{k}={r[k]}" for k in keys if k in r))
+            keys = (
+                "block_m",
+                "block_n",
+                "num_warps",
+                "num_stages",
+                "kv_chunk",
+                *(f"b{b}_ctx{c}_of_copy_bw" for b in (64, 128, 256) for c in (2048, 8192)),
+                "error",
+            )
+            print(
+                "mla "
+                + " ".join(
+                    f"{k.removesuffix('_of_copy_bw')}={r[k]:.3g}"
+                    if isinstance(r[k], float)
+                    else f"{k}={r[k]}"
+                    for k in keys
+                    if k in r
+                )
+            )
             bits = [k for k in r if k.endswith("_row_alone_bitwise") and not r[k]]
             if bits:
                 print(f"    a row alone differs from the batch: {bits}")
     for r in record.get("mla_scaling", []):
         if isinstance(r, dict):
-            print(f"mla stages={r['num_stages'] or 'shipped'} batch={r['batch']} ctx={r['ctx']} {r['ms'] * 1e3:.1f} us "
-                  f"{r['GBs']:.0f} GB/s ({100 * r['of_copy_bw']:.0f}%); {r['calls_per_graph']} calls per graph: "
-                  f"{r['ms_per_call_in_graph'] * 1e3:.1f} us ({100 * r['of_copy_bw_in_graph']:.0f}%)")
+            print(
+                f"mla stages={r['num_stages'] or 'shipped'} batch={r['batch']} ctx={r['ctx']} {r['ms'] * 1e3:.1f} us "
+                f"{r['GBs']:.0f} GB/s ({100 * r['of_copy_bw']:.0f}%); {r['calls_per_graph']} calls per graph: "
+                f"{r['ms_per_call_in_graph'] * 1e3:.1f} us ({100 * r['of_copy_bw_in_graph']:.0f}%)"
+            )
     for r in record.get("mla_merge", []):
         if isinstance(r, dict):
-            print(f"mla merge_in_kernel={r['merge_in_kernel']} batch={r['batch']} ctx={r['ctx']}: "
-                  f"{r['ms_per_call_in_graph'] * 1e3:.1f} us per call in a graph ({100 * r['of_copy_bw_in_graph']:.0f}%); "
-                  + ", ".join(f"{k[:24]} {v:.1f} us" for k, v in r["kernel_us"].items()))
+            print(
+                f"mla merge_in_kernel={r['merge_in_kernel']} batch={r['batch']} ctx={r['ctx']}: "
+                f"{r['ms_per_call_in_graph'] * 1e3:.1f} us per call in a graph ({100 * r['of_copy_bw_in_graph']:.0f}%); "
+                + ", ".join(f"{k[:24]} {v:.1f} us" for k, v in r["kernel_us"].items())
+            )
     print(f"wrote {path}")
 
 

@@ -47,14 +47,39 @@ from shardinfer.kernels import matmul as mm
 ROOT = Path(__file__).resolve().parents[2]
 
 MODELS = {  # name: (layers, {projection: (N, K)})
-    "0.6b": (28, {"qkv": (4096, 1024), "gate_up": (6144, 1024), "o": (1024, 2048), "down": (1024, 3072),
-                  "lm_head": (151936, 1024)}),
-    "8b": (36, {"qkv": (6144, 4096), "gate_up": (24576, 4096), "o": (4096, 4096), "down": (4096, 12288),
-                "lm_head": (151936, 4096)}),
+    "0.6b": (
+        28,
+        {
+            "qkv": (4096, 1024),
+            "gate_up": (6144, 1024),
+            "o": (1024, 2048),
+            "down": (1024, 3072),
+            "lm_head": (151936, 1024),
+        },
+    ),
+    "8b": (
+        36,
+        {
+            "qkv": (6144, 4096),
+            "gate_up": (24576, 4096),
+            "o": (4096, 4096),
+            "down": (4096, 12288),
+            "lm_head": (151936, 4096),
+        },
+    ),
     # DeepSeek-V3 architecture at Moonlight-16B-A3B size: attention and shared-expert projections
     # (the routed experts run in the fused MoE kernel, the one dense layer is left out).
-    "moe-16b": (27, {"q": (3072, 2048), "kv_a": (576, 2048), "o": (2048, 2048), "shared_gate_up": (5632, 2048),
-                     "shared_down": (2048, 2816), "lm_head": (163840, 2048)}),
+    "moe-16b": (
+        27,
+        {
+            "q": (3072, 2048),
+            "kv_a": (576, 2048),
+            "o": (2048, 2048),
+            "shared_gate_up": (5632, 2048),
+            "shared_down": (2048, 2816),
+            "lm_head": (163840, 2048),
+        },
+    ),
 }
 MS = (1, 16, 64, 256, 1024, 4096, 8192)
 SWEEP_MS = (1, 64, 256, 4096)
@@ -128,7 +153,7 @@ def time_us(call: Callable[[int], object], copies: int, out_bytes: int, reps: in
 
 def weights(n: int, k: int, seed: int) -> list[torch.Tensor]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(DTYPE)
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(DTYPE)
     copies = max(1, min(64, math.ceil(L2_SPILL_BYTES / (w.numel() * w.element_size()))))
     return [w] + [w.clone() for _ in range(copies - 1)]
 
@@ -154,15 +179,28 @@ def cublas_us(x: torch.Tensor, ws: list[torch.Tensor]) -> float:
 def row(model: str, proj: str, n: int, k: int, m: int, ours: float, cublas: float) -> dict[str, Any]:
     flop = 2 * m * n * k
     nbytes = (m * k + n * k + m * n) * 2
-    return {"model": model, "proj": proj, "N": n, "K": k, "M": m, "ours_us": ours, "cublas_us": cublas,
-            "ratio": ours / cublas, "ours_tflops": flop / ours / 1e6, "cublas_tflops": flop / cublas / 1e6,
-            "ours_GBs": nbytes / ours / 1e3, "cublas_GBs": nbytes / cublas / 1e3}
+    return {
+        "model": model,
+        "proj": proj,
+        "N": n,
+        "K": k,
+        "M": m,
+        "ours_us": ours,
+        "cublas_us": cublas,
+        "ratio": ours / cublas,
+        "ours_tflops": flop / ours / 1e6,
+        "cublas_tflops": flop / cublas / 1e6,
+        "ours_GBs": nbytes / ours / 1e3,
+        "cublas_GBs": nbytes / cublas / 1e3,
+    }
 
 
 def main_table(models: list[str]) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
     rows: list[dict[str, Any]] = []
-    print(f"{'model':>5} {'proj':>8} {'N':>6} {'K':>5} {'M':>5} {'ours us':>9} {'cuBLAS us':>9} {'ratio':>6} "
-          f"{'ours TF/s':>9} {'cuBLAS TF/s':>11} {'ours GB/s':>9}")
+    print(
+        f"{'model':>5} {'proj':>8} {'N':>6} {'K':>5} {'M':>5} {'ours us':>9} {'cuBLAS us':>9} {'ratio':>6} "
+        f"{'ours TF/s':>9} {'cuBLAS TF/s':>11} {'ours GB/s':>9}"
+    )
     for model in models:
         for proj, (n, k) in MODELS[model][1].items():
             ws = weights(n, k, seed=n + k)
@@ -170,8 +208,10 @@ def main_table(models: list[str]) -> tuple[list[dict[str, Any]], dict[str, dict[
                 x = activations(m, k, seed=m)
                 r = row(model, proj, n, k, m, measure(x, ws, None), cublas_us(x, ws))
                 rows.append(r)
-                print(f"{model:>5} {proj:>8} {n:>6} {k:>5} {m:>5} {r['ours_us']:>9.1f} {r['cublas_us']:>9.1f} "
-                      f"{r['ratio']:>6.2f} {r['ours_tflops']:>9.1f} {r['cublas_tflops']:>11.1f} {r['ours_GBs']:>9.0f}")
+                print(
+                    f"{model:>5} {proj:>8} {n:>6} {k:>5} {m:>5} {r['ours_us']:>9.1f} {r['cublas_us']:>9.1f} "
+                    f"{r['ratio']:>6.2f} {r['ours_tflops']:>9.1f} {r['cublas_tflops']:>11.1f} {r['ours_GBs']:>9.0f}"
+                )
             del ws
             torch.cuda.empty_cache()
     forward: dict[str, dict[str, float]] = {}
@@ -186,17 +226,25 @@ def main_table(models: list[str]) -> tuple[list[dict[str, Any]], dict[str, dict[
             body = [r for r in sel if r["proj"] != "lm_head"]
             ours_l = sum(float(r["ours_us"]) for r in body)
             cub_l = sum(float(r["cublas_us"]) for r in body)
-            forward[f"{model}_M{m}"] = {"ours_us": ours, "cublas_us": cub, "ratio": ours / cub,
-                                        "layers_only_ratio": ours_l / cub_l}
-            print(f"  {model:>5} M={m:>5}: {ours / 1e3:8.2f} ms vs {cub / 1e3:8.2f} ms  ratio {ours / cub:5.3f}"
-                  f"  (layers only {ours_l / cub_l:5.3f})")
+            forward[f"{model}_M{m}"] = {
+                "ours_us": ours,
+                "cublas_us": cub,
+                "ratio": ours / cub,
+                "layers_only_ratio": ours_l / cub_l,
+            }
+            print(
+                f"  {model:>5} M={m:>5}: {ours / 1e3:8.2f} ms vs {cub / 1e3:8.2f} ms  ratio {ours / cub:5.3f}"
+                f"  (layers only {ours_l / cub_l:5.3f})"
+            )
     return rows, forward
 
 
 def invariant(x: torch.Tensor, w: torch.Tensor, config: mm.TileConfig) -> bool:
     full = mm.linear_with_config(x, w, None, config)
-    return all(torch.equal(mm.linear_with_config(x[s:s + r], w, None, config), full[s:s + r])
-               for s, r in [(0, 1), (129, 1), (300, 7), (1000, 64)])
+    return all(
+        torch.equal(mm.linear_with_config(x[s : s + r], w, None, config), full[s : s + r])
+        for s, r in [(0, 1), (129, 1), (300, 7), (1000, 64)]
+    )
 
 
 def compile_candidates() -> tuple[dict[str, mm.TileConfig], list[dict[str, Any]]]:
@@ -219,13 +267,16 @@ def compile_candidates() -> tuple[dict[str, mm.TileConfig], list[dict[str, Any]]
     return ok, failed
 
 
-def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
-          extra_ms: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+def sweep(
+    models: list[str], rows: list[dict[str, Any]], budget_s: float, extra_ms: tuple[int, ...] = ()
+) -> list[dict[str, Any]]:
     """Time the candidates per shape at SWEEP_MS (pick_tilings then chooses from the records) and
     at `extra_ms`, which are recorded and printed but not scored (e.g. prefill chunk sizes)."""
     sweep_ms = tuple(sorted(set(SWEEP_MS) | set(extra_ms)))
     deadline = time.monotonic() + budget_s
-    print(f"\nsweep (budget {budget_s:.0f} s): geometric-mean ours/cuBLAS over M in {SWEEP_MS}; timed at {sweep_ms}")
+    print(
+        f"\nsweep (budget {budget_s:.0f} s): geometric-mean ours/cuBLAS over M in {SWEEP_MS}; timed at {sweep_ms}"
+    )
     candidates, results = compile_candidates()
     shapes = [(model, proj, nk) for model in models for proj, nk in MODELS[model][1].items()]
     for idx, (model, proj, (n, k)) in enumerate(shapes):
@@ -234,15 +285,25 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
         ws = weights(n, k, seed=n + k)
         xs = {m: activations(m, k, seed=m) for m in sweep_ms}
         x_inv = activations(4096, k, seed=7)
-        cub = {int(r["M"]): float(r["cublas_us"]) for r in rows
-               if r["N"] == n and r["K"] == k and r["M"] in sweep_ms}
+        cub = {
+            int(r["M"]): float(r["cublas_us"])
+            for r in rows
+            if r["N"] == n and r["K"] == k and r["M"] in sweep_ms
+        }
         shipped = mm.tile_config(n, k, DTYPE)
         for name, cfg in candidates.items():
             if time.monotonic() > shape_deadline:
                 print(f"  {model} {proj:>8}: shape budget spent; skipped {name} and later candidates")
                 break
-            rec: dict[str, Any] = {"model": model, "proj": proj, "N": n, "K": k, "config": name,
-                                   "shipped": cfg == shipped, **asdict(cfg)}
+            rec: dict[str, Any] = {
+                "model": model,
+                "proj": proj,
+                "N": n,
+                "K": k,
+                "config": name,
+                "shipped": cfg == shipped,
+                **asdict(cfg),
+            }
             try:
                 rec["invariant"] = invariant(x_inv, ws[0], cfg)
                 us = {m: measure(xs[m], ws, cfg) for m in sweep_ms}
@@ -254,9 +315,11 @@ def sweep(models: list[str], rows: list[dict[str, Any]], budget_s: float,
             score = weighted_score(us, cub)
             rec.update({"us": us, "score": score})
             results.append(rec)
-            print(f"  {model} {proj:>8} {name:<26} {'*' if rec['shipped'] else ' '} score {score:5.3f}  "
-                  + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in sweep_ms if m in cub)
-                  + ("" if rec["invariant"] else "  NOT INVARIANT"))
+            print(
+                f"  {model} {proj:>8} {name:<26} {'*' if rec['shipped'] else ' '} score {score:5.3f}  "
+                + " ".join(f"M{m}:{us[m] / cub[m]:.2f}" for m in sweep_ms if m in cub)
+                + ("" if rec["invariant"] else "  NOT INVARIANT")
+            )
         del ws, xs, x_inv
         torch.cuda.empty_cache()
     return results
@@ -291,8 +354,13 @@ def _config(rec: dict[str, Any]) -> mm.TileConfig:
     return mm.TileConfig(**{f: rec[f] for f in mm.TileConfig.__dataclass_fields__})
 
 
-def _ranged(nk: tuple[int, int], rest: dict[str, Any], winners: dict[int, dict[str, Any]],
-            buckets: tuple[tuple[int, int], ...], cub: dict[int, float]) -> tuple[float, mm.Tiling, list[str]]:
+def _ranged(
+    nk: tuple[int, int],
+    rest: dict[str, Any],
+    winners: dict[int, dict[str, Any]],
+    buckets: tuple[tuple[int, int], ...],
+    cub: dict[int, float],
+) -> tuple[float, mm.Tiling, list[str]]:
     """A Tiling with winners[m] for each (max_m, m) range and `rest` beyond, its score and names."""
     by_m = [(max_m, _config(winners[m])) for max_m, m in buckets]
     while by_m and by_m[-1][1] == _config(rest):  # ranges that use the rest's tiling anyway
@@ -304,8 +372,12 @@ def _ranged(nk: tuple[int, int], rest: dict[str, Any], winners: dict[int, dict[s
     return weighted_score(us, cub), tiling, names
 
 
-def pick_tilings(records: list[dict[str, Any]], cub: dict[tuple[int, int], dict[int, float]], buckets: bool = True,
-                 decode_ranges_only: bool = False) -> dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]]:
+def pick_tilings(
+    records: list[dict[str, Any]],
+    cub: dict[tuple[int, int], dict[int, float]],
+    buckets: bool = True,
+    decode_ranges_only: bool = False,
+) -> dict[tuple[int, int], tuple[float, mm.Tiling, list[str]]]:
     """Per (N, K): the family of interchangeable tilings whose per-M winners give the best
     weighted score, as a Tiling with one winner per range of M, the score and the names.
 
@@ -336,8 +408,12 @@ def pick_tilings(records: list[dict[str, Any]], cub: dict[tuple[int, int], dict[
     return chosen
 
 
-def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]], buckets: bool = True,
-           decode_ranges_only: bool = False) -> dict[tuple[int, int], mm.Tiling]:
+def repick(
+    sweep_path: Path,
+    cublas_rows: list[dict[str, Any]],
+    buckets: bool = True,
+    decode_ranges_only: bool = False,
+) -> dict[tuple[int, int], mm.Tiling]:
     """The best tilings per (N, K) of a saved sweep under the current weights and buckets."""
     cub: dict[tuple[int, int], dict[int, float]] = {}
     for r in cublas_rows:
@@ -348,8 +424,9 @@ def repick(sweep_path: Path, cublas_rows: list[dict[str, Any]], buckets: bool = 
     return {nk: t for nk, (_, t, _) in chosen.items()}
 
 
-def refine(models: list[str], m: int, min_gain: float = 0.02) -> tuple[list[dict[str, Any]],
-                                                                         dict[tuple[int, int], mm.Tiling]]:
+def refine(
+    models: list[str], m: int, min_gain: float = 0.02
+) -> tuple[list[dict[str, Any]], dict[tuple[int, int], mm.Tiling]]:
     """Per shape of `models`: time at M = m every candidate interchangeable with the shipped
     tilings (mm.check_interchangeable), beside the tiling that serves m now; where the fastest
     beats it by more than `min_gain`, a Tiling whose ranges gain one ending at m with it.
@@ -380,10 +457,24 @@ def refine(models: list[str], m: int, min_gain: float = 0.02) -> tuple[list[dict
                 times[name] = measure(x, ws, cfg)
             best = min(times, key=lambda name: times[name])
             gain = 1.0 - times[best] / times["shipped"]
-            records.append({"model": model, "proj": proj, "N": n, "K": k, "M": m, "cublas_us": cub,
-                            "shipped": asdict(now), "us": times, "best": best, "gain": gain})
-            print(f"  {model} {proj:>8} N={n:>6} K={k:>5}: now {times['shipped']:7.1f} us, best {best} "
-                  f"{times[best]:7.1f} us ({gain:+.1%}), cuBLAS {cub:7.1f} us")
+            records.append(
+                {
+                    "model": model,
+                    "proj": proj,
+                    "N": n,
+                    "K": k,
+                    "M": m,
+                    "cublas_us": cub,
+                    "shipped": asdict(now),
+                    "us": times,
+                    "best": best,
+                    "gain": gain,
+                }
+            )
+            print(
+                f"  {model} {proj:>8} N={n:>6} K={k:>5}: now {times['shipped']:7.1f} us, best {best} "
+                f"{times[best]:7.1f} us ({gain:+.1%}), cuBLAS {cub:7.1f} us"
+            )
             if gain > min_gain:
                 chosen[(n, k)] = with_range(shipped, m, family[best])
             del ws
@@ -394,8 +485,12 @@ def refine(models: list[str], m: int, min_gain: float = 0.02) -> tuple[list[dict
 def with_range(tiling: mm.Tiling, m: int, config: mm.TileConfig) -> mm.Tiling:
     """`tiling` with `config` serving the sizes from the range below m up to m (a range ending at m
     is replaced); a range whose tiling the next range also uses is folded into that one."""
-    ranges = sorted([*((max_m, c) for max_m, c in tiling.by_m if max_m != m), (m, config)], key=lambda r: r[0])
-    kept = [r for r, after in zip(ranges, [*ranges[1:], None], strict=True) if after is None or after[1] != r[1]]
+    ranges = sorted(
+        [*((max_m, c) for max_m, c in tiling.by_m if max_m != m), (m, config)], key=lambda r: r[0]
+    )
+    kept = [
+        r for r, after in zip(ranges, [*ranges[1:], None], strict=True) if after is None or after[1] != r[1]
+    ]
     if kept and kept[-1][1] == tiling.rest:
         kept.pop()
     return mm.Tiling(tiling.rest, tuple(kept))
@@ -421,31 +516,44 @@ def how_picked(one_tiling: bool, decode_ranges_only: bool) -> str:
     if one_tiling:
         ranges = "one tiling per shape for every M"
     elif decode_ranges_only:
-        ranges = ("one tiling per shape for M > 256 (prefill chunks), and the fastest of its family (same split_k) "
-                  "at M = 1, 64, 256 for M <= 16, 128, 256 (decode batches)")
+        ranges = (
+            "one tiling per shape for M > 256 (prefill chunks), and the fastest of its family (same split_k) "
+            "at M = 1, 64, 256 for M <= 16, 128, 256 (decode batches)"
+        )
     else:
-        ranges = (f"per family of interchangeable tilings (same split_k), the fastest at M = "
-                  f"{[m for _, m in BUCKETS] + [REST_M]} serves M <= {[b for b, _ in BUCKETS]} and beyond")
-    return (f"bench/kernels/bench_matmul.py sweep: {ranges}; ranked by the geometric mean of time over cuBLAS "
-            f"weighted by M {SWEEP_WEIGHTS}; tilings of one family give bitwise identical rows "
-            "(bench/kernels/matmul_equivalence.py); shapes not in this run keep their earlier entries")
+        ranges = (
+            f"per family of interchangeable tilings (same split_k), the fastest at M = "
+            f"{[m for _, m in BUCKETS] + [REST_M]} serves M <= {[b for b, _ in BUCKETS]} and beyond"
+        )
+    return (
+        f"bench/kernels/bench_matmul.py sweep: {ranges}; ranked by the geometric mean of time over cuBLAS "
+        f"weighted by M {SWEEP_WEIGHTS}; tilings of one family give bitwise identical rows "
+        "(bench/kernels/matmul_equivalence.py); shapes not in this run keep their earlier entries"
+    )
 
 
-def write_configs(chosen: dict[tuple[int, int], mm.Tiling], out: Path | None, meta: dict[str, Any],
-                  gpu_name: str, how: str) -> None:
+def write_configs(
+    chosen: dict[tuple[int, int], mm.Tiling], out: Path | None, meta: dict[str, Any], gpu_name: str, how: str
+) -> None:
     """Merge the winners into the GPU's config file (entries for other shapes are kept)."""
     path = mm.config_path(gpu_name)
-    entries = {(e["n"], e["k"], e["dtype"]): e for e in
-               (json.loads(path.read_text())["entries"] if path.is_file() else [])}
+    entries = {
+        (e["n"], e["k"], e["dtype"]): e
+        for e in (json.loads(path.read_text())["entries"] if path.is_file() else [])
+    }
     dtype_name = str(DTYPE).removeprefix("torch.")
     for (n, k), tiling in chosen.items():
         entry: dict[str, Any] = {"n": n, "k": k, "dtype": dtype_name, "config": asdict(tiling.rest)}
         if tiling.by_m:
             entry["by_m"] = [{"max_m": max_m, "config": asdict(cfg)} for max_m, cfg in tiling.by_m]
         entries[(n, k, dtype_name)] = entry
-    record = {"gpu": meta["gpu"], "triton": meta["triton"], "date": meta["date"],
-              "how": how,
-              "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"], e["dtype"]))}
+    record = {
+        "gpu": meta["gpu"],
+        "triton": meta["triton"],
+        "date": meta["date"],
+        "how": how,
+        "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"], e["dtype"])),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(record, indent=1)
     path.write_text(text)
@@ -457,24 +565,47 @@ def write_configs(chosen: dict[tuple[int, int], mm.Tiling], out: Path | None, me
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="directory for the JSON results")
-    ap.add_argument("--sweep-budget-s", type=float, default=240.0, help="seconds for the tiling sweep; 0 skips it")
+    ap.add_argument(
+        "--sweep-budget-s", type=float, default=240.0, help="seconds for the tiling sweep; 0 skips it"
+    )
     ap.add_argument("--models", default="0.6b,8b", help="comma-separated subset of " + ",".join(MODELS))
-    ap.add_argument("--write-configs", action="store_true",
-                    help="write the sweep's winners to shardinfer/kernels/matmul_configs/<gpu>.json (and --out)")
-    ap.add_argument("--extra-ms", type=int, nargs="*", default=[],
-                    help="also time the sweep at these M (recorded, not scored; e.g. 1024 8192 for prefill chunks)")
+    ap.add_argument(
+        "--write-configs",
+        action="store_true",
+        help="write the sweep's winners to shardinfer/kernels/matmul_configs/<gpu>.json (and --out)",
+    )
+    ap.add_argument(
+        "--extra-ms",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time the sweep at these M (recorded, not scored; e.g. 1024 8192 for prefill chunks)",
+    )
     choice = ap.add_mutually_exclusive_group()  # how tilings are picked: at most one of these
-    choice.add_argument("--one-tiling", action="store_true",
-                        help="one tiling per shape for every M instead of one per range of M (on the Qwen3 shapes "
-                             "the per-range tilings measured slower end to end: bench/kernels/NOTES.md)")
-    choice.add_argument("--decode-ranges-only", action="store_true",
-                        help="keep the best single tiling for M > 256 (prefill) and use its family's winners "
-                             "only for M <= 16, 128, 256 (decode batches)")
-    ap.add_argument("--from-sweep", default=None,
-                    help="re-pick winners from this saved sweep JSON (and the kernels-matmul JSON of the same "
-                         "run beside it, for cuBLAS times) instead of timing anything")
-    ap.add_argument("--refine-m", type=int, default=None,
-                    help="only add a range of M ending here to the shipped tilings (see the module docstring)")
+    choice.add_argument(
+        "--one-tiling",
+        action="store_true",
+        help="one tiling per shape for every M instead of one per range of M (on the Qwen3 shapes "
+        "the per-range tilings measured slower end to end: bench/kernels/NOTES.md)",
+    )
+    choice.add_argument(
+        "--decode-ranges-only",
+        action="store_true",
+        help="keep the best single tiling for M > 256 (prefill) and use its family's winners "
+        "only for M <= 16, 128, 256 (decode batches)",
+    )
+    ap.add_argument(
+        "--from-sweep",
+        default=None,
+        help="re-pick winners from this saved sweep JSON (and the kernels-matmul JSON of the same "
+        "run beside it, for cuBLAS times) instead of timing anything",
+    )
+    ap.add_argument(
+        "--refine-m",
+        type=int,
+        default=None,
+        help="only add a range of M ending here to the shipped tilings (see the module docstring)",
+    )
     args = ap.parse_args()
     if args.refine_m is not None:
         models = [m for m in args.models.split(",") if m]
@@ -484,11 +615,18 @@ def main() -> None:
             ap.error(f"--refine-m {args.refine_m}: give a batch size of at least 1")
         if not torch.cuda.is_available():
             ap.error("needs a CUDA device")
-        meta = {"gpu": torch.cuda.get_device_name(), "commit": bench_commit(), "triton": triton.__version__,
-                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        meta = {
+            "gpu": torch.cuda.get_device_name(),
+            "commit": bench_commit(),
+            "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         records, chosen = refine(models, args.refine_m)
-        write(Path(args.out), "kernels-matmul-refine", {"workload": "kernels-matmul-refine", **meta,
-                                                        "records": records})
+        write(
+            Path(args.out),
+            "kernels-matmul-refine",
+            {"workload": "kernels-matmul-refine", **meta, "records": records},
+        )
         if args.write_configs and chosen:
             how = json.loads(mm.config_path(meta["gpu"]).read_text())["how"]
             added = f"; a range ending at M = {args.refine_m} added by --refine-m where it gained"
@@ -497,7 +635,9 @@ def main() -> None:
     if args.from_sweep:
         sweep_path = Path(args.from_sweep)
         if not sweep_path.is_file():
-            ap.error(f"--from-sweep {sweep_path}: no such file; pass a kernels-matmul-sweep-*.json from a sweep run")
+            ap.error(
+                f"--from-sweep {sweep_path}: no such file; pass a kernels-matmul-sweep-*.json from a sweep run"
+            )
         table = sorted(sweep_path.parent.glob("kernels-matmul-2*.json"))
         same_run = [p for p in table if p.name < sweep_path.name.replace("-sweep", "")] or table
         if not same_run:
@@ -507,7 +647,9 @@ def main() -> None:
         chosen = repick(sweep_path, rows, not args.one_tiling, args.decode_ranges_only)
         if args.write_configs:
             meta = json.loads(sweep_path.read_text())
-            write_configs(chosen, None, meta, meta["gpu"], how_picked(args.one_tiling, args.decode_ranges_only))
+            write_configs(
+                chosen, None, meta, meta["gpu"], how_picked(args.one_tiling, args.decode_ranges_only)
+            )
         return
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
@@ -517,23 +659,52 @@ def main() -> None:
         ap.error("needs a CUDA device")
     commit = bench_commit()
     print(f"GPU {torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
-    meta = {"gpu": torch.cuda.get_device_name(), "commit": commit, "torch": torch.__version__,
-            "triton": triton.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "batch_invariant": True, "dtype": str(DTYPE)}
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "commit": commit,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "batch_invariant": True,
+        "dtype": str(DTYPE),
+    }
     rows, forward = main_table(models)
-    shipped = {f"{n}x{k}": asdict(mm.tile_config(n, k, DTYPE)) for mod in models for n, k in MODELS[mod][1].values()}
-    write(Path(args.out), "kernels-matmul", {"workload": "kernels-matmul", **meta, "rows": rows,
-                                             "forward_weighted": forward, "shipped_configs": shipped})
+    shipped = {
+        f"{n}x{k}": asdict(mm.tile_config(n, k, DTYPE)) for mod in models for n, k in MODELS[mod][1].values()
+    }
+    write(
+        Path(args.out),
+        "kernels-matmul",
+        {
+            "workload": "kernels-matmul",
+            **meta,
+            "rows": rows,
+            "forward_weighted": forward,
+            "shipped_configs": shipped,
+        },
+    )
     if args.sweep_budget_s > 0:
         results = sweep(models, rows, args.sweep_budget_s, tuple(args.extra_ms))
-        write(Path(args.out), "kernels-matmul-sweep", {"workload": "kernels-matmul-sweep", **meta,
-                                                       "results": results})
+        write(
+            Path(args.out),
+            "kernels-matmul-sweep",
+            {"workload": "kernels-matmul-sweep", **meta, "results": results},
+        )
         print("\nfastest interchangeable tilings per shape, by M:")
-        chosen = repick(sorted(Path(args.out).glob("kernels-matmul-sweep-*.json"))[-1], rows, not args.one_tiling,
-                        args.decode_ranges_only)
+        chosen = repick(
+            sorted(Path(args.out).glob("kernels-matmul-sweep-*.json"))[-1],
+            rows,
+            not args.one_tiling,
+            args.decode_ranges_only,
+        )
         if args.write_configs and chosen:
-            write_configs(chosen, Path(args.out), meta, torch.cuda.get_device_name(),
-                          how_picked(args.one_tiling, args.decode_ranges_only))
+            write_configs(
+                chosen,
+                Path(args.out),
+                meta,
+                torch.cuda.get_device_name(),
+                how_picked(args.one_tiling, args.decode_ranges_only),
+            )
 
 
 if __name__ == "__main__":

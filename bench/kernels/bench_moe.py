@@ -56,17 +56,21 @@ DECODE = (64, 256)
 # The shipped choice first (None: moe_tiles picks by batch size, as the engine runs it); --sweep
 # adds fixed tilings (each checked for the default tiling's bits, which a per-size choice needs).
 TILINGS: list[MoeTiles | None] = [None]
-SWEEP = [moe.DEFAULT_TILES, moe.HOPPER_SMALL_TILES, moe.HOPPER_LARGE_TILES,
-         # The pointer tilings shipped before the expert-sorted layout (NOTES.md, 2026-11-30 06:17).
-         MoeTiles(128, 128, 64, 8, 3, group_m=8),
-         # Around the Hopper tilings (NOTES.md, "The expert-sorted layout"): stages, the down GEMM's
-         # width, TMA per operand.
-         MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=8, tma_rows=True, down_block_n=256),
-         MoeTiles(128, 128, 64, 8, 4, tma=True, group_m=8, tma_rows=True),
-         MoeTiles(128, 128, 64, 8, 4, group_m=8, tma_rows=True, down_block_n=256),
-         MoeTiles(128, 128, 64, 8, 4, tma=True, group_m=8, down_block_n=256),
-         MoeTiles(64, 64, 64, 4, 3, tma=True, group_m=8, tma_rows=True, down_block_n=128, down_num_stages=4),
-         MoeTiles(64, 128, 64, 4, 4, tma=True, group_m=8, tma_rows=True, down_block_n=128)]
+SWEEP = [
+    moe.DEFAULT_TILES,
+    moe.HOPPER_SMALL_TILES,
+    moe.HOPPER_LARGE_TILES,
+    # The pointer tilings shipped before the expert-sorted layout (NOTES.md, 2026-11-30 06:17).
+    MoeTiles(128, 128, 64, 8, 3, group_m=8),
+    # Around the Hopper tilings (NOTES.md, "The expert-sorted layout"): stages, the down GEMM's
+    # width, TMA per operand.
+    MoeTiles(128, 128, 64, 8, 3, tma=True, group_m=8, tma_rows=True, down_block_n=256),
+    MoeTiles(128, 128, 64, 8, 4, tma=True, group_m=8, tma_rows=True),
+    MoeTiles(128, 128, 64, 8, 4, group_m=8, tma_rows=True, down_block_n=256),
+    MoeTiles(128, 128, 64, 8, 4, tma=True, group_m=8, down_block_n=256),
+    MoeTiles(64, 64, 64, 4, 3, tma=True, group_m=8, tma_rows=True, down_block_n=128, down_num_stages=4),
+    MoeTiles(64, 128, 64, 4, 4, tma=True, group_m=8, tma_rows=True, down_block_n=128),
+]
 
 
 class Problem:
@@ -75,7 +79,9 @@ class Problem:
     def __init__(self) -> None:
         gen = torch.Generator(device="cuda").manual_seed(9)
         self.gen = gen
-        self.wgu = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen) * HIDDEN**-0.5).to(BF16)
+        self.wgu = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen) * HIDDEN**-0.5).to(
+            BF16
+        )
         self.wd = (torch.randn(EXPERTS, HIDDEN, INTER, device="cuda", generator=gen) * INTER**-0.5).to(BF16)
         self.bias = torch.randn(EXPERTS, device="cuda", generator=gen) * 0.1
 
@@ -99,8 +105,13 @@ def check(p: Problem, tiles: MoeTiles | None) -> dict[str, Any]:
     out = moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=tiles)
     ref = reference_moe.moe_experts(x.float(), ids, w, p.wgu.float(), p.wd.float())
     rel = float((out.double() - ref.double()).norm() / ref.double().norm())
-    invariant = all(torch.equal(moe.fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], p.wgu, p.wd, tiles=tiles),
-                                out[i:i + 1]) for i in (0, 497, 999))
+    invariant = all(
+        torch.equal(
+            moe.fused_moe(x[i : i + 1], ids[i : i + 1], w[i : i + 1], p.wgu, p.wd, tiles=tiles),
+            out[i : i + 1],
+        )
+        for i in (0, 497, 999)
+    )
     same_bits = torch.equal(out, moe.fused_moe(x, ids, w, p.wgu, p.wd, tiles=moe.DEFAULT_TILES))
     return {"rel_err_vs_fp32": rel, "token_alone_bitwise": invariant, "bits_equal_default": same_bits}
 
@@ -118,20 +129,36 @@ def measure(p: Problem, tiles: MoeTiles | None, t: int, bw: float, flops: float)
     # The floor: the slower of doing the FLOPs at the matmul rate and reading the touched experts'
     # weights at copy bandwidth (below ~2k tokens the weights dominate).
     floor_ms = max(fl / flops, weight_bytes / bw) * 1e3
-    row: dict[str, Any] = {"tiles": _tiles_row(tiles), "tokens": t, "ms": ms, "experts_touched": touched,
-                           "TFLOPs": fl / (ms * 1e-3) / 1e12, "of_matmul_rate": fl / (ms * 1e-3) / flops,
-                           "weight_GBs": weight_bytes / (ms * 1e-3) / 1e9,
-                           "weight_of_copy_bw": weight_bytes / (ms * 1e-3) / bw,
-                           "floor_ms": floor_ms, "of_floor": floor_ms / ms}
+    row: dict[str, Any] = {
+        "tiles": _tiles_row(tiles),
+        "tokens": t,
+        "ms": ms,
+        "experts_touched": touched,
+        "TFLOPs": fl / (ms * 1e-3) / 1e12,
+        "of_matmul_rate": fl / (ms * 1e-3) / flops,
+        "weight_GBs": weight_bytes / (ms * 1e-3) / 1e9,
+        "weight_of_copy_bw": weight_bytes / (ms * 1e-3) / bw,
+        "floor_ms": floor_ms,
+        "of_floor": floor_ms / ms,
+    }
     gms = graph_ms(run)
     row.update(_host_and_back_to_back(run))
-    row.update(graph_ms=gms, graph_TFLOPs=fl / (gms * 1e-3) / 1e12, graph_of_matmul_rate=fl / (gms * 1e-3) / flops,
-               graph_weight_GBs=weight_bytes / (gms * 1e-3) / 1e9,
-               graph_weight_of_copy_bw=weight_bytes / (gms * 1e-3) / bw, graph_of_floor=floor_ms / gms)
+    row.update(
+        graph_ms=gms,
+        graph_TFLOPs=fl / (gms * 1e-3) / 1e12,
+        graph_of_matmul_rate=fl / (gms * 1e-3) / flops,
+        graph_weight_GBs=weight_bytes / (gms * 1e-3) / 1e9,
+        graph_weight_of_copy_bw=weight_bytes / (gms * 1e-3) / bw,
+        graph_of_floor=floor_ms / gms,
+    )
     if t in DECODE:
-        row["routing_graph_ms"] = graph_ms(lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE))
+        row["routing_graph_ms"] = graph_ms(
+            lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE)
+        )
     else:
-        row["routing_ms"] = median_ms(lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE))
+        row["routing_ms"] = median_ms(
+            lambda: moe_routing.grouped_topk(logits, p.bias, TOP_K, 1, 1, True, SCALE)
+        )
         if tiles is None:
             row.update(_cublas_anchor(p, t, flops))
     cfg = tiles or moe.moe_tiles(HIDDEN, INTER, BF16, t * TOP_K / EXPERTS, x.device)
@@ -149,7 +176,10 @@ def _host_and_back_to_back(fn: Callable[[], Any], calls: int = 20) -> dict[str, 
         fn()
     host_ms = (time.perf_counter() - start) / calls * 1e3
     torch.cuda.synchronize()
-    return {"host_launch_ms": host_ms, "back_to_back_ms": median_ms(lambda: [fn() for _ in range(calls)]) / calls}
+    return {
+        "host_launch_ms": host_ms,
+        "back_to_back_ms": median_ms(lambda: [fn() for _ in range(calls)]) / calls,
+    }
 
 
 def _cublas_anchor(p: Problem, t: int, flops: float) -> dict[str, Any]:
@@ -164,25 +194,38 @@ def _cublas_anchor(p: Problem, t: int, flops: float) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| tiles (m, n, k, warps, stages) | T | eager ms | in a row ms (host) | graph ms | TFLOP/s (of matmul) | weights GB/s "
-             "(of copy bw) | of floor | cuBLAS even bmm (of matmul) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| tiles (m, n, k, warps, stages) | T | eager ms | in a row ms (host) | graph ms | TFLOP/s (of matmul) | weights GB/s "
+        "(of copy bw) | of floor | cuBLAS even bmm (of matmul) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['tiles']} | {r.get('tokens', '')} | error: {r['error'][:60]} | | | | | | |")
             continue
         c = r["tiles"]
-        tiles = c if isinstance(c, str) else (
-            f"{c['block_m']}, {c['block_n']}, {c['block_k']}, {c['num_warps']}, {c['num_stages']}"
-            f"{', tma' if c['tma'] else ''}{', rows' if c['tma_rows'] else ''}"
-            f"{', g' + str(c['group_m']) if c['group_m'] else ''}"
-            f"{', down ' + str(c['down_block_n']) if c['down_block_n'] else ''}"
-            f"{' s' + str(c['down_num_stages']) if c['down_num_stages'] else ''}")
-        anchor = (f"{r['cublas_even_bmm_graph_ms']:.3f} ({100 * r['cublas_even_bmm_of_matmul_rate']:.0f}%)"
-                  if "cublas_even_bmm_graph_ms" in r else "")
-        lines.append(f"| {tiles} | {r['tokens']} | {r['ms']:.3f} | {r['back_to_back_ms']:.3f} "
-                     f"({r['host_launch_ms']:.3f}) | {r['graph_ms']:.3f} | {r['graph_TFLOPs']:.0f} "
-                     f"({100 * r['graph_of_matmul_rate']:.0f}%) | {r['graph_weight_GBs']:.0f} "
-                     f"({100 * r['graph_weight_of_copy_bw']:.0f}%) | {100 * r['graph_of_floor']:.0f}% | {anchor} |")
+        tiles = (
+            c
+            if isinstance(c, str)
+            else (
+                f"{c['block_m']}, {c['block_n']}, {c['block_k']}, {c['num_warps']}, {c['num_stages']}"
+                f"{', tma' if c['tma'] else ''}{', rows' if c['tma_rows'] else ''}"
+                f"{', g' + str(c['group_m']) if c['group_m'] else ''}"
+                f"{', down ' + str(c['down_block_n']) if c['down_block_n'] else ''}"
+                f"{' s' + str(c['down_num_stages']) if c['down_num_stages'] else ''}"
+            )
+        )
+        anchor = (
+            f"{r['cublas_even_bmm_graph_ms']:.3f} ({100 * r['cublas_even_bmm_of_matmul_rate']:.0f}%)"
+            if "cublas_even_bmm_graph_ms" in r
+            else ""
+        )
+        lines.append(
+            f"| {tiles} | {r['tokens']} | {r['ms']:.3f} | {r['back_to_back_ms']:.3f} "
+            f"({r['host_launch_ms']:.3f}) | {r['graph_ms']:.3f} | {r['graph_TFLOPs']:.0f} "
+            f"({100 * r['graph_of_matmul_rate']:.0f}%) | {r['graph_weight_GBs']:.0f} "
+            f"({100 * r['graph_weight_of_copy_bw']:.0f}%) | {100 * r['graph_of_floor']:.0f}% | {anchor} |"
+        )
     return "\n".join(lines)
 
 
@@ -195,13 +238,24 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     commit = bench_commit()
     bw, flops = ceilings()
-    print(f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
-          f"bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
-    record: dict[str, Any] = {"workload": "kernel-moe", "gpu": torch.cuda.get_device_name(), "commit": commit,
-                              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "batch_invariant": True,
-                              "torch": torch.__version__, "copy_bandwidth_Bps": bw, "bf16_matmul_flops": flops,
-                              "shape": {"hidden": HIDDEN, "intermediate": INTER, "experts": EXPERTS, "top_k": TOP_K},
-                              "checks": [], "rows": []}
+    print(
+        f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read + write), "
+        f"bf16 matmul {flops / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
+    record: dict[str, Any] = {
+        "workload": "kernel-moe",
+        "gpu": torch.cuda.get_device_name(),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "batch_invariant": True,
+        "torch": torch.__version__,
+        "copy_bandwidth_Bps": bw,
+        "bf16_matmul_flops": flops,
+        "shape": {"hidden": HIDDEN, "intermediate": INTER, "experts": EXPERTS, "top_k": TOP_K},
+        "checks": [],
+        "rows": [],
+    }
     path = out / f"moe-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     p = Problem()
     for tiles in TILINGS + (SWEEP if args.sweep else []):
@@ -212,7 +266,9 @@ def main() -> None:
                 record["rows"].append(measure(p, tiles, t, bw, flops))
                 print(json.dumps(record["rows"][-1]), flush=True)
         except Exception as exc:  # a tiling that does not compile or fit must not stop the sweep
-            record["rows"].append({"tiles": _tiles_row(tiles), "error": f"{type(exc).__name__}: {exc}"[:1500]})
+            record["rows"].append(
+                {"tiles": _tiles_row(tiles), "error": f"{type(exc).__name__}: {exc}"[:1500]}
+            )
             print(record["rows"][-1]["error"], flush=True)
         path.write_text(json.dumps(record, indent=2))
     print()

@@ -43,8 +43,10 @@ def main() -> None:
         w = weights(n, k, seed=n * 7 + k)[0]
         outs = {name: mm.linear_with_config(x, w, None, cfg) for name, cfg in candidates.items()}
         alone = {name: mm.linear_with_config(x[200:201], w, None, cfg) for name, cfg in candidates.items()}
-        for key_name, key in (("split_k", lambda c: (c.split_k,)),
-                              ("split_k+block_k", lambda c: (c.split_k, c.block_k))):
+        for key_name, key in (
+            ("split_k", lambda c: (c.split_k,)),
+            ("split_k+block_k", lambda c: (c.split_k, c.block_k)),
+        ):
             groups: dict[tuple[int, ...], list[str]] = defaultdict(list)
             for name, cfg in candidates.items():
                 groups[key(cfg)].append(name)
@@ -53,19 +55,39 @@ def main() -> None:
                 same = [torch.equal(outs[nm], ref) for nm in names]
                 same_alone = [torch.equal(alone[nm], ref[200:201]) for nm in names]
                 diff = max(float((outs[nm].float() - ref.float()).abs().max()) for nm in names)
-                report.append({"n": n, "k": k, "grouped_by": key_name, "group": list(gkey), "configs": names,
-                               "all_equal": all(same), "alone_equal": all(same_alone),
-                               "unequal": [nm for nm, s in zip(names, same, strict=True) if not s],
-                               "max_abs_diff": diff})
-                print(f"{n:>7} x {k:<6} {key_name:<16} {gkey!s:<10} {len(names):>3} configs  "
-                      f"equal={all(same)!s:<5} alone={all(same_alone)!s:<5} max|diff|={diff:.3g}")
+                report.append(
+                    {
+                        "n": n,
+                        "k": k,
+                        "grouped_by": key_name,
+                        "group": list(gkey),
+                        "configs": names,
+                        "all_equal": all(same),
+                        "alone_equal": all(same_alone),
+                        "unequal": [nm for nm, s in zip(names, same, strict=True) if not s],
+                        "max_abs_diff": diff,
+                    }
+                )
+                print(
+                    f"{n:>7} x {k:<6} {key_name:<16} {gkey!s:<10} {len(names):>3} configs  "
+                    f"equal={all(same)!s:<5} alone={all(same_alone)!s:<5} max|diff|={diff:.3g}"
+                )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    (out / f"matmul-equivalence-{stamp}.json").write_text(json.dumps(
-        {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": args.rows,
-         "candidates": {nm: asdict(c) for nm, c in candidates.items()}, "failed": failed, "results": report},
-        indent=1))
+    (out / f"matmul-equivalence-{stamp}.json").write_text(
+        json.dumps(
+            {
+                "gpu": torch.cuda.get_device_name(0),
+                "torch": torch.__version__,
+                "rows": args.rows,
+                "candidates": {nm: asdict(c) for nm, c in candidates.items()},
+                "failed": failed,
+                "results": report,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

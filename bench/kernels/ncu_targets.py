@@ -35,15 +35,17 @@ def _attention(fp8: bool) -> Callable[[], Any]:
     db = DecodeBatch(256, 640, hq, 16, (hk, d), (d,))
     if fp8:
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
-        return lambda: pa.paged_attention(db.qs[0], kq, vq, db.qsl, db.sl, db.bt, d ** -0.5, max_seq_len=4096,
-                                          k_scale=ks, v_scale=vs)
-    return lambda: pa.paged_attention(db.qs[0], db.caches[0], db.caches[1], db.qsl, db.sl, db.bt, d ** -0.5,
-                                      max_seq_len=4096)
+        return lambda: pa.paged_attention(
+            db.qs[0], kq, vq, db.qsl, db.sl, db.bt, d**-0.5, max_seq_len=4096, k_scale=ks, v_scale=vs
+        )
+    return lambda: pa.paged_attention(
+        db.qs[0], db.caches[0], db.caches[1], db.qsl, db.sl, db.bt, d**-0.5, max_seq_len=4096
+    )
 
 
 def _gemm(m: int, n: int, k: int) -> Callable[[], Any]:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    wq, ws = quantize_blocks(torch.randn(n, k, device="cuda") * k ** -0.5)
+    wq, ws = quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5)
     return lambda: fp8_matmul.linear_fp8(x, wq, ws)
 
 

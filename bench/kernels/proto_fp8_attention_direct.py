@@ -69,24 +69,55 @@ def permuted_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch
 
 
 @gluon.jit
-def _decode_direct_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, sl_ptr, out_ptr,
-                          sqt, sqh, skb, sks, skh, svb, svh, sksb, skss, sksh, svsb, svss, svsh, sbt, sot, soh,
-                          scale_log2, GROUP: gl.constexpr):
+def _decode_direct_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    sl_ptr,
+    out_ptr,
+    sqt,
+    sqh,
+    skb,
+    sks,
+    skh,
+    svb,
+    svh,
+    sksb,
+    skss,
+    sksh,
+    svsb,
+    svss,
+    svsh,
+    sbt,
+    sot,
+    soh,
+    scale_log2,
+    GROUP: gl.constexpr,
+):
     seq = gl.program_id(0)
     kvh = gl.program_id(1)
     seq_len = gl.load(sl_ptr + seq)
     pos = seq_len - 1  # the decode token's position
 
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NUM_WARPS],
-                                                  instr_shape=[16, 8])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[1, NUM_WARPS], instr_shape=[16, 8]
+    )
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     # K: a thread loads 32 bytes of one key row (keys over lanes / 4 and warps, i = lane % 4).
-    k_load: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 32], threads_per_warp=[8, 4],
-                                            warps_per_cta=[NUM_WARPS, 1], order=[1, 0])
+    k_load: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 32], threads_per_warp=[8, 4], warps_per_cta=[NUM_WARPS, 1], order=[1, 0]
+    )
     # V: [8 pages, Dv, page]: a thread loads 4 bytes of one value row of one page.
-    v_load: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[1, 8, 4],
-                                            warps_per_cta=[1, NUM_WARPS, 1], order=[2, 1, 0])
+    v_load: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 1, 4],
+        threads_per_warp=[1, 8, 4],
+        warps_per_cta=[1, NUM_WARPS, 1],
+        order=[2, 1, 0],
+    )
 
     # The tile's rows as paged_attention's decode tiles have them: row r is query head r of the
     # KV head's group (BQ tokens of GROUP heads, only the first token exists in decode).
@@ -144,16 +175,22 @@ def _decode_direct_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, sl_ptr, o
         v_ok = key_in < seq_len
         # Loaded by whole pages (a thread's 4 bytes share one mask, so the load is one 4-byte
         # access), then zeroed past the sequence: p is exactly 0 there, but 0 x NaN is not 0.
-        raw_v = gl.load(v_ptr + v_off[:, None, None] + dv_v[None, :, None] * PAGE + slot_v[None, None, :],
-                        mask=pg_ok[:, None, None], other=0.0)
+        raw_v = gl.load(
+            v_ptr + v_off[:, None, None] + dv_v[None, :, None] * PAGE + slot_v[None, None, :],
+            mask=pg_ok[:, None, None],
+            other=0.0,
+        )
         raw_v = gl.where(v_ok, raw_v, gl.zeros_like(raw_v))
         pg_s = start // PAGE + pages_s
         vpage_s = gl.load(bt_row + pg_s, mask=pg_s * PAGE < seq_len, other=0).to(gl.int64)
         vs_ok = ((start + pages_s * PAGE)[:, None] + key_of_slot[None, :]) < seq_len
-        vs = gl.load(vs_ptr + vpage_s[:, None] * svsb + key_of_slot[None, :] * svss + kvh * svsh, mask=vs_ok,
-                     other=0.0)
+        vs = gl.load(
+            vs_ptr + vpage_s[:, None] * svsb + key_of_slot[None, :] * svss + kvh * svsh, mask=vs_ok, other=0.0
+        )
         vf = (raw_v.to(gl.float32) * vs[:, None, :]).to(gl.bfloat16)
-        vt = gl.reshape(gl.permute(gl.reshape(vf, [BLOCK_N // PAGE, D, 4, 2, 2]), [0, 3, 2, 4, 1]), [BLOCK_N, D])
+        vt = gl.reshape(
+            gl.permute(gl.reshape(vf, [BLOCK_N // PAGE, D, 4, 2, 2]), [0, 3, 2, 4, 1]), [BLOCK_N, D]
+        )
         v_b = gl.convert_layout(vt, b_l, assert_trivial=True)
         p_a = gl.convert_layout(p.to(gl.bfloat16), a_l)
         acc = mma_v2(p_a, v_b, acc * alpha[:, None])
@@ -165,20 +202,48 @@ def _decode_direct_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, sl_ptr, o
     gl.store(out_ptr + o_rows[:, None] + d_o[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def decode_direct(q: torch.Tensor, k_p: torch.Tensor, v_p: torch.Tensor, k_scale: torch.Tensor,
-                  v_scale: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                  scale: float, max_registers: int | None = None) -> torch.Tensor:
+def decode_direct(
+    q: torch.Tensor,
+    k_p: torch.Tensor,
+    v_p: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_registers: int | None = None,
+) -> torch.Tensor:
     """Decode attention on the prototype layouts: q [B, Hq, 128] bf16, one token a sequence.
     max_registers caps the registers per thread (a launch setting: the same arithmetic)."""
     b, hq, _ = q.shape
     hk = k_p.shape[2]
     out = torch.empty_like(q)
-    _decode_direct_kernel[(b, hk)](q, k_p, v_p, k_scale, v_scale, block_tables, seq_lens, out,
-                                   q.stride(0), q.stride(1), k_p.stride(0), k_p.stride(1), k_p.stride(2),
-                                   v_p.stride(0), v_p.stride(1), *k_scale.stride()[:3], *v_scale.stride()[:3],
-                                   block_tables.stride(0), out.stride(0), out.stride(1), scale * _LOG2E,
-                                   GROUP=hq // hk, num_warps=NUM_WARPS.value,
-                                   **({"maxnreg": max_registers} if max_registers else {}))
+    _decode_direct_kernel[(b, hk)](
+        q,
+        k_p,
+        v_p,
+        k_scale,
+        v_scale,
+        block_tables,
+        seq_lens,
+        out,
+        q.stride(0),
+        q.stride(1),
+        k_p.stride(0),
+        k_p.stride(1),
+        k_p.stride(2),
+        v_p.stride(0),
+        v_p.stride(1),
+        *k_scale.stride()[:3],
+        *v_scale.stride()[:3],
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scale * _LOG2E,
+        GROUP=hq // hk,
+        num_warps=NUM_WARPS.value,
+        **({"maxnreg": max_registers} if max_registers else {}),
+    )
     return out
 
 
@@ -196,8 +261,10 @@ def problem(batch: int, ctx: int, group: int, hk: int = 8, seed: int = 0) -> dic
     order = torch.randperm(blocks - 1, device="cuda", generator=g).to(torch.int32) + 1
     return {
         "q": torch.randn(batch, group * hk, HEAD_DIM, device="cuda", generator=g, dtype=torch.bfloat16),
-        "k": kq.view(blocks, PAGE_SIZE, hk, HEAD_DIM), "v": vq.view(blocks, PAGE_SIZE, hk, HEAD_DIM),
-        "ks": ks.view(blocks, PAGE_SIZE, hk, 1).contiguous(), "vs": vs.view(blocks, PAGE_SIZE, hk, 1).contiguous(),
+        "k": kq.view(blocks, PAGE_SIZE, hk, HEAD_DIM),
+        "v": vq.view(blocks, PAGE_SIZE, hk, HEAD_DIM),
+        "ks": ks.view(blocks, PAGE_SIZE, hk, 1).contiguous(),
+        "vs": vs.view(blocks, PAGE_SIZE, hk, 1).contiguous(),
         "bt": order.view(batch, pages_per_seq).contiguous(),
         "sl": torch.full((batch,), ctx, device="cuda", dtype=torch.int32),
         "qsl": torch.arange(batch + 1, device="cuda", dtype=torch.int32),
@@ -217,8 +284,18 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     k_p, v_p = permuted_caches(pr["k"], pr["v"])
 
     def shipped() -> torch.Tensor:
-        return paged_attention.paged_attention(pr["q"], pr["k"], pr["v"], pr["qsl"], pr["sl"], pr["bt"], scale,
-                                               max_seq_len=ctx, k_scale=pr["ks"], v_scale=pr["vs"])
+        return paged_attention.paged_attention(
+            pr["q"],
+            pr["k"],
+            pr["v"],
+            pr["qsl"],
+            pr["sl"],
+            pr["bt"],
+            scale,
+            max_seq_len=ctx,
+            k_scale=pr["ks"],
+            v_scale=pr["vs"],
+        )
 
     def direct(cap: int | None) -> torch.Tensor:
         return decode_direct(pr["q"], k_p, v_p, pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, cap)
@@ -229,8 +306,9 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     v16 = (pr["v"].float() * pr["vs"]).to(torch.bfloat16)
 
     def shipped_bf16() -> torch.Tensor:
-        return paged_attention.paged_attention(pr["q"], k16, v16, pr["qsl"], pr["sl"], pr["bt"], scale,
-                                               max_seq_len=ctx)
+        return paged_attention.paged_attention(
+            pr["q"], k16, v16, pr["qsl"], pr["sl"], pr["bt"], scale, max_seq_len=ctx
+        )
 
     want = shipped()
     outs = [direct(c) for c in CAPS]
@@ -241,8 +319,12 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     kv_bytes = 2 * batch * ctx * pr["k"].shape[2] * (HEAD_DIM + 4)
     floor = kv_bytes / bw * 1e6
     worst = max((want.float() - o.float()).abs().max().item() for o in outs)
-    return (f"{batch:>5} {ctx:>5} {t_bf16:>9.1f} {t_ship:>10.1f} " + " ".join(f"{t:>12.1f}" for t in t_direct)
-            + f" {floor:>9.1f} {equal!s:>13}" + ("" if equal else f"  max |diff| {worst:.3g}"))
+    return (
+        f"{batch:>5} {ctx:>5} {t_bf16:>9.1f} {t_ship:>10.1f} "
+        + " ".join(f"{t:>12.1f}" for t in t_direct)
+        + f" {floor:>9.1f} {equal!s:>13}"
+        + ("" if equal else f"  max |diff| {worst:.3g}")
+    )
 
 
 def main() -> None:
@@ -254,8 +336,11 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     args = ap.parse_args()
     bw = copy_bandwidth()
-    print(f"{'batch':>5} {'ctx':>5} {'bf16 us':>9} {'shipped us':>10} " + " ".join(f"{'direct/' + str(c):>12}" for c in CAPS)
-          + f" {'floor us':>9} {'bitwise equal':>13}")
+    print(
+        f"{'batch':>5} {'ctx':>5} {'bf16 us':>9} {'shipped us':>10} "
+        + " ".join(f"{'direct/' + str(c):>12}" for c in CAPS)
+        + f" {'floor us':>9} {'bitwise equal':>13}"
+    )
     for ctx in args.ctx:
         print(compare(args.batch, ctx, args.group, bw), flush=True)
 

@@ -321,8 +321,9 @@ class ChatTemplate:
         except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as exc:
             # A template's own expressions failing on these messages ('+' on a string and a number,
             # a division by zero): the template or the messages are wrong, not the engine.
-            raise ChatTemplateError(f"the chat template failed to render these messages: "
-                                    f"{type(exc).__name__}: {exc}") from exc
+            raise ChatTemplateError(
+                f"the chat template failed to render these messages: {type(exc).__name__}: {exc}"
+            ) from exc
         if continue_final_message:
             text = _cut_after_final_message(text, final)
         return text
@@ -385,12 +386,16 @@ def _template_kwargs(chat_template_kwargs: Any) -> dict[str, Any]:
     if chat_template_kwargs is None:
         return {}
     if not isinstance(chat_template_kwargs, Mapping):
-        raise ChatTemplateError(f"chat_template_kwargs={chat_template_kwargs!r:.100} must be a dict of template "
-                                "variables, e.g. {'enable_thinking': False}")
+        raise ChatTemplateError(
+            f"chat_template_kwargs={chat_template_kwargs!r:.100} must be a dict of template "
+            "variables, e.g. {'enable_thinking': False}"
+        )
     taken = [k for k in chat_template_kwargs if k in _RENDER_ARGUMENTS]
     if taken:
-        raise ChatTemplateError(f"chat_template_kwargs sets {taken[0]!r}, which the render sets itself: pass it "
-                                f"as the {taken[0]} argument instead")
+        raise ChatTemplateError(
+            f"chat_template_kwargs sets {taken[0]!r}, which the render sets itself: pass it "
+            f"as the {taken[0]} argument instead"
+        )
     return dict(plain_data(dict(chat_template_kwargs)))
 
 

@@ -25,8 +25,16 @@ if TYPE_CHECKING:
     import torch
 
 # dtype name -> the torch dtype's attribute name
-DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "fp32": "float32",
-          "fp16": "float16", "bf16": "bfloat16", "half": "float16", "float": "float32"}
+DTYPES = {
+    "float32": "float32",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "half": "float16",
+    "float": "float32",
+}
 
 INDEPENDENT_MATCHERS_MIN_CPUS = 4
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -62,7 +70,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.85
-    admission_batch: int | None = None  # free slots needed to admit while decoding (None: max_num_seqs/8 on cuda)
+    admission_batch: int | None = (
+        None  # free slots needed to admit while decoding (None: max_num_seqs/8 on cuda)
+    )
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps
     async_scheduling: bool | None = None  # overlap host work with the device (None: on for cuda)
     # Speculative decoding (docs/engine.md): "ngram" (prompt lookup), "mtp" (the checkpoint's MTP
@@ -95,75 +105,117 @@ class EngineConfig:
         if torch is not None and isinstance(self.device, torch.device):
             self.device = str(self.device)  # "cpu", "cuda", "cuda:1"
         if torch is not None and isinstance(self.dtype, torch.dtype):
-            self.dtype = str(self.dtype).removeprefix("torch.")  # "float16"; an unsupported one is refused below
+            self.dtype = str(self.dtype).removeprefix(
+                "torch."
+            )  # "float16"; an unsupported one is refused below
         check_field_types(self)
         if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
             raise ValueError(f"device={self.device!r}: use 'cpu', 'cuda', 'cuda:N' or 'auto'")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is not supported; use one of {sorted(DTYPES)} or 'auto'")
         if self.quantization not in (None, "fp8", "none"):
-            raise ValueError(f"quantization={self.quantization!r} is not supported; use 'fp8' (block-scaled FP8 "
-                             "weights), 'none' (dequantise FP8 checkpoints) or leave it unset (follow the checkpoint)")
+            raise ValueError(
+                f"quantization={self.quantization!r} is not supported; use 'fp8' (block-scaled FP8 "
+                "weights), 'none' (dequantise FP8 checkpoints) or leave it unset (follow the checkpoint)"
+            )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; use one of "
-                             f"{list(KV_CACHE_DTYPES)}")
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; use one of {list(KV_CACHE_DTYPES)}"
+            )
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size={self.block_size}: must be a power of two")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len={self.max_model_len}: must be >= 2")
         if self.speculative not in SPECULATIVE_MODES:
-            raise ValueError(f"speculative={self.speculative!r}: use one of {', '.join(map(repr, SPECULATIVE_MODES))}")
+            raise ValueError(
+                f"speculative={self.speculative!r}: use one of {', '.join(map(repr, SPECULATIVE_MODES))}"
+            )
         if self.speculative_budget not in SPECULATIVE_BUDGETS:
-            raise ValueError(f"speculative_budget={self.speculative_budget!r}: use one of "
-                             f"{', '.join(map(repr, SPECULATIVE_BUDGETS))}")
+            raise ValueError(
+                f"speculative_budget={self.speculative_budget!r}: use one of "
+                f"{', '.join(map(repr, SPECULATIVE_BUDGETS))}"
+            )
         if self.speculative_ngram_tokens < 0:
-            raise ValueError(f"speculative_ngram_tokens={self.speculative_ngram_tokens}: must be >= 0 (0 = off)")
+            raise ValueError(
+                f"speculative_ngram_tokens={self.speculative_ngram_tokens}: must be >= 0 (0 = off)"
+            )
         if not 0 <= self.speculative_depth <= MAX_SPECULATIVE_DEPTH:
-            raise ValueError(f"speculative_depth={self.speculative_depth}: must be in [0, {MAX_SPECULATIVE_DEPTH}] "
-                             "(0 = the drafter's default)")
-        chosen = {m for m, on in (("ngram", self.speculative_ngram_tokens), ("mtp", self.speculative_mtp),
-                                  (self.speculative, self.speculative != "off")) if on}
+            raise ValueError(
+                f"speculative_depth={self.speculative_depth}: must be in [0, {MAX_SPECULATIVE_DEPTH}] "
+                "(0 = the drafter's default)"
+            )
+        chosen = {
+            m
+            for m, on in (
+                ("ngram", self.speculative_ngram_tokens),
+                ("mtp", self.speculative_mtp),
+                (self.speculative, self.speculative != "off"),
+            )
+            if on
+        }
         if len(chosen) > 1:
-            raise ValueError(f"choose one drafter, got {sorted(chosen)}: set speculative to 'ngram' or 'mtp' only")
+            raise ValueError(
+                f"choose one drafter, got {sorted(chosen)}: set speculative to 'ngram' or 'mtp' only"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.admission_batch is not None and self.admission_batch < 1:
-            raise ValueError(f"admission_batch={self.admission_batch}: must be >= 1, or unset for the default")
+            raise ValueError(
+                f"admission_batch={self.admission_batch}: must be >= 1, or unset for the default"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1], the share "
-                             "of the device's memory the engine may fill")
+            raise ValueError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1], the share "
+                "of the device's memory the engine may fill"
+            )
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
-            raise ValueError(f"kv_cache_memory_bytes={self.kv_cache_memory_bytes}: must be >= 1, or unset to size "
-                             "the cache from gpu_memory_utilization")
+            raise ValueError(
+                f"kv_cache_memory_bytes={self.kv_cache_memory_bytes}: must be >= 1, or unset to size "
+                "the cache from gpu_memory_utilization"
+            )
         for name in ("expert_parallel_size", "data_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be an integer >= 1 (1: one process)")
-        if min(self.expert_parallel_size, self.data_parallel_size) > 1 and \
-                self.expert_parallel_size != self.data_parallel_size:
-            raise ValueError(f"expert_parallel_size={self.expert_parallel_size} and data_parallel_size="
-                             f"{self.data_parallel_size}: each rank runs attention for its own requests and holds a "
-                             "share of the experts, so the two are one size; give one of them, or both equal")
+        if (
+            min(self.expert_parallel_size, self.data_parallel_size) > 1
+            and self.expert_parallel_size != self.data_parallel_size
+        ):
+            raise ValueError(
+                f"expert_parallel_size={self.expert_parallel_size} and data_parallel_size="
+                f"{self.data_parallel_size}: each rank runs attention for its own requests and holds a "
+                "share of the experts, so the two are one size; give one of them, or both equal"
+            )
         if self.expert_rebalance_steps < 0:
-            raise ValueError(f"expert_rebalance_steps={self.expert_rebalance_steps}: must be >= 0 (0: never "
-                             "rebalance on its own)")
+            raise ValueError(
+                f"expert_rebalance_steps={self.expert_rebalance_steps}: must be >= 0 (0: never "
+                "rebalance on its own)"
+            )
         if self.expert_redundancy < 0:
-            raise ValueError(f"expert_redundancy={self.expert_redundancy}: must be >= 0 (extra expert replicas)")
+            raise ValueError(
+                f"expert_redundancy={self.expert_redundancy}: must be >= 0 (extra expert replicas)"
+            )
         if self.parallel_size > 1:
             # Speculation composes with the ranks: a step is still one main forward on every rank,
             # and MTP layers keep their experts whole on each rank, so drafts need no exchange.
             if self.device not in ("auto", "cpu"):
-                raise ValueError(f"device={self.device!r} with expert_parallel_size={self.parallel_size}: "
-                                 "expert-parallel ranks run on the CPU (gloo) in this version; use device='cpu', "
-                                 "or expert_parallel_size=1 and local[N] for one engine per GPU")
+                raise ValueError(
+                    f"device={self.device!r} with expert_parallel_size={self.parallel_size}: "
+                    "expert-parallel ranks run on the CPU (gloo) in this version; use device='cpu', "
+                    "or expert_parallel_size=1 and local[N] for one engine per GPU"
+                )
         elif self.expert_redundancy:
-            raise ValueError(f"expert_redundancy={self.expert_redundancy} needs expert_parallel_size > 1: replicas "
-                             "spread hot experts over ranks")
+            raise ValueError(
+                f"expert_redundancy={self.expert_redundancy} needs expert_parallel_size > 1: replicas "
+                "spread hot experts over ranks"
+            )
         elif self.expert_rebalance_steps:
-            raise ValueError(f"expert_rebalance_steps={self.expert_rebalance_steps} needs expert_parallel_size > 1: "
-                             "a rebalance moves experts between ranks")
+            raise ValueError(
+                f"expert_rebalance_steps={self.expert_rebalance_steps} needs expert_parallel_size > 1: "
+                "a rebalance moves experts between ranks"
+            )
 
     @property
     def parallel_size(self) -> int:
@@ -228,7 +280,13 @@ class EngineConfig:
         if unknown:
             import difflib
 
-            hints = [f"{u!r} (did you mean {difflib.get_close_matches(u, names, 1)[0]!r}?)"
-                     if difflib.get_close_matches(u, names, 1) else repr(u) for u in unknown]
-            raise ValueError(f"unknown engine argument(s) {', '.join(hints)}; valid: {sorted(names - {'model'})}")
+            hints = [
+                f"{u!r} (did you mean {difflib.get_close_matches(u, names, 1)[0]!r}?)"
+                if difflib.get_close_matches(u, names, 1)
+                else repr(u)
+                for u in unknown
+            ]
+            raise ValueError(
+                f"unknown engine argument(s) {', '.join(hints)}; valid: {sorted(names - {'model'})}"
+            )
         return cls(model=model, **kwargs)

@@ -45,7 +45,9 @@ def pad_to_width(host: Any, w: int) -> tuple[Any, np.ndarray]:
     position, KV store skipped). Returns it and the real tokens' new rows."""
     counts = np.diff(host.query_start_loc)
     n, real = len(counts), len(host.input_ids)
-    rows = np.repeat(np.arange(1, n + 1, dtype=np.int64) * w - host.query_start_loc[1:], counts) + np.arange(real)
+    rows = np.repeat(np.arange(1, n + 1, dtype=np.int64) * w - host.query_start_loc[1:], counts) + np.arange(
+        real
+    )
     ids = np.zeros(n * w, dtype=host.input_ids.dtype)
     pos = np.repeat(host.positions[host.query_start_loc[:-1]], w)  # any valid position: rope only
     slots = np.full(n * w, SKIP_SLOT, dtype=host.slot_mapping.dtype)
@@ -55,9 +57,18 @@ def pad_to_width(host: Any, w: int) -> tuple[Any, np.ndarray]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, ...]], block_size: int,
-                 max_model_len: int, max_batch: int, device: torch.device, batch_invariant: bool,
-                 widths: list[int] | None = None, draft_layer: bool = False) -> None:
+    def __init__(
+        self,
+        model: Any,
+        kv_caches: list[tuple[torch.Tensor, ...]],
+        block_size: int,
+        max_model_len: int,
+        max_batch: int,
+        device: torch.device,
+        batch_invariant: bool,
+        widths: list[int] | None = None,
+        draft_layer: bool = False,
+    ) -> None:
         self.model = model
         self.draft_layer = draft_layer
         self.block_size = block_size
@@ -74,8 +85,9 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((t_max,), SKIP_SLOT, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(b_max, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(b_max, self.max_blocks, dtype=torch.int32, device=device)
-        self.query_start_locs = {w: torch.arange(0, (b_max + 1) * w, w, dtype=torch.int32, device=device)
-                                 for w in self.widths}
+        self.query_start_locs = {
+            w: torch.arange(0, (b_max + 1) * w, w, dtype=torch.int32, device=device) for w in self.widths
+        }
         self.kv_caches = kv_caches
         self.batch_invariant = batch_invariant
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (width, bucket) -> graph
@@ -100,12 +112,14 @@ class DecodeGraphs:
         self._turn = 0
 
     def _new_staging(self, b_max: int, t_max: int) -> dict[str, torch.Tensor]:
-        return {"ids": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
-                "pos": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
-                "slots": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
-                "rows": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
-                "lens": torch.zeros(b_max, dtype=torch.int32).pin_memory(),
-                "tables": torch.zeros(b_max, self.max_blocks, dtype=torch.int32).pin_memory()}
+        return {
+            "ids": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
+            "pos": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
+            "slots": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
+            "rows": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
+            "lens": torch.zeros(b_max, dtype=torch.int32).pin_memory(),
+            "tables": torch.zeros(b_max, self.max_blocks, dtype=torch.int32).pin_memory(),
+        }
 
     def fits(self, batch_size: int, width: int = 1) -> bool:
         return batch_size <= self.sizes[-1] and width in self.widths
@@ -113,9 +127,16 @@ class DecodeGraphs:
     def context(self, b: int, w: int) -> ForwardContext:
         """The forward context over the static buffers of bucket b at width w."""
         meta = AttentionMetadata(
-            query_start_loc=self.query_start_locs[w][: b + 1], seq_lens=self.seq_lens[:b],
-            block_tables=self.block_tables[:b], slot_mapping=self.slot_mapping[: b * w], block_size=self.block_size,
-            max_query_len=w, max_seq_len=self.max_model_len, query_start_loc_cpu=[], seq_lens_cpu=[])
+            query_start_loc=self.query_start_locs[w][: b + 1],
+            seq_lens=self.seq_lens[:b],
+            block_tables=self.block_tables[:b],
+            slot_mapping=self.slot_mapping[: b * w],
+            block_size=self.block_size,
+            max_query_len=w,
+            max_seq_len=self.max_model_len,
+            query_start_loc_cpu=[],
+            seq_lens_cpu=[],
+        )
         return ForwardContext(meta, self.kv_caches, self.batch_invariant)
 
     def _forward(self, b: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,8 +144,9 @@ class DecodeGraphs:
         return hidden, self.model.compute_logits(hidden)
 
     def _draft_forward(self, b: int, w: int) -> torch.Tensor:
-        return self.model.mtp_forward(self.draft_ids[: b * w], self.positions[: b * w], self.hidden[w, b],
-                                      self.context(b, w))
+        return self.model.mtp_forward(
+            self.draft_ids[: b * w], self.positions[: b * w], self.hidden[w, b], self.context(b, w)
+        )
 
     @torch.inference_mode()
     def run_each_bucket(self) -> None:
@@ -135,8 +157,9 @@ class DecodeGraphs:
             for b in reversed(self.sizes):
                 hidden, _ = self._forward(b, w)
                 if self.draft_layer:
-                    self.model.mtp_forward(self.draft_ids[: b * w], self.positions[: b * w], hidden,
-                                           self.context(b, w))
+                    self.model.mtp_forward(
+                        self.draft_ids[: b * w], self.positions[: b * w], hidden, self.context(b, w)
+                    )
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -166,13 +189,17 @@ class DecodeGraphs:
                         self.draft_graphs[w, b] = draft
                 if len(self.widths) > 1:
                     for b in self.sizes:
-                        replays = [self.graphs[w, b]] + ([self.draft_graphs[w, b]] if self.draft_layer else [])
+                        replays = [self.graphs[w, b]] + (
+                            [self.draft_graphs[w, b]] if self.draft_layer else []
+                        )
                         self.replay_ms[w, b] = self._time_replay(replays, stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
 
     @staticmethod
-    def _time_replay(graphs: list[torch.cuda.CUDAGraph], stream: torch.cuda.Stream, repeats: int = 3) -> float:
+    def _time_replay(
+        graphs: list[torch.cuda.CUDAGraph], stream: torch.cuda.Stream, repeats: int = 3
+    ) -> float:
         """Milliseconds per replay of a step's graphs in turn (after one untimed round), at the
         capture's tiny contexts: what it measures is the weights' and the rows' share of a step,
         which sets the headroom."""
@@ -190,7 +217,9 @@ class DecodeGraphs:
     def _bucket(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)
 
-    def forward_state(self, n: int, w: int) -> tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor]:
+    def forward_state(
+        self, n: int, w: int
+    ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor]:
         """The last replay's (input ids, positions, context, hidden states), padding rows included:
         what a draft model continuing from this step reads (valid until the next replay)."""
         b = self._bucket(n)
@@ -232,8 +261,14 @@ class DecodeGraphs:
         self.block_tables[:b, :width].copy_(st["tables"][:b, :width], non_blocking=True)
         sample_shift = None
         if fixup is not None:
-            sample_shift = fixup.apply(self.input_ids, self.positions, self.seq_lens, self.slot_mapping,
-                                       self.block_tables, self.block_size)
+            sample_shift = fixup.apply(
+                self.input_ids,
+                self.positions,
+                self.seq_lens,
+                self.slot_mapping,
+                self.block_tables,
+                self.block_size,
+            )
         self.graphs[w, b].replay()
         self.last_key = (w, b)
         self.last_rows = rows if padded else None
@@ -248,7 +283,9 @@ class DecodeGraphs:
         device, one per row of that replay's layout, padding included); returns its draft hidden
         states, one row per row of the layout (valid until that graph's next replay)."""
         if not self.draft_layer or self.last_key is None:
-            raise RuntimeError("no draft-layer graph to replay: built without draft_layer, or before any replay")
+            raise RuntimeError(
+                "no draft-layer graph to replay: built without draft_layer, or before any replay"
+            )
         w, b = self.last_key
         self.draft_ids[: b * w].copy_(ids)
         self.draft_graphs[w, b].replay()

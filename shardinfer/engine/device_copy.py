@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 
-def values_to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype,
-                     device: torch.device) -> torch.Tensor:
+def values_to_device(
+    values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """A 1-D tensor of `values` on `device`, without a host sync on CUDA."""
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)

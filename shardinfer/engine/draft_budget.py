@@ -121,7 +121,9 @@ class DraftBudget:
 
     def _extra(self, bins: tuple[int | None, ...], rates: list[float]) -> list[float]:
         bin_probability = self.calibration.bin_probability
-        return _running_sums(rates[i] if b is None else bin_probability(i, b, rates[i]) for i, b in enumerate(bins))
+        return _running_sums(
+            rates[i] if b is None else bin_probability(i, b, rates[i]) for i, b in enumerate(bins)
+        )
 
     def best_case(self) -> list[float]:
         """Per draft position: the highest chance that any draft there is accepted once the drafts

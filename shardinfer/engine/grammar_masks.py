@@ -24,8 +24,14 @@ if TYPE_CHECKING:
 class GrammarMaskFiller:
     """Owns the structured-output compiler (built on first use) and the mask thread."""
 
-    def __init__(self, tokenizer_path: Path, eos_token_ids: list[int], vocab_size: int,
-                 independent_matchers: bool, pin_memory: bool) -> None:
+    def __init__(
+        self,
+        tokenizer_path: Path,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        independent_matchers: bool,
+        pin_memory: bool,
+    ) -> None:
         self.tokenizer_path = tokenizer_path
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
@@ -43,8 +49,11 @@ class GrammarMaskFiller:
             # gives 3 or more; on 2 CPUs it gives 1 thread (and copies of one template), leaving
             # the other CPU to the engine thread, which on a CPU device runs the model too.
             self._compiler = StructuredOutputCompiler(
-                str(self.tokenizer_path), list(self.eos_token_ids), self.vocab_size,
-                independent_matchers=self.independent_matchers)
+                str(self.tokenizer_path),
+                list(self.eos_token_ids),
+                self.vocab_size,
+                independent_matchers=self.independent_matchers,
+            )
         return self._compiler
 
     def accept_tokens(self, sampled: list[tuple[Request, int]]) -> dict[int, GrammarViolation | None]:
@@ -86,16 +95,21 @@ class GrammarMaskFiller:
         return future
 
 
-def constrained_rows(step_logits: StepLogits, violations: dict[int, GrammarViolation | None]
-                     ) -> list[tuple[Request, int]]:
+def constrained_rows(
+    step_logits: StepLogits, violations: dict[int, GrammarViolation | None]
+) -> list[tuple[Request, int]]:
     """(request, first sampling row) of the rows that need a grammar mask, decided as soon as
     the previous step's tokens are accepted: not for finished requests, finished grammars or
     matchers that refused their token. A request the previous step's other checks (stop
     strings, stop ids) are about to end still gets one; its row is discarded unsampled-for."""
     rows, first = [], 0
     for req, count in zip(step_logits.sample_requests, step_logits.sample_counts, strict=True):
-        if (req.grammar is not None and not req.status.finished and not req.grammar.is_finished()
-                and violations.get(id(req)) is None):
+        if (
+            req.grammar is not None
+            and not req.status.finished
+            and not req.grammar.is_finished()
+            and violations.get(id(req)) is None
+        ):
             rows.append((req, first))
         first += count
     return rows

@@ -55,18 +55,36 @@ def kv_budget_bytes(device: torch.device, explicit_bytes: int | None, memory_fra
     return 1 << 30  # CPU: 1 GiB unless told otherwise; the host is shared with the data pipeline
 
 
-def allocate_kv_caches(specs: list[KVLayerSpec], num_blocks: int, block_size: int, dtype: torch.dtype,
-                       device: torch.device, fp8: bool = False) -> list[tuple[torch.Tensor, ...]]:
+def allocate_kv_caches(
+    specs: list[KVLayerSpec],
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    fp8: bool = False,
+) -> list[tuple[torch.Tensor, ...]]:
     if not fp8:
-        return [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device)
-                      for shape in s.entries) for s in specs]
-    return [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=FP8_DTYPE, device=device) for shape in s.entries)
-            + tuple(torch.zeros(num_blocks, block_size, *scale_shape(shape), dtype=torch.float32, device=device)
-                    for shape in s.entries) for s in specs]
+        return [
+            tuple(
+                torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in s.entries
+            )
+            for s in specs
+        ]
+    return [
+        tuple(
+            torch.zeros(num_blocks, block_size, *shape, dtype=FP8_DTYPE, device=device) for shape in s.entries
+        )
+        + tuple(
+            torch.zeros(num_blocks, block_size, *scale_shape(shape), dtype=torch.float32, device=device)
+            for shape in s.entries
+        )
+        for s in specs
+    ]
 
 
-def plan_num_blocks(cfg: Any, specs: list[KVLayerSpec], device: torch.device, dtype: torch.dtype,
-                    max_model_len: int) -> int:
+def plan_num_blocks(
+    cfg: Any, specs: list[KVLayerSpec], device: torch.device, dtype: torch.dtype, max_model_len: int
+) -> int:
     """How many KV blocks to allocate for an EngineConfig: explicit, or from the byte budget."""
     if cfg.num_kv_blocks is not None:
         return int(cfg.num_kv_blocks)
@@ -77,6 +95,8 @@ def plan_num_blocks(cfg: Any, specs: list[KVLayerSpec], device: torch.device, dt
         # sequences need (plus as much again for cached prefixes), not the whole default budget.
         num_blocks = min(num_blocks, 2 * cfg.max_num_seqs * -(-max_model_len // cfg.block_size))
     if num_blocks < 2:
-        raise ValueError(f"the KV cache budget holds {num_blocks} block(s) of {per_block} bytes: "
-                         "raise kv_cache_memory_bytes / gpu_memory_utilization")
+        raise ValueError(
+            f"the KV cache budget holds {num_blocks} block(s) of {per_block} bytes: "
+            "raise kv_cache_memory_bytes / gpu_memory_utilization"
+        )
     return int(num_blocks)

@@ -118,15 +118,19 @@ class LLM:
             params_list = [sampling_params] * len(prompt_list)
         else:
             if not isinstance(sampling_params, list | tuple):
-                raise ValueError(f"sampling_params is a {type(sampling_params).__name__} "
-                                 f"({sampling_params!r:.100}): give a SamplingParams, a list of them (one per "
-                                 "prompt) or None")
+                raise ValueError(
+                    f"sampling_params is a {type(sampling_params).__name__} "
+                    f"({sampling_params!r:.100}): give a SamplingParams, a list of them (one per "
+                    "prompt) or None"
+                )
             params_list = list(sampling_params)
             wrong = next((i for i, p in enumerate(params_list) if not isinstance(p, SamplingParams)), None)
             if wrong is not None:
-                raise ValueError(f"sampling_params[{wrong}] is a {type(params_list[wrong]).__name__} "
-                                 f"({params_list[wrong]!r:.100}): each must be a SamplingParams, e.g. "
-                                 "SamplingParams(max_tokens=64)")
+                raise ValueError(
+                    f"sampling_params[{wrong}] is a {type(params_list[wrong]).__name__} "
+                    f"({params_list[wrong]!r:.100}): each must be a SamplingParams, e.g. "
+                    "SamplingParams(max_tokens=64)"
+                )
             if len(params_list) != len(prompt_list):
                 raise ValueError(
                     f"got {len(params_list)} SamplingParams for {len(prompt_list)} prompts: "
@@ -170,8 +174,10 @@ class LLM:
             except ValueError as exc:
                 raise _prefixed(exc, f"conversation {i}") from exc
             if not text:
-                raise ValueError(f"conversation {i}: the chat template rendered it as an empty prompt; check the "
-                                 "template (chat_template, or the model's tokenizer_config.json)")
+                raise ValueError(
+                    f"conversation {i}: the chat template rendered it as an empty prompt; check the "
+                    "template (chat_template, or the model's tokenizer_config.json)"
+                )
             texts.append(text)
         # The template already places any BOS token, so encode without adding special tokens again.
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
@@ -198,10 +204,13 @@ class LLM:
         for i, prompt in enumerate(prompts):
             try:
                 ids = engine.tokenize_prompt(prompt)
-                check_prompt(ids, engine.max_model_len, engine.length_fix,
-                             prompt_only=params_list[i].max_tokens == 0)
+                check_prompt(
+                    ids, engine.max_model_len, engine.length_fix, prompt_only=params_list[i].max_tokens == 0
+                )
                 check_stop_token_ids(params_list[i].stop_token_ids, engine.model_config.vocab_size)
-                if params_list[i].structured_output is not None:  # a bad schema: GrammarError, before any work
+                if (
+                    params_list[i].structured_output is not None
+                ):  # a bad schema: GrammarError, before any work
                     engine.grammar_compiler().compile(params_list[i].structured_output)
             except ValueError as exc:
                 raise _prefixed(exc, f"prompt {i}") from exc
@@ -277,8 +286,10 @@ def _conversations(messages: Any) -> list[Any]:
         return list(messages)
     if isinstance(messages, list | tuple) and messages and all(isinstance(m, Mapping) for m in messages):
         return [list(messages)]
-    raise ValueError(f"messages={messages!r:.120}: give one conversation, a list of {{'role': ..., 'content': ...}} "
-                     "dicts, or a list of such conversations")
+    raise ValueError(
+        f"messages={messages!r:.120}: give one conversation, a list of {{'role': ..., 'content': ...}} "
+        "dicts, or a list of such conversations"
+    )
 
 
 def _progress_bar(use_tqdm: bool | Callable[..., Any], total: int) -> Any:

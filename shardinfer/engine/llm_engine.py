@@ -70,8 +70,10 @@ class LLMEngine:
         phases = StartupPhases(sync=device_sync(self.device))
         limit = cfg.max_model_len or self.model_config.max_position_embeddings
         if limit > self.model_config.max_position_embeddings:
-            raise ValueError(f"max_model_len={limit} exceeds the model's max_position_embeddings="
-                             f"{self.model_config.max_position_embeddings}")
+            raise ValueError(
+                f"max_model_len={limit} exceeds the model's max_position_embeddings="
+                f"{self.model_config.max_position_embeddings}"
+            )
         # The tokenizer loads on a thread while the device starts and the weights stream in: it needs
         # neither, and the weight reads wait on the file system, not on the interpreter.
         with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-load") as pool:
@@ -91,37 +93,68 @@ class LLMEngine:
         self.length_fix = length_fix(limit, self.max_model_len, self.runner.num_blocks, cfg.block_size)
         if self.max_model_len < limit:
             log = logger.warning if cfg.max_model_len is not None else logger.info
-            log("max_model_len is %d, not %d: the KV cache holds %d blocks of %d tokens", self.max_model_len, limit,
-                self.runner.num_blocks, cfg.block_size)
+            log(
+                "max_model_len is %d, not %d: the KV cache holds %d blocks of %d tokens",
+                self.max_model_len,
+                limit,
+                self.runner.num_blocks,
+                cfg.block_size,
+            )
         with phases.phase("block_table_s"):
-            self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+            self.block_manager = BlockManager(
+                self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching
+            )
         admission = cfg.admission_batch
         if admission is None:
             admission = max(1, cfg.max_num_seqs // 8) if self.device.type == "cuda" else 1
         windows = {spec.sliding_window for spec in self.runner.kv_specs}
         uniform_window = windows.pop() if len(windows) == 1 else None
-        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, admission,
-                                   uniform_window)
+        self.scheduler = Scheduler(
+            self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens, admission, uniform_window
+        )
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters: dict[str, float] = {
-            "prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "steps": 0, "finished_requests": 0,
-            "draft_tokens": 0, "accepted_draft_tokens": 0, "padded_draft_tokens": 0, "graphed_verify_steps": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "cached_tokens": 0,
+            "steps": 0,
+            "finished_requests": 0,
+            "draft_tokens": 0,
+            "accepted_draft_tokens": 0,
+            "padded_draft_tokens": 0,
+            "graphed_verify_steps": 0,
             "graphed_mtp_steps": 0,
-            "draft_depth_sum": 0, "draft_depth_steps": 0, "speculation_off_steps": 0, "timed_draft_steps": 0,
+            "draft_depth_sum": 0,
+            "draft_depth_steps": 0,
+            "speculation_off_steps": 0,
+            "timed_draft_steps": 0,
             "draft_probe_steps": 0,
-            "synchronous_steps": 0, "deferred_sampling_steps": 0,
-            "grammar_mask_wait_s": 0.0}
-        self.grammar_masks = GrammarMaskFiller(self.tokenizer.path, list(self.tokenizer.eos_token_ids),
-                                               self.model_config.vocab_size, cfg.independent_matchers,
-                                               pin_memory=self.device.type == "cuda")
-        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self.requests, self.grammar_masks,
-                                       self.counters)
+            "synchronous_steps": 0,
+            "deferred_sampling_steps": 0,
+            "grammar_mask_wait_s": 0.0,
+        }
+        self.grammar_masks = GrammarMaskFiller(
+            self.tokenizer.path,
+            list(self.tokenizer.eos_token_ids),
+            self.model_config.vocab_size,
+            cfg.independent_matchers,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.outputs = OutputProcessor(
+            self.tokenizer, self.max_model_len, self.requests, self.grammar_masks, self.counters
+        )
         self.speculative = cfg.speculative_mode != "off"
-        self.drafter = (Drafter(cfg, self.scheduler, self.outputs, self.max_model_len, self.counters,
-                                self._draft_budget()) if self.speculative else None)
-        self.async_scheduling = (cfg.async_scheduling if cfg.async_scheduling is not None
-                                 else self.device.type == "cuda")
+        self.drafter = (
+            Drafter(
+                cfg, self.scheduler, self.outputs, self.max_model_len, self.counters, self._draft_budget()
+            )
+            if self.speculative
+            else None
+        )
+        self.async_scheduling = (
+            cfg.async_scheduling if cfg.async_scheduling is not None else self.device.type == "cuda"
+        )
         # Device time of the pure decode steps, measured while the engine runs, for the draft
         # budget's step-time estimates (step_timer.py). CUDA only: elsewhere nothing times a step.
         self.step_timer: StepTimer | None = None
@@ -161,8 +194,13 @@ class LLMEngine:
     def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
         return tokenize_prompt(self.tokenizer, self.model_config.vocab_size, prompt)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    prompt_logprobs_from: int = 1) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        prompt_logprobs_from: int = 1,
+    ) -> None:
         """Queue one request (params.n must be 1). Raises ValueError for an unusable prompt or params,
         leaving every other request untouched.
 
@@ -188,16 +226,19 @@ class LLMEngine:
         if prompt_only:  # its prompt may pass max_model_len by the one token it never feeds
             max_tokens = 0
         seed = params.seed if params.seed is not None else (self.config.seed or secrets.randbits(63))
-        req = Request(request_id, ids, params, int(seed), max_tokens,
-                      prompt=prompt if isinstance(prompt, str) else None)
+        req = Request(
+            request_id, ids, params, int(seed), max_tokens, prompt=prompt if isinstance(prompt, str) else None
+        )
         if params.so_args is not None:
             req.grammar = self.grammar_compiler().matcher(params.so_args)
         if params.prompt_logprobs is not None:
             # The first token has no logprob, so a one-token prompt's are [None], as in vLLM.
             last = max(1, len(ids) - 1)
             if not 1 <= prompt_logprobs_from <= last:
-                raise ValueError(f"prompt_logprobs_from={prompt_logprobs_from} is outside the prompt: it must be in "
-                                 f"[1, {last}] for a prompt of {len(ids)} tokens")
+                raise ValueError(
+                    f"prompt_logprobs_from={prompt_logprobs_from} is outside the prompt: it must be in "
+                    f"[1, {last}] for a prompt of {len(ids)} tokens"
+                )
             req.prompt_logprobs = [None] * prompt_logprobs_from
             req.prompt_top_logprobs = [None] * prompt_logprobs_from
         self._arrivals += 1
@@ -213,8 +254,10 @@ class LLMEngine:
         try:
             return SamplingParams(**self.generation_defaults)
         except ValueError as exc:
-            raise ValueError(f"{exc} (from {str(self.model_dir / 'generation_config.json')!r}, the checkpoint's "
-                             "sampling defaults: fix the file, or pass SamplingParams explicitly)") from None
+            raise ValueError(
+                f"{exc} (from {str(self.model_dir / 'generation_config.json')!r}, the checkpoint's "
+                "sampling defaults: fix the file, or pass SamplingParams explicitly)"
+            ) from None
 
     def abort(self, request_id: str) -> RequestOutput | None:
         req = self.requests.pop(request_id, None)
@@ -255,20 +298,27 @@ class LLMEngine:
         if previous is not None and previous.unsampled is not None:
             previous = self._sample_after_masks(previous.unsampled)
         finished: list[RequestOutput] = []
-        if previous is not None and (not self.async_scheduling or self._needs_host_tokens(batch)
-                                     or previous.pending_chunk_mismatch(batch)):
+        if previous is not None and (
+            not self.async_scheduling
+            or self._needs_host_tokens(batch)
+            or previous.pending_chunk_mismatch(batch)
+        ):
             if self.async_scheduling:
                 self.counters["synchronous_steps"] += 1
             finished += self._complete(previous)
             previous = None
-            if batch.requests and (self.speculative or any(r.finishing or r.status.finished for r in batch.requests)):
+            if batch.requests and (
+                self.speculative or any(r.finishing or r.status.finished for r in batch.requests)
+            ):
                 batch = self._reschedule(batch)
         if not batch.requests:
             if previous is not None:
                 finished += self._complete(previous)
             elif self.scheduler.has_unfinished() and not finished:
-                raise RuntimeError("no request could be scheduled although some are waiting: the KV cache is "
-                                   "too small for one request; raise the KV budget or lower max_model_len")
+                raise RuntimeError(
+                    "no request could be scheduled although some are waiting: the KV cache is "
+                    "too small for one request; raise the KV budget or lower max_model_len"
+                )
             return finished
         self._launched_key = None
         launched, previous, completed = self._launch(batch, previous)
@@ -335,11 +385,13 @@ class LLMEngine:
     def _needs_tokens_to_sample(sampling: list[Request]) -> bool:
         """Whether a sampling row needs its request's in-flight token on the host: a grammar mask
         comes from the matcher that token advances, penalties count the tokens."""
-        return any(req.num_placeholders and (req.grammar is not None or req.params.has_penalties)
-                   for req in sampling)
+        return any(
+            req.num_placeholders and (req.grammar is not None or req.params.has_penalties) for req in sampling
+        )
 
-    def _launch(self, batch: ScheduledBatch, previous: InFlightStep | None
-                ) -> tuple[InFlightStep, InFlightStep | None, list[RequestOutput]]:
+    def _launch(
+        self, batch: ScheduledBatch, previous: InFlightStep | None
+    ) -> tuple[InFlightStep, InFlightStep | None, list[RequestOutput]]:
         """Queue the batch's forward, then its sampling, unless it waits for masks being filled
         on the mask thread (then the next step() queues it). Returns the launched step, the
         previous one if it is still to be completed, and the requests finished on the way.
@@ -376,7 +428,9 @@ class LLMEngine:
             started = None
             # The host copy now has the previous step's outcome: positions need no correction.
             step_logits.position_shift = None
-        plan = plan_sampling(step_logits, batch, self.tokenizer.eos_token_ids, self.max_model_len, constrained)
+        plan = plan_sampling(
+            step_logits, batch, self.tokenizer.eos_token_ids, self.max_model_len, constrained
+        )
         if masks is None and self.async_scheduling and plan.constrained and previous is None:
             # Nothing else touches the matchers until the next step() queues this sampling, so
             # the fill runs beside the engine thread's scheduling of that step.
@@ -414,7 +468,9 @@ class LLMEngine:
         if (
             self.drafter is not None
             and self.drafter.use_mtp
-            and mtp_drafts(self.runner, logits, plan.batch, sampled, plan.newest_positions, self.drafter.mtp_depth)
+            and mtp_drafts(
+                self.runner, logits, plan.batch, sampled, plan.newest_positions, self.drafter.mtp_depth
+            )
         ):
             self.counters["graphed_mtp_steps"] += 1
         if sampled is not None:
@@ -509,7 +565,12 @@ class LLMEngine:
                 if rate is not None:
                     out[f"draft_acceptance_p{j}"] = rate
         else:
-            for name in ("draft_depth_sum", "draft_depth_steps", "speculation_off_steps", "timed_draft_steps",
-                         "draft_probe_steps"):
+            for name in (
+                "draft_depth_sum",
+                "draft_depth_steps",
+                "speculation_off_steps",
+                "timed_draft_steps",
+                "draft_probe_steps",
+            ):
                 del out[name]
         return out

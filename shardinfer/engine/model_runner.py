@@ -76,8 +76,11 @@ def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
     table_lens = np.fromiter((len(r.block_table) for r in reqs), dtype=np.int64, count=b)
     max_blocks = int(table_lens.max()) if b else 0
     tables = np.full((b, max_blocks), PAD_BLOCK, dtype=np.int32)
-    flat_blocks = np.fromiter(itertools.chain.from_iterable(r.block_table for r in reqs), dtype=np.int64,
-                              count=int(table_lens.sum()))
+    flat_blocks = np.fromiter(
+        itertools.chain.from_iterable(r.block_table for r in reqs),
+        dtype=np.int64,
+        count=int(table_lens.sum()),
+    )
     table_rows = np.repeat(np.arange(b), table_lens)
     table_cols = np.arange(flat_blocks.size) - np.repeat(np.cumsum(table_lens) - table_lens, table_lens)
     tables[table_rows, table_cols] = flat_blocks
@@ -85,15 +88,26 @@ def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
     token_rows = np.repeat(np.arange(b), counts)
     pos = np.arange(n_total, dtype=np.int64) - np.repeat(qsl[:-1].astype(np.int64) - starts, counts)
     slots = tables[token_rows, pos // block_size].astype(np.int64) * block_size + pos % block_size
-    ids = np.fromiter(itertools.chain.from_iterable(
-        r.token_slice(s, s + n) for r, s, n in zip(reqs, starts.tolist(), batch.num_new_tokens, strict=True)),
-        dtype=np.int64, count=n_total)
+    ids = np.fromiter(
+        itertools.chain.from_iterable(
+            r.token_slice(s, s + n)
+            for r, s, n in zip(reqs, starts.tolist(), batch.num_new_tokens, strict=True)
+        ),
+        dtype=np.int64,
+        count=n_total,
+    )
     return HostBatch(ids, pos, slots, qsl, seq_lens, tables)
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_dir: Path, model_config: ModelConfig, max_model_len: int,
-                 phases: StartupPhases | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_dir: Path,
+        model_config: ModelConfig,
+        max_model_len: int,
+        phases: StartupPhases | None = None,
+    ) -> None:
         """Load the model and build everything it runs with. `max_model_len` is the longest sequence
         asked for; `self.max_model_len` may be shorter, when the KV cache cannot hold that many tokens.
         Each set-up phase is timed into `phases` (engine/startup_phases.py)."""
@@ -108,9 +122,13 @@ class ModelRunner:
             # loads weights and sizes its KV cache from the free memory (heap.py).
             collect_dropped()
             torch.cuda.empty_cache()
-        self.numerics = Numerics(self.dtype, cfg.batch_invariant, resolve_quantization(cfg.quantization, model_config.hf))
+        self.numerics = Numerics(
+            self.dtype, cfg.batch_invariant, resolve_quantization(cfg.quantization, model_config.hf)
+        )
         check_fp8_device(self.device, cfg.quantization, self.numerics.quantization, cfg.kv_cache_dtype)
-        compile_ahead = self.device.type == "cuda" and precompile_enabled()  # a bad setting fails before the load
+        compile_ahead = (
+            self.device.type == "cuda" and precompile_enabled()
+        )  # a bad setting fails before the load
         with phases.phase("model_load_s"):
             # An expert-parallel rank loads and keeps its own expert slots (engine/parallel/sharding.py).
             if cfg.parallel_size > 1:
@@ -118,8 +136,14 @@ class ModelRunner:
                 from shardinfer.engine.parallel.sharding import attach_experts, rank_expert_slots
 
                 group = current_group(cfg.parallel_size)
-                self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device,
-                                        rank_expert_slots(group, model_config.num_hidden_layers))
+                self.model = load_model(
+                    model_dir,
+                    model_config,
+                    self.numerics,
+                    max_model_len,
+                    self.device,
+                    rank_expert_slots(group, model_config.num_hidden_layers),
+                )
                 self.parallel_experts = attach_experts(self.model, group)
             else:
                 self.model = load_model(model_dir, model_config, self.numerics, max_model_len, self.device)
@@ -127,16 +151,19 @@ class ModelRunner:
         use_mtp = cfg.speculative_mode == "mtp"
         if use_mtp:
             if not getattr(self.model, "num_mtp_layers", 0):
-                raise ValueError(f"speculative='mtp' but {model_config.architecture} at {cfg.model!r} has no "
-                                 "MTP layer (num_nextn_predict_layers): use speculative='ngram' instead")
+                raise ValueError(
+                    f"speculative='mtp' but {model_config.architecture} at {cfg.model!r} has no "
+                    "MTP layer (num_nextn_predict_layers): use speculative='ngram' instead"
+                )
             specs = specs + self.model.mtp_kv_cache_specs()  # MTP caches follow the main layers'
         self.kv_specs: list[KVLayerSpec] = specs
         with phases.phase("kv_sizing_s"):
             self.num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, max_model_len)
             # No request may need more blocks than exist, or preemption could never make room for it.
             self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
-            self.kv_caches = allocate_kv_caches(specs, self.num_blocks, cfg.block_size, self.dtype, self.device,
-                                                cfg.kv_cache_dtype == "fp8")
+            self.kv_caches = allocate_kv_caches(
+                specs, self.num_blocks, cfg.block_size, self.dtype, self.device, cfg.kv_cache_dtype == "fp8"
+            )
         # Speculative steps verify 1 + k rows per request, k up to the draft depth (fewer near a
         # request's max_tokens, or where a draft budget chooses fewer): one graph per width.
         self.graph_widths = list(range(1, 2 + cfg.draft_depth))
@@ -173,8 +200,17 @@ class ModelRunner:
         """The decode graphs' static buffers; captured later (DecodeGraphs.capture)."""
         from shardinfer.engine.cuda_graphs import DecodeGraphs
 
-        return DecodeGraphs(self.model, self.kv_caches, self.block_size, self.max_model_len, max_num_seqs,
-                            self.device, self.batch_invariant, self.graph_widths, draft_layer=self.keep_last_forward)
+        return DecodeGraphs(
+            self.model,
+            self.kv_caches,
+            self.block_size,
+            self.max_model_len,
+            max_num_seqs,
+            self.device,
+            self.batch_invariant,
+            self.graph_widths,
+            draft_layer=self.keep_last_forward,
+        )
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         return array_to_device(a, self.device)
@@ -207,8 +243,11 @@ class ModelRunner:
             return 0
         w = max(batch.num_new_tokens)
         for r, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-            if (r.num_computed_tokens + n != r.num_tokens or r.num_draft_tokens != n - 1
-                    or (r.wants_prompt_logprobs and not r.prompt_logprobs_done)):
+            if (
+                r.num_computed_tokens + n != r.num_tokens
+                or r.num_draft_tokens != n - 1
+                or (r.wants_prompt_logprobs and not r.prompt_logprobs_done)
+            ):
                 return 0
         return w
 
@@ -240,7 +279,9 @@ class ModelRunner:
         shift = None
         if fixup is not None:
             a = ctx.attn
-            shift = fixup.apply(input_ids, positions, a.seq_lens, a.slot_mapping, a.block_tables, self.block_size)
+            shift = fixup.apply(
+                input_ids, positions, a.seq_lens, a.slot_mapping, a.block_tables, self.block_size
+            )
             if fixup.shifted and not input_ids.is_cuda:  # the reference kernels read host copies
                 a.seq_lens_cpu = a.seq_lens.tolist()
         hidden = self.model(input_ids, positions, ctx)

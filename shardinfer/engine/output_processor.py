@@ -29,8 +29,14 @@ if TYPE_CHECKING:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int, requests: dict[str, Request],
-                 grammar_masks: GrammarMaskFiller, counters: dict[str, float]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        requests: dict[str, Request],
+        grammar_masks: GrammarMaskFiller,
+        counters: dict[str, float],
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.requests = requests  # the engine's requests in flight, by id (shared, not copied)
@@ -51,20 +57,37 @@ class OutputProcessor:
             if slot == DISCARDED or req.status.finished or self.requests.get(req.request_id) is not req:
                 continue  # aborted, or finished by an earlier token while this one was in flight
             live.append((req, slot, first, step.counts[i]))
-        constrained = [(req, result.token_ids[first]) for req, slot, first, _ in live
-                       if slot != DRAFTS and req.grammar is not None]
+        constrained = [
+            (req, result.token_ids[first])
+            for req, slot, first, _ in live
+            if slot != DRAFTS and req.grammar is not None
+        ]
         return result, live, self.grammar_masks.accept_tokens(constrained)
 
-    def accept_sampled(self, req: Request, slot: int, result: SampleResult, row: int,
-                       violation: GrammarViolation | None) -> None:
+    def accept_sampled(
+        self, req: Request, slot: int, result: SampleResult, row: int, violation: GrammarViolation | None
+    ) -> None:
         """Put sampled row `row`'s token into its placeholder at `slot` (its matcher already took it)."""
         req.output_token_ids[slot] = result.token_ids[row]
         req.num_placeholders -= 1
-        self.accept_token(req, slot, result.logprobs[row], result.top_logprobs[row], advance_grammar=False,
-                          violation=violation)
+        self.accept_token(
+            req,
+            slot,
+            result.logprobs[row],
+            result.top_logprobs[row],
+            advance_grammar=False,
+            violation=violation,
+        )
 
-    def accept_token(self, req: Request, slot: int, logprob: float, top: list[tuple[int, float]] | None,
-                     advance_grammar: bool = True, violation: GrammarViolation | None = None) -> None:
+    def accept_token(
+        self,
+        req: Request,
+        slot: int,
+        logprob: float,
+        top: list[tuple[int, float]] | None,
+        advance_grammar: bool = True,
+        violation: GrammarViolation | None = None,
+    ) -> None:
         """Output token `slot` is now known: record it, advance the grammar, check for a stop.
         advance_grammar=False: the matcher already took the token in read_back's batched accept,
         and `violation` is its refusal, if any."""
@@ -79,9 +102,13 @@ class OutputProcessor:
                     raise violation
                 if advance_grammar:
                     req.grammar.accept(token)
-            except RuntimeError as exc:  # the mask should make this impossible; fail the request, not the step
+            except (
+                RuntimeError
+            ) as exc:  # the mask should make this impossible; fail the request, not the step
                 req.error = f"structured output: {exc}"
-                req.output_text = self.tokenizer.decode(req.output_token_ids[:slot], req.params.skip_special_tokens)
+                req.output_text = self.tokenizer.decode(
+                    req.output_token_ids[:slot], req.params.skip_special_tokens
+                )
                 del req.output_token_ids[slot + 1 :]
                 req.num_placeholders = 0
                 req.finish(RequestStatus.FINISHED_ERROR)
@@ -96,8 +123,9 @@ class OutputProcessor:
 
     def record_prompt_logprobs(self, req: Request, first: int, logits: torch.Tensor) -> None:
         lps = torch.log_softmax(logits.float(), dim=-1)
-        targets = torch.tensor(req.prompt_token_ids[first + 1 : first + 1 + lps.shape[0]], dtype=torch.long,
-                               device=lps.device)
+        targets = torch.tensor(
+            req.prompt_token_ids[first + 1 : first + 1 + lps.shape[0]], dtype=torch.long, device=lps.device
+        )
         values = lps.gather(1, targets.view(-1, 1)).view(-1).tolist()
         k = req.params.prompt_logprobs or 0
         for i, v in enumerate(values):
@@ -121,20 +149,32 @@ class OutputProcessor:
     def output(self, req: Request) -> RequestOutput:
         p = req.params
         completion = CompletionOutput(
-            index=0, text=req.output_text, token_ids=list(req.output_token_ids), logprobs=list(req.output_logprobs),
+            index=0,
+            text=req.output_text,
+            token_ids=list(req.output_token_ids),
+            logprobs=list(req.output_logprobs),
             top_logprobs=list(req.output_top_logprobs) if p.logprobs else None,
-            finish_reason=req.status.value if req.status.finished else None, seed=req.seed,
-            stop_reason=req.stop_reason, error=req.error)
+            finish_reason=req.status.value if req.status.finished else None,
+            seed=req.seed,
+            stop_reason=req.stop_reason,
+            error=req.error,
+        )
         return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=list(req.prompt_token_ids),
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=list(req.prompt_token_ids),
             prompt_logprobs=list(req.prompt_logprobs) if p.prompt_logprobs is not None else None,
             prompt_top_logprobs=list(req.prompt_top_logprobs) if p.prompt_logprobs else None,
-            outputs=[completion], num_cached_tokens=req.cached_prompt_tokens,
-            finished=req.status.finished, metrics={"preemptions": float(req.num_preemptions)})
+            outputs=[completion],
+            num_cached_tokens=req.cached_prompt_tokens,
+            finished=req.status.finished,
+            metrics={"preemptions": float(req.num_preemptions)},
+        )
 
 
-def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
-               n_out: int | None = None) -> tuple[RequestStatus | None, str | int | None, str]:
+def check_stop(
+    req: Request, tokenizer: Tokenizer, max_model_len: int, n_out: int | None = None
+) -> tuple[RequestStatus | None, str | int | None, str]:
     """Whether the request is done after its output token n_out - 1 (default: its last token), and
     its output text so far."""
     p = req.params
@@ -153,7 +193,11 @@ def check_stop(req: Request, tokenizer: Tokenizer, max_model_len: int,
         # Nothing needs the text before the end: decode it once, when the request ends, rather
         # than the whole output again after every token.
         status = _end_status(req, n_out, total, max_model_len)
-        text = tokenizer.decode(req.output_token_ids[:n_out], p.skip_special_tokens) if status is not None else ""
+        text = (
+            tokenizer.decode(req.output_token_ids[:n_out], p.skip_special_tokens)
+            if status is not None
+            else ""
+        )
         return status, None, text
     text = tokenizer.decode(req.output_token_ids[:n_out], p.skip_special_tokens)
     if may_stop:

@@ -55,8 +55,10 @@ def precompile_enabled() -> bool:
         return True
     if value.strip().lower() in _OFF:
         return False
-    raise ConfigError(f"SHARDINFER_PRECOMPILE={value!r}: set it to 1 to compile the engine's kernels ahead "
-                      "in parallel (the default, as when unset) or to 0 to compile each at its first launch")
+    raise ConfigError(
+        f"SHARDINFER_PRECOMPILE={value!r}: set it to 1 to compile the engine's kernels ahead "
+        "in parallel (the default, as when unset) or to 0 to compile each at its first launch"
+    )
 
 
 def prefill_batch(n_tokens: int, sequence_tokens: int, block_size: int) -> HostBatch:
@@ -114,8 +116,9 @@ def run_sampling(vocab: int, device: torch.device) -> None:
             ops.sample_with_logprobs(raw, x, ones, top_k, ones, zeros, seeds, positions, filtered, top=top)
 
 
-def precompile(runner: ModelRunner, graphs: Any, max_num_batched_tokens: int,
-               workers: int | None = None) -> compile_ahead.CompileAhead | None:
+def precompile(
+    runner: ModelRunner, graphs: Any, max_num_batched_tokens: int, workers: int | None = None
+) -> compile_ahead.CompileAhead | None:
     """Compile what the runner's warm-up, the capture of `graphs` (a DecodeGraphs, or None) and
     its first prefill steps and the sampler will launch. Returns what was compiled, or None where
     this Triton cannot compile asynchronously or a pass failed (logged); what was not compiled
@@ -132,7 +135,11 @@ def precompile(runner: ModelRunner, graphs: Any, max_num_batched_tokens: int,
                 logits = run_prefill(runner, prefill_batch(n, length, runner.block_size))
             run_sampling(logits.shape[-1], logits.device)
     except Exception as e:  # an optimisation only: what it did not compile compiles at its launch
-        logger.warning("compiling kernels ahead stopped (%s: %s); the rest compile as they first launch "
-                       "(SHARDINFER_PRECOMPILE=0 skips this step)", type(e).__name__, e)
+        logger.warning(
+            "compiling kernels ahead stopped (%s: %s); the rest compile as they first launch "
+            "(SHARDINFER_PRECOMPILE=0 skips this step)",
+            type(e).__name__,
+            e,
+        )
         return None
     return stats

@@ -20,9 +20,11 @@ def length_fix(asked: int, max_model_len: int, num_blocks: int, block_size: int)
     tokens, `asked` (max_model_len, or the model's positions) capped by the KV cache's blocks."""
     if max_model_len >= asked:
         return LENGTH_FIX
-    return (f"shorten the prompt, or give the KV cache more than its {num_blocks} blocks of {block_size} tokens "
-            f"(num_kv_blocks, or a larger memory share): they cap max_model_len at {max_model_len}, below "
-            f"the {asked} asked for")
+    return (
+        f"shorten the prompt, or give the KV cache more than its {num_blocks} blocks of {block_size} tokens "
+        f"(num_kv_blocks, or a larger memory share): they cap max_model_len at {max_model_len}, below "
+        f"the {asked} asked for"
+    )
 
 
 def check_prompt(
@@ -65,7 +67,9 @@ def check_stop_token_ids(stop_token_ids: Sequence[int] | None, vocab_size: int) 
     """A stop token id outside the vocabulary could never stop anything: a ValueError naming it."""
     bad = [t for t in stop_token_ids or () if not 0 <= int(t) < vocab_size]
     if bad:
-        raise ValueError(f"stop_token_ids holds {bad[0]}, outside the vocabulary: ids must be in [0, {vocab_size})")
+        raise ValueError(
+            f"stop_token_ids holds {bad[0]}, outside the vocabulary: ids must be in [0, {vocab_size})"
+        )
 
 
 def tokenize_prompt(tokenizer: Any, vocab_size: int, prompt: str | list[int]) -> list[int]:

@@ -69,8 +69,11 @@ def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
         return logits
     vocab = logits.shape[-1]
     if p.repetition_penalty != 1.0:
-        seen = values_to_device(sorted({t for t in row.prompt_token_ids + row.output_token_ids if t < vocab}),
-                                torch.long, logits.device)
+        seen = values_to_device(
+            sorted({t for t in row.prompt_token_ids + row.output_token_ids if t < vocab}),
+            torch.long,
+            logits.device,
+        )
         if seen.numel():
             vals = logits[seen]
             logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
@@ -88,8 +91,13 @@ class DeviceSample:
     result() waits for that event only, so the device can already be running the next step.
     """
 
-    def __init__(self, tokens: torch.Tensor, logprobs: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None,
-                 top_k: list[int]) -> None:
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        top: tuple[torch.Tensor, torch.Tensor] | None,
+        top_k: list[int],
+    ) -> None:
         self.tokens = tokens  # [S] int64, on the logits' device (the next step may read it there)
         self.logprobs = logprobs
         self.top = top
@@ -111,8 +119,9 @@ class DeviceSample:
         if not self.tokens.is_cuda:
             self._host = parts
             return
-        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-                      for t in parts]
+        self._host = [
+            torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in parts
+        ]
         self._event = torch.cuda.Event()
         self._event.record()
 
@@ -141,13 +150,19 @@ class DeviceSample:
 TOP1_FROM_SAMPLING = True
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None) -> SampleResult:
+def sample(
+    logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None
+) -> SampleResult:
     """Choose and read back in one call (see sample_on_device)."""
     return sample_on_device(logits, rows, grammar).result()
 
 
-def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], grammar: GrammarMasks | None = None,
-                     position_shift: torch.Tensor | None = None) -> DeviceSample:
+def sample_on_device(
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    grammar: GrammarMasks | None = None,
+    position_shift: torch.Tensor | None = None,
+) -> DeviceSample:
     """logits [B, V] float32, one row per sampling request; nothing waits for the device.
 
     position_shift [B] (speculative decoding with asynchronous scheduling): how far each row's
@@ -197,8 +212,9 @@ def sample_on_device(logits: torch.Tensor, rows: list[SamplingRow], grammar: Gra
     # One top logprob per token (logprobs=1, the common ask) comes out of the pass that computes
     # the log-sum-exp (kernels/top_logprob.py); more take a top-k over the raw logits.
     top1 = TopLogprob.empty(len(rows), dev) if top_k_max == 1 and TOP1_FROM_SAMPLING else None
-    chosen, lps, lse = ops.sample_with_logprobs(logits, x, temperature, top_k, top_p, min_p, seeds, positions,
-                                                filtered, noise, top=top1)
+    chosen, lps, lse = ops.sample_with_logprobs(
+        logits, x, temperature, top_k, top_p, min_p, seeds, positions, filtered, noise, top=top1
+    )
     top = None
     if top1 is not None:
         top = (top1.logprobs.view(-1, 1), top1.token_ids.view(-1, 1))
@@ -272,8 +288,13 @@ class SamplingPlan:
     draft_confidence: list[list[float | None] | None] = field(default_factory=list)
 
 
-def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids: list[int] | tuple[int, ...],
-                  max_model_len: int, constrained: list[tuple[Request, int]] | None = None) -> SamplingPlan:
+def plan_sampling(
+    step_logits: StepLogits,
+    batch: ScheduledBatch,
+    eos_token_ids: list[int] | tuple[int, ...],
+    max_model_len: int,
+    constrained: list[tuple[Request, int]] | None = None,
+) -> SamplingPlan:
     """A forward's sampling rows, with a placeholder where each token will go.
 
     A request may have finished since its forward was queued (the previous step, completed in
@@ -289,8 +310,9 @@ def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids:
         base = req.num_tokens - (count - 1)
         rows.extend(sampling_row(req, base + j, eos_token_ids) for j in range(count))
     if constrained is None:
-        constrained = [(r, first_rows[i]) for i, r in enumerate(reqs)
-                       if r.grammar is not None and not r.status.finished]
+        constrained = [
+            (r, first_rows[i]) for i, r in enumerate(reqs) if r.grammar is not None and not r.status.finished
+        ]
     confidence: list[list[float | None] | None] = []
     for i, (req, count) in enumerate(zip(reqs, counts, strict=True)):
         confidence.append(req.draft_confidence if count > 1 else None)
@@ -316,5 +338,6 @@ def plan_sampling(step_logits: StepLogits, batch: ScheduledBatch, eos_token_ids:
         if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
             req.finishing = True
     newest = [r.num_tokens - 1 for r in reqs]
-    return SamplingPlan(step_logits, batch, rows, slots, constrained, newest_positions=newest,
-                        draft_confidence=confidence)
+    return SamplingPlan(
+        step_logits, batch, rows, slots, constrained, newest_positions=newest, draft_confidence=confidence
+    )

@@ -97,7 +97,9 @@ class SamplingParams:
             return ValueError(f"SamplingParams.{name}={shown(value)} is invalid: {why}")
 
         if not (self.temperature >= 0.0):
-            raise bad("temperature", self.temperature, f"must be >= 0 (0, or below {GREEDY_BELOW}, means greedy)")
+            raise bad(
+                "temperature", self.temperature, f"must be >= 0 (0, or below {GREEDY_BELOW}, means greedy)"
+            )
         if not (0.0 < self.top_p <= 1.0):
             raise bad("top_p", self.top_p, "must be in (0, 1]")
         if self.top_k < -1:
@@ -116,8 +118,12 @@ class SamplingParams:
             if not (-2.0 <= value <= 2.0):
                 raise bad(name, value, "must be in [-2, 2]")
         if self.max_tokens is not None and self.max_tokens < 0:
-            raise bad("max_tokens", self.max_tokens, "must be >= 1, None (up to max_model_len), or 0 with "
-                      "prompt_logprobs (score the prompt, generate nothing)")
+            raise bad(
+                "max_tokens",
+                self.max_tokens,
+                "must be >= 1, None (up to max_model_len), or 0 with "
+                "prompt_logprobs (score the prompt, generate nothing)",
+            )
         if self.max_tokens == 0 and self.prompt_logprobs is None:
             raise ValueError(
                 "SamplingParams.max_tokens=0 without prompt_logprobs asks for nothing: max_tokens=0 only scores "
@@ -200,9 +206,13 @@ _FIELD_ALIASES = {
 def _unknown_field_message(name: str, fields: list[str]) -> str:
     """What to write instead of an unknown SamplingParams keyword."""
     if name == "do_sample":
-        return ("SamplingParams has no field 'do_sample': use temperature=0.0 for greedy decoding "
-                "(do_sample=False), or a temperature > 0 to sample")
-    meant = _FIELD_ALIASES.get(name) or next(iter(difflib.get_close_matches(name, fields, n=1, cutoff=0.6)), None)
+        return (
+            "SamplingParams has no field 'do_sample': use temperature=0.0 for greedy decoding "
+            "(do_sample=False), or a temperature > 0 to sample"
+        )
+    meant = _FIELD_ALIASES.get(name) or next(
+        iter(difflib.get_close_matches(name, fields, n=1, cutoff=0.6)), None
+    )
     hint = f": did you mean {meant!r}?" if meant else f"; its fields are {', '.join(fields)}"
     return f"SamplingParams has no field {name!r}{hint}"
 
@@ -262,8 +272,10 @@ def checkpoint_eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
     for value in ids:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             path = str(Path(model_dir) / "generation_config.json")
-            raise ValueError(f"{path!r}: eos_token_id holds {value!r}, expected a token id (an integer >= 0) or "
-                             "a list of them: fix or remove it")
+            raise ValueError(
+                f"{path!r}: eos_token_id holds {value!r}, expected a token id (an integer >= 0) or "
+                "a list of them: fix or remove it"
+            )
     return tuple(ids)
 
 

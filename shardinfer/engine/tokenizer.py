@@ -69,7 +69,9 @@ def _tokenizer_config(path: Path) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{str(path)!r} is not valid JSON ({exc}): fix or remove it") from None
     if not isinstance(cfg, dict):
-        raise ModelLoadError(f"{str(path)!r} holds a JSON {type(cfg).__name__}, not an object: fix or remove it")
+        raise ModelLoadError(
+            f"{str(path)!r} holds a JSON {type(cfg).__name__}, not an object: fix or remove it"
+        )
     return cfg
 
 
@@ -86,8 +88,10 @@ class Tokenizer:
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # the tokenizers library reports a bad file as a bare Exception
-            raise ModelLoadError(f"{str(path)!r} is not a readable tokenizer ({exc}): save it again with "
-                                 "tokenizer.save_pretrained") from None
+            raise ModelLoadError(
+                f"{str(path)!r} is not a readable tokenizer ({exc}): save it again with "
+                "tokenizer.save_pretrained"
+            ) from None
         cfg = _tokenizer_config(model_dir / "tokenizer_config.json")
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
@@ -180,7 +184,9 @@ class Tokenizer:
         if name is not None:
             with self._compile_lock:
                 if name not in self._compiled_named:
-                    self._compiled_named[name] = ChatTemplate(self._named_templates[name], self.special_tokens)
+                    self._compiled_named[name] = ChatTemplate(
+                        self._named_templates[name], self.special_tokens
+                    )
                 return self._compiled_named[name]
         if chat_template is not None:
             return ChatTemplate(chat_template, self.special_tokens)
@@ -188,18 +194,30 @@ class Tokenizer:
 
     @overload
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = ..., *,
-        tokenize: Literal[False] = ..., continue_final_message: bool | str = ...,
-        tools: list[dict[str, Any]] | None = ..., documents: list[dict[str, Any]] | None = ...,
-        chat_template_kwargs: Mapping[str, Any] | None = ..., chat_template: str | None = ...,
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = ...,
+        *,
+        tokenize: Literal[False] = ...,
+        continue_final_message: bool | str = ...,
+        tools: list[dict[str, Any]] | None = ...,
+        documents: list[dict[str, Any]] | None = ...,
+        chat_template_kwargs: Mapping[str, Any] | None = ...,
+        chat_template: str | None = ...,
     ) -> str: ...
 
     @overload
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = ..., *,
-        tokenize: Literal[True], continue_final_message: bool | str = ...,
-        tools: list[dict[str, Any]] | None = ..., documents: list[dict[str, Any]] | None = ...,
-        chat_template_kwargs: Mapping[str, Any] | None = ..., chat_template: str | None = ...,
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = ...,
+        *,
+        tokenize: Literal[True],
+        continue_final_message: bool | str = ...,
+        tools: list[dict[str, Any]] | None = ...,
+        documents: list[dict[str, Any]] | None = ...,
+        chat_template_kwargs: Mapping[str, Any] | None = ...,
+        chat_template: str | None = ...,
     ) -> list[int]: ...
 
     def apply_chat_template(

@@ -101,11 +101,16 @@ def make_scheduler(job: OpenedJob) -> SplitScheduler:
 
 
 def run_in_process(
-    job: OpenedJob, scheduler: SplitScheduler, stop: threading.Event, reporter: Reporter, stats: RunStats,
+    job: OpenedJob,
+    scheduler: SplitScheduler,
+    stop: threading.Event,
+    reporter: Reporter,
+    stats: RunStats,
     prestart: EnginePrestart | None = None,
 ) -> None:
     """Run the job's splits on one engine in this process: the one `prestart` built while the job
     was planned when it was built for this job's model and engine settings, else one built here."""
+
     def emit(event: dict[str, Any]) -> None:
         kind = event.get("event")
         if kind == "split_done":
@@ -120,8 +125,15 @@ def run_in_process(
     engine, timeline = None, None
     if prestart is not None and prestart.serves(job.config):
         engine, timeline = prestart.take(), prestart.timeline
-    result = run_worker(local_job, scheduler.pulled_by("0"), stop, job.config.job.run_id, emit=emit,
-                        engine=engine, timeline=timeline)
+    result = run_worker(
+        local_job,
+        scheduler.pulled_by("0"),
+        stop,
+        job.config.job.run_id,
+        emit=emit,
+        engine=engine,
+        timeline=timeline,
+    )
     stats.add({"engine_stats": result.engine_stats})
 
 

@@ -304,6 +304,8 @@ def _empty_texts(summary: dict[str, Any]) -> str:
     empty, ok = summary["rows_empty_text"], summary.get("rows_ok", 0)
     line = f"empty texts    {empty} of {ok} ok record(s) ended before any text"
     if summary.get("prompts_as_written") and ok and empty * 2 > ok:
-        line += (" (input.prompt_column sends the text as written, without the chat template: a chat model "
-                 "often ends at once; input.messages_column renders its chat template, docs/jobs.md)")
+        line += (
+            " (input.prompt_column sends the text as written, without the chat template: a chat model "
+            "often ends at once; input.messages_column renders its chat template, docs/jobs.md)"
+        )
     return line

@@ -415,8 +415,15 @@ def _fill_defaults(config: JobConfig, sources: dict[str, str], today: datetime.d
 PLACEHOLDERS = ("{run_id}", "{ds}", "{name}")
 _PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 # What a scheduler's templates call the same values (Airflow's {ds} is ours; {date} is not).
-_PLACEHOLDER_SYNONYMS = {"{date}": "{ds}", "{dt}": "{ds}", "{day}": "{ds}", "{runid}": "{run_id}",
-                         "{run}": "{run_id}", "{job}": "{name}", "{job_name}": "{name}"}
+_PLACEHOLDER_SYNONYMS = {
+    "{date}": "{ds}",
+    "{dt}": "{ds}",
+    "{day}": "{ds}",
+    "{runid}": "{run_id}",
+    "{run}": "{run_id}",
+    "{job}": "{name}",
+    "{job_name}": "{name}",
+}
 
 
 def render_path(path: str, config: JobConfig) -> str:
@@ -433,8 +440,11 @@ def render_path(path: str, config: JobConfig) -> str:
     unknown = _PLACEHOLDER.search(path)
     if unknown is not None:  # a misspelt placeholder would silently become a folder of that name
         word = unknown.group(0)
-        near = ([_PLACEHOLDER_SYNONYMS[word]] if word in _PLACEHOLDER_SYNONYMS
-                else difflib.get_close_matches(word, list(PLACEHOLDERS), n=1, cutoff=0.6))
+        near = (
+            [_PLACEHOLDER_SYNONYMS[word]]
+            if word in _PLACEHOLDER_SYNONYMS
+            else difflib.get_close_matches(word, list(PLACEHOLDERS), n=1, cutoff=0.6)
+        )
         hint = f" (did you mean {near[0]}?)" if near else ""
         raise ConfigError(
             f"{unknown.group(0)} in path {path!r} is not a placeholder{hint}: the placeholders are "
@@ -458,7 +468,9 @@ def _validate_engine(config: JobConfig) -> None:
         message = str(exc)
         # The engine names its argument ("speculative='x': ..."); the job file's key is [section].key.
         name = message.split("=", 1)[0]
-        section = "engine" if name in config.engine or name not in ("device", "dtype", "quantization") else "model"
+        section = (
+            "engine" if name in config.engine or name not in ("device", "dtype", "quantization") else "model"
+        )
         if name.isidentifier() and (name in config.engine or section == "model"):
             message = f"{section}.{message}"
         raise ConfigError(f"{message} (fix it in the job file's [{section}] or with --conf)") from None
@@ -476,11 +488,12 @@ def validate(config: JobConfig) -> None:
         check_no_credentials_in_url(key, value)
     if config.model.quantization not in ("", "fp8", "none"):
         raise ConfigError(
-            f"model.quantization={config.model.quantization!r} is not supported; use \"fp8\" (block-scaled "
-            "FP8 weights), \"none\" (dequantise FP8 checkpoints) or leave it unset (follow the checkpoint)"
+            f'model.quantization={config.model.quantization!r} is not supported; use "fp8" (block-scaled '
+            'FP8 weights), "none" (dequantise FP8 checkpoints) or leave it unset (follow the checkpoint)'
         )
     if config.model.quantization and config.engine.get("quantization", config.model.quantization) != (
-            config.model.quantization):
+        config.model.quantization
+    ):
         raise ConfigError(
             f"model.quantization={config.model.quantization!r} and engine.quantization="
             f"{config.engine['quantization']!r} disagree; set it once, as model.quantization"
@@ -621,7 +634,7 @@ def validate_task(config: JobConfig) -> None:
         named = [k for k, v in score_columns.items() if v]
         if named:
             raise ConfigError(
-                f'{", ".join(named)} only {"applies" if len(named) == 1 else "apply"} to score jobs: set '
+                f"{', '.join(named)} only {'applies' if len(named) == 1 else 'apply'} to score jobs: set "
                 f'job.task="score" or remove {"it" if len(named) == 1 else "them"}'
             )
         return

@@ -163,7 +163,9 @@ class RunStats:
             "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         }
         if drafting:
-            out["mean_draft_depth"] = round(sum(e.get("mean_draft_depth", 0.0) for e in drafting) / len(drafting), 3)
+            out["mean_draft_depth"] = round(
+                sum(e.get("mean_draft_depth", 0.0) for e in drafting) / len(drafting), 3
+            )
         probes = sum(e.get("draft_probe_steps", 0.0) for e in self.engine)
         if probes:
             out["probe_steps"] = int(probes)  # steps that verified drafts only to keep learning
@@ -173,7 +175,11 @@ class RunStats:
         j = 1
         while any(f"draft_acceptance_p{j}" in e for e in drafting):
             # Weighted by each engine's drafts: an engine that drafted little says little.
-            rates = [(e[f"draft_acceptance_p{j}"], e["draft_tokens"]) for e in drafting if f"draft_acceptance_p{j}" in e]
+            rates = [
+                (e[f"draft_acceptance_p{j}"], e["draft_tokens"])
+                for e in drafting
+                if f"draft_acceptance_p{j}" in e
+            ]
             out[f"acceptance_p{j}"] = round(sum(r * w for r, w in rates) / sum(w for _, w in rates), 4)
             j += 1
         return out
@@ -210,11 +216,15 @@ class RunStats:
         parallel = [e for e in self.engine if "expert_parallel_size" in e]
         if parallel:
             # One expert-parallel engine per worker: its ranks' expert rows, and their balance.
-            rows = [[e[f"rank{i}_expert_rows"] for i in range(int(e["expert_parallel_size"]))] for e in parallel]
-            out["expert_parallel"] = {"ranks": int(parallel[0]["expert_parallel_size"]),
-                                      "moe_lb": round(max(e["moe_lb"] for e in parallel), 4),
-                                      "rank_expert_rows": [int(sum(col)) for col in zip(*rows, strict=True)],
-                                      "rebalances": int(sum(e.get("expert_rebalances", 0) for e in parallel))}
+            rows = [
+                [e[f"rank{i}_expert_rows"] for i in range(int(e["expert_parallel_size"]))] for e in parallel
+            ]
+            out["expert_parallel"] = {
+                "ranks": int(parallel[0]["expert_parallel_size"]),
+                "moe_lb": round(max(e["moe_lb"] for e in parallel), 4),
+                "rank_expert_rows": [int(sum(col)) for col in zip(*rows, strict=True)],
+                "rebalances": int(sum(e.get("expert_rebalances", 0) for e in parallel)),
+            }
         if workers > 1:
             out["run_workers"] = self._workers(wall_s)
         if scheduler is not None:

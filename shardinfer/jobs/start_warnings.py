@@ -24,7 +24,11 @@ def start_warnings(spec: ResolvedSpec, job: OpenedJob) -> list[StartWarning]:
     """Every warning of a job about to run (a finished job runs nothing: none)."""
     if job.state == "done":
         return []
-    found: list[StartWarning] = [(run_date_in_paths(spec), {}), (undashed_ds(spec), {}), *other_live_runs(job)]
+    found: list[StartWarning] = [
+        (run_date_in_paths(spec), {}),
+        (undashed_ds(spec), {}),
+        *other_live_runs(job),
+    ]
     found += [(float_ids(job), {}), (identical_samples(spec, job), {})]
     return [(message, fields) for message, fields in found if message]
 
@@ -105,7 +109,7 @@ def float_ids(job: OpenedJob) -> str:
     own = " (or cast the column in your own input.query)" if job.config.input.query else ""
     return (
         f"input.id_column={column!r} is a column of {schema.field(column).type}: each row_id is written as "
-        "the float's text (\"101.0\", not \"101\"), which will not join with integer ids; if the ids are whole "
+        'the float\'s text ("101.0", not "101"), which will not join with integer ids; if the ids are whole '
         f"numbers, cast them with input.query = {json.dumps(query, ensure_ascii=False)}{own}"
         + _another_job(job)
     )

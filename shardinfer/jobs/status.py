@@ -175,7 +175,12 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
     if success is not None:
         summary = success.get("summary", {})
         for key in (
-            "run_id", "task", "wall_time_s", "output_tokens_per_s", "run_prompt_tokens", "prefix_cache_hit_rate",
+            "run_id",
+            "task",
+            "wall_time_s",
+            "output_tokens_per_s",
+            "run_prompt_tokens",
+            "prefix_cache_hit_rate",
             "repaired",
         ):
             if key in summary:
@@ -367,7 +372,11 @@ def print_dry_run(
     out = out if out is not None else sys.stdout
     cfg, sources = shown_spec(job, spec)
     if as_json:  # --log-format json: one object, so that every line of the run parses
-        print(json.dumps(dry_run_record(job, spec, num_workers, cfg, sources), default=str), file=out, flush=True)
+        print(
+            json.dumps(dry_run_record(job, spec, num_workers, cfg, sources), default=str),
+            file=out,
+            flush=True,
+        )
         return
     print("# resolved job spec", file=out)
     for section, body in cfg.items():
@@ -424,7 +433,9 @@ def sampling_in_use(job: OpenedJob, spec: ResolvedSpec) -> tuple[dict[str, Any],
     sources = {}
     for key in values:
         # `so_args` is structured_output's older name: a spec giving it gives structured_output.
-        named = key if key in given else "so_args" if key == "structured_output" and "so_args" in given else ""
+        named = (
+            key if key in given else "so_args" if key == "structured_output" and "so_args" in given else ""
+        )
         if named:
             sources[key] = spec.sources.get(f"sampling.{named}", "job file")
         else:

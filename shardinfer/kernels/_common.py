@@ -52,9 +52,15 @@ def check_tiles(owner: object, blocks: Iterable[str], counts: Iterable[str]) -> 
             raise ValueError(f"{kind}.{name}: got {v}, need >= 1 (a tiling with {name}={v} cannot run)")
 
 
-def check_tensor(name: str, t: object, *, dtypes: Iterable[torch.dtype] | None = None,
-                 ndim: int | Iterable[int] | None = None, last_dim_contiguous: bool = False,
-                 contiguous: bool = False) -> torch.Tensor:
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    dtypes: Iterable[torch.dtype] | None = None,
+    ndim: int | Iterable[int] | None = None,
+    last_dim_contiguous: bool = False,
+    contiguous: bool = False,
+) -> torch.Tensor:
     """Validate one tensor argument and return it typed."""
     if not isinstance(t, torch.Tensor):
         raise fail(name, type(t).__name__, "need a torch.Tensor")
@@ -81,8 +87,10 @@ def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
         raise ValueError(f"tensors are on different devices: {devices}; move them to one device")
     (device,) = distinct
     if device.type != "cuda" and not interpreting():
-        raise ValueError(f"Triton kernels need CUDA tensors, got device {device} "
-                         "(use shardinfer.kernels.reference on CPU, or set TRITON_INTERPRET=1)")
+        raise ValueError(
+            f"Triton kernels need CUDA tensors, got device {device} "
+            "(use shardinfer.kernels.reference on CPU, or set TRITON_INTERPRET=1)"
+        )
     return device
 
 

@@ -25,8 +25,18 @@ def mma(a, b, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def k_loop(x_ptrs, w_ptrs, acc, kt_first, kt_last, K, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr,
-           PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def k_loop(
+    x_ptrs,
+    w_ptrs,
+    acc,
+    kt_first,
+    kt_last,
+    K,
+    EVEN_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """acc + the [BLOCK_M, BLOCK_K] x tiles times the [BLOCK_K, BLOCK_N] weight.T tiles of K steps
     kt_first .. kt_last - 1, in order; the pointers address step kt_first. Rows and columns past
     the problem's edge must already point at valid memory (their results are dropped at the

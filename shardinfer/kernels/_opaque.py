@@ -19,6 +19,8 @@ def opaque(x):
     y = x
     if x.dtype.primitive_bitwidth == 16:
         bits = x.to(tl.int16, bitcast=True)
-        bits = tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [bits], dtype=tl.int16, is_pure=False, pack=1)
+        bits = tl.inline_asm_elementwise(
+            "mov.b16 $0, $1;", "=h,h", [bits], dtype=tl.int16, is_pure=False, pack=1
+        )
         y = bits.to(x.dtype, bitcast=True)
     return y

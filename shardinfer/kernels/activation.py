@@ -42,8 +42,9 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, sx, n_inter, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _silu_and_mul_fp8_kernel(x_ptr, q_ptr, s_ptr, sx, n_inter, n_groups, GROUP_SIZE: tl.constexpr,
-                             GROUPS: tl.constexpr):
+def _silu_and_mul_fp8_kernel(
+    x_ptr, q_ptr, s_ptr, sx, n_inter, n_groups, GROUP_SIZE: tl.constexpr, GROUPS: tl.constexpr
+):
     """GROUPS consecutive 128-channel groups of one row per program, as fp8_quant's kernel takes
     them: a [GROUPS, GROUP_SIZE] tile whose padding lanes compute silu(0) * 0 = 0."""
     row = tl.program_id(0).to(tl.int64)
@@ -68,8 +69,9 @@ def _rows(x: torch.Tensor) -> tuple[int, int, int]:
         return x.shape[0], x.stride(0), n_inter
     if x.is_contiguous():
         return x.numel() // max(1, x.shape[-1]), x.shape[-1], n_inter
-    raise fail("x", f"a {x.dim()}-D view with strides {tuple(x.stride())}",
-               "need a contiguous tensor or a 2-D view")
+    raise fail(
+        "x", f"a {x.dim()}-D view with strides {tuple(x.stride())}", "need a contiguous tensor or a 2-D view"
+    )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -99,6 +101,7 @@ def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if rows == 0 or n_inter == 0:
         return q, s
     per = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(groups))
-    _silu_and_mul_fp8_kernel[(rows, triton.cdiv(groups, per))](x, q, s, sx, n_inter, groups, GROUP_SIZE=GROUP,
-                                                               GROUPS=per, num_warps=4 if per >= 4 else 1)
+    _silu_and_mul_fp8_kernel[(rows, triton.cdiv(groups, per))](
+        x, q, s, sx, n_inter, groups, GROUP_SIZE=GROUP, GROUPS=per, num_warps=4 if per >= 4 else 1
+    )
     return q, s

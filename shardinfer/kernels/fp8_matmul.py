@@ -75,7 +75,15 @@ from shardinfer.kernels.matmul import (
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 from shardinfer.kernels.tuning import Tiling
 
-__all__ = ["CONFIG_OVERRIDES", "Fp8TileConfig", "check_weight", "linear_fp8", "linear_fp8_quantized", "tile_config", "tiling"]
+__all__ = [
+    "CONFIG_OVERRIDES",
+    "Fp8TileConfig",
+    "check_weight",
+    "linear_fp8",
+    "linear_fp8_quantized",
+    "tile_config",
+    "tiling",
+]
 
 
 @dataclass(frozen=True)
@@ -107,8 +115,9 @@ class Fp8TileConfig:
     ranges_in_program: bool = False
 
     def __post_init__(self) -> None:
-        check_tiles(self, ("block_m", "block_n"), ("num_warps", "num_stages", "group_m", "programs_per_sm",
-                                                    "split_k"))
+        check_tiles(
+            self, ("block_m", "block_n"), ("num_warps", "num_stages", "group_m", "programs_per_sm", "split_k")
+        )
         if self.block_n > GROUP:
             raise ValueError(
                 f"Fp8TileConfig.block_n: got {self.block_n}, need <= {GROUP} "
@@ -149,11 +158,21 @@ def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8Til
     # nothing there at decode batches (docs/performance.md, "Fixed split-K for the FP8 GEMM").
     n, k = key
     split = 2 if k >= 3 * n else 1
-    rest = Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=split,
-                         ranges_in_program=split > 1)
+    rest = Fp8TileConfig(
+        64,
+        128,
+        num_warps=4,
+        num_stages=4,
+        persistent=False,
+        tma=True,
+        split_k=split,
+        ranges_in_program=split > 1,
+    )
     by_m: list[tuple[int, Fp8TileConfig]] = []
     if n <= 8192:
-        by_m.append((64, Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=split)))
+        by_m.append(
+            (64, Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=split))
+        )
     if split > 1:
         by_m.append((256, dataclasses.replace(rest, ranges_in_program=False)))
     return Tiling(rest, tuple(by_m))
@@ -166,8 +185,10 @@ def _check_interchangeable(key: tuple[int, int], chosen: Tiling[Fp8TileConfig]) 
     """A problem's tilings may differ in everything but split_k, which moves the K ranges' sums."""
     splits = {c.split_k for c in (chosen.rest, *(c for _, c in chosen.by_m))}
     if len(splits) > 1:
-        raise ValueError(f"FP8 tilings of (N, K) = {key} mix split_k {sorted(splits)}: one problem's tilings must "
-                         "share split_k, or a row would be summed differently at other batch sizes")
+        raise ValueError(
+            f"FP8 tilings of (N, K) = {key} mix split_k {sorted(splits)}: one problem's tilings must "
+            "share split_k, or a row would be summed differently at other batch sizes"
+        )
     return chosen
 
 
@@ -208,8 +229,15 @@ def _promote(acc, part, sa, ws_row, kt, CHANNEL_SCALES: tl.constexpr):
 
 
 @triton.jit
-def _tile_schedule(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PERSISTENT: tl.constexpr,
-                   NUM_PROGRAMS: tl.constexpr, SPLIT_K: tl.constexpr):
+def _tile_schedule(
+    M,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
     """(tiles along M, tiles along N, work items, this program's stride over them): a work item is
     an output tile's K range (the ranges of one tile adjacent); a persistent launch strides by its
     program count, otherwise each program's loop runs once."""
@@ -235,9 +263,24 @@ def _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K: tl.constexpr,
-               CHANNEL_SCALES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               INTERPRET: tl.constexpr):
+def _ptr_range(
+    a_ptr,
+    w_ptr,
+    as_ptrs,
+    ws_row,
+    rows,
+    cols,
+    K,
+    stride_wn,
+    k_first,
+    k_last,
+    EVEN_K: tl.constexpr,
+    CHANNEL_SCALES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """The sum over 128-channel steps [k_first, k_last) of one tile, operands through pointers."""
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + rows[:, None] * K + offs_k[None, :] + k_first * BLOCK_K
@@ -259,8 +302,21 @@ def _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first,
 
 
 @triton.jit
-def _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+def _tma_range(
+    a_desc,
+    w_desc,
+    as_ptrs,
+    ws_row,
+    pid_m,
+    pid_n,
+    k_first,
+    k_last,
+    CHANNEL_SCALES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """_ptr_range with both operands fetched by the tensor-memory accelerator."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kt in range(k_first, k_last):
@@ -306,8 +362,9 @@ def _fp8_linear_kernel(
     sum, so its bits. (A range ends on a fused multiply-add, never a bare product, so nothing can
     fuse the product into the addition of the ranges; a per-channel scale's product could be.)"""
     pid = tl.program_id(0)
-    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS,
-                                                           ITEM_SPLITS)
+    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(
+        M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS, ITEM_SPLITS
+    )
     # The epilogue's own work-item counter (a tensor, as matmul.py's: the store indexes with it).
     out_tile = pid - step
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
@@ -325,18 +382,66 @@ def _fp8_linear_kernel(
         if ITEM_SPLITS < SPLIT_K:  # the ranges reduced here, not through the workspace
             k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
             tl.static_assert(not CHANNEL_SCALES, "per-channel scales add their ranges through the workspace")
-            acc = _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K,
-                             CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+            acc = _ptr_range(
+                a_ptr,
+                w_ptr,
+                as_ptrs,
+                ws_row,
+                rows,
+                cols,
+                K,
+                stride_wn,
+                k_first,
+                k_last,
+                EVEN_K,
+                CHANNEL_SCALES,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                INTERPRET,
+            )
             for r in tl.static_range(1, SPLIT_K):
                 k_first, k_last = _split_range(r, K, BLOCK_K, SPLIT_K)
-                part = _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K,
-                                  CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+                part = _ptr_range(
+                    a_ptr,
+                    w_ptr,
+                    as_ptrs,
+                    ws_row,
+                    rows,
+                    cols,
+                    K,
+                    stride_wn,
+                    k_first,
+                    k_last,
+                    EVEN_K,
+                    CHANNEL_SCALES,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    INTERPRET,
+                )
                 acc += part
             _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
         else:
             k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
-            acc = _ptr_range(a_ptr, w_ptr, as_ptrs, ws_row, rows, cols, K, stride_wn, k_first, k_last, EVEN_K,
-                             CHANNEL_SCALES, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+            acc = _ptr_range(
+                a_ptr,
+                w_ptr,
+                as_ptrs,
+                ws_row,
+                rows,
+                cols,
+                K,
+                stride_wn,
+                k_first,
+                k_last,
+                EVEN_K,
+                CHANNEL_SCALES,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                INTERPRET,
+            )
             acc = _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
             if SPLIT_K == 1:
                 _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
@@ -376,8 +481,9 @@ def _fp8_linear_tma_kernel(
     products are exact zeros, as the masked loads give), so the loop needs no masks; the scales
     are still read through pointers (one per row and step, one per step)."""
     pid = tl.program_id(0)
-    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS,
-                                                           ITEM_SPLITS)
+    num_pid_m, num_pid_n, num_tiles, step = _tile_schedule(
+        M, N, BLOCK_M, BLOCK_N, PERSISTENT, NUM_PROGRAMS, ITEM_SPLITS
+    )
     # The epilogue's own work-item counter (a tensor, as matmul.py's: the store indexes with it).
     out_tile = pid - step
     for tile in tl.range(pid, num_tiles, step, flatten=PERSISTENT):
@@ -390,18 +496,57 @@ def _fp8_linear_tma_kernel(
         if ITEM_SPLITS < SPLIT_K:  # the ranges reduced here, not through the workspace
             k_first, k_last = _split_range(0, K, BLOCK_K, SPLIT_K)
             tl.static_assert(not CHANNEL_SCALES, "per-channel scales add their ranges through the workspace")
-            acc = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
-                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+            acc = _tma_range(
+                a_desc,
+                w_desc,
+                as_ptrs,
+                ws_row,
+                pid_m,
+                pid_n,
+                k_first,
+                k_last,
+                CHANNEL_SCALES,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                INTERPRET,
+            )
             for r in tl.static_range(1, SPLIT_K):
                 k_first, k_last = _split_range(r, K, BLOCK_K, SPLIT_K)
-                part = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
-                                  BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+                part = _tma_range(
+                    a_desc,
+                    w_desc,
+                    as_ptrs,
+                    ws_row,
+                    pid_m,
+                    pid_n,
+                    k_first,
+                    k_last,
+                    CHANNEL_SCALES,
+                    BLOCK_M,
+                    BLOCK_N,
+                    BLOCK_K,
+                    INTERPRET,
+                )
                 acc += part
             _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
         else:
             k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
-            acc = _tma_range(a_desc, w_desc, as_ptrs, ws_row, pid_m, pid_n, k_first, k_last, CHANNEL_SCALES,
-                             BLOCK_M, BLOCK_N, BLOCK_K, INTERPRET)
+            acc = _tma_range(
+                a_desc,
+                w_desc,
+                as_ptrs,
+                ws_row,
+                pid_m,
+                pid_n,
+                k_first,
+                k_last,
+                CHANNEL_SCALES,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                INTERPRET,
+            )
             acc = _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
             if SPLIT_K == 1:
                 _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
@@ -409,8 +554,9 @@ def _fp8_linear_tma_kernel(
                 _store_partial(acc, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
 
-def check_weight(weight: object, scale: object, bias: object, k: int,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def check_weight(
+    weight: object, scale: object, bias: object, k: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The checks on an FP8 linear's operands other than its input, for an input of K channels whose
     float dtype is `dtype` (the bias's): the GEMM reads raw pointers, so a mismatch would read wrong
     bytes rather than fail. Devices are the caller's to compare."""
@@ -508,8 +654,11 @@ def linear_fp8_quantized(
         # The copy engine needs 16-byte aligned bases and rows; elsewhere the pointer kernel runs
         # the same tiles in the same K order, so the bits do not change.
         # So does a GPU without the copy engine (before Hopper).
-        tma_ok = (config.tma and _has_tma(xq.device)
-                  and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16))
+        tma_ok = (
+            config.tma
+            and _has_tma(xq.device)
+            and not (k % 16 or xq.data_ptr() % 16 or weight.data_ptr() % 16)
+        )
         if tma_ok and not channel and config.split_k == 1 and warp_specialized(m, k, xq.device):
             from shardinfer.kernels import fp8_matmul_ws  # Gluon: imported where it can run
 
@@ -517,16 +666,55 @@ def linear_fp8_quantized(
         elif tma_ok:
             a_desc = TensorDescriptor(xq, [m, k], [k, 1], [config.block_m, GROUP])
             w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, GROUP])
-            _fp8_linear_tma_kernel[grid](a_desc, xs, w_desc, scale, bias_arg, y, parts, m, n, k, y.stride(0),
-                                         xs.shape[1], scale.shape[-1], **common)
+            _fp8_linear_tma_kernel[grid](
+                a_desc,
+                xs,
+                w_desc,
+                scale,
+                bias_arg,
+                y,
+                parts,
+                m,
+                n,
+                k,
+                y.stride(0),
+                xs.shape[1],
+                scale.shape[-1],
+                **common,
+            )
         else:
-            _fp8_linear_kernel[grid](xq, xs, weight, scale, bias_arg, y, parts, m, n, k, weight.stride(0),
-                                     y.stride(0), xs.shape[1], scale.shape[-1], EVEN_K=k % GROUP == 0, **common)
+            _fp8_linear_kernel[grid](
+                xq,
+                xs,
+                weight,
+                scale,
+                bias_arg,
+                y,
+                parts,
+                m,
+                n,
+                k,
+                weight.stride(0),
+                y.stride(0),
+                xs.shape[1],
+                scale.shape[-1],
+                EVEN_K=k % GROUP == 0,
+                **common,
+            )
         if workspace:
             block = 256
-            _combine_splits_kernel[(m, triton.cdiv(n, block))](parts, bias_arg, y, m, n, y.stride(0),
-                                                               HAS_BIAS=bias is not None, SPLIT_K=config.split_k,
-                                                               BLOCK=block, num_warps=4)
+            _combine_splits_kernel[(m, triton.cdiv(n, block))](
+                parts,
+                bias_arg,
+                y,
+                m,
+                n,
+                y.stride(0),
+                HAS_BIAS=bias is not None,
+                SPLIT_K=config.split_k,
+                BLOCK=block,
+                num_warps=4,
+            )
     return y
 
 

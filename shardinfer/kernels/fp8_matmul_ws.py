@@ -66,8 +66,9 @@ def _issue(a_smem, b_smem, ready, step, zero, STAGES: gl.constexpr):
     """Wait for K step `step`'s operands and start its product from zero (asynchronously)."""
     stage = step % STAGES
     mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
-    return warpgroup_mma(a_smem.index(stage), b_smem.index(stage).permute((1, 0)), zero, use_acc=False,
-                         is_async=True)
+    return warpgroup_mma(
+        a_smem.index(stage), b_smem.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True
+    )
 
 
 @gluon.jit
@@ -87,8 +88,20 @@ def _retire(acc, part, scales, OUTSTANDING: gl.constexpr):
 
 
 @gluon.jit
-def _load_step(a_desc, w_desc, a_smem, b_smem, ready, empty, step, off_m, off_n, kt, STAGES: gl.constexpr,
-               BLOCK_K: gl.constexpr):
+def _load_step(
+    a_desc,
+    w_desc,
+    a_smem,
+    b_smem,
+    ready,
+    empty,
+    step,
+    off_m,
+    off_n,
+    kt,
+    STAGES: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+):
     """K step `kt` of the tile at (off_m, off_n), the program's `step`-th: its two copies, once its
     stage is free (a fresh barrier counts as released: the first pass over the stages waits on
     parity 1, which passes at once)."""
@@ -100,8 +113,19 @@ def _load_step(a_desc, w_desc, a_smem, b_smem, ready, empty, step, off_m, off_n,
 
 
 @gluon.jit
-def _produce(a_desc, w_desc, a_smem, b_smem, ready, empty, off_m, off_n, k_tiles, STAGES: gl.constexpr,
-             BLOCK_K: gl.constexpr):
+def _produce(
+    a_desc,
+    w_desc,
+    a_smem,
+    b_smem,
+    ready,
+    empty,
+    off_m,
+    off_n,
+    k_tiles,
+    STAGES: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+):
     """The producer partition: the tile's K steps in order."""
     for kt in range(k_tiles):
         _load_step(a_desc, w_desc, a_smem, b_smem, ready, empty, kt, off_m, off_n, kt, STAGES, BLOCK_K)
@@ -126,8 +150,9 @@ def _steps(a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, base, zero, a
         mbarrier.arrive(empty.index((base + k0 + 1) % STAGES), count=1)
     if k_tiles % 2:
         last = k_tiles - 1
-        acc = _retire(acc, _issue(a_smem, b_smem, ready, base + last, zero, STAGES),
-                      _scales(as_ptrs, ws_row, last), 0)
+        acc = _retire(
+            acc, _issue(a_smem, b_smem, ready, base + last, zero, STAGES), _scales(as_ptrs, ws_row, last), 0
+        )
         mbarrier.arrive(empty.index((base + last) % STAGES), count=1)
     return acc
 
@@ -139,7 +164,9 @@ def _consume(a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, zero, acc, 
 
 
 @gluon.jit
-def _tile_offsets(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+def _tile_offsets(
+    tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr
+):
     """Output tile `tile`'s first row and column, in fp8_matmul's grouped order (matmul._tile_coords)."""
     per_group = GROUP_M * num_pid_n
     first_m = (tile // per_group) * GROUP_M
@@ -150,8 +177,19 @@ def _tile_offsets(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, BLOCK_M: gl
 
 
 @gluon.jit
-def _store_tile(acc, b_ptr, y_ptr, off_m, off_n, M, N, stride_ym, HAS_BIAS: gl.constexpr, mma: gl.constexpr,
-                num_warps: gl.constexpr):
+def _store_tile(
+    acc,
+    b_ptr,
+    y_ptr,
+    off_m,
+    off_n,
+    M,
+    N,
+    stride_ym,
+    HAS_BIAS: gl.constexpr,
+    mma: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     """The tile plus the bias, rounded in the MMA layout, then moved (exactly) to one where each
     thread stores 16 bytes of a row."""
     BLOCK_M: gl.constexpr = acc.shape[0]
@@ -161,8 +199,12 @@ def _store_tile(acc, b_ptr, y_ptr, off_m, off_n, M, N, stride_ym, HAS_BIAS: gl.c
         bias = gl.load(b_ptr + bias_cols, mask=bias_cols < N, other=0.0)
         acc += bias.to(gl.float32)[None, :]
     vec: gl.constexpr = 128 // y_ptr.dtype.element_ty.primitive_bitwidth
-    out_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, vec], threads_per_warp=[32 // (BLOCK_N // vec),
-                                                BLOCK_N // vec], warps_per_cta=[num_warps, 1], order=[1, 0])
+    out_layout: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, vec],
+        threads_per_warp=[32 // (BLOCK_N // vec), BLOCK_N // vec],
+        warps_per_cta=[num_warps, 1],
+        order=[1, 0],
+    )
     out = gl.convert_layout(acc.to(y_ptr.dtype.element_ty), out_layout)
     out_rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
     cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
@@ -171,8 +213,9 @@ def _store_tile(acc, b_ptr, y_ptr, off_m, off_n, M, N, stride_ym, HAS_BIAS: gl.c
 
 
 @gluon.jit
-def _make_ring(a_desc, w_desc, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               BLOCK_K: gl.constexpr):
+def _make_ring(
+    a_desc, w_desc, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr
+):
     """The stages' operand buffers and their `ready` / `empty` barriers, initialised."""
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
@@ -192,15 +235,35 @@ def _drop_ring(ready, empty, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _fp8_linear_ws_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups, w_groups,
-                          HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                          PRODUCER_WARPS: gl.constexpr, PRODUCER_REGISTERS: gl.constexpr,
-                          num_warps: gl.constexpr):
-    off_m, off_n = _tile_offsets(gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M, BLOCK_M,
-                                 BLOCK_N)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BLOCK_N, 32])
+def _fp8_linear_ws_kernel(
+    a_desc,
+    w_desc,
+    as_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_ym,
+    a_groups,
+    w_groups,
+    HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    PRODUCER_WARPS: gl.constexpr,
+    PRODUCER_REGISTERS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    off_m, off_n = _tile_offsets(
+        gl.program_id(0), gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M, BLOCK_M, BLOCK_N
+    )
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32]
+    )
     a_smem, b_smem, ready, empty = _make_ring(a_desc, w_desc, STAGES, BLOCK_M, BLOCK_N, BLOCK_K)
     k_tiles = gl.cdiv(K, BLOCK_K)
     # Rows past M read row 0's scales (their results are dropped at the store), as fp8_matmul does.
@@ -210,17 +273,25 @@ def _fp8_linear_ws_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K,
     ws_row = ws_ptr + (off_n // BLOCK_K) * w_groups
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-    (acc,) = gl.warp_specialize([
-        (_consume, (a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, zero, acc, STAGES)),
-        (_produce, (a_desc, w_desc, a_smem, b_smem, ready, empty, off_m, off_n, k_tiles, STAGES, BLOCK_K)),
-    ], [PRODUCER_WARPS], [PRODUCER_REGISTERS])
+    (acc,) = gl.warp_specialize(
+        [
+            (_consume, (a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, zero, acc, STAGES)),
+            (
+                _produce,
+                (a_desc, w_desc, a_smem, b_smem, ready, empty, off_m, off_n, k_tiles, STAGES, BLOCK_K),
+            ),
+        ],
+        [PRODUCER_WARPS],
+        [PRODUCER_REGISTERS],
+    )
     _drop_ring(ready, empty, STAGES)
     _store_tile(acc, b_ptr, y_ptr, off_m, off_n, M, N, stride_ym, HAS_BIAS, mma, num_warps)
 
 
 @gluon.jit
-def _produce_tiles(a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, STAGES: gl.constexpr,
-                   GROUP_M: gl.constexpr):
+def _produce_tiles(
+    a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, STAGES: gl.constexpr, GROUP_M: gl.constexpr
+):
     """The persistent kernel's producer: the copies of this program's tiles one after another,
     through one ring of stages, so a tile's first steps load while the previous tile is promoted
     and stored. `step` counts every K step the program issues (it picks the stage and its parity)."""
@@ -238,17 +309,35 @@ def _produce_tiles(a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, 
 
 
 @gluon.jit
-def _consume_tiles(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, stride_ym, a_groups, w_groups,
-                   k_tiles, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                   num_warps: gl.constexpr):
+def _consume_tiles(
+    a_smem,
+    b_smem,
+    ready,
+    empty,
+    as_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_ym,
+    a_groups,
+    w_groups,
+    k_tiles,
+    HAS_BIAS: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     """The persistent kernel's consumers: per tile of this program, the plain kernel's steps (the
     same order, so the same bits), then the bias and the store while the producer loads the next
     tile's steps."""
     BLOCK_M: gl.constexpr = a_smem.shape[1]
     BLOCK_N: gl.constexpr = b_smem.shape[1]
     BLOCK_K: gl.constexpr = a_smem.shape[2]
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BLOCK_N, 32])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32]
+    )
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
@@ -258,26 +347,80 @@ def _consume_tiles(a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M
         rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
         as_ptrs = as_ptr + gl.where(rows < M, rows, 0).to(gl.int64) * a_groups
         ws_row = ws_ptr + (off_n // BLOCK_K) * w_groups
-        acc = _steps(a_smem, b_smem, ready, empty, as_ptrs, ws_row, k_tiles, base, zero,
-                     gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma), STAGES)
+        acc = _steps(
+            a_smem,
+            b_smem,
+            ready,
+            empty,
+            as_ptrs,
+            ws_row,
+            k_tiles,
+            base,
+            zero,
+            gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma),
+            STAGES,
+        )
         base += k_tiles
         _store_tile(acc, b_ptr, y_ptr, off_m, off_n, M, N, stride_ym, HAS_BIAS, mma, num_warps)
     return ()
 
 
 @gluon.jit
-def _fp8_linear_ws_persistent_kernel(a_desc, w_desc, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, stride_ym, a_groups,
-                                     w_groups, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
-                                     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
-                                     STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
-                                     PRODUCER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+def _fp8_linear_ws_persistent_kernel(
+    a_desc,
+    w_desc,
+    as_ptr,
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_ym,
+    a_groups,
+    w_groups,
+    HAS_BIAS: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    PRODUCER_WARPS: gl.constexpr,
+    PRODUCER_REGISTERS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     a_smem, b_smem, ready, empty = _make_ring(a_desc, w_desc, STAGES, BLOCK_M, BLOCK_N, BLOCK_K)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    gl.warp_specialize([
-        (_consume_tiles, (a_smem, b_smem, ready, empty, as_ptr, ws_ptr, b_ptr, y_ptr, M, N, stride_ym, a_groups,
-                          w_groups, k_tiles, HAS_BIAS, STAGES, GROUP_M, num_warps)),
-        (_produce_tiles, (a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, STAGES, GROUP_M)),
-    ], [PRODUCER_WARPS], [PRODUCER_REGISTERS])
+    gl.warp_specialize(
+        [
+            (
+                _consume_tiles,
+                (
+                    a_smem,
+                    b_smem,
+                    ready,
+                    empty,
+                    as_ptr,
+                    ws_ptr,
+                    b_ptr,
+                    y_ptr,
+                    M,
+                    N,
+                    stride_ym,
+                    a_groups,
+                    w_groups,
+                    k_tiles,
+                    HAS_BIAS,
+                    STAGES,
+                    GROUP_M,
+                    num_warps,
+                ),
+            ),
+            (_produce_tiles, (a_desc, w_desc, a_smem, b_smem, ready, empty, M, N, k_tiles, STAGES, GROUP_M)),
+        ],
+        [PRODUCER_WARPS],
+        [PRODUCER_REGISTERS],
+    )
     _drop_ring(ready, empty, STAGES)
 
 
@@ -286,8 +429,14 @@ def persistent_schedule(k: int) -> bool:
     return k <= PERSISTENT_MAX_K if PERSISTENT is None else PERSISTENT
 
 
-def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                  bias: torch.Tensor | None, y: torch.Tensor) -> None:
+def linear_fp8_ws(
+    xq: torch.Tensor,
+    xs: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+) -> None:
     """y = dequant(xq) @ dequant(weight).T + bias into y [M, N], for fp8_matmul.linear_fp8_quantized
     (operands validated there; K a multiple of 16, 16-byte aligned bases, 128x128 block scales)."""
     m, k = xq.shape
@@ -299,14 +448,51 @@ def linear_fp8_ws(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scal
     tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
     if persistent_schedule(k):
         persistent = _fp8_linear_ws_persistent_kernel[(min(tiles, sm_count(xq.device.index or 0)),)]
-        persistent(a_desc, w_desc, xs, scale, bias if bias is not None else y, y, m, n, k, y.stride(0), xs.shape[1],
-                   scale.shape[-1], HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=GROUP,
-                   GROUP_M=GROUP_M, STAGES=PERSISTENT_STAGES, PRODUCER_WARPS=_PRODUCER_WARPS,
-                   PRODUCER_REGISTERS=_PRODUCER_REGISTERS, num_warps=NUM_WARPS)
+        persistent(
+            a_desc,
+            w_desc,
+            xs,
+            scale,
+            bias if bias is not None else y,
+            y,
+            m,
+            n,
+            k,
+            y.stride(0),
+            xs.shape[1],
+            scale.shape[-1],
+            HAS_BIAS=bias is not None,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=GROUP,
+            GROUP_M=GROUP_M,
+            STAGES=PERSISTENT_STAGES,
+            PRODUCER_WARPS=_PRODUCER_WARPS,
+            PRODUCER_REGISTERS=_PRODUCER_REGISTERS,
+            num_warps=NUM_WARPS,
+        )
         return
     grid = (tiles,)
-    _fp8_linear_ws_kernel[grid](a_desc, w_desc, xs, scale, bias if bias is not None else y, y, m, n, k,
-                                y.stride(0), xs.shape[1], scale.shape[-1], HAS_BIAS=bias is not None,
-                                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=GROUP, GROUP_M=GROUP_M, STAGES=STAGES,
-                                PRODUCER_WARPS=_PRODUCER_WARPS, PRODUCER_REGISTERS=_PRODUCER_REGISTERS,
-                                num_warps=NUM_WARPS)
+    _fp8_linear_ws_kernel[grid](
+        a_desc,
+        w_desc,
+        xs,
+        scale,
+        bias if bias is not None else y,
+        y,
+        m,
+        n,
+        k,
+        y.stride(0),
+        xs.shape[1],
+        scale.shape[-1],
+        HAS_BIAS=bias is not None,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=GROUP,
+        GROUP_M=GROUP_M,
+        STAGES=STAGES,
+        PRODUCER_WARPS=_PRODUCER_WARPS,
+        PRODUCER_REGISTERS=_PRODUCER_REGISTERS,
+        num_warps=NUM_WARPS,
+    )

@@ -74,8 +74,9 @@ GROUPS_PER_PROGRAM = 8
 
 
 @triton.jit(do_not_specialize=["M"])
-def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, num_groups, GROUP_SIZE: tl.constexpr,
-                         GROUPS: tl.constexpr):
+def _quant_groups_kernel(
+    x_ptr, q_ptr, s_ptr, M, K, stride_xm, num_groups, GROUP_SIZE: tl.constexpr, GROUPS: tl.constexpr
+):
     """One row's GROUPS consecutive groups per program, as a [GROUPS, GROUP_SIZE] tile: each
     group's max and rounding are its own, so the tile shape changes no bits."""
     row = tl.program_id(0).to(tl.int64)
@@ -101,6 +102,7 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if m and k:
         stride = x.stride(0) if m > 1 else k
         per = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(groups))
-        _quant_groups_kernel[(m, triton.cdiv(groups, per))](x, q, s, m, k, stride, groups, GROUP_SIZE=GROUP,
-                                                            GROUPS=per, num_warps=4 if per >= 4 else 1)
+        _quant_groups_kernel[(m, triton.cdiv(groups, per))](
+            x, q, s, m, k, stride, groups, GROUP_SIZE=GROUP, GROUPS=per, num_warps=4 if per >= 4 else 1
+        )
     return q, s

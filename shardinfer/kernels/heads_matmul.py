@@ -66,15 +66,18 @@ class HeadsTiles:
 TILE_OVERRIDES: dict[tuple[int, int, int, torch.dtype], HeadsTiles] = {}
 
 
-def _default_tiling(key: tuple[int, int, int, torch.dtype], device: torch.device | None) -> Tiling[HeadsTiles]:
+def _default_tiling(
+    key: tuple[int, int, int, torch.dtype], device: torch.device | None
+) -> Tiling[HeadsTiles]:
     if key[3] == torch.float32:
         # IEEE float32 runs on the FMA units; a 32-wide K step keeps the operand tiles small.
         return Tiling(HeadsTiles(64, 64, 32))
     return Tiling(HeadsTiles(64, 64, 64))
 
 
-_CHOOSER: TileChooser[tuple[int, int, int, torch.dtype], HeadsTiles] = TileChooser(TILE_OVERRIDES,
-                                                                                 _default_tiling)
+_CHOOSER: TileChooser[tuple[int, int, int, torch.dtype], HeadsTiles] = TileChooser(
+    TILE_OVERRIDES, _default_tiling
+)
 
 
 def heads_tiles(h: int, k: int, n: int, dtype: torch.dtype) -> HeadsTiles:
@@ -83,10 +86,26 @@ def heads_tiles(h: int, k: int, n: int, dtype: torch.dtype) -> HeadsTiles:
 
 
 @triton.jit(do_not_specialize=["T"])
-def _heads_matmul_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_xh, stride_wh, stride_wn,
-                         stride_yt, stride_yh, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         INTERPRET: tl.constexpr):
+def _heads_matmul_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    T,
+    N,
+    K,
+    stride_xt,
+    stride_xh,
+    stride_wh,
+    stride_wn,
+    stride_yt,
+    stride_yh,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     head = tl.program_id(2).to(tl.int64)
@@ -96,8 +115,18 @@ def _heads_matmul_kernel(x_ptr, w_ptr, y_ptr, T, N, K, stride_xt, stride_xh, str
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + head * stride_xh + safe_rows[:, None] * stride_xt + offs_k[None, :]
     w_ptrs = w_ptr + head * stride_wh + safe_cols[None, :] * stride_wn + offs_k[:, None]  # w_nk[h].T tile
-    acc = k_loop(x_ptrs, w_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), 0, tl.cdiv(K, BLOCK_K), K, EVEN_K,
-                 BLOCK_K, PRECISION, INTERPRET)
+    acc = k_loop(
+        x_ptrs,
+        w_ptrs,
+        tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
+        0,
+        tl.cdiv(K, BLOCK_K),
+        K,
+        EVEN_K,
+        BLOCK_K,
+        PRECISION,
+        INTERPRET,
+    )
     y_ptrs = y_ptr + head * stride_yh + rows.to(tl.int64)[:, None] * stride_yt + cols[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < T) & (cols[None, :] < N))
 
@@ -112,8 +141,11 @@ def _check(x: object, w_nk: object) -> tuple[torch.Tensor, torch.Tensor]:
     w_nk = check_tensor("w_nk", w_nk, dtypes=(x.dtype,), ndim=3, contiguous=True)
     _, h, k = x.shape
     if w_nk.shape[0] != h or w_nk.shape[2] != k:
-        raise fail("w_nk.shape", tuple(w_nk.shape),
-                   f"need [{h}, N, {k}]: one [N, K] weight per head of x [T, H, K] = {tuple(x.shape)}")
+        raise fail(
+            "w_nk.shape",
+            tuple(w_nk.shape),
+            f"need [{h}, N, {k}]: one [N, K] weight per head of x [T, H, K] = {tuple(x.shape)}",
+        )
     check_same_device(x=x, w_nk=w_nk)
     return x, w_nk
 
@@ -149,14 +181,34 @@ def heads_matmul(x: torch.Tensor, w_nk: torch.Tensor, tiles: HeadsTiles | None =
         stride_xt, stride_xh = fresh
     grid = (triton.cdiv(t, cfg.block_m), triton.cdiv(n, cfg.block_n), h)
     if max(grid[1:]) > MAX_GRID_YZ:
-        raise fail("w_nk.shape", tuple(w_nk.shape),
-                   f"need H and N / block_n ({cfg.block_n}) <= {MAX_GRID_YZ}, CUDA's grid limit")
+        raise fail(
+            "w_nk.shape",
+            tuple(w_nk.shape),
+            f"need H and N / block_n ({cfg.block_n}) <= {MAX_GRID_YZ}, CUDA's grid limit",
+        )
     # Triton launches on the current device; switch only when x lives elsewhere.
     switch = x.is_cuda and x.device.index is not None and x.device.index != torch.cuda.current_device()
     with torch.cuda.device(x.device) if switch else contextlib.nullcontext():
         _heads_matmul_kernel[grid](
-            x, w_nk, y, t, n, k, stride_xt, stride_xh, w_nk.stride(0), w_nk.stride(1), y.stride(0), y.stride(1),
-            EVEN_K=k % cfg.block_k == 0, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, INTERPRET=interpreting(),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            x,
+            w_nk,
+            y,
+            t,
+            n,
+            k,
+            stride_xt,
+            stride_xh,
+            w_nk.stride(0),
+            w_nk.stride(1),
+            y.stride(0),
+            y.stride(1),
+            EVEN_K=k % cfg.block_k == 0,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            INTERPRET=interpreting(),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
     return y

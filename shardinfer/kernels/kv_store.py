@@ -41,8 +41,9 @@ def _store_kv_kernel(values_ptr, cache_ptr, slots_ptr, sv, entry, BLOCK: tl.cons
 
 
 @triton.jit
-def _store_kv_fp8_kernel(values_ptr, cache_ptr, scale_ptr, slots_ptr, sv, rows, width, groups,
-                         GROUP_SIZE: tl.constexpr):
+def _store_kv_fp8_kernel(
+    values_ptr, cache_ptr, scale_ptr, slots_ptr, sv, rows, width, groups, GROUP_SIZE: tl.constexpr
+):
     """One program per (token, entry row, group): quantise GROUP_SIZE values with their own scale."""
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
@@ -58,7 +59,9 @@ def _store_kv_fp8_kernel(values_ptr, cache_ptr, scale_ptr, slots_ptr, sv, rows, 
         tl.store(scale_ptr + (slot * rows + r) * groups + g, scale)
 
 
-def store_kv_fp8(cache: torch.Tensor, scale: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def store_kv_fp8(
+    cache: torch.Tensor, scale: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """store_kv into an FP8 cache: cache [num_blocks, block_size, *entry] float8_e4m3fn and scale
     [num_blocks, block_size, *entry[:-1], ceil(entry[-1] / 128)] float32, both contiguous."""
     check_tensor("cache", cache, dtypes=(FP8_DTYPE,), contiguous=True)
@@ -68,28 +71,41 @@ def store_kv_fp8(cache: torch.Tensor, scale: torch.Tensor, values: torch.Tensor,
     groups = triton.cdiv(width, GROUP)
     want = (*cache.shape[:-1], groups)
     if tuple(scale.shape) != want:
-        raise fail("scale.shape", tuple(scale.shape), f"need {want}: one scale per 128 values of each entry row")
+        raise fail(
+            "scale.shape", tuple(scale.shape), f"need {want}: one scale per 128 values of each entry row"
+        )
     check_same_device(cache=cache, scale=scale, values=values, slot_mapping=slot_mapping)
     t = values.shape[0]
     if t == 0 or entry == 0:
         return
     rows = entry // width
-    _store_kv_fp8_kernel[(t, rows, groups)](values, cache, scale, slot_mapping, values.stride(0), rows, width, groups,
-                                             GROUP_SIZE=GROUP, num_warps=1)
+    _store_kv_fp8_kernel[(t, rows, groups)](
+        values,
+        cache,
+        scale,
+        slot_mapping,
+        values.stride(0),
+        rows,
+        width,
+        groups,
+        GROUP_SIZE=GROUP,
+        num_warps=1,
+    )
 
 
 def _check_values(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> int:
     """Checks shared by both stores; returns the values per token."""
     check_tensor("values", values, dtypes=FLOAT_DTYPES)
-    check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int32, torch.int64), ndim=1,
-                 contiguous=True)
+    check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int32, torch.int64), ndim=1, contiguous=True)
     if cache.dim() < 3:
         raise fail("cache.dim()", cache.dim(), "need [num_blocks, block_size, *entry] (>= 3 dims)")
     entry_shape = tuple(cache.shape[2:])
     if tuple(values.shape[1:]) != entry_shape:
         raise fail("values.shape", tuple(values.shape), f"need (T, *{entry_shape}) to match the cache")
     if values.shape[0] != slot_mapping.shape[0]:
-        raise fail("slot_mapping.shape", tuple(slot_mapping.shape), f"need ({values.shape[0]},), one slot per token")
+        raise fail(
+            "slot_mapping.shape", tuple(slot_mapping.shape), f"need ({values.shape[0]},), one slot per token"
+        )
     inner = values[0] if values.shape[0] else values
     if values.shape[0] and not inner.is_contiguous():
         raise fail("values", f"strides {tuple(values.stride())}", "need each token's entry contiguous")
@@ -109,5 +125,6 @@ def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tens
     t = values.shape[0]
     if t == 0 or entry == 0:
         return
-    _store_kv_kernel[(t, triton.cdiv(entry, _BLOCK))](values, cache, slot_mapping, values.stride(0), entry,
-                                                      BLOCK=_BLOCK)
+    _store_kv_kernel[(t, triton.cdiv(entry, _BLOCK))](
+        values, cache, slot_mapping, values.stride(0), entry, BLOCK=_BLOCK
+    )

@@ -73,8 +73,19 @@ from shardinfer.kernels._common import (
 from shardinfer.kernels._mma import k_loop, mma
 from shardinfer.kernels.tuning import Tiling  # one (N, K, dtype) problem's tilings by M
 
-__all__ = ["CONFIG_OVERRIDES", "TileConfig", "Tiling", "check_interchangeable", "linear_batch_invariant",
-           "linear_with_config", "measured_configs", "tile_config", "tiling", "warm_up", "warm_up_sizes"]
+__all__ = [
+    "CONFIG_OVERRIDES",
+    "TileConfig",
+    "Tiling",
+    "check_interchangeable",
+    "linear_batch_invariant",
+    "linear_with_config",
+    "measured_configs",
+    "tile_config",
+    "tiling",
+    "warm_up",
+    "warm_up_sizes",
+]
 
 
 @dataclass(frozen=True)
@@ -93,8 +104,11 @@ class TileConfig:
     split_k: int = 1  # fixed number of K ranges, reduced in order by a second kernel
 
     def __post_init__(self) -> None:
-        check_tiles(self, ("block_m", "block_n", "block_k"),
-                    ("num_warps", "num_stages", "group_m", "programs_per_sm", "split_k"))
+        check_tiles(
+            self,
+            ("block_m", "block_n", "block_k"),
+            ("num_warps", "num_stages", "group_m", "programs_per_sm", "split_k"),
+        )
 
 
 def check_interchangeable(k: int, dtype: torch.dtype, configs: list[TileConfig]) -> None:
@@ -105,15 +119,23 @@ def check_interchangeable(k: int, dtype: torch.dtype, configs: list[TileConfig])
         return
     splits = {c.split_k for c in distinct}
     if len(splits) > 1:
-        raise ValueError(f"tilings {sorted(distinct, key=repr)} mix split_k {sorted(splits)}: one problem's "
-                         "tilings must share split_k, or rows would be summed differently at other batch sizes")
+        raise ValueError(
+            f"tilings {sorted(distinct, key=repr)} mix split_k {sorted(splits)}: one problem's "
+            "tilings must share split_k, or rows would be summed differently at other batch sizes"
+        )
     block_ks = {c.block_k for c in distinct}
     if len(block_ks) > 1 and (splits != {1} or any(k % bk for bk in block_ks)):
-        raise ValueError(f"tilings with block_k {sorted(block_ks)} at K={k} split K differently; use one block_k "
-                         "(different block_k are interchangeable only unsplit and with K a multiple of each)")
-    if dtype not in (torch.bfloat16, torch.float16) or any(c.block_m < 64 or c.num_warps < 4 for c in distinct):
-        raise ValueError(f"tilings by batch size are only for 16-bit inputs on tensor-core tiles (block_m >= 64, "
-                         f">= 4 warps); got {dtype} with {sorted(distinct, key=repr)}")
+        raise ValueError(
+            f"tilings with block_k {sorted(block_ks)} at K={k} split K differently; use one block_k "
+            "(different block_k are interchangeable only unsplit and with K a multiple of each)"
+        )
+    if dtype not in (torch.bfloat16, torch.float16) or any(
+        c.block_m < 64 or c.num_warps < 4 for c in distinct
+    ):
+        raise ValueError(
+            f"tilings by batch size are only for 16-bit inputs on tensor-core tiles (block_m >= 64, "
+            f">= 4 warps); got {dtype} with {sorted(distinct, key=repr)}"
+        )
 
 
 # Measured winners per (N, K, dtype) go here; anything absent falls back to `_default_config`.
@@ -165,9 +187,11 @@ def measured_configs(gpu_name: str) -> dict[tuple[int, int, torch.dtype], Tiling
             check_interchangeable(int(entry["k"]), dtype, tiling.configs)
             table[(int(entry["n"]), int(entry["k"]), dtype)] = tiling
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
-        raise ValueError(f"measured matmul tilings in {path} are unreadable ({type(e).__name__}: {e}); "
-                         "re-run bench/kernels/bench_matmul.py --write-configs on this GPU, or delete the "
-                         "file to use the default tilings") from e
+        raise ValueError(
+            f"measured matmul tilings in {path} are unreadable ({type(e).__name__}: {e}); "
+            "re-run bench/kernels/bench_matmul.py --write-configs on this GPU, or delete the "
+            "file to use the default tilings"
+        ) from e
     return table
 
 
@@ -178,8 +202,11 @@ def _gpu_name(device_index: int) -> str:
 
 # Overrides first, then the GPU model's measured tilings (read at each choice, so a test may point
 # CONFIG_DIR elsewhere), then the defaults, which depend on the shape alone.
-_CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, lambda key, device: Tiling(_default_config(*key)),
-                              lambda gpu_name: measured_configs(gpu_name))
+_CHOOSER = tuning.TileChooser(
+    CONFIG_OVERRIDES,
+    lambda key, device: Tiling(_default_config(*key)),
+    lambda gpu_name: measured_configs(gpu_name),
+)
 
 
 def tiling(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None) -> Tiling[TileConfig]:
@@ -187,7 +214,9 @@ def tiling(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None) -> T
     return _CHOOSER.tiling((n, k, dtype), gpu_name)
 
 
-def tile_config(n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None, m: int | None = None) -> TileConfig:
+def tile_config(
+    n: int, k: int, dtype: torch.dtype, gpu_name: str | None = None, m: int | None = None
+) -> TileConfig:
     """The configuration an (N, K, dtype) problem runs at batch size m (None: the one for large M)."""
     return _CHOOSER.choose((n, k, dtype), m, gpu_name)
 
@@ -203,8 +232,19 @@ def _tile_coords(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_tile(
+    acc,
+    b_ptr,
+    y_ptr,
+    pid_m,
+    pid_n,
+    M,
+    N,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
@@ -238,9 +278,23 @@ def _store_partial(acc, ws_ptr, split, pid_m, pid_n, M, N, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, N, stride_ym,
-                  HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_result(
+    acc,
+    out_tile,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    num_pid_m,
+    num_pid_n,
+    M,
+    N,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Work item `out_tile`'s accumulator: the output tile itself, or its split's partial."""
     om, on = _tile_coords(out_tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
     if SPLIT_K == 1:
@@ -250,8 +304,9 @@ def _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, 
 
 
 @triton.jit(do_not_specialize=["M"])
-def _combine_splits_kernel(ws_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr,
-                           SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _combine_splits_kernel(
+    ws_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr
+):
     """y = sum of the partials in split order (+ bias), one rounding; elementwise, so M-independent."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -265,11 +320,30 @@ def _combine_splits_kernel(ws_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.c
 
 
 @triton.jit(do_not_specialize=["M"])
-def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                   HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                   SPLIT_K: tl.constexpr, INTERPRET: tl.constexpr):
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -294,19 +368,60 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, strid
         cols = tl.where(cols < N, cols, 0).to(tl.int64)
         x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] + k_first * BLOCK_K
         w_ptrs = w_ptr + offs_k[:, None] + cols[None, :] * stride_wn + k_first * BLOCK_K  # weight.T tile
-        acc = k_loop(x_ptrs, w_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), k_first, k_last, K, EVEN_K,
-                     BLOCK_K, PRECISION, INTERPRET)
+        acc = k_loop(
+            x_ptrs,
+            w_ptrs,
+            tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
+            k_first,
+            k_last,
+            K,
+            EVEN_K,
+            BLOCK_K,
+            PRECISION,
+            INTERPRET,
+        )
         out_tile += step
-        _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, N, stride_ym, HAS_BIAS,
-                      GROUP_M, SPLIT_K, BLOCK_M, BLOCK_N)
+        _store_result(
+            acc,
+            out_tile,
+            b_ptr,
+            y_ptr,
+            ws_ptr,
+            num_pid_m,
+            num_pid_n,
+            M,
+            N,
+            stride_ym,
+            HAS_BIAS,
+            GROUP_M,
+            SPLIT_K,
+            BLOCK_M,
+            BLOCK_N,
+        )
 
 
 @triton.jit(do_not_specialize=["M"])
-def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, ws_ptr, M, N, K, stride_ym,
-                       HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
-                       SPLIT_K: tl.constexpr, INTERPRET: tl.constexpr):
+def _linear_tma_kernel(
+    x_desc,
+    w_desc,
+    b_ptr,
+    y_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """The same tiles and K order, with operands fetched by the tensor-memory accelerator.
 
     The copy engine zero-fills rows past M, columns past N and the K tail, so no masks at all;
@@ -330,27 +445,47 @@ def _linear_tma_kernel(x_desc, w_desc, b_ptr, y_ptr, ws_ptr, M, N, K, stride_ym,
             b = w_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
             acc = mma(a, b.T, acc, PRECISION, INTERPRET)
         out_tile += step
-        _store_result(acc, out_tile, b_ptr, y_ptr, ws_ptr, num_pid_m, num_pid_n, M, N, stride_ym, HAS_BIAS,
-                      GROUP_M, SPLIT_K, BLOCK_M, BLOCK_N)
+        _store_result(
+            acc,
+            out_tile,
+            b_ptr,
+            y_ptr,
+            ws_ptr,
+            num_pid_m,
+            num_pid_n,
+            M,
+            N,
+            stride_ym,
+            HAS_BIAS,
+            GROUP_M,
+            SPLIT_K,
+            BLOCK_M,
+            BLOCK_N,
+        )
 
 
 def _check(x: object, weight: object, bias: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     x = check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, last_dim_contiguous=True)
     weight = check_tensor("weight", weight, dtypes=(x.dtype,), ndim=2, contiguous=True)
     if weight.shape[1] != x.shape[1]:
-        raise fail("weight.shape", tuple(weight.shape),
-                   f"need [N, {x.shape[1]}]: weight's K must equal x's last dim")
+        raise fail(
+            "weight.shape", tuple(weight.shape), f"need [N, {x.shape[1]}]: weight's K must equal x's last dim"
+        )
     if bias is not None:
         bias = check_tensor("bias", bias, dtypes=(x.dtype,), ndim=1, contiguous=True)
         if bias.shape[0] != weight.shape[0]:
-            raise fail("bias.shape", tuple(bias.shape), f"need ({weight.shape[0]},), one value per output column")
+            raise fail(
+                "bias.shape", tuple(bias.shape), f"need ({weight.shape[0]},), one value per output column"
+            )
     check_same_device(x=x, weight=weight, bias=bias)
     if x.stride(0) < 0:
         raise fail("x", f"row stride {x.stride(0)}", "need non-negative strides (call .contiguous())")
     return x, weight, bias
 
 
-def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: TileConfig) -> torch.Tensor:
+def _run(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: TileConfig
+) -> torch.Tensor:
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -375,15 +510,26 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
     cap = (sm_count(x.device.index or 0) if on_gpu else 4) * config.programs_per_sm
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n) * config.split_k
     grid = (min(cap, tiles) if config.persistent else tiles,)
-    common = dict(HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", BLOCK_M=config.block_m,
-                  BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
-                  PERSISTENT=config.persistent, NUM_PROGRAMS=cap, SPLIT_K=config.split_k,
-                  INTERPRET=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages)
+    common = dict(
+        HAS_BIAS=bias is not None,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        PERSISTENT=config.persistent,
+        NUM_PROGRAMS=cap,
+        SPLIT_K=config.split_k,
+        INTERPRET=interpreting(),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
     b_arg = bias if bias is not None else y
     # Split-K partials [split_k, M, N] float32; without split-K the kernel never touches the
     # workspace and y stands in for it (as for the bias), so nothing is allocated.
-    ws = (torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device) if config.split_k > 1
-          else y)
+    ws = (
+        torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device) if config.split_k > 1 else y
+    )
     # Triton launches on the current device; switch only when x lives elsewhere (rare, and the
     # switch costs host time on every call).
     switch = on_gpu and x.device.index is not None and x.device.index != torch.cuda.current_device()
@@ -394,13 +540,35 @@ def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, confi
             w_desc = TensorDescriptor(weight, [n, k], [k, 1], [config.block_n, config.block_k])
             _linear_tma_kernel[grid](x_desc, w_desc, b_arg, y, ws, m, n, k, y.stride(0), **common)
         else:
-            _linear_kernel[grid](x, weight, b_arg, y, ws, m, n, k, stride_xm, weight.stride(0), y.stride(0),
-                                 EVEN_K=k % config.block_k == 0, **common)
+            _linear_kernel[grid](
+                x,
+                weight,
+                b_arg,
+                y,
+                ws,
+                m,
+                n,
+                k,
+                stride_xm,
+                weight.stride(0),
+                y.stride(0),
+                EVEN_K=k % config.block_k == 0,
+                **common,
+            )
         if config.split_k > 1:
             block = 256
-            _combine_splits_kernel[(m, triton.cdiv(n, block))](ws, b_arg, y, m, n, y.stride(0),
-                                                               HAS_BIAS=bias is not None, SPLIT_K=config.split_k,
-                                                               BLOCK=block, num_warps=4)
+            _combine_splits_kernel[(m, triton.cdiv(n, block))](
+                ws,
+                b_arg,
+                y,
+                m,
+                n,
+                y.stride(0),
+                HAS_BIAS=bias is not None,
+                SPLIT_K=config.split_k,
+                BLOCK=block,
+                num_warps=4,
+            )
     return y
 
 
@@ -410,14 +578,19 @@ def _check_tma(x: torch.Tensor, weight: torch.Tensor) -> None:
     size = x.element_size()
     k = x.shape[1]
     if (k * size) % 16:
-        raise fail("K", k, f"a tma=True tiling needs rows of a multiple of 16 bytes ({16 // size} elements); "
-                   "use a tma=False tiling for this shape")
+        raise fail(
+            "K",
+            k,
+            f"a tma=True tiling needs rows of a multiple of 16 bytes ({16 // size} elements); "
+            "use a tma=False tiling for this shape",
+        )
     if weight.data_ptr() % 16:
         raise fail("weight", "a base address not 16-byte aligned", "pass an aligned copy (weight.clone())")
 
 
-def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor,
-                           bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_batch_invariant(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """y = x @ weight.T + bias, each row bitwise independent of the other rows and of M.
 
     x: [M, K] bfloat16/float16/float32 on CUDA, last dim contiguous (any row stride);
@@ -468,8 +641,9 @@ def warm_up(weights: list[torch.Tensor]) -> int:
     return calls
 
 
-def linear_with_config(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       config: TileConfig) -> torch.Tensor:
+def linear_with_config(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: TileConfig
+) -> torch.Tensor:
     """`linear_batch_invariant` with an explicit tiling, for tuning and tests.
 
     Invariance holds only while one caller uses one config for every M of a problem.

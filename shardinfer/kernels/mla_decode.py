@@ -95,15 +95,54 @@ def _dequantise(x, scale, out_dtype: tl.constexpr, OPAQUE: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "n_chunks"])
-def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr,
-                      pl_ptr,
-                      out_ptr, cnt_ptr, sqt, sqh, spt, sph, sot, soh, sbt, num_seqs, block_base, scale_log2, n_heads,
-                      n_chunks, GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BQ: tl.constexpr, CHUNK: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                      BLOCK_N: tl.constexpr, RH: tl.constexpr, DPE: tl.constexpr, PAGE: tl.constexpr,
-                      PRECISION: tl.constexpr, TMA: tl.constexpr, CHUNK_PAGES: tl.constexpr,
-                      PAGE_PREFETCH: tl.constexpr, MERGE: tl.constexpr, DV_SLICE: tl.constexpr,
-                      KV_FP8: tl.constexpr, NG: tl.constexpr, OPAQUE: tl.constexpr):
+def _mla_chunk_kernel(
+    q_ptr,
+    qpe_ptr,
+    c_ptr,
+    cs_ptr,
+    lat_desc,
+    pe_desc,
+    bt_ptr,
+    qsl_ptr,
+    sl_ptr,
+    pacc_ptr,
+    pm_ptr,
+    pl_ptr,
+    out_ptr,
+    cnt_ptr,
+    sqt,
+    sqh,
+    spt,
+    sph,
+    sot,
+    soh,
+    sbt,
+    num_seqs,
+    block_base,
+    scale_log2,
+    n_heads,
+    n_chunks,
+    GROUP: tl.constexpr,
+    HB: tl.constexpr,
+    N_HSPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BQ: tl.constexpr,
+    CHUNK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    RH: tl.constexpr,
+    DPE: tl.constexpr,
+    PAGE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
+    CHUNK_PAGES: tl.constexpr,
+    PAGE_PREFETCH: tl.constexpr,
+    MERGE: tl.constexpr,
+    DV_SLICE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    NG: tl.constexpr,
+    OPAQUE: tl.constexpr,
+):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -130,8 +169,9 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
         first_page = kv_lo // PAGE
         pslot = tl.arange(0, CHUNK_PAGES)
         bt_row = bt_ptr + seq.to(tl.int64) * sbt
-        chunk_pages = tl.load(bt_row + first_page + pslot, mask=(first_page + pslot) * PAGE < kv_hi,
-                              other=0).to(tl.int64)
+        chunk_pages = tl.load(
+            bt_row + first_page + pslot, mask=(first_page + pslot) * PAGE < kv_hi, other=0
+        ).to(tl.int64)
         for start in range(kv_lo, kv_hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             n_ok = n < kv_hi
@@ -152,30 +192,53 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
                 lat_lo = tl.load(c_ptr + row[:, None] + h[None, :], mask=n_ok[:, None], other=0.0)
                 lat_hi = tl.load(c_ptr + row[:, None] + RH + h[None, :], mask=n_ok[:, None], other=0.0)
                 k_pe = tl.load(c_ptr + row[:, None] + 2 * RH + e[None, :], mask=n_ok[:, None], other=0.0)
-                if KV_FP8:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
+                if (
+                    KV_FP8
+                ):  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
                     srow = (page * PAGE + n % PAGE) * NG
                     if RH % 128 == 0:
                         # Whole groups per half: scales [BLOCK_N, RH / 128] times the half seen as
                         # [BLOCK_N, RH / 128, 128] (no per-element scale gather).
                         gi = tl.arange(0, RH // 128)
                         s_lo = tl.load(cs_ptr + srow[:, None] + gi[None, :], mask=n_ok[:, None], other=0.0)
-                        s_hi = tl.load(cs_ptr + srow[:, None] + RH // 128 + gi[None, :], mask=n_ok[:, None],
-                                       other=0.0)
-                        lat_lo = tl.reshape(_dequantise(tl.reshape(lat_lo, (BLOCK_N, RH // 128, 128)),
-                                                        s_lo[:, :, None], q_lo.dtype, OPAQUE), (BLOCK_N, RH))
-                        lat_hi = tl.reshape(_dequantise(tl.reshape(lat_hi, (BLOCK_N, RH // 128, 128)),
-                                                        s_hi[:, :, None], q_lo.dtype, OPAQUE), (BLOCK_N, RH))
+                        s_hi = tl.load(
+                            cs_ptr + srow[:, None] + RH // 128 + gi[None, :], mask=n_ok[:, None], other=0.0
+                        )
+                        lat_lo = tl.reshape(
+                            _dequantise(
+                                tl.reshape(lat_lo, (BLOCK_N, RH // 128, 128)),
+                                s_lo[:, :, None],
+                                q_lo.dtype,
+                                OPAQUE,
+                            ),
+                            (BLOCK_N, RH),
+                        )
+                        lat_hi = tl.reshape(
+                            _dequantise(
+                                tl.reshape(lat_hi, (BLOCK_N, RH // 128, 128)),
+                                s_hi[:, :, None],
+                                q_lo.dtype,
+                                OPAQUE,
+                            ),
+                            (BLOCK_N, RH),
+                        )
                     else:
-                        s_lo = tl.load(cs_ptr + srow[:, None] + (h // 128)[None, :], mask=n_ok[:, None], other=0.0)
-                        s_hi = tl.load(cs_ptr + srow[:, None] + ((RH + h) // 128)[None, :], mask=n_ok[:, None],
-                                       other=0.0)
+                        s_lo = tl.load(
+                            cs_ptr + srow[:, None] + (h // 128)[None, :], mask=n_ok[:, None], other=0.0
+                        )
+                        s_hi = tl.load(
+                            cs_ptr + srow[:, None] + ((RH + h) // 128)[None, :], mask=n_ok[:, None], other=0.0
+                        )
                         lat_lo = _dequantise(lat_lo, s_lo, q_lo.dtype, OPAQUE)
                         lat_hi = _dequantise(lat_hi, s_hi, q_lo.dtype, OPAQUE)
                     if (2 * RH) % 128 + DPE <= 128:  # the rope key sits in one group: one scale per key
                         s_pe = tl.load(cs_ptr + srow + (2 * RH) // 128, mask=n_ok, other=0.0)[:, None]
                     else:
-                        s_pe = tl.load(cs_ptr + srow[:, None] + ((2 * RH + e) // 128)[None, :], mask=n_ok[:, None],
-                                       other=0.0)
+                        s_pe = tl.load(
+                            cs_ptr + srow[:, None] + ((2 * RH + e) // 128)[None, :],
+                            mask=n_ok[:, None],
+                            other=0.0,
+                        )
                     k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, OPAQUE)
             s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
             s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
@@ -195,7 +258,10 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
             acc_lo = acc_lo * alpha[:, None] + tl.dot(p, lat_lo, input_precision=PRECISION)
             acc_hi = acc_hi * alpha[:, None] + tl.dot(p, lat_hi, input_precision=PRECISION)
             m_i = m_new
-        w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
+        w = (
+            split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
+            + c
+        )
         tl.store(pm_ptr + w, m_i, mask=row_ok)
         tl.store(pl_ptr + w, l_i, mask=row_ok)
         acc_rows = pacc_ptr + w[:, None] * (2 * RH) + h[None, :]
@@ -211,16 +277,46 @@ def _mla_chunk_kernel(q_ptr, qpe_ptr, c_ptr, cs_ptr, lat_desc, pe_desc, bt_ptr, 
             slot = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
             if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == n_chunks - 1:
                 tl.store(slot, 0)
-                w_row = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads,
-                                              n_chunks, BQ)
+                w_row = split_kv.partial_rows(
+                    qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ
+                )
                 for d0 in range(0, 2 * RH, DV_SLICE):
-                    split_kv.merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head,
-                                        row_ok, ctx, tok0, n_tok, 0, d0 + tl.arange(0, DV_SLICE), 2 * RH, DV_SLICE,
-                                        BLOCK_M, CHUNK, False, ".cg")
+                    split_kv.merge_rows(
+                        out_ptr,
+                        sot,
+                        soh,
+                        pacc_ptr,
+                        pm_ptr,
+                        pl_ptr,
+                        w_row,
+                        q_start,
+                        tok,
+                        head,
+                        row_ok,
+                        ctx,
+                        tok0,
+                        n_tok,
+                        0,
+                        d0 + tl.arange(0, DV_SLICE),
+                        2 * RH,
+                        DV_SLICE,
+                        BLOCK_M,
+                        CHUNK,
+                        False,
+                        ".cg",
+                    )
 
 
-def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, block_m: int, sms: int,
-                    element_size: int = 2, fp8_cache: bool = False) -> int:
+def pipeline_stages(
+    tokens: int,
+    heads: int,
+    max_seq_len: int,
+    kv_chunk: int,
+    block_m: int,
+    sms: int,
+    element_size: int = 2,
+    fp8_cache: bool = False,
+) -> int:
     """MLA_NUM_STAGES_ONE_WAVE when the (q block, chunk) programs fit one wave on `sms` SMs, else
     MLA_NUM_STAGES (same bits either way); MLA_FP8_NUM_STAGES at every size for an FP8 cache.
 
@@ -240,13 +336,25 @@ def pipeline_stages(tokens: int, heads: int, max_seq_len: int, kv_chunk: int, bl
     return MLA_NUM_STAGES_ONE_WAVE if programs <= sms and element_size <= 2 else MLA_NUM_STAGES
 
 
-def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
-                        query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                        scale: float, max_seq_len: int | None = None, kv_chunk: int = MLA_KV_CHUNK,
-                        block_m: int = MLA_BLOCK_M, block_n: int = MLA_BLOCK_N, num_warps: int = MLA_NUM_WARPS,
-                        num_stages: int | None = None, tma: bool = False,
-                        page_prefetch: bool = MLA_PAGE_PREFETCH, merge: bool = MLA_MERGE_IN_KERNEL,
-                        cache_scale: torch.Tensor | None = None) -> torch.Tensor:
+def mla_paged_attention(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_seq_len: int | None = None,
+    kv_chunk: int = MLA_KV_CHUNK,
+    block_m: int = MLA_BLOCK_M,
+    block_n: int = MLA_BLOCK_N,
+    num_warps: int = MLA_NUM_WARPS,
+    num_stages: int | None = None,
+    tma: bool = False,
+    page_prefetch: bool = MLA_PAGE_PREFETCH,
+    merge: bool = MLA_MERGE_IN_KERNEL,
+    cache_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
     q_latent [T, H, R] and q_pe [T, H, Dr] of one float dtype, last dims contiguous; cache
@@ -272,8 +380,11 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     if cache_scale is not None:
         check_tensor("cache_scale", cache_scale, dtypes=(torch.float32,), ndim=3, contiguous=True)
         if tuple(cache_scale.shape) != (*cache.shape[:2], groups):
-            raise fail("cache_scale.shape", tuple(cache_scale.shape),
-                       f"need {(*cache.shape[:2], groups)}: one scale per 128 values of each cache row")
+            raise fail(
+                "cache_scale.shape",
+                tuple(cache_scale.shape),
+                f"need {(*cache.shape[:2], groups)}: one scale per 128 values of each cache row",
+            )
         if tma:
             raise fail("tma", True, "an FP8 cache is read through the pointer path only; pass tma=False")
     t, h, r = q_latent.shape
@@ -285,26 +396,44 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     if not (32 <= r <= 512 and 16 <= dr <= 256 and next_pow2(r) == r and next_pow2(dr) == dr):
         raise fail("(R, Dr)", (r, dr), "need powers of two with 32 <= R <= 512 and 16 <= Dr <= 256")
     if num_stages is not None and num_stages < 1:
-        raise fail("num_stages", num_stages, "need >= 1, or None for the launcher's choice by waves of programs")
+        raise fail(
+            "num_stages", num_stages, "need >= 1, or None for the launcher's choice by waves of programs"
+        )
     if block_m not in (16, 32, 64):
         raise fail("block_m", block_m, "need 16, 32 or 64")
     if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:
         raise fail("block_n", block_n, f"need 16, 32, 64 or 128, dividing kv_chunk={kv_chunk}")
     page = cache.shape[1]
     if tma and page % block_n:
-        raise fail("tma", True, f"a TMA key tile of {block_n} rows must not cross a {page}-token page; "
-                   "pass tma=False or a block_n dividing the page")
+        raise fail(
+            "tma",
+            True,
+            f"a TMA key tile of {block_n} rows must not cross a {page}-token page; "
+            "pass tma=False or a block_n dividing the page",
+        )
     empty_k = cache.view(cache.shape[0], page, 1, cache.shape[2])
     # Reuse the dense launcher's checks on the index tensors (one KV head, D = R + Dr).
-    pa._check(torch.empty(0, h, r + dr, dtype=q_latent.dtype, device=q_latent.device), empty_k, empty_k,
-              query_start_loc, seq_lens, block_tables, None, kv_chunk, max_seq_len, fp8)
+    pa._check(
+        torch.empty(0, h, r + dr, dtype=q_latent.dtype, device=q_latent.device),
+        empty_k,
+        empty_k,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        None,
+        kv_chunk,
+        max_seq_len,
+        fp8,
+    )
     check_same_device(q_latent=q_latent, q_pe=q_pe, cache=cache, cache_scale=cache_scale)
     if tma:
         rows = cache.view(-1, r + dr)
-        lat_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(rows, list(rows.shape), [r + dr, 1],
-                                                                     [block_n, r // 2])
-        pe_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(rows[:, r:], [rows.shape[0], dr], [r + dr, 1],
-                                                                    [block_n, dr])
+        lat_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(
+            rows, list(rows.shape), [r + dr, 1], [block_n, r // 2]
+        )
+        pe_desc: TensorDescriptor | torch.Tensor = TensorDescriptor(
+            rows[:, r:], [rows.shape[0], dr], [r + dr, 1], [block_n, dr]
+        )
     else:
         lat_desc = pe_desc = cache  # unused stand-ins on the pointer path
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
@@ -319,16 +448,65 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     # registers freed by the key loop hold without spilling (whole rows spill).
     merge_slice = split_kv.combine_slice(block_m, r, per_chunk=4096)
 
-    def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace, common: dict[str, object]) -> None:
+    def phase1(
+        grid: tuple[int, int, int], base: int, ws: split_kv.Workspace, common: dict[str, object]
+    ) -> None:
         # Without the merge the counters are never touched: ws.m stands in for them.
         _mla_chunk_kernel[grid](
-            q_latent, q_pe, cache, cache_scale if cache_scale is not None else cache, lat_desc, pe_desc, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
-            ws.out, ws.counters if merge else ws.m, q_latent.stride(0), q_latent.stride(1), q_pe.stride(0),
-            q_pe.stride(1), ws.out.stride(0), ws.out.stride(1), block_tables.stride(0), seq_lens.shape[0], base,
-            float(scale) * _LOG2E, h, ws.n_chunks, BLOCK_N=block_n, RH=r // 2, DPE=dr, PAGE=page,
-            PRECISION=precision, TMA=tma, CHUNK_PAGES=chunk_pages, PAGE_PREFETCH=page_prefetch, MERGE=merge,
-            DV_SLICE=merge_slice, KV_FP8=fp8, NG=groups, OPAQUE=not interpreting(), num_warps=num_warps,
-            num_stages=num_stages, **common)
+            q_latent,
+            q_pe,
+            cache,
+            cache_scale if cache_scale is not None else cache,
+            lat_desc,
+            pe_desc,
+            block_tables,
+            query_start_loc,
+            seq_lens,
+            ws.acc,
+            ws.m,
+            ws.l,
+            ws.out,
+            ws.counters if merge else ws.m,
+            q_latent.stride(0),
+            q_latent.stride(1),
+            q_pe.stride(0),
+            q_pe.stride(1),
+            ws.out.stride(0),
+            ws.out.stride(1),
+            block_tables.stride(0),
+            seq_lens.shape[0],
+            base,
+            float(scale) * _LOG2E,
+            h,
+            ws.n_chunks,
+            BLOCK_N=block_n,
+            RH=r // 2,
+            DPE=dr,
+            PAGE=page,
+            PRECISION=precision,
+            TMA=tma,
+            CHUNK_PAGES=chunk_pages,
+            PAGE_PREFETCH=page_prefetch,
+            MERGE=merge,
+            DV_SLICE=merge_slice,
+            KV_FP8=fp8,
+            NG=groups,
+            OPAQUE=not interpreting(),
+            num_warps=num_warps,
+            num_stages=num_stages,
+            **common,
+        )
 
-    return split_kv.two_phase(q_latent, 1, r, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, None, phase1,
-                        merge_in_phase1=merge)
+    return split_kv.two_phase(
+        q_latent,
+        1,
+        r,
+        query_start_loc,
+        seq_lens,
+        max_seq_len,
+        kv_chunk,
+        block_m,
+        None,
+        phase1,
+        merge_in_phase1=merge,
+    )

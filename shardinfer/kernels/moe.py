@@ -87,12 +87,17 @@ class MoeTiles:
             check_tiles(self, ("down_block_n",), ())
         for name in ("down_num_warps", "down_num_stages"):
             if getattr(self, name) < 0:
-                raise ValueError(f"MoeTiles.{name}: got {getattr(self, name)}, need >= 1 (0: the gate/up GEMM's)")
+                raise ValueError(
+                    f"MoeTiles.{name}: got {getattr(self, name)}, need >= 1 (0: the gate/up GEMM's)"
+                )
 
     def down(self) -> tuple[int, int, int]:
         """(block_n, num_warps, num_stages) of the down GEMM."""
-        return (self.down_block_n or self.block_n, self.down_num_warps or self.num_warps,
-                self.down_num_stages or self.num_stages)
+        return (
+            self.down_block_n or self.block_n,
+            self.down_num_warps or self.num_warps,
+            self.down_num_stages or self.num_stages,
+        )
 
 
 # Every device and the CPU interpreter: pointer loads only.
@@ -121,8 +126,13 @@ def _default_tiling(key: tuple[int, int, torch.dtype], device: torch.device | No
 _CHOOSER: TileChooser[tuple[int, int, torch.dtype], MoeTiles] = TileChooser(TILE_OVERRIDES, _default_tiling)
 
 
-def moe_tiles(hidden: int, inter: int, dtype: torch.dtype, rows_per_expert: float = 0.0,
-              device: torch.device | None = None) -> MoeTiles:
+def moe_tiles(
+    hidden: int,
+    inter: int,
+    dtype: torch.dtype,
+    rows_per_expert: float = 0.0,
+    device: torch.device | None = None,
+) -> MoeTiles:
     """The tiling for an expert shape and batch size (rows_per_expert = tokens * top_k / experts).
 
     A tiling chosen by batch size must give every row the bits it gets at any other size. On
@@ -136,8 +146,9 @@ def moe_tiles(hidden: int, inter: int, dtype: torch.dtype, rows_per_expert: floa
 
 
 @triton.jit
-def _weight_tile(w_base, w_desc, desc_row, cols, col_ok, k0, k_dim, swn,
-                 BLOCK_K: tl.constexpr, W_TMA: tl.constexpr):
+def _weight_tile(
+    w_base, w_desc, desc_row, cols, col_ok, k0, k_dim, swn, BLOCK_K: tl.constexpr, W_TMA: tl.constexpr
+):
     """The [BLOCK_K, BLOCK_N] tile (w[expert, cols, k0:k0 + BLOCK_K])^T of a row-major [E, rows, K] weight.
 
     W_TMA: the descriptor sees the weight as [E * rows, K] and desc_row = expert * rows + first col;
@@ -148,17 +159,45 @@ def _weight_tile(w_base, w_desc, desc_row, cols, col_ok, k0, k_dim, swn,
         tile = w_desc.load([desc_row, k0]).T
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        tile = tl.load(w_base + cols[None, :] * swn + ks[:, None], mask=col_ok[None, :] & (ks < k_dim)[:, None],
-                       other=0.0)
+        tile = tl.load(
+            w_base + cols[None, :] * swn + ks[:, None],
+            mask=col_ok[None, :] & (ks < k_dim)[:, None],
+            other=0.0,
+        )
     return tile
 
 
 @triton.jit(do_not_specialize=["n_tiles"])
-def _grouped_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, out_ptr, sorted_ptr, block_expert_ptr, n_cols, k_dim,
-                         a_row_div, sa, swe, swn, so, n_experts, up_offset, rows_per_expert, n_tiles,
-                         GATED: tl.constexpr, A_SORTED: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         PRECISION: tl.constexpr, INTERPRET: tl.constexpr, GROUP_M: tl.constexpr):
+def _grouped_gemm_kernel(
+    a_ptr,
+    a_desc,
+    w_ptr,
+    w_desc,
+    out_ptr,
+    sorted_ptr,
+    block_expert_ptr,
+    n_cols,
+    k_dim,
+    a_row_div,
+    sa,
+    swe,
+    swn,
+    so,
+    n_experts,
+    up_offset,
+    rows_per_expert,
+    n_tiles,
+    GATED: tl.constexpr,
+    A_SORTED: tl.constexpr,
+    A_TMA: tl.constexpr,
+    W_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     """out[p, n] = a_p . w[e, n] (GATED: silu(a_p . w[e, n]) * (a_p . w[e, up_offset + n])) for every
     row p of the expert-sorted layout, e = the expert of p's tile.
 
@@ -202,8 +241,18 @@ def _grouped_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, out_ptr, sorted_ptr, bloc
             w = _weight_tile(w_base, w_desc, desc_row, cols, col_ok, k0, k_dim, swn, BLOCK_K, W_TMA)
             acc = mma(a, w, acc, PRECISION, INTERPRET)
             if GATED:
-                wu = _weight_tile(w_base + up_offset * swn, w_desc, desc_row + up_offset, cols, col_ok, k0, k_dim,
-                                  swn, BLOCK_K, W_TMA)
+                wu = _weight_tile(
+                    w_base + up_offset * swn,
+                    w_desc,
+                    desc_row + up_offset,
+                    cols,
+                    col_ok,
+                    k0,
+                    k_dim,
+                    swn,
+                    BLOCK_K,
+                    W_TMA,
+                )
                 acc_up = mma(a, wu, acc_up, PRECISION, INTERPRET)
         dtype = out_ptr.dtype.element_ty
         if GATED:
@@ -218,8 +267,9 @@ def _grouped_gemm_kernel(a_ptr, a_desc, w_ptr, w_desc, out_ptr, sorted_ptr, bloc
 
 
 @triton.jit
-def _combine_kernel(slot_out_ptr, slot_pos_ptr, weight_ptr, out_ptr, hidden, TOP_K: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def _combine_kernel(
+    slot_out_ptr, slot_pos_ptr, weight_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr
+):
     """out[t] = sum_j weight[t, j] * slot_out[position of slot t * TOP_K + j in the sorted layout]."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -236,8 +286,11 @@ def _descriptor(t: torch.Tensor, block: list[int], what: str, fix: str) -> Tenso
     """A 2-D TMA descriptor of a row-major tensor seen as [numel / last dim, last dim]."""
     k = t.shape[-1]
     if (k * t.element_size()) % 16 or t.data_ptr() % 16:
-        raise fail(what, f"shape {tuple(t.shape)} at a {t.data_ptr() % 16}-byte offset",
-                   f"TMA needs 16-byte aligned rows; {fix}")
+        raise fail(
+            what,
+            f"shape {tuple(t.shape)} at a {t.data_ptr() % 16}-byte offset",
+            f"TMA needs 16-byte aligned rows; {fix}",
+        )
     return TensorDescriptor(t, [t.numel() // k, k], [k, 1], block)
 
 
@@ -255,8 +308,17 @@ def padded_slots(n_slots: int, n_experts: int, block_m: int) -> int:
 
 
 @triton.jit(do_not_specialize=["n_slots", "n_rows", "n_tiles"])
-def _count_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, n_slots, n_rows, n_tiles, n_experts,
-                  BLOCK: tl.constexpr):
+def _count_kernel(
+    ids_ptr,
+    counts_ptr,
+    sorted_ptr,
+    block_expert_ptr,
+    n_slots,
+    n_rows,
+    n_tiles,
+    n_experts,
+    BLOCK: tl.constexpr,
+):
     """counts[e] = how many slots chose expert e (program e scans every slot). The programs also
     fill the layout's blanks, each its share: -1 in every row and n_experts (none) in every tile,
     which the place kernel then overwrites where slots and experts' tiles go (one launch instead
@@ -266,7 +328,11 @@ def _count_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, n_slots, n_
     for r0 in range(e * BLOCK, n_rows, n_experts * BLOCK):
         tl.store(sorted_ptr + r0 + lanes, tl.full([BLOCK], -1, tl.int32), mask=r0 + lanes < n_rows)
     for b0 in range(e * BLOCK, n_tiles, n_experts * BLOCK):
-        tl.store(block_expert_ptr + b0 + lanes, tl.full([BLOCK], 0, tl.int32) + n_experts, mask=b0 + lanes < n_tiles)
+        tl.store(
+            block_expert_ptr + b0 + lanes,
+            tl.full([BLOCK], 0, tl.int32) + n_experts,
+            mask=b0 + lanes < n_tiles,
+        )
     hits = tl.zeros([BLOCK], tl.int32)
     for s0 in range(0, n_slots, BLOCK):
         s = s0 + lanes
@@ -275,8 +341,18 @@ def _count_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, n_slots, n_
 
 
 @triton.jit(do_not_specialize=["n_slots"])
-def _place_kernel(ids_ptr, counts_ptr, sorted_ptr, slot_pos_ptr, block_expert_ptr, n_slots, n_experts,
-                  BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, E_POW2: tl.constexpr):
+def _place_kernel(
+    ids_ptr,
+    counts_ptr,
+    sorted_ptr,
+    slot_pos_ptr,
+    block_expert_ptr,
+    n_slots,
+    n_experts,
+    BLOCK_M: tl.constexpr,
+    BLOCK: tl.constexpr,
+    E_POW2: tl.constexpr,
+):
     """Program e writes its slots, in slot order, from its padded run's start, the inverse map
     (slot -> position) for them, and marks its tiles."""
     e = tl.program_id(0)
@@ -316,7 +392,9 @@ class Alignment(NamedTuple):
     slot_positions: torch.Tensor
 
 
-def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int = DEFAULT_TILES.block_m) -> Alignment:
+def align_to_experts(
+    topk_ids: torch.Tensor, n_experts: int, block_m: int = DEFAULT_TILES.block_m
+) -> Alignment:
     """Group the slots (t * k + j) by expert in increasing slot order, each expert's group starting
     at a multiple of block_m. P = padded_slots(...) is a static bound. Two small kernels with one
     program per expert (count and fill the blanks, then place by a running count in slot order):
@@ -328,22 +406,50 @@ def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int = DEFA
     total = padded_slots(n_slots, n_experts, block_m)
     slot_positions = torch.empty(n_slots, dtype=torch.int32, device=flat.device)
     if n_slots == 0 or n_experts == 0:
-        return Alignment(torch.full((total,), -1, dtype=torch.int32, device=flat.device),
-                         torch.full((total // block_m,), n_experts, dtype=torch.int32, device=flat.device),
-                         slot_positions)
+        return Alignment(
+            torch.full((total,), -1, dtype=torch.int32, device=flat.device),
+            torch.full((total // block_m,), n_experts, dtype=torch.int32, device=flat.device),
+            slot_positions,
+        )
     sorted_slots = torch.empty(total, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(total // block_m, dtype=torch.int32, device=flat.device)
     counts = torch.empty(n_experts, dtype=torch.int32, device=flat.device)
     block, warps = ALIGN_BLOCK, ALIGN_WARPS
-    _count_kernel[(n_experts,)](flat, counts, sorted_slots, block_expert, n_slots, total, total // block_m, n_experts,
-                                BLOCK=block, num_warps=warps)
-    _place_kernel[(n_experts,)](flat, counts, sorted_slots, slot_positions, block_expert, n_slots, n_experts,
-                                BLOCK_M=block_m, BLOCK=block, E_POW2=next_pow2(n_experts), num_warps=warps)
+    _count_kernel[(n_experts,)](
+        flat,
+        counts,
+        sorted_slots,
+        block_expert,
+        n_slots,
+        total,
+        total // block_m,
+        n_experts,
+        BLOCK=block,
+        num_warps=warps,
+    )
+    _place_kernel[(n_experts,)](
+        flat,
+        counts,
+        sorted_slots,
+        slot_positions,
+        block_expert,
+        n_slots,
+        n_experts,
+        BLOCK_M=block_m,
+        BLOCK=block,
+        E_POW2=next_pow2(n_experts),
+        num_warps=warps,
+    )
     return Alignment(sorted_slots, block_expert, slot_positions)
 
 
-def _check_inputs(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
-                  w_down: torch.Tensor) -> None:
+def _check_inputs(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+) -> None:
     check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=2, contiguous=True)
     check_tensor("topk_ids", topk_ids, dtypes=(torch.int32, torch.int64), ndim=2)
     check_tensor("topk_weights", topk_weights, dtypes=(torch.float32,), ndim=2, contiguous=True)
@@ -356,13 +462,22 @@ def _check_inputs(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
     if tuple(w_down.shape) != (n_experts, hidden, two_i // 2):
         raise fail("w_down.shape", tuple(w_down.shape), f"need {(n_experts, hidden, two_i // 2)}")
     if topk_weights.shape != topk_ids.shape or topk_ids.shape[0] != t:
-        raise fail("topk_ids/topk_weights shapes", (tuple(topk_ids.shape), tuple(topk_weights.shape)),
-                   f"need both ({t}, k)")
+        raise fail(
+            "topk_ids/topk_weights shapes",
+            (tuple(topk_ids.shape), tuple(topk_weights.shape)),
+            f"need both ({t}, k)",
+        )
     check_same_device(x=x, topk_ids=topk_ids, topk_weights=topk_weights, w_gate_up=w_gate_up, w_down=w_down)
 
 
-def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
-              w_down: torch.Tensor, tiles: MoeTiles | None = None) -> torch.Tensor:
+def fused_moe(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    tiles: MoeTiles | None = None,
+) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), expert = down(silu(gate x) * up x).
 
     x [T, H] float32/float16/bfloat16 contiguous; topk_ids [T, k] int32/int64 in [0, E);
@@ -389,26 +504,80 @@ def fused_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tenso
     layout = align_to_experts(topk_ids, n_experts, cfg.block_m)
     n_tiles = layout.block_expert.shape[0]
     n_rows = layout.sorted_slots.shape[0]
-    common = dict(BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                  INTERPRET=interpreting(), W_TMA=cfg.tma, GROUP_M=cfg.group_m)
+    common = dict(
+        BLOCK_M=cfg.block_m,
+        BLOCK_K=cfg.block_k,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        INTERPRET=interpreting(),
+        W_TMA=cfg.tma,
+        GROUP_M=cfg.group_m,
+    )
     # Both GEMMs write rows in the expert-sorted layout, so the down GEMM reads its input as whole
     # contiguous tiles; the combine gathers each token's slots back through slot_positions.
     act = torch.empty(n_rows, inter, dtype=x.dtype, device=x.device)
     _grouped_gemm_kernel[(n_tiles * triton.cdiv(inter, cfg.block_n),)](
-        x, x, w_gate_up, _weight_descriptor(w_gate_up, cfg.block_n, cfg), act, layout.sorted_slots,
-        layout.block_expert, inter, hidden, top_k, x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
-        act.stride(0), n_experts, inter, two_i, n_tiles, GATED=True, A_SORTED=False, A_TMA=False,
-        BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+        x,
+        x,
+        w_gate_up,
+        _weight_descriptor(w_gate_up, cfg.block_n, cfg),
+        act,
+        layout.sorted_slots,
+        layout.block_expert,
+        inter,
+        hidden,
+        top_k,
+        x.stride(0),
+        w_gate_up.stride(0),
+        w_gate_up.stride(1),
+        act.stride(0),
+        n_experts,
+        inter,
+        two_i,
+        n_tiles,
+        GATED=True,
+        A_SORTED=False,
+        A_TMA=False,
+        BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **common,
+    )
     down_n, down_warps, down_stages = cfg.down()
-    act_rows = (_descriptor(act, [cfg.block_m, cfg.block_k], "activation rows", "use a tma_rows=False tiling")
-                if cfg.tma_rows else act)
+    act_rows = (
+        _descriptor(act, [cfg.block_m, cfg.block_k], "activation rows", "use a tma_rows=False tiling")
+        if cfg.tma_rows
+        else act
+    )
     slot_out = torch.empty(n_rows, hidden, dtype=x.dtype, device=x.device)
     _grouped_gemm_kernel[(n_tiles * triton.cdiv(hidden, down_n),)](
-        act, act_rows, w_down, _weight_descriptor(w_down, down_n, cfg), slot_out, layout.sorted_slots,
-        layout.block_expert, hidden, inter, 1, act.stride(0), w_down.stride(0), w_down.stride(1),
-        slot_out.stride(0), n_experts, 0, hidden, n_tiles, GATED=False, A_SORTED=True, A_TMA=cfg.tma_rows,
-        BLOCK_N=down_n, num_warps=down_warps, num_stages=down_stages, **common)
+        act,
+        act_rows,
+        w_down,
+        _weight_descriptor(w_down, down_n, cfg),
+        slot_out,
+        layout.sorted_slots,
+        layout.block_expert,
+        hidden,
+        inter,
+        1,
+        act.stride(0),
+        w_down.stride(0),
+        w_down.stride(1),
+        slot_out.stride(0),
+        n_experts,
+        0,
+        hidden,
+        n_tiles,
+        GATED=False,
+        A_SORTED=True,
+        A_TMA=cfg.tma_rows,
+        BLOCK_N=down_n,
+        num_warps=down_warps,
+        num_stages=down_stages,
+        **common,
+    )
     block = min(1024, next_pow2(hidden))
-    _combine_kernel[(t, triton.cdiv(hidden, block))](slot_out, layout.slot_positions, topk_weights, out, hidden,
-                                                     TOP_K=top_k, BLOCK=block)
+    _combine_kernel[(t, triton.cdiv(hidden, block))](
+        slot_out, layout.slot_positions, topk_weights, out, hidden, TOP_K=top_k, BLOCK=block
+    )
     return out

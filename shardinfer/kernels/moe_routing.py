@@ -36,10 +36,26 @@ def _first_argmax(values, index, BIG: tl.constexpr):
 
 
 @triton.jit
-def _grouped_topk_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_t, n_experts, per_group, n_group,
-                         scale, HAS_BIAS: tl.constexpr, SOFTMAX: tl.constexpr, LIMIT_GROUPS: tl.constexpr,
-                         TOPK_GROUP: tl.constexpr, TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr,
-                         TOP_K_PAD: tl.constexpr, GROUPS: tl.constexpr, PER_GROUP: tl.constexpr):
+def _grouped_topk_kernel(
+    logits_ptr,
+    bias_ptr,
+    weights_ptr,
+    ids_ptr,
+    stride_t,
+    n_experts,
+    per_group,
+    n_group,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    LIMIT_GROUPS: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    TOP_K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    TOP_K_PAD: tl.constexpr,
+    GROUPS: tl.constexpr,
+    PER_GROUP: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, GROUPS)
     j = tl.arange(0, PER_GROUP)
@@ -93,10 +109,16 @@ def _grouped_topk_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_t, n
     tl.store(ids_ptr + out, picked_id.to(tl.int64), mask=slots < TOP_K)
 
 
-def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Tensor | None, top_k: int,
-                 n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
-                 routed_scaling_factor: float = 1.0,
-                 scoring_func: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_topk(
+    router_logits: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scoring_func: str = "sigmoid",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """reference_moe.grouped_topk on the GPU: (weights [T, top_k] float32, ids [T, top_k] int64).
 
     router_logits [T, E] float32/float16/bfloat16 with a contiguous last dim (scored in float32);
@@ -116,12 +138,17 @@ def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Ten
     if not 0 < top_k <= eligible:
         raise fail("top_k", top_k, f"need 1..{eligible} (the experts of the kept groups)")
     if limit_groups and e_score_correction_bias is not None and per_group < 2:
-        raise fail("n_group", n_group, f"scoring groups by their top-2 needs >= 2 experts per group, got {per_group}")
+        raise fail(
+            "n_group", n_group, f"scoring groups by their top-2 needs >= 2 experts per group, got {per_group}"
+        )
     if e_score_correction_bias is not None:
-        check_tensor("e_score_correction_bias", e_score_correction_bias, dtypes=FLOAT_DTYPES, ndim=1,
-                     contiguous=True)
+        check_tensor(
+            "e_score_correction_bias", e_score_correction_bias, dtypes=FLOAT_DTYPES, ndim=1, contiguous=True
+        )
         if e_score_correction_bias.shape[0] != n_experts:
-            raise fail("e_score_correction_bias.shape", tuple(e_score_correction_bias.shape), f"need ({n_experts},)")
+            raise fail(
+                "e_score_correction_bias.shape", tuple(e_score_correction_bias.shape), f"need ({n_experts},)"
+            )
     check_same_device(router_logits=router_logits, e_score_correction_bias=e_score_correction_bias)
     weights = torch.empty(t, top_k, dtype=torch.float32, device=router_logits.device)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=router_logits.device)
@@ -130,10 +157,24 @@ def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Ten
     groups = n_group if limit_groups else 1
     bias = e_score_correction_bias if e_score_correction_bias is not None else weights
     _grouped_topk_kernel[(t,)](
-        router_logits, bias, weights, ids, router_logits.stride(0), n_experts, n_experts // groups, groups,
-        float(routed_scaling_factor), HAS_BIAS=e_score_correction_bias is not None,
-        SOFTMAX=scoring_func == "softmax", LIMIT_GROUPS=limit_groups, TOPK_GROUP=topk_group, TOP_K=top_k,
-        RENORMALIZE=renormalize, TOP_K_PAD=max(2, next_pow2(top_k)), GROUPS=max(2, next_pow2(groups)),
+        router_logits,
+        bias,
+        weights,
+        ids,
+        router_logits.stride(0),
+        n_experts,
+        n_experts // groups,
+        groups,
+        float(routed_scaling_factor),
+        HAS_BIAS=e_score_correction_bias is not None,
+        SOFTMAX=scoring_func == "softmax",
+        LIMIT_GROUPS=limit_groups,
+        TOPK_GROUP=topk_group,
+        TOP_K=top_k,
+        RENORMALIZE=renormalize,
+        TOP_K_PAD=max(2, next_pow2(top_k)),
+        GROUPS=max(2, next_pow2(groups)),
         PER_GROUP=max(2, next_pow2(n_experts // groups)),
-        num_warps=1 if n_experts <= 128 else 2)
+        num_warps=1 if n_experts <= 128 else 2,
+    )
     return weights, ids

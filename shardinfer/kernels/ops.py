@@ -17,12 +17,33 @@ from shardinfer.kernels.reference import bmm_rows
 from shardinfer.kernels.reference_fp8 import Fp8Activation
 from shardinfer.kernels.top_logprob import TopLogprob, fill_reference
 
-__all__ = ["Fp8Activation", "bmm_rows", "fused_add_rms_norm", "fused_add_rms_norm_fp8", "grouped_topk",
-           "heads_matmul", "linear", "linear_fp8", "linear_fp8_prequantized", "mla_absorb_query",
-           "mla_paged_attention", "mla_project_value", "moe_experts", "paged_attention", "rms_norm",
-           "rms_norm_fp8", "rope_interleaved", "rope_neox", "sample", "sample_with_logprobs", "silu_and_mul",
-           "silu_and_mul_fp8", "store_kv",
-           "triton_available", "warm_up_matmuls"]
+__all__ = [
+    "Fp8Activation",
+    "bmm_rows",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_fp8",
+    "grouped_topk",
+    "heads_matmul",
+    "linear",
+    "linear_fp8",
+    "linear_fp8_prequantized",
+    "mla_absorb_query",
+    "mla_paged_attention",
+    "mla_project_value",
+    "moe_experts",
+    "paged_attention",
+    "rms_norm",
+    "rms_norm_fp8",
+    "rope_interleaved",
+    "rope_neox",
+    "sample",
+    "sample_with_logprobs",
+    "silu_and_mul",
+    "silu_and_mul_fp8",
+    "store_kv",
+    "triton_available",
+    "warm_up_matmuls",
+]
 
 
 @functools.cache
@@ -38,8 +59,9 @@ def _use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and triton_available()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           batch_invariant: bool = True) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_invariant: bool = True
+) -> torch.Tensor:
     """reference.linear (y = x @ weight.T + bias for x [..., K], weight [N, K]).
 
     On CUDA with batch_invariant, the fixed-tile Triton matmul (kernels/matmul.py) on x as
@@ -48,13 +70,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """
     if batch_invariant and _use_triton(x):
         from shardinfer.kernels.matmul import linear_batch_invariant
+
         flat = x.reshape(-1, x.shape[-1])
         return linear_batch_invariant(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return reference.linear(x, weight, bias, batch_invariant)
 
 
-def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               bias: torch.Tensor | None = None, batch_invariant: bool = True) -> torch.Tensor:
+def linear_fp8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    batch_invariant: bool = True,
+) -> torch.Tensor:
     """reference_fp8.linear_fp8 (x [..., K] quantised per 1x128 group, weight [N, K] float8_e4m3fn
     with 128x128 block scales [ceil(N/128), ceil(K/128)] or per-channel scales [N]). On CUDA the
     Triton FP8 GEMM (kernels/fp8_matmul.py), batch invariant whatever `batch_invariant` says;
@@ -62,19 +90,26 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     """
     if _use_triton(x):
         from shardinfer.kernels import fp8_matmul
+
         flat = x.reshape(-1, x.shape[-1])
         return fp8_matmul.linear_fp8(flat, weight, weight_scale, bias).view(*x.shape[:-1], weight.shape[0])
     return reference_fp8.linear_fp8(x, weight, weight_scale, bias, batch_invariant)
 
 
-def linear_fp8_prequantized(x: Fp8Activation, weight: torch.Tensor, weight_scale: torch.Tensor,
-                            bias: torch.Tensor | None = None, batch_invariant: bool = True) -> torch.Tensor:
+def linear_fp8_prequantized(
+    x: Fp8Activation,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    batch_invariant: bool = True,
+) -> torch.Tensor:
     """linear_fp8 on an input quantised already (by a fused norm or activation): y [..., N] in
     x.dtype, the same bits linear_fp8 gives for the float tensor x was quantised from. On CUDA the
     FP8 GEMM alone, at the tiling linear_fp8 would choose; elsewhere reference_fp8's
     dequantise-then-matmul."""
     if _use_triton(x.q):
         from shardinfer.kernels import fp8_matmul
+
         fp8_matmul.check_weight(weight, weight_scale, bias, x.q.shape[-1], x.dtype)
         check_same_device(x=x.q, x_scale=x.scale, weight=weight, weight_scale=weight_scale, bias=bias)
         n, k = weight.shape
@@ -96,14 +131,17 @@ def warm_up_matmuls(weights: list[torch.Tensor]) -> int:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if _use_triton(x):
         from shardinfer.kernels import rmsnorm
+
         return rmsnorm.rms_norm(x, weight, eps)
     return reference.rms_norm(x, weight, eps)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     if _use_triton(x):
         from shardinfer.kernels import rmsnorm
+
         return rmsnorm.fused_add_rms_norm(x, residual, weight, eps)
     return reference.fused_add_rms_norm(x, residual, weight, eps)
 
@@ -113,16 +151,19 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Fp8Activa
     the bits of quantising rms_norm's output; elsewhere that composition with the references."""
     if _use_triton(x):
         from shardinfer.kernels import rmsnorm
+
         return Fp8Activation(*rmsnorm.rms_norm_fp8(x, weight, eps), x.dtype)
     return Fp8Activation(*reference_fp8.quantize_groups(reference.rms_norm(x, weight, eps)), x.dtype)
 
 
-def fused_add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                           eps: float) -> tuple[Fp8Activation, torch.Tensor]:
+def fused_add_rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[Fp8Activation, torch.Tensor]:
     """fused_add_rms_norm with the normalised output quantised as rms_norm_fp8 does; the sum (the
     residual stream) is returned in x's dtype as there."""
     if _use_triton(x):
         from shardinfer.kernels import rmsnorm
+
         q, s, summed = rmsnorm.fused_add_rms_norm_fp8(x, residual, weight, eps)
         return Fp8Activation(q, s, x.dtype), summed
     out, summed = reference.fused_add_rms_norm(x, residual, weight, eps)
@@ -132,6 +173,7 @@ def fused_add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weigh
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if _use_triton(x):
         from shardinfer.kernels import activation
+
         return activation.silu_and_mul(x)
     return reference.silu_and_mul(x)
 
@@ -141,6 +183,7 @@ def silu_and_mul_fp8(x: torch.Tensor) -> Fp8Activation:
     (activation.silu_and_mul_fp8), elsewhere the composition with the references."""
     if _use_triton(x):
         from shardinfer.kernels import activation
+
         return Fp8Activation(*activation.silu_and_mul_fp8(x), x.dtype)
     return Fp8Activation(*reference_fp8.quantize_groups(reference.silu_and_mul(x)), x.dtype)
 
@@ -148,6 +191,7 @@ def silu_and_mul_fp8(x: torch.Tensor) -> Fp8Activation:
 def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     if _use_triton(x):
         from shardinfer.kernels import rope
+
         return rope.rope_neox(x, cos, sin)
     return reference.rope_neox(x, cos, sin)
 
@@ -155,16 +199,19 @@ def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
 def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     if _use_triton(x):
         from shardinfer.kernels import rope
+
         return rope.rope_interleaved(x, cos, sin)
     return reference.rope_interleaved(x, cos, sin)
 
 
-def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor,
-             scale: torch.Tensor | None = None) -> None:
+def store_kv(
+    cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor, scale: torch.Tensor | None = None
+) -> None:
     """reference.store_kv; `scale` beside an FP8 cache quantises each token's values on the way in.
     On CUDA, slots of -1 are skipped; the reference needs every slot valid."""
     if _use_triton(cache):
         from shardinfer.kernels import kv_store
+
         if scale is not None:
             kv_store.store_kv_fp8(cache, scale, values, slot_mapping)
         else:
@@ -179,11 +226,20 @@ def _as_int32(v: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor
     return torch.tensor(v, dtype=torch.int32, device=device)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    query_start_loc: list[int] | torch.Tensor, seq_lens: list[int] | torch.Tensor,
-                    block_tables: torch.Tensor, scale: float, sliding_window: int | None = None,
-                    batch_invariant: bool = True, max_seq_len: int | None = None,
-                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: list[int] | torch.Tensor,
+    seq_lens: list[int] | torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    batch_invariant: bool = True,
+    max_seq_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """reference.paged_attention; pass device int32 tensors (and max_seq_len) on CUDA to avoid copies.
 
     The Triton kernel is batch invariant whatever `batch_invariant` says. An FP8 cache comes with
@@ -191,36 +247,68 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """
     if _use_triton(q):
         from shardinfer.kernels import paged_attention as pa
+
         if max_seq_len is None and not isinstance(seq_lens, torch.Tensor):
             max_seq_len = max(seq_lens, default=0)
-        return pa.paged_attention(q, k_cache, v_cache, _as_int32(query_start_loc, q.device),
-                                  _as_int32(seq_lens, q.device), block_tables.to(torch.int32), scale,
-                                  sliding_window, max_seq_len=max_seq_len, k_scale=k_scale, v_scale=v_scale)
+        return pa.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            _as_int32(query_start_loc, q.device),
+            _as_int32(seq_lens, q.device),
+            block_tables.to(torch.int32),
+            scale,
+            sliding_window,
+            max_seq_len=max_seq_len,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
     qsl = query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor) else query_start_loc
     sl = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens
-    return reference.paged_attention(q, k_cache, v_cache, qsl, sl, block_tables, scale, sliding_window,
-                                     batch_invariant, k_scale, v_scale)
+    return reference.paged_attention(
+        q, k_cache, v_cache, qsl, sl, block_tables, scale, sliding_window, batch_invariant, k_scale, v_scale
+    )
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-           noise: torch.Tensor | None = None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Filtered Gumbel-max sampling (see kernels/sampling.py). On CUDA the kernel draws the noise
     itself; elsewhere pass `noise` [B, V] from the engine's gumbel_noise(seeds, positions, V)."""
     if _use_triton(logits):
         from shardinfer.kernels import sampling
+
         return sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, positions)
     if noise is None:
-        raise ValueError("sample: noise is None on a non-CUDA device; pass noise [B, V] from "
-                         "engine.sampling_noise.gumbel_noise(seeds, positions, vocab_size)")
+        raise ValueError(
+            "sample: noise is None on a non-CUDA device; pass noise [B, V] from "
+            "engine.sampling_noise.gumbel_noise(seeds, positions, vocab_size)"
+        )
     from shardinfer.kernels import reference_sampling
+
     return reference_sampling.sample(logits, temperature, top_k, top_p, min_p, noise)
 
 
-def sample_with_logprobs(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                         top_p: torch.Tensor, min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                         filtered: bool, noise: torch.Tensor | None = None, top: TopLogprob | None = None,
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_with_logprobs(
+    raw: torch.Tensor,
+    x: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    filtered: bool,
+    noise: torch.Tensor | None = None,
+    top: TopLogprob | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token [B] int64, logprob [B] float32, lse [B] float32): `sample` on x, and the chosen
     token's log-probability under the RAW logits (raw[token] - logsumexp(raw), lse per row).
     `top`, if given, receives each row's top-1 token and logprob under the raw logits
@@ -232,6 +320,7 @@ def sample_with_logprobs(raw: torch.Tensor, x: torch.Tensor, temperature: torch.
     """
     if _use_triton(x):
         from shardinfer.kernels import sampling_split
+
         if not filtered:
             return sampling_split.sample(raw, x, temperature, seeds, positions, top=top)
         tokens = sample(x, temperature, top_k, top_p, min_p, seeds, positions)
@@ -243,10 +332,18 @@ def sample_with_logprobs(raw: torch.Tensor, x: torch.Tensor, temperature: torch.
     return tokens, raw.gather(1, tokens.view(-1, 1)).view(-1) - lse, lse
 
 
-def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
-                        query_start_loc: list[int] | torch.Tensor, seq_lens: list[int] | torch.Tensor,
-                        block_tables: torch.Tensor, scale: float, batch_invariant: bool = True,
-                        max_seq_len: int | None = None, cache_scale: torch.Tensor | None = None) -> torch.Tensor:
+def mla_paged_attention(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    query_start_loc: list[int] | torch.Tensor,
+    seq_lens: list[int] | torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    batch_invariant: bool = True,
+    max_seq_len: int | None = None,
+    cache_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """reference_mla.mla_paged_attention; pass device int32 tensors (and max_seq_len) on CUDA to avoid copies.
 
     On CUDA the absorbed-MLA kernel (always batch invariant), given q_pe made contiguous so that
@@ -254,51 +351,105 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     """
     if _use_triton(q_latent):
         from shardinfer.kernels import mla_decode
+
         if max_seq_len is None and not isinstance(seq_lens, torch.Tensor):
             max_seq_len = max(seq_lens, default=0)
-        return mla_decode.mla_paged_attention(q_latent, q_pe.contiguous(), cache,
-                                              _as_int32(query_start_loc, q_latent.device),
-                                              _as_int32(seq_lens, q_latent.device), block_tables.to(torch.int32),
-                                              scale, max_seq_len=max_seq_len, cache_scale=cache_scale)
+        return mla_decode.mla_paged_attention(
+            q_latent,
+            q_pe.contiguous(),
+            cache,
+            _as_int32(query_start_loc, q_latent.device),
+            _as_int32(seq_lens, q_latent.device),
+            block_tables.to(torch.int32),
+            scale,
+            max_seq_len=max_seq_len,
+            cache_scale=cache_scale,
+        )
     from shardinfer.kernels import reference_mla
+
     qsl = query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor) else query_start_loc
     sl = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens
-    return reference_mla.mla_paged_attention(q_latent, q_pe, cache, qsl, sl, block_tables, scale, batch_invariant,
-                                             cache_scale)
+    return reference_mla.mla_paged_attention(
+        q_latent, q_pe, cache, qsl, sl, block_tables, scale, batch_invariant, cache_scale
+    )
 
 
-def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
-                w_down: torch.Tensor, batch_invariant: bool = True, w_gate_up_scale: torch.Tensor | None = None,
-                w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    batch_invariant: bool = True,
+    w_gate_up_scale: torch.Tensor | None = None,
+    w_down_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """reference_moe.moe_experts; on CUDA the fused grouped-GEMM kernel (always batch invariant).
     FP8 experts come with their block scales (reference_moe.moe_experts_fp8, kernels/fp8_moe.py)."""
     if w_gate_up_scale is not None and w_down_scale is not None:
         if _use_triton(x):
             from shardinfer.kernels import fp8_moe
-            return fp8_moe.fused_moe_fp8(x.contiguous(), topk_ids, topk_weights.float().contiguous(), w_gate_up,
-                                         w_gate_up_scale, w_down, w_down_scale)
+
+            return fp8_moe.fused_moe_fp8(
+                x.contiguous(),
+                topk_ids,
+                topk_weights.float().contiguous(),
+                w_gate_up,
+                w_gate_up_scale,
+                w_down,
+                w_down_scale,
+            )
         from shardinfer.kernels import reference_moe
-        return reference_moe.moe_experts_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down,
-                                             w_down_scale, batch_invariant)
+
+        return reference_moe.moe_experts_fp8(
+            x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale, batch_invariant
+        )
     if _use_triton(x):
         from shardinfer.kernels import moe
+
         return moe.fused_moe(x.contiguous(), topk_ids, topk_weights.float().contiguous(), w_gate_up, w_down)
     from shardinfer.kernels import reference_moe
+
     return reference_moe.moe_experts(x, topk_ids, topk_weights, w_gate_up, w_down, batch_invariant)
 
 
-def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Tensor | None, top_k: int,
-                 n_group: int = 1, topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
-                 scoring_func: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_topk(
+    router_logits: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scoring_func: str = "sigmoid",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """reference_moe.grouped_topk (DeepSeek expert routing); on CUDA the Triton routing kernel
     (kernels/moe_routing.py)."""
     if _use_triton(router_logits):
         from shardinfer.kernels import moe_routing
-        return moe_routing.grouped_topk(router_logits, e_score_correction_bias, top_k, n_group, topk_group,
-                                        renormalize, routed_scaling_factor, scoring_func)
+
+        return moe_routing.grouped_topk(
+            router_logits,
+            e_score_correction_bias,
+            top_k,
+            n_group,
+            topk_group,
+            renormalize,
+            routed_scaling_factor,
+            scoring_func,
+        )
     from shardinfer.kernels import reference_moe
-    return reference_moe.grouped_topk(router_logits, e_score_correction_bias, top_k, n_group, topk_group,
-                                      renormalize, routed_scaling_factor, scoring_func)
+
+    return reference_moe.grouped_topk(
+        router_logits,
+        e_score_correction_bias,
+        top_k,
+        n_group,
+        topk_group,
+        renormalize,
+        routed_scaling_factor,
+        scoring_func,
+    )
 
 
 def heads_matmul(x: torch.Tensor, w: torch.Tensor, w_nk: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
@@ -315,40 +466,73 @@ def heads_matmul(x: torch.Tensor, w: torch.Tensor, w_nk: torch.Tensor, batch_inv
     return heads_matmul_kernel(x, w_nk)
 
 
-def mla_absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor, w_uk_nk: torch.Tensor,
-                     batch_invariant: bool = True) -> torch.Tensor:
+def mla_absorb_query(
+    q_nope: torch.Tensor, w_uk: torch.Tensor, w_uk_nk: torch.Tensor, batch_invariant: bool = True
+) -> torch.Tensor:
     """reference_mla.mla_absorb_query (q_nope [T, H, Dn] x w_uk [H, Dn, R] -> [T, H, R]); on CUDA
     heads_matmul, given w_uk_nk = w_uk^T per head [H, R, Dn]."""
     if q_nope.is_cuda:
         return heads_matmul(q_nope, w_uk, w_uk_nk, batch_invariant)
     from shardinfer.kernels import reference_mla
+
     return reference_mla.mla_absorb_query(q_nope, w_uk, batch_invariant)
 
 
-def mla_project_value(o_latent: torch.Tensor, w_uv_t: torch.Tensor, w_uv_nk: torch.Tensor,
-                      batch_invariant: bool = True) -> torch.Tensor:
+def mla_project_value(
+    o_latent: torch.Tensor, w_uv_t: torch.Tensor, w_uv_nk: torch.Tensor, batch_invariant: bool = True
+) -> torch.Tensor:
     """reference_mla.mla_project_value (o_latent [T, H, R] x w_uv_t [H, R, Dv] -> [T, H, Dv]); on
     CUDA heads_matmul, given w_uv_nk = w_uv_t^T per head [H, Dv, R]."""
     if o_latent.is_cuda:
         return heads_matmul(o_latent, w_uv_t, w_uv_nk, batch_invariant)
     from shardinfer.kernels import reference_mla
+
     return reference_mla.mla_project_value(o_latent, w_uv_t, batch_invariant)
 
 
-def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: torch.Tensor | None,
-                 k_norm: torch.Tensor | None, eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor,
-                 positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                 fuse: bool = True) -> torch.Tensor:
+def qkv_prologue(
+    qkv: torch.Tensor,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    fuse: bool = True,
+) -> torch.Tensor:
     """A dense attention layer's head norms (q_norm / k_norm, or neither), rotate-half RoPE and K/V
     cache stores from its QKV projection [T, (n_q + 2 n_kv) * head_dim]; returns q [T, n_q, head_dim].
     On CUDA one launch (kernels/qkv_prologue.py, the unfused ops' bits, for the head dims the engine
     fuses); elsewhere, or with fuse=False, the ops one by one."""
     if fuse and _use_triton(qkv):
         from shardinfer.kernels import qkv_prologue as fused
+
         if fused.fusable(head_dim):
-            return fused.qkv_prologue(qkv, n_q, n_kv, head_dim, q_norm, k_norm, eps, cos_table, sin_table,
-                                      positions, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+            return fused.qkv_prologue(
+                qkv,
+                n_q,
+                n_kv,
+                head_dim,
+                q_norm,
+                k_norm,
+                eps,
+                cos_table,
+                sin_table,
+                positions,
+                k_cache,
+                v_cache,
+                slot_mapping,
+                k_scale,
+                v_scale,
+            )
     t = qkv.shape[0]
     q = qkv[:, : n_q * head_dim].reshape(t, n_q, head_dim)
     k = qkv[:, n_q * head_dim : (n_q + n_kv) * head_dim].reshape(t, n_kv, head_dim)

@@ -85,19 +85,62 @@ _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
 
 
-
 @triton.jit(do_not_specialize=["sbt", "num_seqs", "block_base", "window", "n_chunks"])
-def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr,
-                       out_ptr, sot, soh,
-                       sqt, sqh, skb, sks, skh, svb, svs, svh, sksb, skss, sksh, svsb, svss, svsh, sbt,
-                       num_seqs, block_base, scale_log2, window, n_heads, n_chunks,
-                       GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BQ: tl.constexpr,
-                       BLOCK_N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                       DV: tl.constexpr, BLOCK_DV: tl.constexpr, CHUNK: tl.constexpr,
-                       PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
-                       KV_FP8: tl.constexpr, SCALE_SCORES: tl.constexpr, OPAQUE: tl.constexpr,
-                       DIRECT: tl.constexpr):
+def _attn_chunk_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    qsl_ptr,
+    sl_ptr,
+    pacc_ptr,
+    pm_ptr,
+    pl_ptr,
+    out_ptr,
+    sot,
+    soh,
+    sqt,
+    sqh,
+    skb,
+    sks,
+    skh,
+    svb,
+    svs,
+    svh,
+    sksb,
+    skss,
+    sksh,
+    svsb,
+    svss,
+    svsh,
+    sbt,
+    num_seqs,
+    block_base,
+    scale_log2,
+    window,
+    n_heads,
+    n_chunks,
+    GROUP: tl.constexpr,
+    HB: tl.constexpr,
+    N_HSPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BQ: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    SCALE_SCORES: tl.constexpr,
+    OPAQUE: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
     seq, q_start, tok0 = split_kv.locate(qsl_ptr, num_seqs, qblock, BQ)
@@ -113,7 +156,9 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
         kv_lo = tl.maximum(kv_lo, (first // BLOCK_N) * BLOCK_N)
     kv_hi = tl.minimum(c * CHUNK + CHUNK, max_pos + 1)
     if (n_tok > 0) & (kv_lo < kv_hi):
-        kvh, tok, head, row_ok = split_kv.tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
+        kvh, tok, head, row_ok = split_kv.tile_rows(
+            tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT
+        )
         pos = ctx + tok
         d = tl.arange(0, BLOCK_D)
         dv = tl.arange(0, BLOCK_DV)
@@ -133,7 +178,9 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
                 if SCALE_SCORES:  # one scale per key, applied to its column of scores below
                     ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
                     k = k.to(q.dtype)
-                elif D <= 128:  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
+                elif (
+                    D <= 128
+                ):  # dequantise in registers: exact in q's dtype (3-bit mantissas, power-of-two scales)
                     ks = tl.load(ks_ptr + ks_off, mask=n_ok, other=0.0)
                     k = (k.to(tl.float32) * ks[None, :]).to(q.dtype)
                 else:  # D <= 256 (checked): two groups, two scale vectors selected by row, no 2D gather
@@ -158,7 +205,9 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v_off = page * svb + (n % PAGE) * svs + kvh * svh
-            v = tl.load(v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0)
+            v = tl.load(
+                v_ptr + v_off[:, None] + dv[None, :], mask=n_ok[:, None] & (dv < DV)[None, :], other=0.0
+            )
             pv = p
             if KV_FP8:
                 vs_off = page * svsb + (n % PAGE) * svss + kvh * svsh
@@ -183,15 +232,29 @@ def _attn_chunk_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, qsl_ptr, sl_
             # state starts empty: alpha 0, beta 1); split_kv.merge_kernel skips these tiles.
             split_kv.store_rows(out_ptr, sot, soh, q_start, tok, head, row_ok, acc, l_i, dv, DV)
         else:
-            w = split_kv.partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ) + c
+            w = (
+                split_kv.partial_rows(
+                    qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ
+                )
+                + c
+            )
             tl.store(pm_ptr + w, m_i, mask=row_ok)
             tl.store(pl_ptr + w, l_i, mask=row_ok)
             tl.store(pacc_ptr + w[:, None] * DV + dv[None, :], acc, mask=row_ok[:, None] & (dv < DV)[None, :])
 
 
-def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
-           seq_lens: torch.Tensor, block_tables: torch.Tensor, sliding_window: int | None,
-           kv_chunk: int, max_seq_len: int | None, fp8: bool = False) -> None:
+def _check(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    sliding_window: int | None,
+    kv_chunk: int,
+    max_seq_len: int | None,
+    fp8: bool = False,
+) -> None:
     check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     cache_dtype = FP8_DTYPE if fp8 else q.dtype
     check_tensor("k_cache", k_cache, dtypes=(cache_dtype,), ndim=4, last_dim_contiguous=True)
@@ -218,17 +281,35 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_
         raise fail("sliding_window", sliding_window, "need None or >= 1")
     if max_seq_len is not None and max_seq_len < 0:
         raise fail("max_seq_len", max_seq_len, "need >= 0 (the longest seq_lens entry)")
-    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, query_start_loc=query_start_loc,
-                      seq_lens=seq_lens, block_tables=block_tables)
+    check_same_device(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+    )
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                    scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
-                    kv_chunk: int = KV_CHUNK, block_n: int | None = None, num_warps: int = 4,
-                    num_stages: int | None = None, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-                    max_registers: int | None = -1) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    max_seq_len: int | None = None,
+    kv_chunk: int = KV_CHUNK,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    fp8_scale_scores: bool = False,
+    max_registers: int | None = -1,
+) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
     q [T, Hq, D] float32/float16/bfloat16 (last dim contiguous); k_cache [num_blocks, block_size,
@@ -260,8 +341,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     stop commuting.)
     """
     fp8 = k_scale is not None or v_scale is not None
-    _check(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window, kv_chunk, max_seq_len,
-           fp8)
+    _check(
+        q,
+        k_cache,
+        v_cache,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        sliding_window,
+        kv_chunk,
+        max_seq_len,
+        fp8,
+    )
     if fp8:
         _check_scales(k_cache, v_cache, k_scale, v_scale)
     if max(q.shape[-1], v_cache.shape[-1]) > 256:
@@ -271,21 +362,47 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if num_stages is not None and num_stages < 1:
         raise fail("num_stages", num_stages, "need >= 1, or None for the cache's default")
     if max_registers not in (None, -1) and not 16 <= max_registers <= 255:
-        raise fail("max_registers", max_registers,
-                   "need 16..255 registers per thread, -1 for the default cap, or None for no cap")
+        raise fail(
+            "max_registers",
+            max_registers,
+            "need 16..255 registers per thread, -1 for the default cap, or None for no cap",
+        )
     wide = fp8 and _one_scale_per_key(q.shape[-1], v_cache.shape[-1]) and kv_chunk % FP8_BLOCK_N == 0
     if block_n is None:
         block_n = FP8_BLOCK_N if wide else BLOCK_N
     if num_stages is None:
         num_stages = FP8_NUM_STAGES if wide and block_n == FP8_BLOCK_N else NUM_STAGES
     if max_registers == -1:
-        small = max(q.shape[-1], v_cache.shape[-1]) <= _CAPPED_HEAD_DIM and q.dtype in (torch.bfloat16, torch.float16)
+        small = max(q.shape[-1], v_cache.shape[-1]) <= _CAPPED_HEAD_DIM and q.dtype in (
+            torch.bfloat16,
+            torch.float16,
+        )
         max_registers = MAX_REGISTERS if small else None
-    return launch(q, k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
-                  (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)), hk, q.shape[-1],
-                  v_cache.shape[-1], query_start_loc, seq_lens, block_tables, scale, sliding_window,
-                  max_seq_len, kv_chunk, max(_MIN_BLOCK_M, next_pow2(group)), block_n, num_warps, num_stages,
-                  k_scale, v_scale, fp8_scale_scores, max_registers)
+    return launch(
+        q,
+        k_cache,
+        v_cache,
+        (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
+        (v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)),
+        hk,
+        q.shape[-1],
+        v_cache.shape[-1],
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        scale,
+        sliding_window,
+        max_seq_len,
+        kv_chunk,
+        max(_MIN_BLOCK_M, next_pow2(group)),
+        block_n,
+        num_warps,
+        num_stages,
+        k_scale,
+        v_scale,
+        fp8_scale_scores,
+        max_registers,
+    )
 
 
 def _one_scale_per_key(d: int, dv: int) -> bool:
@@ -293,22 +410,43 @@ def _one_scale_per_key(d: int, dv: int) -> bool:
     return max(d, dv) <= GROUP
 
 
-def _check_scales(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
-                  v_scale: torch.Tensor | None) -> None:
+def _check_scales(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+) -> None:
     for name, cache, sc in (("k_scale", k_cache, k_scale), ("v_scale", v_cache, v_scale)):
         want = (*cache.shape[:3], -(-cache.shape[3] // GROUP))
         t = check_tensor(name, sc, dtypes=(torch.float32,), ndim=4, contiguous=True)
         if tuple(t.shape) != want:
-            raise fail(f"{name}.shape", tuple(t.shape), f"need {want}: one scale per 128 values per head and slot")
+            raise fail(
+                f"{name}.shape", tuple(t.shape), f"need {want}: one scale per 128 values per head and slot"
+            )
 
 
-def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-           k_strides: tuple[int, int, int], v_strides: tuple[int, int, int], hk: int, d: int, dv: int,
-           query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-           sliding_window: int | None, max_seq_len: int | None, kv_chunk: int, block_m: int, block_n: int,
-           num_warps: int, num_stages: int, k_scale: torch.Tensor | None = None,
-           v_scale: torch.Tensor | None = None, fp8_scale_scores: bool = False,
-           max_registers: int | None = None) -> torch.Tensor:
+def launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_strides: tuple[int, int, int],
+    v_strides: tuple[int, int, int],
+    hk: int,
+    d: int,
+    dv: int,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    max_seq_len: int | None,
+    kv_chunk: int,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    fp8_scale_scores: bool = False,
+    max_registers: int | None = None,
+) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
@@ -316,8 +454,11 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     fp8 = k_scale is not None and v_scale is not None
     scores_ok = _one_scale_per_key(d, dv) and q.dtype in (torch.bfloat16, torch.float32)
     if fp8_scale_scores and not scores_ok:
-        raise fail("fp8_scale_scores", fp8_scale_scores,
-                   f"need head dims <= {GROUP} and bfloat16/float32 queries (got {d}, {dv}, {q.dtype})")
+        raise fail(
+            "fp8_scale_scores",
+            fp8_scale_scores,
+            f"need head dims <= {GROUP} and bfloat16/float32 queries (got {d}, {dv}, {q.dtype})",
+        )
     scale_scores = fp8 and bool(fp8_scale_scores)
     ks = k_scale if k_scale is not None else k_cache
     vs = v_scale if v_scale is not None else v_cache
@@ -331,19 +472,64 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
     direct = SINGLE_CHUNK_DIRECT and fp8
 
-    def phase1(grid: tuple[int, int, int], base: int, ws: split_kv.Workspace,
-               common: dict[str, object]) -> None:
+    def phase1(
+        grid: tuple[int, int, int], base: int, ws: split_kv.Workspace, common: dict[str, object]
+    ) -> None:
         _attn_chunk_kernel[grid](
-            q, k_cache, v_cache, ks, vs, block_tables, query_start_loc, seq_lens, ws.acc, ws.m, ws.l,
-            ws.out, ws.out.stride(0), ws.out.stride(1),
-            q.stride(0), q.stride(1), *k_strides, *v_strides, *ks_strides, *vs_strides,
-            block_tables.stride(0), seq_lens.shape[0], base, float(scale) * _LOG2E, window, q.shape[1],
-            ws.n_chunks, BLOCK_N=block_n, D=d, BLOCK_D=max(16, next_pow2(d)), DV=dv,
-            BLOCK_DV=max(16, next_pow2(dv)), PAGE=page, PRECISION=precision, KV_FP8=fp8,
-            SCALE_SCORES=scale_scores, OPAQUE=fp8 and not interpreting(), DIRECT=direct,
-            num_warps=num_warps, num_stages=num_stages, **limits, **common)
+            q,
+            k_cache,
+            v_cache,
+            ks,
+            vs,
+            block_tables,
+            query_start_loc,
+            seq_lens,
+            ws.acc,
+            ws.m,
+            ws.l,
+            ws.out,
+            ws.out.stride(0),
+            ws.out.stride(1),
+            q.stride(0),
+            q.stride(1),
+            *k_strides,
+            *v_strides,
+            *ks_strides,
+            *vs_strides,
+            block_tables.stride(0),
+            seq_lens.shape[0],
+            base,
+            float(scale) * _LOG2E,
+            window,
+            q.shape[1],
+            ws.n_chunks,
+            BLOCK_N=block_n,
+            D=d,
+            BLOCK_D=max(16, next_pow2(d)),
+            DV=dv,
+            BLOCK_DV=max(16, next_pow2(dv)),
+            PAGE=page,
+            PRECISION=precision,
+            KV_FP8=fp8,
+            SCALE_SCORES=scale_scores,
+            OPAQUE=fp8 and not interpreting(),
+            DIRECT=direct,
+            num_warps=num_warps,
+            num_stages=num_stages,
+            **limits,
+            **common,
+        )
 
-    return split_kv.two_phase(q, hk, dv, query_start_loc, seq_lens, max_seq_len, kv_chunk, block_m, sliding_window,
-                              phase1, single_chunk_direct=direct)
-
-
+    return split_kv.two_phase(
+        q,
+        hk,
+        dv,
+        query_start_loc,
+        seq_lens,
+        max_seq_len,
+        kv_chunk,
+        block_m,
+        sliding_window,
+        phase1,
+        single_chunk_direct=direct,
+    )

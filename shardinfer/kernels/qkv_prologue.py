@@ -39,8 +39,9 @@ def _halves(y, HALF: tl.constexpr):
 
 
 @triton.jit
-def _store_cache_row(cache_ptr, scale_ptr, slot, head, n_kv, first, second, half,
-                     FP8: tl.constexpr, HALF: tl.constexpr):
+def _store_cache_row(
+    cache_ptr, scale_ptr, slot, head, n_kv, first, second, half, FP8: tl.constexpr, HALF: tl.constexpr
+):
     """One head's row (its halves, in the cache's entry dtype) at `slot`; an FP8 cache quantises the
     row as one group: the scale from the row's absolute maximum, then each value rounded."""
     base = (slot * n_kv + head) * (2 * HALF)
@@ -57,9 +58,29 @@ def _store_cache_row(cache_ptr, scale_ptr, slot, head, n_kv, first, second, half
 
 
 @triton.jit
-def _qkv_prologue_kernel(qkv_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slots_ptr,
-                         k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, stride_t, stride_c, n_q, n_kv, head_dim, eps,
-                         NORM: tl.constexpr, FP8: tl.constexpr, HALF: tl.constexpr):
+def _qkv_prologue_kernel(
+    qkv_ptr,
+    q_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    slots_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_t,
+    stride_c,
+    n_q,
+    n_kv,
+    head_dim,
+    eps,
+    NORM: tl.constexpr,
+    FP8: tl.constexpr,
+    HALF: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     half = tl.arange(0, HALF)
@@ -73,8 +94,22 @@ def _qkv_prologue_kernel(qkv_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_p
         if NORM:
             # rms_norm's row function over the head as rms_norm's launch would see it (rows of
             # [T, heads, D] with strides (stride_t, D)), so the rounding is its own.
-            y = _normed_row(src, src, w_ptr, src, t * nb + head, nb, stride_t, head_dim, stride_t, head_dim,
-                            head_dim, eps, False, 2 * HALF)
+            y = _normed_row(
+                src,
+                src,
+                w_ptr,
+                src,
+                t * nb + head,
+                nb,
+                stride_t,
+                head_dim,
+                stride_t,
+                head_dim,
+                head_dim,
+                eps,
+                False,
+                2 * HALF,
+            )
             x1, x2 = _halves(y, HALF)
         else:
             row = src + t * stride_t + head * (2 * HALF)
@@ -96,8 +131,18 @@ def _qkv_prologue_kernel(qkv_ptr, q_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_p
     elif slot >= 0:  # a v head: stored as it is
         head = h - n_q - n_kv
         row = qkv_ptr + t * stride_t + (n_q + n_kv + head) * (2 * HALF)
-        _store_cache_row(v_cache_ptr, v_scale_ptr, slot, head, n_kv, tl.load(row + half), tl.load(row + HALF + half),
-                         half, FP8, HALF)
+        _store_cache_row(
+            v_cache_ptr,
+            v_scale_ptr,
+            slot,
+            head,
+            n_kv,
+            tl.load(row + half),
+            tl.load(row + HALF + half),
+            half,
+            FP8,
+            HALF,
+        )
 
 
 def takes(head_dim: int) -> bool:
@@ -117,10 +162,23 @@ def fusable(head_dim: int) -> bool:
     return head_dim in FUSED_HEAD_DIMS
 
 
-def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: torch.Tensor | None,
-                 k_norm: torch.Tensor | None, eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor,
-                 positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def qkv_prologue(
+    qkv: torch.Tensor,
+    n_q: int,
+    n_kv: int,
+    head_dim: int,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    cos_table: torch.Tensor,
+    sin_table: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Norm (when q_norm and k_norm are given), rotate and store; returns q [T, n_q, head_dim].
 
     k_cache / v_cache: [num_blocks, block_size, n_kv, head_dim], bf16/fp16/fp32 or float8_e4m3fn
@@ -131,7 +189,9 @@ def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: 
     if not takes(head_dim):
         raise fail("head_dim", head_dim, f"need a power of two up to {GROUP}; use the unfused ops")
     if qkv.shape[1] != (n_q + 2 * n_kv) * head_dim:
-        raise fail("qkv.shape", tuple(qkv.shape), f"need [T, {(n_q + 2 * n_kv) * head_dim}] = (n_q + 2 n_kv) heads")
+        raise fail(
+            "qkv.shape", tuple(qkv.shape), f"need [T, {(n_q + 2 * n_kv) * head_dim}] = (n_q + 2 n_kv) heads"
+        )
     if (q_norm is None) != (k_norm is None):
         raise fail("q_norm / k_norm", "one of them", "pass both head norms' weights or neither")
     for name, w in (("q_norm", q_norm), ("k_norm", k_norm)):
@@ -144,14 +204,21 @@ def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: 
         if table.shape[1] != head_dim // 2:
             raise fail(f"{name}.shape", tuple(table.shape), f"need [max_positions, {head_dim // 2}]")
     if sin_table.stride() != cos_table.stride():
-        raise fail("sin_table", f"strides {tuple(sin_table.stride())}", f"need cos_table's {tuple(cos_table.stride())}")
+        raise fail(
+            "sin_table",
+            f"strides {tuple(sin_table.stride())}",
+            f"need cos_table's {tuple(cos_table.stride())}",
+        )
     fp8 = k_cache.dtype == FP8_DTYPE
     want = (n_kv, head_dim)
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, cache, dtypes=(*FLOAT_DTYPES, FP8_DTYPE), ndim=4, contiguous=True)
         if tuple(cache.shape[2:]) != want or cache.dtype != k_cache.dtype:
-            raise fail(f"{name}", f"shape {tuple(cache.shape)} dtype {cache.dtype}",
-                       f"need [blocks, block_size, {n_kv}, {head_dim}] of one dtype for both caches")
+            raise fail(
+                f"{name}",
+                f"shape {tuple(cache.shape)} dtype {cache.dtype}",
+                f"need [blocks, block_size, {n_kv}, {head_dim}] of one dtype for both caches",
+            )
     if fp8:
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if scale is None:
@@ -163,8 +230,14 @@ def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: 
         check_tensor(name, index, dtypes=(torch.int32, torch.int64), ndim=1, contiguous=True)
         if index.shape[0] != t:
             raise fail(f"{name}.shape", tuple(index.shape), f"need ({t},), one per token")
-    check_same_device(qkv=qkv, cos_table=cos_table, positions=positions, k_cache=k_cache, v_cache=v_cache,
-                      slot_mapping=slot_mapping)
+    check_same_device(
+        qkv=qkv,
+        cos_table=cos_table,
+        positions=positions,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slot_mapping,
+    )
     q = torch.empty((t, n_q, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q
@@ -174,6 +247,27 @@ def qkv_prologue(qkv: torch.Tensor, n_q: int, n_kv: int, head_dim: int, q_norm: 
     ks = k_scale if fp8 and k_scale is not None else qkv
     vs = v_scale if fp8 and v_scale is not None else qkv
     _qkv_prologue_kernel[(t, n_q + 2 * n_kv)](
-        qkv, q, qw, kw, cos_table, sin_table, positions, slot_mapping, k_cache, v_cache, ks, vs, qkv.stride(0),
-        cos_table.stride(0), n_q, n_kv, head_dim, float(eps), NORM=norm, FP8=fp8, HALF=head_dim // 2, num_warps=_num_warps(head_dim))
+        qkv,
+        q,
+        qw,
+        kw,
+        cos_table,
+        sin_table,
+        positions,
+        slot_mapping,
+        k_cache,
+        v_cache,
+        ks,
+        vs,
+        qkv.stride(0),
+        cos_table.stride(0),
+        n_q,
+        n_kv,
+        head_dim,
+        float(eps),
+        NORM=norm,
+        FP8=fp8,
+        HALF=head_dim // 2,
+        num_warps=_num_warps(head_dim),
+    )
     return q

@@ -27,8 +27,9 @@ def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(*x.shape[:-2], pad, x.shape[-1])], dim=-2)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           batch_invariant: bool = True) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_invariant: bool = True
+) -> torch.Tensor:
     """y = x @ weight.T + bias for x [..., K], weight [N, K]."""
     if not batch_invariant:
         return F.linear(x, weight, bias)
@@ -63,8 +64,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight.float() * (xf * torch.rsqrt(var + eps))).to(x.dtype)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual): the pre-norm block's add-then-normalise."""
     if residual is not None:
         x = x + residual
@@ -104,8 +106,9 @@ def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2).to(x.dtype)
 
 
-def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor,
-             scale: torch.Tensor | None = None) -> None:
+def store_kv(
+    cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor, scale: torch.Tensor | None = None
+) -> None:
     """Write values [T, ...] into cache [num_blocks, block_size, ...] at flat slots [T].
 
     With `scale` (an FP8 cache, see reference_fp8.quantize_groups) each token's values are
@@ -127,8 +130,9 @@ def store_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tens
     scale.view(-1, *scale.shape[2:]).index_copy_(0, slot_mapping, s)
 
 
-def cache_rows(cache: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor | None,
-               dtype: torch.dtype) -> torch.Tensor:
+def cache_rows(
+    cache: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
     """cache[blocks] in dtype; an FP8 cache dequantised with its scales (what the kernels read)."""
     if scale is None:
         return cache[blocks]
@@ -137,9 +141,16 @@ def cache_rows(cache: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor | 
     return dequantize_groups(cache.view(torch.uint8)[blocks].view(cache.dtype), scale[blocks]).to(dtype)
 
 
-def attend_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                   seq_len: int, scale: float, sliding_window: int | None = None,
-                   batch_invariant: bool = True) -> torch.Tensor:
+def attend_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    sliding_window: int | None = None,
+    batch_invariant: bool = True,
+) -> torch.Tensor:
     """Causal attention of one sequence with split-KV by fixed chunks.
 
     q [Hk, M, D] (M query rows per KV head; for GQA the group's heads are stacked into M),
@@ -180,8 +191,9 @@ def attend_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: tor
     return acc / l_run.clamp_min(1e-30)
 
 
-def paged_sequences(query_start_loc: list[int], seq_lens: list[int], block_tables: torch.Tensor,
-                    block_size: int) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+def paged_sequences(
+    query_start_loc: list[int], seq_lens: list[int], block_tables: torch.Tensor, block_size: int
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
     """For each request with new tokens in a varlen batch: (first row, end row, its cache block ids,
     the absolute positions of its new tokens). Its new tokens are the last (end - first) of its
     seq_len positions."""
@@ -193,11 +205,19 @@ def paged_sequences(query_start_loc: list[int], seq_lens: list[int], block_table
         yield qs, qe, blocks, torch.arange(seq_len - (qe - qs), seq_len)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    query_start_loc: list[int], seq_lens: list[int], block_tables: torch.Tensor,
-                    scale: float, sliding_window: int | None = None,
-                    batch_invariant: bool = True, k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    batch_invariant: bool = True,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Varlen causal GQA attention over a paged KV cache (after this step's KV was stored).
 
     q [T, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hk, D]; query_start_loc [B + 1] and
@@ -215,7 +235,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # [Lq, Hq, D] -> [Hk, Lq * group, D]: a KV head's query heads become extra rows.
         qi = q[qs:qe].view(lq, hk, group, d).permute(1, 0, 2, 3).reshape(hk, lq * group, d)
         seq_len = int(positions[-1]) + 1
-        o = attend_chunked(qi, k, v, positions.repeat_interleave(group), seq_len, scale, sliding_window,
-                           batch_invariant)
+        o = attend_chunked(
+            qi, k, v, positions.repeat_interleave(group), seq_len, scale, sliding_window, batch_invariant
+        )
         out[qs:qe] = o.view(hk, lq, group, dv).permute(1, 0, 2, 3).reshape(lq, hq, dv).to(q.dtype)
     return out

@@ -87,15 +87,26 @@ class Fp8Activation:
 
     def __post_init__(self) -> None:
         if self.q.dtype != FP8_DTYPE or not self.q.is_contiguous() or self.q.dim() == 0:
-            raise fail("Fp8Activation.q", f"{self.q.dtype} {tuple(self.q.shape)} with strides {self.q.stride()}",
-                       f"need a contiguous {FP8_DTYPE} tensor [..., K]")
+            raise fail(
+                "Fp8Activation.q",
+                f"{self.q.dtype} {tuple(self.q.shape)} with strides {self.q.stride()}",
+                f"need a contiguous {FP8_DTYPE} tensor [..., K]",
+            )
         groups = -(-self.q.shape[-1] // GROUP)
-        if (self.scale.dtype != torch.float32 or not self.scale.is_contiguous()
-                or tuple(self.scale.shape) != (*self.q.shape[:-1], groups)):
-            raise fail("Fp8Activation.scale", f"{self.scale.dtype} {tuple(self.scale.shape)}",
-                       f"need contiguous float32 {(*self.q.shape[:-1], groups)}, one per row and 128 channels")
+        if (
+            self.scale.dtype != torch.float32
+            or not self.scale.is_contiguous()
+            or tuple(self.scale.shape) != (*self.q.shape[:-1], groups)
+        ):
+            raise fail(
+                "Fp8Activation.scale",
+                f"{self.scale.dtype} {tuple(self.scale.shape)}",
+                f"need contiguous float32 {(*self.q.shape[:-1], groups)}, one per row and 128 channels",
+            )
         if self.dtype not in FLOAT_DTYPES:
-            raise fail("Fp8Activation.dtype", self.dtype, f"need the float activation's dtype, one of {FLOAT_DTYPES}")
+            raise fail(
+                "Fp8Activation.dtype", self.dtype, f"need the float activation's dtype, one of {FLOAT_DTYPES}"
+            )
 
 
 def dequantize_groups(q: torch.Tensor, scale: torch.Tensor, group: int = GROUP) -> torch.Tensor:
@@ -181,7 +192,9 @@ def linear_fp8(
     scales) or [N] (channel scales), float32.
     """
     xq, xs = quantize_groups(x)
-    return linear_fp8_prequantized(Fp8Activation(xq, xs, x.dtype), weight, weight_scale, bias, batch_invariant)
+    return linear_fp8_prequantized(
+        Fp8Activation(xq, xs, x.dtype), weight, weight_scale, bias, batch_invariant
+    )
 
 
 def linear_fp8_prequantized(

@@ -27,16 +27,25 @@ def mla_absorb_query(q_nope: torch.Tensor, w_uk: torch.Tensor, batch_invariant: 
     return out.transpose(0, 1)
 
 
-def mla_project_value(o_latent: torch.Tensor, w_uv_t: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
+def mla_project_value(
+    o_latent: torch.Tensor, w_uv_t: torch.Tensor, batch_invariant: bool = True
+) -> torch.Tensor:
     """o_latent [T, H, R] x w_uv_t [H, R, Dv] (W_UV transposed per head) -> [T, H, Dv]."""
     out = ops.bmm_rows(o_latent.transpose(0, 1), w_uv_t, batch_invariant)  # [H, T, Dv]
     return out.transpose(0, 1)
 
 
-def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
-                        query_start_loc: list[int], seq_lens: list[int], block_tables: torch.Tensor,
-                        scale: float, batch_invariant: bool = True,
-                        cache_scale: torch.Tensor | None = None) -> torch.Tensor:
+def mla_paged_attention(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    block_tables: torch.Tensor,
+    scale: float,
+    batch_invariant: bool = True,
+    cache_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Varlen causal absorbed MLA over the paged latent cache (this step's rows already stored).
 
     q_latent [T, H, R], q_pe [T, H, Dr]; cache [num_blocks, block_size, R + Dr]; query_start_loc
@@ -50,11 +59,20 @@ def mla_paged_attention(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch
     q = torch.cat([q_latent, q_pe.to(q_latent.dtype)], dim=-1)  # [T, H, R + Dr]
     out = q_latent.new_empty(t, heads, rank)
     for qs, qe, blocks, positions in ops.paged_sequences(query_start_loc, seq_lens, block_tables, block_size):
-        rows = ops.cache_rows(cache, blocks, cache_scale, q_latent.dtype).reshape(1, -1, width)  # [1, S, R + Dr]
+        rows = ops.cache_rows(cache, blocks, cache_scale, q_latent.dtype).reshape(
+            1, -1, width
+        )  # [1, S, R + Dr]
         lq = qe - qs
         # Every head of every new position becomes one query row of the single latent KV head.
         qi = q[qs:qe].reshape(1, lq * heads, width)
-        o = ops.attend_chunked(qi, rows, rows[..., :rank], positions.repeat_interleave(heads),
-                               int(positions[-1]) + 1, scale, batch_invariant=batch_invariant)
+        o = ops.attend_chunked(
+            qi,
+            rows,
+            rows[..., :rank],
+            positions.repeat_interleave(heads),
+            int(positions[-1]) + 1,
+            scale,
+            batch_invariant=batch_invariant,
+        )
         out[qs:qe] = o.view(lq, heads, rank).to(q_latent.dtype)
     return out

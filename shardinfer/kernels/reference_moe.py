@@ -32,10 +32,16 @@ import torch
 from shardinfer.kernels import reference as ops
 
 
-def grouped_topk(router_logits: torch.Tensor, e_score_correction_bias: torch.Tensor | None, top_k: int,
-                 n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
-                 routed_scaling_factor: float = 1.0,
-                 scoring_func: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_topk(
+    router_logits: torch.Tensor,
+    e_score_correction_bias: torch.Tensor | None,
+    top_k: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scoring_func: str = "sigmoid",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose top_k experts per token.
 
     router_logits [T, E] (any float dtype; scored in float32), e_score_correction_bias [E] or None.
@@ -75,8 +81,14 @@ def _topk_indices(values: torch.Tensor, k: int) -> torch.Tensor:
     return values.sort(dim=-1, descending=True, stable=True).indices[:, :k]
 
 
-def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                w_gate_up: torch.Tensor, w_down: torch.Tensor, batch_invariant: bool = True) -> torch.Tensor:
+def moe_experts(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    batch_invariant: bool = True,
+) -> torch.Tensor:
     """Routed-expert output: sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]).
 
     x [T, H]; topk_ids [T, k] int; topk_weights [T, k] (float32); w_gate_up [E, 2I, H] holding each
@@ -84,28 +96,47 @@ def moe_experts(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Ten
     Returns [T, H] in x's dtype; the weighted sum is accumulated in float32.
     """
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("reference_moe.moe_experts reads expert ids back to the host and cannot run in a "
-                           "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA")
-    return weighted_sum(_slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant), topk_weights, x.dtype)
+        raise RuntimeError(
+            "reference_moe.moe_experts reads expert ids back to the host and cannot run in a "
+            "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA"
+        )
+    return weighted_sum(
+        _slots_gathered(x, topk_ids, w_gate_up, w_down, batch_invariant), topk_weights, x.dtype
+    )
 
 
-def moe_experts_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w_gate_up: torch.Tensor,
-                    w_gate_up_scale: torch.Tensor, w_down: torch.Tensor, w_down_scale: torch.Tensor,
-                    batch_invariant: bool = True) -> torch.Tensor:
+def moe_experts_fp8(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_gate_up_scale: torch.Tensor,
+    w_down: torch.Tensor,
+    w_down_scale: torch.Tensor,
+    batch_invariant: bool = True,
+) -> torch.Tensor:
     """moe_experts with FP8 experts (w_gate_up [E, 2I, H], w_down [E, H, I] float8_e4m3fn, scales
     [E, ceil(rows/128), ceil(cols/128)] or per channel [E, rows], float32), as kernels/fp8_moe.py computes it: the
     input and the gate/up output quantised per token and 128 channels, each product of the
     dequantised operands in float32, the gate/up and down outputs rounded to x's dtype."""
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("reference_moe.moe_experts_fp8 reads expert ids back to the host and cannot run in a "
-                           "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA")
+        raise RuntimeError(
+            "reference_moe.moe_experts_fp8 reads expert ids back to the host and cannot run in a "
+            "CUDA graph capture; call kernels.ops.moe_experts, which runs the fused kernel on CUDA"
+        )
     slot_out = expert_slots(x, topk_ids, w_gate_up, w_down, batch_invariant, w_gate_up_scale, w_down_scale)
     return weighted_sum(slot_out, topk_weights, x.dtype)
 
 
-def expert_slots(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                 batch_invariant: bool = True, w_gate_up_scale: torch.Tensor | None = None,
-                 w_down_scale: torch.Tensor | None = None) -> torch.Tensor:
+def expert_slots(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    batch_invariant: bool = True,
+    w_gate_up_scale: torch.Tensor | None = None,
+    w_down_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Each slot's expert output before the weighting, [T, k, H] float32: expert topk_ids[t, j] of
     the stacked weights applied to x[t] (FP8 experts when their scales are given, computed as
     moe_experts_fp8 describes). A row's result depends on that row and its expert alone, so the
@@ -122,24 +153,37 @@ def expert_slots(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tenso
         wd = dequantize_weight(w_down[e], down_scale[e])
         h = ops.linear(dequantize_groups(*quantize_groups(rows)), wgu, None, batch_invariant).to(x.dtype)
         act = ops.silu_and_mul(h)
-        return ops.linear(dequantize_groups(*quantize_groups(act)), wd, None, batch_invariant).to(x.dtype).float()
+        return (
+            ops.linear(dequantize_groups(*quantize_groups(act)), wd, None, batch_invariant)
+            .to(x.dtype)
+            .float()
+        )
 
     return _gather_slots(x, topk_ids, expert)
 
 
-def _expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, batch_invariant: bool) -> torch.Tensor:
-    return ops.linear(ops.silu_and_mul(ops.linear(x, w_gate_up, None, batch_invariant)), w_down, None,
-                      batch_invariant).float()
+def _expert(
+    x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, batch_invariant: bool
+) -> torch.Tensor:
+    return ops.linear(
+        ops.silu_and_mul(ops.linear(x, w_gate_up, None, batch_invariant)), w_down, None, batch_invariant
+    ).float()
 
 
-def _slots_gathered(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                    batch_invariant: bool) -> torch.Tensor:
+def _slots_gathered(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    batch_invariant: bool,
+) -> torch.Tensor:
     """Each chosen expert runs on exactly the tokens that chose it: [T, k, H] float32."""
     return _gather_slots(x, topk_ids, lambda rows, e: _expert(rows, w_gate_up[e], w_down[e], batch_invariant))
 
 
-def _gather_slots(x: torch.Tensor, topk_ids: torch.Tensor,
-                  run_expert: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+def _gather_slots(
+    x: torch.Tensor, topk_ids: torch.Tensor, run_expert: Callable[[torch.Tensor, int], torch.Tensor]
+) -> torch.Tensor:
     """[T, k, H] float32: run_expert(rows, e) on exactly the tokens whose slots chose expert e."""
     t, k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)
@@ -160,8 +204,13 @@ def weighted_sum(slot_out: torch.Tensor, topk_weights: torch.Tensor, dtype: torc
     return out.to(dtype)
 
 
-def _slots_capturable(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                      batch_invariant: bool) -> torch.Tensor:
+def _slots_capturable(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    batch_invariant: bool,
+) -> torch.Tensor:
     """The same [T, k, H] without data-dependent shapes or host syncs: every expert runs on every
     token and each slot keeps its own expert's rows. With batch-invariant row tiles a row's result
     is the one the gathered path computes. No engine path uses it (CUDA runs the fused kernel);
@@ -174,8 +223,9 @@ def _slots_capturable(x: torch.Tensor, topk_ids: torch.Tensor, w_gate_up: torch.
     return slot_out
 
 
-def align_to_experts(topk_ids: torch.Tensor, n_experts: int, block_m: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def align_to_experts(
+    topk_ids: torch.Tensor, n_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Reference of moe.align_to_experts: (sorted_slots [P] int32, -1 padded; block_expert [P / block_m];
     slot_positions [T * k] int32, each slot's index in sorted_slots).
 

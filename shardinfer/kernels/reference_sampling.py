@@ -20,8 +20,14 @@ from __future__ import annotations
 import torch
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           min_p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    noise: torch.Tensor,
+) -> torch.Tensor:
     """logits [B, V] float32, per-row temperature/top_k/top_p/min_p [B], noise [B, V] -> ids [B] int64."""
     b, vocab = logits.shape
     out = torch.zeros(b, dtype=torch.int64)

@@ -29,8 +29,22 @@ from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 
 
 @triton.jit
-def _normed_row(x_ptr, res_ptr, w_ptr, sum_ptr, row, nb, sxa, sxb, sra, srb, n_cols, eps,
-                HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _normed_row(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    sum_ptr,
+    row,
+    nb,
+    sxa,
+    sxb,
+    sra,
+    srb,
+    n_cols,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Row `row` normalised and rounded to x's dtype, over BLOCK lanes (those past n_cols hold 0).
     Both kernels below take their row from here, so the fused one's values are the plain one's."""
     a = row // nb
@@ -51,8 +65,22 @@ def _normed_row(x_ptr, res_ptr, w_ptr, sum_ptr, row, nb, sxa, sxb, sra, srb, n_c
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, nb, sxa, sxb, sra, srb, n_cols, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    sum_ptr,
+    nb,
+    sxa,
+    sxb,
+    sra,
+    srb,
+    n_cols,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     y = _normed_row(x_ptr, res_ptr, w_ptr, sum_ptr, row, nb, sxa, sxb, sra, srb, n_cols, eps, HAS_RES, BLOCK)
     cols = tl.arange(0, BLOCK)
@@ -60,8 +88,25 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, nb, sxa, sxb, sra,
 
 
 @triton.jit
-def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, sum_ptr, nb, sxa, sxb, sra, srb, n_cols, n_groups,
-                         eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, GROUP_SIZE: tl.constexpr):
+def _rms_norm_fp8_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    q_ptr,
+    s_ptr,
+    sum_ptr,
+    nb,
+    sxa,
+    sxb,
+    sra,
+    srb,
+    n_cols,
+    n_groups,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+):
     """_rms_norm_kernel's row, quantised instead of stored: the row seen as a [BLOCK / GROUP_SIZE,
     GROUP_SIZE] tile, one 128-channel group per tile row (GROUP_SIZE = BLOCK when the whole row is
     shorter than a group), each quantised as fp8_quant.quantize_groups does."""
@@ -83,8 +128,11 @@ def _row_view(name: str, x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     if x.dim() == 3:
         return x, x.shape[1], x.stride(0), x.stride(1)
     if not x.is_contiguous():
-        raise fail(name, f"a {x.dim()}-D view with strides {tuple(x.stride())}",
-                   "need a contiguous tensor when it has more than 3 dims")
+        raise fail(
+            name,
+            f"a {x.dim()}-D view with strides {tuple(x.stride())}",
+            "need a contiguous tensor when it has more than 3 dims",
+        )
     flat = x.view(-1, x.shape[-1])
     return flat, 1, flat.stride(0), 0
 
@@ -117,8 +165,9 @@ def _num_warps(n: int) -> int:
     return 8 if n >= 4096 else 4
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-            eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     xv, nb, sxa, sxb, rv, sra, srb = _check(x, residual, weight, eps)
     n = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -126,14 +175,29 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     rows = x.numel() // n if n else 0
     if rows == 0:
         return out, summed
-    _rms_norm_kernel[(rows,)](xv, rv, weight, out, summed if summed is not None else out, nb, sxa, sxb,
-                              sra, srb, n, float(eps), HAS_RES=residual is not None,
-                              BLOCK=next_pow2(n), num_warps=_num_warps(n))
+    _rms_norm_kernel[(rows,)](
+        xv,
+        rv,
+        weight,
+        out,
+        summed if summed is not None else out,
+        nb,
+        sxa,
+        sxb,
+        sra,
+        srb,
+        n,
+        float(eps),
+        HAS_RES=residual is not None,
+        BLOCK=next_pow2(n),
+        num_warps=_num_warps(n),
+    )
     return out, summed
 
 
-def _launch_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _launch_fp8(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     xv, nb, sxa, sxb, rv, sra, srb = _check(x, residual, weight, eps)
     n = x.shape[-1]
     groups = triton.cdiv(n, GROUP)
@@ -145,9 +209,26 @@ def _launch_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
         return q, s, summed
     # The plain kernel's block and warps, so that the row's reduction is the same one.
     block = next_pow2(n)
-    _rms_norm_fp8_kernel[(rows,)](xv, rv, weight, q, s, summed if summed is not None else xv, nb, sxa, sxb,
-                                  sra, srb, n, groups, float(eps), HAS_RES=residual is not None, BLOCK=block,
-                                  GROUP_SIZE=min(GROUP, block), num_warps=_num_warps(n))
+    _rms_norm_fp8_kernel[(rows,)](
+        xv,
+        rv,
+        weight,
+        q,
+        s,
+        summed if summed is not None else xv,
+        nb,
+        sxa,
+        sxb,
+        sra,
+        srb,
+        n,
+        groups,
+        float(eps),
+        HAS_RES=residual is not None,
+        BLOCK=block,
+        GROUP_SIZE=min(GROUP, block),
+        num_warps=_num_warps(n),
+    )
     return q, s, summed
 
 
@@ -161,8 +242,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual) in one pass; residual=None means plain RMSNorm.
 
     x, residual: [..., N] of one float dtype and one shape; weight [N]. Both outputs are
@@ -186,8 +268,9 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[tor
     return q, s
 
 
-def fused_add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes, scales, x + residual): fused_add_rms_norm with its normalised output quantised as
     rms_norm_fp8 quantises it; the sum is written in x's dtype as there. residual=None means
     rms_norm_fp8, and the sum is x itself."""

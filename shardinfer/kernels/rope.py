@@ -27,9 +27,22 @@ def rotate_pairs(x1, x2, c, s):
 
 
 @triton.jit
-def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, n_heads, sxt, sxh, sot, soh, sct,
-                 HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
+def _rope_kernel(
+    x_ptr,
+    out_ptr,
+    cos_ptr,
+    sin_ptr,
+    n_heads,
+    sxt,
+    sxh,
+    sot,
+    soh,
+    sct,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+):
     t = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
@@ -52,8 +65,9 @@ def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, n_heads, sxt, sxh, sot, soh, 
     tl.store(orow + second[None, :], o2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
-          inplace: bool) -> torch.Tensor:
+def _rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, inplace: bool
+) -> torch.Tensor:
     check_tensor("x", x, dtypes=FLOAT_DTYPES, ndim=3, last_dim_contiguous=True)
     check_tensor("cos", cos, dtypes=(torch.float32,), ndim=2, last_dim_contiguous=True)
     check_tensor("sin", sin, dtypes=(torch.float32,), ndim=2, last_dim_contiguous=True)
@@ -63,17 +77,33 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bo
     if tuple(cos.shape) != (t, d // 2):
         raise fail("cos.shape", tuple(cos.shape), f"need (T, D_rot // 2) = {(t, d // 2)}")
     if sin.shape != cos.shape or sin.stride() != cos.stride():
-        raise fail("sin", f"shape {tuple(sin.shape)} strides {tuple(sin.stride())}",
-                   f"need cos's shape {tuple(cos.shape)} and strides {tuple(cos.stride())}")
+        raise fail(
+            "sin",
+            f"shape {tuple(sin.shape)} strides {tuple(sin.stride())}",
+            f"need cos's shape {tuple(cos.shape)} and strides {tuple(cos.stride())}",
+        )
     check_same_device(x=x, cos=cos, sin=sin)
     out = x if inplace else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if t == 0 or h == 0 or d == 0:
         return out
     block_h = min(16, next_pow2(h))
     grid = (t, triton.cdiv(h, block_h))
-    _rope_kernel[grid](x, out, cos, sin, h, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                       cos.stride(0), HALF=d // 2, BLOCK_H=block_h, BLOCK_HALF=next_pow2(d // 2),
-                       INTERLEAVED=interleaved)
+    _rope_kernel[grid](
+        x,
+        out,
+        cos,
+        sin,
+        h,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        cos.stride(0),
+        HALF=d // 2,
+        BLOCK_H=block_h,
+        BLOCK_HALF=next_pow2(d // 2),
+        INTERLEAVED=interleaved,
+    )
     return out
 
 
@@ -87,7 +117,8 @@ def rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inplace: bo
     return _rope(x, cos, sin, interleaved=False, inplace=inplace)
 
 
-def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     inplace: bool = False) -> torch.Tensor:
+def rope_interleaved(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inplace: bool = False
+) -> torch.Tensor:
     """Interleaved-pair RoPE (DeepSeek). Shapes and dtypes as rope_neox."""
     return _rope(x, cos, sin, interleaved=True, inplace=inplace)

@@ -93,8 +93,9 @@ def _key(x):
 
 
 @triton.jit
-def _stat_above(row_ptr, vocab, temp, m, cand, USE_MASS: tl.constexpr, BLOCK: tl.constexpr,
-                WAYS: tl.constexpr):
+def _stat_above(
+    row_ptr, vocab, temp, m, cand, USE_MASS: tl.constexpr, BLOCK: tl.constexpr, WAYS: tl.constexpr
+):
     """For each candidate key c: count (or softmax mass exp(x - m)) of ids whose key >= c."""
     offs = tl.arange(0, BLOCK)
     acc = tl.zeros([WAYS], tl.float32)
@@ -109,8 +110,9 @@ def _stat_above(row_ptr, vocab, temp, m, cand, USE_MASS: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def _search(row_ptr, vocab, temp, m, lo, hi, goal, USE_MASS: tl.constexpr, BLOCK: tl.constexpr,
-            WAYS: tl.constexpr):
+def _search(
+    row_ptr, vocab, temp, m, lo, hi, goal, USE_MASS: tl.constexpr, BLOCK: tl.constexpr, WAYS: tl.constexpr
+):
     """Largest key t in [lo, hi) with stat(t) >= goal, given stat(lo) >= goal and t < hi.
 
     stat falls as t grows, so each pass tests WAYS evenly spaced candidates at once and keeps
@@ -122,7 +124,9 @@ def _search(row_ptr, vocab, temp, m, lo, hi, goal, USE_MASS: tl.constexpr, BLOCK
         step = (hi - lo + WAYS - 1) // WAYS
         cand = lo + j * step
         valid = cand < hi
-        stat = _stat_above(row_ptr, vocab, temp, m, tl.minimum(cand, hi - 1).to(tl.int32), USE_MASS, BLOCK, WAYS)
+        stat = _stat_above(
+            row_ptr, vocab, temp, m, tl.minimum(cand, hi - 1).to(tl.int32), USE_MASS, BLOCK, WAYS
+        )
         ok = valid & (stat >= goal)
         lo = tl.max(tl.where(ok, cand, lo), 0)
         hi = tl.min(tl.where(valid & (stat < goal), cand, hi), 0)
@@ -130,8 +134,21 @@ def _search(row_ptr, vocab, temp, m, lo, hi, goal, USE_MASS: tl.constexpr, BLOCK
 
 
 @triton.jit(do_not_specialize=["vocab"])
-def _sample_kernel(logits_ptr, sl, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr, out_ptr,
-                   vocab, BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr, WAYS: tl.constexpr):
+def _sample_kernel(
+    logits_ptr,
+    sl,
+    temp_ptr,
+    topk_ptr,
+    topp_ptr,
+    minp_ptr,
+    seed_ptr,
+    pos_ptr,
+    out_ptr,
+    vocab,
+    BLOCK: tl.constexpr,
+    USE_LIBDEVICE: tl.constexpr,
+    WAYS: tl.constexpr,
+):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * sl
     temp = tl.load(temp_ptr + row)
@@ -206,13 +223,21 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     out = torch.empty(seeds.shape[0], vocab_size, dtype=torch.float32, device=device)
     if seeds.shape[0]:
         grid = (seeds.shape[0], triton.cdiv(vocab_size, _BLOCK_V))
-        _gumbel_kernel[grid](seeds, positions, out, vocab_size, out.stride(0), BLOCK=_BLOCK_V,
-                             USE_LIBDEVICE=not interpreting())
+        _gumbel_kernel[grid](
+            seeds, positions, out, vocab_size, out.stride(0), BLOCK=_BLOCK_V, USE_LIBDEVICE=not interpreting()
+        )
     return out
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           min_p: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
     """Sampled token id per row, int64 [B].
 
     logits: [B, V] float32 with contiguous rows (grammar / penalty masks already applied as
@@ -223,14 +248,34 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     check_tensor("logits", logits, dtypes=(torch.float32,), ndim=2, last_dim_contiguous=True)
     device = check_same_device(logits=logits)
     b, vocab = logits.shape
-    _check_rows(b, device, temperature=(temperature, torch.float32), top_k=(top_k, torch.int32),
-                top_p=(top_p, torch.float32), min_p=(min_p, torch.float32), seeds=(seeds, torch.int64),
-                positions=(positions, torch.int64))
+    _check_rows(
+        b,
+        device,
+        temperature=(temperature, torch.float32),
+        top_k=(top_k, torch.int32),
+        top_p=(top_p, torch.float32),
+        min_p=(min_p, torch.float32),
+        seeds=(seeds, torch.int64),
+        positions=(positions, torch.int64),
+    )
     if vocab < 1 or vocab >= 2**24:
         raise fail("logits.shape[1]", vocab, "need a vocabulary of 1 .. 2**24 - 1 ids")
     out = torch.empty(b, dtype=torch.int64, device=device)
     if b:
-        _sample_kernel[(b,)](logits, logits.stride(0), temperature, top_k, top_p, min_p, seeds, positions,
-                             out, vocab, BLOCK=_BLOCK_V, USE_LIBDEVICE=not interpreting(), WAYS=_WAYS,
-                             num_warps=8)
+        _sample_kernel[(b,)](
+            logits,
+            logits.stride(0),
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seeds,
+            positions,
+            out,
+            vocab,
+            BLOCK=_BLOCK_V,
+            USE_LIBDEVICE=not interpreting(),
+            WAYS=_WAYS,
+            num_warps=8,
+        )
     return out

@@ -41,9 +41,29 @@ _BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["vocab"])
-def _sample_chunks_kernel(raw_ptr, sr, x_ptr, sx, temp_ptr, seed_ptr, pos_ptr, best_ptr, best_id_ptr, max_ptr,
-                          sum_ptr, top_ptr, top_id_ptr, vocab, n_chunks, SAMPLE: tl.constexpr, SAME: tl.constexpr,
-                          TOP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_LIBDEVICE: tl.constexpr):
+def _sample_chunks_kernel(
+    raw_ptr,
+    sr,
+    x_ptr,
+    sx,
+    temp_ptr,
+    seed_ptr,
+    pos_ptr,
+    best_ptr,
+    best_id_ptr,
+    max_ptr,
+    sum_ptr,
+    top_ptr,
+    top_id_ptr,
+    vocab,
+    n_chunks,
+    SAMPLE: tl.constexpr,
+    SAME: tl.constexpr,
+    TOP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_LIBDEVICE: tl.constexpr,
+):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     raw_row = raw_ptr + row.to(tl.int64) * sr
@@ -102,9 +122,26 @@ def _sample_chunks_kernel(raw_ptr, sr, x_ptr, sx, temp_ptr, seed_ptr, pos_ptr, b
 
 
 @triton.jit(do_not_specialize=["vocab"])
-def _sample_combine_kernel(raw_ptr, sr, best_ptr, best_id_ptr, max_ptr, sum_ptr, top_ptr, top_id_ptr, tokens_ptr,
-                           logprob_ptr, lse_ptr, top_token_ptr, top_logprob_ptr, vocab, n_chunks,
-                           SAMPLE: tl.constexpr, TOP: tl.constexpr, BLOCK_C: tl.constexpr):
+def _sample_combine_kernel(
+    raw_ptr,
+    sr,
+    best_ptr,
+    best_id_ptr,
+    max_ptr,
+    sum_ptr,
+    top_ptr,
+    top_id_ptr,
+    tokens_ptr,
+    logprob_ptr,
+    lse_ptr,
+    top_token_ptr,
+    top_logprob_ptr,
+    vocab,
+    n_chunks,
+    SAMPLE: tl.constexpr,
+    TOP: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
     row = tl.program_id(0)
     c = tl.arange(0, BLOCK_C)
     inside = c < n_chunks
@@ -135,9 +172,16 @@ def _sample_combine_kernel(raw_ptr, sr, best_ptr, best_id_ptr, max_ptr, sum_ptr,
         tl.store(top_logprob_ptr + row, tl.load(raw_ptr + row.to(tl.int64) * sr + top_token) - lse)
 
 
-def _launch(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-            positions: torch.Tensor, tokens: torch.Tensor, sample: bool,
-            top: TopLogprob | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(
+    raw: torch.Tensor,
+    x: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    tokens: torch.Tensor,
+    sample: bool,
+    top: TopLogprob | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     b, vocab = raw.shape
     n_chunks = triton.cdiv(vocab, _CHUNK)
     dev = raw.device
@@ -154,13 +198,51 @@ def _launch(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, seeds
     top_stat, top_ids = (stats[3], ids[1]) if top else (stats[0], ids[0])  # unread without TOP
     top_token, top_logprob = (top.token_ids, top.logprobs) if top else (tokens, logprobs)
     same = x.data_ptr() == raw.data_ptr() and x.stride(0) == raw.stride(0)
-    _sample_chunks_kernel[(b, n_chunks)](raw, raw.stride(0), x, x.stride(0), temperature, seeds, positions,
-                                         stats[0], ids[0], stats[1], stats[2], top_stat, top_ids, vocab, n_chunks,
-                                         SAMPLE=sample, SAME=same, TOP=top is not None, CHUNK=_CHUNK, BLOCK=_BLOCK,
-                                         USE_LIBDEVICE=not interpreting(), num_warps=4)
-    _sample_combine_kernel[(b,)](raw, raw.stride(0), stats[0], ids[0], stats[1], stats[2], top_stat, top_ids, tokens,
-                                 logprobs, lse, top_token, top_logprob, vocab, n_chunks, SAMPLE=sample,
-                                 TOP=top is not None, BLOCK_C=triton.next_power_of_2(n_chunks), num_warps=4)
+    _sample_chunks_kernel[(b, n_chunks)](
+        raw,
+        raw.stride(0),
+        x,
+        x.stride(0),
+        temperature,
+        seeds,
+        positions,
+        stats[0],
+        ids[0],
+        stats[1],
+        stats[2],
+        top_stat,
+        top_ids,
+        vocab,
+        n_chunks,
+        SAMPLE=sample,
+        SAME=same,
+        TOP=top is not None,
+        CHUNK=_CHUNK,
+        BLOCK=_BLOCK,
+        USE_LIBDEVICE=not interpreting(),
+        num_warps=4,
+    )
+    _sample_combine_kernel[(b,)](
+        raw,
+        raw.stride(0),
+        stats[0],
+        ids[0],
+        stats[1],
+        stats[2],
+        top_stat,
+        top_ids,
+        tokens,
+        logprobs,
+        lse,
+        top_token,
+        top_logprob,
+        vocab,
+        n_chunks,
+        SAMPLE=sample,
+        TOP=top is not None,
+        BLOCK_C=triton.next_power_of_2(n_chunks),
+        num_warps=4,
+    )
     return logprobs, lse
 
 
@@ -170,8 +252,14 @@ def _check_logits(name: str, t: torch.Tensor) -> None:
         raise fail(f"{name}.shape[1]", t.shape[1], "need a vocabulary of 1 .. 2**31 - 1 - 2048 ids")
 
 
-def sample(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-           positions: torch.Tensor, top: TopLogprob | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample(
+    raw: torch.Tensor,
+    x: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    top: TopLogprob | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token int64 [B], logprob float32 [B], lse float32 [B]) for rows without filters.
 
     raw: [B, V] float32 logits the logprobs are taken from; x: [B, V] float32 logits sampled from
@@ -182,17 +270,25 @@ def sample(raw: torch.Tensor, x: torch.Tensor, temperature: torch.Tensor, seeds:
     _check_logits("raw", raw)
     _check_logits("x", x)
     if x.shape != raw.shape or x.device != raw.device:
-        raise fail("x", f"{tuple(x.shape)} on {x.device}", f"need raw's shape {tuple(raw.shape)} on {raw.device}")
-    _check_rows(raw.shape[0], raw.device, temperature=(temperature, torch.float32), seeds=(seeds, torch.int64),
-                positions=(positions, torch.int64))
+        raise fail(
+            "x", f"{tuple(x.shape)} on {x.device}", f"need raw's shape {tuple(raw.shape)} on {raw.device}"
+        )
+    _check_rows(
+        raw.shape[0],
+        raw.device,
+        temperature=(temperature, torch.float32),
+        seeds=(seeds, torch.int64),
+        positions=(positions, torch.int64),
+    )
     _check_top(top, raw)
     tokens = torch.empty(raw.shape[0], dtype=torch.int64, device=raw.device)
     logprobs, lse = _launch(raw, x, temperature, seeds, positions, tokens, sample=True, top=top)
     return tokens, logprobs, lse
 
 
-def logprobs_of(raw: torch.Tensor, tokens: torch.Tensor,
-                top: TopLogprob | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def logprobs_of(
+    raw: torch.Tensor, tokens: torch.Tensor, top: TopLogprob | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(raw[token] - logsumexp(raw), logsumexp(raw)) per row, for tokens chosen elsewhere; `top`
     as in `sample`."""
     _check_logits("raw", raw)
@@ -204,5 +300,8 @@ def logprobs_of(raw: torch.Tensor, tokens: torch.Tensor,
 
 def _check_top(top: TopLogprob | None, raw: torch.Tensor) -> None:
     if top is not None:
-        _check_rows(raw.shape[0], raw.device, **{"top.token_ids": (top.token_ids, torch.int64),
-                                                 "top.logprobs": (top.logprobs, torch.float32)})
+        _check_rows(
+            raw.shape[0],
+            raw.device,
+            **{"top.token_ids": (top.token_ids, torch.int64), "top.logprobs": (top.logprobs, torch.float32)},
+        )

@@ -77,8 +77,16 @@ def partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_c
 
 
 @triton.jit
-def tile_rows(kvh_split, tok0, q_len, GROUP: tl.constexpr, HB: tl.constexpr, BLOCK_M: tl.constexpr,
-               BQ: tl.constexpr, N_HSPLIT: tl.constexpr):
+def tile_rows(
+    kvh_split,
+    tok0,
+    q_len,
+    GROUP: tl.constexpr,
+    HB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BQ: tl.constexpr,
+    N_HSPLIT: tl.constexpr,
+):
     """Row r of a tile: token tok0 + r // HB, query head of this tile's head slice r % HB."""
     kvh = kvh_split // N_HSPLIT
     rows = tl.arange(0, BLOCK_M)
@@ -101,8 +109,12 @@ def _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, use, dv, DV: tl.constexpr,
     no-op in _merge_partial."""
     m_c = tl.load(pm_ptr + w_row + c, mask=use, other=float("-inf"), cache_modifier=CACHE)
     l_c = tl.load(pl_ptr + w_row + c, mask=use, other=0.0, cache_modifier=CACHE)
-    a_c = tl.load(pacc_ptr + (w_row + c)[:, None] * DV + dv[None, :], mask=use[:, None] & (dv < DV)[None, :],
-                  other=0.0, cache_modifier=CACHE)
+    a_c = tl.load(
+        pacc_ptr + (w_row + c)[:, None] * DV + dv[None, :],
+        mask=use[:, None] & (dv < DV)[None, :],
+        other=0.0,
+        cache_modifier=CACHE,
+    )
     return m_c, l_c, a_c
 
 
@@ -116,9 +128,30 @@ def _merge_partial(m_run, l_run, acc, m_c, l_c, a_c):
 
 
 @triton.jit
-def merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head, row_ok, ctx, tok0, n_tok,
-               window, dv, DV: tl.constexpr, DV_SLICE: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
-               HAS_WINDOW: tl.constexpr, CACHE: tl.constexpr):
+def merge_rows(
+    out_ptr,
+    sot,
+    soh,
+    pacc_ptr,
+    pm_ptr,
+    pl_ptr,
+    w_row,
+    q_start,
+    tok,
+    head,
+    row_ok,
+    ctx,
+    tok0,
+    n_tok,
+    window,
+    dv,
+    DV: tl.constexpr,
+    DV_SLICE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    CACHE: tl.constexpr,
+):
     """Merge a tile's rows' chunk partials, value columns `dv`, and store the normalised output.
 
     Each row's chunks are merged one at a time in increasing order, a fixed function of the row.
@@ -139,14 +172,42 @@ def merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok,
     acc = tl.zeros([BLOCK_M, DV_SLICE], tl.float32)
     for c in range(c_begin, c_end, 4):
         # c_last < c_end, so chunks past the end are masked out like any unused chunk.
-        m0, l0, a0 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c, row_ok & (c >= c_first) & (c <= c_last),
-                                   dv, DV, CACHE)
-        m1, l1, a1 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 1,
-                                   row_ok & (c + 1 >= c_first) & (c + 1 <= c_last), dv, DV, CACHE)
-        m2, l2, a2 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 2,
-                                   row_ok & (c + 2 >= c_first) & (c + 2 <= c_last), dv, DV, CACHE)
-        m3, l3, a3 = _load_partial(pacc_ptr, pm_ptr, pl_ptr, w_row, c + 3,
-                                   row_ok & (c + 3 >= c_first) & (c + 3 <= c_last), dv, DV, CACHE)
+        m0, l0, a0 = _load_partial(
+            pacc_ptr, pm_ptr, pl_ptr, w_row, c, row_ok & (c >= c_first) & (c <= c_last), dv, DV, CACHE
+        )
+        m1, l1, a1 = _load_partial(
+            pacc_ptr,
+            pm_ptr,
+            pl_ptr,
+            w_row,
+            c + 1,
+            row_ok & (c + 1 >= c_first) & (c + 1 <= c_last),
+            dv,
+            DV,
+            CACHE,
+        )
+        m2, l2, a2 = _load_partial(
+            pacc_ptr,
+            pm_ptr,
+            pl_ptr,
+            w_row,
+            c + 2,
+            row_ok & (c + 2 >= c_first) & (c + 2 <= c_last),
+            dv,
+            DV,
+            CACHE,
+        )
+        m3, l3, a3 = _load_partial(
+            pacc_ptr,
+            pm_ptr,
+            pl_ptr,
+            w_row,
+            c + 3,
+            row_ok & (c + 3 >= c_first) & (c + 3 <= c_last),
+            dv,
+            DV,
+            CACHE,
+        )
         m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m0, l0, a0)
         m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m1, l1, a1)
         m_run, l_run, acc = _merge_partial(m_run, l_run, acc, m2, l2, a2)
@@ -160,17 +221,39 @@ def store_rows(out_ptr, sot, soh, q_start, tok, head, row_ok, acc, l_run, dv, DV
     the merge and a chunk kernel writing a one-chunk tile itself use, so they round alike)."""
     out = acc / tl.where(row_ok, l_run, 1.0)[:, None]
     o_rows = (q_start + tok).to(tl.int64) * sot + head * soh
-    tl.store(out_ptr + o_rows[:, None] + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (dv < DV)[None, :])
+    tl.store(
+        out_ptr + o_rows[:, None] + dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (dv < DV)[None, :],
+    )
 
 
 @triton.jit(do_not_specialize=["num_seqs", "block_base", "window", "n_chunks"])
-def merge_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
-                    num_seqs, block_base, window, n_heads, n_chunks,
-                    GROUP: tl.constexpr, HB: tl.constexpr, N_HSPLIT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BQ: tl.constexpr,
-                    DV: tl.constexpr, DV_SLICE: tl.constexpr, CHUNK: tl.constexpr,
-                    HAS_WINDOW: tl.constexpr, SKIP_ONE_CHUNK: tl.constexpr):
+def merge_kernel(
+    out_ptr,
+    qsl_ptr,
+    sl_ptr,
+    pacc_ptr,
+    pm_ptr,
+    pl_ptr,
+    sot,
+    soh,
+    num_seqs,
+    block_base,
+    window,
+    n_heads,
+    n_chunks,
+    GROUP: tl.constexpr,
+    HB: tl.constexpr,
+    N_HSPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BQ: tl.constexpr,
+    DV: tl.constexpr,
+    DV_SLICE: tl.constexpr,
+    CHUNK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    SKIP_ONE_CHUNK: tl.constexpr,
+):
     """Grid (q blocks, head slices, DV / DV_SLICE): merges one slice of the value columns of a
     tile's rows (splitting the columns over programs changes no arithmetic). SKIP_ONE_CHUNK: the
     chunk kernel wrote the tiles whose rows all end in the first chunk itself."""
@@ -186,8 +269,30 @@ def merge_kernel(out_ptr, qsl_ptr, sl_ptr, pacc_ptr, pm_ptr, pl_ptr, sot, soh,
         _, tok, head, row_ok = tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
         w_row = partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
         dv = tl.program_id(2) * DV_SLICE + tl.arange(0, DV_SLICE)
-        merge_rows(out_ptr, sot, soh, pacc_ptr, pm_ptr, pl_ptr, w_row, q_start, tok, head, row_ok, ctx, tok0, n_tok,
-                   window, dv, DV, DV_SLICE, BLOCK_M, CHUNK, HAS_WINDOW, "")
+        merge_rows(
+            out_ptr,
+            sot,
+            soh,
+            pacc_ptr,
+            pm_ptr,
+            pl_ptr,
+            w_row,
+            q_start,
+            tok,
+            head,
+            row_ok,
+            ctx,
+            tok0,
+            n_tok,
+            window,
+            dv,
+            DV,
+            DV_SLICE,
+            BLOCK_M,
+            CHUNK,
+            HAS_WINDOW,
+            "",
+        )
 
 
 def combine_slice(block_m: int, dv: int, per_chunk: int = 2048) -> int:
@@ -210,10 +315,20 @@ class Workspace:
     counters: torch.Tensor | None
 
 
-def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-              max_seq_len: int | None, kv_chunk: int, block_m: int, sliding_window: int | None,
-              phase1: Callable[[tuple[int, int, int], int, Workspace, dict[str, object]], None],
-              merge_in_phase1: bool = False, single_chunk_direct: bool = False) -> torch.Tensor:
+def two_phase(
+    q: torch.Tensor,
+    hk: int,
+    dv: int,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int | None,
+    kv_chunk: int,
+    block_m: int,
+    sliding_window: int | None,
+    phase1: Callable[[tuple[int, int, int], int, Workspace, dict[str, object]], None],
+    merge_in_phase1: bool = False,
+    single_chunk_direct: bool = False,
+) -> torch.Tensor:
     """Run a chunk kernel (`phase1(grid, first q block, workspace, tile constants)`) over slices of
     q blocks, each followed by the in-order merge of its chunks; returns out [T, Hq, Dv].
 
@@ -242,11 +357,24 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
     ws_rows = min(t, slice_blocks * bq)
     pm = torch.empty(ws_rows, hq, n_chunks, dtype=torch.float32, device=q.device)
     counters = launch_counters(q.device, slice_blocks * hk * n_hsplit) if merge_in_phase1 else None
-    ws = Workspace(torch.empty(ws_rows, hq, n_chunks, dv, dtype=torch.float32, device=q.device), pm,
-                   torch.empty_like(pm), n_chunks, out, counters)
+    ws = Workspace(
+        torch.empty(ws_rows, hq, n_chunks, dv, dtype=torch.float32, device=q.device),
+        pm,
+        torch.empty_like(pm),
+        n_chunks,
+        out,
+        counters,
+    )
     window = int(sliding_window) if sliding_window is not None else 0
-    common: dict[str, object] = dict(GROUP=group, HB=hb, N_HSPLIT=n_hsplit, BLOCK_M=block_m, BQ=bq, CHUNK=kv_chunk,
-                                     HAS_WINDOW=sliding_window is not None)
+    common: dict[str, object] = dict(
+        GROUP=group,
+        HB=hb,
+        N_HSPLIT=n_hsplit,
+        BLOCK_M=block_m,
+        BQ=bq,
+        CHUNK=kv_chunk,
+        HAS_WINDOW=sliding_window is not None,
+    )
     dv_slice = combine_slice(block_m, dv)
     for base in range(0, n_qblocks, slice_blocks):
         n = min(slice_blocks, n_qblocks - base)
@@ -256,9 +384,25 @@ def two_phase(q: torch.Tensor, hk: int, dv: int, query_start_loc: torch.Tensor, 
         if merge_in_phase1 or (single_chunk_direct and n_chunks == 1):
             continue
         merge_kernel[(n, hk * n_hsplit, triton.cdiv(dv, dv_slice))](
-            out, query_start_loc, seq_lens, ws.acc, ws.m, ws.l, out.stride(0), out.stride(1),
-            b, base, window, hq, n_chunks, DV=dv, DV_SLICE=dv_slice, SKIP_ONE_CHUNK=single_chunk_direct,
-            num_warps=4, **common)
+            out,
+            query_start_loc,
+            seq_lens,
+            ws.acc,
+            ws.m,
+            ws.l,
+            out.stride(0),
+            out.stride(1),
+            b,
+            base,
+            window,
+            hq,
+            n_chunks,
+            DV=dv,
+            DV_SLICE=dv_slice,
+            SKIP_ONE_CHUNK=single_chunk_direct,
+            num_warps=4,
+            **common,
+        )
     return out
 
 

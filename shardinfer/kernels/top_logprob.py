@@ -23,8 +23,10 @@ class TopLogprob:
 
     @staticmethod
     def empty(rows: int, device: torch.device) -> TopLogprob:
-        return TopLogprob(torch.empty(rows, dtype=torch.int64, device=device),
-                          torch.empty(rows, dtype=torch.float32, device=device))
+        return TopLogprob(
+            torch.empty(rows, dtype=torch.int64, device=device),
+            torch.empty(rows, dtype=torch.float32, device=device),
+        )
 
 
 def fill_reference(top: TopLogprob, raw: torch.Tensor, lse: torch.Tensor) -> None:

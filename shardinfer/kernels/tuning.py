@@ -71,8 +71,12 @@ class TileChooser(Generic[K, C]):
         without measured tilings.
     """
 
-    def __init__(self, overrides: Mapping[K, C | Tiling[C]], default: Callable[[K, torch.device | None], Tiling[C]],
-                 measured: Callable[[str], dict[K, Tiling[C]]] | None = None) -> None:
+    def __init__(
+        self,
+        overrides: Mapping[K, C | Tiling[C]],
+        default: Callable[[K, torch.device | None], Tiling[C]],
+        measured: Callable[[str], dict[K, Tiling[C]]] | None = None,
+    ) -> None:
         self.overrides = overrides
         self.default = default
         self.measured = measured
@@ -88,8 +92,13 @@ class TileChooser(Generic[K, C]):
                 return measured
         return self.default(key, device)
 
-    def choose(self, key: K, size: float | None = None, gpu_name: str | None = None,
-               device: torch.device | None = None) -> C:
+    def choose(
+        self,
+        key: K,
+        size: float | None = None,
+        gpu_name: str | None = None,
+        device: torch.device | None = None,
+    ) -> C:
         """The tiling the problem runs at batch size `size` (None: the one for the largest sizes)."""
         tiling = self.tiling(key, gpu_name, device)
         return tiling.rest if size is None else tiling.for_m(size)

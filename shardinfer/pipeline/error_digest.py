@@ -21,7 +21,9 @@ def error_digest(store: OutputStore, committed: dict[int, dict[str, Any]], codes
     counts: Counter[str] = Counter()
     first: tuple[str, str, str] | None = None
     for index in sorted(committed):
-        table = store.read_part_columns(committed[index]["part"], ["row_id", "status", "error_code", "error_message"])
+        table = store.read_part_columns(
+            committed[index]["part"], ["row_id", "status", "error_code", "error_message"]
+        )
         errors = table.filter(pc.equal(table["status"], "error"))
         codes_here = [str(c) for c in errors["error_code"].to_pylist()]
         counts.update(codes_here)

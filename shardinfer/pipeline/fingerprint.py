@@ -65,7 +65,11 @@ def model_identity(
     root = Path(model_dir.removeprefix("file://"))
     if not root.is_dir():
         # A job file's relative paths are read from where the command runs, not from the file's folder.
-        relative = "" if root.is_absolute() else f" (a relative path, read from the current directory {os.getcwd()!r})"
+        relative = (
+            ""
+            if root.is_absolute()
+            else f" (a relative path, read from the current directory {os.getcwd()!r})"
+        )
         raise ConfigError(
             f"model.path={model_dir!r} is not a directory{relative}; point it at a local Hugging Face "
             "model folder (config.json, *.safetensors, tokenizer.json)"
@@ -239,7 +243,9 @@ def _remote_entries(fs: Any, folder: str, url: str) -> tuple[dict[str, tuple[int
         infos = fs.ls(folder, detail=True)
     except FileNotFoundError:
         raise ConfigError(f"model.path={url!r} does not exist; give the URL of a model folder") from None
-    files = {_base_name(i["name"]): (int(i["size"]), listed_checksum(i)) for i in infos if i.get("type") == "file"}
+    files = {
+        _base_name(i["name"]): (int(i["size"]), listed_checksum(i)) for i in infos if i.get("type") == "file"
+    }
     return files, {_base_name(i["name"]) for i in infos if i.get("type") == "directory"}
 
 
@@ -258,8 +264,13 @@ def input_identity(path: str, absolute: bool = True) -> str:
 
 
 def compute_fingerprint(
-    config: JobConfig, sampling_defaults: dict[str, Any], schema_version: int | str, *,
-    absolute_input: bool = True, remote_checksums: bool = True, span_rule: str = SPAN_RULE,
+    config: JobConfig,
+    sampling_defaults: dict[str, Any],
+    schema_version: int | str,
+    *,
+    absolute_input: bool = True,
+    remote_checksums: bool = True,
+    span_rule: str = SPAN_RULE,
 ) -> dict[str, Any]:
     """The fingerprint dict of a resolved job (see the module docstring for what is in it).
 
@@ -273,9 +284,14 @@ def compute_fingerprint(
     """
     inp = config.input
     parts: dict[str, Any] = {"fingerprint_version": FINGERPRINT_VERSION}
-    parts.update(model_identity(
-        config.model.path, config.model.storage_options, config.model.verify_weights, checksums=remote_checksums
-    ))
+    parts.update(
+        model_identity(
+            config.model.path,
+            config.model.storage_options,
+            config.model.verify_weights,
+            checksums=remote_checksums,
+        )
+    )
     device_type, dtype = resolved_numerics(config)
     parts["engine.numerics"] = {
         "dtype": dtype,

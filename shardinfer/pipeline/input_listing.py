@@ -74,7 +74,7 @@ class ListingDiff:
 
 
 def content_digest(path: str) -> str | None:
-    """"sha256:<hex>" of a local file's bytes; None for a file on another store (never read)."""
+    """A local file's sha256, as "sha256:<hex>"; None for a file on another store (never read)."""
     fs, local = filesystem(path, {})
     if not _is_local(fs):
         return None
@@ -95,9 +95,7 @@ def with_content_digests(
     """`listing` with each local file's content digest, as stored in `_job.json`. A file that
     `previous` (the stored listing) holds at the same size and version keeps its digest there
     instead of being read again."""
-    known = {
-        location_identity(f["path"]): f for f in previous or [] if f.get("digest") is not None
-    }
+    known = {location_identity(f["path"]): f for f in previous or [] if f.get("digest") is not None}
     out = []
     for entry in listing:
         if entry.get("digest") is not None:

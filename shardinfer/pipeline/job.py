@@ -311,8 +311,12 @@ def _older_fingerprints(config: JobConfig, sampling: SamplingParams) -> Iterator
             current = absolute_input and remote_checksums and span_rule == SPAN_RULE
             if not current and (remote_checksums or remote_model):
                 yield compute_fingerprint(
-                    config, sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION,
-                    absolute_input=absolute_input, remote_checksums=remote_checksums, span_rule=span_rule,
+                    config,
+                    sampling.to_json_dict(),
+                    OUTPUT_SCHEMA_VERSION,
+                    absolute_input=absolute_input,
+                    remote_checksums=remote_checksums,
+                    span_rule=span_rule,
                 )
 
 
@@ -339,7 +343,9 @@ def check_no_foreign_files(config: JobConfig, store: OutputStore) -> None:
     own = _timeline_name_in_output(config)
     foreign = [n for n in store.foreign_entries() if n != own]
     if foreign:
-        shown = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        shown = ", ".join(repr(n) for n in foreign[:3]) + (
+            f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        )
         raise ConfigError(
             f"output.path={config.output.path!r} already holds files that are not this job's output ({shown}): "
             "readers of the output folder would read them as rows; choose an empty output path, or move them away"
@@ -431,7 +437,9 @@ def check_bucket(config: JobConfig, fs: Any, bucket: str) -> None:
 
     try:
         with_retries(
-            RetryPolicy(), f"list bucket {bucket!r}", lambda: fs.call_s3("list_objects_v2", Bucket=bucket, MaxKeys=1)
+            RetryPolicy(),
+            f"list bucket {bucket!r}",
+            lambda: fs.call_s3("list_objects_v2", Bucket=bucket, MaxKeys=1),
         )
     except FileNotFoundError:
         raise ConfigError(
@@ -509,17 +517,20 @@ def check_prompt_types(config: JobConfig, schema: pa.Schema) -> None:
     """A prompt column must hold text, a messages column lists of messages (or their JSON text):
     a column of another type would make every row an error record, so it is the spec's mistake."""
     inp = config.input
-    for key, column, kinds in (("prompt_column", inp.prompt_column, "strings"),
-                               ("messages_column", inp.messages_column, "lists of {role, content} messages, or "
-                                                                        "their JSON text")):
+    for key, column, kinds in (
+        ("prompt_column", inp.prompt_column, "strings"),
+        ("messages_column", inp.messages_column, "lists of {role, content} messages, or their JSON text"),
+    ):
         if not column or column not in schema.names:
             continue
         kind = schema.field(column).type
         text = pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
         listed = key == "messages_column" and (pa.types.is_list(kind) or pa.types.is_large_list(kind))
         if not (text or listed):
-            raise ConfigError(f"input.{key}={column!r} is a column of {kind}; it must hold {kinds}: "
-                              + _column_type_fix(key, column, kind))
+            raise ConfigError(
+                f"input.{key}={column!r} is a column of {kind}; it must hold {kinds}: "
+                + _column_type_fix(key, column, kind)
+            )
 
 
 # How much of the input the messages and prompt checks read (one column or the other, never both):
@@ -619,7 +630,9 @@ def _first_values(spec: InputSpec, first: Split, column: str) -> list[Any]:
     values: list[Any] = []
     for batch in read_split(head, spec, batch_rows=_SAMPLE_ROWS):
         cells = batch.column(column).to_pylist()  # that column only: the row's others are not judged
-        unreadable = batch.column(ROW_ERROR_COLUMN).to_pylist() if ROW_ERROR_COLUMN in batch.schema.names else []
+        unreadable = (
+            batch.column(ROW_ERROR_COLUMN).to_pylist() if ROW_ERROR_COLUMN in batch.schema.names else []
+        )
         for i, value in enumerate(cells):
             if value is None or (unreadable and unreadable[i] is not None):
                 continue
@@ -638,7 +651,9 @@ def _column_type_fix(key: str, column: str, kind: pa.DataType) -> str:
             f"if it holds chat messages ({{role, content}} lists), set input.messages_column={column!r} in place "
             "of input.prompt_column; else point input.prompt_column at a text column"
         )
-    if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)):
+    if not (
+        pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind)
+    ):
         return f"point input.{key} at such a column"
     plain = column.isidentifier() and column.isascii()
     name = sql_name(column)
@@ -723,8 +738,12 @@ def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
         "shardinfer.fingerprint": job.fingerprint["hash"],
         "shardinfer.run_id": run_id,
         "shardinfer.model": json.dumps(
-            {"path": cfg.model.path, "dtype": cfg.model.dtype, "device": cfg.model.device,
-             "quantization": cfg.model.quantization or None}
+            {
+                "path": cfg.model.path,
+                "dtype": cfg.model.dtype,
+                "device": cfg.model.device,
+                "quantization": cfg.model.quantization or None,
+            }
         ),
         # What decides the numbers: dtype, batch invariance, weight quantisation, KV cache dtype.
         "shardinfer.numerics": json.dumps(job.fingerprint.get("engine.numerics"), sort_keys=True),
@@ -763,7 +782,9 @@ def build_engine(config: JobConfig) -> Engine:
         check_kv_room(engine, config)
         check_model_serves_spec(engine, config)
     except ConfigError:
-        with contextlib.suppress(Exception):  # its memory (and an expert-parallel engine's ranks) goes back now
+        with contextlib.suppress(
+            Exception
+        ):  # its memory (and an expert-parallel engine's ranks) goes back now
             getattr(engine, "close", lambda: None)()
         raise
     return engine
@@ -871,8 +892,11 @@ def check_kv_room(engine: Engine, config: JobConfig) -> None:
     asked = getattr(engine, "max_model_len_asked", None)
     if asked is None or engine.max_model_len >= asked:
         return
-    source = ("engine.max_model_len" if config.engine.get("max_model_len") is not None
-              else "the model's max_position_embeddings, as engine.max_model_len is unset")
+    source = (
+        "engine.max_model_len"
+        if config.engine.get("max_model_len") is not None
+        else "the model's max_position_embeddings, as engine.max_model_len is unset"
+    )
     raise ConfigError(
         f"the KV cache holds {engine.max_model_len} tokens of one sequence, less than max_model_len={asked} "
         f"({source}): rows would be cut at a length set by this machine's memory, not by the job. Set "
@@ -931,15 +955,24 @@ def run_worker(
 
         try:
             preparer = ScorePreparer(
-                engine.tokenizer, engine.max_model_len, cfg.input, cfg.job.rolling_window_tokens,
+                engine.tokenizer,
+                engine.max_model_len,
+                cfg.input,
+                cfg.job.rolling_window_tokens,
                 span_rule_of(job.fingerprint),  # a job planned with shorter spans keeps them
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         worker_class = ScoreWorker
     else:
-        preparer = RowPreparer(engine.tokenizer, engine.max_model_len, job.sampling, cfg.input, cfg.job.seed,
-                               getattr(engine, "length_fix", LENGTH_FIX))
+        preparer = RowPreparer(
+            engine.tokenizer,
+            engine.max_model_len,
+            job.sampling,
+            cfg.input,
+            cfg.job.seed,
+            getattr(engine, "length_fix", LENGTH_FIX),
+        )
     settings = WorkerSettings(
         max_inflight_requests=cfg.job.max_inflight_requests,
         max_splits_in_flight=splits_in_flight(cfg, job.sampling.n),

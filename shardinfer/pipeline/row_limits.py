@@ -37,9 +37,15 @@ class LimitError(ValueError):
 
 def over_max_model_len(name: str, value: int, max_model_len: int) -> str:
     """Why `name` (max_tokens or min_tokens) = value cannot be, and the value to set instead."""
-    fill = f" (max_tokens = {max_model_len} generates until prompt and output fill it)" if name == "max_tokens" else ""
-    return (f"{name}={value} is above max_model_len={max_model_len}, the most a request can ever hold; "
-            f"lower it to {max_model_len} or less{fill}")
+    fill = (
+        f" (max_tokens = {max_model_len} generates until prompt and output fill it)"
+        if name == "max_tokens"
+        else ""
+    )
+    return (
+        f"{name}={value} is above max_model_len={max_model_len}, the most a request can ever hold; "
+        f"lower it to {max_model_len} or less{fill}"
+    )
 
 
 def check_limits(params: SamplingParams, max_model_len: int | None = None) -> None:

@@ -279,8 +279,11 @@ class RowPreparer:
         except (TypeError, ValueError, OverflowError) as exc:
             raise RowError(BAD_OVERRIDE, str(exc)) from None
         if params.max_tokens == 0:  # valid for the engine (a prompt-only request), not for a generated row
-            raise RowError(BAD_OVERRIDE, "column 'max_tokens' value 0: a row generates at least one token; "
-                           "give max_tokens >= 1 or null for the job's")
+            raise RowError(
+                BAD_OVERRIDE,
+                "column 'max_tokens' value 0: a row generates at least one token; "
+                "give max_tokens >= 1 or null for the job's",
+            )
         try:
             check_limits(params, self.max_model_len)
         except LimitError as exc:

@@ -88,8 +88,11 @@ class ScorePreparer:
             id_value = row.get(self.inp.id_column) if self.inp.id_column else None
             if self.inp.id_column and id_is_missing(id_value):
                 missing = "null" if id_value is None else "NaN"
-                raise RowError(INVALID_ROW, f"id_column {self.inp.id_column!r} is {missing} in this row; "
-                               "every row needs an id (row_id falls back to file:row)")
+                raise RowError(
+                    INVALID_ROW,
+                    f"id_column {self.inp.id_column!r} is {missing} in this row; "
+                    "every row needs an id (row_id falls back to file:row)",
+                )
             if self.inp.document_column:
                 self._document(prepared, row)
             else:

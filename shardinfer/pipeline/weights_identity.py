@@ -51,7 +51,9 @@ def checkpoint_file_names(names: Collection[str], index_text: bytes | None, wher
 def listed_checksum(info: dict[str, object]) -> str:
     """What an object-store listing says of a file's content ("" when it says nothing): S3's ETag
     (a rewrite at the same size gets a new one), else the store's MD5, else its modification time."""
-    checksum = info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("md5") or info.get("mtime")
+    checksum = (
+        info.get("ETag") or info.get("etag") or info.get("md5Hash") or info.get("md5") or info.get("mtime")
+    )
     return str(checksum) if checksum is not None else ""
 
 

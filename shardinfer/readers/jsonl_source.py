@@ -85,14 +85,20 @@ def _not_jsonl(url: str, storage_options: dict, first_bad: BadLine) -> Exception
     with with_retries(_RETRY, f"open {url}", lambda: fs.open(path, "rb")) as f:
         head = f.read(64)
     if head.startswith(b"PAR1"):
-        return ConfigError(f"{url} is a Parquet file, read as JSON Lines because input.format is 'jsonl': set "
-                           "input.format = 'parquet', or leave it 'auto' to go by the file names")
+        return ConfigError(
+            f"{url} is a Parquet file, read as JSON Lines because input.format is 'jsonl': set "
+            "input.format = 'parquet', or leave it 'auto' to go by the file names"
+        )
     if head.startswith(b"\x1f\x8b"):
-        return InputSchemaError(f"{url} is gzip-compressed but its name does not end in .gz: rename it "
-                                "*.jsonl.gz so it is decompressed")
+        return InputSchemaError(
+            f"{url} is gzip-compressed but its name does not end in .gz: rename it "
+            "*.jsonl.gz so it is decompressed"
+        )
     if head.lstrip().startswith(b"["):
-        return InputSchemaError(f"{url} holds a JSON array, not JSON Lines (one object per line): write one "
-                                "object per line, e.g. `jq -c '.[]' FILE > FILE.jsonl`")
+        return InputSchemaError(
+            f"{url} holds a JSON array, not JSON Lines (one object per line): write one "
+            "object per line, e.g. `jq -c '.[]' FILE > FILE.jsonl`"
+        )
     return InputSchemaError(f"no JSON object in the first lines: {first_bad}")
 
 
@@ -232,10 +238,7 @@ def _may_change(kind: pa.DataType) -> bool:
     """Whether Arrow stores some JSON value in a column of `kind` as another value instead of
     refusing it (see _changes); values of other types it takes as they are or refuses."""
     return (
-        pa.types.is_integer(kind)
-        or pa.types.is_floating(kind)
-        or _is_list(kind)
-        or pa.types.is_struct(kind)
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or _is_list(kind) or pa.types.is_struct(kind)
     )
 
 

@@ -148,7 +148,9 @@ def iter_parquet_rows(
                     if not wanted.equals(stored):
                         part = part.cast(wanted)
                     index = pa.array(range(position + lo, position + hi), type=pa.int64())
-                    yield null_invalid_utf8(part.append_column(ROW_INDEX_COLUMN, index), url, position + lo, judged)
+                    yield null_invalid_utf8(
+                        part.append_column(ROW_INDEX_COLUMN, index), url, position + lo, judged
+                    )
                 position += batch.num_rows
                 if position >= row_end:
                     break

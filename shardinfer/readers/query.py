@@ -228,7 +228,11 @@ def _keep_field_metadata(result: pa.Table, input_schema: pa.Schema) -> pa.Table:
         keep = source is not None and source.metadata and not field.metadata and source.type == field.type
         fields.append(field.with_metadata(source.metadata) if keep and source is not None else field)
     schema = pa.schema(fields, metadata=result.schema.metadata)
-    return result if schema.equals(result.schema, check_metadata=True) else pa.Table.from_arrays(result.columns, schema=schema)
+    return (
+        result
+        if schema.equals(result.schema, check_metadata=True)
+        else pa.Table.from_arrays(result.columns, schema=schema)
+    )
 
 
 class QueryRunner:

@@ -184,7 +184,12 @@ def read_split(split: Split, spec: InputSpec, batch_rows: int = 1024) -> Iterato
         )
     else:
         source = iter_jsonl_rows(
-            split.path, spec.storage_options, split.row_start, split.row_end, split.byte_offset, batch_rows,
+            split.path,
+            spec.storage_options,
+            split.row_start,
+            split.row_end,
+            split.byte_offset,
+            batch_rows,
             judged,
         )
     if split.only_rows is not None:

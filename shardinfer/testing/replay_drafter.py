@@ -113,7 +113,9 @@ def install_from_env(engine: Any) -> None:
     elif mode == "replay":
         path, _, alpha = rest.rpartition(":")
         if engine.drafter is None:
-            raise ValueError(f"{ENV}={setting!r}: replaying drafts needs a drafting engine (speculative='ngram')")
+            raise ValueError(
+                f"{ENV}={setting!r}: replaying drafts needs a drafting engine (speculative='ngram')"
+            )
         recorded = {}
         for line in Path(path).read_text().splitlines():
             entry = json.loads(line)

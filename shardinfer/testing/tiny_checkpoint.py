@@ -31,20 +31,62 @@ Hello, world! How are you today? I am fine, thank you. What is the capital of Fr
 """
 
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512),
-    "qwen2": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512),
-    "qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=32, max_position_embeddings=512),
-    "mistral": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, max_position_embeddings=512, sliding_window=24),
-    "deepseek_v3": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-                        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
-                        num_experts_per_tok=2, first_k_dense_replace=1, n_group=2, topk_group=2,
-                        kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
-                        v_head_dim=16, routed_scaling_factor=2.5, norm_topk_prob=True,
-                        max_position_embeddings=512),
+    "llama": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    ),
+    "qwen2": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    ),
+    "qwen3": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+    ),
+    "mistral": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=24,
+    ),
+    "deepseek_v3": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        n_group=2,
+        topk_group=2,
+        kv_lora_rank=32,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        max_position_embeddings=512,
+    ),
 }
 
 
@@ -55,19 +97,35 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 384) -> int:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
-    cfg = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|eos|>",
-           "chat_template": CHAT_TEMPLATE, "add_bos_token": False, "model_max_length": 512}
+    cfg = {
+        "bos_token": "<|bos|>",
+        "eos_token": "<|eos|>",
+        "pad_token": "<|eos|>",
+        "chat_template": CHAT_TEMPLATE,
+        "add_bos_token": False,
+        "model_max_length": 512,
+    }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     return int(tok.get_vocab_size())
 
 
-def make_tiny_checkpoint(out_dir: str | Path, family: str = "qwen3", seed: int = 0, dtype: str = "float32",
-                         max_shard_size: str | None = None, **overrides: Any) -> Path:
+def make_tiny_checkpoint(
+    out_dir: str | Path,
+    family: str = "qwen3",
+    seed: int = 0,
+    dtype: str = "float32",
+    max_shard_size: str | None = None,
+    **overrides: Any,
+) -> Path:
     """Write a random-init `family` model (transformers) plus tokenizer into out_dir; returns it."""
     import torch
     import transformers
@@ -78,8 +136,12 @@ def make_tiny_checkpoint(out_dir: str | Path, family: str = "qwen3", seed: int =
 
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     params = dict(FAMILY_DEFAULTS[family])
-    params.update(vocab_size=max(tok_vocab, 384), bos_token_id=tok.token_to_id("<|bos|>"),
-                  eos_token_id=tok.token_to_id("<|eos|>"), pad_token_id=tok.token_to_id("<|eos|>"))
+    params.update(
+        vocab_size=max(tok_vocab, 384),
+        bos_token_id=tok.token_to_id("<|bos|>"),
+        eos_token_id=tok.token_to_id("<|eos|>"),
+        pad_token_id=tok.token_to_id("<|eos|>"),
+    )
     params.update(overrides)
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),

@@ -12,9 +12,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_first_call_is_timed_and_profiled(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "eager_step.py"), "--workload", "tiny", "--device", "cpu",
-         "--repeats", "2", "--top", "5", "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "eager_step.py"),
+            "--workload",
+            "tiny",
+            "--device",
+            "cpu",
+            "--repeats",
+            "2",
+            "--top",
+            "5",
+            "--ckpt-dir",
+            str(tmp_path / "ckpt"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (result,) = (tmp_path / "out").glob("eager-tiny-*.json")
@@ -29,9 +45,21 @@ def test_first_call_is_timed_and_profiled(tmp_path: Path) -> None:
 
 def test_a_bad_count_is_refused(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "eager_step.py"), "--workload", "tiny", "--device", "cpu",
-         "--repeats", "0", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "eager_step.py"),
+            "--workload",
+            "tiny",
+            "--device",
+            "cpu",
+            "--repeats",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2 and "--repeats 0: give at least 1" in done.stderr
     assert not list(tmp_path.iterdir())

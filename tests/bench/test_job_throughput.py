@@ -175,14 +175,41 @@ def test_demo_workload_with_mtp_drafts_generates_what_the_plain_engine_does(tmp_
 def test_a_recorded_job_replays_as_drafts_and_writes_the_same_tokens(tmp_path: Path) -> None:
     """--record, then --replay with prompt lookup on: the second job drafts the first one's
     outputs, accepts most of them, and writes the same tokens (equal output digests)."""
-    common = ["--device", "cpu", "--rows", "12", "--files", "2", "--in-range", "8", "24", "--out-range", "16", "32",
-              "--max-num-seqs", "8", "--skip-engine", "--ckpt-dir", str(tmp_path / "ckpt"),
-              "--job-conf", "job.split_rows=4"]
+    common = [
+        "--device",
+        "cpu",
+        "--rows",
+        "12",
+        "--files",
+        "2",
+        "--in-range",
+        "8",
+        "24",
+        "--out-range",
+        "16",
+        "32",
+        "--max-num-seqs",
+        "8",
+        "--skip-engine",
+        "--ckpt-dir",
+        str(tmp_path / "ckpt"),
+        "--job-conf",
+        "job.split_rows=4",
+    ]
     recording = tmp_path / "recorded.jsonl"
     plain, _ = _bench(tmp_path / "plain", "tiny", *common, "--record", str(recording))
     assert len(recording.read_text().splitlines()) == 12
-    spec, out = _bench(tmp_path / "spec", "tiny", *common, "--replay", f"{recording}:0.8",
-                       "--job-conf", "engine.speculative=ngram", "--job-conf", "engine.speculative_depth=2")
+    spec, out = _bench(
+        tmp_path / "spec",
+        "tiny",
+        *common,
+        "--replay",
+        f"{recording}:0.8",
+        "--job-conf",
+        "engine.speculative=ngram",
+        "--job-conf",
+        "engine.speculative_depth=2",
+    )
     assert spec["output_digest"] == plain["output_digest"] and spec["replay_alpha"] == 0.8
     [log] = out.glob("job-tiny-*.log")
     summary = next(json.loads(line) for line in log.read_text().splitlines() if '"summary"' in line)
@@ -193,8 +220,18 @@ def test_a_recorded_job_replays_as_drafts_and_writes_the_same_tokens(tmp_path: P
 def test_replay_without_a_prompt_lookup_engine_is_refused_before_any_job(tmp_path: Path) -> None:
     recording = tmp_path / "recorded.jsonl"
     recording.write_text("")
-    cmd = [sys.executable, str(REPO / "bench" / "job_throughput.py"), "--workload", "tiny", "--device", "cpu",
-           "--replay", f"{recording}:0.8", "--out", str(tmp_path / "out")]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "job_throughput.py"),
+        "--workload",
+        "tiny",
+        "--device",
+        "cpu",
+        "--replay",
+        f"{recording}:0.8",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and "--job-conf engine.speculative=ngram" in done.stderr
     assert not (tmp_path / "out").exists()
@@ -205,6 +242,11 @@ def test_numerics_conf_reaches_the_engine_run_too() -> None:
     them; other keys (a job-only setting, a speculative mode) stay the job's."""
     from bench.job_throughput import numerics_conf
 
-    conf = ["model.quantization=fp8", 'engine.kv_cache_dtype="fp8"', "engine.speculative=ngram", "job.split_rows=64"]
+    conf = [
+        "model.quantization=fp8",
+        'engine.kv_cache_dtype="fp8"',
+        "engine.speculative=ngram",
+        "job.split_rows=64",
+    ]
     assert numerics_conf(conf) == {"quantization": "fp8", "kv_cache_dtype": "fp8"}
     assert numerics_conf([]) == {}

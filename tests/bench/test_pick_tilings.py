@@ -30,8 +30,14 @@ def _big() -> mm.TileConfig:
 
 
 def _rec(name: str, cfg: mm.TileConfig, us: dict[int, float], invariant: bool = True) -> dict[str, Any]:
-    return {"N": N, "K": K, "config": name, "invariant": invariant, "us": {str(m): v for m, v in us.items()},
-            **asdict(cfg)}
+    return {
+        "N": N,
+        "K": K,
+        "config": name,
+        "invariant": invariant,
+        "us": {str(m): v for m, v in us.items()},
+        **asdict(cfg),
+    }
 
 
 def _records() -> list[dict[str, Any]]:
@@ -40,10 +46,18 @@ def _records() -> list[dict[str, Any]]:
         _rec("mid", _mid(), {1: 20.0, 64: 18.0, 256: 22.0, 4096: 260.0}),
         _rec("big", _big(), {1: 30.0, 64: 30.0, 256: 35.0, 4096: 190.0}),
         # Fastest at M=256 on its own, but its family (split 2) has nothing fast at 4096.
-        _rec("split", mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True, split_k=2), {1: 11.0, 64: 11.0, 256: 21.0, 4096: 400.0}),
+        _rec(
+            "split",
+            mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True, split_k=2),
+            {1: 11.0, 64: 11.0, 256: 21.0, 4096: 400.0},
+        ),
         # Never chosen: not bitwise row invariant in the sweep.
-        _rec("broken", mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4), {m: 1.0 for m in CUBLAS},
-             invariant=False),
+        _rec(
+            "broken",
+            mm.TileConfig(64, 64, 64, num_warps=4, num_stages=4),
+            {m: 1.0 for m in CUBLAS},
+            invariant=False,
+        ),
     ]
 
 
@@ -57,7 +71,8 @@ def test_each_range_of_m_gets_its_familys_fastest_tiling() -> None:
     assert [tiling.for_m(m) for m in (1, 100, 256, 5000)] == [small, small, mid, big]
     mm.check_interchangeable(K, torch.bfloat16, tiling.configs)
     assert score == pytest.approx(
-        (12 / 10) ** 0.05 * (11 / 10) ** 0.15 * (22 / 20) ** 0.5 * (190 / 200) ** 0.3)
+        (12 / 10) ** 0.05 * (11 / 10) ** 0.15 * (22 / 20) ** 0.5 * (190 / 200) ** 0.3
+    )
 
 
 def test_one_tiling_mode_picks_a_single_config_for_every_m() -> None:
@@ -76,7 +91,6 @@ def test_decode_ranges_only_keeps_the_single_tiling_for_prefill() -> None:
     # The best single tiling (mid) serves M > 256; its family's winners serve decode batches.
     assert tiling == mm.Tiling(_mid(), ((16, _small()), (128, _small())))
     assert names == ["M<=16:small", "M<=128:small", "M<=256:mid", "rest:mid"]
-
 
 
 def _configs() -> tuple[mm.TileConfig, mm.TileConfig, mm.TileConfig]:

@@ -13,11 +13,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_repeats_and_timelines_are_recorded(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "spec_decode.py"), "--workload", "tiny", "--device", "cpu",
-         "--batches", "2", "--alphas", "0.8", "--depths", "1", "--no-schedule", "--output-len", "72",
-         "--repeats", "2", "--timeline-batches", "2", "--ckpt-dir", str(tmp_path / "ckpt"),
-         "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "spec_decode.py"),
+            "--workload",
+            "tiny",
+            "--device",
+            "cpu",
+            "--batches",
+            "2",
+            "--alphas",
+            "0.8",
+            "--depths",
+            "1",
+            "--no-schedule",
+            "--output-len",
+            "72",
+            "--repeats",
+            "2",
+            "--timeline-batches",
+            "2",
+            "--ckpt-dir",
+            str(tmp_path / "ckpt"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (result,) = (tmp_path / "out").glob("spec-tiny-*.json")
@@ -46,9 +69,16 @@ def test_repeats_and_timelines_are_recorded(tmp_path: Path) -> None:
 
 def test_refine_names_a_bad_argument() -> None:
     script = str(ROOT / "bench" / "kernels" / "bench_matmul.py")
-    for args, message in ((["--models", "9b"], "--models: unknown ['9b']"), (["--models", "8b"], "--refine-m 0")):
-        done = subprocess.run([sys.executable, script, *args, "--refine-m", "0" if args[1] == "8b" else "32"],
-                              capture_output=True, text=True, timeout=300)
+    for args, message in (
+        (["--models", "9b"], "--models: unknown ['9b']"),
+        (["--models", "8b"], "--refine-m 0"),
+    ):
+        done = subprocess.run(
+            [sys.executable, script, *args, "--refine-m", "0" if args[1] == "8b" else "32"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
 
 
@@ -60,9 +90,22 @@ def test_spec_decode_names_a_bad_argument(tmp_path: Path) -> None:
         (["--timeline-batches", "2", "--timeline-skip", "-1"], "--timeline-skip -1"),
     ):
         done = subprocess.run(
-            [sys.executable, script, "--workload", "tiny", "--device", "cpu", "--batches", "2", *args,
-             "--out", str(tmp_path)],
-            capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                script,
+                "--workload",
+                "tiny",
+                "--device",
+                "cpu",
+                "--batches",
+                "2",
+                *args,
+                "--out",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
         assert not list(tmp_path.iterdir())  # nothing written

@@ -14,10 +14,30 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_startup_bench_runs_each_mode_in_its_own_process(tmp_path: Path) -> None:
-    cmd = [sys.executable, str(REPO / "bench" / "startup.py"), "--device", "cpu", "--workload", "tiny",
-           "--modes", "cold-off,cold-on,warm-on", "--requests", "3", "--prompt-len", "20", "--max-model-len", "256",
-           "--max-num-batched-tokens", "64", "--max-num-seqs", "4", "--ckpt-dir", str(tmp_path / "ckpt"),
-           "--out", str(tmp_path / "out")]
+    cmd = [
+        sys.executable,
+        str(REPO / "bench" / "startup.py"),
+        "--device",
+        "cpu",
+        "--workload",
+        "tiny",
+        "--modes",
+        "cold-off,cold-on,warm-on",
+        "--requests",
+        "3",
+        "--prompt-len",
+        "20",
+        "--max-model-len",
+        "256",
+        "--max-num-batched-tokens",
+        "64",
+        "--max-num-seqs",
+        "4",
+        "--ckpt-dir",
+        str(tmp_path / "ckpt"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     [path] = (tmp_path / "out").glob("startup-tiny-*.json")

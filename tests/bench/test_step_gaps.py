@@ -62,7 +62,9 @@ def test_a_trace_without_device_activity_reports_nothing_idle() -> None:
 
 
 def test_frames_name_no_machine_directory() -> None:
-    inside = str(Path(step_gaps.__file__).resolve().parent.parent / "shardinfer/engine/llm_engine.py(218): step")
+    inside = str(
+        Path(step_gaps.__file__).resolve().parent.parent / "shardinfer/engine/llm_engine.py(218): step"
+    )
     trace = [_ev("kernel", "a", 0, 10), _ev("kernel", "b", 30, 10), _ev("python_function", inside, 5, 30)]
     charged = step_gaps.host_during_gaps(trace, step_gaps.device_gaps(trace), resolution_us=1.0)
     assert charged == {"shardinfer/engine/llm_engine.py(218): step": pytest.approx(20.0)}

@@ -35,15 +35,31 @@ def test_tma_tilings_are_the_defaults_with_operands_through_tma() -> None:
             assert [m for m, _ in got.by_m] == [m for m, _ in default.by_m]
             for mine, theirs in zip(got.configs, default.configs, strict=True):
                 assert (mine.block_m, mine.block_n, mine.num_warps, mine.num_stages, mine.persistent) == (
-                    theirs.block_m, theirs.block_n, theirs.num_warps, theirs.num_stages, theirs.persistent)
+                    theirs.block_m,
+                    theirs.block_n,
+                    theirs.num_warps,
+                    theirs.num_stages,
+                    theirs.persistent,
+                )
     finally:
         fp8_matmul.CONFIG_OVERRIDES.clear()
         fp8_matmul.CONFIG_OVERRIDES.update(saved)
 
 
 def test_tma_tiling_without_fp8_weights_is_refused(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "throughput.py"), "--fp8-tiling", "tma",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "throughput.py"),
+            "--fp8-tiling",
+            "tma",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and "add --quantization fp8" in done.stderr, done.stderr[-2000:]
     assert not list(tmp_path.iterdir())
 
@@ -79,15 +95,18 @@ def test_variant_flags_are_set_for_the_block_and_restored() -> None:
     assert shipped == paged_attention.FP8_NUM_STAGES
 
 
-@pytest.mark.parametrize("text, parse, needle", [
-    ("block_q=64", parse_tiling_change, "not FIELD=VALUE with FIELD one of"),
-    ("split_k", parse_tiling_change, "not FIELD=VALUE"),
-    ("kernels.paged_attention.NO_SUCH=1", parse_flags, "has no setting 'NO_SUCH'"),
-    ("PAGE=1", parse_flags, "is not MODULE.NAME=VALUE"),
-    ("max_num_seq=512", parse_settings, "is not NAME=POSITIVE_INT with NAME one of"),
-    ("max_num_seqs=0", parse_settings, "is not NAME=POSITIVE_INT"),
-    ("max_num_seqs=lots", parse_settings, "is not NAME=POSITIVE_INT"),
-])
+@pytest.mark.parametrize(
+    "text, parse, needle",
+    [
+        ("block_q=64", parse_tiling_change, "not FIELD=VALUE with FIELD one of"),
+        ("split_k", parse_tiling_change, "not FIELD=VALUE"),
+        ("kernels.paged_attention.NO_SUCH=1", parse_flags, "has no setting 'NO_SUCH'"),
+        ("PAGE=1", parse_flags, "is not MODULE.NAME=VALUE"),
+        ("max_num_seq=512", parse_settings, "is not NAME=POSITIVE_INT with NAME one of"),
+        ("max_num_seqs=0", parse_settings, "is not NAME=POSITIVE_INT"),
+        ("max_num_seqs=lots", parse_settings, "is not NAME=POSITIVE_INT"),
+    ],
+)
 def test_variant_options_name_the_bad_item(text: str, parse: object, needle: str) -> None:
     with pytest.raises(SystemExit, match=needle):
         parse(text)  # type: ignore[operator]
@@ -95,20 +114,35 @@ def test_variant_options_name_the_bad_item(text: str, parse: object, needle: str
 
 def test_variant_settings_parse_to_engine_keywords() -> None:
     assert parse_settings("max_num_seqs=512, max_num_batched_tokens=16384") == {
-        "max_num_seqs": 512, "max_num_batched_tokens": 16384}
+        "max_num_seqs": 512,
+        "max_num_batched_tokens": 16384,
+    }
     assert parse_settings("logprobs=1") == {"logprobs": 1}  # a job's sampling.logprobs, in the variant run
 
 
 def test_record_writes_a_row_for_a_same_call_second_run() -> None:
     from bench.record import _second_run_rows
 
-    run = {"date": "2026-12-04T03:52:51", "gpu": "NVIDIA H200", "commit": "abc1234", "workload": "dense-8b",
-           "quantization": "fp8", "kv_cache_dtype": "fp8", "batch_invariant": True, "requests": 512,
-           "variant": {"fp8_tiling": "split_k=1", "flags": None, "output_tok_s": 10263.1,
-                       "decode": {"floor_ms": 5.0, "median_step_ms": 12.5}}}
+    run = {
+        "date": "2026-12-04T03:52:51",
+        "gpu": "NVIDIA H200",
+        "commit": "abc1234",
+        "workload": "dense-8b",
+        "quantization": "fp8",
+        "kv_cache_dtype": "fp8",
+        "batch_invariant": True,
+        "requests": 512,
+        "variant": {
+            "fp8_tiling": "split_k=1",
+            "flags": None,
+            "output_tok_s": 10263.1,
+            "decode": {"floor_ms": 5.0, "median_step_ms": 12.5},
+        },
+    }
     assert _second_run_rows(run) == [
         "| 2026-12-04 03:52 | NVIDIA H200 | abc1234 | dense-8b, weights fp8, KV fp8, variant `split_k=1` (same call) | "
-        "True | 512 | 10263 | — | — | 0.40 | — |"]
+        "True | 512 | 10263 | — | — | 0.40 | — |"
+    ]
     assert _second_run_rows({k: v for k, v in run.items() if k != "variant"}) == []
     settings = {**run, "variant": {**run["variant"], "fp8_tiling": None, "settings": "max_num_seqs=512"}}
     assert "variant `max_num_seqs=512` (same call)" in _second_run_rows(settings)[0]

@@ -21,8 +21,15 @@ def hf_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 @torch.no_grad()
 def hf_greedy(model: torch.nn.Module, ids: list[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
     """(generated ids, log-softmax of the scores at each step [N, V])."""
-    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                         output_scores=True, return_dict_in_generate=True, eos_token_id=None,
-                         pad_token_id=0, min_new_tokens=max_new_tokens)
+    out = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+        eos_token_id=None,
+        pad_token_id=0,
+        min_new_tokens=max_new_tokens,
+    )
     scores = torch.stack(out.scores)[:, 0].float().log_softmax(-1)
-    return out.sequences[0, len(ids):].tolist(), scores
+    return out.sequences[0, len(ids) :].tolist(), scores

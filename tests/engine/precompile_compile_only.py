@@ -31,10 +31,17 @@ BATCHED_TOKENS = 2100  # prompts of one KV chunk and of two (engine/precompile.p
 def main() -> None:
     family, workers = sys.argv[1], int(sys.argv[2])
     engine_kwargs, overrides = json.loads(sys.argv[3]), json.loads(sys.argv[4])
-    model_dir = make_tiny_checkpoint(tempfile.mkdtemp(), family, dtype="bfloat16", max_position_embeddings=4096,
-                                     **overrides)
-    llm = LLM(model_dir, device="cpu", dtype="bfloat16", max_model_len=4096, max_num_batched_tokens=BATCHED_TOKENS,
-              **engine_kwargs)
+    model_dir = make_tiny_checkpoint(
+        tempfile.mkdtemp(), family, dtype="bfloat16", max_position_embeddings=4096, **overrides
+    )
+    llm = LLM(
+        model_dir,
+        device="cpu",
+        dtype="bfloat16",
+        max_model_len=4096,
+        max_num_batched_tokens=BATCHED_TOKENS,
+        **engine_kwargs,
+    )
     runner = llm.llm_engine.runner
     _compile_only()
     from shardinfer.engine import precompile
@@ -46,8 +53,17 @@ def main() -> None:
     wall = time.perf_counter() - start
     again = precompile.precompile(runner, None, BATCHED_TOKENS, workers=workers)
     assert first is not None and again is not None
-    print(json.dumps({"variants": first.variants, "workers": first.workers, "wall_s": wall,
-                      "drain_s": first.drain_s, "second_pass_variants": again.variants}))
+    print(
+        json.dumps(
+            {
+                "variants": first.variants,
+                "workers": first.workers,
+                "wall_s": wall,
+                "drain_s": first.drain_s,
+                "second_pass_variants": again.variants,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,20 @@ from shardinfer import LLM, SamplingParams
 
 
 def _key(outs) -> list[tuple]:
-    return [(o.prompt_token_ids, c.token_ids, c.logprobs, c.top_logprobs, c.text, c.finish_reason, c.stop_reason,
-             o.prompt_logprobs) for o in outs for c in o.outputs]
+    return [
+        (
+            o.prompt_token_ids,
+            c.token_ids,
+            c.logprobs,
+            c.top_logprobs,
+            c.text,
+            c.finish_reason,
+            c.stop_reason,
+            o.prompt_logprobs,
+        )
+        for o in outs
+        for c in o.outputs
+    ]
 
 
 def _workload(vocab: int, tokenizer) -> tuple[list[list[int]], list[SamplingParams]]:
@@ -29,23 +41,32 @@ def _workload(vocab: int, tokenizer) -> tuple[list[list[int]], list[SamplingPara
         elif kind == 1:
             params.append(SamplingParams(temperature=1.0, max_tokens=25, seed=i, logprobs=2))
         elif kind == 2:  # stops early on a common token id, sometimes eos
-            params.append(SamplingParams(temperature=0.9, max_tokens=40, seed=i, stop_token_ids=[eos, 5, 17, 42]))
+            params.append(
+                SamplingParams(temperature=0.9, max_tokens=40, seed=i, stop_token_ids=[eos, 5, 17, 42])
+            )
         elif kind == 3:
             params.append(SamplingParams(temperature=0.8, max_tokens=30, seed=i, stop=["e", " t"]))
         elif kind == 4:
             params.append(SamplingParams(temperature=0.7, max_tokens=20, seed=i, n=3))
         else:
-            params.append(SamplingParams(temperature=1.0, max_tokens=15, seed=i, repetition_penalty=1.3,
-                                         prompt_logprobs=1))
+            params.append(
+                SamplingParams(
+                    temperature=1.0, max_tokens=15, seed=i, repetition_penalty=1.3, prompt_logprobs=1
+                )
+            )
     return prompts, params
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    {},
-    {"max_num_batched_tokens": 7},
-    {"num_kv_blocks": 14, "block_size": 8},
-    {"max_num_seqs": 3, "admission_batch": 2},
-], ids=["plain", "chunked", "preempting", "few-seqs"])
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {},
+        {"max_num_batched_tokens": 7},
+        {"num_kv_blocks": 14, "block_size": 8},
+        {"max_num_seqs": 3, "admission_batch": 2},
+    ],
+    ids=["plain", "chunked", "preempting", "few-seqs"],
+)
 def test_async_equals_sync(qwen3_dir, engine_kwargs) -> None:
     sync = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=False, **engine_kwargs)
     prompts, params = _workload(sync.llm_engine.model_config.vocab_size, sync.tokenizer)

@@ -44,9 +44,14 @@ def _check_one_prompt_many_times(llm: LLM, sizes: dict[str, int]) -> None:
         copies = min(rng.randint(1, 16), sizes["completions"] - done)
         others = _random_prompts(rng.randint(0, 48), vocab, rng.randrange(1 << 30))
         prompts = [target] * copies + others
-        params = [p] * copies + [SamplingParams(temperature=rng.choice([0.0, 0.7, 1.2]),
-                                                max_tokens=rng.randint(1, 40), seed=rng.randrange(1 << 30))
-                                 for _ in others]
+        params = [p] * copies + [
+            SamplingParams(
+                temperature=rng.choice([0.0, 0.7, 1.2]),
+                max_tokens=rng.randint(1, 40),
+                seed=rng.randrange(1 << 30),
+            )
+            for _ in others
+        ]
         order = list(range(len(prompts)))
         rng.shuffle(order)
         outs = llm.generate([prompts[i] for i in order], [params[i] for i in order])
@@ -62,14 +67,18 @@ def _check_rows_alone_vs_batched(model_dir, device: str, sizes: dict[str, int]) 
     llm = _llm(model_dir, device, max_num_seqs=sizes["big_batch"])
     vocab = llm.llm_engine.model_config.vocab_size
     prompts = _random_prompts(sizes["rows"], vocab, 5)
-    params = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=sizes["max_tokens"], seed=i, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=sizes["max_tokens"], seed=i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
 
     def key(outs) -> list[tuple]:
         return [(tuple(o.outputs[0].token_ids), tuple(o.outputs[0].logprobs)) for o in outs]
 
     alone = [key(llm.generate([pr], [pa]))[0] for pr, pa in zip(prompts, params, strict=True)]
-    by8 = [k for i in range(0, len(prompts), 8) for k in key(llm.generate(prompts[i : i + 8], params[i : i + 8]))]
+    by8 = [
+        k for i in range(0, len(prompts), 8) for k in key(llm.generate(prompts[i : i + 8], params[i : i + 8]))
+    ]
     filler = _random_prompts(sizes["big_batch"] - len(prompts), vocab, 6)
     big = key(llm.generate(prompts + filler, params + [params[0]] * len(filler)))[: len(prompts)]
     assert by8 == alone and big == alone

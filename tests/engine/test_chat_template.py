@@ -221,7 +221,10 @@ PARTS_TEMPLATE = (
 def test_continue_final_message_of_text_parts_as_transformers(both: Any) -> None:
     ours, theirs = both("mistral")
     messages = [
-        {"role": "user", "content": [{"type": "text", "text": "Two plus"}, {"type": "text", "text": " two?"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Two plus"}, {"type": "text", "text": " two?"}],
+        },
         {"role": "assistant", "content": [{"type": "text", "text": "It is"}, {"type": "image"}]},
     ]
     expected = theirs.apply_chat_template(
@@ -254,7 +257,9 @@ def test_continue_final_message_refuses_what_it_cannot_continue(both: Any) -> No
     ours, _ = both("qwen3_thinking")
     conv = [*MULTI_TURN, {"role": "assistant", "content": "It is"}]
     with pytest.raises(ChatTemplateError, match="no 'reasoning_content' to continue"):
-        ours.apply_chat_template(conv, add_generation_prompt=False, continue_final_message="reasoning_content")
+        ours.apply_chat_template(
+            conv, add_generation_prompt=False, continue_final_message="reasoning_content"
+        )
     with pytest.raises(ChatTemplateError, match="never reads the field 'summary'"):
         ours.apply_chat_template(
             [*MULTI_TURN, {"role": "assistant", "content": "a", "summary": "b"}],
@@ -285,7 +290,10 @@ def _template_folder(root: Path, config_template: Any, jinja_file: str | None) -
 
 NAMED = [
     {"name": "default", "template": "DEFAULT{% for m in messages %}|{{ m.content }}{% endfor %}"},
-    {"name": "tool_use", "template": "TOOLS {{ tools | length }}{% for m in messages %}|{{ m.content }}{% endfor %}"},
+    {
+        "name": "tool_use",
+        "template": "TOOLS {{ tools | length }}{% for m in messages %}|{{ m.content }}{% endfor %}",
+    },
 ]
 
 

@@ -172,7 +172,9 @@ def test_the_mtp_layer_in_the_padded_layout_gives_the_real_rows_bits_and_stores_
     padded, rows = pad_to_width(compact, 3)
     starts = [0, 1, 4]  # each request's first sampled row in the compact layout
     targets = list(range(6))
-    ids, moved_targets, moved_starts = in_replayed_layout(flat_after, targets, starts, 12, rows)  # bucket of 4
+    ids, moved_targets, moved_starts = in_replayed_layout(
+        flat_after, targets, starts, 12, rows
+    )  # bucket of 4
     assert moved_starts == [2, 3, 7] and moved_targets == rows.tolist()
     assert len(ids) == 12 and [ids[r] for r in rows] == flat_after
     padded = _pad_requests(padded, 4, 3)
@@ -193,5 +195,7 @@ def _pad_requests(host: HostBatch, b: int, w: int) -> HostBatch:
         slot_mapping=np.concatenate([host.slot_mapping, np.full(extra, SKIP_SLOT, dtype=np.int64)]),
         query_start_loc=np.arange(0, (b + 1) * w, w, dtype=np.int32),
         seq_lens=np.concatenate([host.seq_lens, np.full(b - n, w, dtype=np.int32)]),
-        block_tables=np.concatenate([host.block_tables, np.zeros((b - n, host.block_tables.shape[1]), np.int32)]),
+        block_tables=np.concatenate(
+            [host.block_tables, np.zeros((b - n, host.block_tables.shape[1]), np.int32)]
+        ),
     )

@@ -9,15 +9,19 @@ from shardinfer import LLM, SamplingParams
 from shardinfer.engine.sampling_noise import sample_seed
 from tests.engine.engine_helpers import output_key
 
-SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=24, seed=1234, ignore_eos=True,
-                         logprobs=3)
+SAMPLED = SamplingParams(
+    temperature=0.9, top_p=0.95, top_k=50, max_tokens=24, seed=1234, ignore_eos=True, logprobs=3
+)
 
 
 def _prompts(n: int, vocab: int, shared_prefix: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(11)
     prefix = torch.randint(0, vocab, (shared_prefix,), generator=g).tolist()
-    return [prefix + torch.randint(0, vocab, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        prefix
+        + torch.randint(0, vocab, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -61,20 +65,27 @@ def test_seeded_request_alone_vs_in_batch_of_16(qwen3_dir) -> None:
     vocab = llm.llm_engine.model_config.vocab_size
     target, *others = _prompts(17, vocab)
     alone = llm.generate([target], SAMPLED)[0].outputs[0]
-    noisy = [SamplingParams(temperature=t, max_tokens=m, seed=i) for i, (t, m) in
-             enumerate([(1.3, 5), (0.0, 30), (0.5, 12), (1.0, 40)] * 4)]
+    noisy = [
+        SamplingParams(temperature=t, max_tokens=m, seed=i)
+        for i, (t, m) in enumerate([(1.3, 5), (0.0, 30), (0.5, 12), (1.0, 40)] * 4)
+    ]
     outs = llm.generate([*others[:8], target, *others[8:]], [*noisy[:8], SAMPLED, *noisy[8:]])
     inside = outs[8].outputs[0]
     assert (inside.token_ids, inside.logprobs, inside.top_logprobs) == (
-        alone.token_ids, alone.logprobs, alone.top_logprobs)
+        alone.token_ids,
+        alone.logprobs,
+        alone.top_logprobs,
+    )
 
 
 def test_n_samples_equal_single_requests_with_derived_seeds(qwen3_dir) -> None:
     llm = LLM(qwen3_dir, device="cpu", dtype="float32")
     prompt = _prompts(1, llm.llm_engine.model_config.vocab_size)[0]
     many = llm.generate([prompt], SAMPLED.replace(n=4))[0].outputs
-    singles = [llm.generate([prompt], SAMPLED.replace(seed=sample_seed(SAMPLED.seed, j)))[0].outputs[0]
-               for j in range(4)]
+    singles = [
+        llm.generate([prompt], SAMPLED.replace(seed=sample_seed(SAMPLED.seed, j)))[0].outputs[0]
+        for j in range(4)
+    ]
     assert [(c.token_ids, c.logprobs) for c in many] == [(c.token_ids, c.logprobs) for c in singles]
     assert len({tuple(c.token_ids) for c in many}) > 1  # the samples differ from each other
     assert [c.index for c in many] == [0, 1, 2, 3]

@@ -77,7 +77,7 @@ def test_job_spec_accepts_the_speculative_keys() -> None:
             {"speculative": "mtp", "speculative_ngram_tokens": 2},
             r"choose one drafter, got \['mtp', 'ngram'\]",
         ),
-        ],
+    ],
 )
 def test_speculative_settings_are_checked(kwargs: dict, message: str) -> None:
     from shardinfer.engine.config import EngineConfig
@@ -156,7 +156,13 @@ def test_numpy_integers_and_ints_for_floats_are_accepted_as_python_numbers() -> 
 
 @pytest.mark.parametrize(
     ("dtype", "given_as"),
-    [("float16", "name"), ("float16", "torch"), ("bfloat16", "torch"), ("float32", "torch"), ("half", "torch")],
+    [
+        ("float16", "name"),
+        ("float16", "torch"),
+        ("bfloat16", "torch"),
+        ("float32", "torch"),
+        ("half", "torch"),
+    ],
 )
 def test_a_torch_dtype_is_taken_by_its_name(dtype: str, given_as: str) -> None:
     import torch

@@ -54,13 +54,19 @@ def test_gpu_sampled_rows_do_not_depend_on_the_batch(qwen3_dir) -> None:
 def test_gpu_async_and_speculative_equal_plain_synchronous(qwen3_dir) -> None:
     """On CUDA: asynchronous scheduling (the default) and n-gram speculation change no output."""
     prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 4, [3, 1, 4, 1, 5, 9, 2, 6]]
-    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
-              SamplingParams(temperature=1.0, max_tokens=30, seed=2, logprobs=2),
-              SamplingParams(temperature=0.7, max_tokens=30, seed=4, stop_token_ids=[7])]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=1.0, max_tokens=30, seed=2, logprobs=2),
+        SamplingParams(temperature=0.7, max_tokens=30, seed=4, stop_token_ids=[7]),
+    ]
 
     def run(**kw) -> list[tuple]:
         llm = LLM(qwen3_dir, device="cuda", dtype="bfloat16", **kw)
-        return [(c.token_ids, c.logprobs, c.finish_reason) for o in llm.generate(prompts, params) for c in o.outputs]
+        return [
+            (c.token_ids, c.logprobs, c.finish_reason)
+            for o in llm.generate(prompts, params)
+            for c in o.outputs
+        ]
 
     want = run(async_scheduling=False)
     assert run() == want
@@ -77,8 +83,11 @@ def test_gpu_steady_decode_steps_never_block_the_host(qwen3_dir) -> None:
     assert engine.async_scheduling
     prompts = _prompts(engine.model_config.vocab_size)
     for i, ids in enumerate(prompts):
-        engine.add_request(f"r{i}", ids, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=64,
-                                                        ignore_eos=True, seed=i, logprobs=2))
+        engine.add_request(
+            f"r{i}",
+            ids,
+            SamplingParams(temperature=1.0, top_p=0.9, max_tokens=64, ignore_eos=True, seed=i, logprobs=2),
+        )
     for _ in range(20):  # prefill, then the first graphed decode steps
         engine.step()
         if engine.runner.last_step_graphed and len(engine.scheduler.running) == len(prompts):

@@ -30,21 +30,32 @@ def _forget_compiled_kernels() -> None:
 
 
 def _outputs(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], Any]]:
-    params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=i, logprobs=1)
-              for i in range(len(prompts))]
-    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=i, logprobs=1)
+        for i in range(len(prompts))
+    ]
+    return [
+        (o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)
+    ]
 
 
 @pytest.mark.parametrize(
     ("family", "engine_kwargs", "overrides"),
     [
         ("qwen3", {}, {}),
-        ("qwen3", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, {"hidden_size": 256, "intermediate_size": 512}),
+        (
+            "qwen3",
+            {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+            {"hidden_size": 256, "intermediate_size": 512},
+        ),
         ("deepseek_v3", {}, MLA_KERNEL_SHAPES),
     ],
 )
 def test_gpu_build_compiles_nothing_at_a_launch_after_compiling_ahead(
-    tiny_checkpoint: Any, monkeypatch: pytest.MonkeyPatch, family: str, engine_kwargs: dict[str, str],
+    tiny_checkpoint: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    family: str,
+    engine_kwargs: dict[str, str],
     overrides: dict[str, int],
 ) -> None:
     import triton
@@ -77,6 +88,8 @@ def test_gpu_build_compiles_nothing_at_a_launch_after_compiling_ahead(
     assert not late, f"compiled at a launch after the compile-ahead pass: {late}"
     built = len(compiles)
     got = _outputs(on, prompts)
-    print(f"{family} {engine_kwargs}: {ahead.variants} variants ahead on {ahead.workers} threads; "
-          f"compiled by the first requests: {[name for name, _ in compiles[built:]]}")
+    print(
+        f"{family} {engine_kwargs}: {ahead.variants} variants ahead on {ahead.workers} threads; "
+        f"compiled by the first requests: {[name for name, _ in compiles[built:]]}"
+    )
     assert got == want

@@ -166,14 +166,18 @@ def test_one_top_logprob_is_the_first_of_three_and_the_greedy_token(llm: LLM) ->
     for a, b in zip(one, three, strict=True):
         ca, cb = a.outputs[0], b.outputs[0]
         assert ca.token_ids == cb.token_ids and ca.top_logprobs is not None and cb.top_logprobs is not None
-        for token, lp, top1, top3 in zip(ca.token_ids, ca.logprobs, ca.top_logprobs, cb.top_logprobs, strict=True):
+        for token, lp, top1, top3 in zip(
+            ca.token_ids, ca.logprobs, ca.top_logprobs, cb.top_logprobs, strict=True
+        ):
             assert len(top1) == 1 and top1[0] == top3[0]
             assert top1[0] == (token, lp)
 
 
 def test_default_sampling_params_are_the_checkpoints(qwen3_dir: Path, tmp_path: Path) -> None:
     # As vLLM's LLM.get_default_sampling_params: what generate(..., None) uses, to start from.
-    model = _model_with_generation_config(qwen3_dir, tmp_path, {"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 7})
+    model = _model_with_generation_config(
+        qwen3_dir, tmp_path, {"temperature": 0.6, "top_p": 0.9, "max_new_tokens": 7}
+    )
     llm = LLM(model, device="cpu", dtype="float32")
     defaults = llm.get_default_sampling_params()
     assert (defaults.temperature, defaults.top_p, defaults.max_tokens) == (0.6, 0.9, 7)

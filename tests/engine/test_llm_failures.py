@@ -39,7 +39,9 @@ def _results(llm: LLM) -> list[tuple[list[int], list[float]]]:
 
 @pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError])
 def test_a_call_that_fails_mid_run_leaves_the_llm_usable(
-    llm: LLM, reference: list[tuple[list[int], list[float]]], monkeypatch: pytest.MonkeyPatch,
+    llm: LLM,
+    reference: list[tuple[list[int], list[float]]],
+    monkeypatch: pytest.MonkeyPatch,
     failure: type[BaseException],
 ) -> None:
     engine = llm.llm_engine
@@ -67,8 +69,9 @@ def _cached_blocks(llm: LLM) -> int:
     return manager.num_blocks - manager.num_free_blocks if not llm.llm_engine.requests else 0
 
 
-def test_a_refused_request_in_a_batch_queues_nothing(llm: LLM,
-                                                     reference: list[tuple[list[int], list[float]]]) -> None:
+def test_a_refused_request_in_a_batch_queues_nothing(
+    llm: LLM, reference: list[tuple[list[int], list[float]]]
+) -> None:
     with pytest.raises(ValueError, match=r"stop_token_ids holds 100000, outside the vocabulary"):
         llm.generate(PROMPTS, [GREEDY, GREEDY, GREEDY.replace(stop_token_ids=[100000])], use_tqdm=False)
     assert not llm.llm_engine.requests
@@ -81,11 +84,14 @@ def test_prompt_logprobs_of_a_one_token_prompt_are_none(llm: LLM) -> None:
     assert len(out.outputs[0].token_ids) >= 1
 
 
-@pytest.mark.parametrize(("params", "message"), [
-    ({"max_tokens": 3}, r"sampling_params is a dict .*: give a SamplingParams"),
-    ("greedy", r"sampling_params is a str"),
-    ([SamplingParams(), {"max_tokens": 3}], r"sampling_params\[1\] is a dict"),
-])
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"max_tokens": 3}, r"sampling_params is a dict .*: give a SamplingParams"),
+        ("greedy", r"sampling_params is a str"),
+        ([SamplingParams(), {"max_tokens": 3}], r"sampling_params\[1\] is a dict"),
+    ],
+)
 def test_sampling_params_of_the_wrong_type_are_named(llm: LLM, params: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         llm.generate(["a", "b"], params, use_tqdm=False)  # type: ignore[arg-type]
@@ -101,54 +107,91 @@ def test_an_unsatisfiable_regex_is_refused_before_any_work(llm: LLM) -> None:
 
 def test_chat_content_parts_render_as_their_text(llm: LLM) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=1)
-    parts = llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"}, "there"]}], params,
-                     use_tqdm=False)[0]
+    parts = llm.chat(
+        [{"role": "user", "content": [{"type": "text", "text": "hi"}, "there"]}], params, use_tqdm=False
+    )[0]
     plain = llm.chat([{"role": "user", "content": "hi\nthere"}], params, use_tqdm=False)[0]
     assert parts.prompt_token_ids == plain.prompt_token_ids
 
 
-@pytest.mark.parametrize(("messages", "error", "message"), [
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], MessageError,
-     "content part 0 has type 'image_url'"),
-    ([{"role": "user", "content": None}], MessageError, "has no content"),
-    ([{"role": 3, "content": "hi"}], MessageError, "string 'role'"),
-    ({"role": "user", "content": "hi"}, ValueError, "give one conversation"),
-    ("hello", ValueError, "give one conversation"),
-    ([[{"role": "user", "content": "ok"}], [{"role": "user", "content": None}]], MessageError,
-     "conversation 1: message 0"),
-])
-def test_chat_messages_are_checked_as_a_jobs_are(llm: LLM, messages: object, error: type[Exception],
-                                                 message: str) -> None:
+@pytest.mark.parametrize(
+    ("messages", "error", "message"),
+    [
+        (
+            [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+            MessageError,
+            "content part 0 has type 'image_url'",
+        ),
+        ([{"role": "user", "content": None}], MessageError, "has no content"),
+        ([{"role": 3, "content": "hi"}], MessageError, "string 'role'"),
+        ({"role": "user", "content": "hi"}, ValueError, "give one conversation"),
+        ("hello", ValueError, "give one conversation"),
+        (
+            [[{"role": "user", "content": "ok"}], [{"role": "user", "content": None}]],
+            MessageError,
+            "conversation 1: message 0",
+        ),
+    ],
+)
+def test_chat_messages_are_checked_as_a_jobs_are(
+    llm: LLM, messages: object, error: type[Exception], message: str
+) -> None:
     with pytest.raises(error, match=message):
         llm.chat(messages, SamplingParams(max_tokens=1), use_tqdm=False)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("template", "kwargs", "message"), [
-    ("{{ messages[0]['content'] + 1 }}", None, "failed to render these messages: TypeError"),
-    ("{{ 1 / 0 }}", None, "ZeroDivisionError"),
-    ("{% for m in messages %}{{ m.content }}{% endfor %}", {"messages": 1}, "sets 'messages', which the render"),
-    ("{% for m in messages %}{{ m.content }}{% endfor %}", "x", "chat_template_kwargs='x' must be a dict"),
-])
-def test_chat_template_failures_are_chat_template_errors(llm: LLM, template: str, kwargs: object,
-                                                         message: str) -> None:
+@pytest.mark.parametrize(
+    ("template", "kwargs", "message"),
+    [
+        ("{{ messages[0]['content'] + 1 }}", None, "failed to render these messages: TypeError"),
+        ("{{ 1 / 0 }}", None, "ZeroDivisionError"),
+        (
+            "{% for m in messages %}{{ m.content }}{% endfor %}",
+            {"messages": 1},
+            "sets 'messages', which the render",
+        ),
+        (
+            "{% for m in messages %}{{ m.content }}{% endfor %}",
+            "x",
+            "chat_template_kwargs='x' must be a dict",
+        ),
+    ],
+)
+def test_chat_template_failures_are_chat_template_errors(
+    llm: LLM, template: str, kwargs: object, message: str
+) -> None:
     with pytest.raises(ChatTemplateError, match=message):
-        llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1), use_tqdm=False,
-                 chat_template=template, chat_template_kwargs=kwargs)  # type: ignore[arg-type]
+        llm.chat(
+            [{"role": "user", "content": "hi"}],
+            SamplingParams(max_tokens=1),
+            use_tqdm=False,
+            chat_template=template,
+            chat_template_kwargs=kwargs,
+        )  # type: ignore[arg-type]
 
 
 def test_a_template_rendering_nothing_is_refused(llm: LLM) -> None:
     with pytest.raises(ValueError, match="conversation 0: the chat template rendered it as an empty prompt"):
-        llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1), use_tqdm=False,
-                 chat_template="{# nothing #}")
+        llm.chat(
+            [{"role": "user", "content": "hi"}],
+            SamplingParams(max_tokens=1),
+            use_tqdm=False,
+            chat_template="{# nothing #}",
+        )
 
 
-def test_a_kv_cache_that_caps_max_model_len_is_named(qwen3_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_kv_cache_that_caps_max_model_len_is_named(
+    qwen3_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="shardinfer.engine.llm_engine"):
         small = LLM(qwen3_dir, device="cpu", num_kv_blocks=2, max_model_len=256)
     assert small.llm_engine.max_model_len == 32
     assert "max_model_len is 32, not 256: the KV cache holds 2 blocks of 16 tokens" in caplog.text
-    with pytest.raises(PromptTooLong, match=r"prompt 0: prompt has 40 tokens; max_model_len=32 .*give the KV "
-                                            r"cache more than its 2 blocks of 16 tokens \(num_kv_blocks"):
+    with pytest.raises(
+        PromptTooLong,
+        match=r"prompt 0: prompt has 40 tokens; max_model_len=32 .*give the KV "
+        r"cache more than its 2 blocks of 16 tokens \(num_kv_blocks",
+    ):
         small.generate([list(range(3, 43))], SamplingParams(max_tokens=1), use_tqdm=False)
 
 
@@ -157,8 +200,11 @@ def test_bad_checkpoint_files_are_named(qwen3_dir: Path, tmp_path: Path) -> None
     shutil.copytree(qwen3_dir, model)
     (model / "generation_config.json").write_text('{"temperature": -1}')
     llm = LLM(model, device="cpu")
-    with pytest.raises(ValueError, match=r"temperature=-1 .*generation_config.json', the checkpoint's sampling "
-                                         "defaults: fix the file, or pass SamplingParams explicitly"):
+    with pytest.raises(
+        ValueError,
+        match=r"temperature=-1 .*generation_config.json', the checkpoint's sampling "
+        "defaults: fix the file, or pass SamplingParams explicitly",
+    ):
         llm.generate(["x"], use_tqdm=False)
     assert llm.generate(["x"], SamplingParams(max_tokens=1), use_tqdm=False)[0].outputs[0].token_ids
     (model / "tokenizer_config.json").write_text("{not json")
@@ -167,6 +213,9 @@ def test_bad_checkpoint_files_are_named(qwen3_dir: Path, tmp_path: Path) -> None
 
 
 def test_a_model_path_that_is_a_file_is_named(qwen3_dir: Path) -> None:
-    with pytest.raises(ModelLoadError, match=r"model.safetensors' is a file, not a model directory: pass the "
-                                             "directory holding it"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"model.safetensors' is a file, not a model directory: pass the "
+        "directory holding it",
+    ):
         LLM(qwen3_dir / "model.safetensors", device="cpu")

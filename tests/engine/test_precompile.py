@@ -28,7 +28,11 @@ MLA_KERNEL_SHAPES = {"qk_rope_head_dim": 16, "kv_lora_rank": 64}  # what the Tri
 @pytest.mark.parametrize(
     ("family", "engine_kwargs", "overrides"),
     [
-        ("qwen3", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, {"hidden_size": 256, "intermediate_size": 512}),
+        (
+            "qwen3",
+            {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+            {"hidden_size": 256, "intermediate_size": 512},
+        ),
         ("deepseek_v3", {}, MLA_KERNEL_SHAPES),
     ],
 )
@@ -36,8 +40,14 @@ def test_compile_ahead_compiles_every_variant_of_the_passes_and_launches_nothing
     tmp_path: Path, family: str, engine_kwargs: dict[str, str], overrides: dict[str, int]
 ) -> None:
     # The stand-in driver raises on any launch: a clean exit means the passes launched nothing.
-    lines = run_compile_script(Path(__file__).with_name("precompile_compile_only.py"), tmp_path / "triton", family,
-                               "2", json.dumps(engine_kwargs), json.dumps(overrides))
+    lines = run_compile_script(
+        Path(__file__).with_name("precompile_compile_only.py"),
+        tmp_path / "triton",
+        family,
+        "2",
+        json.dumps(engine_kwargs),
+        json.dumps(overrides),
+    )
     got = json.loads(lines[-1])
     assert got["variants"] > 0, got
     assert got["second_pass_variants"] == 0, f"the first pass left variants to compile: {got}"
@@ -75,8 +85,9 @@ def test_precompile_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert err.value.exit_code == 78
 
 
-def test_a_failing_pass_leaves_compiling_to_the_launches(monkeypatch: pytest.MonkeyPatch,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_pass_leaves_compiling_to_the_launches(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Compiling ahead is an optimisation: a pass that raises is logged and the build goes on."""
     import contextlib
 
@@ -90,8 +101,11 @@ def test_a_failing_pass_leaves_compiling_to_the_launches(monkeypatch: pytest.Mon
             raise RuntimeError("a pass that needed its kernel's output")
 
     monkeypatch.setattr(compile_ahead, "available", lambda: True)
-    monkeypatch.setattr(compile_ahead, "compile_instead_of_launch",
-                        lambda workers=None: contextlib.nullcontext(compile_ahead.CompileAhead()))
+    monkeypatch.setattr(
+        compile_ahead,
+        "compile_instead_of_launch",
+        lambda workers=None: contextlib.nullcontext(compile_ahead.CompileAhead()),
+    )
     with caplog.at_level("WARNING", logger=module.__name__):
         assert module.precompile(Runner(), None, 64) is None  # type: ignore[arg-type]
     assert "a pass that needed its kernel's output" in caplog.text

@@ -19,10 +19,14 @@ def _outputs(outs) -> list[tuple]:
     return [(c.token_ids, c.logprobs) for o in outs for c in o.outputs]
 
 
-def test_a_recorded_plain_run_replays_as_drafts_under_other_request_ids(qwen3_dir, tmp_path, monkeypatch) -> None:
+def test_a_recorded_plain_run_replays_as_drafts_under_other_request_ids(
+    qwen3_dir, tmp_path, monkeypatch
+) -> None:
     prompts = random_prompts(384, (6, 30, 11, 19), seed=3)
-    params = [SamplingParams(temperature=0.8, seed=10 + i, max_tokens=24, ignore_eos=True, logprobs=1) for i in
-              range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0.8, seed=10 + i, max_tokens=24, ignore_eos=True, logprobs=1)
+        for i in range(len(prompts))
+    ]
     recording = tmp_path / "recorded.jsonl"
     monkeypatch.setenv(ENV, f"record:{recording}")
     plain_llm = LLM(qwen3_dir, device="cpu", dtype="float32")

@@ -14,7 +14,9 @@ from shardinfer.engine.sampling_noise import gumbel_noise
 V = 12
 
 
-def _row(params: SamplingParams, seed: int = 0, position: int = 0, out: list[int] | None = None) -> SamplingRow:
+def _row(
+    params: SamplingParams, seed: int = 0, position: int = 0, out: list[int] | None = None
+) -> SamplingRow:
     return SamplingRow(params, seed, position, [1, 2], out or [], [])
 
 
@@ -45,11 +47,14 @@ def test_gumbel_max_matches_softmax_distribution() -> None:
         assert got == int(torch.argmax(logits[0] / t + noise[s]))
 
 
-@pytest.mark.parametrize("params, allowed", [
-    (SamplingParams(temperature=1.0, top_k=3), {7, 0, 1}),
-    (SamplingParams(temperature=1.0, top_p=0.5), None),
-    (SamplingParams(temperature=1.0, min_p=0.3), None),
-])
+@pytest.mark.parametrize(
+    "params, allowed",
+    [
+        (SamplingParams(temperature=1.0, top_k=3), {7, 0, 1}),
+        (SamplingParams(temperature=1.0, top_p=0.5), None),
+        (SamplingParams(temperature=1.0, min_p=0.3), None),
+    ],
+)
 def test_truncation_keeps_only_the_allowed_set(params: SamplingParams, allowed) -> None:
     logits = _logits()
     probs = torch.softmax(logits[0].double(), -1)
@@ -97,28 +102,38 @@ def llm(qwen3_dir) -> LLM:
 
 
 def test_stop_string_is_cut_from_text(llm: LLM) -> None:
-    free = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0].outputs[0]
+    free = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[
+        0
+    ].outputs[0]
     text = free.text
     stop = text[5:8]
     assert len(stop) == 3 and text.find(stop) >= 5
-    out = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
-                                                 stop=[stop]))[0].outputs[0]
+    out = llm.generate(
+        ["Hello"], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop=[stop])
+    )[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == text[: text.find(stop)]
     assert out.token_ids == free.token_ids[: len(out.token_ids)]
 
 
 def test_stop_token_ids_min_tokens_and_max_tokens(llm: LLM) -> None:
-    free = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    free = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[
+        0
+    ].outputs[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 12
     stop_id = free.token_ids[3]
     first = free.token_ids.index(stop_id)
-    out = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                                                 stop_token_ids=[stop_id]))[0].outputs[0]
+    out = llm.generate(
+        ["Hello"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id])
+    )[0].outputs[0]
     assert out.finish_reason == "stop" and out.token_ids == free.token_ids[: first + 1]
     # min_tokens blocks the stop id until enough tokens exist.
-    late = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
-                                                  stop_token_ids=[stop_id], min_tokens=first + 2))[0].outputs[0]
+    late = llm.generate(
+        ["Hello"],
+        SamplingParams(
+            temperature=0.0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_id], min_tokens=first + 2
+        ),
+    )[0].outputs[0]
     assert len(late.token_ids) >= first + 2 and stop_id not in late.token_ids[: first + 2]
 
 
@@ -148,8 +163,9 @@ def test_chat_template_runs_sandboxed(tmp_path, qwen3_dir) -> None:
 
 def _bitmask(allowed: list[set[int]]) -> torch.Tensor:
     """int32 [len(allowed), 1] bitmask (V <= 32) allowing each row's set."""
-    return torch.tensor([[sum(1 << t for t in ids) - (1 << 32 if 31 in ids else 0)] for ids in allowed],
-                        dtype=torch.int32)
+    return torch.tensor(
+        [[sum(1 << t for t in ids) - (1 << 32 if 31 in ids else 0)] for ids in allowed], dtype=torch.int32
+    )
 
 
 @pytest.mark.parametrize("constrained", [[0, 1, 2, 3], [1, 3], [2]], ids=["all", "some", "one"])
@@ -158,10 +174,12 @@ def test_grammar_masks_equal_masking_each_row_alone(constrained: list[int]) -> N
     each row chooses alone with its disallowed logits at -inf; the caller's logits are untouched."""
     torch.manual_seed(0)
     logits = torch.randn(4, V)
-    rows = [_row(SamplingParams(temperature=1.0), seed=1, position=4),
-            _row(SamplingParams(temperature=1.0, repetition_penalty=1.5), seed=2, out=[0, 3, 3]),
-            SamplingRow(SamplingParams(temperature=0.7), 3, 2, [1], [5], [7, 9]),  # blocked ids
-            _row(SamplingParams(temperature=0.0), position=1)]
+    rows = [
+        _row(SamplingParams(temperature=1.0), seed=1, position=4),
+        _row(SamplingParams(temperature=1.0, repetition_penalty=1.5), seed=2, out=[0, 3, 3]),
+        SamplingRow(SamplingParams(temperature=0.7), 3, 2, [1], [5], [7, 9]),  # blocked ids
+        _row(SamplingParams(temperature=0.0), position=1),
+    ]
     allowed = [{0, 3, 7}, {1, 2, 3, 11}, {5, 7, 9, 10}, {4, 8}]
     before = logits.clone()
     got = sample(logits, rows, GrammarMasks(_bitmask([allowed[i] for i in constrained]), constrained))

@@ -51,7 +51,9 @@ def _check(model_dir: Any, numerics: dict[str, str], **engine: Any) -> None:
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("numerics", NUMERICS, ids=["kv", "weights", "both"])
 @pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
-def test_speculation_equals_plain_decoding_on_fp8_numerics(tiny_checkpoint, family, numerics, overlap) -> None:
+def test_speculation_equals_plain_decoding_on_fp8_numerics(
+    tiny_checkpoint, family, numerics, overlap
+) -> None:
     _check(tiny_checkpoint(family), numerics, device="cpu", dtype="float32", async_scheduling=overlap)
 
 

@@ -78,16 +78,19 @@ def test_the_fingerprint_covers_task_files_device_and_numerics(tmp_path: Path) -
     data.write_text("\n".join(data.read_text().splitlines()[:3]) + "\n")  # a shorter dataset
     shorter = fingerprint(base)["hash"]
     assert shorter != first
-    others = [EvalSettings(**{**base.__dict__, "engine": {"max_model_len": 64}}),
-              EvalSettings(**{**base.__dict__, "device": "cuda"})]
+    others = [
+        EvalSettings(**{**base.__dict__, "engine": {"max_model_len": 64}}),
+        EvalSettings(**{**base.__dict__, "device": "cuda"}),
+    ]
     assert len({shorter, *(fingerprint(s)["hash"] for s in others)}) == 3
     same = EvalSettings(**{**base.__dict__, "engine": {"max_num_seqs": 4}})  # scheduling, not numerics
     assert fingerprint(same)["hash"] == shorter
 
 
 @pytest.mark.parametrize("limit", ["0", "-1", "2.5", "nan", "inf", "1e30"])
-def test_a_limit_that_is_no_count_or_fraction_is_a_usage_error(tmp_path: Path, limit: str,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_limit_that_is_no_count_or_fraction_is_a_usage_error(
+    tmp_path: Path, limit: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from shardinfer.jobs.cli import main
 
     argv = ["eval", "--model", str(DEMO_MODEL), "--tasks", "demo_tasks_mc", "--limit", limit,
@@ -117,9 +120,28 @@ def test_sigterm_during_an_eval_exits_75_and_leaves_it_unfinished(tmp_path: Path
 
     out = tmp_path / "eval"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shardinfer", "eval", "--model", str(DEMO_MODEL), "--include-path", str(DEMO_TASKS),
-         "--tasks", "demo_tasks_mc,demo_tasks_gen", "--device", "cpu", "--dtype", "float32", "--output", str(out)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        [
+            sys.executable,
+            "-m",
+            "shardinfer",
+            "eval",
+            "--model",
+            str(DEMO_MODEL),
+            "--include-path",
+            str(DEMO_TASKS),
+            "--tasks",
+            "demo_tasks_mc,demo_tasks_gen",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.stderr is not None
     seen, deadline = b"", time.monotonic() + 120
     while b"shardinfer " not in seen:  # the engine's progress bar: the harness is evaluating
@@ -136,10 +158,18 @@ def test_sigterm_during_an_eval_exits_75_and_leaves_it_unfinished(tmp_path: Path
 def test_metric_lines_show_each_task_and_filter_with_its_error() -> None:
     from shardinfer.jobs.eval_command import metric_lines
 
-    lines = metric_lines({
-        "mc": {"alias": "mc", "acc,none": 0.72, "acc_stderr,none": 0.0641, "acc_norm,none": 0.7, "sample_len": 50},
-        "gen": {"exact_match,first-line": 0.8, "exact_match_stderr,first-line": "N/A"},
-    })
+    lines = metric_lines(
+        {
+            "mc": {
+                "alias": "mc",
+                "acc,none": 0.72,
+                "acc_stderr,none": 0.0641,
+                "acc_norm,none": 0.7,
+                "sample_len": 50,
+            },
+            "gen": {"exact_match,first-line": 0.8, "exact_match_stderr,first-line": "N/A"},
+        }
+    )
     assert lines == ["gen: exact_match (first-line) 0.8000", "mc: acc 0.7200 ± 0.0641, acc_norm 0.7000"]
 
 
@@ -384,9 +414,13 @@ def test_a_task_data_file_outside_the_task_folder_counts_in_the_fingerprint(
     assert main(argv) == 78
     err = capsys.readouterr().err
     assert f"changed: eval.data_files.{data.resolve()}" in err
-    assert json.loads((tmp_path / "out" / "results.json").read_text())["n-samples"]["ext_mc"]["effective"] == 2
+    assert (
+        json.loads((tmp_path / "out" / "results.json").read_text())["n-samples"]["ext_mc"]["effective"] == 2
+    )
     # Data files under the task folder count with its files: those evals keep their fingerprint.
-    inside = EvalSettings(str(DEMO_MODEL), ["demo_tasks_mc"], str(tmp_path / "o"), include_path=str(DEMO_TASKS))
+    inside = EvalSettings(
+        str(DEMO_MODEL), ["demo_tasks_mc"], str(tmp_path / "o"), include_path=str(DEMO_TASKS)
+    )
     assert "data_files" not in fingerprint(inside)["eval"]
 
 

@@ -97,5 +97,10 @@ def test_windows_take_every_position_as_the_harness_does(tiny_models: Any, harne
             assert abs(lp - lp_ref) < 1e-4 and greedy == greedy_ref
     too_long = rf"max_length={MAX_LENGTH + 1}: the engine takes at most {MAX_LENGTH} here \(max_model_len={MAX_LENGTH}\)"
     with pytest.raises(ValueError, match=too_long):
-        ShardinferLM(str(tiny_models["dense"]), device="cpu", dtype="float32", max_model_len=MAX_LENGTH,
-                     max_length=MAX_LENGTH + 1)
+        ShardinferLM(
+            str(tiny_models["dense"]),
+            device="cpu",
+            dtype="float32",
+            max_model_len=MAX_LENGTH,
+            max_length=MAX_LENGTH + 1,
+        )

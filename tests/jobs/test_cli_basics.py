@@ -292,7 +292,8 @@ def test_a_made_up_run_id_in_the_output_path_and_unused_ray_keys_are_warned_of(
     )
     (made_up,) = (tmp_path / "out").iterdir()
     assert (
-        f"output.path holds {{run_id}}, and no --run-id was given: this run writes to {made_up}" in result.stderr
+        f"output.path holds {{run_id}}, and no --run-id was given: this run writes to {made_up}"
+        in result.stderr
     )
     assert f"to resume it, rerun with --run-id {made_up.name}" in result.stderr
     assert _generated_run_id_in_paths(resolve(load_toml(job), run_id="scheduled__1")) == ""
@@ -311,14 +312,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_sigterm_while_planning_exits_75_with_a_message(tmp_path: Path, model_dir: Path, shards: Path) -> None:
+def test_sigterm_while_planning_exits_75_with_a_message(
+    tmp_path: Path, model_dir: Path, shards: Path
+) -> None:
     # It died by the signal (143, no message) until the run's own SIGTERM handling took over.
     job, out = standard_job(tmp_path, model_dir, str(shards))
     script = tmp_path / "term_while_planning.py"
     script.write_text(_TERM_WHILE_PLANNING)
     result = subprocess.run(
-        [sys.executable, str(script), "submit", str(job)], capture_output=True, text=True, env=cli_env(),
-        cwd=REPO, timeout=120,
+        [sys.executable, str(script), "submit", str(job)],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=REPO,
+        timeout=120,
     )
     assert result.returncode == 75, result.stderr
     assert "interrupted (SIGTERM) before the run started its splits: it committed nothing" in result.stderr
@@ -508,12 +515,18 @@ def test_generate_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_store_refusing_the_credentials_is_named(
-    tmp_path: Path, model_dir: Path, shards: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    model_dir: Path,
+    shards: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import shardinfer.pipeline.job as job_module
 
     def refused(*args: object, **kwargs: object) -> None:
-        raise PermissionError("The request signature we calculated does not match the signature you provided.")
+        raise PermissionError(
+            "The request signature we calculated does not match the signature you provided."
+        )
 
     monkeypatch.setattr(job_module, "open_job", refused)
     job, _ = standard_job(tmp_path, model_dir, str(shards))
@@ -524,7 +537,11 @@ def test_a_store_refusing_the_credentials_is_named(
 
 
 def test_a_local_file_this_user_cannot_read_is_named_not_blamed_on_credentials(
-    tmp_path: Path, model_dir: Path, shards: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    model_dir: Path,
+    shards: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import shardinfer.pipeline.job as job_module
 
@@ -541,6 +558,7 @@ def test_a_local_file_this_user_cannot_read_is_named_not_blamed_on_credentials(
         err = capsys.readouterr().err
         assert f"this user cannot read or write {str(unreadable)!r} (Permission denied)" in err
         assert "object store" not in err and "credentials" not in err
+
     # A local job whose refusal names no file: still no talk of object storage.
     def denied(*args: object, **kwargs: object) -> None:
         raise PermissionError("denied")
@@ -553,7 +571,11 @@ def test_a_local_file_this_user_cannot_read_is_named_not_blamed_on_credentials(
 
 
 def test_a_storage_error_prints_its_message_without_the_errno_prefix(
-    tmp_path: Path, model_dir: Path, shards: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    model_dir: Path,
+    shards: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import shardinfer.pipeline.job as job_module
     from shardinfer.errors import StorageError

@@ -199,8 +199,13 @@ def test_a_refused_plan_ends_the_ranks_its_engine_build_started(
     """An expert-parallel engine's ranks, started by the build, end with the command: they do not go
     on loading the model, then print a broken pipe to the terminal of a command long gone."""
     marks = tmp_path / "marks"
-    spec = _spec(tmp_path, moe_model_dir, shards, engine={"expert_parallel_size": 2},
-                 input={"messages_column": "prompt", "prompt_column": ""})
+    spec = _spec(
+        tmp_path,
+        moe_model_dir,
+        shards,
+        engine={"expert_parallel_size": 2},
+        input={"messages_column": "prompt", "prompt_column": ""},
+    )
     scratch = tmp_path / "tmp"  # the command's temporary folder: the ranks' spec leaves nothing in it
     scratch.mkdir()
     proc = _start(spec, marks, TEST_REAL_BUILD="1", TEST_HOLD_PLAN="1", TMPDIR=str(scratch))

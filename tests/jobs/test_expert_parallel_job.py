@@ -41,29 +41,44 @@ def dsv3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def one_engine(tmp_path_factory: pytest.TempPathFactory, dsv3_dir: Path, shards: Path) -> list[dict[str, Any]]:
+def one_engine(
+    tmp_path_factory: pytest.TempPathFactory, dsv3_dir: Path, shards: Path
+) -> list[dict[str, Any]]:
     job, out = standard_job(tmp_path_factory.mktemp("one"), dsv3_dir, str(shards))
     result = cli("submit", str(job))
     assert result.returncode == 0, result.stderr
     return committed_rows(str(out))
 
 
-def test_two_ranks_commit_the_one_engine_rows(tmp_path: Path, dsv3_dir: Path, shards: Path,
-                                              one_engine: list[dict[str, Any]]) -> None:
+def test_two_ranks_commit_the_one_engine_rows(
+    tmp_path: Path, dsv3_dir: Path, shards: Path, one_engine: list[dict[str, Any]]
+) -> None:
     # Two replicas more than experts, placed again from the measured load every 3 steps.
-    job, out = standard_job(tmp_path, dsv3_dir, str(shards), engine={
-        "expert_parallel_size": 2, "expert_redundancy": 2, "expert_rebalance_steps": 3})
+    job, out = standard_job(
+        tmp_path,
+        dsv3_dir,
+        str(shards),
+        engine={"expert_parallel_size": 2, "expert_redundancy": 2, "expert_rebalance_steps": 3},
+    )
     result = cli("submit", str(job))
     assert result.returncode == 0, result.stderr
     assert committed_rows(str(out)) == one_engine
-    assert re.search(r"experts        2 ranks, moe_lb \S+, [1-9]\d* rebalance\(s\)", result.stdout), result.stdout
+    assert re.search(r"experts        2 ranks, moe_lb \S+, [1-9]\d* rebalance\(s\)", result.stdout), (
+        result.stdout
+    )
 
 
-def test_a_rank_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path, dsv3_dir: Path, shards: Path,
-                                                        one_engine: list[dict[str, Any]]) -> None:
+def test_a_rank_killed_mid_job_loses_and_repeats_no_row(
+    tmp_path: Path, dsv3_dir: Path, shards: Path, one_engine: list[dict[str, Any]]
+) -> None:
     # One-row splits, one request at a time: many commits, so the rank dies with work left.
-    job, out = standard_job(tmp_path, dsv3_dir, str(shards), engine={"expert_parallel_size": 2},
-                            job={"split_rows": 1, "max_inflight_requests": 1})
+    job, out = standard_job(
+        tmp_path,
+        dsv3_dir,
+        str(shards),
+        engine={"expert_parallel_size": 2},
+        job={"split_rows": 1, "max_inflight_requests": 1},
+    )
     proc = start_cli("submit", str(job))
     deadline = time.monotonic() + 90
     while _commits(out) < 2:
@@ -83,11 +98,24 @@ def test_a_rank_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path, dsv3_dir
     assert len({(r["row_id"], r["sample_index"]) for r in rows}) == len(rows) == 24
 
 
-def test_a_ray_worker_runs_expert_parallel_ranks(tmp_path: Path, dsv3_dir: Path, shards: Path,
-                                                 one_engine: list[dict[str, Any]], ray_address: str) -> None:
+def test_a_ray_worker_runs_expert_parallel_ranks(
+    tmp_path: Path, dsv3_dir: Path, shards: Path, one_engine: list[dict[str, Any]], ray_address: str
+) -> None:
     job, out = standard_job(tmp_path, dsv3_dir, str(shards), engine={"expert_parallel_size": 2})
-    result = cli("submit", "--master", "ray", "--conf", "ray.num_workers=1", "--conf", "ray.num_cpus_per_worker=1",
-                 "--log-format", "json", str(job), env=cli_env(RAY_ADDRESS=ray_address), timeout=300)
+    result = cli(
+        "submit",
+        "--master",
+        "ray",
+        "--conf",
+        "ray.num_workers=1",
+        "--conf",
+        "ray.num_cpus_per_worker=1",
+        "--log-format",
+        "json",
+        str(job),
+        env=cli_env(RAY_ADDRESS=ray_address),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert committed_rows(str(out)) == one_engine
     summary = json.loads(result.stdout.strip().splitlines()[-1])

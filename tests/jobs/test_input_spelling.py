@@ -19,8 +19,9 @@ def _relative(path: Path) -> str:
     return os.path.relpath(path, REPO)  # the CLI runs in the repository root
 
 
-def test_relative_and_absolute_spellings_are_one_job(tmp_path: Path, model_dir: Path, shards: Path,
-                                                     reference: list[dict[str, Any]]) -> None:
+def test_relative_and_absolute_spellings_are_one_job(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     job, out = standard_job(tmp_path, model_dir, str(shards))
     assert cli("submit", str(job)).returncode == 0
     again = cli("submit", "--conf", f"input.path={_relative(shards)}", str(job))
@@ -29,16 +30,18 @@ def test_relative_and_absolute_spellings_are_one_job(tmp_path: Path, model_dir: 
     assert committed_rows(str(out)) == reference
 
 
-def test_a_job_planned_with_the_path_as_written_still_resumes(tmp_path: Path, model_dir: Path, shards: Path,
-                                                              reference: list[dict[str, Any]]) -> None:
+def test_a_job_planned_with_the_path_as_written_still_resumes(
+    tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]]
+) -> None:
     job, out = standard_job(tmp_path, model_dir, _relative(shards))
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
         config = resolve(load_toml(str(job)), confs=[parse_conf(f"output.path={out}")]).config
         planned = open_job(config)
-        planned.fingerprint = compute_fingerprint(config, planned.sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION,
-                                                  absolute_input=False)  # as an older version stored it
+        planned.fingerprint = compute_fingerprint(
+            config, planned.sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION, absolute_input=False
+        )  # as an older version stored it
         assert planned.fingerprint["input.source"]["path"] == _relative(shards)
         write_plan(planned, "older")
     finally:

@@ -48,8 +48,11 @@ def test_placeholders_and_generated_run_id() -> None:
 
 
 def test_a_misspelt_placeholder_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"\{date\} in path 'out/\{date\}' is not a placeholder \(did you mean "
-                                          r"\{ds\}\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\{date\} in path 'out/\{date\}' is not a placeholder \(did you mean "
+        r"\{ds\}\?\)",
+    ):
         resolve(BASE, confs=[parse_conf("output.path=out/{date}")])
     with pytest.raises(ConfigError, match=r"\{runid\} .* \(did you mean \{run_id\}\?\)"):
         resolve(BASE, confs=[parse_conf("output.path=out/{runid}")])
@@ -255,28 +258,46 @@ def test_ds_may_be_a_toml_date() -> None:
 
 
 def test_keys_a_job_would_ignore_are_refused() -> None:
-    score = {**BASE, "job": {"task": "score"},
-             "input": {"path": "in", "context_column": "q", "continuations_column": "c"}}
-    with pytest.raises(ConfigError, match=r"a score job samples nothing .* \[sampling\] temperature, top_p would "
-                                          "have no effect: remove them"):
+    score = {
+        **BASE,
+        "job": {"task": "score"},
+        "input": {"path": "in", "context_column": "q", "continuations_column": "c"},
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"a score job samples nothing .* \[sampling\] temperature, top_p would "
+        "have no effect: remove them",
+    ):
         resolve(score)
     assert resolve({**score, "sampling": {}}).config.job.task == "score"
     windowed = {**score, "sampling": {}, "job": {"task": "score", "rolling_window_tokens": 64}}
-    with pytest.raises(ConfigError, match=r"job\.rolling_window_tokens=64 only applies to documents "
-                                          r"\(input\.document_column\).*remove it"):
+    with pytest.raises(
+        ConfigError,
+        match=r"job\.rolling_window_tokens=64 only applies to documents "
+        r"\(input\.document_column\).*remove it",
+    ):
         resolve(windowed)
     documents = {**windowed, "input": {"path": "in", "document_column": "text"}}
     assert resolve(documents).config.job.rolling_window_tokens == 64
     with pytest.raises(ConfigError, match=r"input\.chat_template_kwargs are variables of the chat template"):
         resolve(BASE, confs=[parse_conf("input.chat_template_kwargs={enable_thinking = false}")])
-    chat = resolve(BASE, confs=[parse_conf("input.messages_column=messages"), parse_conf("input.prompt_column="),
-                                parse_conf("input.chat_template_kwargs={enable_thinking = false}")]).config
+    chat = resolve(
+        BASE,
+        confs=[
+            parse_conf("input.messages_column=messages"),
+            parse_conf("input.prompt_column="),
+            parse_conf("input.chat_template_kwargs={enable_thinking = false}"),
+        ],
+    ).config
     assert chat.input.chat_template_kwargs == {"enable_thinking": False}
 
 
 def test_one_entry_of_a_table_key_says_to_give_the_table() -> None:
-    with pytest.raises(ConfigError, match=r"output\.storage_options is set as a whole table, e\.g\. --conf "
-                                          r"'output\.storage_options=\{key = \"\.\.\.\"\}'") as refused:
+    with pytest.raises(
+        ConfigError,
+        match=r"output\.storage_options is set as a whole table, e\.g\. --conf "
+        r"'output\.storage_options=\{key = \"\.\.\.\"\}'",
+    ) as refused:
         resolve(BASE, confs=[parse_conf("output.storage_options.key=s3cr3t")])
     assert "s3cr3t" not in str(refused.value)  # a credential is never quoted back
 
@@ -285,7 +306,10 @@ def test_one_entry_of_a_table_key_says_to_give_the_table() -> None:
     ("conf", "match"),
     [
         # Unquoted items: TOML cannot read them, and they were taken as the one stop string "[a, b]".
-        ("sampling.stop=[a, b]", r"sampling\.stop: '\[a, b\]' is not valid TOML \(Invalid value \(at character 2\)\)"),
+        (
+            "sampling.stop=[a, b]",
+            r"sampling\.stop: '\[a, b\]' is not valid TOML \(Invalid value \(at character 2\)\)",
+        ),
         ('sampling.stop=["a", "b"', r"sampling\.stop: .* is not valid TOML \(Unclosed array"),
         ('input.passthrough_columns=["a"', r"input\.passthrough_columns: .* is not valid TOML"),
         # A table of options may hold a secret: the error never quotes it.
@@ -345,7 +369,9 @@ def test_a_bad_key_of_the_properties_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"did you mean 'temperature'\?.* \(set in the properties file\)$"):
         resolve(BASE, properties=load_properties(props))
     props.write_text("job.seed=abc\n")
-    with pytest.raises(ConfigError, match=r"job\.seed='abc' has the wrong type.* \(set in the properties file\)$"):
+    with pytest.raises(
+        ConfigError, match=r"job\.seed='abc' has the wrong type.* \(set in the properties file\)$"
+    ):
         resolve(BASE, properties=load_properties(props))
 
 

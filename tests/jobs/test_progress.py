@@ -86,8 +86,14 @@ def test_the_summary_does_not_count_skipped_splits_as_computed() -> None:
     # 6 splits handed out: 1 was already committed by another run (skipped), 1 lost the commit race.
     out = io.StringIO()
     Reporter("r6").summary(
-        {"run_split_attempts": 6, "run_splits_committed": 4, "run_splits_lost": 1, "run_splits_skipped": 1,
-         "run_splits_redone": 0, "run_redo_reasons": {}},
+        {
+            "run_split_attempts": 6,
+            "run_splits_committed": 4,
+            "run_splits_lost": 1,
+            "run_splits_skipped": 1,
+            "run_splits_redone": 0,
+            "run_redo_reasons": {},
+        },
         out=out,
     )
     line = next(x for x in out.getvalue().splitlines() if "split(s) computed" in x)

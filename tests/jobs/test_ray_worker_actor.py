@@ -44,7 +44,9 @@ def _run_in_thread(actor: SplitActor) -> tuple[threading.Thread, dict[str, Any]]
     return thread, outcome
 
 
-def _work_to_the_end(actor: SplitActor, config: Any, thread: threading.Thread, outcome: dict[str, Any]) -> None:
+def _work_to_the_end(
+    actor: SplitActor, config: Any, thread: threading.Thread, outcome: dict[str, Any]
+) -> None:
     """Plan the job as the driver does, feed the actor every split, then finalize."""
     from shardinfer.pipeline.job import finalize_job
 

@@ -39,7 +39,9 @@ def test_a_job_planned_with_weights_by_size_still_resumes(
     job, _ = standard_job(tmp_path, url, str(shards), model={"storage_options": s3_bucket.storage_options})
     config = resolve(load_toml(str(job))).config
     planned = open_job(config)
-    older = compute_fingerprint(config, planned.sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION, remote_checksums=False)
+    older = compute_fingerprint(
+        config, planned.sampling.to_json_dict(), OUTPUT_SCHEMA_VERSION, remote_checksums=False
+    )
     assert older["hash"] != planned.fingerprint["hash"]
     planned.fingerprint = older  # as a version that identified remote weights by size stored it
     write_plan(planned, "older")

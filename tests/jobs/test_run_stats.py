@@ -18,16 +18,40 @@ from shardinfer.splits import Split
 
 def test_summary_reports_speculative_acceptance_weighted_by_drafts() -> None:
     stats = RunStats()
-    stats.add({"engine_stats": {"generated_tokens": 100.0, "draft_tokens": 60.0, "accepted_draft_tokens": 45.0,
-                                "mean_draft_depth": 3.0, "draft_acceptance_p1": 0.9, "draft_acceptance_p2": 0.7}},
-              worker="0")
-    stats.add({"engine_stats": {"generated_tokens": 50.0, "draft_tokens": 20.0, "accepted_draft_tokens": 5.0,
-                                "mean_draft_depth": 1.0, "draft_acceptance_p1": 0.25}}, worker="1")
+    stats.add(
+        {
+            "engine_stats": {
+                "generated_tokens": 100.0,
+                "draft_tokens": 60.0,
+                "accepted_draft_tokens": 45.0,
+                "mean_draft_depth": 3.0,
+                "draft_acceptance_p1": 0.9,
+                "draft_acceptance_p2": 0.7,
+            }
+        },
+        worker="0",
+    )
+    stats.add(
+        {
+            "engine_stats": {
+                "generated_tokens": 50.0,
+                "draft_tokens": 20.0,
+                "accepted_draft_tokens": 5.0,
+                "mean_draft_depth": 1.0,
+                "draft_acceptance_p1": 0.25,
+            }
+        },
+        worker="1",
+    )
     spec = stats.summary(10.0, 2)["speculative"]
-    assert spec == {"draft_tokens": 80, "accepted_draft_tokens": 50, "acceptance_rate": 0.625,
-                    "mean_draft_depth": 2.0,
-                    "acceptance_p1": round((0.9 * 60 + 0.25 * 20) / 80, 4),  # 0.7375
-                    "acceptance_p2": 0.7}
+    assert spec == {
+        "draft_tokens": 80,
+        "accepted_draft_tokens": 50,
+        "acceptance_rate": 0.625,
+        "mean_draft_depth": 2.0,
+        "acceptance_p1": round((0.9 * 60 + 0.25 * 20) / 80, 4),  # 0.7375
+        "acceptance_p2": 0.7,
+    }
 
 
 def test_summary_has_no_speculative_section_without_drafts() -> None:
@@ -38,24 +62,62 @@ def test_summary_has_no_speculative_section_without_drafts() -> None:
 
 def test_summary_reports_the_budgets_choices_also_where_speculation_switched_off() -> None:
     stats = RunStats()
-    stats.add({"engine_stats": {"generated_tokens": 100.0, "draft_tokens": 60.0, "accepted_draft_tokens": 30.0,
-                                "mean_draft_depth": 1.5, "mean_draft_tokens_per_step": 6.0,
-                                "speculation_off_share": 0.25}}, worker="0")
+    stats.add(
+        {
+            "engine_stats": {
+                "generated_tokens": 100.0,
+                "draft_tokens": 60.0,
+                "accepted_draft_tokens": 30.0,
+                "mean_draft_depth": 1.5,
+                "mean_draft_tokens_per_step": 6.0,
+                "speculation_off_share": 0.25,
+            }
+        },
+        worker="0",
+    )
     # This engine's budget never drafted: verification cost more than it saved.
-    stats.add({"engine_stats": {"generated_tokens": 80.0, "draft_tokens": 0.0, "accepted_draft_tokens": 0.0,
-                                "mean_draft_depth": 0.0, "mean_draft_tokens_per_step": 0.0,
-                                "speculation_off_share": 1.0, "draft_probe_steps": 3.0}}, worker="1")
+    stats.add(
+        {
+            "engine_stats": {
+                "generated_tokens": 80.0,
+                "draft_tokens": 0.0,
+                "accepted_draft_tokens": 0.0,
+                "mean_draft_depth": 0.0,
+                "mean_draft_tokens_per_step": 0.0,
+                "speculation_off_share": 1.0,
+                "draft_probe_steps": 3.0,
+            }
+        },
+        worker="1",
+    )
     spec = stats.summary(10.0, 2)["speculative"]
-    assert spec == {"draft_tokens": 60, "accepted_draft_tokens": 30, "acceptance_rate": 0.5,
-                    "mean_draft_depth": 1.5, "probe_steps": 3,
-                    "mean_draft_tokens_per_step": 3.0,  # (6 + 0) / 2
-                    "speculation_off_share": 0.625}  # (0.25 + 1) / 2
+    assert spec == {
+        "draft_tokens": 60,
+        "accepted_draft_tokens": 30,
+        "acceptance_rate": 0.5,
+        "mean_draft_depth": 1.5,
+        "probe_steps": 3,
+        "mean_draft_tokens_per_step": 3.0,  # (6 + 0) / 2
+        "speculation_off_share": 0.625,
+    }  # (0.25 + 1) / 2
     off = RunStats()
-    off.add({"engine_stats": {"generated_tokens": 80.0, "draft_tokens": 0.0, "mean_draft_tokens_per_step": 0.0,
-                              "speculation_off_share": 1.0}})
-    assert off.summary(1.0, 1)["speculative"] == {"draft_tokens": 0, "accepted_draft_tokens": 0,
-                                                  "acceptance_rate": 0.0, "mean_draft_tokens_per_step": 0.0,
-                                                  "speculation_off_share": 1.0}
+    off.add(
+        {
+            "engine_stats": {
+                "generated_tokens": 80.0,
+                "draft_tokens": 0.0,
+                "mean_draft_tokens_per_step": 0.0,
+                "speculation_off_share": 1.0,
+            }
+        }
+    )
+    assert off.summary(1.0, 1)["speculative"] == {
+        "draft_tokens": 0,
+        "accepted_draft_tokens": 0,
+        "acceptance_rate": 0.0,
+        "mean_draft_tokens_per_step": 0.0,
+        "speculation_off_share": 1.0,
+    }
 
 
 def test_summary_reports_the_slowest_engine_start_and_what_was_compiled_ahead() -> None:
@@ -64,13 +126,34 @@ def test_summary_reports_the_slowest_engine_start_and_what_was_compiled_ahead() 
     from shardinfer.jobs.progress import Reporter
 
     stats = RunStats()
-    stats.add({"engine_stats": {"generated_tokens": 10.0, "engine_start_s": 12.5, "compiled_ahead_variants": 40.0,
-                                "compiled_ahead_s": 3.25}}, worker="0")
-    stats.add({"engine_stats": {"generated_tokens": 10.0, "engine_start_s": 14.0, "compiled_ahead_variants": 38.0,
-                                "compiled_ahead_s": 3.5}}, worker="1")
+    stats.add(
+        {
+            "engine_stats": {
+                "generated_tokens": 10.0,
+                "engine_start_s": 12.5,
+                "compiled_ahead_variants": 40.0,
+                "compiled_ahead_s": 3.25,
+            }
+        },
+        worker="0",
+    )
+    stats.add(
+        {
+            "engine_stats": {
+                "generated_tokens": 10.0,
+                "engine_start_s": 14.0,
+                "compiled_ahead_variants": 38.0,
+                "compiled_ahead_s": 3.5,
+            }
+        },
+        worker="1",
+    )
     summary = stats.summary(10.0, 2)
-    assert (summary["engine_start_s"], summary["kernels_compiled_ahead"], summary["kernels_compiled_ahead_s"]) == (
-        14.0, 40, 3.5)
+    assert (
+        summary["engine_start_s"],
+        summary["kernels_compiled_ahead"],
+        summary["kernels_compiled_ahead_s"],
+    ) == (14.0, 40, 3.5)
     out = io.StringIO()
     Reporter(run_id="r", stream=io.StringIO()).summary({**summary, "run_id": "r"}, out=out)
     assert "engine start   14.0 s (40 kernel variants compiled or loaded ahead in 3.5 s)" in out.getvalue()
@@ -128,8 +211,16 @@ def test_a_dead_workers_committed_tokens_count_in_this_run() -> None:
     stats = RunStats()
     reporter = Reporter("r", stream=io.StringIO())
     reporter.start(16, 4)
-    drive(scheduler, inbox, lambda name, slot: _FakeWorker(name, inbox), 2, reporter, stats,
-          threading.Event(), max_restarts=0)
+    drive(
+        scheduler,
+        inbox,
+        lambda name, slot: _FakeWorker(name, inbox),
+        2,
+        reporter,
+        stats,
+        threading.Event(),
+        max_restarts=0,
+    )
     summary = stats.summary(1.0, 2, scheduler)
     assert summary["run_splits_committed"] == 4
     assert summary["run_completion_tokens"] == 100
@@ -166,6 +257,14 @@ def test_a_worker_stopped_while_starting_is_not_reported_dead() -> None:
     stop.set()  # SIGTERM came while the workers were starting
     scheduler = SplitScheduler([Split(0, 0, "f.parquet", 0, 4)])
     with pytest.raises(Interrupted):
-        drive(scheduler, inbox, lambda name, slot: _StartingWorker(name, inbox), 2, Reporter("r", stream=log),
-              RunStats(), stop, max_restarts=2)
+        drive(
+            scheduler,
+            inbox,
+            lambda name, slot: _StartingWorker(name, inbox),
+            2,
+            Reporter("r", stream=log),
+            RunStats(),
+            stop,
+            max_restarts=2,
+        )
     assert "died" not in log.getvalue() and scheduler.counts.redone == []

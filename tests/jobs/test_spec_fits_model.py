@@ -17,12 +17,20 @@ from shardinfer.jobs.cli import main
 
 
 def _job(tmp_path: Path, model: Path, **sections: dict[str, object]) -> Path:
-    rows = [{"id": f"r{i}", "prompt": f"hello {i}", "n": i,
-             "messages": [{"role": "user", "content": f"hi {i}"}]} for i in range(4)]
+    rows = [
+        {"id": f"r{i}", "prompt": f"hello {i}", "n": i, "messages": [{"role": "user", "content": f"hi {i}"}]}
+        for i in range(4)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
     job = tmp_path / "job.toml"
-    job.write_text(job_toml(model, str(tmp_path / "in.parquet"), str(tmp_path / "out"),
-                            **{"input": {"passthrough_columns": []}, **sections}))
+    job.write_text(
+        job_toml(
+            model,
+            str(tmp_path / "in.parquet"),
+            str(tmp_path / "out"),
+            **{"input": {"passthrough_columns": []}, **sections},
+        )
+    )
     return job
 
 
@@ -46,22 +54,34 @@ def test_a_messages_column_needs_a_chat_template(tmp_path: Path, model_dir: Path
     config.pop("chat_template", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     (model / "chat_template.jinja").unlink(missing_ok=True)
-    job = _job(tmp_path, model, input={"passthrough_columns": [], "prompt_column": "",
-                                       "messages_column": "messages"})
-    _refused(job, tmp_path / "out", "input.messages_column='messages' is rendered by the model's chat template",
-             "has no default one")
+    job = _job(
+        tmp_path, model, input={"passthrough_columns": [], "prompt_column": "", "messages_column": "messages"}
+    )
+    _refused(
+        job,
+        tmp_path / "out",
+        "input.messages_column='messages' is rendered by the model's chat template",
+        "has no default one",
+    )
 
 
 def test_a_sampling_schema_that_does_not_compile_is_refused(tmp_path: Path, model_dir: Path) -> None:
-    bad = {"schema_type": "json", "schema": json.dumps({"type": "object", "properties": {"a": {"type": "nope"}}})}
+    bad = {
+        "schema_type": "json",
+        "schema": json.dumps({"type": "object", "properties": {"a": {"type": "nope"}}}),
+    }
     job = _job(tmp_path, model_dir, sampling={"structured_output": bad})
     _refused(job, tmp_path / "out", "sampling.structured_output: invalid json schema")
 
 
 def test_sampling_max_tokens_past_max_model_len_is_refused(tmp_path: Path, model_dir: Path) -> None:
     job = _job(tmp_path, model_dir, sampling={"max_tokens": 5000}, engine={"max_model_len": 256})
-    _refused(job, tmp_path / "out", "sampling.max_tokens=5000 is above max_model_len=256",
-             "lower it to 256 or less (max_tokens = 256 generates until prompt and output fill it)")
+    _refused(
+        job,
+        tmp_path / "out",
+        "sampling.max_tokens=5000 is above max_model_len=256",
+        "lower it to 256 or less (max_tokens = 256 generates until prompt and output fill it)",
+    )
 
 
 def test_validate_refuses_what_submit_would(tmp_path: Path, model_dir: Path) -> None:
@@ -82,8 +102,10 @@ def test_dry_run_refuses_sampling_max_tokens_past_max_model_len(
     job = _job(tmp_path, model_dir, sampling={"max_tokens": 257}, engine={"max_model_len": 256})
     assert main(["submit", "--dry-run", str(job)]) == 78
     captured = capsys.readouterr()
-    assert "# dry run: submitting would exit 78 and write nothing: sampling.max_tokens=257 is above " \
+    assert (
+        "# dry run: submitting would exit 78 and write nothing: sampling.max_tokens=257 is above "
         "max_model_len=256" in captured.out
+    )
     assert not (tmp_path / "out").exists()
     fits = _job(tmp_path, model_dir, sampling={"max_tokens": 256}, engine={"max_model_len": 256})
     assert main(["submit", "--dry-run", str(fits)]) == 0
@@ -110,7 +132,9 @@ def test_validate_and_submit_refuse_a_model_without_a_tokenizer_before_writing(
     ):
         assert main(argv) == 78, argv
         err = capsys.readouterr().err
-        assert f"cannot load the model at model.path={str(model)!r}: no tokenizer.json in {str(model)!r}" in err
+        assert (
+            f"cannot load the model at model.path={str(model)!r}: no tokenizer.json in {str(model)!r}" in err
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -125,7 +149,9 @@ def test_validate_refuses_a_messages_column_without_a_chat_template(
         tmp_path, model, input={"passthrough_columns": [], "prompt_column": "", "messages_column": "messages"}
     )
     assert main(["validate", str(chat)]) == 78
-    assert "input.messages_column='messages' is rendered by the model's chat template" in capsys.readouterr().err
+    assert (
+        "input.messages_column='messages' is rendered by the model's chat template" in capsys.readouterr().err
+    )
     # A named template alone (tool_use) is no default: a job, which passes no tools, never renders it.
     (model / "additional_chat_templates").mkdir()
     (model / "additional_chat_templates" / "tool_use.jinja").write_text("{{ tools }}{{ messages }}")
@@ -137,18 +163,26 @@ def test_validate_refuses_a_messages_column_without_a_chat_template(
 
 def _document_job(tmp_path: Path, model: Path, window: int, **engine: int) -> Path:
     """A score job over one document column with job.rolling_window_tokens = window."""
-    pq.write_table(pa.Table.from_pylist([{"id": "d0", "doc": "Hello world, the quick brown fox jumps."}]),
-                   tmp_path / "docs.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{"id": "d0", "doc": "Hello world, the quick brown fox jumps."}]),
+        tmp_path / "docs.parquet",
+    )
     spec: dict[str, dict[str, object]] = {
-        "job": {"task": "score", "split_rows": 4, "max_inflight_requests": 8, "rolling_window_tokens": window},
+        "job": {
+            "task": "score",
+            "split_rows": 4,
+            "max_inflight_requests": 8,
+            "rolling_window_tokens": window,
+        },
         "input": {"path": str(tmp_path / "docs.parquet"), "id_column": "id", "document_column": "doc"},
         "model": {"path": str(model), "device": "cpu", "dtype": "float32"},
         "engine": {"num_kv_blocks": 128, "max_num_seqs": 8, **engine},
         "output": {"path": str(tmp_path / "out")},
     }
     job = tmp_path / "docs.toml"
-    job.write_text("\n".join(f"[{k}]\n" + "".join(f"{n} = {_toml(v)}\n" for n, v in b.items())
-                             for k, b in spec.items()))
+    job.write_text(
+        "\n".join(f"[{k}]\n" + "".join(f"{n} = {_toml(v)}\n" for n, v in b.items()) for k, b in spec.items())
+    )
     return job
 
 
@@ -159,10 +193,16 @@ def test_a_rolling_window_past_max_model_len_is_refused_before_anything_is_writt
     window (status then said `failed`): all three refuse it now, from the model's config.json and
     engine.max_model_len, with nothing written. max_model_len=64: windows of up to 64 positions."""
     job = _document_job(tmp_path, model_dir, 65, max_model_len=64)
-    expected = ("job.rolling_window_tokens=65 needs spans of 66 tokens but the engine takes at most 65 "
-                "(max_model_len=64); lower it to 64 or less")
-    for argv in (["validate", str(job)], ["submit", "--dry-run", str(job)], ["submit", str(job)],
-                 ["submit", "--master", "local[2]", str(job)]):
+    expected = (
+        "job.rolling_window_tokens=65 needs spans of 66 tokens but the engine takes at most 65 "
+        "(max_model_len=64); lower it to 64 or less"
+    )
+    for argv in (
+        ["validate", str(job)],
+        ["submit", "--dry-run", str(job)],
+        ["submit", str(job)],
+        ["submit", "--master", "local[2]", str(job)],
+    ):
         assert main(argv) == 78, argv
         captured = capsys.readouterr()
         assert expected in captured.err, (argv, captured.err)
@@ -188,7 +228,9 @@ def test_the_largest_rolling_window_the_engine_takes_is_accepted_by_every_check(
     capsys.readouterr()
     assert main(["status", str(tmp_path / "out")]) == 0
     rate = summary["run_prompt_tokens"] / summary["wall_time_s"]
-    assert f"speed      {rate:.2f} prompt tok/s read over {summary['wall_time_s']} s" in capsys.readouterr().out
+    assert (
+        f"speed      {rate:.2f} prompt tok/s read over {summary['wall_time_s']} s" in capsys.readouterr().out
+    )
 
 
 def test_without_engine_max_model_len_the_window_is_held_to_the_models_positions(
@@ -197,13 +239,17 @@ def test_without_engine_max_model_len_the_window_is_held_to_the_models_positions
     positions = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
     over = _document_job(tmp_path, model_dir, positions + 1)
     assert main(["validate", str(over)]) == 78
-    assert (f"job.rolling_window_tokens={positions + 1} needs spans of {positions + 2} tokens but the engine "
-            f"takes at most {positions + 1} (max_model_len={positions})") in capsys.readouterr().err
+    assert (
+        f"job.rolling_window_tokens={positions + 1} needs spans of {positions + 2} tokens but the engine "
+        f"takes at most {positions + 1} (max_model_len={positions})"
+    ) in capsys.readouterr().err
     assert main(["validate", str(_document_job(tmp_path, model_dir, positions))]) == 0
 
 
 @pytest.mark.parametrize("max_model_len", [2, 3, 64, 2048])
-def test_the_plan_and_the_engine_refuse_the_same_windows(tmp_path: Path, model_dir: Path, max_model_len: int) -> None:
+def test_the_plan_and_the_engine_refuse_the_same_windows(
+    tmp_path: Path, model_dir: Path, max_model_len: int
+) -> None:
     """check_sampling_lengths (the plan's check, and the built engine's in check_model_serves_spec)
     and ScorePreparer (what a worker builds its rows with) accept and refuse the same windows."""
     from shardinfer.engine.tokenizer import Tokenizer
@@ -215,7 +261,9 @@ def test_the_plan_and_the_engine_refuse_the_same_windows(tmp_path: Path, model_d
     tok = Tokenizer(model_dir)
     config = resolve(load_toml(_document_job(tmp_path, model_dir, 1))).config
     for window in sorted({0, 1, *range(max(max_model_len - 3, 0), max_model_len + 3), 5000}):
-        windowed = dataclasses.replace(config, job=dataclasses.replace(config.job, rolling_window_tokens=window))
+        windowed = dataclasses.replace(
+            config, job=dataclasses.replace(config.job, rolling_window_tokens=window)
+        )
         try:
             check_sampling_lengths(windowed, max_model_len)
             plan_accepts = True

@@ -34,7 +34,9 @@ def test_a_run_date_in_the_output_path_is_warned_of(
     # ds was filled with today's date (UTC) in silence: a run interrupted before midnight and rerun
     # after it planned a new job in a new folder.
     job = tmp_path / "job.toml"
-    job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "job_{ds}"), job={"split_rows": 8}))
+    job.write_text(
+        job_toml(model_dir, str(shards), str(tmp_path / "out" / "job_{ds}"), job={"split_rows": 8})
+    )
     assert main(["submit", "--dry-run", "--run-id", "r1", str(job)]) == 0
     captured = capsys.readouterr()
     ds = next(line for line in captured.out.splitlines() if line.startswith("ds = ")).split('"')[1]
@@ -64,7 +66,9 @@ def test_a_ds_not_written_with_dashes_is_warned_of_and_taken_as_given(
     job.write_text(job_toml(model_dir, str(shards), str(tmp_path / "out" / "{ds}"), job={"split_rows": 8}))
     assert main(["submit", "--run-id", "r1", "--conf", "job.ds=20240506", str(job)]) == 0
     err = capsys.readouterr().err
-    assert "job.ds='20240506' is not written YYYY-MM-DD: {ds} in output.path is filled with it as written" in err
+    assert (
+        "job.ds='20240506' is not written YYYY-MM-DD: {ds} in output.path is filled with it as written" in err
+    )
     assert "--conf job.ds=2024-05-06 (Airflow's {{ ds }}, not {{ ds_nodash }})" in err
     assert (tmp_path / "out" / "20240506" / "_SUCCESS").is_file()
     assert main(["submit", "--dry-run", "--run-id", "r2", "--conf", "job.ds=2024-W19-1", str(job)]) == 0
@@ -126,13 +130,13 @@ def test_ended_and_stale_runs_are_not_warned_of(
 def _float_ids(path: Path, column: str) -> Path:
     """Ids as pandas writes an integer column with a null: float64."""
     ids = pa.array([101.0, 102.0, None, 104.0], pa.float64())
-    pq.write_table(pa.table({column: ids, "prompt": ["a b", "c d", "e f", "g h"], "topic": list("wxyz")}), path)
+    pq.write_table(
+        pa.table({column: ids, "prompt": ["a b", "c d", "e f", "g h"], "topic": list("wxyz")}), path
+    )
     return path
 
 
-@pytest.mark.parametrize(
-    ("column", "sql"), [("qid", "qid"), ("q id", '"q id"')]
-)
+@pytest.mark.parametrize(("column", "sql"), [("qid", "qid"), ("q id", '"q id"')])
 def test_a_float_id_column_is_warned_of_with_the_query_that_casts_it(
     tmp_path: Path, model_dir: Path, column: str, sql: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -142,7 +146,9 @@ def test_a_float_id_column_is_warned_of_with_the_query_that_casts_it(
     assert main(["submit", "--dry-run", str(job)]) == 0
     err = capsys.readouterr().err
     query = f"SELECT * REPLACE (CAST({sql} AS BIGINT) AS {sql}) FROM input"
-    assert f"input.id_column={column!r} is a column of double: each row_id is written as the float's text" in err
+    assert (
+        f"input.id_column={column!r} is a column of double: each row_id is written as the float's text" in err
+    )
     assert f"input.query = {json.dumps(query)}" in err
     # The query it gives ends the warning: it is judged after the query.
     assert main(["submit", "--dry-run", "--conf", f"input.query={query}", str(job)]) == 0
@@ -164,13 +170,17 @@ def test_the_dry_run_shows_every_sampling_value_with_its_source(
     assert "seed =" not in out.split("[sampling]")[1].split("[output]")[0]  # job.seed is the seed
     assert main(["submit", "--dry-run", "--log-format", "json", str(job)]) == 0
     (plan,) = [r for r in _json_lines(capsys.readouterr().out) if r.get("event") == "dry_run"]
-    assert plan["spec"]["sampling"]["max_tokens"] == 16 and plan["sources"]["sampling.max_tokens"] == "default"
+    assert (
+        plan["spec"]["sampling"]["max_tokens"] == 16 and plan["sources"]["sampling.max_tokens"] == "default"
+    )
     # A value the checkpoint sets is credited to it: the job then samples greedily, and n samples
     # of a row are one text, which the run warns of.
     model = tmp_path / "greedy-model"
     shutil.copytree(model_dir, model)
     config = json.loads((model / "generation_config.json").read_text())
-    (model / "generation_config.json").write_text(json.dumps({**config, "do_sample": False, "max_new_tokens": 7}))
+    (model / "generation_config.json").write_text(
+        json.dumps({**config, "do_sample": False, "max_new_tokens": 7})
+    )
     text = job_toml(model, str(shards), str(tmp_path / "out2"))
     job.write_text(text.replace("temperature = 0.8\n", "").replace("max_tokens = 5\n", ""))
     assert main(["submit", "--dry-run", "--conf", "sampling.n=3", str(job)]) == 0
@@ -179,7 +189,8 @@ def test_the_dry_run_shows_every_sampling_value_with_its_source(
     assert "max_tokens = 7  # model's generation_config.json" in captured.out
     assert (
         "sampling.temperature=0 (model's generation_config.json) with sampling.n=3: greedy sampling gives n "
-        "identical samples, so each row's 3 samples will be the same text; set temperature > 0" in captured.err
+        "identical samples, so each row's 3 samples will be the same text; set temperature > 0"
+        in captured.err
     )
 
 

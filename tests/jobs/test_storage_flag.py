@@ -19,8 +19,17 @@ _BAD = [
 def _argv(command: str, tmp_path: Path, options: str) -> list[str]:
     out = str(tmp_path / "out")
     if command == "eval":
-        return ["eval", "--model", str(tmp_path / "model"), "--tasks", "any", "--output", out,
-                "--storage-options", options]
+        return [
+            "eval",
+            "--model",
+            str(tmp_path / "model"),
+            "--tasks",
+            "any",
+            "--output",
+            out,
+            "--storage-options",
+            options,
+        ]
     return [command, "--storage-options", options, out]
 
 

@@ -14,7 +14,9 @@ def test_a_spec_refused_by_the_workers_can_be_corrected_in_place(
 ) -> None:
     job, out = standard_job(tmp_path, model_dir, str(shards))
     # The tiny model has 512 positions: the workers' engines refuse this after the plan is written.
-    refused = cli("submit", "--master", "local[2]", "--conf", "engine.max_model_len=4096", str(job), timeout=300)
+    refused = cli(
+        "submit", "--master", "local[2]", "--conf", "engine.max_model_len=4096", str(job), timeout=300
+    )
     assert refused.returncode == 78, refused.stderr
     assert "max_model_len=4096 exceeds the model's max_position_embeddings=512" in refused.stderr
     assert (out / "_job.json").exists() and not list(out.glob("part-*"))
@@ -24,8 +26,9 @@ def test_a_spec_refused_by_the_workers_can_be_corrected_in_place(
     assert committed_rows(str(out)) == reference
 
 
-def test_an_output_with_commits_of_another_job_is_still_refused(tmp_path: Path, model_dir: Path,
-                                                                shards: Path) -> None:
+def test_an_output_with_commits_of_another_job_is_still_refused(
+    tmp_path: Path, model_dir: Path, shards: Path
+) -> None:
     job, _ = standard_job(tmp_path, model_dir, str(shards))
     assert cli("submit", str(job)).returncode == 0
     drifted = cli("submit", "--conf", "sampling.temperature=0.5", str(job))

@@ -42,13 +42,17 @@ def main() -> None:
         _scale_kernel[(1,)](x, out, 256, 2.0, BLOCK=64, BROKEN=False)
         _scale_kernel[(1,)](x, out, 256, 2.0, BLOCK=128, BROKEN=True)
     compiled = _variants()
-    print(json.dumps({
-        "variants": stats.variants,
-        "cached": len(compiled),
-        "cached_are_compiled": all(hasattr(k, "asm") and "ptx" in k.asm for k in compiled),
-        "earlier_hook_calls": len(seen),
-        "hook_restored": knobs.runtime.jit_cache_hook is earlier_hook,
-    }))
+    print(
+        json.dumps(
+            {
+                "variants": stats.variants,
+                "cached": len(compiled),
+                "cached_are_compiled": all(hasattr(k, "asm") and "ptx" in k.asm for k in compiled),
+                "earlier_hook_calls": len(seen),
+                "hook_restored": knobs.runtime.jit_cache_hook is earlier_hook,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

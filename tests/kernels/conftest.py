@@ -20,7 +20,8 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     if "triton" in sys.modules:
         raise pytest.UsageError(
             "tests/kernels: triton was imported before the kernel tests could enable its CPU interpreter; "
-            "run with TRITON_INTERPRET=1 in the environment, or set it in tests/conftest.py")
+            "run with TRITON_INTERPRET=1 in the environment, or set it in tests/conftest.py"
+        )
     os.environ["TRITON_INTERPRET"] = "1"
 
 

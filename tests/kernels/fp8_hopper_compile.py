@@ -138,7 +138,11 @@ def _warp_specialized_case() -> dict[str, Any]:
         fp8_matmul_ws.linear_fp8_ws(xq, xs, wq, ws, None, y)
         return y
 
-    return {"kernel": "fp8_linear_ws", "scales": "block", **_compiled(fp8_matmul_ws._fp8_linear_ws_kernel, launch)}
+    return {
+        "kernel": "fp8_linear_ws",
+        "scales": "block",
+        **_compiled(fp8_matmul_ws._fp8_linear_ws_kernel, launch),
+    }
 
 
 def _persistent_case() -> dict[str, Any]:

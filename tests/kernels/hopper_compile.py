@@ -72,7 +72,9 @@ def _dot_kwidths(kernel: Any) -> list[int]:
     """The MMA operand layouts' kWidths in the compiled variants' TTGIR (how many consecutive k values
     a thread holds; it decides how the MMAs group the products over k, so it decides the rounding)."""
     irs = [k.asm["ttgir"] for caches in kernel.device_caches.values() for k in caches[0].values()]
-    return sorted({int(w) for ir in irs for w in re.findall(r"dot_op<\{opIdx = \d, parent = #\w+, kWidth = (\d+)", ir)})
+    return sorted(
+        {int(w) for ir in irs for w in re.findall(r"dot_op<\{opIdx = \d, parent = #\w+, kWidth = (\d+)", ir)}
+    )
 
 
 def _mla_cases() -> list[dict[str, Any]]:
@@ -135,7 +137,11 @@ def _attention_cases() -> list[dict[str, Any]]:
     out = []
     # The widest head, the most shared memory; and 128, where an FP8 cache reads 128-key tiles,
     # with its scales on the dequantised tiles (the default) or, for bf16, on the scores.
-    cases = [(256, torch.bfloat16, True, None), (256, torch.float32, False, None), (256, torch.float32, True, None)]
+    cases = [
+        (256, torch.bfloat16, True, None),
+        (256, torch.float32, False, None),
+        (256, torch.float32, True, None),
+    ]
     cases += [(128, dtype, fp8, None) for dtype in (torch.bfloat16, torch.float32) for fp8 in (False, True)]
     cases.append((128, torch.bfloat16, True, True))
     for d, dtype, fp8, on_scores in cases:

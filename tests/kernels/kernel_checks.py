@@ -25,10 +25,15 @@ def compile_in_child(script: str) -> Any:
     process has it on, which replaces every kernel by a Python one); return the JSON it prints
     last."""
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1",
-           "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root,
-                          timeout=300)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",
+        "TRITON_DEFAULT_FP_FUSION": "1",
+        "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -39,8 +44,9 @@ def run_compile_script(script: Path, cache_dir: Path, *args: str, timeout: int =
     Returns its stdout lines."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(cache_dir), TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
 
@@ -56,9 +62,20 @@ class PagedBatch:
     block table poisons its output.
     """
 
-    def __init__(self, q_lens: list[int], ctx_lens: list[int], hq: int, hk: int, d: int, dv: int,
-                 block_size: int, dtype: torch.dtype, device: torch.device, seed: int,
-                 spare_blocks: int = 3) -> None:
+    def __init__(
+        self,
+        q_lens: list[int],
+        ctx_lens: list[int],
+        hq: int,
+        hk: int,
+        d: int,
+        dv: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        seed: int,
+        spare_blocks: int = 3,
+    ) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.seq_lens = [c + q for c, q in zip(ctx_lens, q_lens, strict=True)]
         self.qsl = [0]
@@ -71,7 +88,7 @@ class PagedBatch:
         self.block_tables = torch.full((len(q_lens), width), -1, dtype=torch.int32)
         used = 0
         for i, n in enumerate(n_blocks):
-            self.block_tables[i, :n] = perm[used:used + n].int()
+            self.block_tables[i, :n] = perm[used : used + n].int()
             used += n
         self.k_cache = torch.randn(total, block_size, hk, d, generator=gen).to(dtype)
         self.v_cache = torch.randn(total, block_size, hk, dv, generator=gen).to(dtype)
@@ -84,9 +101,14 @@ class PagedBatch:
     def args(self) -> tuple[torch.Tensor, ...]:
         """(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables) on the test device."""
         dev = self.device
-        return (self.q.to(dev), self.k_cache.to(dev), self.v_cache.to(dev),
-                torch.tensor(self.qsl, dtype=torch.int32, device=dev),
-                torch.tensor(self.seq_lens, dtype=torch.int32, device=dev), self.block_tables.to(dev))
+        return (
+            self.q.to(dev),
+            self.k_cache.to(dev),
+            self.v_cache.to(dev),
+            torch.tensor(self.qsl, dtype=torch.int32, device=dev),
+            torch.tensor(self.seq_lens, dtype=torch.int32, device=dev),
+            self.block_tables.to(dev),
+        )
 
 
 def compiled_variants(*kernels: object) -> list[int]:
@@ -101,8 +123,9 @@ def pow2_scales64(amax: torch.Tensor) -> torch.Tensor:
     import math
 
     a = amax.double().clamp_min(2.0**-100)
-    return torch.tensor([2.0 ** math.ceil(math.log2(v / 448.0)) for v in a.flatten().tolist()],
-                        dtype=torch.float64).view(a.shape)
+    return torch.tensor(
+        [2.0 ** math.ceil(math.log2(v / 448.0)) for v in a.flatten().tolist()], dtype=torch.float64
+    ).view(a.shape)
 
 
 def e4m3_round(v: torch.Tensor) -> torch.Tensor:
@@ -127,7 +150,14 @@ def mixed_width_step() -> tuple[Any, list[int]]:
     seq_lens = [c + n for c, n in zip(ctx, new, strict=True)]
     zeros = np.zeros(sum(new), dtype=np.int64)
     qsl = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
-    host = HostBatch(zeros, zeros, zeros, qsl, np.array(seq_lens, dtype=np.int32), np.array([[1], [2], [3]], dtype=np.int32))
+    host = HostBatch(
+        zeros,
+        zeros,
+        zeros,
+        qsl,
+        np.array(seq_lens, dtype=np.int32),
+        np.array([[1], [2], [3]], dtype=np.int32),
+    )
     return host, seq_lens
 
 

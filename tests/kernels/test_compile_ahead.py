@@ -12,8 +12,14 @@ from kernel_checks import run_compile_script
 
 
 def test_compile_ahead_compiles_each_variant_once_and_drops_the_failed_one(tmp_path: Path) -> None:
-    lines = run_compile_script(Path(__file__).with_name("compile_ahead_compile_only.py"), tmp_path / "triton",
-                               timeout=300)
+    lines = run_compile_script(
+        Path(__file__).with_name("compile_ahead_compile_only.py"), tmp_path / "triton", timeout=300
+    )
     got = json.loads(lines[-1])
-    assert got == {"variants": 3, "cached": 2, "cached_are_compiled": True, "earlier_hook_calls": 3,
-                   "hook_restored": True}, got
+    assert got == {
+        "variants": 3,
+        "cached": 2,
+        "cached_are_compiled": True,
+        "earlier_hook_calls": 3,
+        "hook_restored": True,
+    }, got

@@ -51,7 +51,7 @@ def test_rms_norm_rows_are_batch_invariant(device: torch.device) -> None:
     w = _randn(64, dtype=torch.bfloat16, seed=9).to(device)
     full = rmsnorm.rms_norm(x, w, 1e-6)
     for i in (0, 4, 8):
-        assert torch.equal(rmsnorm.rms_norm(x[i:i + 1], w, 1e-6), full[i:i + 1])
+        assert torch.equal(rmsnorm.rms_norm(x[i : i + 1], w, 1e-6), full[i : i + 1])
 
 
 def test_rms_norm_rejects_bad_inputs(device: torch.device) -> None:
@@ -119,8 +119,11 @@ def test_rope_rejects_bad_inputs(device: torch.device) -> None:
     with pytest.raises(ValueError, match=r"cos.dtype"):
         rope.rope_neox(x, cos.half(), cos)
     with pytest.raises(ValueError, match=r"even rotary dim"):
-        rope.rope_neox(torch.randn(2, 1, 7, device=device), torch.ones(2, 3, device=device),
-                       torch.ones(2, 3, device=device))
+        rope.rope_neox(
+            torch.randn(2, 1, 7, device=device),
+            torch.ones(2, 3, device=device),
+            torch.ones(2, 3, device=device),
+        )
     with pytest.raises(ValueError, match=r"x.dim"):
         rope.rope_neox(torch.randn(2, 8, device=device), cos, cos)
 
@@ -138,7 +141,14 @@ def test_elementwise_kernels_at_model_shapes() -> None:
     assert rel_err(activation.silu_and_mul(g), reference.silu_and_mul(g)) < TOL[torch.bfloat16]
     q = torch.randn(4096, 32, 128, device=dev, dtype=torch.bfloat16)
     ang = torch.rand(4096, 64, device=dev) * 100
-    assert rel_err(rope.rope_neox(q, ang.cos(), ang.sin()),
-                   reference.rope_neox(q, ang.cos(), ang.sin())) < TOL[torch.bfloat16]
-    assert rel_err(rope.rope_interleaved(q[..., :64], ang[:, :32].cos(), ang[:, :32].sin()),
-                   reference.rope_interleaved(q[..., :64], ang[:, :32].cos(), ang[:, :32].sin())) < TOL[torch.bfloat16]
+    assert (
+        rel_err(rope.rope_neox(q, ang.cos(), ang.sin()), reference.rope_neox(q, ang.cos(), ang.sin()))
+        < TOL[torch.bfloat16]
+    )
+    assert (
+        rel_err(
+            rope.rope_interleaved(q[..., :64], ang[:, :32].cos(), ang[:, :32].sin()),
+            reference.rope_interleaved(q[..., :64], ang[:, :32].cos(), ang[:, :32].sin()),
+        )
+        < TOL[torch.bfloat16]
+    )

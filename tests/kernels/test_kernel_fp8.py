@@ -150,7 +150,9 @@ def test_kernel_matches_float64_and_rows_are_bitwise_invariant(
 
 
 @pytest.mark.parametrize("scales", ["block", "channel"])
-@pytest.mark.parametrize("config", [SMALL_TMA, SMALL_TMA_ONE_TILE], ids=["persistent", "one_tile_per_program"])
+@pytest.mark.parametrize(
+    "config", [SMALL_TMA, SMALL_TMA_ONE_TILE], ids=["persistent", "one_tile_per_program"]
+)
 def test_tma_tiling_gives_the_pointer_tilings_bits(
     device: torch.device, config: fp8_matmul.Fp8TileConfig, scales: str
 ) -> None:
@@ -168,7 +170,9 @@ def test_tma_tiling_gives_the_pointer_tilings_bits(
 
 
 @pytest.mark.parametrize("scales", ["block", "channel"])
-@pytest.mark.parametrize("config", SPLITS, ids=lambda c: f"split{c.split_k}_{c.block_m}x{c.block_n}_tma{int(c.tma)}")
+@pytest.mark.parametrize(
+    "config", SPLITS, ids=lambda c: f"split{c.split_k}_{c.block_m}x{c.block_n}_tma{int(c.tma)}"
+)
 def test_split_k_matches_float64_and_rows_are_bitwise_invariant(
     device: torch.device, config: fp8_matmul.Fp8TileConfig, scales: str
 ) -> None:
@@ -183,13 +187,22 @@ def test_split_k_matches_float64_and_rows_are_bitwise_invariant(
         assert torch.equal(part, full[start : start + rows]), (start, rows)
     # Another tile shape, operand path and launch mode with the same K ranges: the same bits, so
     # a problem's tilings may switch by M as long as they share split_k.
-    other = fp8_matmul.Fp8TileConfig(32, 64, num_warps=4, num_stages=3, persistent=not config.persistent,
-                                     tma=not config.tma, split_k=config.split_k)
+    other = fp8_matmul.Fp8TileConfig(
+        32,
+        64,
+        num_warps=4,
+        num_stages=3,
+        persistent=not config.persistent,
+        tma=not config.tma,
+        split_k=config.split_k,
+    )
     assert torch.equal(fp8_matmul.linear_fp8(*dev, config=other), full)
 
 
 @pytest.mark.parametrize("scales", ["block", "channel"])
-@pytest.mark.parametrize("config", SPLITS, ids=lambda c: f"split{c.split_k}_{c.block_m}x{c.block_n}_tma{int(c.tma)}")
+@pytest.mark.parametrize(
+    "config", SPLITS, ids=lambda c: f"split{c.split_k}_{c.block_m}x{c.block_n}_tma{int(c.tma)}"
+)
 def test_ranges_in_one_program_give_the_workspace_bits(
     device: torch.device, config: fp8_matmul.Fp8TileConfig, scales: str
 ) -> None:
@@ -219,16 +232,22 @@ def test_split_k_sums_its_ranges_in_order(device: torch.device) -> None:
     x, wq, ws, b = (t.to(device) for t in (x, wq, ws, b))
     split = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, split_k=2)
     unsplit = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2)
-    head = fp8_matmul.linear_fp8(x[:, :256].contiguous(), wq[:, :256].contiguous(), ws[:, :2].contiguous(),
-                                 config=unsplit)
-    tail = fp8_matmul.linear_fp8(x[:, 256:].contiguous(), wq[:, 256:].contiguous(), ws[:, 2:].contiguous(),
-                                 config=unsplit)
+    head = fp8_matmul.linear_fp8(
+        x[:, :256].contiguous(), wq[:, :256].contiguous(), ws[:, :2].contiguous(), config=unsplit
+    )
+    tail = fp8_matmul.linear_fp8(
+        x[:, 256:].contiguous(), wq[:, 256:].contiguous(), ws[:, 2:].contiguous(), config=unsplit
+    )
     assert torch.equal(fp8_matmul.linear_fp8(x, wq, ws, b, config=split), (head + tail) + b)
 
 
-@pytest.mark.parametrize("n,k,split", [(4096, 12288, 2), (1024, 3072, 2), (576, 2048, 2), (4096, 4096, 1),
-                                         (24576, 4096, 1), (2048, 2816, 1)])
-def test_default_splits_long_k_through_the_workspace_only_at_decode_batches(n: int, k: int, split: int) -> None:
+@pytest.mark.parametrize(
+    "n,k,split",
+    [(4096, 12288, 2), (1024, 3072, 2), (576, 2048, 2), (4096, 4096, 1), (24576, 4096, 1), (2048, 2816, 1)],
+)
+def test_default_splits_long_k_through_the_workspace_only_at_decode_batches(
+    n: int, k: int, split: int
+) -> None:
     # K >= 3N splits K in two for every M (one sum, so one set of bits): through the workspace up to
     # 256 rows, where the tiles are too few to fill the SMs, in the tile's own program above.
     for m in (1, 64, 65, 256, 257, 8192):
@@ -310,9 +329,12 @@ def test_gpu_engine_shapes_match_float64_and_are_batch_invariant(n: int, k: int,
     # The TMA tilings compiled for the device give the pointer tilings' bits (with the problem's own
     # split of K: a long-K problem's default splits it, which moves the sum).
     split = fp8_matmul.tile_config(n, k).split_k
-    for cfg in (fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True,
-                                         split_k=split),
-                fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, tma=True, split_k=split)):
+    for cfg in (
+        fp8_matmul.Fp8TileConfig(
+            64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=split
+        ),
+        fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, tma=True, split_k=split),
+    ):
         assert torch.equal(fp8_matmul.linear_fp8(*dev, config=cfg), full), cfg
 
 
@@ -323,10 +345,15 @@ def test_gpu_split_k_shapes_match_float64_and_are_batch_invariant(n: int, k: int
     x, wq, ws, _ = linear_problem(300, n, k, torch.bfloat16, seed=n + k + 1, scales=scales)
     dev = [t.cuda() for t in (x, wq, ws)]
     for split in (2, 4):
-        cfgs = [fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=split),
-                fp8_matmul.Fp8TileConfig(128, 128, num_warps=8, num_stages=4, persistent=False, tma=True,
-                                         split_k=split),
-                fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, split_k=split)]
+        cfgs = [
+            fp8_matmul.Fp8TileConfig(
+                64, 128, num_warps=4, num_stages=4, persistent=False, tma=True, split_k=split
+            ),
+            fp8_matmul.Fp8TileConfig(
+                128, 128, num_warps=8, num_stages=4, persistent=False, tma=True, split_k=split
+            ),
+            fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, split_k=split),
+        ]
         # The same ranges reduced in one program (the large-M path) give the workspace path's bits.
         cfgs += [replace(c, ranges_in_program=True) for c in cfgs]
         full = fp8_matmul.linear_fp8(*dev, config=cfgs[0])
@@ -339,7 +366,7 @@ def test_gpu_split_k_shapes_match_float64_and_are_batch_invariant(n: int, k: int
         # ways of adding the ranges (one fused multiply-add would show here).
         x32 = dev[0].float()
         ranges = fp8_matmul.linear_fp8(x32, *dev[1:], config=cfgs[0])
-        for cfg in cfgs[len(cfgs) // 2:]:
+        for cfg in cfgs[len(cfgs) // 2 :]:
             assert torch.equal(fp8_matmul.linear_fp8(x32, *dev[1:], config=cfg), ranges), (split, cfg)
 
 

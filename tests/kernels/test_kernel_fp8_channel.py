@@ -52,7 +52,9 @@ def test_reference_linear_with_channel_scales_is_dequantise_then_matmul() -> Non
 
 
 def test_launcher_rejects_a_channel_scale_of_the_wrong_length(device: torch.device) -> None:
-    x, wq, ws, _ = (t.to(device) for t in linear_problem(4, 40, 200, torch.bfloat16, seed=6, scales="channel"))
+    x, wq, ws, _ = (
+        t.to(device) for t in linear_problem(4, 40, 200, torch.bfloat16, seed=6, scales="channel")
+    )
     with pytest.raises(ValueError, match=r"weight_scale\.shape.*\(40,\)"):
         fp8_matmul.linear_fp8(x, wq, ws[:39].contiguous())
     with pytest.raises(

@@ -22,10 +22,17 @@ def test_fp8_gemms_compile_for_hopper_on_wgmma_in_both_scale_layouts(tmp_path: P
     assert done.returncode == 0, done.stderr[-3000:]
     cases = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     got = {(c["kernel"], c["scales"]) for c in cases}
-    kernels = ("fp8_linear", "fp8_linear_tma", "fp8_linear_tma_split", "fp8_linear_tma_ranges_in_program",
-               "fp8_moe_gate_up")
-    want = {(k, s) for k in kernels for s in ("block", "channel")} | {("fp8_linear_ws", "block"),
-                                                                      ("fp8_linear_ws_persistent", "block")}
+    kernels = (
+        "fp8_linear",
+        "fp8_linear_tma",
+        "fp8_linear_tma_split",
+        "fp8_linear_tma_ranges_in_program",
+        "fp8_moe_gate_up",
+    )
+    want = {(k, s) for k in kernels for s in ("block", "channel")} | {
+        ("fp8_linear_ws", "block"),
+        ("fp8_linear_ws_persistent", "block"),
+    }
     assert got == want, done.stdout
     for case in cases:
         assert case["shared"], f"nothing compiled for {case}"

@@ -42,7 +42,11 @@ def test_short_k_takes_the_persistent_schedule_unless_forced(monkeypatch: pytest
     from shardinfer.kernels import fp8_matmul_ws
 
     assert fp8_matmul_ws.PERSISTENT is None
-    short = [k for k in (fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT_MAX_K) if fp8_matmul_ws.persistent_schedule(k)]
+    short = [
+        k
+        for k in (fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT_MAX_K)
+        if fp8_matmul_ws.persistent_schedule(k)
+    ]
     assert short == [fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT_MAX_K]
     assert not fp8_matmul_ws.persistent_schedule(fp8_matmul_ws.PERSISTENT_MAX_K + 128)
     monkeypatch.setattr(fp8_matmul_ws, "PERSISTENT", False)
@@ -51,8 +55,13 @@ def test_short_k_takes_the_persistent_schedule_unless_forced(monkeypatch: pytest
     assert fp8_matmul_ws.persistent_schedule(4096)
 
 
-def _run(dev: tuple[torch.Tensor, torch.Tensor, torch.Tensor], cfg: fp8_matmul.Fp8TileConfig | None, warp_specialized: bool,
-         bias: torch.Tensor | None = None, persistent: bool = False) -> torch.Tensor:
+def _run(
+    dev: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    cfg: fp8_matmul.Fp8TileConfig | None,
+    warp_specialized: bool,
+    bias: torch.Tensor | None = None,
+    persistent: bool = False,
+) -> torch.Tensor:
     from shardinfer.kernels import fp8_matmul_ws
 
     saved = fp8_matmul.WARP_SPECIALIZED, fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT
@@ -89,7 +98,8 @@ def test_gives_the_tma_kernels_bits(m: int, n: int, k: int) -> None:
 
 @pytest.mark.gpu
 def test_the_persistent_kernel_gives_the_same_bits_when_programs_take_many_tiles(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Few programs for many tiles: the ring's stage and parity carry across tiles of odd step counts.
     from shardinfer.kernels import fp8_matmul_ws
 
@@ -110,4 +120,6 @@ def test_rows_are_independent_of_the_batch_across_the_switch() -> None:
     assert fp8_matmul.warp_specialized(m, k, xd.device)
     full = fp8_matmul.linear_fp8(xd, wqd, wsd)
     for start, rows in [(0, 1), (137, 1), (5, 64), (44, 256), (3, 297)]:
-        assert torch.equal(fp8_matmul.linear_fp8(xd[start:start + rows], wqd, wsd), full[start:start + rows])
+        assert torch.equal(
+            fp8_matmul.linear_fp8(xd[start : start + rows], wqd, wsd), full[start : start + rows]
+        )

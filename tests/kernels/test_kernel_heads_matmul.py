@@ -20,8 +20,9 @@ from shardinfer.kernels.heads_matmul import HeadsTiles, heads_matmul
 SMALL = HeadsTiles(16, 32, 32, num_warps=4, num_stages=2)  # fixed for every T, as the real ones are
 
 
-def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0, device: str | torch.device = "cpu"
-           ) -> torch.Tensor:
+def _randn(
+    *shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0, device: str | torch.device = "cpu"
+) -> torch.Tensor:
     gen = torch.Generator(device=device).manual_seed(seed)
     return (torch.randn(*shape, generator=gen, device=device) * scale).to(dtype)
 
@@ -31,27 +32,33 @@ def _ref(x: torch.Tensor, w_nk: torch.Tensor) -> torch.Tensor:
 
 
 # 48 columns: a ragged column tile; K 40: a K tail
-@pytest.mark.parametrize("dtype,k,n", [(torch.float32, 64, 48), (torch.float16, 40, 32), (torch.bfloat16, 40, 48)])
-def test_matches_float64_and_rows_are_bitwise_invariant(device: torch.device, dtype: torch.dtype, k: int,
-                                                        n: int) -> None:
+@pytest.mark.parametrize(
+    "dtype,k,n", [(torch.float32, 64, 48), (torch.float16, 40, 32), (torch.bfloat16, 40, 48)]
+)
+def test_matches_float64_and_rows_are_bitwise_invariant(
+    device: torch.device, dtype: torch.dtype, k: int, n: int
+) -> None:
     x = _randn(37, 3, k, dtype=dtype, seed=k).to(device)
-    w = _randn(3, n, k, dtype=dtype, seed=k + 1, scale=k ** -0.5).to(device)
+    w = _randn(3, n, k, dtype=dtype, seed=k + 1, scale=k**-0.5).to(device)
     full = heads_matmul(x, w, SMALL)
     assert full.shape == (37, 3, n) and full.dtype == dtype and full.is_contiguous()
     assert rel_err(full, _ref(x, w)) < TOL[dtype]
     # Each slice puts its rows at other positions inside other row tiles than the full batch does.
     for start, rows in [(5, 1), (36, 1), (17, 20)]:
-        assert torch.equal(heads_matmul(x[start:start + rows], w, SMALL), full[start:start + rows]), (start, rows)
+        assert torch.equal(heads_matmul(x[start : start + rows], w, SMALL), full[start : start + rows]), (
+            start,
+            rows,
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_default_tiling_small_batches(device: torch.device, dtype: torch.dtype) -> None:
     x = _randn(37, 2, 32, dtype=dtype, seed=3).to(device)
-    w = _randn(2, 48, 32, dtype=dtype, seed=4, scale=32 ** -0.5).to(device)
+    w = _randn(2, 48, 32, dtype=dtype, seed=4, scale=32**-0.5).to(device)
     full = heads_matmul(x, w)
     assert rel_err(full, _ref(x, w)) < TOL[dtype]
     for t in (1, 5):
-        assert torch.equal(heads_matmul(x[30:30 + t], w), full[30:30 + t]), t
+        assert torch.equal(heads_matmul(x[30 : 30 + t], w), full[30 : 30 + t]), t
 
 
 def test_strided_query_view_is_read_in_place(device: torch.device) -> None:
@@ -121,7 +128,7 @@ def test_rejects_cpu_tensors_when_compiled(monkeypatch: pytest.MonkeyPatch) -> N
         heads_matmul(torch.randn(2, 2, 8), torch.randn(2, 4, 8))
 
 
-_COMPILE = r'''
+_COMPILE = r"""
 import json, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -141,10 +148,12 @@ k = triton.compile(ASTSource(fn=hm._heads_matmul_kernel, signature={**args, **{c
 ptx = k.asm["ptx"]
 print(json.dumps({"cp_async": "cp.async" in ptx, "wgmma": "wgmma.mma_async" in ptx, "spills": "ld.local" in ptx,
                   "shared": k.metadata.shared}))
-'''
+"""
 
 
-@pytest.mark.skipif("nvidia" not in triton.backends.backends, reason="Triton's NVIDIA backend is not installed")
+@pytest.mark.skipif(
+    "nvidia" not in triton.backends.backends, reason="Triton's NVIDIA backend is not installed"
+)
 def test_compiles_for_hopper_pipelined() -> None:
     """The interpreter accepts programs the GPU compiler rejects: compile to sm_90 PTX (in a child
     process, since this one runs the interpreter) at the bf16 W_UK shape and check the K loop is
@@ -170,8 +179,8 @@ def _check_invariant_and_accurate(x: torch.Tensor, w: torch.Tensor, monkeypatch:
     for rows in BATCH_SIZES:
         # Offsets that place the rows at the start, in the middle and across row-tile boundaries.
         for start in (0, 129, t - rows):
-            part = heads_matmul(x[start:start + rows], w)
-            assert torch.equal(part, full[start:start + rows]), (rows, start)
+            part = heads_matmul(x[start : start + rows], w)
+            assert torch.equal(part, full[start : start + rows]), (rows, start)
     # torch.bmm in float32 without TF32 for half types; float64 for float32.
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     wide = torch.float64 if x.dtype == torch.float32 else torch.float32
@@ -188,7 +197,7 @@ def test_mla_shapes_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # the attention output as it comes (contiguous).
     q = _randn(FULL_T, HEADS, k + 64, dtype=torch.bfloat16, seed=k, device="cuda")
     x = q[..., :k] if k == 128 else q[..., :k].contiguous()
-    w = _randn(HEADS, n, k, dtype=torch.bfloat16, seed=n, scale=k ** -0.5, device="cuda")
+    w = _randn(HEADS, n, k, dtype=torch.bfloat16, seed=n, scale=k**-0.5, device="cuda")
     _check_invariant_and_accurate(x, w, monkeypatch)
 
 
@@ -196,5 +205,5 @@ def test_mla_shapes_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_mla_shapes_other_dtypes(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     x = _randn(FULL_T, HEADS, 128 + 64, dtype=dtype, seed=1, device="cuda")[..., :128]
-    w = _randn(HEADS, 512, 128, dtype=dtype, seed=2, scale=128 ** -0.5, device="cuda")
+    w = _randn(HEADS, 512, 128, dtype=dtype, seed=2, scale=128**-0.5, device="cuda")
     _check_invariant_and_accurate(x, w, monkeypatch)

@@ -82,7 +82,9 @@ def _fp8_pair(cache: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
 @pytest.mark.parametrize(
     "dtype", [torch.float32, torch.float16] + ([torch.bfloat16] if torch.cuda.is_available() else [])
 )
-@pytest.mark.parametrize("d", [16, 128, 256])  # one scale per key and head (128: the dense models'); two groups
+@pytest.mark.parametrize(
+    "d", [16, 128, 256]
+)  # one scale per key and head (128: the dense models'); two groups
 def test_paged_attention_on_fp8_cache_equals_the_dequantised_cache(
     device: torch.device, dtype: torch.dtype, d: int
 ) -> None:
@@ -158,20 +160,44 @@ def _spread_scales(cache: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 # bfloat16 on the GPU only, as above; float16 cannot hold 2^20.
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else []))
-def test_paged_attention_on_fp8_cache_with_scales_far_from_one(device: torch.device, dtype: torch.dtype) -> None:
+def test_paged_attention_on_fp8_cache_with_scales_far_from_one(
+    device: torch.device, dtype: torch.dtype
+) -> None:
     gen = torch.Generator().manual_seed(11)
-    b = PagedBatch([4, 1, 1], [0, 200, 90], hq=8, hk=2, d=128, dv=128, block_size=16, dtype=torch.float32,
-                   device=device, seed=8)
+    b = PagedBatch(
+        [4, 1, 1],
+        [0, 200, 90],
+        hq=8,
+        hk=2,
+        d=128,
+        dv=128,
+        block_size=16,
+        dtype=torch.float32,
+        device=device,
+        seed=8,
+    )
     kq, ks, kd = _fp8_pair(_spread_scales(b.k_cache, gen), dtype)
     vq, vs, vd = _fp8_pair(_spread_scales(b.v_cache, gen), dtype)
     assert float(ks.max()) > 2.0**7 and float(vs.max()) > 2.0**7 and float(vs.min()) < 2.0**-30
-    idx = [torch.tensor(b.qsl, dtype=torch.int32, device=device),
-           torch.tensor(b.seq_lens, dtype=torch.int32, device=device), b.block_tables.to(device)]
+    idx = [
+        torch.tensor(b.qsl, dtype=torch.int32, device=device),
+        torch.tensor(b.seq_lens, dtype=torch.int32, device=device),
+        b.block_tables.to(device),
+    ]
     q = b.q.to(dtype).to(device)
-    got = paged_attention.paged_attention(q, kq.to(device), vq.to(device), *idx, 0.25, kv_chunk=256,
-                                          k_scale=ks.to(device), v_scale=vs.to(device))
-    on_dequantised = paged_attention.paged_attention(q, kd.to(device), vd.to(device), *idx, 0.25, kv_chunk=256,
-                                                     block_n=paged_attention.FP8_BLOCK_N)
+    got = paged_attention.paged_attention(
+        q,
+        kq.to(device),
+        vq.to(device),
+        *idx,
+        0.25,
+        kv_chunk=256,
+        k_scale=ks.to(device),
+        v_scale=vs.to(device),
+    )
+    on_dequantised = paged_attention.paged_attention(
+        q, kd.to(device), vd.to(device), *idx, 0.25, kv_chunk=256, block_n=paged_attention.FP8_BLOCK_N
+    )
     assert got.isfinite().all()
     assert torch.equal(got, on_dequantised)
 
@@ -179,11 +205,19 @@ def test_paged_attention_on_fp8_cache_with_scales_far_from_one(device: torch.dev
 def test_fp8_cache_key_tile_follows_kv_chunk(device: torch.device) -> None:
     """The FP8 cache's 128-key default tile is taken only where it divides kv_chunk; with a
     64-key chunk the default is the 64-key tile (the same bits as asking for it), not an error."""
-    b = PagedBatch([3, 1], [0, 90], hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32,
-                   device=device, seed=5)
+    b = PagedBatch(
+        [3, 1], [0, 90], hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32, device=device, seed=5
+    )
     (kq, ks), (vq, vs) = quantize_groups(b.k_cache), quantize_groups(b.v_cache)
-    args = (b.q.to(device), kq.to(device), vq.to(device), torch.tensor(b.qsl, dtype=torch.int32, device=device),
-            torch.tensor(b.seq_lens, dtype=torch.int32, device=device), b.block_tables.to(device), 0.25)
+    args = (
+        b.q.to(device),
+        kq.to(device),
+        vq.to(device),
+        torch.tensor(b.qsl, dtype=torch.int32, device=device),
+        torch.tensor(b.seq_lens, dtype=torch.int32, device=device),
+        b.block_tables.to(device),
+        0.25,
+    )
     scales = {"k_scale": ks.to(device), "v_scale": vs.to(device)}
     by_default = paged_attention.paged_attention(*args, kv_chunk=64, **scales)
     assert torch.equal(by_default, paged_attention.paged_attention(*args, kv_chunk=64, block_n=64, **scales))

@@ -28,8 +28,11 @@ def test_store_kv_casts_and_accepts_strided_token_rows(device: torch.device) -> 
     cache = torch.zeros(2, 4, 2, 8, dtype=torch.float16)
     slots = torch.tensor([1, 6, 2], dtype=torch.int32)
     got = cache.clone().to(device)
-    kv_store.store_kv(got, k.to(device) if device.type == "cpu" else fused.to(device)[:, 8:24].view(3, 2, 8),
-                      slots.to(device))
+    kv_store.store_kv(
+        got,
+        k.to(device) if device.type == "cpu" else fused.to(device)[:, 8:24].view(3, 2, 8),
+        slots.to(device),
+    )
     expected = cache.clone()
     reference.store_kv(expected, k, slots.long())
     assert torch.equal(got.cpu(), expected)
@@ -39,7 +42,9 @@ def test_store_kv_rejects_bad_inputs(device: torch.device) -> None:
     cache = torch.zeros(2, 4, 2, 8, device=device)
     vals = torch.zeros(3, 2, 8, device=device)
     with pytest.raises(ValueError, match=r"values.shape"):
-        kv_store.store_kv(cache, torch.zeros(3, 2, 4, device=device), torch.zeros(3, dtype=torch.int64, device=device))
+        kv_store.store_kv(
+            cache, torch.zeros(3, 2, 4, device=device), torch.zeros(3, dtype=torch.int64, device=device)
+        )
     with pytest.raises(ValueError, match=r"slot_mapping.shape"):
         kv_store.store_kv(cache, vals, torch.zeros(2, dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match=r"slot_mapping.dtype"):
@@ -47,5 +52,8 @@ def test_store_kv_rejects_bad_inputs(device: torch.device) -> None:
     with pytest.raises(ValueError, match=r"contiguous"):
         kv_store.store_kv(cache.transpose(0, 1), vals, torch.zeros(3, dtype=torch.int64, device=device))
     with pytest.raises(ValueError, match=r"entry contiguous"):
-        kv_store.store_kv(cache, torch.zeros(3, 8, 2, device=device).transpose(1, 2),
-                          torch.zeros(3, dtype=torch.int64, device=device))
+        kv_store.store_kv(
+            cache,
+            torch.zeros(3, 8, 2, device=device).transpose(1, 2),
+            torch.zeros(3, dtype=torch.int64, device=device),
+        )

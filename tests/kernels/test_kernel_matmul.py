@@ -37,10 +37,11 @@ def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> to
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
 
 
-def _problem(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
-             seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _problem(
+    m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x = _randn(m, k, dtype=dtype, seed=seed)
-    w = _randn(n, k, dtype=dtype, seed=seed + 1, scale=k ** -0.5)
+    w = _randn(n, k, dtype=dtype, seed=seed + 1, scale=k**-0.5)
     b = _randn(n, dtype=dtype, seed=seed + 2)
     return x.to(device), w.to(device), b.to(device)
 
@@ -52,10 +53,13 @@ def _ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tens
 
 @pytest.mark.parametrize("dtype", DTYPES)
 # 40: a K tail; 72: five K steps over three split ranges (2 + 2 + 1), the last with the tail
-@pytest.mark.parametrize("config,k", [("persistent", 40), ("one_tile_per_program", 48), ("tma", 40),
-                                      ("split_k", 72), ("split_k_tma", 72)])
-def test_matches_float64_and_rows_are_bitwise_invariant(device: torch.device, dtype: torch.dtype, config: str,
-                                                        k: int) -> None:
+@pytest.mark.parametrize(
+    "config,k",
+    [("persistent", 40), ("one_tile_per_program", 48), ("tma", 40), ("split_k", 72), ("split_k_tma", 72)],
+)
+def test_matches_float64_and_rows_are_bitwise_invariant(
+    device: torch.device, dtype: torch.dtype, config: str, k: int
+) -> None:
     cfg = SMALL[config]
     x, w, b = _problem(37, 40, k, dtype, device, seed=k)
     full = mm.linear_with_config(x, w, b, cfg)
@@ -63,8 +67,8 @@ def test_matches_float64_and_rows_are_bitwise_invariant(device: torch.device, dt
     assert rel_err(full, _ref(x, w, b)) < TOL[dtype]
     # Each slice puts its rows at other positions inside other tiles than the full batch does.
     for start, rows in [(5, 1), (36, 1), (3, 7), (17, 20)]:
-        part = mm.linear_with_config(x[start:start + rows], w, b, cfg)
-        assert torch.equal(part, full[start:start + rows]), (start, rows)
+        part = mm.linear_with_config(x[start : start + rows], w, b, cfg)
+        assert torch.equal(part, full[start : start + rows]), (start, rows)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -73,7 +77,7 @@ def test_default_tiling_without_bias(device: torch.device, dtype: torch.dtype) -
     full = mm.linear_batch_invariant(x, w)
     assert rel_err(full, _ref(x, w, None)) < TOL[dtype]
     for i in (0, 77, 130):
-        assert torch.equal(mm.linear_batch_invariant(x[i:i + 1], w), full[i:i + 1])
+        assert torch.equal(mm.linear_batch_invariant(x[i : i + 1], w), full[i : i + 1])
 
 
 def test_router_shaped_float32_default_splits_k_and_stays_invariant(device: torch.device) -> None:
@@ -84,7 +88,7 @@ def test_router_shaped_float32_default_splits_k_and_stays_invariant(device: torc
     full = mm.linear_batch_invariant(x, w)
     assert rel_err(full, _ref(x, w, None)) < TOL[torch.float32]
     for start, rows in [(0, 1), (36, 1), (5, 20)]:
-        assert torch.equal(mm.linear_batch_invariant(x[start:start + rows], w), full[start:start + rows])
+        assert torch.equal(mm.linear_batch_invariant(x[start : start + rows], w), full[start : start + rows])
 
 
 def test_row_strided_input(device: torch.device) -> None:
@@ -104,7 +108,7 @@ def test_unaligned_activations_are_copied(device: torch.device, config: str) -> 
     x, w, b = _problem(6, 16, 32, torch.bfloat16, device, seed=8)
     cfg = SMALL[config]
     full = mm.linear_with_config(x, w, b, cfg)
-    shifted = x.flatten()[4:4 + 5 * 32].view(5, 32)  # rows start 4 elements into x's rows
+    shifted = x.flatten()[4 : 4 + 5 * 32].view(5, 32)  # rows start 4 elements into x's rows
     ref = mm.linear_with_config(shifted.clone(), w, b, cfg)
     assert torch.equal(mm.linear_with_config(shifted, w, b, cfg), ref)
     assert torch.equal(mm.linear_with_config(x[3:4], w, b, cfg), full[3:4])
@@ -132,32 +136,58 @@ def test_measured_configs_are_read_per_gpu_model(tmp_path, monkeypatch: pytest.M
     monkeypatch.setattr(mm, "CONFIG_DIR", tmp_path)
     mm.measured_configs.cache_clear()
     measured = mm.TileConfig(64, 32, 64, num_warps=4, num_stages=5)
-    mm.config_path("Some GPU 80GB").write_text(json.dumps({"entries": [
-        {"n": 1024, "k": 2048, "dtype": "bfloat16", "config": dataclasses.asdict(measured)}]}))
+    mm.config_path("Some GPU 80GB").write_text(
+        json.dumps(
+            {"entries": [{"n": 1024, "k": 2048, "dtype": "bfloat16", "config": dataclasses.asdict(measured)}]}
+        )
+    )
     assert mm.config_path("Some GPU 80GB").name == "Some_GPU_80GB.json"
     try:
         assert mm.tile_config(1024, 2048, torch.bfloat16, "Some GPU 80GB") == measured
         default = mm.tile_config(1024, 2048, torch.bfloat16)
         assert default != measured
         assert mm.tile_config(1024, 2048, torch.bfloat16, "Another GPU") == default
-        assert mm.tile_config(1024, 2048, torch.float16, "Some GPU 80GB") == mm.tile_config(1024, 2048, torch.float16)
-        assert mm.tile_config(2048, 1024, torch.bfloat16, "Some GPU 80GB") == mm.tile_config(2048, 1024, torch.bfloat16)
+        assert mm.tile_config(1024, 2048, torch.float16, "Some GPU 80GB") == mm.tile_config(
+            1024, 2048, torch.float16
+        )
+        assert mm.tile_config(2048, 1024, torch.bfloat16, "Some GPU 80GB") == mm.tile_config(
+            2048, 1024, torch.bfloat16
+        )
     finally:
         mm.measured_configs.cache_clear()
 
 
-def test_tilings_by_batch_size_pick_the_first_range_holding_m(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tilings_by_batch_size_pick_the_first_range_holding_m(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(mm, "CONFIG_DIR", tmp_path)
     mm.measured_configs.cache_clear()
     small = mm.TileConfig(64, 32, 64, num_warps=4, num_stages=5)
     mid = mm.TileConfig(128, 128, 64, num_warps=8, num_stages=4, tma=True)
     rest = mm.TileConfig(128, 256, 128, num_warps=8, num_stages=3)
-    mm.config_path("Some GPU").write_text(json.dumps({"entries": [
-        {"n": 1024, "k": 2048, "dtype": "bfloat16", "config": dataclasses.asdict(rest),
-         "by_m": [{"max_m": 16, "config": dataclasses.asdict(small)},
-                  {"max_m": 1024, "config": dataclasses.asdict(mid)}]}]}))
+    mm.config_path("Some GPU").write_text(
+        json.dumps(
+            {
+                "entries": [
+                    {
+                        "n": 1024,
+                        "k": 2048,
+                        "dtype": "bfloat16",
+                        "config": dataclasses.asdict(rest),
+                        "by_m": [
+                            {"max_m": 16, "config": dataclasses.asdict(small)},
+                            {"max_m": 1024, "config": dataclasses.asdict(mid)},
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     try:
-        got = {m: mm.tile_config(1024, 2048, torch.bfloat16, "Some GPU", m) for m in (1, 16, 17, 1024, 1025, 8192)}
+        got = {
+            m: mm.tile_config(1024, 2048, torch.bfloat16, "Some GPU", m)
+            for m in (1, 16, 17, 1024, 1025, 8192)
+        }
         assert got == {1: small, 16: small, 17: mid, 1024: mid, 1025: rest, 8192: rest}
         assert mm.tile_config(1024, 2048, torch.bfloat16, "Some GPU") == rest  # no M: the large-M tiling
     finally:
@@ -178,26 +208,50 @@ def test_warm_up_skips_cpu_weights() -> None:
     assert mm.warm_up([torch.zeros(8, 16)]) == 0
 
 
-@pytest.mark.parametrize(("configs", "k", "dtype", "match"), [
-    ([mm.TileConfig(64, 64, 64, 4, 3), mm.TileConfig(64, 64, 64, 4, 3, split_k=2)], 1024, torch.bfloat16,
-     "mix split_k"),
-    ([mm.TileConfig(64, 64, 64, 4, 3, split_k=2), mm.TileConfig(64, 64, 128, 4, 3, split_k=2)], 1024,
-     torch.bfloat16, "split K differently"),
-    ([mm.TileConfig(64, 64, 64, 4, 3), mm.TileConfig(64, 64, 128, 4, 3)], 1000, torch.bfloat16,
-     "split K differently"),
-    ([mm.TileConfig(32, 64, 64, 4, 3), mm.TileConfig(64, 64, 64, 4, 3)], 1024, torch.bfloat16, "tensor-core"),
-    ([mm.TileConfig(64, 64, 32, 4, 3), mm.TileConfig(128, 64, 32, 4, 3)], 1024, torch.float32, "16-bit"),
-])
-def test_tilings_that_would_sum_rows_differently_are_refused(configs: list[mm.TileConfig], k: int,
-                                                            dtype: torch.dtype, match: str) -> None:
+@pytest.mark.parametrize(
+    ("configs", "k", "dtype", "match"),
+    [
+        (
+            [mm.TileConfig(64, 64, 64, 4, 3), mm.TileConfig(64, 64, 64, 4, 3, split_k=2)],
+            1024,
+            torch.bfloat16,
+            "mix split_k",
+        ),
+        (
+            [mm.TileConfig(64, 64, 64, 4, 3, split_k=2), mm.TileConfig(64, 64, 128, 4, 3, split_k=2)],
+            1024,
+            torch.bfloat16,
+            "split K differently",
+        ),
+        (
+            [mm.TileConfig(64, 64, 64, 4, 3), mm.TileConfig(64, 64, 128, 4, 3)],
+            1000,
+            torch.bfloat16,
+            "split K differently",
+        ),
+        (
+            [mm.TileConfig(32, 64, 64, 4, 3), mm.TileConfig(64, 64, 64, 4, 3)],
+            1024,
+            torch.bfloat16,
+            "tensor-core",
+        ),
+        ([mm.TileConfig(64, 64, 32, 4, 3), mm.TileConfig(128, 64, 32, 4, 3)], 1024, torch.float32, "16-bit"),
+    ],
+)
+def test_tilings_that_would_sum_rows_differently_are_refused(
+    configs: list[mm.TileConfig], k: int, dtype: torch.dtype, match: str
+) -> None:
     with pytest.raises(ValueError, match=match):
         mm.check_interchangeable(k, dtype, configs)
 
 
 def test_interchangeable_tilings_pass() -> None:
-    mm.check_interchangeable(1024, torch.bfloat16, [mm.TileConfig(64, 32, 128, 4, 3), mm.TileConfig(128, 256, 64, 8, 3,
-                                                                                                    tma=True)])
-    mm.check_interchangeable(1000, torch.float32, [mm.TileConfig(32, 64, 32, 4, 3)] * 2)  # one tiling: always fine
+    mm.check_interchangeable(
+        1024, torch.bfloat16, [mm.TileConfig(64, 32, 128, 4, 3), mm.TileConfig(128, 256, 64, 8, 3, tma=True)]
+    )
+    mm.check_interchangeable(
+        1000, torch.float32, [mm.TileConfig(32, 64, 32, 4, 3)] * 2
+    )  # one tiling: always fine
 
 
 def test_shipped_tilings_load_and_are_interchangeable() -> None:
@@ -210,18 +264,22 @@ def test_shipped_tilings_load_and_are_interchangeable() -> None:
         mm.check_interchangeable(k, dtype, t.configs)
 
 
-@pytest.mark.parametrize("text", [
-    "{not json",
-    '{"entries": [{"n": 8, "k": 8, "dtype": "bfloat16"}]}',
-    '{"entries": [{"n": 8, "k": 8, "dtype": "Tensor", "config": {}}]}',
-    '{"entries": [{"n": 8, "k": 8, "dtype": "bfloat16", "config": {"block_m": 48, "block_n": 16, '
-    '"block_k": 16, "num_warps": 4, "num_stages": 2}}]}',
-    '{"entries": [{"n": 8, "k": 64, "dtype": "bfloat16", "config": {"block_m": 64, "block_n": 16, "block_k": 16, '
-    '"num_warps": 4, "num_stages": 2}, "by_m": [{"max_m": 8, "config": {"block_m": 64, "block_n": 16, '
-    '"block_k": 16, "num_warps": 4, "num_stages": 2, "split_k": 2}}]}]}',
-])
-def test_unreadable_measured_configs_name_the_file_and_the_fix(tmp_path, monkeypatch: pytest.MonkeyPatch,
-                                                               text: str) -> None:
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        '{"entries": [{"n": 8, "k": 8, "dtype": "bfloat16"}]}',
+        '{"entries": [{"n": 8, "k": 8, "dtype": "Tensor", "config": {}}]}',
+        '{"entries": [{"n": 8, "k": 8, "dtype": "bfloat16", "config": {"block_m": 48, "block_n": 16, '
+        '"block_k": 16, "num_warps": 4, "num_stages": 2}}]}',
+        '{"entries": [{"n": 8, "k": 64, "dtype": "bfloat16", "config": {"block_m": 64, "block_n": 16, "block_k": 16, '
+        '"num_warps": 4, "num_stages": 2}, "by_m": [{"max_m": 8, "config": {"block_m": 64, "block_n": 16, '
+        '"block_k": 16, "num_warps": 4, "num_stages": 2, "split_k": 2}}]}]}',
+    ],
+)
+def test_unreadable_measured_configs_name_the_file_and_the_fix(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
     monkeypatch.setattr(mm, "CONFIG_DIR", tmp_path)
     mm.measured_configs.cache_clear()
     mm.config_path("Broken GPU").write_text(text)
@@ -267,33 +325,51 @@ def test_rejects_cpu_tensors_when_compiled(monkeypatch: pytest.MonkeyPatch) -> N
 # ---- real shapes on the GPU -------------------------------------------------------------------
 
 QWEN3_SHAPES = {  # (N, K) of each projection
-    "0.6b_qkv": (4096, 1024), "0.6b_gate_up": (6144, 1024), "0.6b_o": (1024, 2048),
-    "0.6b_down": (1024, 3072), "0.6b_lm_head": (151936, 1024),
-    "8b_qkv": (6144, 4096), "8b_gate_up": (24576, 4096), "8b_o": (4096, 4096),
-    "8b_down": (4096, 12288), "8b_lm_head": (151936, 4096),
+    "0.6b_qkv": (4096, 1024),
+    "0.6b_gate_up": (6144, 1024),
+    "0.6b_o": (1024, 2048),
+    "0.6b_down": (1024, 3072),
+    "0.6b_lm_head": (151936, 1024),
+    "8b_qkv": (6144, 4096),
+    "8b_gate_up": (24576, 4096),
+    "8b_o": (4096, 4096),
+    "8b_down": (4096, 12288),
+    "8b_lm_head": (151936, 4096),
 }
 MOE16B_SHAPES = {  # attention and shared-expert projections of the moe-16b benchmark model
-    "q": (3072, 2048), "kv_a": (576, 2048), "o": (2048, 2048), "shared_gate_up": (5632, 2048),
-    "shared_down": (2048, 2816), "lm_head": (163840, 2048),
+    "q": (3072, 2048),
+    "kv_a": (576, 2048),
+    "o": (2048, 2048),
+    "shared_gate_up": (5632, 2048),
+    "shared_down": (2048, 2816),
+    "lm_head": (163840, 2048),
 }
 # Each compared with the same rows inside M=4096; with the shipped tilings these sizes fall in
 # every range of M that has its own tiling (<= 16, <= 128, <= 1024, larger).
 BATCH_SIZES = (1, 7, 64, 300)
 
 
-def _gpu_problem(n: int, k: int, dtype: torch.dtype, bias: bool,
-                 seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _gpu_problem(
+    n: int, k: int, dtype: torch.dtype, bias: bool, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(4096, k, device="cuda", generator=gen).to(dtype)
-    w = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(dtype)
+    w = (torch.randn(n, k, device="cuda", generator=gen) * k**-0.5).to(dtype)
     b = torch.randn(n, device="cuda", generator=gen).to(dtype) if bias else None
     return x, w, b
 
 
-def _check_invariant_and_accurate(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                                  monkeypatch: pytest.MonkeyPatch, config: mm.TileConfig | None = None) -> None:
+def _check_invariant_and_accurate(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    monkeypatch: pytest.MonkeyPatch,
+    config: mm.TileConfig | None = None,
+) -> None:
     def run(a: torch.Tensor) -> torch.Tensor:
-        return mm.linear_batch_invariant(a, w, b) if config is None else mm.linear_with_config(a, w, b, config)
+        return (
+            mm.linear_batch_invariant(a, w, b) if config is None else mm.linear_with_config(a, w, b, config)
+        )
 
     full = run(x)
     assert torch.equal(run(x), full)  # run to run
@@ -301,8 +377,8 @@ def _check_invariant_and_accurate(x: torch.Tensor, w: torch.Tensor, b: torch.Ten
     for rows in BATCH_SIZES:
         # Offsets that place the rows at the start, in the middle and across tile boundaries.
         for start in (0, 129, m - rows):
-            part = run(x[start:start + rows])
-            assert torch.equal(part, full[start:start + rows]), (rows, start)
+            part = run(x[start : start + rows])
+            assert torch.equal(part, full[start : start + rows]), (rows, start)
     # torch's float32 matmul (no TF32) for half types; float64 for float32, whose own
     # reduction-order noise would otherwise be half the tolerance.
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -357,8 +433,10 @@ def test_tma_tilings_bf16(shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The copy-engine variant (a tuning candidate) keeps the same guarantees."""
     n, k = QWEN3_SHAPES[shape]
     x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=False, seed=n * 3 + k)
-    for cfg in (mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
-                mm.TileConfig(128, 64, 64, num_warps=8, num_stages=4, tma=True)):
+    for cfg in (
+        mm.TileConfig(128, 128, 64, num_warps=8, num_stages=3, tma=True),
+        mm.TileConfig(128, 64, 64, num_warps=8, num_stages=4, tma=True),
+    ):
         _check_invariant_and_accurate(x, w, b, monkeypatch, cfg)
 
 
@@ -368,8 +446,10 @@ def test_fixed_split_k_tilings_bf16(shape: str, monkeypatch: pytest.MonkeyPatch)
     """Fixed split-K (a decode tuning candidate) keeps the same guarantees at real shapes."""
     n, k = QWEN3_SHAPES[shape]
     x, w, b = _gpu_problem(n, k, torch.bfloat16, bias=True, seed=n * 5 + k)
-    for cfg in (mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, split_k=4),
-                mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True, split_k=2)):
+    for cfg in (
+        mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, split_k=4),
+        mm.TileConfig(64, 128, 64, num_warps=4, num_stages=4, tma=True, split_k=2),
+    ):
         _check_invariant_and_accurate(x, w, b, monkeypatch, cfg)
 
 

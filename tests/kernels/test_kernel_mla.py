@@ -19,8 +19,17 @@ from shardinfer.kernels.mla_decode import mla_paged_attention
 
 
 class MlaBatch:
-    def __init__(self, q_lens: list[int], ctx: list[int], heads: int, rank: int, rope: int, block_size: int,
-                 dtype: torch.dtype, seed: int) -> None:
+    def __init__(
+        self,
+        q_lens: list[int],
+        ctx: list[int],
+        heads: int,
+        rank: int,
+        rope: int,
+        block_size: int,
+        dtype: torch.dtype,
+        seed: int,
+    ) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.seq_lens = [c + q for c, q in zip(ctx, q_lens, strict=True)]
         self.qsl = [0]
@@ -32,7 +41,7 @@ class MlaBatch:
         self.block_tables = torch.full((len(q_lens), max(n_blocks)), -1, dtype=torch.int32)
         used = 0
         for i, n in enumerate(n_blocks):
-            self.block_tables[i, :n] = perm[used:used + n].int()
+            self.block_tables[i, :n] = perm[used : used + n].int()
             used += n
         self.cache = torch.randn(total, block_size, rank + rope, generator=gen).to(dtype)
         self.cache[perm[used:]] = float("nan")  # blocks nobody owns must never be read
@@ -40,36 +49,48 @@ class MlaBatch:
         self.q_pe = torch.randn(self.qsl[-1], heads, rope, generator=gen).to(dtype)
 
     def reference(self, scale: float) -> torch.Tensor:
-        return reference_mla.mla_paged_attention(self.q_latent, self.q_pe, self.cache, self.qsl, self.seq_lens,
-                                                 self.block_tables, scale)
+        return reference_mla.mla_paged_attention(
+            self.q_latent, self.q_pe, self.cache, self.qsl, self.seq_lens, self.block_tables, scale
+        )
 
-    def run(self, device: torch.device, scale: float, rows: slice | None = None, **kw: int | bool) -> torch.Tensor:
+    def run(
+        self, device: torch.device, scale: float, rows: slice | None = None, **kw: int | bool
+    ) -> torch.Tensor:
         if rows is None:
             qsl, sl, bt, lo, hi = self.qsl, self.seq_lens, self.block_tables, 0, self.qsl[-1]
         else:
             i = rows.start
             lo, hi = self.qsl[i], self.qsl[i + 1]
-            qsl, sl, bt = [0, hi - lo], [self.seq_lens[i]], self.block_tables[i:i + 1]
-        return mla_paged_attention(self.q_latent[lo:hi].to(device), self.q_pe[lo:hi].to(device),
-                                   self.cache.to(device), torch.tensor(qsl, dtype=torch.int32, device=device),
-                                   torch.tensor(sl, dtype=torch.int32, device=device), bt.to(device), scale,
-                                   **kw).cpu()
+            qsl, sl, bt = [0, hi - lo], [self.seq_lens[i]], self.block_tables[i : i + 1]
+        return mla_paged_attention(
+            self.q_latent[lo:hi].to(device),
+            self.q_pe[lo:hi].to(device),
+            self.cache.to(device),
+            torch.tensor(qsl, dtype=torch.int32, device=device),
+            torch.tensor(sl, dtype=torch.int32, device=device),
+            bt.to(device),
+            scale,
+            **kw,
+        ).cpu()
 
 
 def test_matches_reference_and_is_batch_invariant(device: torch.device) -> None:
-    b = MlaBatch([3, 1, 1], [0, 90, 40], heads=8, rank=32, rope=16, block_size=16, dtype=torch.float32, seed=1)
+    b = MlaBatch(
+        [3, 1, 1], [0, 90, 40], heads=8, rank=32, rope=16, block_size=16, dtype=torch.float32, seed=1
+    )
     out = b.run(device, 0.2, kv_chunk=64)
     assert rel_err(out, b.reference(0.2)) < 1e-5
     for i in range(3):
         alone = b.run(device, 0.2, rows=slice(i, i + 1), kv_chunk=64)
-        assert torch.equal(alone, out[b.qsl[i]:b.qsl[i + 1]])
+        assert torch.equal(alone, out[b.qsl[i] : b.qsl[i + 1]])
 
 
 @pytest.mark.parametrize("block_size", [16, 48, 128])  # pages smaller than, across, and larger than a chunk
 def test_page_prefetch_reads_the_same_keys(device: torch.device, block_size: int) -> None:
     """The chunk's page ids read once up front give the bits of one block-table read per tile."""
-    b = MlaBatch([2, 1, 1], [61, 150, 7], heads=4, rank=32, rope=16, block_size=block_size, dtype=torch.float32,
-                 seed=6)
+    b = MlaBatch(
+        [2, 1, 1], [61, 150, 7], heads=4, rank=32, rope=16, block_size=block_size, dtype=torch.float32, seed=6
+    )
     out = b.run(device, 0.25, kv_chunk=64, block_n=16, page_prefetch=True)
     assert rel_err(out, b.reference(0.25)) < 1e-5
     assert torch.equal(out, b.run(device, 0.25, kv_chunk=64, block_n=16, page_prefetch=False))
@@ -80,8 +101,9 @@ def test_tma_tiles_match_reference_and_are_batch_invariant(device: torch.device,
     """Key tiles through TMA descriptors (one page read per tile). The pages past each sequence's
     last key are filled with NaN: the tile rows read there must not reach the output."""
     b = MlaBatch([3, 1, 2], [0, 90, 37], heads=8, rank=32, rope=16, block_size=32, dtype=dtype, seed=5)
-    ref = reference_mla.mla_paged_attention(b.q_latent.float(), b.q_pe.float(), b.cache.float(), b.qsl,
-                                            b.seq_lens, b.block_tables, 0.2)
+    ref = reference_mla.mla_paged_attention(
+        b.q_latent.float(), b.q_pe.float(), b.cache.float(), b.qsl, b.seq_lens, b.block_tables, 0.2
+    )
     for i, length in enumerate(b.seq_lens):
         page, slot = divmod(length, 32)
         if slot:
@@ -90,7 +112,7 @@ def test_tma_tiles_match_reference_and_are_batch_invariant(device: torch.device,
     assert rel_err(out.float(), ref) < (1e-5 if dtype == torch.float32 else TOL[dtype])
     for i in range(3):
         alone = b.run(device, 0.2, rows=slice(i, i + 1), kv_chunk=64, block_n=16, tma=True)
-        assert torch.equal(alone, out[b.qsl[i]:b.qsl[i + 1]])
+        assert torch.equal(alone, out[b.qsl[i] : b.qsl[i + 1]])
     with pytest.raises(ValueError, match="must not cross"):
         b.run(device, 0.2, kv_chunk=128, block_n=64, tma=True)
 
@@ -106,8 +128,16 @@ def test_merge_in_kernel_gives_the_merge_kernels_bits(device: torch.device, bloc
     """The last chunk program of a tile merging the chunks equals the separate merge kernel bit for
     bit, across 1 to 6 chunks, a prefill row and heads split over two tiles; a second call (its
     arrival counters reset by the first) gives the same bits again."""
-    b = MlaBatch([3, 1, 1, 1, 1], [0, 63, 130, 250, 380], heads=32, rank=32, rope=16, block_size=16,
-                 dtype=torch.float32, seed=12)
+    b = MlaBatch(
+        [3, 1, 1, 1, 1],
+        [0, 63, 130, 250, 380],
+        heads=32,
+        rank=32,
+        rope=16,
+        block_size=16,
+        dtype=torch.float32,
+        seed=12,
+    )
     merged = b.run(device, 0.2, kv_chunk=64, block_m=block_m, merge=True)
     assert rel_err(merged, b.reference(0.2)) < 1e-5
     assert torch.equal(merged, b.run(device, 0.2, kv_chunk=64, block_m=block_m, merge=False))
@@ -153,13 +183,14 @@ def test_deepseek_shapes_bf16(tma: bool) -> None:
     q_lens = [300] + [1] * 31
     ctx = [200] + [97 * i for i in range(31)]
     b = MlaBatch(q_lens, ctx, heads=16, rank=512, rope=64, block_size=64, dtype=torch.bfloat16, seed=4)
-    scale = 192 ** -0.5
-    ref = reference_mla.mla_paged_attention(b.q_latent.float(), b.q_pe.float(), b.cache.float(), b.qsl,
-                                            b.seq_lens, b.block_tables, scale)
+    scale = 192**-0.5
+    ref = reference_mla.mla_paged_attention(
+        b.q_latent.float(), b.q_pe.float(), b.cache.float(), b.qsl, b.seq_lens, b.block_tables, scale
+    )
     out = b.run(dev, scale, tma=tma)
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     for i in (0, 5):
-        assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1), tma=tma), out[b.qsl[i]:b.qsl[i + 1]])
+        assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1), tma=tma), out[b.qsl[i] : b.qsl[i + 1]])
 
 
 @pytest.mark.gpu
@@ -172,8 +203,11 @@ def test_merge_in_kernel_under_graph_replays() -> None:
     ctx = [int(c) for c in torch.randint(1, 5000, (200,), generator=gen)]
     b = MlaBatch([1] * 200, ctx, heads=16, rank=512, rope=64, block_size=64, dtype=torch.bfloat16, seed=14)
     args = [t.to(dev) for t in (b.q_latent, b.q_pe, b.cache)]
-    index = [torch.tensor(b.qsl, dtype=torch.int32, device=dev), torch.tensor(b.seq_lens, dtype=torch.int32,
-                                                                              device=dev), b.block_tables.to(dev)]
+    index = [
+        torch.tensor(b.qsl, dtype=torch.int32, device=dev),
+        torch.tensor(b.seq_lens, dtype=torch.int32, device=dev),
+        b.block_tables.to(dev),
+    ]
 
     def run(merge: bool) -> torch.Tensor:
         return mla_paged_attention(*args, *index, 0.1, max_seq_len=5000, merge=merge)
@@ -196,19 +230,27 @@ def test_pipeline_depth_follows_the_waves_of_programs() -> None:
     # 16 heads fill a 16-row tile: one program per (decode token, 1024-key chunk); an H200 has 132 SMs.
     def stages(tokens: int, ctx: int) -> int:
         return mla_decode.pipeline_stages(tokens, 16, ctx, 1024, 16, 132)
+
     assert stages(64, 2048) == stages(132, 1024) == stages(128, 512) == mla_decode.MLA_NUM_STAGES_ONE_WAVE
     assert stages(128, 2048) == stages(133, 512) == stages(256, 512) == mla_decode.MLA_NUM_STAGES
     # A graph's max_seq_len is the longest allowed context: chunks count up to two.
-    assert stages(64, 8192) == mla_decode.MLA_NUM_STAGES_ONE_WAVE and stages(100, 8192) == mla_decode.MLA_NUM_STAGES
+    assert (
+        stages(64, 8192) == mla_decode.MLA_NUM_STAGES_ONE_WAVE
+        and stages(100, 8192) == mla_decode.MLA_NUM_STAGES
+    )
     assert mla_decode.pipeline_stages(64, 16, 2048, 1024, 16, 0) == mla_decode.MLA_NUM_STAGES  # not on a GPU
     # 8 heads in a 16-row tile: two decode tokens per program.
     assert mla_decode.pipeline_stages(200, 8, 1000, 1024, 16, 132) == mla_decode.MLA_NUM_STAGES_ONE_WAVE
     # Float32 tiles never take the deeper pipeline (it overflows shared memory at rank 512).
-    assert mla_decode.pipeline_stages(64, 16, 2048, 1024, 16, 132, element_size=4) == mla_decode.MLA_NUM_STAGES
+    assert (
+        mla_decode.pipeline_stages(64, 16, 2048, 1024, 16, 132, element_size=4) == mla_decode.MLA_NUM_STAGES
+    )
     # An FP8 cache runs one stage in one wave or many (two programs per SM; bench/kernels/NOTES.md).
     assert mla_decode.MLA_FP8_NUM_STAGES == 1
-    assert all(mla_decode.pipeline_stages(tokens, 16, ctx, 1024, 16, 132, fp8_cache=True) == 1
-               for tokens, ctx in ((1, 100), (64, 2048), (256, 8192)))
+    assert all(
+        mla_decode.pipeline_stages(tokens, 16, ctx, 1024, 16, 132, fp8_cache=True) == 1
+        for tokens, ctx in ((1, 100), (64, 2048), (256, 8192))
+    )
 
 
 def test_fp8_cache_launches_at_its_own_depth(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,8 +268,11 @@ def test_fp8_cache_launches_at_its_own_depth(monkeypatch: pytest.MonkeyPatch) ->
     cache = torch.randn(2, 16, 64 + 16)
     cq, cs = quantize_groups(cache)
     args = (torch.randn(1, 4, 64), torch.randn(1, 4, 16))
-    idx = (torch.tensor([0, 1], dtype=torch.int32), torch.tensor([20], dtype=torch.int32),
-           torch.tensor([[0, 1]], dtype=torch.int32))
+    idx = (
+        torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([20], dtype=torch.int32),
+        torch.tensor([[0, 1]], dtype=torch.int32),
+    )
     mla_paged_attention(*args, cq, *idx, 0.1, cache_scale=cs)
     mla_paged_attention(*args, cache, *idx, 0.1)
     mla_paged_attention(*args, cq, *idx, 0.1, cache_scale=cs, num_stages=2)
@@ -242,12 +287,12 @@ def test_pipeline_depth_keeps_the_bits() -> None:
     gen = torch.Generator().manual_seed(8)
     ctx = [int(c) for c in torch.randint(1, 3000, (200,), generator=gen)]
     b = MlaBatch([1] * 200, ctx, heads=16, rank=512, rope=64, block_size=64, dtype=torch.bfloat16, seed=9)
-    scale = 192 ** -0.5
+    scale = 192**-0.5
     out = b.run(dev, scale)
     for stages in (2, 3):
         assert torch.equal(b.run(dev, scale, num_stages=stages), out)
     for i in (0, 77, 199):
-        assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1)), out[i:i + 1])
+        assert torch.equal(b.run(dev, scale, rows=slice(i, i + 1)), out[i : i + 1])
 
 
 @pytest.mark.gpu
@@ -287,8 +332,14 @@ def test_padded_decode_layout_reads_no_key_past_a_sequence(device: torch.device)
 
     def attend(lat: torch.Tensor, pe: torch.Tensor, h) -> torch.Tensor:
         return mla_paged_attention(
-            lat.to(device), pe.to(device), cache.to(device), torch.tensor(h.query_start_loc, device=device),
-            torch.tensor(h.seq_lens, device=device), torch.tensor(h.block_tables, device=device), 0.2, kv_chunk=64,
+            lat.to(device),
+            pe.to(device),
+            cache.to(device),
+            torch.tensor(h.query_start_loc, device=device),
+            torch.tensor(h.seq_lens, device=device),
+            torch.tensor(h.block_tables, device=device),
+            0.2,
+            kv_chunk=64,
         ).cpu()
 
     padded, rows = pad_to_width(host, w)

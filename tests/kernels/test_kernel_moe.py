@@ -10,14 +10,15 @@ from shardinfer.kernels import moe, reference_moe
 from shardinfer.kernels.moe import MoeTiles, align_to_experts, fused_moe, padded_slots
 
 
-def _problem(t: int, hidden: int, inter: int, experts: int, top_k: int, dtype: torch.dtype, seed: int
-             ) -> tuple[torch.Tensor, ...]:
+def _problem(
+    t: int, hidden: int, inter: int, experts: int, top_k: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(t, hidden, generator=gen).to(dtype)
     logits = torch.randn(t, experts, generator=gen)
     weights, ids = reference_moe.grouped_topk(logits, None, top_k, renormalize=True)
-    w_gate_up = (torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5).to(dtype)
-    w_down = (torch.randn(experts, hidden, inter, generator=gen) / inter ** 0.5).to(dtype)
+    w_gate_up = (torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5).to(dtype)
+    w_down = (torch.randn(experts, hidden, inter, generator=gen) / inter**0.5).to(dtype)
     return x, ids, weights, w_gate_up, w_down
 
 
@@ -48,16 +49,32 @@ def test_token_alone_equals_token_in_batch(device: torch.device, dtype: torch.dt
     args = [a.to(device) for a in (x, ids, w, wgu, wd)]
     full = fused_moe(*args)
     for i in (0, 4, 8):
-        alone = fused_moe(args[0][i:i + 1], args[1][i:i + 1], args[2][i:i + 1], args[3], args[4])
-        assert torch.equal(alone, full[i:i + 1]), f"token {i}"
+        alone = fused_moe(args[0][i : i + 1], args[1][i : i + 1], args[2][i : i + 1], args[3], args[4])
+        assert torch.equal(alone, full[i : i + 1]), f"token {i}"
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(0)).to(device)
     assert torch.equal(fused_moe(args[0][perm], args[1][perm], args[2][perm], args[3], args[4]), full[perm])
 
 
-@pytest.mark.parametrize("t,k,experts,block_m,scan", [(1, 1, 1, 16, 0), (9, 2, 3, 16, 0), (300, 6, 64, 64, 0),
-                                                      (90, 8, 256, 16, 0), (5, 3, 40, 32, 0), (40, 3, 4, 16, 16)])
-def test_align_matches_reference(device: torch.device, t: int, k: int, experts: int, block_m: int, scan: int,
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "t,k,experts,block_m,scan",
+    [
+        (1, 1, 1, 16, 0),
+        (9, 2, 3, 16, 0),
+        (300, 6, 64, 64, 0),
+        (90, 8, 256, 16, 0),
+        (5, 3, 40, 32, 0),
+        (40, 3, 4, 16, 16),
+    ],
+)
+def test_align_matches_reference(
+    device: torch.device,
+    t: int,
+    k: int,
+    experts: int,
+    block_m: int,
+    scan: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # scan=16: each program takes several steps over the 120 slots, and the 192 rows and 12
     # tiles are filled with blanks in strides shared by the 4 programs.
     if scan:
@@ -112,8 +129,11 @@ def test_rejects_bad_inputs(device: torch.device) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [None, MoeTiles(64, 128, 64, 4, 4, tma=True), MoeTiles(16, 128, 128, 4, 4, tma=True)],
-                         ids=["default", "tma_64x128", "tma_16x128"])
+@pytest.mark.parametrize(
+    "tiles",
+    [None, MoeTiles(64, 128, 64, 4, 4, tma=True), MoeTiles(16, 128, 128, 4, 4, tma=True)],
+    ids=["default", "tma_64x128", "tma_16x128"],
+)
 def test_moe16b_shapes_bf16(tiles: MoeTiles | None) -> None:
     """Moonlight/moe-16b expert shapes: hidden 2048, moe_intermediate 1408, 64 experts, top-6."""
     dev = torch.device("cuda")
@@ -122,7 +142,9 @@ def test_moe16b_shapes_bf16(tiles: MoeTiles | None) -> None:
     out = fused_moe(x, ids, w, wgu, wd, tiles=tiles)
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     for i in (0, 123):
-        assert torch.equal(fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], wgu, wd, tiles=tiles), out[i:i + 1])
+        assert torch.equal(
+            fused_moe(x[i : i + 1], ids[i : i + 1], w[i : i + 1], wgu, wd, tiles=tiles), out[i : i + 1]
+        )
 
 
 @pytest.mark.parametrize("group_m", [1, 2, 3])
@@ -140,12 +162,27 @@ def test_launch_order_changes_no_value(device: torch.device, group_m: int) -> No
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [MoeTiles(64, 64, 64, 4, 3, group_m=8), MoeTiles(128, 128, 64, 8, 3, group_m=8),
-                                   MoeTiles(128, 128, 64, 8, 4, group_m=8), MoeTiles(64, 128, 64, 4, 3, group_m=8),
-                                   moe.HOPPER_SMALL_TILES, moe.HOPPER_LARGE_TILES,
-                                   MoeTiles(128, 128, 64, 8, 3, tma_rows=True, down_block_n=256, down_num_stages=2)],
-                         ids=["64x64_g8", "128x128_g8", "128x128_s4_g8", "64x128_g8", "hopper_small", "hopper_large",
-                              "128x128_rows_down256"])
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        MoeTiles(64, 64, 64, 4, 3, group_m=8),
+        MoeTiles(128, 128, 64, 8, 3, group_m=8),
+        MoeTiles(128, 128, 64, 8, 4, group_m=8),
+        MoeTiles(64, 128, 64, 4, 3, group_m=8),
+        moe.HOPPER_SMALL_TILES,
+        moe.HOPPER_LARGE_TILES,
+        MoeTiles(128, 128, 64, 8, 3, tma_rows=True, down_block_n=256, down_num_stages=2),
+    ],
+    ids=[
+        "64x64_g8",
+        "128x128_g8",
+        "128x128_s4_g8",
+        "64x128_g8",
+        "hopper_small",
+        "hopper_large",
+        "128x128_rows_down256",
+    ],
+)
 def test_wgmma_tilings_compute_the_default_bits(tiles: MoeTiles) -> None:
     """Tilings whose MMAs all run on wgmma with the same K step give every (token, slot) row the
     default tiling's bits, whether operands arrive by pointer loads or TMA; only such a tiling
@@ -167,7 +204,9 @@ def test_prefill_batch_tiles_keep_a_tokens_bits() -> None:
         assert moe.moe_tiles(2048, 1408, torch.bfloat16, 6 / 64, dev) == moe.HOPPER_SMALL_TILES
     out = fused_moe(x, ids, w, wgu, wd)
     for i in (0, 999, 1999):
-        assert torch.equal(fused_moe(x[i:i + 1], ids[i:i + 1], w[i:i + 1], wgu, wd), out[i:i + 1]), f"token {i}"
+        assert torch.equal(fused_moe(x[i : i + 1], ids[i : i + 1], w[i : i + 1], wgu, wd), out[i : i + 1]), (
+            f"token {i}"
+        )
 
 
 def test_tiling_by_batch_size_only_where_verified(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,8 +214,12 @@ def test_tiling_by_batch_size_only_where_verified(monkeypatch: pytest.MonkeyPatc
     assert moe.moe_tiles(2048, 1408, torch.bfloat16, 10_000.0, cpu) == moe.DEFAULT_TILES
     assert moe.moe_tiles(2048, 1408, torch.bfloat16, 10_000.0) == moe.DEFAULT_TILES
     gpu = torch.device("cuda", 0)
-    for cap, rows, want in (((9, 0), 10_000.0, moe.HOPPER_LARGE_TILES), ((9, 0), 1.0, moe.HOPPER_SMALL_TILES),
-                            ((8, 0), 10_000.0, moe.DEFAULT_TILES), ((10, 0), 1.0, moe.DEFAULT_TILES)):
+    for cap, rows, want in (
+        ((9, 0), 10_000.0, moe.HOPPER_LARGE_TILES),
+        ((9, 0), 1.0, moe.HOPPER_SMALL_TILES),
+        ((8, 0), 10_000.0, moe.DEFAULT_TILES),
+        ((10, 0), 1.0, moe.DEFAULT_TILES),
+    ):
         monkeypatch.setattr(moe, "capability", lambda index, cap=cap: cap)
         assert moe.moe_tiles(2048, 1408, torch.bfloat16, rows, gpu) == want, (cap, rows)
         # 60-byte rows (hidden 30 in bf16) cannot be TMA tiles: the pointer tiling serves them.
@@ -192,7 +235,9 @@ def test_sorted_rows_through_tma_and_own_down_tiles(device: torch.device, dtype:
     # memory layout, which TMA weight tiles change here, so both keep tma=True).
     x, ids, w, wgu, wd = _problem(t=11, hidden=48, inter=40, experts=4, top_k=3, dtype=dtype, seed=14)
     args = [a.to(device) for a in (x, ids, w, wgu, wd)]
-    tiles = MoeTiles(16, 32, 32, 4, 2, tma=True, tma_rows=True, down_block_n=16, down_num_warps=2, down_num_stages=3)
+    tiles = MoeTiles(
+        16, 32, 32, 4, 2, tma=True, tma_rows=True, down_block_n=16, down_num_warps=2, down_num_stages=3
+    )
     out = fused_moe(*args, tiles=tiles)
     ref = reference_moe.moe_experts(x.float(), ids, w, wgu.float(), wd.float())
     assert rel_err(out.cpu().float(), ref) < (1e-5 if dtype == torch.float32 else 4 * TOL[dtype])
@@ -203,8 +248,9 @@ def test_sorted_rows_through_tma_and_own_down_tiles(device: torch.device, dtype:
         MoeTiles(down_num_warps=-1)
 
 
-def test_chosen_tma_tiling_falls_back_for_weights_at_an_unaddressable_offset(device: torch.device,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chosen_tma_tiling_falls_back_for_weights_at_an_unaddressable_offset(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Expert weights 4 bytes into their storage (say, a view into a fused tensor): a TMA tiling
     # the launcher chose itself gives way to the pointer tiling instead of refusing the call; one
     # asked for by name is refused, naming the fix.
@@ -224,7 +270,9 @@ def test_tma_rows_refuses_rows_the_copy_engine_cannot_address(device: torch.devi
     # inter 6 in float32: 24-byte activation rows, not a multiple of 16 bytes.
     x, ids, w, wgu, wd = _problem(t=3, hidden=16, inter=6, experts=2, top_k=1, dtype=torch.float32, seed=15)
     with pytest.raises(ValueError, match=r"activation rows.*tma_rows=False"):
-        fused_moe(*(a.to(device) for a in (x, ids, w, wgu, wd)), tiles=MoeTiles(16, 16, 16, 4, 2, tma_rows=True))
+        fused_moe(
+            *(a.to(device) for a in (x, ids, w, wgu, wd)), tiles=MoeTiles(16, 16, 16, 4, 2, tma_rows=True)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -239,8 +287,10 @@ def test_tma_weights_match_reference_and_stay_invariant(device: torch.device, dt
     ref = reference_moe.moe_experts(x.float(), ids, w, wgu.float(), wd.float())
     assert rel_err(out.cpu().float(), ref) < (1e-5 if dtype == torch.float32 else 4 * TOL[dtype])
     for i in (0, 6):
-        alone = fused_moe(args[0][i:i + 1], args[1][i:i + 1], args[2][i:i + 1], args[3], args[4], tiles=tiles)
-        assert torch.equal(alone, out[i:i + 1]), f"token {i}"
+        alone = fused_moe(
+            args[0][i : i + 1], args[1][i : i + 1], args[2][i : i + 1], args[3], args[4], tiles=tiles
+        )
+        assert torch.equal(alone, out[i : i + 1]), f"token {i}"
 
 
 def test_tma_refuses_rows_the_copy_engine_cannot_address(device: torch.device) -> None:

@@ -20,7 +20,7 @@ if "nvidia" not in triton.backends.backends:
 
 HOPPER_SHARED_BYTES = 232448
 
-_COMPILE = r'''
+_COMPILE = r"""
 import json, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -61,7 +61,7 @@ out["routing"] = build(moe_routing._grouped_topk_kernel, route, {"logits_ptr", "
                        dict(HAS_BIAS=True, SOFTMAX=False, LIMIT_GROUPS=True, TOPK_GROUP=4, TOP_K=8, RENORMALIZE=True,
                             TOP_K_PAD=8, GROUPS=8, PER_GROUP=32), num_warps=2)
 print(json.dumps(out))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,17 @@ def compiled() -> dict[str, dict[str, object]]:
     return result
 
 
-@pytest.mark.parametrize("kernel", ["gate_up", "down", "hopper_small_gate_up", "hopper_small_down",
-                                    "hopper_large_gate_up", "hopper_large_down"])
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        "gate_up",
+        "down",
+        "hopper_small_gate_up",
+        "hopper_small_down",
+        "hopper_large_gate_up",
+        "hopper_large_down",
+    ],
+)
 def test_grouped_gemm_is_pipelined_on_hopper(compiled: dict[str, dict[str, object]], kernel: str) -> None:
     facts = compiled[kernel]
     # Pointer loads pipeline through cp.async, TMA tiles through bulk tensor copies: the gate/up

@@ -34,9 +34,19 @@ def _logits(t: int, e: int, bias: bool, seed: int) -> tuple[torch.Tensor, torch.
 def test_matches_reference(device: torch.device, case: str) -> None:
     e, n_group, topk_group, top_k, has_bias, scoring, renorm = CASES[case]
     logits, bias = _logits(12, e, has_bias, seed=len(case))
-    want_w, want_ids = reference_moe.grouped_topk(logits, bias, top_k, n_group, topk_group, renorm, 2.5, scoring)
-    w, ids = grouped_topk(logits.to(device), None if bias is None else bias.to(device), top_k, n_group,
-                          topk_group, renorm, 2.5, scoring)
+    want_w, want_ids = reference_moe.grouped_topk(
+        logits, bias, top_k, n_group, topk_group, renorm, 2.5, scoring
+    )
+    w, ids = grouped_topk(
+        logits.to(device),
+        None if bias is None else bias.to(device),
+        top_k,
+        n_group,
+        topk_group,
+        renorm,
+        2.5,
+        scoring,
+    )
     assert ids.dtype == torch.int64 and w.dtype == torch.float32
     assert torch.equal(ids.cpu(), want_ids)
     torch.testing.assert_close(w.cpu(), want_w, rtol=1e-6, atol=0)
@@ -60,9 +70,13 @@ def test_ties_go_to_the_lowest_index(device: torch.device) -> None:
     # Token 2: groups 2 (logits 1, 3) and 0 (1, 1) kept; expert 5 (logit 3) leads, then experts
     #   0, 1 and 4 tie -> 0, 1.
     bias = torch.zeros(8)
-    logits = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
-                           [-2.0, -2.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0],
-                           [1.0, 1.0, -3.0, -3.0, 1.0, 3.0, -1.0, -1.0]])
+    logits = torch.tensor(
+        [
+            [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0],
+            [-2.0, -2.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0],
+            [1.0, 1.0, -3.0, -3.0, 1.0, 3.0, -1.0, -1.0],
+        ]
+    )
     want_ids = torch.tensor([[0, 1, 2], [2, 3, 6], [5, 0, 1]])
     ref_w, ref_ids = reference_moe.grouped_topk(logits, bias, 3, 4, 2, True, 1.0)
     assert torch.equal(ref_ids, want_ids)
@@ -81,8 +95,8 @@ def test_token_alone_equals_token_in_batch(device: torch.device) -> None:
     args = (bias.to(device), 3, 4, 2, True, 2.5)
     full_w, full_ids = grouped_topk(logits.to(device), *args)
     for i in (0, 4, 9):
-        w, ids = grouped_topk(logits[i:i + 1].to(device), *args)
-        assert torch.equal(ids, full_ids[i:i + 1]) and torch.equal(w, full_w[i:i + 1])
+        w, ids = grouped_topk(logits[i : i + 1].to(device), *args)
+        assert torch.equal(ids, full_ids[i : i + 1]) and torch.equal(w, full_w[i : i + 1])
     perm = torch.randperm(10, generator=torch.Generator().manual_seed(0))
     w, ids = grouped_topk(logits[perm].to(device), *args)
     assert torch.equal(ids, full_ids[perm.to(device)]) and torch.equal(w, full_w[perm.to(device)])

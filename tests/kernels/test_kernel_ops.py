@@ -34,8 +34,14 @@ def test_paged_attention_accepts_tensors_or_lists_on_cpu() -> None:
 
 def test_sample_on_cpu_needs_noise_and_then_matches_reference() -> None:
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(2))
-    args = (torch.tensor([1.0, 0.0]), torch.tensor([-1, -1], dtype=torch.int32), torch.tensor([0.9, 1.0]),
-            torch.tensor([0.0, 0.0]), torch.tensor([5, 6]), torch.tensor([10, 11]))
+    args = (
+        torch.tensor([1.0, 0.0]),
+        torch.tensor([-1, -1], dtype=torch.int32),
+        torch.tensor([0.9, 1.0]),
+        torch.tensor([0.0, 0.0]),
+        torch.tensor([5, 6]),
+        torch.tensor([10, 11]),
+    )
     with pytest.raises(ValueError, match="noise"):
         ops.sample(logits, *args)
     noise = gumbel_noise(args[4], args[5], 50)

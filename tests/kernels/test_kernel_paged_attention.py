@@ -32,17 +32,21 @@ def _run(batch: PagedBatch, scale: float, window: int | None, **kw: int) -> torc
 
 @pytest.mark.parametrize("window", [None, 50])
 def test_matches_reference_fp32(device: torch.device, window: int | None) -> None:
-    b = PagedBatch(Q_LENS, CTX_LENS, hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32,
-                   device=device, seed=1)
-    ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.25, window)
+    b = PagedBatch(
+        Q_LENS, CTX_LENS, hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32, device=device, seed=1
+    )
+    ref = reference.paged_attention(
+        b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.25, window
+    )
     out = _run(b, 0.25, window, kv_chunk=64)
     assert rel_err(out, ref) < 1e-5
 
 
 def test_matches_reference_fp16_mha_and_dv(device: torch.device) -> None:
     """Group size 1 and a value head dim different from the key's (MLA-like 32 / 16)."""
-    b = PagedBatch([3, 1], [30, 70], hq=2, hk=2, d=32, dv=16, block_size=8, dtype=torch.float16,
-                   device=device, seed=2)
+    b = PagedBatch(
+        [3, 1], [30, 70], hq=2, hk=2, d=32, dv=16, block_size=8, dtype=torch.float16, device=device, seed=2
+    )
     ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.2)
     assert rel_err(_run(b, 0.2, None, kv_chunk=64), ref) < 4 * TOL[torch.float16]
 
@@ -54,7 +58,9 @@ def test_more_requests_than_one_locate_span(device: torch.device) -> None:
     q_lens = [int(n) for n in torch.randint(1, 4, (300,), generator=gen)]
     q_lens[::7] = [1] * len(q_lens[::7])
     ctx = [int(n) for n in torch.randint(0, 20, (300,), generator=gen)]
-    b = PagedBatch(q_lens, ctx, hq=2, hk=1, d=16, dv=16, block_size=8, dtype=torch.float32, device=device, seed=6)
+    b = PagedBatch(
+        q_lens, ctx, hq=2, hk=1, d=16, dv=16, block_size=8, dtype=torch.float32, device=device, seed=6
+    )
     ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.3)
     assert rel_err(_run(b, 0.3, None, kv_chunk=64), ref) < 1e-5
 
@@ -64,53 +70,75 @@ def test_every_chunk_count_merges(device: torch.device, window: int | None) -> N
     """Decodes over 1 to 9 chunks (every remainder of the merge's groups of four), with a value
     width split over two merge programs: each row matches the reference and equals itself alone."""
     ctx = [64 * k - 1 for k in range(1, 10)]
-    b = PagedBatch([1] * 9, ctx, hq=4, hk=2, d=16, dv=256, block_size=16, dtype=torch.float32, device=device,
-                   seed=12)
+    b = PagedBatch(
+        [1] * 9, ctx, hq=4, hk=2, d=16, dv=256, block_size=16, dtype=torch.float32, device=device, seed=12
+    )
     assert split_kv.combine_slice(16, 256) == 128
     ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.3, window)
     out = _run(b, 0.3, window, kv_chunk=64)
     assert rel_err(out, ref) < 1e-5
     q, kc, vc, qsl, sl, bt = b.args()
     for i in (0, 3, 8):
-        alone = paged_attention(q[i:i + 1], kc, vc, qsl[:2], sl[i:i + 1], bt[i:i + 1], 0.3, window, kv_chunk=64)
-        assert torch.equal(alone.cpu(), out[i:i + 1])
+        alone = paged_attention(
+            q[i : i + 1], kc, vc, qsl[:2], sl[i : i + 1], bt[i : i + 1], 0.3, window, kv_chunk=64
+        )
+        assert torch.equal(alone.cpu(), out[i : i + 1])
 
 
 def test_never_reads_past_seq_len(device: torch.device) -> None:
-    b = PagedBatch([2, 1], [9, 20], hq=2, hk=1, d=16, dv=16, block_size=16, dtype=torch.float32,
-                   device=device, seed=3)
+    b = PagedBatch(
+        [2, 1], [9, 20], hq=2, hk=1, d=16, dv=16, block_size=16, dtype=torch.float32, device=device, seed=3
+    )
     ref = reference.paged_attention(b.q, b.k_cache, b.v_cache, b.qsl, b.seq_lens, b.block_tables, 0.3)
     for i, s in enumerate(b.seq_lens):  # poison the unused tail of each request's last block
         last = int(b.block_tables[i, (s - 1) // 16])
-        b.k_cache[last, s % 16:] = float("nan")
-        b.v_cache[last, s % 16:] = float("nan")
+        b.k_cache[last, s % 16 :] = float("nan")
+        b.v_cache[last, s % 16 :] = float("nan")
     assert rel_err(_run(b, 0.3, None, kv_chunk=64), ref) < 1e-5
 
 
 @pytest.mark.parametrize("window", [None, 40])
 def test_row_alone_equals_row_in_batch_bitwise(device: torch.device, window: int | None) -> None:
-    b = PagedBatch(Q_LENS, CTX_LENS, hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32,
-                   device=device, seed=4)
+    b = PagedBatch(
+        Q_LENS, CTX_LENS, hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32, device=device, seed=4
+    )
     full = _run(b, 0.25, window, kv_chunk=64)
     for i in range(len(Q_LENS)):
-        alone = paged_attention(b.q[b.qsl[i]:b.qsl[i + 1]].to(device), b.k_cache.to(device), b.v_cache.to(device),
-                                torch.tensor([0, Q_LENS[i]], dtype=torch.int32, device=device),
-                                torch.tensor([b.seq_lens[i]], dtype=torch.int32, device=device),
-                                b.block_tables[i:i + 1].to(device), 0.25, window, kv_chunk=64).cpu()
-        assert torch.equal(alone, full[b.qsl[i]:b.qsl[i + 1]]), f"request {i} differs alone vs batched"
+        alone = paged_attention(
+            b.q[b.qsl[i] : b.qsl[i + 1]].to(device),
+            b.k_cache.to(device),
+            b.v_cache.to(device),
+            torch.tensor([0, Q_LENS[i]], dtype=torch.int32, device=device),
+            torch.tensor([b.seq_lens[i]], dtype=torch.int32, device=device),
+            b.block_tables[i : i + 1].to(device),
+            0.25,
+            window,
+            kv_chunk=64,
+        ).cpu()
+        assert torch.equal(alone, full[b.qsl[i] : b.qsl[i + 1]]), f"request {i} differs alone vs batched"
 
 
 def test_chunked_prefill_and_decode_equal_one_shot_prefill_bitwise(device: torch.device) -> None:
     """A request's rows do not depend on how its prompt was chunked into steps."""
-    b = PagedBatch([90], [0], hq=4, hk=1, d=16, dv=16, block_size=16, dtype=torch.float32, device=device,
-                   seed=5)
+    b = PagedBatch(
+        [90], [0], hq=4, hk=1, d=16, dv=16, block_size=16, dtype=torch.float32, device=device, seed=5
+    )
     q, kc, vc, _, _, bt = b.args()
     one_shot = _run(b, 0.25, None, kv_chunk=64)
     pieces = []
     for lo, hi in [(0, 33), (33, 89), (89, 90)]:  # prefill chunk, chunk, then a decode step
-        pieces.append(paged_attention(q[lo:hi], kc, vc, torch.tensor([0, hi - lo], dtype=torch.int32, device=device),
-                                      torch.tensor([hi], dtype=torch.int32, device=device), bt, 0.25,
-                                      kv_chunk=64).cpu())
+        pieces.append(
+            paged_attention(
+                q[lo:hi],
+                kc,
+                vc,
+                torch.tensor([0, hi - lo], dtype=torch.int32, device=device),
+                torch.tensor([hi], dtype=torch.int32, device=device),
+                bt,
+                0.25,
+                kv_chunk=64,
+            ).cpu()
+        )
     chunked = torch.cat(pieces)
     if device.type == "cuda":
         assert torch.equal(chunked, one_shot)
@@ -122,7 +150,9 @@ def test_chunked_prefill_and_decode_equal_one_shot_prefill_bitwise(device: torch
 
 
 def test_rejects_bad_inputs(device: torch.device) -> None:
-    b = PagedBatch([2], [3], hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32, device=device, seed=6)
+    b = PagedBatch(
+        [2], [3], hq=4, hk=2, d=16, dv=16, block_size=16, dtype=torch.float32, device=device, seed=6
+    )
     q, kc, vc, qsl, sl, bt = b.args()
     with pytest.raises(ValueError, match=r"k_cache.dtype"):
         paged_attention(q, kc.half(), vc, qsl, sl, bt, 1.0)
@@ -152,25 +182,50 @@ def test_real_shapes_bf16(d: int, hq: int, hk: int, window: int | None) -> None:
     dev = torch.device("cuda")
     q_lens = [700, 1, 1, 37, 1] + [1] * 27
     ctx = [0, 2047, 513, 300, 5] + [64 * i for i in range(27)]
-    b = PagedBatch(q_lens, ctx, hq=hq, hk=hk, d=d, dv=d, block_size=16, dtype=torch.bfloat16, device=dev, seed=7)
-    scale = d ** -0.5
-    ref = reference.paged_attention(b.q.float(), b.k_cache.float(), b.v_cache.float(), b.qsl, b.seq_lens,
-                                    b.block_tables, scale, window)
+    b = PagedBatch(
+        q_lens, ctx, hq=hq, hk=hk, d=d, dv=d, block_size=16, dtype=torch.bfloat16, device=dev, seed=7
+    )
+    scale = d**-0.5
+    ref = reference.paged_attention(
+        b.q.float(), b.k_cache.float(), b.v_cache.float(), b.qsl, b.seq_lens, b.block_tables, scale, window
+    )
     out = _run(b, scale, window)
     assert rel_err(out, ref) < TOL[torch.bfloat16]
     # Batch invariance at real shapes: the decode row at 2047 alone, and the prefill alone.
     for i in (0, 1):
-        alone = paged_attention(b.q[b.qsl[i]:b.qsl[i + 1]].to(dev), b.k_cache.to(dev), b.v_cache.to(dev),
-                                torch.tensor([0, q_lens[i]], dtype=torch.int32, device=dev),
-                                torch.tensor([b.seq_lens[i]], dtype=torch.int32, device=dev),
-                                b.block_tables[i:i + 1].to(dev), scale, window).cpu()
-        assert torch.equal(alone, out[b.qsl[i]:b.qsl[i + 1]])
+        alone = paged_attention(
+            b.q[b.qsl[i] : b.qsl[i + 1]].to(dev),
+            b.k_cache.to(dev),
+            b.v_cache.to(dev),
+            torch.tensor([0, q_lens[i]], dtype=torch.int32, device=dev),
+            torch.tensor([b.seq_lens[i]], dtype=torch.int32, device=dev),
+            b.block_tables[i : i + 1].to(dev),
+            scale,
+            window,
+        ).cpu()
+        assert torch.equal(alone, out[b.qsl[i] : b.qsl[i + 1]])
     # The 700-token prefill, split into two steps at an arbitrary point, gives the same bits.
     q, kc, vc, _, _, bt = b.args()
-    first = paged_attention(q[:301], kc, vc, torch.tensor([0, 301], dtype=torch.int32, device=dev),
-                            torch.tensor([301], dtype=torch.int32, device=dev), bt[:1], scale, window).cpu()
-    rest = paged_attention(q[301:700], kc, vc, torch.tensor([0, 399], dtype=torch.int32, device=dev),
-                           torch.tensor([700], dtype=torch.int32, device=dev), bt[:1], scale, window).cpu()
+    first = paged_attention(
+        q[:301],
+        kc,
+        vc,
+        torch.tensor([0, 301], dtype=torch.int32, device=dev),
+        torch.tensor([301], dtype=torch.int32, device=dev),
+        bt[:1],
+        scale,
+        window,
+    ).cpu()
+    rest = paged_attention(
+        q[301:700],
+        kc,
+        vc,
+        torch.tensor([0, 399], dtype=torch.int32, device=dev),
+        torch.tensor([700], dtype=torch.int32, device=dev),
+        bt[:1],
+        scale,
+        window,
+    ).cpu()
     assert torch.equal(torch.cat([first, rest]), out[:700])
 
 
@@ -182,15 +237,30 @@ def test_batch_shapes_compile_nothing_new_on_gpu() -> None:
     dev = torch.device("cuda")
 
     def run(q_lens: list[int], ctx: list[int], seed: int) -> None:
-        b = PagedBatch(q_lens, ctx, hq=32, hk=8, d=128, dv=128, block_size=16, dtype=torch.bfloat16, device=dev,
-                       seed=seed)
-        paged_attention(*b.args(), 128 ** -0.5, None)
+        b = PagedBatch(
+            q_lens,
+            ctx,
+            hq=32,
+            hk=8,
+            d=128,
+            dv=128,
+            block_size=16,
+            dtype=torch.bfloat16,
+            device=dev,
+            seed=seed,
+        )
+        paged_attention(*b.args(), 128**-0.5, None)
 
     run([40, 1, 1], [0, 3000, 17], 1)
     torch.cuda.synchronize()
     before = compiled_variants(pa._attn_chunk_kernel, split_kv.merge_kernel)
-    shapes = [([1], [5]), ([3, 1], [0, 250]), ([1] * 17, [30 * i for i in range(17)]), ([200, 1], [0, 511]),
-              ([1] * 64, [2100] * 64)]
+    shapes = [
+        ([1], [5]),
+        ([3, 1], [0, 250]),
+        ([1] * 17, [30 * i for i in range(17)]),
+        ([200, 1], [0, 511]),
+        ([1] * 64, [2100] * 64),
+    ]
     for i, (q_lens, ctx) in enumerate(shapes):
         run(q_lens, ctx, 2 + i)
     torch.cuda.synchronize()
@@ -214,9 +284,15 @@ def test_padded_decode_layout_reads_no_key_past_a_sequence(device: torch.device)
 
     def attend(q_rows: torch.Tensor, h) -> torch.Tensor:
         return paged_attention(
-            q_rows.to(device), k_cache.to(device), v_cache.to(device),
-            torch.tensor(h.query_start_loc, device=device), torch.tensor(h.seq_lens, device=device),
-            torch.tensor(h.block_tables, device=device), 0.25, kv_chunk=64, block_n=16,
+            q_rows.to(device),
+            k_cache.to(device),
+            v_cache.to(device),
+            torch.tensor(h.query_start_loc, device=device),
+            torch.tensor(h.seq_lens, device=device),
+            torch.tensor(h.block_tables, device=device),
+            0.25,
+            kv_chunk=64,
+            block_n=16,
         ).cpu()
 
     padded, rows = pad_to_width(host, w)
@@ -235,8 +311,12 @@ def test_padded_decode_layout_reads_no_key_past_a_sequence(device: torch.device)
     ],
 )
 def test_launch_settings_follow_the_cache_and_head_dim(
-    monkeypatch: pytest.MonkeyPatch, device: torch.device, fp8: bool, dtype: torch.dtype, d: int,
-    want: tuple[int, int | None]
+    monkeypatch: pytest.MonkeyPatch,
+    device: torch.device,
+    fp8: bool,
+    dtype: torch.dtype,
+    d: int,
+    want: tuple[int, int | None],
 ) -> None:
     """The stage count and register cap the wrapper launches with, by cache dtype, query dtype and
     head dim (paged_attention's docstring); an explicit argument wins."""
@@ -270,15 +350,25 @@ def test_register_cap_and_stages_change_no_bits(fp8: bool) -> None:
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
     dev = torch.device("cuda")
-    b = PagedBatch([300, 1, 1, 37] + [1] * 20, [0, 2047, 513, 300] + [80 * i for i in range(20)], hq=32, hk=8,
-                   d=128, dv=128, block_size=16, dtype=torch.bfloat16, device=dev, seed=9)
+    b = PagedBatch(
+        [300, 1, 1, 37] + [1] * 20,
+        [0, 2047, 513, 300] + [80 * i for i in range(20)],
+        hq=32,
+        hk=8,
+        d=128,
+        dv=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device=dev,
+        seed=9,
+    )
     q, kc, vc, qsl, sl, bt = b.args()
     extra: dict[str, object] = {}
     if fp8:
         (kc, ks), (vc, vs) = quantize_groups(kc), quantize_groups(vc)
         extra = {"k_scale": ks, "v_scale": vs}
-    shipped = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, **extra)
-    plain = paged_attention(q, kc, vc, qsl, sl, bt, 128 ** -0.5, num_stages=2, max_registers=None, **extra)
+    shipped = paged_attention(q, kc, vc, qsl, sl, bt, 128**-0.5, **extra)
+    plain = paged_attention(q, kc, vc, qsl, sl, bt, 128**-0.5, num_stages=2, max_registers=None, **extra)
     assert torch.equal(shipped, plain)
 
 
@@ -298,8 +388,18 @@ def test_one_chunk_tiles_written_by_the_chunk_kernel_equal_the_merge(
     its end."""
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
-    b = PagedBatch([1, 1, 1, 40, 3], [10, 63, 64, 40, 200], hq=4, hk=2, d=16, dv=16, block_size=16,
-                   dtype=torch.float32, device=device, seed=14)
+    b = PagedBatch(
+        [1, 1, 1, 40, 3],
+        [10, 63, 64, 40, 200],
+        hq=4,
+        hk=2,
+        d=16,
+        dv=16,
+        block_size=16,
+        dtype=torch.float32,
+        device=device,
+        seed=14,
+    )
     q, kc, vc, qsl, sl, bt = b.args()
     (kq, ks), (vq, vs) = quantize_groups(kc), quantize_groups(vc)
 
@@ -308,8 +408,9 @@ def test_one_chunk_tiles_written_by_the_chunk_kernel_equal_the_merge(
 
     direct, merged = _direct_and_merged(monkeypatch, run)
     assert torch.equal(direct, merged)
-    ref = reference.paged_attention(b.q, (kq.float() * ks).cpu(), (vq.float() * vs).cpu(), b.qsl, b.seq_lens,
-                                    b.block_tables, 0.3, window)
+    ref = reference.paged_attention(
+        b.q, (kq.float() * ks).cpu(), (vq.float() * vs).cpu(), b.qsl, b.seq_lens, b.block_tables, 0.3, window
+    )
     assert rel_err(direct, ref) < 1e-5
 
 
@@ -319,10 +420,21 @@ def test_one_chunk_tiles_equal_the_merge_at_dense_8b_heads(monkeypatch: pytest.M
     merges)."""
     from shardinfer.kernels.reference_fp8 import quantize_groups
 
-    b = PagedBatch([200, 1, 1, 1] + [1] * 20, [0, 1023, 1024, 1500] + [60 * i for i in range(20)], hq=32, hk=8,
-                   d=128, dv=128, block_size=16, dtype=torch.bfloat16, device=torch.device("cuda"), seed=15)
+    b = PagedBatch(
+        [200, 1, 1, 1] + [1] * 20,
+        [0, 1023, 1024, 1500] + [60 * i for i in range(20)],
+        hq=32,
+        hk=8,
+        d=128,
+        dv=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device=torch.device("cuda"),
+        seed=15,
+    )
     q, kc, vc, qsl, sl, bt = b.args()
     (kq, ks), (vq, vs) = quantize_groups(kc), quantize_groups(vc)
     direct, merged = _direct_and_merged(
-        monkeypatch, lambda: paged_attention(q, kq, vq, qsl, sl, bt, 128 ** -0.5, k_scale=ks, v_scale=vs))
+        monkeypatch, lambda: paged_attention(q, kq, vq, qsl, sl, bt, 128**-0.5, k_scale=ks, v_scale=vs)
+    )
     assert torch.equal(direct, merged)

@@ -30,9 +30,19 @@ def _caches(blocks: int, bs: int, n_kv: int, d: int, dtype: torch.dtype, fp8: bo
     return out
 
 
-def _unfused(qkv: torch.Tensor, n_q: int, n_kv: int, d: int, norms: tuple[torch.Tensor, torch.Tensor] | None,
-             eps: float, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, caches: list[torch.Tensor],
-             slots: torch.Tensor) -> torch.Tensor:
+def _unfused(
+    qkv: torch.Tensor,
+    n_q: int,
+    n_kv: int,
+    d: int,
+    norms: tuple[torch.Tensor, torch.Tensor] | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    caches: list[torch.Tensor],
+    slots: torch.Tensor,
+) -> torch.Tensor:
     """What DenseAttention did before the fusion, op by op."""
     t = qkv.shape[0]
     q = qkv[:, : n_q * d].reshape(t, n_q, d)
@@ -51,15 +61,27 @@ def _unfused(qkv: torch.Tensor, n_q: int, n_kv: int, d: int, norms: tuple[torch.
     return q
 
 
-def _case(dtype: torch.dtype, d: int, norm: bool, fp8: bool, t: int = 7, n_q: int = 4, n_kv: int = 2,
-          seed: int = 0, exact: bool = True) -> None:
+def _case(
+    dtype: torch.dtype,
+    d: int,
+    norm: bool,
+    fp8: bool,
+    t: int = 7,
+    n_q: int = 4,
+    n_kv: int = 2,
+    seed: int = 0,
+    exact: bool = True,
+) -> None:
     g = torch.Generator().manual_seed(seed)
-    qkv = (torch.randn(t, (n_q + 2 * n_kv) * d, generator=g) * torch.logspace(-3, 2, (n_q + 2 * n_kv) * d))
+    qkv = torch.randn(t, (n_q + 2 * n_kv) * d, generator=g) * torch.logspace(-3, 2, (n_q + 2 * n_kv) * d)
     qkv[0, : 2 * d] = 0.0  # an all-zero q head: the norm's eps, the FP8 scale's floor
     qkv = qkv.to(dtype).to(DEVICE)
     norms = None
     if norm:
-        norms = (torch.rand(d, generator=g).to(dtype).to(DEVICE) + 0.5, torch.rand(d, generator=g).to(dtype).to(DEVICE))
+        norms = (
+            torch.rand(d, generator=g).to(dtype).to(DEVICE) + 0.5,
+            torch.rand(d, generator=g).to(dtype).to(DEVICE),
+        )
     cos, sin = _tables(64, d // 2)
     positions = torch.randint(0, 64, (t,), generator=g).to(DEVICE)
     blocks = -(-2 * t // 8)  # room for twice the tokens, so the slots scatter
@@ -68,14 +90,30 @@ def _case(dtype: torch.dtype, d: int, norm: bool, fp8: bool, t: int = 7, n_q: in
     want_caches, got_caches = _caches(blocks, 8, n_kv, d, dtype, fp8), _caches(blocks, 8, n_kv, d, dtype, fp8)
     want = _unfused(qkv, n_q, n_kv, d, norms, 1e-6, cos, sin, positions, want_caches, slots)
     scales = (got_caches[2], got_caches[3]) if fp8 else (None, None)
-    got = qkv_prologue.qkv_prologue(qkv, n_q, n_kv, d, norms[0] if norms else None, norms[1] if norms else None,
-                                    1e-6, cos, sin, positions, got_caches[0], got_caches[1], slots, *scales)
+    got = qkv_prologue.qkv_prologue(
+        qkv,
+        n_q,
+        n_kv,
+        d,
+        norms[0] if norms else None,
+        norms[1] if norms else None,
+        1e-6,
+        cos,
+        sin,
+        positions,
+        got_caches[0],
+        got_caches[1],
+        slots,
+        *scales,
+    )
     assert got.shape == (t, n_q, d) and got.dtype == dtype
     if not exact:  # within float32 rounding of the unfused ops (the norm's sum in another order)
         assert float((got - want).abs().max()) <= 2**-20 * float(want.abs().max())
         return
-    assert torch.equal(got.view(torch.uint8) if dtype != torch.float32 else got, want.view(torch.uint8)
-                       if dtype != torch.float32 else want)
+    assert torch.equal(
+        got.view(torch.uint8) if dtype != torch.float32 else got,
+        want.view(torch.uint8) if dtype != torch.float32 else want,
+    )
     for w, c in zip(want_caches, got_caches, strict=True):
         assert torch.equal(w.view(torch.uint8), c.view(torch.uint8))
     assert bool(got_caches[0].view(torch.uint8).any())  # something was stored
@@ -109,16 +147,49 @@ def test_a_tokens_bits_do_not_depend_on_the_batch() -> None:
     cos, sin = _tables(32, d // 2)
     positions = torch.arange(9).to(DEVICE)
     slots = torch.arange(9).to(DEVICE)
-    norms = (torch.ones(d, dtype=torch.bfloat16, device=DEVICE), torch.ones(d, dtype=torch.bfloat16, device=DEVICE))
+    norms = (
+        torch.ones(d, dtype=torch.bfloat16, device=DEVICE),
+        torch.ones(d, dtype=torch.bfloat16, device=DEVICE),
+    )
     full_caches = _caches(2, 8, n_kv, d, torch.bfloat16, True)
-    full = qkv_prologue.qkv_prologue(qkv, n_q, n_kv, d, *norms, 1e-6, cos, sin, positions, full_caches[0],
-                                     full_caches[1], slots, full_caches[2], full_caches[3])
+    full = qkv_prologue.qkv_prologue(
+        qkv,
+        n_q,
+        n_kv,
+        d,
+        *norms,
+        1e-6,
+        cos,
+        sin,
+        positions,
+        full_caches[0],
+        full_caches[1],
+        slots,
+        full_caches[2],
+        full_caches[3],
+    )
     alone_caches = _caches(2, 8, n_kv, d, torch.bfloat16, True)
-    alone = qkv_prologue.qkv_prologue(qkv[4:5], n_q, n_kv, d, *norms, 1e-6, cos, sin, positions[4:5],
-                                      alone_caches[0], alone_caches[1], slots[4:5], alone_caches[2], alone_caches[3])
+    alone = qkv_prologue.qkv_prologue(
+        qkv[4:5],
+        n_q,
+        n_kv,
+        d,
+        *norms,
+        1e-6,
+        cos,
+        sin,
+        positions[4:5],
+        alone_caches[0],
+        alone_caches[1],
+        slots[4:5],
+        alone_caches[2],
+        alone_caches[3],
+    )
     assert torch.equal(alone, full[4:5])
     for a, f in zip(alone_caches, full_caches, strict=True):
-        assert torch.equal(a.view(-1, *a.shape[2:])[4].view(torch.uint8), f.view(-1, *f.shape[2:])[4].view(torch.uint8))
+        assert torch.equal(
+            a.view(-1, *a.shape[2:])[4].view(torch.uint8), f.view(-1, *f.shape[2:])[4].view(torch.uint8)
+        )
 
 
 def test_checks_name_the_bad_argument() -> None:
@@ -131,7 +202,9 @@ def test_checks_name_the_bad_argument() -> None:
     with pytest.raises(ValueError, match=r"qkv\.shape"):
         qkv_prologue.qkv_prologue(qkv, 6, 2, 64, None, None, 1e-6, cos, sin, pos, *caches, pos)
     with pytest.raises(ValueError, match="q_norm / k_norm"):
-        qkv_prologue.qkv_prologue(qkv, 4, 2, 64, qkv[0, :64].contiguous(), None, 1e-6, cos, sin, pos, *caches, pos)
+        qkv_prologue.qkv_prologue(
+            qkv, 4, 2, 64, qkv[0, :64].contiguous(), None, 1e-6, cos, sin, pos, *caches, pos
+        )
     with pytest.raises(ValueError, match=r"slot_mapping\.shape"):
         qkv_prologue.qkv_prologue(qkv, 4, 2, 64, None, None, 1e-6, cos, sin, pos, *caches, pos[:1])
     fp8 = _caches(1, 4, 2, 64, torch.bfloat16, True)

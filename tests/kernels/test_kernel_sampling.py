@@ -38,8 +38,14 @@ def _rows(b: int, vocab: int, seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _sample_both(r: dict[str, torch.Tensor], temp: list[float], top_k: list[int], top_p: list[float],
-                 min_p: list[float], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample_both(
+    r: dict[str, torch.Tensor],
+    temp: list[float],
+    top_k: list[int],
+    top_p: list[float],
+    min_p: list[float],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
     t = torch.tensor(temp, dtype=torch.float32)
     k = torch.tensor(top_k, dtype=torch.int32)
     p = torch.tensor(top_p, dtype=torch.float32)
@@ -52,17 +58,23 @@ def _sample_both(r: dict[str, torch.Tensor], temp: list[float], top_k: list[int]
 
 def test_sampled_ids_match_reference(device: torch.device) -> None:
     r = _rows(6, 300, seed=1)
-    got, ref = _sample_both(r, temp=[0.0, 1.0, 0.7, 1.3, 1.0, 0.5], top_k=[-1, 5, -1, 50, 1, 20],
-                            top_p=[1.0, 1.0, 0.9, 0.5, 1.0, 0.8], min_p=[0.0, 0.0, 0.0, 0.05, 0.0, 0.1],
-                            device=device)
+    got, ref = _sample_both(
+        r,
+        temp=[0.0, 1.0, 0.7, 1.3, 1.0, 0.5],
+        top_k=[-1, 5, -1, 50, 1, 20],
+        top_p=[1.0, 1.0, 0.9, 0.5, 1.0, 0.8],
+        min_p=[0.0, 0.0, 0.0, 0.05, 0.0, 0.1],
+        device=device,
+    )
     assert got.tolist() == ref.tolist()
     assert got[0] == torch.argmax(r["logits"][0])  # temperature 0 is greedy
     assert got[4] == torch.argmax(r["logits"][4])  # top_k 1 is greedy too
 
 
 @pytest.mark.parametrize("top_k,top_p,min_p", [(3, 1.0, 0.0), (-1, 0.6, 0.0), (10, 0.9, 0.2)])
-def test_many_draws_stay_inside_the_filtered_set(device: torch.device, top_k: int, top_p: float,
-                                                 min_p: float) -> None:
+def test_many_draws_stay_inside_the_filtered_set(
+    device: torch.device, top_k: int, top_p: float, min_p: float
+) -> None:
     """One row drawn at 12 positions: every id matches the reference, and the draws vary."""
     b = 12
     logits = (torch.randn(1, 300, generator=torch.Generator().manual_seed(5)) * 2).expand(b, 300).contiguous()
@@ -88,9 +100,14 @@ def test_greedy_ties_go_to_lowest_id_and_masks_are_respected(device: torch.devic
 def test_rejects_bad_inputs(device: torch.device) -> None:
     r = _rows(2, 10, seed=2)
     logits = r["logits"].to(device)
-    ok = {"temperature": torch.ones(2, device=device), "top_k": torch.zeros(2, dtype=torch.int32, device=device),
-          "top_p": torch.ones(2, device=device), "min_p": torch.zeros(2, device=device),
-          "seeds": r["seeds"].to(device), "positions": r["positions"].to(device)}
+    ok = {
+        "temperature": torch.ones(2, device=device),
+        "top_k": torch.zeros(2, dtype=torch.int32, device=device),
+        "top_p": torch.ones(2, device=device),
+        "min_p": torch.zeros(2, device=device),
+        "seeds": r["seeds"].to(device),
+        "positions": r["positions"].to(device),
+    }
     with pytest.raises(ValueError, match=r"logits.dtype"):
         sampling.sample(logits.half(), **ok)
     with pytest.raises(ValueError, match=r"top_k.dtype"):
@@ -131,6 +148,7 @@ def test_min_p_zero_is_off_even_for_infinite_logits(device: torch.device) -> Non
     r = {"logits": logits, "seeds": torch.tensor([1, 2]), "positions": torch.tensor([3, 4])}
     got, ref = _sample_both(r, [1.0, 0.7], [-1, -1], [1.0, 1.0], [0.0, 0.0], device)
     assert got.tolist() == ref.tolist() == [7, 7]
-    split, _, _ = sampling_split.sample(*(t.to(device) for t in (logits, logits, torch.tensor([1.0, 0.7]),
-                                                                  r["seeds"], r["positions"])))
+    split, _, _ = sampling_split.sample(
+        *(t.to(device) for t in (logits, logits, torch.tensor([1.0, 0.7]), r["seeds"], r["positions"]))
+    )
     assert split.cpu().tolist() == [7, 7]

@@ -20,8 +20,9 @@ def _rows(b: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, to
     return logits, seeds, positions
 
 
-def _filtered_tokens(x: torch.Tensor, temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
-                     device: torch.device) -> torch.Tensor:
+def _filtered_tokens(
+    x: torch.Tensor, temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, device: torch.device
+) -> torch.Tensor:
     b = x.shape[0]
     off = (torch.full((b,), -1, dtype=torch.int32), torch.ones(b), torch.zeros(b))
     return sampling.sample(*(t.to(device) for t in (x, temp, *off, seeds, positions))).cpu()
@@ -34,8 +35,9 @@ def _float64_logprobs(raw: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 def test_tokens_equal_the_filtered_kernel_and_logprobs_equal_float64(device: torch.device) -> None:
     raw, seeds, positions = _rows(5, VOCAB, seed=1)
     temp = torch.tensor([0.0, 1.0, 0.7, 1.6, 0.0])
-    got, lps, lse = (t.cpu() for t in sampling_split.sample(*(t.to(device) for t in (raw, raw, temp, seeds,
-                                                                                      positions))))
+    got, lps, lse = (
+        t.cpu() for t in sampling_split.sample(*(t.to(device) for t in (raw, raw, temp, seeds, positions)))
+    )
     assert got.tolist() == _filtered_tokens(raw, temp, seeds, positions, device).tolist()
     noise = engine_noise(seeds, positions, VOCAB)
     off = (torch.full((5,), -1, dtype=torch.int32), torch.ones(5), torch.zeros(5))
@@ -53,8 +55,9 @@ def test_masked_rows_sample_inside_the_mask_with_raw_logprobs(device: torch.devi
         x[r, ids] = raw[r, ids]
     x[2, 4000] = raw[2, 17] + 100.0  # a penalty-like edit: sampling follows x, logprobs follow raw
     temp = torch.tensor([1.0, 0.0, 0.0])
-    got, lps, _ = (t.cpu() for t in sampling_split.sample(*(t.to(device) for t in (raw, x, temp, seeds,
-                                                                                    positions))))
+    got, lps, _ = (
+        t.cpu() for t in sampling_split.sample(*(t.to(device) for t in (raw, x, temp, seeds, positions)))
+    )
     assert got.tolist() == _filtered_tokens(x, temp, seeds, positions, device).tolist()
     assert int(got[0]) in allowed[0] and int(got[1]) == max(allowed[1], key=lambda i: float(raw[1, i]))
     assert int(got[2]) == 4000
@@ -67,18 +70,25 @@ def test_ties_go_to_the_lowest_id_across_chunks_and_dead_rows_give_id_0(device: 
     raw[1] = float("-inf")
     temp = torch.zeros(2)
     seeds, positions = torch.tensor([1, 2]), torch.tensor([3, 4])
-    got, _, _ = (t.cpu() for t in sampling_split.sample(*(t.to(device) for t in (raw, raw, temp, seeds,
-                                                                                  positions))))
+    got, _, _ = (
+        t.cpu() for t in sampling_split.sample(*(t.to(device) for t in (raw, raw, temp, seeds, positions)))
+    )
     assert got.tolist() == [2049, 0] == _filtered_tokens(raw, temp, seeds, positions, device).tolist()
 
 
 def test_a_row_alone_equals_the_row_in_a_batch(device: torch.device) -> None:
     raw, seeds, positions = _rows(7, VOCAB, seed=3)
     temp = torch.linspace(0.0, 1.5, 7)
-    batch = [t.cpu() for t in sampling_split.sample(*(t.to(device) for t in (raw, raw, temp, seeds, positions)))]
+    batch = [
+        t.cpu() for t in sampling_split.sample(*(t.to(device) for t in (raw, raw, temp, seeds, positions)))
+    ]
     for r in (0, 3, 6):
-        one = [t.cpu() for t in sampling_split.sample(*(t[r : r + 1].to(device)
-                                                        for t in (raw, raw, temp, seeds, positions)))]
+        one = [
+            t.cpu()
+            for t in sampling_split.sample(
+                *(t[r : r + 1].to(device) for t in (raw, raw, temp, seeds, positions))
+            )
+        ]
         for a, b in zip(one, batch, strict=True):
             assert torch.equal(a, b[r : r + 1])
 
@@ -109,9 +119,11 @@ def test_real_vocab_on_gpu() -> None:
     dev = torch.device("cuda")
     b, vocab = 256, 151936
     raw, seeds, positions = _rows(b, vocab, seed=6)
-    temp = (torch.rand(b, generator=torch.Generator().manual_seed(7)) * 1.5)
+    temp = torch.rand(b, generator=torch.Generator().manual_seed(7)) * 1.5
     temp[:16] = 0.0
-    got, lps, _ = (t.cpu() for t in sampling_split.sample(*(t.to(dev) for t in (raw, raw, temp, seeds, positions))))
+    got, lps, _ = (
+        t.cpu() for t in sampling_split.sample(*(t.to(dev) for t in (raw, raw, temp, seeds, positions)))
+    )
     assert torch.equal(got, _filtered_tokens(raw, temp, seeds, positions, dev))
     assert torch.allclose(lps.double(), _float64_logprobs(raw, got), atol=5e-5, rtol=0)
     alone = sampling_split.sample(*(t[40:41].to(dev) for t in (raw, raw, temp, seeds, positions)))
@@ -146,7 +158,9 @@ def test_batch_sizes_compile_nothing_new_on_gpu() -> None:
     assert after == before
 
 
-def test_the_top_logprob_is_the_lowest_id_of_the_raw_maximum_and_changes_nothing_else(device: torch.device) -> None:
+def test_the_top_logprob_is_the_lowest_id_of_the_raw_maximum_and_changes_nothing_else(
+    device: torch.device,
+) -> None:
     from shardinfer.kernels.top_logprob import TopLogprob, fill_reference
 
     raw, seeds, positions = _rows(6, VOCAB, seed=9)
@@ -168,8 +182,12 @@ def test_the_top_logprob_is_the_lowest_id_of_the_raw_maximum_and_changes_nothing
     assert want.token_ids.tolist()[1:5] == [2049, int(raw[2].nan_to_num(float("-inf")).argmax()), 0, 10]
     assert top.token_ids.cpu().tolist() == want.token_ids.tolist()
     assert torch.equal(top.logprobs.cpu().nan_to_num(), want.logprobs.nan_to_num())
-    assert torch.allclose(top.logprobs.cpu()[[0, 1, 5]].double(),
-                          _float64_logprobs(raw[[0, 1, 5]], want.token_ids[[0, 1, 5]]), atol=2e-5, rtol=0)
+    assert torch.allclose(
+        top.logprobs.cpu()[[0, 1, 5]].double(),
+        _float64_logprobs(raw[[0, 1, 5]], want.token_ids[[0, 1, 5]]),
+        atol=2e-5,
+        rtol=0,
+    )
     # For tokens chosen elsewhere (the filtered kernel's rows), the same top.
     other = TopLogprob.empty(6, device)
     sampling_split.logprobs_of(args[0], plain[0].to(device), top=other)

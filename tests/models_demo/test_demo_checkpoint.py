@@ -16,8 +16,15 @@ SPECIALS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|system|>", "<|user|>", "<|assist
 
 def test_files_and_size(model_dir: Path) -> None:
     names = {p.name for p in model_dir.iterdir()}
-    for need in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json", "README.md", "metrics.json"):
+    for need in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "README.md",
+        "metrics.json",
+    ):
         assert need in names, need
     weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     assert weights <= 20_000_000
@@ -62,8 +69,12 @@ def test_tokenizer_and_chat_template(model_dir: Path) -> None:
     tcfg: dict[str, Any] = json.loads((model_dir / "tokenizer_config.json").read_text())
     assert (tcfg["bos_token"], tcfg["eos_token"]) == ("<|bos|>", "<|eos|>")
     template = ImmutableSandboxedEnvironment().from_string(tcfg["chat_template"])
-    text = template.render(messages=[{"role": "user", "content": "What is 2 + 2?"}],
-                           add_generation_prompt=True, bos_token="<|bos|>", eos_token="<|eos|>")
+    text = template.render(
+        messages=[{"role": "user", "content": "What is 2 + 2?"}],
+        add_generation_prompt=True,
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+    )
     assert text == "<|bos|><|user|>What is 2 + 2?<|eos|><|assistant|>"
     ids = tok.encode(text, add_special_tokens=False).ids
     assert ids[:2] == [0, 4] and ids[-2:] == [1, 5]
@@ -74,7 +85,9 @@ def test_tokenizer_and_chat_template(model_dir: Path) -> None:
 def test_transformers_loads_it_ignoring_only_the_mtp_layer(model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    loaded: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, output_loading_info=True
+    )
     info = loaded[1]
     n = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
     assert not info["missing_keys"]

@@ -16,7 +16,9 @@ import torch
 from shardinfer import SamplingParams
 
 
-def test_engine_prompt_logprobs_match_transformers(engine: Any, hf_model: Any, metrics: dict[str, Any]) -> None:
+def test_engine_prompt_logprobs_match_transformers(
+    engine: Any, hf_model: Any, metrics: dict[str, Any]
+) -> None:
     window = metrics["ci"]["ppl_windows"][0][:256]
     out = engine.generate([window], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
     assert out.prompt_logprobs[0] is None

@@ -35,7 +35,10 @@ def test_a_local_files_digest_is_its_sha256(tmp_path: Path) -> None:
 
 
 def test_a_moved_time_with_the_stored_digest_is_the_same_file() -> None:
-    stored = [{**_entry("/data/a.parquet"), "digest": "sha256:aa"}, {**_entry("/data/b.parquet"), "digest": "sha256:bb"}]
+    stored = [
+        {**_entry("/data/a.parquet"), "digest": "sha256:aa"},
+        {**_entry("/data/b.parquet"), "digest": "sha256:bb"},
+    ]
     fresh = [_entry("/data/a.parquet", version="mtime:2"), _entry("/data/b.parquet", version="mtime:2")]
     read: list[str] = []
 
@@ -61,7 +64,12 @@ def test_files_are_read_only_when_their_time_moved_at_the_same_size() -> None:
 
 def test_stored_digests_are_kept_for_unchanged_files_and_read_for_others() -> None:
     previous = [{**_entry("/d/a"), "digest": "sha256:old-a"}, {**_entry("/d/b"), "digest": "sha256:old-b"}]
-    listing = [_entry("/d/a"), _entry("/d/b", version="mtime:2"), _entry("/d/c"), _entry("s3://bkt/d", version="ETag:e")]
+    listing = [
+        _entry("/d/a"),
+        _entry("/d/b", version="mtime:2"),
+        _entry("/d/c"),
+        _entry("s3://bkt/d", version="ETag:e"),
+    ]
     digests = {"/d/b": "sha256:new-b", "/d/c": "sha256:c", "s3://bkt/d": None}
     out = with_content_digests(listing, previous, digests.__getitem__)
     assert [e.get("digest") for e in out] == ["sha256:old-a", "sha256:new-b", "sha256:c", None]

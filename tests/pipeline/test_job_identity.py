@@ -123,7 +123,9 @@ def test_input_copied_or_fetched_again_is_the_same_input(tmp_path: Path, model_d
     table = pq.read_table(target)
     prompts = table.column("prompt").to_pylist()
     prompts[0] = prompts[0][:-1] + ("X" if prompts[0][-1] != "X" else "Y")  # one character, same length
-    pq.write_table(table.set_column(1, "prompt", pa.array(prompts)), tmp_path / "edited.parquet", row_group_size=4)
+    pq.write_table(
+        table.set_column(1, "prompt", pa.array(prompts)), tmp_path / "edited.parquet", row_group_size=4
+    )
     assert (tmp_path / "edited.parquet").stat().st_size == target.stat().st_size
     shutil.copyfile(tmp_path / "edited.parquet", target)
     _later_mtime(target)

@@ -84,7 +84,9 @@ def test_the_check_reads_parquet_jsonl_and_the_query_result(
         text = [{"role": "user", "content": "hi"}]
         parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
         path = tmp_path / "in.jsonl"
-        path.write_text("".join(json.dumps({"id": f"r{i}", "q": m}) + "\n" for i, m in enumerate([text, parts])))
+        path.write_text(
+            "".join(json.dumps({"id": f"r{i}", "q": m}) + "\n" for i, m in enumerate([text, parts]))
+        )
         job = _job(tmp_path, model_dir, path)
         column, first, count = "q", json.dumps(text), 2
     else:

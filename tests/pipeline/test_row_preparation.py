@@ -283,7 +283,9 @@ def test_messages_stored_as_maps_go_through_the_chat_template(model_dir: Path) -
 def test_a_row_asking_for_no_tokens_is_a_bad_override(model_dir: Path) -> None:
     # max_tokens=0 with prompt logprobs is a valid engine request (prompt-only scoring), but a
     # generated row must generate: the row is an error, not a record of empty text.
-    prep = _preparer(model_dir, sampling={"max_tokens": 4, "prompt_logprobs": 1}, override_columns=["max_tokens"])
+    prep = _preparer(
+        model_dir, sampling={"max_tokens": 4, "prompt_logprobs": 1}, override_columns=["max_tokens"]
+    )
     prepared = prep.prepare(0, 1, 4, {"__row_index": 4, "prompt": "a", "max_tokens": 0})
     assert prepared.error is not None and prepared.error.code == "bad_override"
     assert "max_tokens" in prepared.error.message and ">= 1" in prepared.error.message

@@ -179,7 +179,9 @@ def _harness_windows(tokens: list[int], prefix: int, window: int) -> list[tuple[
     return out
 
 
-def _check_document(rec: dict[str, Any], hf: Any, tokens: list[int], windows: list[tuple[list[int], list[int]]]) -> None:
+def _check_document(
+    rec: dict[str, Any], hf: Any, tokens: list[int], windows: list[tuple[list[int], list[int]]]
+) -> None:
     want = [v for ctx, cont in windows for v in _hf_scores(hf, ctx, cont)[0]]
     assert rec["status"] == "ok" and rec["token_ids"] == tokens
     assert [(w["num_tokens"], w["context_tokens"]) for w in rec["windows"]] == [
@@ -197,7 +199,10 @@ def test_the_longest_window_takes_every_position_as_the_harness_does(
     tok = Tokenizer(model_dir)
     rows = [{"id": "d0", "doc": DOCUMENT}]
     job = _score_job(
-        tmp_path, model_dir, _write_input(tmp_path, rows), input={"document_column": "doc"},
+        tmp_path,
+        model_dir,
+        _write_input(tmp_path, rows),
+        input={"document_column": "doc"},
         engine={"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 16},
     )
     assert _submit(job) == 0
@@ -206,7 +211,9 @@ def test_the_longest_window_takes_every_position_as_the_harness_does(
 
     tokens = tok.encode(DOCUMENT)
     windows = _harness_windows(tokens, tok.bos_token_id, 16)
-    assert windows == [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, tok.bos_token_id, 16, 1)]
+    assert windows == [
+        make_disjoint_window(w) for w in get_rolling_token_windows(tokens, tok.bos_token_id, 16, 1)
+    ]
     assert len(windows) > 3 and max(len(ctx) + len(cont) for ctx, cont in windows) == 17
     _check_document(rec, hf, tokens, windows)
 
@@ -215,13 +222,19 @@ def test_a_span_of_max_model_len_plus_one_tokens_is_scored(tmp_path: Path, model
     """Context and continuation of max_model_len + 1 tokens are scored; one more is a row error."""
     tok = Tokenizer(model_dir)
     context = " ".join(["fox"] * 5)
-    rows = [{"id": "fits", "ctx": context, "choices": [" do"]}, {"id": "over", "ctx": context, "choices": [" dog"]}]
+    rows = [
+        {"id": "fits", "ctx": context, "choices": [" do"]},
+        {"id": "over", "ctx": context, "choices": [" dog"]},
+    ]
     ctx_ids = tok.encode(context)
     fits = tok.encode(context + " do")
     assert fits[: len(ctx_ids)] == ctx_ids
     assert (len(fits), len(tok.encode(context + " dog"))) == (17, 18)
     job = _score_job(
-        tmp_path, model_dir, _write_input(tmp_path, rows), job={"max_error_fraction": 1.0},
+        tmp_path,
+        model_dir,
+        _write_input(tmp_path, rows),
+        job={"max_error_fraction": 1.0},
         input={"context_column": "ctx", "continuations_column": "choices"},
         engine={"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 16},
     )
@@ -249,8 +262,14 @@ def test_a_job_planned_with_shorter_spans_keeps_them(tmp_path: Path, model_dir: 
     tok = Tokenizer(model_dir)
     rows = [{"id": "d0", "doc": DOCUMENT}, {"id": "d1", "doc": DOCUMENT[40:]}]
     engine = {"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 16}
-    job = _score_job(tmp_path, model_dir, _write_input(tmp_path, rows), job={"split_rows": 1},
-                     input={"document_column": "doc"}, engine=engine)
+    job = _score_job(
+        tmp_path,
+        model_dir,
+        _write_input(tmp_path, rows),
+        job={"split_rows": 1},
+        input={"document_column": "doc"},
+        engine=engine,
+    )
     planned = open_job(resolve(load_toml(str(job))).config)
     # The fingerprint as the earlier version computed it: the same components, no span rule.
     older = json.loads(json.dumps(planned.fingerprint))
@@ -264,12 +283,23 @@ def test_a_job_planned_with_shorter_spans_keeps_them(tmp_path: Path, model_dir: 
         tokens = tok.encode(row["doc"])
         _check_document(got[(row["id"], 0)], hf, tokens, _harness_windows(tokens, tok.bos_token_id, 14))
     # The same job in a new location is planned under today's rule: windows of 16 positions.
-    fresh = _score_job(tmp_path, model_dir, _write_input(tmp_path, rows), name="fresh", job={"split_rows": 1},
-                       input={"document_column": "doc"}, engine=engine)
+    fresh = _score_job(
+        tmp_path,
+        model_dir,
+        _write_input(tmp_path, rows),
+        name="fresh",
+        job={"split_rows": 1},
+        input={"document_column": "doc"},
+        engine=engine,
+    )
     assert _submit(fresh) == 0
     tokens = tok.encode(DOCUMENT)
-    _check_document(_rows_by_key(tmp_path / "out-fresh")[("d0", 0)], hf, tokens,
-                    _harness_windows(tokens, tok.bos_token_id, 16))
+    _check_document(
+        _rows_by_key(tmp_path / "out-fresh")[("d0", 0)],
+        hf,
+        tokens,
+        _harness_windows(tokens, tok.bos_token_id, 16),
+    )
 
 
 def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
@@ -303,11 +333,18 @@ def test_bad_rows_become_error_records(tmp_path: Path, model_dir: Path) -> None:
 def test_a_nan_id_is_a_missing_id_not_the_id_nan(tmp_path: Path, model_dir: Path) -> None:
     """A float id column with NaN (pandas' missing value) gives an error record under file:row, as a
     null id does; scored under the id "nan", every such row would share one id."""
-    rows = [{"id": 1.0, "ctx": "Hello,", "choices": [" world"]},
-            {"id": float("nan"), "ctx": "Hello,", "choices": [" fox"]},
-            {"id": 3.0, "ctx": "Hello,", "choices": [" dog"]}]
-    job = _score_job(tmp_path, model_dir, _write_input(tmp_path, rows), job={"max_error_fraction": 1.0},
-                     input={"context_column": "ctx", "continuations_column": "choices"})
+    rows = [
+        {"id": 1.0, "ctx": "Hello,", "choices": [" world"]},
+        {"id": float("nan"), "ctx": "Hello,", "choices": [" fox"]},
+        {"id": 3.0, "ctx": "Hello,", "choices": [" dog"]},
+    ]
+    job = _score_job(
+        tmp_path,
+        model_dir,
+        _write_input(tmp_path, rows),
+        job={"max_error_fraction": 1.0},
+        input={"context_column": "ctx", "continuations_column": "choices"},
+    )
     assert _submit(job) == 0
     got = _rows_by_key(tmp_path / "out-job")
     assert sorted(row_id for row_id, _ in got) == ["0:1", "1.0", "3.0"]
@@ -316,15 +353,23 @@ def test_a_nan_id_is_a_missing_id_not_the_id_nan(tmp_path: Path, model_dir: Path
     assert "id_column 'id' is NaN" in got[("0:1", 0)]["error_message"]
 
 
-def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_dir: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    lines = ['{"id": "ok", "ctx": "Hello,", "choices": [" world"]}',
-             '{"id": "mixed", "ctx": "Hello", "choices": [", world", 5]}',  # a number among the strings
-             "{not json"]
+def test_rows_the_reader_cannot_decode_are_invalid_rows(
+    tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = [
+        '{"id": "ok", "ctx": "Hello,", "choices": [" world"]}',
+        '{"id": "mixed", "ctx": "Hello", "choices": [", world", 5]}',  # a number among the strings
+        "{not json",
+    ]
     path = tmp_path / "input.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    job = _score_job(tmp_path, model_dir, path, job={"max_error_fraction": 1.0},
-                     input={"context_column": "ctx", "continuations_column": "choices"})
+    job = _score_job(
+        tmp_path,
+        model_dir,
+        path,
+        job={"max_error_fraction": 1.0},
+        input={"context_column": "ctx", "continuations_column": "choices"},
+    )
     assert _submit(job) == 0
     got = {row_id: row for (row_id, _), row in _rows_by_key(tmp_path / "out-job").items()}
     assert got["ok"]["status"] == "ok"
@@ -338,7 +383,11 @@ def test_rows_the_reader_cannot_decode_are_invalid_rows(tmp_path: Path, model_di
     assert all("is null" not in row["error_message"] for row in bad)
     summary = capsys.readouterr().out  # a score job's summary speaks of the tokens it read
     read = sum(row["prompt_tokens"] or 0 for row in got.values())
-    assert f"tokens given   {read} " in summary and "tokens out" not in summary and "cut by length" not in summary
+    assert (
+        f"tokens given   {read} " in summary
+        and "tokens out" not in summary
+        and "cut by length" not in summary
+    )
 
 
 def test_resume_after_a_kill_and_fingerprint_of_score_columns(
@@ -409,7 +458,11 @@ def test_jsonl_choices_of_mixed_shapes_are_lists_not_text(
         model_dir,
         path,
         job={"max_error_fraction": 1.0},
-        input={"context_column": "ctx", "continuations_column": "choices", **({"query": query} if query else {})},
+        input={
+            "context_column": "ctx",
+            "continuations_column": "choices",
+            **({"query": query} if query else {}),
+        },
     )
     assert _submit(job) == 0
     got = _rows_by_key(tmp_path / "out-job")

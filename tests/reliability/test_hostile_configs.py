@@ -120,7 +120,9 @@ def _rows_under_template(
         f"{{% {'if' if i == 0 else 'elif'} messages[0].content == {name!r} %}}{source}"
         for i, (name, source) in enumerate(branches.items())
     )
-    template = chosen + "{% else %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% endif %}"
+    template = (
+        chosen + "{% else %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% endif %}"
+    )
     tok_config = json.loads((templated / "tokenizer_config.json").read_text())
     tok_config["chat_template"] = template
     (templated / "tokenizer_config.json").write_text(json.dumps(tok_config))

@@ -68,17 +68,20 @@ def _template() -> Template:
 
 
 def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    return _template().render(messages=messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=BOS, eos_token=EOS)
+    return _template().render(
+        messages=messages, add_generation_prompt=add_generation_prompt, bos_token=BOS, eos_token=EOS
+    )
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     """Byte-level BPE; digits are split one per token so arithmetic sees place values."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -98,7 +101,7 @@ def _chunks(texts: Iterable[str], size: int = 1 << 16) -> Iterator[str]:
     # Long files are fed in pieces so the trainer's batches stay balanced across threads.
     for text in texts:
         for start in range(0, len(text), size):
-            yield text[start:start + size]
+            yield text[start : start + size]
 
 
 def tokenizer_config(model_max_length: int) -> dict[str, object]:
@@ -114,8 +117,14 @@ def tokenizer_config(model_max_length: int) -> dict[str, object]:
         "model_max_length": model_max_length,
         "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
-            str(i): {"content": t, "special": True, "lstrip": False, "rstrip": False,
-                     "normalized": False, "single_word": False}
+            str(i): {
+                "content": t,
+                "special": True,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "single_word": False,
+            }
             for i, t in enumerate(SPECIAL_TOKENS)
         },
     }

@@ -23,7 +23,7 @@ def windows(docs: Sequence[Sequence[int]], length: int, min_len: int = 16) -> li
     out: list[list[int]] = []
     for doc in docs:
         for start in range(0, len(doc), length):
-            piece = list(doc[start:start + length])
+            piece = list(doc[start : start + length])
             if len(piece) >= min_len:
                 out.append(piece)
     return out
@@ -34,12 +34,13 @@ def _by_length(seqs: Sequence[Sequence[int]], batch: int) -> list[list[int]]:
     groups: dict[int, list[int]] = defaultdict(list)
     for i, s in enumerate(seqs):
         groups[len(s)].append(i)
-    return [idx[i:i + batch] for _, idx in sorted(groups.items()) for i in range(0, len(idx), batch)]
+    return [idx[i : i + batch] for _, idx in sorted(groups.items()) for i in range(0, len(idx), batch)]
 
 
 @torch.no_grad()
-def nll_sum(model: DeepseekV3ForCausalLM, seqs: Sequence[Sequence[int]], device: str,
-            batch: int = 16) -> tuple[float, int]:
+def nll_sum(
+    model: DeepseekV3ForCausalLM, seqs: Sequence[Sequence[int]], device: str, batch: int = 16
+) -> tuple[float, int]:
     """Sum of -log p(t[i] | t[<i]) over every position i >= 1 of every sequence, and the count."""
     total, count = 0.0, 0
     for idx in _by_length(seqs, batch):
@@ -57,8 +58,14 @@ def perplexity(model: DeepseekV3ForCausalLM, seqs: Sequence[Sequence[int]], devi
 
 
 @torch.no_grad()
-def greedy(model: DeepseekV3ForCausalLM, prompts: Sequence[Sequence[int]], max_new: int, eos: int,
-           device: str, batch: int = 64) -> list[list[int]]:
+def greedy(
+    model: DeepseekV3ForCausalLM,
+    prompts: Sequence[Sequence[int]],
+    max_new: int,
+    eos: int,
+    device: str,
+    batch: int = 64,
+) -> list[list[int]]:
     """Greedy completions (EOS excluded), recomputing the whole prefix each step: simple and exact."""
     out: list[list[int]] = [[] for _ in prompts]
     for idx in _by_length(prompts, batch):
@@ -76,8 +83,15 @@ def greedy(model: DeepseekV3ForCausalLM, prompts: Sequence[Sequence[int]], max_n
     return out
 
 
-def task_accuracy(model: DeepseekV3ForCausalLM, tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
-                  decode, eos: int, device: str, max_new: int = 48) -> tuple[float, dict[str, float], list[str]]:
+def task_accuracy(
+    model: DeepseekV3ForCausalLM,
+    tasks: Sequence[Task],
+    prompts: Sequence[Sequence[int]],
+    decode,
+    eos: int,
+    device: str,
+    max_new: int = 48,
+) -> tuple[float, dict[str, float], list[str]]:
     """Exact-match accuracy overall and per task kind, plus the decoded completions."""
     completions = [decode(c) for c in greedy(model, prompts, max_new, eos, device)]
     hits: dict[str, list[bool]] = defaultdict(list)
@@ -89,8 +103,9 @@ def task_accuracy(model: DeepseekV3ForCausalLM, tasks: Sequence[Task], prompts: 
 
 
 @torch.no_grad()
-def mtp_agreement(model: DeepseekV3ForCausalLM, mtp: MTPLayer, seqs: Sequence[Sequence[int]],
-                  device: str, batch: int = 16) -> dict[str, float]:
+def mtp_agreement(
+    model: DeepseekV3ForCausalLM, mtp: MTPLayer, seqs: Sequence[Sequence[int]], device: str, batch: int = 16
+) -> dict[str, float]:
     """How often the MTP head's top-1 for t[j+2] equals the main model's top-1 for t[j+2].
 
     The MTP head sees the true t[j+1] (teacher forcing), as speculative decoding does once t[j+1] is accepted.
@@ -105,11 +120,15 @@ def mtp_agreement(model: DeepseekV3ForCausalLM, mtp: MTPLayer, seqs: Sequence[Se
         pos = torch.arange(ids.shape[1] - 1, device=device)[None].expand(ids.shape[0], -1)
         mtp_logits = mtp(model, ids[:, 1:], hidden[:, :-1], pos)
         mtp_top = mtp_logits[:, :-1].float().argmax(-1)  # predictions of t[j+2], j = 0..L-3
-        main_top = logits[:, 1:-1].float().argmax(-1)     # the main model's prediction of the same tokens
+        main_top = logits[:, 1:-1].float().argmax(-1)  # the main model's prediction of the same tokens
         truth = ids[:, 2:]
         agree += int((mtp_top == main_top).sum())
         mtp_right += int((mtp_top == truth).sum())
         main_right += int((main_top == truth).sum())
         n += truth.numel()
-    return {"mtp_top1_agreement": agree / n, "mtp_top1_accuracy": mtp_right / n,
-            "main_top1_accuracy": main_right / n, "positions": n}
+    return {
+        "mtp_top1_agreement": agree / n,
+        "mtp_top1_accuracy": mtp_right / n,
+        "main_top1_accuracy": main_right / n,
+        "positions": n,
+    }

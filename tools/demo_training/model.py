@@ -99,22 +99,30 @@ class MTPLayer(nn.Module):
         self.block = mdl.DeepseekV3DecoderLayer(config, layer_idx)
         self.head_norm = mdl.DeepseekV3RMSNorm(hidden, eps=config.rms_norm_eps)
 
-    def forward(self, main: DeepseekV3ForCausalLM, next_ids: torch.Tensor, hidden: torch.Tensor,
-                position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        main: DeepseekV3ForCausalLM,
+        next_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+    ) -> torch.Tensor:
         """Logits for t[j+2] from next_ids = t[1:L] and hidden = h[0:L-1] (final-normed main output)."""
         emb = main.model.embed_tokens(next_ids)
         x = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(hidden)], dim=-1))
         cos_sin = main.model.rotary_emb(x, position_ids)
         seq = x.shape[1]
         mask = torch.full((seq, seq), float("-inf"), device=x.device, dtype=x.dtype).triu(1)
-        x = self.block(x, attention_mask=mask[None, None], position_ids=position_ids,
-                       position_embeddings=cos_sin)
+        x = self.block(
+            x, attention_mask=mask[None, None], position_ids=position_ids, position_embeddings=cos_sin
+        )
         if isinstance(x, tuple):  # older transformers return (hidden,) tuples from decoder layers
             x = x[0]
         return main.lm_head(self.head_norm(x))
 
 
-def main_hidden_and_logits(main: DeepseekV3ForCausalLM, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def main_hidden_and_logits(
+    main: DeepseekV3ForCausalLM, ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(final-normed hidden states, logits) for a [B, L] batch without padding.
 
     The MTP layer reads the main model's output *after* its final norm, as vLLM and transformers'
@@ -146,17 +154,19 @@ def export_state_dict(main: DeepseekV3ForCausalLM, mtp: MTPLayer) -> dict[str, t
         else:
             out[name] = t
     keep_fp32 = ("mlp.gate.weight", "e_score_correction_bias")
-    return {k: (v.float() if k.endswith(keep_fp32) else v.to(torch.bfloat16)).contiguous().clone()
-            for k, v in out.items()}
+    return {
+        k: (v.float() if k.endswith(keep_fp32) else v.to(torch.bfloat16)).contiguous().clone()
+        for k, v in out.items()
+    }
 
 
 def _mtp_names(mtp: MTPLayer) -> dict[str, torch.Tensor]:
     names: dict[str, torch.Tensor] = {}
     for k, v in mtp.state_dict().items():
         if k.startswith("block."):
-            names[k[len("block."):]] = v
+            names[k[len("block.") :]] = v
         elif k.startswith("head_norm."):
-            names["shared_head.norm." + k[len("head_norm."):]] = v
+            names["shared_head.norm." + k[len("head_norm.") :]] = v
         else:
             names[k] = v
     return names
@@ -165,7 +175,8 @@ def _mtp_names(mtp: MTPLayer) -> dict[str, torch.Tensor]:
 def add_shared_head(tensors: dict[str, torch.Tensor], main: DeepseekV3ForCausalLM) -> None:
     layer = main.config.num_hidden_layers
     tensors[f"model.layers.{layer}.shared_head.head.weight"] = (
-        main.lm_head.weight.detach().to(torch.bfloat16).contiguous().clone())
+        main.lm_head.weight.detach().to(torch.bfloat16).contiguous().clone()
+    )
 
 
 def load_mtp(tensors: dict[str, torch.Tensor], config: DeepseekV3Config) -> MTPLayer:
@@ -177,20 +188,26 @@ def load_mtp(tensors: dict[str, torch.Tensor], config: DeepseekV3Config) -> MTPL
     experts = config.n_routed_experts
     for key in sd:
         if key.startswith("head_norm."):
-            src = prefix + "shared_head.norm." + key[len("head_norm."):]
+            src = prefix + "shared_head.norm." + key[len("head_norm.") :]
             sd[key] = tensors[src]
         elif key.startswith("block.mlp.experts."):
-            leaf = key[len("block.mlp.experts."):]
+            leaf = key[len("block.mlp.experts.") :]
             base = prefix + "mlp.experts."
             if leaf == "gate_up_proj":
-                sd[key] = torch.stack([torch.cat([tensors[f"{base}{e}.gate_proj.weight"],
-                                                  tensors[f"{base}{e}.up_proj.weight"]]) for e in range(experts)])
+                sd[key] = torch.stack(
+                    [
+                        torch.cat(
+                            [tensors[f"{base}{e}.gate_proj.weight"], tensors[f"{base}{e}.up_proj.weight"]]
+                        )
+                        for e in range(experts)
+                    ]
+                )
             elif leaf == "down_proj":
                 sd[key] = torch.stack([tensors[f"{base}{e}.down_proj.weight"] for e in range(experts)])
             else:
                 sd[key] = tensors[base + leaf]
         elif key.startswith("block."):
-            sd[key] = tensors[prefix + key[len("block."):]]
+            sd[key] = tensors[prefix + key[len("block.") :]]
         else:
             sd[key] = tensors[prefix + key]
     mtp.load_state_dict({k: v.float() for k, v in sd.items()})

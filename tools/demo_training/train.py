@@ -54,7 +54,9 @@ class RouterBalancer:
     """
 
     def __init__(self, modules: list[nn.Module], speed: float) -> None:
-        self.routers = [m for root in modules for m in root.modules() if isinstance(m, mdl.DeepseekV3TopkRouter)]
+        self.routers = [
+            m for root in modules for m in root.modules() if isinstance(m, mdl.DeepseekV3TopkRouter)
+        ]
         self.counts = [torch.zeros(r.num_experts, device=r.weight.device) for r in self.routers]
         self.speed = speed
         for i, r in enumerate(self.routers):
@@ -63,6 +65,7 @@ class RouterBalancer:
     def _hook(self, i: int):
         def count(_mod: nn.Module, _args: object, output: tuple[torch.Tensor, ...]) -> None:
             self.counts[i] += torch.bincount(output[2].reshape(-1), minlength=self.counts[i].numel()).float()
+
         return count
 
     @torch.no_grad()
@@ -87,7 +90,9 @@ def lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def losses(main: DeepseekV3ForCausalLM, mtp: MTPLayer, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def losses(
+    main: DeepseekV3ForCausalLM, mtp: MTPLayer, ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     hidden, logits = main_hidden_and_logits(main, ids)
     vocab = logits.shape[-1]
     main_loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(), ids[:, 1:].reshape(-1))
@@ -97,17 +102,28 @@ def losses(main: DeepseekV3ForCausalLM, mtp: MTPLayer, ids: torch.Tensor) -> tup
     return main_loss, mtp_loss
 
 
-def train(main: DeepseekV3ForCausalLM, mtp: MTPLayer, stream: torch.Tensor, s: TrainSettings,
-          device: str, seed: int, log=print) -> TrainSettings:
+def train(
+    main: DeepseekV3ForCausalLM,
+    mtp: MTPLayer,
+    stream: torch.Tensor,
+    s: TrainSettings,
+    device: str,
+    seed: int,
+    log=print,
+) -> TrainSettings:
     """Train in place on random rows of `stream` (a 1-D int64 tensor of packed documents)."""
     rows = stream[: (stream.numel() // s.seq_len) * s.seq_len].view(-1, s.seq_len)
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in list(main.parameters()) + list(mtp.parameters()) if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=s.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.startswith("cuda"))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=s.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+        fused=device.startswith("cuda"),
+    )
     balancer = RouterBalancer([main, mtp], s.bias_update_speed)
     use_amp = device.startswith("cuda")
     main.train()
@@ -143,9 +159,15 @@ def train(main: DeepseekV3ForCausalLM, mtp: MTPLayer, stream: torch.Tensor, s: T
             s.steps = max(step + 1, min(s.steps, step + int(left / per_step)))
             log(f"step time {per_step * 1000:.1f} ms -> training for {s.steps} steps")
         if logging_step:
-            rec = {"step": step, "loss": float(main_loss.detach()), "mtp_loss": float(mtp_loss.detach()),
-                   "grad_norm": float(grad_norm), "lr": lr_at(step - 1, s), "max_load_ratio": imbalance,
-                   "elapsed_s": time.time() - start}
+            rec = {
+                "step": step,
+                "loss": float(main_loss.detach()),
+                "mtp_loss": float(mtp_loss.detach()),
+                "grad_norm": float(grad_norm),
+                "lr": lr_at(step - 1, s),
+                "max_load_ratio": imbalance,
+                "elapsed_s": time.time() - start,
+            }
             s.history.append(rec)
             log(" ".join(f"{k}={v:.4g}" for k, v in rec.items()))
     main.eval()

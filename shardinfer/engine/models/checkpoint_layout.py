@@ -35,16 +35,20 @@ def weight_file_names(names: Collection[str], index_text: bytes | None) -> list[
         shards = index_shards(index_text or b"")
         missing = [f for f in shards if f not in names]
         if missing:
-            raise LayoutError(f"{INDEX_FILE} names shard(s) {missing} that are not in the folder; "
-                              "download the model again")
+            raise LayoutError(
+                f"{INDEX_FILE} names shard(s) {missing} that are not in the folder; download the model again"
+            )
         return shards
     if SINGLE_FILE in names:
         return [SINGLE_FILE]
     files = sorted(n for n in names if n.endswith(".safetensors"))
     if not files:
         pickles = sorted(n for n in names if n.endswith((".bin", ".pt")))
-        hint = (f" (found {pickles}: pickle checkpoints are never loaded; convert them to safetensors)"
-                if pickles else "")
+        hint = (
+            f" (found {pickles}: pickle checkpoints are never loaded; convert them to safetensors)"
+            if pickles
+            else ""
+        )
         raise LayoutError(f"no *.safetensors weights in the folder{hint}", no_weights=True)
     return files
 
@@ -55,6 +59,10 @@ def index_shards(text: bytes) -> list[str]:
         weight_map = json.loads(text.decode("utf-8")).get("weight_map")
     except (UnicodeDecodeError, ValueError, AttributeError) as exc:
         raise LayoutError(f"{INDEX_FILE} is not a safetensors index ({exc}); {_INDEX_FIX}") from None
-    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(f, str) for f in weight_map.values()):
+    if (
+        not isinstance(weight_map, dict)
+        or not weight_map
+        or not all(isinstance(f, str) for f in weight_map.values())
+    ):
         raise LayoutError(f"{INDEX_FILE} has no weight_map of tensor names to shard files; {_INDEX_FIX}")
     return sorted(set(weight_map.values()))

@@ -19,11 +19,15 @@ def model_directory(model: str | Path) -> Path:
     """The model directory a caller named, or an error saying what the path is instead."""
     path = Path(model)
     if path.is_file():
-        raise ModelLoadError(f"model path {str(model)!r} is a file, not a model directory: pass the directory holding "
-                             f"it ({str(path.parent)!r}), with its config.json, *.safetensors and tokenizer.json")
+        raise ModelLoadError(
+            f"model path {str(model)!r} is a file, not a model directory: pass the directory holding "
+            f"it ({str(path.parent)!r}), with its config.json, *.safetensors and tokenizer.json"
+        )
     if not path.is_dir():
-        raise FileNotFoundError(f"model directory {str(model)!r} does not exist: pass a local Hugging Face model "
-                                "directory (config.json, *.safetensors, tokenizer.json)")
+        raise FileNotFoundError(
+            f"model directory {str(model)!r} does not exist: pass a local Hugging Face model "
+            "directory (config.json, *.safetensors, tokenizer.json)"
+        )
     return path
 
 
@@ -52,8 +56,10 @@ class ModelConfig:
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise ModelLoadError(f"no config.json in model directory {str(model_dir)!r}: "
-                                 "pass a local Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
+            raise ModelLoadError(
+                f"no config.json in model directory {str(model_dir)!r}: "
+                "pass a local Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"
+            )
         try:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
@@ -66,11 +72,13 @@ class ModelConfig:
         model_type = raw.get("model_type", "")
         arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(model_type, "")
         if not arch:
-            raise ModelLoadError(f"config.json names no architecture (architectures={archs!r}, "
-                                 f"model_type={model_type!r})")
+            raise ModelLoadError(
+                f"config.json names no architecture (architectures={archs!r}, model_type={model_type!r})"
+            )
         if arch not in supported_architectures():
-            raise ModelLoadError(f"architecture {arch!r} is not supported; supported: "
-                                 f"{', '.join(supported_architectures())}")
+            raise ModelLoadError(
+                f"architecture {arch!r} is not supported; supported: {', '.join(supported_architectures())}"
+            )
 
         def need(key: str) -> Any:
             if key not in raw or raw[key] is None:

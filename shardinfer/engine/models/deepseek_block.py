@@ -30,7 +30,10 @@ class DeepseekDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config: ModelConfig, numerics: Numerics, layer_idx: int, rope: RopeTable) -> None:
         super().__init__()
         self.self_attn = DeepseekMLA(config, numerics, layer_idx, rope)
-        self.mlp: nn.Module = (DeepseekMoE(config, numerics) if is_moe_layer(config, layer_idx)
-                               else SwiGLUMLP(config.hidden_size, config.intermediate_size, numerics))
+        self.mlp: nn.Module = (
+            DeepseekMoE(config, numerics)
+            if is_moe_layer(config, layer_idx)
+            else SwiGLUMLP(config.hidden_size, config.intermediate_size, numerics)
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)

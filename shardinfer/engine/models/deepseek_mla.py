@@ -35,7 +35,7 @@ LATENT_NORM_EPS = 1e-6
 
 def mla_softmax_scale(qk_head_dim: int, rope_scaling: dict[str, Any] | None) -> float:
     """qk_head_dim^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 when the config sets mscale_all_dim."""
-    scale = qk_head_dim ** -0.5
+    scale = qk_head_dim**-0.5
     if rope_scaling and rope_scaling.get("rope_type", "default") != "default":
         mscale_all_dim = rope_scaling.get("mscale_all_dim") or 0
         if mscale_all_dim:
@@ -80,8 +80,9 @@ class DeepseekMLA(nn.Module):
             self.q_b_proj = Linear(d.q_lora_rank, heads * d.qk_head_dim, False, numerics)
         self.kv_a_proj_with_mqa = Linear(hidden, d.kv_lora_rank + d.qk_rope_head_dim, bias, numerics)
         self.kv_a_layernorm = RMSNorm(d.kv_lora_rank, LATENT_NORM_EPS, numerics)
-        self.kv_b_proj = Linear(d.kv_lora_rank, heads * (d.qk_nope_head_dim + d.v_head_dim), False, numerics,
-                                quantizable=False)  # absorbed into the query and output in float
+        self.kv_b_proj = Linear(
+            d.kv_lora_rank, heads * (d.qk_nope_head_dim + d.v_head_dim), False, numerics, quantizable=False
+        )  # absorbed into the query and output in float
         self.o_proj = Linear(heads * d.v_head_dim, hidden, bias, numerics)
         self.scale = mla_softmax_scale(d.qk_head_dim, config.rope_scaling)
         # Absorbed views of kv_b_proj, rebuilt by absorb_weights() after loading.
@@ -118,19 +119,40 @@ class DeepseekMLA(nn.Module):
         # (cache,), or for an FP8 cache (cache, scales); see engine/kv_cache.py.
         cache, *scales = ctx.kv_caches[self.layer_idx]
         cache_scale = scales[0] if scales else None
-        ops.store_kv(cache, torch.cat([latent, k_pe.to(latent.dtype)], dim=-1), ctx.attn.slot_mapping, cache_scale)
+        ops.store_kv(
+            cache, torch.cat([latent, k_pe.to(latent.dtype)], dim=-1), ctx.attn.slot_mapping, cache_scale
+        )
         q_latent = ops.mla_absorb_query(q_nope, self.w_uk, self.w_uk_nk, bi)
         o_latent = _paged_mla(q_latent, q_pe, cache, ctx, self.scale, bi, cache_scale)
         o = ops.mla_project_value(o_latent, self.w_uv_t, self.w_uv_nk, bi)
         return self.o_proj(o.reshape(t, d.num_heads * d.v_head_dim))
 
 
-def _paged_mla(q_latent: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, ctx: ForwardContext,
-               scale: float, batch_invariant: bool, cache_scale: torch.Tensor | None = None) -> torch.Tensor:
+def _paged_mla(
+    q_latent: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    ctx: ForwardContext,
+    scale: float,
+    batch_invariant: bool,
+    cache_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """ops.mla_paged_attention: the Triton kernel on CUDA (batch invariant by construction), the
     reference elsewhere."""
     a = ctx.attn
     # Device tensors feed the kernel (and CUDA graphs); the CPU reference loops over host lists.
-    qsl, lens = (a.query_start_loc, a.seq_lens) if q_latent.is_cuda else (a.query_start_loc_cpu, a.seq_lens_cpu)
-    return ops.mla_paged_attention(q_latent, q_pe, cache, qsl, lens, a.block_tables, scale, batch_invariant,
-                                   max_seq_len=a.max_seq_len, cache_scale=cache_scale)
+    qsl, lens = (
+        (a.query_start_loc, a.seq_lens) if q_latent.is_cuda else (a.query_start_loc_cpu, a.seq_lens_cpu)
+    )
+    return ops.mla_paged_attention(
+        q_latent,
+        q_pe,
+        cache,
+        qsl,
+        lens,
+        a.block_tables,
+        scale,
+        batch_invariant,
+        max_seq_len=a.max_seq_len,
+        cache_scale=cache_scale,
+    )

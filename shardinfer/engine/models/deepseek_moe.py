@@ -50,10 +50,20 @@ _DEFAULTS = {"deepseek_v3": ("sigmoid", "noaux_tc"), "deepseek_v2": ("softmax", 
 
 # transformers' DeepseekV3Config / DeepseekV2Config values for MoE keys a config.json leaves out.
 _KEY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "deepseek_v3": {"routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4, "n_shared_experts": 1,
-                    "first_k_dense_replace": 3},
-    "deepseek_v2": {"routed_scaling_factor": 1.0, "n_group": None, "topk_group": None, "n_shared_experts": 2,
-                    "first_k_dense_replace": 0},
+    "deepseek_v3": {
+        "routed_scaling_factor": 2.5,
+        "n_group": 8,
+        "topk_group": 4,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 3,
+    },
+    "deepseek_v2": {
+        "routed_scaling_factor": 1.0,
+        "n_group": None,
+        "topk_group": None,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 0,
+    },
 }
 
 
@@ -75,25 +85,35 @@ class RoutingConfig:
         self.scoring_func = str(hf.get("scoring_func") or default_scoring)
         self.topk_method = str(hf.get("topk_method") or default_method)
         if (self.scoring_func, self.topk_method) not in _ROUTERS:
-            raise ModelLoadError(f"router scoring_func={self.scoring_func!r} with topk_method={self.topk_method!r} "
-                                 f"is not supported; supported pairs: {sorted(_ROUTERS)}")
+            raise ModelLoadError(
+                f"router scoring_func={self.scoring_func!r} with topk_method={self.topk_method!r} "
+                f"is not supported; supported pairs: {sorted(_ROUTERS)}"
+            )
         self.uses_bias = self.topk_method == "noaux_tc"
         grouped = self.topk_method != "greedy"
         self.n_group = int(moe_setting(hf, "n_group") or 1) if grouped else 1
         self.topk_group = int(moe_setting(hf, "topk_group") or self.n_group) if grouped else 1
         # The official V2 code renormalises only for k > 1; V3's (sigmoid) always does when asked.
-        self.renormalize = bool(hf.get("norm_topk_prob", self.uses_bias)) and (self.uses_bias or self.top_k > 1)
+        self.renormalize = bool(hf.get("norm_topk_prob", self.uses_bias)) and (
+            self.uses_bias or self.top_k > 1
+        )
         self.routed_scaling_factor = float(moe_setting(hf, "routed_scaling_factor"))
         if self.n_routed_experts % self.n_group:
-            raise ModelLoadError(f"n_routed_experts={self.n_routed_experts} is not divisible by "
-                                 f"n_group={self.n_group}: fix config.json")
+            raise ModelLoadError(
+                f"n_routed_experts={self.n_routed_experts} is not divisible by "
+                f"n_group={self.n_group}: fix config.json"
+            )
         per_group = self.n_routed_experts // self.n_group
         if self.uses_bias and self.n_group > 1 and self.topk_group < self.n_group and per_group < 2:
-            raise ModelLoadError(f"group-limited routing scores a group by its top-2 experts, but "
-                                 f"n_group={self.n_group} leaves {per_group} expert per group")
+            raise ModelLoadError(
+                f"group-limited routing scores a group by its top-2 experts, but "
+                f"n_group={self.n_group} leaves {per_group} expert per group"
+            )
         if not 0 < self.topk_group <= self.n_group or self.top_k > self.topk_group * per_group:
-            raise ModelLoadError(f"num_experts_per_tok={self.top_k} cannot be chosen from topk_group="
-                                 f"{self.topk_group} of n_group={self.n_group} groups of {per_group} experts")
+            raise ModelLoadError(
+                f"num_experts_per_tok={self.top_k} cannot be chosen from topk_group="
+                f"{self.topk_group} of n_group={self.n_group} groups of {per_group} experts"
+            )
 
 
 class RoutedExperts(nn.Module):
@@ -107,16 +127,28 @@ class RoutedExperts(nn.Module):
         self.numerics = numerics
         fp8 = numerics.quantization == "fp8"
         dtype = FP8_DTYPE if fp8 else numerics.dtype
-        self.w_gate_up = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden, dtype=dtype),
-                                      requires_grad=False)
-        self.w_down = nn.Parameter(torch.empty(num_experts, hidden, intermediate, dtype=dtype), requires_grad=False)
+        self.w_gate_up = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate, hidden, dtype=dtype), requires_grad=False
+        )
+        self.w_down = nn.Parameter(
+            torch.empty(num_experts, hidden, intermediate, dtype=dtype), requires_grad=False
+        )
         channel = numerics.fp8_scales == "channel"
-        for name, (rows, cols) in (("w_gate_up", (2 * intermediate, hidden)), ("w_down", (hidden, intermediate))):
+        for name, (rows, cols) in (
+            ("w_gate_up", (2 * intermediate, hidden)),
+            ("w_down", (hidden, intermediate)),
+        ):
             blocks = torch.empty(num_experts, -(-rows // GROUP), -(-cols // GROUP), dtype=torch.float32)
-            self.register_parameter(name + "_scale_inv", nn.Parameter(blocks, requires_grad=False)
-                                    if fp8 and not channel else None)
-            self.register_parameter(name + "_scale", nn.Parameter(
-                torch.empty(num_experts, rows, dtype=torch.float32), requires_grad=False) if fp8 and channel else None)
+            self.register_parameter(
+                name + "_scale_inv",
+                nn.Parameter(blocks, requires_grad=False) if fp8 and not channel else None,
+            )
+            self.register_parameter(
+                name + "_scale",
+                nn.Parameter(torch.empty(num_experts, rows, dtype=torch.float32), requires_grad=False)
+                if fp8 and channel
+                else None,
+            )
 
     def _scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(gate/up scales, down scales) in whichever layout the experts hold, (None, None) if float."""
@@ -136,10 +168,20 @@ class RoutedExperts(nn.Module):
         if self.parallel is not None:
             from shardinfer.engine.parallel.expert_exchange import exchange_routed
 
-            return exchange_routed(x, topk_ids, topk_weights, self.parallel, self.parallel_layer, self.local_slots)
+            return exchange_routed(
+                x, topk_ids, topk_weights, self.parallel, self.parallel_layer, self.local_slots
+            )
         gate_up_scale, down_scale = self._scales()
-        return ops.moe_experts(x, topk_ids, topk_weights, self.w_gate_up, self.w_down,
-                               self.numerics.batch_invariant, gate_up_scale, down_scale)
+        return ops.moe_experts(
+            x,
+            topk_ids,
+            topk_weights,
+            self.w_gate_up,
+            self.w_down,
+            self.numerics.batch_invariant,
+            gate_up_scale,
+            down_scale,
+        )
 
     def local_slots(self, rows: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """Rows [n, H] through the expert held in this module's slot slot[i], [n, H] float32 before
@@ -147,8 +189,15 @@ class RoutedExperts(nn.Module):
         from shardinfer.kernels.reference_moe import expert_slots
 
         gate_up_scale, down_scale = self._scales()
-        return expert_slots(rows, slot.view(-1, 1), self.w_gate_up, self.w_down, self.numerics.batch_invariant,
-                            gate_up_scale, down_scale)[:, 0]
+        return expert_slots(
+            rows,
+            slot.view(-1, 1),
+            self.w_gate_up,
+            self.w_down,
+            self.numerics.batch_invariant,
+            gate_up_scale,
+            down_scale,
+        )[:, 0]
 
     def quantize_fp8(self) -> bool:
         """Quantise float expert weights to block-scaled FP8, expert by expert, on their device."""
@@ -158,7 +207,11 @@ class RoutedExperts(nn.Module):
             w = getattr(self, name).data
             pairs = [quantize_blocks(w[e]) for e in range(w.shape[0])]
             setattr(self, name, nn.Parameter(torch.stack([q for q, _ in pairs]), requires_grad=False))
-            setattr(self, name + "_scale_inv", nn.Parameter(torch.stack([s for _, s in pairs]), requires_grad=False))
+            setattr(
+                self,
+                name + "_scale_inv",
+                nn.Parameter(torch.stack([s for _, s in pairs]), requires_grad=False),
+            )
         return True
 
 
@@ -172,8 +225,11 @@ class Router(nn.Module):
         self.numerics = numerics
         e = routing.n_routed_experts
         self.weight = nn.Parameter(torch.empty(e, hidden, dtype=torch.float32), requires_grad=False)
-        self.e_score_correction_bias = (nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
-                                        if routing.uses_bias else None)
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
+            if routing.uses_bias
+            else None
+        )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """[T, E] float32. On CUDA one batch-invariant GEMM (see ops.linear), or cuBLAS when batch
@@ -184,8 +240,16 @@ class Router(nn.Module):
         """(topk_weights [T, k] float32, topk_ids [T, k] int64)."""
         r = self.routing
         logits = self.logits(x)
-        return ops.grouped_topk(logits, self.e_score_correction_bias, r.top_k, r.n_group, r.topk_group,
-                                r.renormalize, r.routed_scaling_factor, r.scoring_func)
+        return ops.grouped_topk(
+            logits,
+            self.e_score_correction_bias,
+            r.top_k,
+            r.n_group,
+            r.topk_group,
+            r.renormalize,
+            r.routed_scaling_factor,
+            r.scoring_func,
+        )
 
 
 class DeepseekMoE(nn.Module):

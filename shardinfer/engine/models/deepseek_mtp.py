@@ -48,8 +48,9 @@ class MTPLayer(nn.Module):
         self.shared_head = SharedHead(config, numerics)
         self.embed_tokens: nn.Embedding | None = None  # a checkpoint copy, else the main embedding
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         """embeds [T, H] (embedding of t_{i+1}), hidden [T, H] (h_i) -> normed draft hidden [T, H]."""
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
         x, residual = self.block(x, None, positions, ctx)

@@ -42,8 +42,9 @@ class DeepseekV3Model(nn.Module):
     def __init__(self, config: ModelConfig, numerics: Numerics, rope: RopeTable) -> None:
         super().__init__()
         self.embed_tokens = embedding(config.vocab_size, config.hidden_size, numerics.dtype)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, numerics, i, rope)
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DeepseekDecoderLayer(config, numerics, i, rope) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
 
 
@@ -55,7 +56,9 @@ class DeepseekV3ForCausalLM(nn.Module):
         hf = config.hf
         act = hf.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
-            raise ModelLoadError(f"hidden_act={act!r} is not supported for {config.architecture}; supported: silu")
+            raise ModelLoadError(
+                f"hidden_act={act!r} is not supported for {config.architecture}; supported: silu"
+            )
         for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if not hf.get(key):
                 raise ModelLoadError(f"config.json of {config.architecture} lacks MLA setting {key!r}")
@@ -63,16 +66,22 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.numerics = numerics
         self.dims = MLADims(config)
         self.fp8 = fp8_format(hf)
-        self.rope = RopeTable(self.dims.qk_rope_head_dim, config.rope_theta, config.rope_scaling, max_positions,
-                              config.max_position_embeddings)
+        self.rope = RopeTable(
+            self.dims.qk_rope_head_dim,
+            config.rope_theta,
+            config.rope_scaling,
+            max_positions,
+            config.max_position_embeddings,
+        )
         self.model = DeepseekV3Model(config, numerics, self.rope)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics, quantizable=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = cast(nn.Parameter, self.model.embed_tokens.weight)
         n_mtp = int(hf.get("num_nextn_predict_layers") or 0)
         # Built for every announced MTP layer; load_weights drops them if the checkpoint has none.
-        self.mtp = nn.ModuleList(MTPLayer(config, numerics, config.num_hidden_layers + k, self.rope)
-                                 for k in range(n_mtp))
+        self.mtp = nn.ModuleList(
+            MTPLayer(config, numerics, config.num_hidden_layers + k, self.rope) for k in range(n_mtp)
+        )
 
     # ---- CausalLM protocol -------------------------------------------------------------------
 
@@ -95,9 +104,11 @@ class DeepseekV3ForCausalLM(nn.Module):
         if device.type == "cuda":
             r, dr = self.dims.kv_lora_rank, self.dims.qk_rope_head_dim
             if r > 1024 or r & (r - 1) or dr < 16 or dr & (dr - 1):
-                raise ModelLoadError(f"kv_lora_rank={r}, qk_rope_head_dim={dr}: the CUDA MLA kernel needs powers "
-                                     "of two with kv_lora_rank <= 1024 and qk_rope_head_dim >= 16 (DeepSeek-V2/V3 "
-                                     "use 512 and 64); run this checkpoint with device='cpu'")
+                raise ModelLoadError(
+                    f"kv_lora_rank={r}, qk_rope_head_dim={dr}: the CUDA MLA kernel needs powers "
+                    "of two with kv_lora_rank <= 1024 and qk_rope_head_dim >= 16 (DeepSeek-V2/V3 "
+                    "use 512 and 64); run this checkpoint with device='cpu'"
+                )
         self.to(device)
         self.rope.to(device)
 
@@ -111,8 +122,14 @@ class DeepseekV3ForCausalLM(nn.Module):
         """Caches of the MTP layers; they sit at ForwardContext.kv_caches[num_hidden_layers + k]."""
         return [self.dims.kv_spec() for _ in range(self.num_mtp_layers)]
 
-    def mtp_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
-                    ctx: ForwardContext, index: int = 0) -> torch.Tensor:
+    def mtp_forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        ctx: ForwardContext,
+        index: int = 0,
+    ) -> torch.Tensor:
         """One draft step of MTP layer `index` for a varlen batch.
 
         Row i pairs hidden[i] = the main model's `forward` output at position positions[i] with
@@ -122,8 +139,10 @@ class DeepseekV3ForCausalLM(nn.Module):
         token at positions[i] + 2, or back in as `hidden` to draft one position further.
         """
         if not 0 <= index < self.num_mtp_layers:
-            raise ValueError(f"MTP layer index {index} out of range: this checkpoint has "
-                             f"{self.num_mtp_layers} MTP layer(s)")
+            raise ValueError(
+                f"MTP layer index {index} out of range: this checkpoint has "
+                f"{self.num_mtp_layers} MTP layer(s)"
+            )
         layer = self._mtp_layer(index)
         embed = layer.embed_tokens if layer.embed_tokens is not None else self.model.embed_tokens
         return layer(embed(input_ids), hidden, positions, ctx)
@@ -160,21 +179,31 @@ class DeepseekV3ForCausalLM(nn.Module):
                 unexpected.append(name)
                 continue
             for filled_name, filled_index in loader.load(param_name, tensor, scale, name, index):
-                where = filled_index if isinstance(filled_index, tuple) else (filled_index,) if filled_index else ()
+                where = (
+                    filled_index
+                    if isinstance(filled_index, tuple)
+                    else (filled_index,)
+                    if filled_index
+                    else ()
+                )
                 filled[filled_name][where[: filled[filled_name].ndim]] = True
         loader.finish()
         if unexpected:
             keys = "num_hidden_layers, num_nextn_predict_layers"
             if any(".mlp." in name for name in unexpected):  # a layer's MLP is not the kind config.json says
                 keys += ", first_k_dense_replace, moe_layer_freq, n_shared_experts"
-            raise CheckpointError(f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
-                                  f"that {self.config.architecture} does not use: is config.json the "
-                                  f"checkpoint's own ({keys})?")
+            raise CheckpointError(
+                f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
+                f"that {self.config.architecture} does not use: is config.json the "
+                f"checkpoint's own ({keys})?"
+            )
         self._drop_absent_mtp_layers(filled)
         missing = sorted(n for n, mask in filled.items() if not bool(mask.all()))
         if missing:
-            raise CheckpointError(f"checkpoint lacks tensors for {missing[:5]}{'...' if len(missing) > 5 else ''} "
-                                  f"required by {self.config.architecture}")
+            raise CheckpointError(
+                f"checkpoint lacks tensors for {missing[:5]}{'...' if len(missing) > 5 else ''} "
+                f"required by {self.config.architecture}"
+            )
         for module in self.modules():
             if isinstance(module, DeepseekMLA):
                 module.absorb_weights()
@@ -226,9 +255,14 @@ class DeepseekV3ForCausalLM(nn.Module):
             suffix = f".{proj}.weight"
             if target.endswith(suffix) and (".mlp." in target):
                 hf = self.config.hf
-                inter = (int(hf["moe_intermediate_size"]) * int(moe_setting(hf, "n_shared_experts") or 0)
-                         if ".shared_experts." in target else self.config.intermediate_size)
-                return target[: -len(suffix)] + ".gate_up_proj.weight", (slice(half * inter, (half + 1) * inter),)
+                inter = (
+                    int(hf["moe_intermediate_size"]) * int(moe_setting(hf, "n_shared_experts") or 0)
+                    if ".shared_experts." in target
+                    else self.config.intermediate_size
+                )
+                return target[: -len(suffix)] + ".gate_up_proj.weight", (
+                    slice(half * inter, (half + 1) * inter),
+                )
         return target, ()
 
     def _drop_absent_mtp_layers(self, filled: dict[str, torch.Tensor]) -> None:
@@ -241,8 +275,10 @@ class DeepseekV3ForCausalLM(nn.Module):
             keep = k + 1
         for k in range(keep, self.num_mtp_layers):
             if any(bool(mask.any()) for name, mask in filled.items() if name.startswith(f"mtp.{k}.")):
-                raise CheckpointError(f"checkpoint has MTP layer {self.config.num_hidden_layers + k} but not "
-                                      f"layer {self.config.num_hidden_layers + keep}: MTP layers must be contiguous")
+                raise CheckpointError(
+                    f"checkpoint has MTP layer {self.config.num_hidden_layers + k} but not "
+                    f"layer {self.config.num_hidden_layers + keep}: MTP layers must be contiguous"
+                )
         del self.mtp[keep:]
         for name in [n for n in filled if n.startswith("mtp.") and int(n.split(".")[1]) >= keep]:
             del filled[name]

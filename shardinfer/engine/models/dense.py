@@ -58,8 +58,10 @@ def layer_windows(config: ModelConfig) -> list[int | None]:
         full_first = DEFAULT_MAX_WINDOW_LAYERS if full_first is None else int(full_first)
         layer_types = ["sliding_attention" if i >= full_first else "full_attention" for i in range(n)]
     if len(layer_types) != n:
-        raise ModelLoadError(f"config.json layer_types has {len(layer_types)} entries but num_hidden_layers={n}: "
-                             "give one entry per layer")
+        raise ModelLoadError(
+            f"config.json layer_types has {len(layer_types)} entries but num_hidden_layers={n}: "
+            "give one entry per layer"
+        )
     return [window if t == "sliding_attention" else None for t in layer_types]
 
 
@@ -67,14 +69,17 @@ def _window(hf: dict[str, Any]) -> int | None:
     """`sliding_window` (transformers' default when absent; null or 0 means full attention)."""
     value = hf.get("sliding_window", DEFAULT_SLIDING_WINDOW)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ModelLoadError(f"config.json sliding_window={value!r} is not a window length: give a positive "
-                             "integer, or null for full attention")
+        raise ModelLoadError(
+            f"config.json sliding_window={value!r} is not a window length: give a positive "
+            "integer, or null for full attention"
+        )
     return value or None
 
 
 class DenseAttention(nn.Module):
-    def __init__(self, config: ModelConfig, numerics: Numerics, layer_idx: int, window: int | None,
-                 rope: RopeTable) -> None:
+    def __init__(
+        self, config: ModelConfig, numerics: Numerics, layer_idx: int, window: int | None, rope: RopeTable
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.window = window
@@ -91,14 +96,16 @@ class DenseAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, numerics)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, numerics)
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.numerics = numerics
 
     def takes_fp8_input(self) -> bool:
         """The input feeds qkv_proj alone, so an FP8 qkv_proj can take it quantised (layers.py)."""
         return self.qkv_proj.takes_fp8_input()
 
-    def forward(self, x: torch.Tensor | Fp8Activation, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor | Fp8Activation, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
         """x [T, hidden], float or quantised (takes_fp8_input)."""
         qkv = self.qkv_proj(x)
         t = qkv.shape[0]
@@ -106,18 +113,45 @@ class DenseAttention(nn.Module):
         k_cache, v_cache, *scales = ctx.kv_caches[self.layer_idx]
         k_scale, v_scale = scales if scales else (None, None)
         # Head norms, RoPE and the cache stores: one launch on CUDA (the same bits as op by op).
-        q = ops.qkv_prologue(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                             self.q_norm.weight if self.qk_norm else None,
-                             self.k_norm.weight if self.qk_norm else None,
-                             self.q_norm.eps if self.qk_norm else 0.0, self.rope.cos, self.rope.sin, positions,
-                             k_cache, v_cache, ctx.attn.slot_mapping, k_scale, v_scale, fuse=FUSED_PROLOGUE)
+        q = ops.qkv_prologue(
+            qkv,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.q_norm.weight if self.qk_norm else None,
+            self.k_norm.weight if self.qk_norm else None,
+            self.q_norm.eps if self.qk_norm else 0.0,
+            self.rope.cos,
+            self.rope.sin,
+            positions,
+            k_cache,
+            v_cache,
+            ctx.attn.slot_mapping,
+            k_scale,
+            v_scale,
+            fuse=FUSED_PROLOGUE,
+        )
         meta = ctx.attn
         # Device tensors feed the kernel (and CUDA graphs); the CPU reference loops over host lists.
-        qsl, lens = ((meta.query_start_loc, meta.seq_lens) if q.is_cuda
-                     else (meta.query_start_loc_cpu, meta.seq_lens_cpu))
-        out = ops.paged_attention(q, k_cache, v_cache, qsl, lens, meta.block_tables, self.scale, self.window,
-                                  self.numerics.batch_invariant, max_seq_len=meta.max_seq_len, k_scale=k_scale,
-                                  v_scale=v_scale)
+        qsl, lens = (
+            (meta.query_start_loc, meta.seq_lens)
+            if q.is_cuda
+            else (meta.query_start_loc_cpu, meta.seq_lens_cpu)
+        )
+        out = ops.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            qsl,
+            lens,
+            meta.block_tables,
+            self.scale,
+            self.window,
+            self.numerics.batch_invariant,
+            max_seq_len=meta.max_seq_len,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -140,8 +174,9 @@ class DenseMLP(nn.Module):
 
 
 class DenseDecoderLayer(PreNormDecoderLayer):
-    def __init__(self, config: ModelConfig, numerics: Numerics, layer_idx: int, window: int | None,
-                 rope: RopeTable) -> None:
+    def __init__(
+        self, config: ModelConfig, numerics: Numerics, layer_idx: int, window: int | None, rope: RopeTable
+    ) -> None:
         super().__init__()
         self.self_attn = DenseAttention(config, numerics, layer_idx, window, rope)
         self.mlp = DenseMLP(config, numerics)
@@ -154,21 +189,28 @@ class DenseForCausalLM(nn.Module):
         super().__init__()
         act = config.hf.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
-            raise ModelLoadError(f"hidden_act={act!r} is not supported for {config.architecture}; supported: silu")
+            raise ModelLoadError(
+                f"hidden_act={act!r} is not supported for {config.architecture}; supported: silu"
+            )
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         if kv_heads <= 0 or heads % kv_heads:
             # Grouped-query attention shares each K/V head among a whole number of query heads.
-            raise ModelLoadError(f"config.json num_attention_heads={heads} is not a multiple of "
-                                 f"num_key_value_heads={kv_heads}: is config.json the checkpoint's own?")
+            raise ModelLoadError(
+                f"config.json num_attention_heads={heads} is not a multiple of "
+                f"num_key_value_heads={kv_heads}: is config.json the checkpoint's own?"
+            )
         self.config = config
         self.numerics = numerics
         rope_dim = config.head_dim
-        self.rope = RopeTable(rope_dim, config.rope_theta, config.rope_scaling, max_positions,
-                              config.max_position_embeddings)
+        self.rope = RopeTable(
+            rope_dim, config.rope_theta, config.rope_scaling, max_positions, config.max_position_embeddings
+        )
         self.windows = layer_windows(config)
         self.embed_tokens = embedding(config.vocab_size, config.hidden_size, numerics.dtype)
         self.layers = nn.ModuleList(
-            DenseDecoderLayer(config, numerics, i, self.windows[i], self.rope) for i in range(config.num_hidden_layers))
+            DenseDecoderLayer(config, numerics, i, self.windows[i], self.rope)
+            for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics, quantizable=False)
         if config.tie_word_embeddings:
@@ -240,8 +282,12 @@ class DenseForCausalLM(nn.Module):
         loader.finish()
         missing = sorted(expected - loaded)
         if unexpected:
-            raise CheckpointError(f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
-                                  f"that {c.architecture} does not use: is the architecture in config.json right?")
+            raise CheckpointError(
+                f"checkpoint has tensors {unexpected[:5]}{'...' if len(unexpected) > 5 else ''} "
+                f"that {c.architecture} does not use: is the architecture in config.json right?"
+            )
         if missing:
-            raise CheckpointError(f"checkpoint lacks tensors {missing[:5]}{'...' if len(missing) > 5 else ''} "
-                                  f"required by {c.architecture}")
+            raise CheckpointError(
+                f"checkpoint lacks tensors {missing[:5]}{'...' if len(missing) > 5 else ''} "
+                f"required by {c.architecture}"
+            )

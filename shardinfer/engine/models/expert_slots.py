@@ -34,8 +34,14 @@ _PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(.+)$")
 _STACKED = re.compile(r"^.*\.mlp\.experts\.(gate_up_proj|down_proj)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 # The tensors of a RoutedExperts module with one row per expert slot (float, or FP8 with its scales).
-SLOT_TENSORS = ("w_gate_up", "w_down", "w_gate_up_scale_inv", "w_down_scale_inv", "w_gate_up_scale",
-                 "w_down_scale")
+SLOT_TENSORS = (
+    "w_gate_up",
+    "w_down",
+    "w_gate_up_scale_inv",
+    "w_down_scale_inv",
+    "w_gate_up_scale",
+    "w_down_scale",
+)
 
 
 class ExpertSlots:
@@ -44,8 +50,9 @@ class ExpertSlots:
     def __init__(self, slots: Sequence[int], num_experts: int, first_whole_layer: int | None = None) -> None:
         bad = [e for e in slots if not 0 <= e < num_experts]
         if not slots or bad:
-            raise ValueError(f"expert slots {list(slots)} must be a non-empty list of experts in "
-                             f"[0, {num_experts})")
+            raise ValueError(
+                f"expert slots {list(slots)} must be a non-empty list of experts in [0, {num_experts})"
+            )
         self.slots = tuple(int(e) for e in slots)
         self.num_experts = num_experts
         self.first_whole_layer = first_whole_layer
@@ -56,7 +63,11 @@ class ExpertSlots:
     def _whole(self, name: str) -> bool:
         """Whether the tensor belongs to a layer kept whole (first_whole_layer on)."""
         layer = _LAYER.match(name)
-        return self.first_whole_layer is not None and layer is not None and int(layer.group(1)) >= self.first_whole_layer
+        return (
+            self.first_whole_layer is not None
+            and layer is not None
+            and int(layer.group(1)) >= self.first_whole_layer
+        )
 
     def wanted(self, name: str) -> bool:
         """Whether a checkpoint tensor must be read: every tensor but other experts' own."""
@@ -77,8 +88,10 @@ class ExpertSlots:
                     yield f"{m.group(1)}.{slot}.{m.group(3)}", tensor
             elif _STACKED.match(name) is not None:
                 if tensor.shape[0] != self.num_experts:
-                    raise ValueError(f"stacked expert tensor {name!r} has {tensor.shape[0]} experts, the "
-                                     f"model {self.num_experts}")
+                    raise ValueError(
+                        f"stacked expert tensor {name!r} has {tensor.shape[0]} experts, the "
+                        f"model {self.num_experts}"
+                    )
                 if index is None or index.device != tensor.device:
                     index = torch.tensor(self.slots, dtype=torch.int64, device=tensor.device)
                 yield name, tensor.index_select(0, index)
@@ -91,19 +104,24 @@ class ExpertSlots:
         it changed (0: the model has no routed experts to split)."""
         changed = 0
         for qualified, module in model.named_modules():
-            if not isinstance(module, RoutedExperts) or (self.first_whole_layer is not None
-                                                          and qualified.startswith("mtp.")):
+            if not isinstance(module, RoutedExperts) or (
+                self.first_whole_layer is not None and qualified.startswith("mtp.")
+            ):
                 continue
             if module.w_gate_up.shape[0] != self.num_experts:
-                raise ValueError(f"the model's MoE layers have {module.w_gate_up.shape[0]} experts, the slots "
-                                 f"were chosen from {self.num_experts}")
+                raise ValueError(
+                    f"the model's MoE layers have {module.w_gate_up.shape[0]} experts, the slots "
+                    f"were chosen from {self.num_experts}"
+                )
             for name in SLOT_TENSORS:
                 param = getattr(module, name, None)
                 if param is None:
                     continue
                 if param.device.type != "meta":
-                    raise ValueError("ExpertSlots.shrink needs the model on the meta device, before its "
-                                     "parameters get storage")
+                    raise ValueError(
+                        "ExpertSlots.shrink needs the model on the meta device, before its "
+                        "parameters get storage"
+                    )
                 cut = torch.empty((len(self.slots), *param.shape[1:]), dtype=param.dtype, device="meta")
                 setattr(module, name, nn.Parameter(cut, requires_grad=False))
             changed += 1

@@ -46,8 +46,19 @@ from shardinfer.kernels.reference_fp8 import (
     quantize_channels,
 )
 
-__all__ = ["Fp8Format", "WeightLoader", "check_fp8_device", "dequantize_block_fp8", "dequantize_checkpoint",
-           "dequantize_fp8", "fp8_format", "pair_fp8_weights", "quantize_linears", "resolve_quantization", "runs_fp8"]
+__all__ = [
+    "Fp8Format",
+    "WeightLoader",
+    "check_fp8_device",
+    "dequantize_block_fp8",
+    "dequantize_checkpoint",
+    "dequantize_fp8",
+    "fp8_format",
+    "pair_fp8_weights",
+    "quantize_linears",
+    "resolve_quantization",
+    "runs_fp8",
+]
 
 logger = logging.getLogger(__name__)
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -63,8 +74,10 @@ def runs_fp8(fmt: Fp8Format | None) -> bool:
 def resolve_quantization(requested: str | None, hf_config: dict[str, Any]) -> str | None:
     """The weight format the model runs: "fp8" or None (the engine's dtype); module docstring."""
     if requested not in QUANTIZATIONS:
-        raise ValueError(f"quantization={requested!r} is not supported; use 'fp8' (FP8 weights), "
-                         "'none' (dequantise FP8 checkpoints) or leave it unset (follow the checkpoint)")
+        raise ValueError(
+            f"quantization={requested!r} is not supported; use 'fp8' (FP8 weights), "
+            "'none' (dequantise FP8 checkpoints) or leave it unset (follow the checkpoint)"
+        )
     fmt = fp8_format(hf_config)  # refuses unsupported checkpoints whatever was requested
     if requested == "none":
         return None
@@ -79,7 +92,9 @@ def resolve_quantization(requested: str | None, hf_config: dict[str, Any]) -> st
 FP8_MIN_CAPABILITY = (8, 9)
 
 
-def check_fp8_device(device: torch.device, requested: str | None, runs: str | None, kv_cache_dtype: str) -> None:
+def check_fp8_device(
+    device: torch.device, requested: str | None, runs: str | None, kv_cache_dtype: str
+) -> None:
     """Refuse, before anything loads, FP8 weights (`runs`, as resolve_quantization chose from
     `requested`) or an FP8 KV cache on a GPU that cannot compute with e4m3, naming the setting
     and what to set instead."""
@@ -91,16 +106,24 @@ def check_fp8_device(device: torch.device, requested: str | None, runs: str | No
         return
     fixes = []
     if runs == "fp8":
-        why = ("this checkpoint's weights are FP8, which quantization unset keeps" if requested is None
-               else "quantization='fp8'")
-        fixes.append(f"{why}: set quantization='none' (a job's model.quantization = \"none\") to run the weights "
-                     "in the engine's dtype (an FP8 checkpoint is dequantised at load)")
+        why = (
+            "this checkpoint's weights are FP8, which quantization unset keeps"
+            if requested is None
+            else "quantization='fp8'"
+        )
+        fixes.append(
+            f"{why}: set quantization='none' (a job's model.quantization = \"none\") to run the weights "
+            "in the engine's dtype (an FP8 checkpoint is dequantised at load)"
+        )
     if kv_cache_dtype == "fp8":
-        fixes.append("kv_cache_dtype='fp8': use kv_cache_dtype='auto' (a job's engine.kv_cache_dtype = \"auto\"), "
-                     "a cache in the model's dtype")
-    raise ModelLoadError(f"{device.type}:{index} ({torch.cuda.get_device_name(index)}) has compute capability "
-                         f"{major}.{minor}, and FP8 needs 8.9 or later (Ada, Hopper, Blackwell). "
-                         + "; ".join(fixes))
+        fixes.append(
+            "kv_cache_dtype='fp8': use kv_cache_dtype='auto' (a job's engine.kv_cache_dtype = \"auto\"), "
+            "a cache in the model's dtype"
+        )
+    raise ModelLoadError(
+        f"{device.type}:{index} ({torch.cuda.get_device_name(index)}) has compute capability "
+        f"{major}.{minor}, and FP8 needs 8.9 or later (Ada, Hopper, Blackwell). " + "; ".join(fixes)
+    )
 
 
 def _engine_scale(weight: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, name: str) -> torch.Tensor:
@@ -111,8 +134,10 @@ def _engine_scale(weight: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, nam
         bn, bk = fmt.block
         want = (-(-n // bn), -(-k // bk))
         if tuple(scale.shape) != want:
-            raise CheckpointError(f"{scale_label} has shape {tuple(scale.shape)}; a {n}x{k} weight in {bn}x{bk} "
-                                  f"blocks needs {want}: is weight_block_size (block_structure) right?")
+            raise CheckpointError(
+                f"{scale_label} has shape {tuple(scale.shape)}; a {n}x{k} weight in {bn}x{bk} "
+                f"blocks needs {want}: is weight_block_size (block_structure) right?"
+            )
         return scale.float()
     rows = weight.shape[:-1]
     per_row = scale.dim() == len(rows) + 1 and scale.shape[-1] == 1 and tuple(scale.shape[:-1]) == tuple(rows)
@@ -120,34 +145,45 @@ def _engine_scale(weight: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, nam
         return scale.float().reshape(rows)
     if scale.numel() == 1 and scale.dim() <= 1:  # per tensor: the same scale on every row
         return scale.float().reshape(()).expand(rows).contiguous()
-    raise CheckpointError(f"{scale_label} has shape {tuple(scale.shape)}; a per-channel scale of a weight of shape "
-                          f"{tuple(weight.shape)} needs {(*rows, 1)}, {tuple(rows)} or one per-tensor value "
-                          "(per-group weight scales are not supported)")
+    raise CheckpointError(
+        f"{scale_label} has shape {tuple(scale.shape)}; a per-channel scale of a weight of shape "
+        f"{tuple(weight.shape)} needs {(*rows, 1)}, {tuple(rows)} or one per-tensor value "
+        "(per-group weight scales are not supported)"
+    )
 
 
-def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
-                         dtype: torch.dtype, name: str = "weight") -> torch.Tensor:
+def dequantize_block_fp8(
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    block: tuple[int, int],
+    dtype: torch.dtype,
+    name: str = "weight",
+) -> torch.Tensor:
     """weight [N, K] float8 with block scales [ceil(N/bn), ceil(K/bk)] -> dequantised [N, K] in dtype."""
     fmt = Fp8Format("fp8", "block", block, BLOCK_SUFFIX)
     return dequantize_fp8(weight, _engine_scale(weight, scale_inv, fmt, name), fmt, dtype)
 
 
-def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_fp8(
+    weight: torch.Tensor, scale: torch.Tensor, fmt: Fp8Format, dtype: torch.dtype
+) -> torch.Tensor:
     """An FP8 weight [N, K] with its scale in the engine's layout (`pair_fp8_weights`) -> [N, K] in dtype."""
     if fmt.block is not None:
         return dequantize_blocks(weight, scale, fmt.block, dtype)
     return dequantize_channels(weight, scale, dtype)
 
 
-def dequantize_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], fmt: Fp8Format | None,
-                          dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def dequantize_checkpoint(
+    weights: Iterable[tuple[str, torch.Tensor]], fmt: Fp8Format | None, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Pass tensors through, replacing each (FP8 weight, scale) pair by the dequantised weight."""
     for name, tensor, scale in pair_fp8_weights(weights, fmt):
         yield name, tensor if scale is None else dequantize_fp8(tensor, scale, _need_format(fmt, name), dtype)
 
 
-def pair_fp8_weights(weights: Iterable[tuple[str, torch.Tensor]], fmt: Fp8Format | None
-                     ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]:
+def pair_fp8_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], fmt: Fp8Format | None
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]:
     """(name, tensor, its scale in the engine's layout, or None): each FP8 weight with its scale, the
     rest as they are; static activation / KV-cache scales are dropped (logged once).
 
@@ -171,30 +207,43 @@ def pair_fp8_weights(weights: Iterable[tuple[str, torch.Tensor]], fmt: Fp8Format
             ignored += 1
         elif tensor.dtype in FP8_DTYPES:
             if name in pending_scales:
-                yield name, tensor, _engine_scale(tensor, pending_scales.pop(name), _need_format(fmt, name), name)
+                yield (
+                    name,
+                    tensor,
+                    _engine_scale(tensor, pending_scales.pop(name), _need_format(fmt, name), name),
+                )
             else:
                 pending_weights[name] = tensor
         else:
             yield name, tensor, None
     if pending_weights:
         names = sorted(pending_weights)
-        raise CheckpointError(f"FP8 tensor(s) {names[:3]} have no {suffixes[0][1:]} scale in the checkpoint; "
-                              "every FP8 weight needs its scale tensor beside it")
+        raise CheckpointError(
+            f"FP8 tensor(s) {names[:3]} have no {suffixes[0][1:]} scale in the checkpoint; "
+            "every FP8 weight needs its scale tensor beside it"
+        )
     if pending_scales:
         names = sorted(pending_scales)
-        raise CheckpointError(f"checkpoint has scales for {names[:3]} but those weights are not float8_e4m3fn")
+        raise CheckpointError(
+            f"checkpoint has scales for {names[:3]} but those weights are not float8_e4m3fn"
+        )
     if fmt is not None:
         for note in fmt.notes:
             logger.info("FP8 checkpoint (%s): %s", fmt.method, note)
         if ignored:
-            logger.info("FP8 checkpoint (%s): %d static scale tensor(s) (input/KV scales) not used", fmt.method,
-                        ignored)
+            logger.info(
+                "FP8 checkpoint (%s): %d static scale tensor(s) (input/KV scales) not used",
+                fmt.method,
+                ignored,
+            )
 
 
 def _need_format(fmt: Fp8Format | None, name: str) -> Fp8Format:
     if fmt is None:
-        raise CheckpointError(f"checkpoint holds FP8 tensor {name!r} but config.json has no quantization_config "
-                              "announcing FP8 weights (e.g. quant_method 'fp8' with weight_block_size)")
+        raise CheckpointError(
+            f"checkpoint holds FP8 tensor {name!r} but config.json has no quantization_config "
+            "announcing FP8 weights (e.g. quant_method 'fp8' with weight_block_size)"
+        )
     return fmt
 
 
@@ -211,8 +260,10 @@ def _split_index(index: Index, name: str) -> tuple[tuple[int, ...], slice | None
     lead = tuple(i for i in index if isinstance(i, int))
     rest = [i for i in index if not isinstance(i, int)]
     if len(lead) + len(rest) != len(index) or len(rest) > 1 or index[: len(lead)] != lead:
-        raise CheckpointError(f"checkpoint tensor {name!r} maps to {index!r} of an FP8 weight; only whole "
-                              "weights, row ranges of a fused projection and experts' rows can be")
+        raise CheckpointError(
+            f"checkpoint tensor {name!r} maps to {index!r} of an FP8 weight; only whole "
+            "weights, row ranges of a fused projection and experts' rows can be"
+        )
     return lead, rest[0] if rest else None  # type: ignore[return-value]
 
 
@@ -251,8 +302,9 @@ class WeightLoader:
     def is_fp8(self, target: str) -> bool:
         return self.scale_param(target) is not None
 
-    def load(self, target: str, tensor: torch.Tensor, scale: torch.Tensor | None, name: str,
-             index: Index = None) -> list[tuple[str, Index]]:
+    def load(
+        self, target: str, tensor: torch.Tensor, scale: torch.Tensor | None, name: str, index: Index = None
+    ) -> list[tuple[str, Index]]:
         """Copy one checkpoint tensor (with its scale, from pair_fp8_weights, if FP8) into
         params[target] at `index`; returns the (parameter, index) pairs this fills (an FP8 weight
         fills its scale rows too)."""
@@ -260,18 +312,26 @@ class WeightLoader:
 
         scale_target = self.scale_param(target)
         if scale_target is None:
-            value = tensor if scale is None else dequantize_fp8(tensor, scale, _need_format(self.fmt, name), self.dtype)
+            value = (
+                tensor
+                if scale is None
+                else dequantize_fp8(tensor, scale, _need_format(self.fmt, name), self.dtype)
+            )
             copy_param(self.params[target], value, name, index)
             return [(target, index)]
         lead, rows = _split_index(index, name)
         param, scale_param = self.params[target].data[lead], self.params[scale_target].data[lead]
         if scale_target.endswith("_scale"):
-            return self._load_channels(target, scale_target, param, scale_param, tensor, scale, name, lead, rows)
+            return self._load_channels(
+                target, scale_target, param, scale_param, tensor, scale, name, lead, rows
+            )
         n = param.shape[0]
         start, stop, _ = (0, n, 1) if rows is None else rows.indices(n)
         scale_rows = slice(start // GROUP, -(-stop // GROUP))
-        filled: list[tuple[str, Index]] = [(target, (*lead, rows) if rows is not None else lead),
-                                           (scale_target, (*lead, scale_rows))]
+        filled: list[tuple[str, Index]] = [
+            (target, (*lead, rows) if rows is not None else lead),
+            (scale_target, (*lead, scale_rows)),
+        ]
         aligned = start % GROUP == 0 and (stop % GROUP == 0 or stop == n)
         key = (target, lead)
         block = self.fmt.block if self.fmt is not None else None
@@ -279,7 +339,11 @@ class WeightLoader:
             copy_param(param, tensor, name, rows)
             copy_param(scale_param, scale, scale_names(name)[0], scale_rows)
             return filled
-        value = tensor if scale is None else dequantize_fp8(tensor, scale, _need_format(self.fmt, name), torch.float32)
+        value = (
+            tensor
+            if scale is None
+            else dequantize_fp8(tensor, scale, _need_format(self.fmt, name), torch.float32)
+        )
         staged = self.staging.get(key)
         if staged is None:
             # The pieces copied so far, in float; rows not loaded yet are garbage until their piece comes.
@@ -288,9 +352,18 @@ class WeightLoader:
         copy_param(staged, value.float(), name, rows)
         return filled
 
-    def _load_channels(self, target: str, scale_target: str, param: torch.Tensor, scale_param: torch.Tensor,
-                       tensor: torch.Tensor, scale: torch.Tensor | None, name: str, lead: tuple[int, ...],
-                       rows: slice | None) -> list[tuple[str, Index]]:
+    def _load_channels(
+        self,
+        target: str,
+        scale_target: str,
+        param: torch.Tensor,
+        scale_param: torch.Tensor,
+        tensor: torch.Tensor,
+        scale: torch.Tensor | None,
+        name: str,
+        lead: tuple[int, ...],
+        rows: slice | None,
+    ) -> list[tuple[str, Index]]:
         """A per-channel FP8 weight's rows and their scales, copied as they are; a float piece is
         quantised per row first (rows are independent, so no staging)."""
         from shardinfer.engine.models.layers import copy_param
@@ -300,7 +373,9 @@ class WeightLoader:
             tensor, scale = q.view(tensor.shape), s.view(tensor.shape[:-1])
             self.float_pieces += 1
         elif tensor.dim() != scale.dim() + 1:
-            raise CheckpointError(f"{name} comes with block scales but the model holds per-channel FP8 weights")
+            raise CheckpointError(
+                f"{name} comes with block scales but the model holds per-channel FP8 weights"
+            )
         where: Index = (*lead, rows) if rows is not None else lead
         copy_param(param, tensor, name, rows)
         copy_param(scale_param, scale, scale_names(name)[1], rows)
@@ -314,8 +389,10 @@ class WeightLoader:
             self.params[scale_names(target)[0]].data[lead].copy_(s)
         self.staging.clear()
         if self.float_pieces:
-            logger.info("FP8 checkpoint: %d weight(s) it keeps in float were quantised per channel at load",
-                        self.float_pieces)
+            logger.info(
+                "FP8 checkpoint: %d weight(s) it keeps in float were quantised per channel at load",
+                self.float_pieces,
+            )
             self.float_pieces = 0
 
 

@@ -61,15 +61,23 @@ def fp8_format(hf_config: dict[str, Any]) -> Fp8Format | None:
     if method == "fp8":
         return _deepseek_style(qc)
     if method == "fbgemm_fp8":
-        notes = ("activation_scale_ub is ignored: activations are quantised per token and 128 channels "
-                 "without an upper bound",) if qc.get("activation_scale_ub") is not None else ()
+        notes = (
+            (
+                "activation_scale_ub is ignored: activations are quantised per token and 128 channels "
+                "without an upper bound",
+            )
+            if qc.get("activation_scale_ub") is not None
+            else ()
+        )
         return Fp8Format("fbgemm_fp8", "channel", None, CHANNEL_SUFFIX, notes)
     if method == "compressed-tensors":
         return _compressed_tensors(qc)
-    raise ModelLoadError(f"quantization_config.quant_method={method!r} is not supported; supported: 'fp8' "
-                         "(block-scaled or per-tensor float8_e4m3fn weights), 'fbgemm_fp8' (per-channel), "
-                         "'compressed-tensors' (FP8 weights with channel, tensor or 128x128 block scales), or "
-                         "an unquantised checkpoint")
+    raise ModelLoadError(
+        f"quantization_config.quant_method={method!r} is not supported; supported: 'fp8' "
+        "(block-scaled or per-tensor float8_e4m3fn weights), 'fbgemm_fp8' (per-channel), "
+        "'compressed-tensors' (FP8 weights with channel, tensor or 128x128 block scales), or "
+        "an unquantised checkpoint"
+    )
 
 
 def _deepseek_style(qc: dict[str, Any]) -> Fp8Format:
@@ -81,42 +89,60 @@ def _deepseek_style(qc: dict[str, Any]) -> Fp8Format:
     if block is None:  # one scale per weight tensor (the older per-tensor exports)
         return Fp8Format("fp8", "channel", None, CHANNEL_SUFFIX, notes)
     if not (isinstance(block, list | tuple) and len(block) == 2 and all(int(b) > 0 for b in block)):
-        raise ModelLoadError(f"quantization_config.weight_block_size={block!r} must be two positive ints, "
-                             "e.g. [128, 128], or absent (per-tensor scales)")
+        raise ModelLoadError(
+            f"quantization_config.weight_block_size={block!r} must be two positive ints, "
+            "e.g. [128, 128], or absent (per-tensor scales)"
+        )
     return Fp8Format("fp8", "block", (int(block[0]), int(block[1])), BLOCK_SUFFIX, notes)
 
 
 def _compressed_tensors(qc: dict[str, Any]) -> Fp8Format:
     groups = qc.get("config_groups") or {}
     # "mixed-precision" defers the storage format to each group.
-    storages = ({f"config_groups.{n}.format": g.get("format") for n, g in groups.items()}
-                if qc.get("format") == "mixed-precision" else {"format": qc.get("format")})
+    storages = (
+        {f"config_groups.{n}.format": g.get("format") for n, g in groups.items()}
+        if qc.get("format") == "mixed-precision"
+        else {"format": qc.get("format")}
+    )
     for key, storage in storages.items():
         if storage not in CT_PLAIN_FORMATS:
-            raise ModelLoadError(f"quantization_config.{key}={storage!r} is not supported for compressed-tensors "
-                                 f"checkpoints; supported: {', '.join(CT_PLAIN_FORMATS)} (FP8 weights stored as "
-                                 f"float8_e4m3fn); {_FIX}")
+            raise ModelLoadError(
+                f"quantization_config.{key}={storage!r} is not supported for compressed-tensors "
+                f"checkpoints; supported: {', '.join(CT_PLAIN_FORMATS)} (FP8 weights stored as "
+                f"float8_e4m3fn); {_FIX}"
+            )
     for key in ("sparsity_config", "transform_config"):
         value = qc.get(key)
-        dense = key == "sparsity_config" and isinstance(value, dict) and value.get("format") in (None, "dense")
+        dense = (
+            key == "sparsity_config" and isinstance(value, dict) and value.get("format") in (None, "dense")
+        )
         if value and not dense:
-            raise ModelLoadError(f"quantization_config.{key} is set ({value!r}); the engine reads only dense, "
-                                 f"untransformed FP8 weights: {_FIX}")
+            raise ModelLoadError(
+                f"quantization_config.{key} is set ({value!r}); the engine reads only dense, "
+                f"untransformed FP8 weights: {_FIX}"
+            )
     if not groups:
-        raise ModelLoadError("quantization_config.config_groups is empty: a compressed-tensors checkpoint must "
-                             "say how its weights are quantised")
+        raise ModelLoadError(
+            "quantization_config.config_groups is empty: a compressed-tensors checkpoint must "
+            "say how its weights are quantised"
+        )
     layouts = {_ct_weight_layout(name, group) for name, group in groups.items()}
     if len(layouts) > 1:
-        raise ModelLoadError(f"quantization_config.config_groups mix weight layouts {sorted(map(str, layouts))}; "
-                             "the engine needs one layout (all per-channel/per-tensor, or all 128x128 blocks)")
+        raise ModelLoadError(
+            f"quantization_config.config_groups mix weight layouts {sorted(map(str, layouts))}; "
+            "the engine needs one layout (all per-channel/per-tensor, or all 128x128 blocks)"
+        )
     block = layouts.pop()
     notes = [_ct_activation_note(name, group) for name, group in groups.items()]
     if qc.get("kv_cache_scheme"):
-        notes.append("kv_cache_scheme's static KV-cache scales are ignored: the engine's KV cache follows "
-                     "engine.kv_cache_dtype")
+        notes.append(
+            "kv_cache_scheme's static KV-cache scales are ignored: the engine's KV cache follows "
+            "engine.kv_cache_dtype"
+        )
     scales = "channel" if block is None else "block"
-    return Fp8Format("compressed-tensors", scales, block, CHANNEL_SUFFIX,
-                     tuple(sorted({n for n in notes if n})))
+    return Fp8Format(
+        "compressed-tensors", scales, block, CHANNEL_SUFFIX, tuple(sorted({n for n in notes if n}))
+    )
 
 
 def _ct_weight_layout(name: str, group: dict[str, Any]) -> tuple[int, int] | None:
@@ -124,32 +150,44 @@ def _ct_weight_layout(name: str, group: dict[str, Any]) -> tuple[int, int] | Non
     w = group.get("weights") or {}
     where = f"quantization_config.config_groups.{name}.weights"
     if w.get("type") != "float" or int(w.get("num_bits") or 0) != 8:
-        raise ModelLoadError(f"{where} has type={w.get('type')!r}, num_bits={w.get('num_bits')!r}; only FP8 "
-                             f"weights (type 'float', num_bits 8) are supported (not int8 or int4): {_FIX}")
+        raise ModelLoadError(
+            f"{where} has type={w.get('type')!r}, num_bits={w.get('num_bits')!r}; only FP8 "
+            f"weights (type 'float', num_bits 8) are supported (not int8 or int4): {_FIX}"
+        )
     if w.get("symmetric") is False or w.get("dynamic"):
-        raise ModelLoadError(f"{where} has symmetric={w.get('symmetric')!r}, dynamic={w.get('dynamic')!r}; "
-                             f"only static symmetric weight scales are supported: {_FIX}")
+        raise ModelLoadError(
+            f"{where} has symmetric={w.get('symmetric')!r}, dynamic={w.get('dynamic')!r}; "
+            f"only static symmetric weight scales are supported: {_FIX}"
+        )
     strategy = w.get("strategy")
     if strategy in ("channel", "tensor"):
         return None
     if strategy == "block" and list(w.get("block_structure") or []) == [128, 128]:
         return (128, 128)
-    raise ModelLoadError(f"{where}.strategy={strategy!r} (block_structure={w.get('block_structure')!r}, "
-                         f"group_size={w.get('group_size')!r}) is not supported; supported: 'channel', "
-                         f"'tensor', or 'block' with block_structure [128, 128] (per-group weight scales are "
-                         f"not): {_FIX}")
+    raise ModelLoadError(
+        f"{where}.strategy={strategy!r} (block_structure={w.get('block_structure')!r}, "
+        f"group_size={w.get('group_size')!r}) is not supported; supported: 'channel', "
+        f"'tensor', or 'block' with block_structure [128, 128] (per-group weight scales are "
+        f"not): {_FIX}"
+    )
 
 
 def _ct_activation_note(name: str, group: dict[str, Any]) -> str:
     if group.get("output_activations"):
-        raise ModelLoadError(f"quantization_config.config_groups.{name}.output_activations is set; quantised "
-                             f"outputs are not supported: {_FIX}")
+        raise ModelLoadError(
+            f"quantization_config.config_groups.{name}.output_activations is set; quantised "
+            f"outputs are not supported: {_FIX}"
+        )
     act = group.get("input_activations")
     if not act:
-        return ("the checkpoint leaves activations unquantised (weight-only FP8); the engine's FP8 GEMM "
-                "quantises them per token and 128 channels (quantization='none' dequantises the weights instead)")
+        return (
+            "the checkpoint leaves activations unquantised (weight-only FP8); the engine's FP8 GEMM "
+            "quantises them per token and 128 channels (quantization='none' dequantises the weights instead)"
+        )
     if act.get("type") != "float" or int(act.get("num_bits") or 0) != 8:
-        raise ModelLoadError(f"quantization_config.config_groups.{name}.input_activations has "
-                             f"type={act.get('type')!r}, num_bits={act.get('num_bits')!r}; only FP8 "
-                             f"activations are supported: {_FIX}")
+        raise ModelLoadError(
+            f"quantization_config.config_groups.{name}.input_activations has "
+            f"type={act.get('type')!r}, num_bits={act.get('num_bits')!r}; only FP8 "
+            f"activations are supported: {_FIX}"
+        )
     return "" if act.get("dynamic") else _STATIC_INPUT

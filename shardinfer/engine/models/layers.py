@@ -31,24 +31,40 @@ class Linear(nn.Module):
     Layers whose weight is read elsewhere in float (MLA's absorbed kv_b_proj) or that decide the
     output distribution (lm_head) pass quantizable=False."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, numerics: Numerics,
-                 quantizable: bool = True) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, numerics: Numerics, quantizable: bool = True
+    ) -> None:
         super().__init__()
         self.numerics = numerics
         self.quantizable = quantizable
         fp8 = quantizable and numerics.quantization == "fp8"
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=FP8_DTYPE if fp8 else numerics.dtype),
-                                   requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(out_features, in_features, dtype=FP8_DTYPE if fp8 else numerics.dtype),
+            requires_grad=False,
+        )
         channel = numerics.fp8_scales == "channel"
         self.weight_scale_inv: nn.Parameter | None
         self.weight_scale: nn.Parameter | None
-        self.register_parameter("weight_scale_inv", nn.Parameter(
-            torch.empty(-(-out_features // GROUP), -(-in_features // GROUP), dtype=torch.float32),
-            requires_grad=False) if fp8 and not channel else None)
-        self.register_parameter("weight_scale", nn.Parameter(
-            torch.empty(out_features, dtype=torch.float32), requires_grad=False) if fp8 and channel else None)
-        self.bias = (nn.Parameter(torch.empty(out_features, dtype=numerics.dtype), requires_grad=False)
-                     if bias else None)
+        self.register_parameter(
+            "weight_scale_inv",
+            nn.Parameter(
+                torch.empty(-(-out_features // GROUP), -(-in_features // GROUP), dtype=torch.float32),
+                requires_grad=False,
+            )
+            if fp8 and not channel
+            else None,
+        )
+        self.register_parameter(
+            "weight_scale",
+            nn.Parameter(torch.empty(out_features, dtype=torch.float32), requires_grad=False)
+            if fp8 and channel
+            else None,
+        )
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, dtype=numerics.dtype), requires_grad=False)
+            if bias
+            else None
+        )
 
     @property
     def fp8_scale(self) -> torch.Tensor | None:
@@ -64,9 +80,13 @@ class Linear(nn.Module):
         scale = self.fp8_scale
         if isinstance(x, Fp8Activation):
             if scale is None:
-                raise TypeError("Linear: got an Fp8Activation, but this layer's weight is not FP8; "
-                                "only a module whose consumer linear is FP8 may ask for a quantised input")
-            return ops.linear_fp8_prequantized(x, self.weight, scale, self.bias, self.numerics.batch_invariant)
+                raise TypeError(
+                    "Linear: got an Fp8Activation, but this layer's weight is not FP8; "
+                    "only a module whose consumer linear is FP8 may ask for a quantised input"
+                )
+            return ops.linear_fp8_prequantized(
+                x, self.weight, scale, self.bias, self.numerics.batch_invariant
+            )
         if scale is not None:
             return ops.linear_fp8(x, self.weight, scale, self.bias, self.numerics.batch_invariant)
         return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
@@ -92,10 +112,14 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.rms_norm(x, self.weight, self.eps)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
-    def add_and_norm_fp8(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[Fp8Activation, torch.Tensor]:
+    def add_and_norm_fp8(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[Fp8Activation, torch.Tensor]:
         """add_and_norm with the normalised output quantised for an FP8 linear, in the same launch."""
         return ops.fused_add_rms_norm_fp8(x, residual, self.weight, self.eps)
 
@@ -104,17 +128,22 @@ def embedding(num_embeddings: int, dim: int, dtype: torch.dtype) -> nn.Embedding
     """A frozen embedding table left uninitialised, for the checkpoint to fill: nn.Embedding's own
     initialisation would draw num_embeddings * dim random values only to overwrite them (and on the
     meta device, where models are built, it would pull in torch's compiler stack to do so)."""
-    return nn.Embedding(num_embeddings, dim, _weight=torch.empty(num_embeddings, dim, dtype=dtype), _freeze=True)
+    return nn.Embedding(
+        num_embeddings, dim, _weight=torch.empty(num_embeddings, dim, dtype=dtype), _freeze=True
+    )
 
 
-def copy_param(param: torch.Tensor, value: torch.Tensor, name: str,
-               index: slice | tuple[int | slice, ...] | None = None) -> None:
+def copy_param(
+    param: torch.Tensor, value: torch.Tensor, name: str, index: slice | tuple[int | slice, ...] | None = None
+) -> None:
     """Copy a checkpoint tensor into a parameter, or into `param[index]` (a row slice, an expert's
     rows of a stacked weight), checking the shape. No index (None or ()) means the whole tensor."""
     target = param.data[index] if index else param.data
     if tuple(target.shape) != tuple(value.shape):
-        raise CheckpointError(f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, "
-                              f"the model expects {tuple(target.shape)}: is config.json the checkpoint's own?")
+        raise CheckpointError(
+            f"checkpoint tensor {name!r} has shape {tuple(value.shape)}, "
+            f"the model expects {tuple(target.shape)}: is config.json the checkpoint's own?"
+        )
     target.copy_(value.to(target.dtype))
 
 
@@ -141,8 +170,9 @@ class PreNormDecoderLayer(nn.Module):
     input_layernorm: RMSNorm
     post_attention_layernorm: RMSNorm
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (block output, residual stream); their sum is the block's hidden state."""
         h, residual = _add_and_norm(self.input_layernorm, x, residual, self.self_attn)
         h = self.self_attn(h, positions, ctx)
@@ -150,8 +180,9 @@ class PreNormDecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-def _add_and_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,
-                  consumer: nn.Module) -> tuple[torch.Tensor | Fp8Activation, torch.Tensor]:
+def _add_and_norm(
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None, consumer: nn.Module
+) -> tuple[torch.Tensor | Fp8Activation, torch.Tensor]:
     if takes_fp8_input(consumer):
         return norm.add_and_norm_fp8(x, residual)
     return norm.add_and_norm(x, residual)

@@ -33,8 +33,10 @@ def check_unique_names(names_by_file: Iterable[tuple[Path, Iterable[str]]]) -> N
     for path, names in names_by_file:
         for name in names:
             if name in seen:
-                raise CheckpointError(f"tensor {name!r} is stored in both {seen[name].name} and {path.name} in "
-                                      f"{str(path.parent)!r}: remove the file that is not part of the checkpoint")
+                raise CheckpointError(
+                    f"tensor {name!r} is stored in both {seen[name].name} and {path.name} in "
+                    f"{str(path.parent)!r}: remove the file that is not part of the checkpoint"
+                )
             seen[name] = path
 
 

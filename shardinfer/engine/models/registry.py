@@ -24,14 +24,22 @@ if TYPE_CHECKING:  # imported by the caller that splits experts; the families lo
 
 def model_class(config: ModelConfig) -> Any:
     if config.architecture not in MODEL_CLASSES:
-        raise ModelLoadError(f"architecture {config.architecture!r} is not supported; supported: "
-                             f"{', '.join(supported_architectures())}")
+        raise ModelLoadError(
+            f"architecture {config.architecture!r} is not supported; supported: "
+            f"{', '.join(supported_architectures())}"
+        )
     module, name = MODEL_CLASSES[config.architecture]
     return getattr(importlib.import_module(module), name)
 
 
-def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, max_positions: int,
-               device: torch.device, expert_slots: ExpertSlots | None = None) -> Any:
+def load_model(
+    model_dir: str | Path,
+    config: ModelConfig,
+    numerics: Numerics,
+    max_positions: int,
+    device: torch.device,
+    expert_slots: ExpertSlots | None = None,
+) -> Any:
     """Build the model with its parameters on `device`, then stream the checkpoint's tensors into them.
 
     The modules are built on the meta device (no memory, no initialisation), their parameters are
@@ -50,8 +58,11 @@ def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, m
     cls = model_class(config)
     fmt = fp8_format(config.hf)
     direct = numerics.quantization == "fp8" and fmt is not None
-    build = (dataclasses.replace(numerics, fp8_scales=fmt.scales) if direct and fmt is not None
-             else dataclasses.replace(numerics, quantization=None))
+    build = (
+        dataclasses.replace(numerics, fp8_scales=fmt.scales)
+        if direct and fmt is not None
+        else dataclasses.replace(numerics, quantization=None)
+    )
     with torch.device("meta"):
         model = cls(config, build, max_positions)
     weights: Iterable[tuple[str, torch.Tensor]]
@@ -59,9 +70,11 @@ def load_model(model_dir: str | Path, config: ModelConfig, numerics: Numerics, m
         weights = stream_checkpoint_tensors(model_dir, device)
     else:
         if not expert_slots.shrink(model):
-            raise ModelLoadError(f"{config.architecture} at {str(model_dir)!r} has no routed-expert (MoE) layers "
-                                 "to split over expert-parallel ranks; run it with expert_parallel_size=1 (local[N] "
-                                 "runs one engine per device)")
+            raise ModelLoadError(
+                f"{config.architecture} at {str(model_dir)!r} has no routed-expert (MoE) layers "
+                "to split over expert-parallel ranks; run it with expert_parallel_size=1 (local[N] "
+                "runs one engine per device)"
+            )
         weights = expert_slots.remap(stream_checkpoint_tensors(model_dir, device, wanted=expert_slots.wanted))
     materialize(model, device)
     model.load_weights(weights)

@@ -73,8 +73,9 @@ def _yarn(dim: int, base: float, s: dict[str, Any], max_pos: int) -> tuple[torch
     return interpolation * (1 - keep) + extrapolation * keep, float(attention_factor)
 
 
-def rope_inv_freq(dim: int, base: float, scaling: dict[str, Any] | None,
-                  max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+def rope_inv_freq(
+    dim: int, base: float, scaling: dict[str, Any] | None, max_position_embeddings: int
+) -> tuple[torch.Tensor, float]:
     """(inv_freq [dim // 2], attention factor multiplying cos and sin)."""
     kind = check_rope_scaling(scaling)
     inv = _default_inv_freq(dim, base)
@@ -94,22 +95,32 @@ def check_rope_scaling(scaling: dict[str, Any] | None) -> str:
     """The scaling's rope_type, or a ModelLoadError naming the config value the engine cannot honour."""
     kind = str((scaling or {}).get("rope_type", "default"))
     if kind not in SUPPORTED_ROPE_TYPES:
-        raise ModelLoadError(f"config.json rope_scaling (or rope_parameters) has rope_type={kind!r}, which this "
-                             f"engine does not implement; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        raise ModelLoadError(
+            f"config.json rope_scaling (or rope_parameters) has rope_type={kind!r}, which this "
+            f"engine does not implement; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
     for key in _REQUIRED_KEYS.get(kind, ()):
         value = (scaling or {}).get(key)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ModelLoadError(f"config.json rope_scaling (or rope_parameters) of rope_type={kind!r} has "
-                                 f"{key}={value!r}: it needs a positive number there (transformers refuses "
-                                 "it too); fix config.json")
+            raise ModelLoadError(
+                f"config.json rope_scaling (or rope_parameters) of rope_type={kind!r} has "
+                f"{key}={value!r}: it needs a positive number there (transformers refuses "
+                "it too); fix config.json"
+            )
     return kind
 
 
 class RopeTable:
     """cos/sin [max_positions, dim // 2] float32 on a device, gathered per token position."""
 
-    def __init__(self, dim: int, base: float, scaling: dict[str, Any] | None, max_positions: int,
-                 max_position_embeddings: int) -> None:
+    def __init__(
+        self,
+        dim: int,
+        base: float,
+        scaling: dict[str, Any] | None,
+        max_positions: int,
+        max_position_embeddings: int,
+    ) -> None:
         inv_freq, factor = rope_inv_freq(dim, base, scaling, max_position_embeddings)
         pos = torch.arange(max_positions, dtype=torch.float32, device="cpu")
         freqs = torch.outer(pos, inv_freq)

@@ -170,7 +170,9 @@ def stream_checkpoint_tensors(
     those whose name `wanted` accepts: the others' bytes are never read."""
     files = checkpoint_files(model_dir)
     headers = [read_header(path) for path in files]  # every header checked before any data is read
-    check_unique_names((path, (entry.name for entry in entries)) for path, entries in zip(files, headers, strict=True))
+    check_unique_names(
+        (path, (entry.name for entry in entries)) for path, entries in zip(files, headers, strict=True)
+    )
     if wanted is not None:
         headers = [[entry for entry in entries if wanted(entry.name)] for entries in headers]
     fds = [os.open(path, os.O_RDONLY) for path in files]

@@ -32,17 +32,20 @@ from shardinfer.kernels.reference_moe import weighted_sum
 Compute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _all_to_all(group: ExpertParallelGroup, what: str, send: torch.Tensor, send_counts: list[int],
-                recv_counts: list[int]) -> torch.Tensor:
+def _all_to_all(
+    group: ExpertParallelGroup, what: str, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+) -> torch.Tensor:
     """Rows of `send` split by send_counts to each rank; returns the rows received, by recv_counts."""
     recv = torch.empty((sum(recv_counts), *send.shape[1:]), dtype=send.dtype, device=send.device)
-    group.collective(what, lambda: dist.all_to_all_single(recv, send, recv_counts, send_counts,
-                                                          group=group.process_group))
+    group.collective(
+        what, lambda: dist.all_to_all_single(recv, send, recv_counts, send_counts, group=group.process_group)
+    )
     return recv
 
 
-def all_to_all_rows(group: ExpertParallelGroup, what: str, rows: torch.Tensor, send_counts: list[int],
-                    recv_counts: list[int]) -> torch.Tensor:
+def all_to_all_rows(
+    group: ExpertParallelGroup, what: str, rows: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+) -> torch.Tensor:
     """`_all_to_all` for rows [n, ...] of any dtype, moved as raw bytes (gloo moves every dtype's
     bytes alike, FP8 included): returns [sum(recv_counts), ...] in rows' dtype."""
     shape = rows.shape[1:]
@@ -55,8 +58,14 @@ def all_to_all_rows(group: ExpertParallelGroup, what: str, rows: torch.Tensor, s
     return got.view(rows.dtype).reshape(-1, *shape)
 
 
-def exchange_routed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                    group: ExpertParallelGroup, layer: int, compute: Compute) -> torch.Tensor:
+def exchange_routed(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    group: ExpertParallelGroup,
+    layer: int,
+    compute: Compute,
+) -> torch.Tensor:
     """The routed experts' weighted output for this rank's tokens, [T, H] in x's dtype.
 
     Every rank of the group must call this for the same layers in the same order (a rank with no
@@ -73,13 +82,16 @@ def exchange_routed(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch
     dest = torch.div(slots, per_rank, rounding_mode="floor")
     order = torch.sort(dest, stable=True).indices
     send_counts_t = torch.bincount(dest, minlength=group.size).to(torch.int64)
-    recv_counts_t = _all_to_all(group, "row count", send_counts_t.view(-1, 1), [1] * group.size,
-                                [1] * group.size).view(-1)
+    recv_counts_t = _all_to_all(
+        group, "row count", send_counts_t.view(-1, 1), [1] * group.size, [1] * group.size
+    ).view(-1)
     send_counts, recv_counts = send_counts_t.tolist(), recv_counts_t.tolist()
-    received = all_to_all_rows(group, "token row", x[torch.div(order, k, rounding_mode="floor")], send_counts,
-                               recv_counts)
-    local_slot = _all_to_all(group, "slot index", (slots[order] % per_rank).view(-1, 1), send_counts,
-                             recv_counts).view(-1)
+    received = all_to_all_rows(
+        group, "token row", x[torch.div(order, k, rounding_mode="floor")], send_counts, recv_counts
+    )
+    local_slot = _all_to_all(
+        group, "slot index", (slots[order] % per_rank).view(-1, 1), send_counts, recv_counts
+    ).view(-1)
     group.count(layer, local_slot, topk_ids)
     computed = compute(received, local_slot).to(torch.float32).contiguous()
     rows_back = _all_to_all(group, "expert output", computed, recv_counts, send_counts)

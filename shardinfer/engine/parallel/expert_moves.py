@@ -27,8 +27,10 @@ from shardinfer.engine.parallel.placement import ExpertPlacement
 def move_sources(old: ExpertPlacement, new: ExpertPlacement) -> list[int]:
     """For each new global slot, the old global slot it is filled from."""
     if (old.num_logical, old.num_ranks) != (new.num_logical, new.num_ranks):
-        raise ValueError(f"a new placement must keep the experts and ranks ({old.num_logical} experts over "
-                         f"{old.num_ranks} ranks), got {new.num_logical} over {new.num_ranks}")
+        raise ValueError(
+            f"a new placement must keep the experts and ranks ({old.num_logical} experts over "
+            f"{old.num_ranks} ranks), got {new.num_logical} over {new.num_ranks}"
+        )
     sources = []
     for p, expert in enumerate(new.physical_to_logical):
         rank = new.rank_of_slot(p)
@@ -59,7 +61,9 @@ def move_experts(model: nn.Module, group: ExpertParallelGroup, new: ExpertPlacem
     received_row = {p: i for i, p in enumerate(p for rows in received_from for p in rows)}
     for p in mine:
         q = sources[p]
-        fill.append(("local", q - me * old_per) if old.rank_of_slot(q) == me else ("received", received_row[p]))
+        fill.append(
+            ("local", q - me * old_per) if old.rank_of_slot(q) == me else ("received", received_row[p])
+        )
     order = [row for rows in send_rows for row in rows]
     send_counts = [len(rows) for rows in send_rows]
     recv_counts = [len(rows) for rows in received_from]
@@ -70,8 +74,10 @@ def move_experts(model: nn.Module, group: ExpertParallelGroup, new: ExpertPlacem
                 continue
             held = param.data
             if held.shape[0] != old_per:
-                raise ValueError(f"rank {me}: {name} holds {held.shape[0]} expert slots, the placement "
-                                 f"{old_per}: the model was not loaded for this placement")
+                raise ValueError(
+                    f"rank {me}: {name} holds {held.shape[0]} expert slots, the placement "
+                    f"{old_per}: the model was not loaded for this placement"
+                )
             got = all_to_all_rows(group, f"{name} weight move", held[order], send_counts, recv_counts)
             rows = torch.stack([held[i] if kind == "local" else got[i] for kind, i in fill])
             module.register_parameter(name, nn.Parameter(rows, requires_grad=False))

@@ -57,8 +57,10 @@ class ExpertParallelGroup:
         if not 0 <= self.rank < self.size:
             raise ValueError(f"rank={self.rank} is outside the group of {self.size} ranks")
         if self.placement.num_ranks != self.size:
-            raise ValueError(f"the expert placement spans {self.placement.num_ranks} ranks, the group has "
-                             f"{self.size}: build the placement for expert_parallel_size={self.size}")
+            raise ValueError(
+                f"the expert placement spans {self.placement.num_ranks} ranks, the group has "
+                f"{self.size}: build the placement for expert_parallel_size={self.size}"
+            )
 
     def collective(self, what: str, fn: Callable[[], T]) -> T:
         """Run one collective, turning a transport failure into an ExpertParallelError."""
@@ -84,16 +86,24 @@ class ExpertParallelGroup:
     def use_placement(self, placement: ExpertPlacement) -> None:
         """Switch to a new placement (its weights moved already: expert_moves.py)."""
         if (placement.num_ranks, placement.num_logical) != (self.size, self.placement.num_logical):
-            raise ValueError(f"a placement over {placement.num_ranks} ranks and {placement.num_logical} experts "
-                             f"cannot replace one over {self.size} ranks and {self.placement.num_logical}")
+            raise ValueError(
+                f"a placement over {placement.num_ranks} ranks and {placement.num_logical} experts "
+                f"cannot replace one over {self.size} ranks and {self.placement.num_logical}"
+            )
         self.placement = placement
 
 
-def init_process_group(rank: int, size: int, address: str, port: int,
-                       timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo") -> None:
+def init_process_group(
+    rank: int, size: int, address: str, port: int, timeout_s: float = DEFAULT_TIMEOUT_S, backend: str = "gloo"
+) -> None:
     """Join the ranks' default process group (TCP rendezvous at address:port, rank 0 listening)."""
-    dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{address}:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 _CURRENT: ExpertParallelGroup | None = None
@@ -108,8 +118,10 @@ def set_current_group(group: ExpertParallelGroup | None) -> None:
 def current_group(size: int) -> ExpertParallelGroup:
     """This process's group, which must span `size` ranks; a clear error outside a rank process."""
     if _CURRENT is None:
-        raise ValueError(f"expert_parallel_size={size}: an expert-parallel engine is built by its rank processes; "
-                         "use LLM(..., expert_parallel_size=N) or a job's engine.expert_parallel_size, which start them")
+        raise ValueError(
+            f"expert_parallel_size={size}: an expert-parallel engine is built by its rank processes; "
+            "use LLM(..., expert_parallel_size=N) or a job's engine.expert_parallel_size, which start them"
+        )
     if _CURRENT.size != size:
         raise ValueError(f"expert_parallel_size={size}, but this rank's group has {_CURRENT.size} ranks")
     return _CURRENT

@@ -47,15 +47,23 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
     set_current_group(group)
     engine = LLMEngine(spec["model"], **spec["engine"])
     runner = engine.runner
-    wire.send(replies, {"ready": True, "max_model_len": engine.max_model_len, "length_fix": engine.length_fix,
-                        "max_model_len_asked": engine.max_model_len_asked})
+    wire.send(
+        replies,
+        {
+            "ready": True,
+            "max_model_len": engine.max_model_len,
+            "length_fix": engine.length_fix,
+            "max_model_len_asked": engine.max_model_len_asked,
+        },
+    )
     for line in sys.stdin:
         msg = json.loads(line)
         op = msg["op"]
         if op == "add":
             try:
-                engine.add_request(msg["id"], msg["ids"], wire.params_from_dict(msg["params"]),
-                                   msg["prompt_logprobs_from"])
+                engine.add_request(
+                    msg["id"], msg["ids"], wire.params_from_dict(msg["params"]), msg["prompt_logprobs_from"]
+                )
             except ValueError as exc:  # refused: the engine goes on, the driver raises it for the caller
                 wire.send(replies, {"refused": str(exc), "kind": type(exc).__name__})
             else:
@@ -70,15 +78,21 @@ def serve(spec: dict[str, Any], rank: int, replies: IO[str]) -> None:
                 outputs = engine.step()
             if group.forwards == before:  # no forward of its own this step: meet the others idle
                 runner.idle_forward()
-            wire.send(replies, {"outputs": [wire.output_to_dict(o) for o in outputs],
-                                "rows": group.forward_rows})
+            wire.send(
+                replies, {"outputs": [wire.output_to_dict(o) for o in outputs], "rows": group.forward_rows}
+            )
         elif op == "stats":
             rows = [group.expert_rows[layer] for layer in sorted(group.expert_rows) if layer >= 0]
-            wire.send(replies, {"stats": engine.stats(), "expert_rows": rows,
-                                "expert_tokens": _counts(group.expert_tokens)})
+            wire.send(
+                replies,
+                {"stats": engine.stats(), "expert_rows": rows, "expert_tokens": _counts(group.expert_tokens)},
+            )
         elif op == "place":  # between steps, on every rank at once: the weights move by collectives
-            move_experts(runner.model, group, ExpertPlacement(placement.num_logical, size,
-                                                              tuple(msg["physical_to_logical"])))
+            move_experts(
+                runner.model,
+                group,
+                ExpertPlacement(placement.num_logical, size, tuple(msg["physical_to_logical"])),
+            )
             wire.send(replies, {"ok": True})
         elif op == "exit":
             break

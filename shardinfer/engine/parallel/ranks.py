@@ -67,7 +67,11 @@ class _Rank:
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardinfer.engine.parallel.rank_main", str(index)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.unfinished: set[str] = set()
         self.reported = False  # it replied with an error (a rank that died says nothing)
 
@@ -108,8 +112,10 @@ class _Rank:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = self.proc.wait(timeout=_EXIT_STATUS_WAIT_S)
         status = f"exit code {code}" if code is not None else "still running"
-        return ExpertParallelError(f"expert-parallel rank {self.index}: {what} ({status}); the engine stops, and a "
-                                   "job resumes from its last commit")
+        return ExpertParallelError(
+            f"expert-parallel rank {self.index}: {what} ({status}); the engine stops, and a "
+            "job resumes from its last commit"
+        )
 
 
 class StepBalance:
@@ -142,8 +148,14 @@ class StepBalance:
 class ExpertParallelEngine:
     """The engine interface over N rank processes (see the module docstring)."""
 
-    def __init__(self, model: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 placement: ExpertPlacement | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        placement: ExpertPlacement | None = None,
+        **kwargs: Any,
+    ) -> None:
         if kwargs.get("device", "auto") == "auto":
             kwargs["device"] = "cpu"
         self.config = EngineConfig.from_kwargs(str(model), **kwargs)
@@ -152,8 +164,10 @@ class ExpertParallelEngine:
         self.size = self.config.parallel_size
         num_logical = int(self.model_config.hf.get("n_routed_experts") or 0)
         if not num_logical:
-            raise ValueError(f"expert_parallel_size={self.size}: {self.model_config.architecture} has no routed "
-                             "experts to split; use expert_parallel_size=1 (local[N] runs one engine per device)")
+            raise ValueError(
+                f"expert_parallel_size={self.size}: {self.model_config.architecture} has no routed "
+                "experts to split; use expert_parallel_size=1 (local[N] runs one engine per device)"
+            )
         self.placement = placement or static_placement(num_logical, self.size, self.config.expert_redundancy)
         self.tokenizer = Tokenizer(self.model_dir, self.model_config.eos_token_ids)
         self.timeout_s = timeout_s
@@ -174,10 +188,16 @@ class ExpertParallelEngine:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _start(self) -> None:
-        spec = {"size": self.size, "num_logical": self.placement.num_logical,
-                "physical_to_logical": list(self.placement.physical_to_logical), "address": _ADDRESS,
-                "port": _free_port(), "timeout_s": self.timeout_s, "model": str(self.model_dir),
-                "engine": self._engine_kwargs}
+        spec = {
+            "size": self.size,
+            "num_logical": self.placement.num_logical,
+            "physical_to_logical": list(self.placement.physical_to_logical),
+            "address": _ADDRESS,
+            "port": _free_port(),
+            "timeout_s": self.timeout_s,
+            "model": str(self.model_dir),
+            "engine": self._engine_kwargs,
+        }
         self.ranks = [_Rank(i) for i in range(self.size)]
         try:
             for rank in self.ranks:
@@ -192,8 +212,10 @@ class ExpertParallelEngine:
     def _running(self) -> list[_Rank]:
         """The ranks, or an ExpertParallelError saying why there are none any more."""
         if not self.ranks:
-            raise ExpertParallelError(f"the expert-parallel engine has stopped ({self._stopped or 'closed'}); build a "
-                                      "new LLM or engine to go on")
+            raise ExpertParallelError(
+                f"the expert-parallel engine has stopped ({self._stopped or 'closed'}); build a "
+                "new LLM or engine to go on"
+            )
         return self.ranks
 
     def shutdown(self) -> None:
@@ -230,22 +252,39 @@ class ExpertParallelEngine:
         if self._compiler is None:
             from shardinfer.engine.structured import StructuredOutputCompiler
 
-            self._compiler = StructuredOutputCompiler(str(self.tokenizer.path), list(self.tokenizer.eos_token_ids),
-                                                      self.model_config.vocab_size,
-                                                      independent_matchers=self.config.independent_matchers)
+            self._compiler = StructuredOutputCompiler(
+                str(self.tokenizer.path),
+                list(self.tokenizer.eos_token_ids),
+                self.model_config.vocab_size,
+                independent_matchers=self.config.independent_matchers,
+            )
         return self._compiler
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    prompt_logprobs_from: int = 1) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        prompt_logprobs_from: int = 1,
+    ) -> None:
         """LLMEngine.add_request on the least busy rank: the rank's engine checks the request, and a
         refusal comes back as the same ValueError (RequestError class and row error code kept)."""
         if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in the engine: give each request its own id")
+            raise ValueError(
+                f"request id {request_id!r} is already in the engine: give each request its own id"
+            )
         ids = self.tokenize_prompt(prompt)
         params = params or self.default_params()
         rank = min(self._running(), key=lambda r: (len(r.unfinished), r.index))
-        rank.send({"op": "add", "id": request_id, "ids": ids, "params": params.to_json_dict(),
-                   "prompt_logprobs_from": prompt_logprobs_from})
+        rank.send(
+            {
+                "op": "add",
+                "id": request_id,
+                "ids": ids,
+                "params": params.to_json_dict(),
+                "prompt_logprobs_from": prompt_logprobs_from,
+            }
+        )
         reply = rank.receive()
         if "refused" in reply:
             raise wire.refusal(reply)
@@ -365,8 +404,9 @@ class ExpertParallelEngine:
         load = self.expert_load()
         extra = self.config.expert_redundancy if redundant is None else redundant
         placement = balanced_placement(load, self.size, extra)
-        self._everyone({"op": "place", "physical_to_logical": list(placement.physical_to_logical)},
-                       "rebalance")
+        self._everyone(
+            {"op": "place", "physical_to_logical": list(placement.physical_to_logical)}, "rebalance"
+        )
         self.placement = placement
         self._rebalances += 1
         return self.placement

@@ -40,19 +40,24 @@ def attach_experts(model: nn.Module, group: ExpertParallelGroup) -> list[RoutedE
     slots = len(group.placement.local_logical(group.rank))
     main = [moe.experts for moe in main_moe_layers(model)]
     if not main:
-        raise ValueError(f"expert_parallel_size={group.size}: the model has no routed-expert (MoE) layers to "
-                         "split; run it with expert_parallel_size=1 (local[N] runs one engine per device)")
+        raise ValueError(
+            f"expert_parallel_size={group.size}: the model has no routed-expert (MoE) layers to "
+            "split; run it with expert_parallel_size=1 (local[N] runs one engine per device)"
+        )
     for layer, experts in enumerate(main):
         if experts.w_gate_up.shape[0] != slots:
-            raise ValueError(f"rank {group.rank} holds {slots} expert slots but MoE layer {layer} was loaded with "
-                             f"{experts.w_gate_up.shape[0]}: load the model with rank_expert_slots(group)")
+            raise ValueError(
+                f"rank {group.rank} holds {slots} expert slots but MoE layer {layer} was loaded with "
+                f"{experts.w_gate_up.shape[0]}: load the model with rank_expert_slots(group)"
+            )
         experts.parallel = group
         experts.parallel_layer = layer
     return main
 
 
-def idle_forward(experts: list[RoutedExperts], top_k: int, hidden: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+def idle_forward(
+    experts: list[RoutedExperts], top_k: int, hidden: int, dtype: torch.dtype, device: torch.device
+) -> None:
     """A rank without tokens this step: run each MoE layer's exchange with no rows of its own, so
     the other ranks' rows routed to its experts are computed and returned."""
     x = torch.empty(0, hidden, dtype=dtype, device=device)

@@ -40,9 +40,13 @@ def output_from_dict(data: dict[str, Any]) -> RequestOutput:
         c["top_logprobs"] = _pairs(c["top_logprobs"])
         completions.append(CompletionOutput(**c))
     prompt_top = data.get("prompt_top_logprobs")
-    fields = {**data, "outputs": completions,
-              "prompt_top_logprobs": None if prompt_top is None else
-              [None if row is None else [(int(i), float(v)) for i, v in row] for row in prompt_top]}
+    fields = {
+        **data,
+        "outputs": completions,
+        "prompt_top_logprobs": None
+        if prompt_top is None
+        else [None if row is None else [(int(i), float(v)) for i, v in row] for row in prompt_top],
+    }
     return RequestOutput(**fields)
 
 

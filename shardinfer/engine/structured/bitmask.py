@@ -27,8 +27,10 @@ def check_host_bitmask(bitmask: torch.Tensor, vocab_size: int) -> None:
     """Raise ValueError unless bitmask is what llguidance can fill: contiguous CPU int32 [B, width]."""
     width = bitmask_width(vocab_size)
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[1] != width:
-        raise ValueError(f"bitmask must be int32 [batch, {width}] for vocab_size={vocab_size}, got "
-                         f"{bitmask.dtype} {tuple(bitmask.shape)}; use allocate_bitmask(batch, vocab_size)")
+        raise ValueError(
+            f"bitmask must be int32 [batch, {width}] for vocab_size={vocab_size}, got "
+            f"{bitmask.dtype} {tuple(bitmask.shape)}; use allocate_bitmask(batch, vocab_size)"
+        )
     if bitmask.device.type != "cpu" or not bitmask.is_contiguous():
         raise ValueError("bitmask must be a contiguous CPU tensor (llguidance writes it from the CPU)")
 
@@ -40,21 +42,25 @@ def allocate_bitmask(batch_size: int, vocab_size: int, pin_memory: bool = False)
     GPU is present).
     """
     if batch_size < 0 or vocab_size < 1:
-        raise ValueError(f"allocate_bitmask(batch_size={batch_size}, vocab_size={vocab_size}): "
-                         "batch_size must be >= 0 and vocab_size >= 1")
-    return torch.full((batch_size, bitmask_width(vocab_size)), -1, dtype=torch.int32,
-                      pin_memory=pin_memory)
+        raise ValueError(
+            f"allocate_bitmask(batch_size={batch_size}, vocab_size={vocab_size}): "
+            "batch_size must be >= 0 and vocab_size >= 1"
+        )
+    return torch.full((batch_size, bitmask_width(vocab_size)), -1, dtype=torch.int32, pin_memory=pin_memory)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """bool [B, vocab_size] from int32 [B, W] (True = allowed); works on any device."""
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2:
-        raise ValueError(f"bitmask must be a 2-D int32 tensor, got {bitmask.dtype} with shape "
-                         f"{tuple(bitmask.shape)}")
+        raise ValueError(
+            f"bitmask must be a 2-D int32 tensor, got {bitmask.dtype} with shape {tuple(bitmask.shape)}"
+        )
     if bitmask.shape[1] * BITS_PER_WORD < vocab_size:
-        raise ValueError(f"bitmask has {bitmask.shape[1]} words per row, too few for {vocab_size} "
-                         f"tokens (needs {bitmask_width(vocab_size)}); allocate it with "
-                         "allocate_bitmask(batch, vocab_size)")
+        raise ValueError(
+            f"bitmask has {bitmask.shape[1]} words per row, too few for {vocab_size} "
+            f"tokens (needs {bitmask_width(vocab_size)}); allocate it with "
+            "allocate_bitmask(batch, vocab_size)"
+        )
     # One AND against the 32 single-bit words and a compare: two passes over [B, W, 32], about
     # half the work of shifting, masking and casting.
     bits = (bitmask.unsqueeze(-1) & _single_bits(bitmask.device)).ne(0)  # bool [B, W, 32]
@@ -71,8 +77,9 @@ def _single_bits(device: torch.device) -> torch.Tensor:
     return torch.ones(BITS_PER_WORD, dtype=torch.int32, device=device).bitwise_left_shift(shifts)
 
 
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
-                  rows: torch.Tensor | None = None) -> torch.Tensor:
+def apply_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """Set logits of disallowed tokens to -inf, in place, and return `logits`.
 
     logits:  float [B, V] on any device.

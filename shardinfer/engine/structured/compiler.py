@@ -175,7 +175,11 @@ def _canonical_json_schema(schema: Any, whitespace: Any) -> str:
             raise GrammarError(f"json schema is not valid JSON ({e}); pass a dict or a JSON string") from e
     if not isinstance(schema, dict):
         # A pydantic model (class or instance) is the usual slip: its schema is one call away.
-        hint = "; for a pydantic model pass Model.model_json_schema()" if hasattr(schema, "model_json_schema") else ""
+        hint = (
+            "; for a pydantic model pass Model.model_json_schema()"
+            if hasattr(schema, "model_json_schema")
+            else ""
+        )
         raise GrammarError(f"json schema must be a JSON object (a dict), got {schema!r:.200}{hint}")
     if whitespace == "compact":
         options = schema.get("x-guidance", {})

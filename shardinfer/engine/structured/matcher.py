@@ -32,8 +32,13 @@ class GrammarViolation(RuntimeError):
 class GrammarMatcher:
     """Independent per-sample grammar state; cheap to create (a copy of the compiled template)."""
 
-    def __init__(self, grammar: CompiledGrammar, ll_matcher: llguidance.LLMatcher, num_accepted: int = 0,
-                 template: int | None = None) -> None:
+    def __init__(
+        self,
+        grammar: CompiledGrammar,
+        ll_matcher: llguidance.LLMatcher,
+        num_accepted: int = 0,
+        template: int | None = None,
+    ) -> None:
         self.grammar = grammar
         self.vocab_size = grammar.vocab_size
         self.eos_token_ids = grammar.eos_token_ids
@@ -82,8 +87,10 @@ class GrammarMatcher:
         """Book llguidance's answer to consuming token_id (here or in a batched call)."""
         if not ok:
             self._finished = False
-            raise GrammarViolation(f"token {token_id} is not allowed by the {self.grammar.schema_type} "
-                                   f"grammar here: {self._m.get_error()[:500]}")
+            raise GrammarViolation(
+                f"token {token_id} is not allowed by the {self.grammar.schema_type} "
+                f"grammar here: {self._m.get_error()[:500]}"
+            )
         self._num_accepted += 1
         self._finished = self._read_finished()
 
@@ -148,5 +155,7 @@ class GrammarMatcher:
             raise GrammarViolation(f"the grammar matcher is in an error state: {self._m.get_error()[:500]}")
 
     def __repr__(self) -> str:
-        return (f"GrammarMatcher({self.grammar.schema_type}, accepted={self._num_accepted}, "
-                f"finished={self.is_finished()}, can_finish={self.can_finish()})")
+        return (
+            f"GrammarMatcher({self.grammar.schema_type}, accepted={self._num_accepted}, "
+            f"finished={self.is_finished()}, can_finish={self.can_finish()})"
+        )

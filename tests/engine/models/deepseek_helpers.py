@@ -23,28 +23,52 @@ from shardinfer.testing.tiny_checkpoint import FAMILY_DEFAULTS, build_tokenizer,
 from tests.engine.hf_reference import hf_logits  # transformers' logits [len, vocab] (float32), no cache
 
 # Tiny configs, one per regime the tests cover (transformers DeepseekV3Config keys).
-YARN_MSCALE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32,
-               "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+YARN_MSCALE = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 32,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
 YARN_PLAIN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
 REGIMES: dict[str, dict[str, Any]] = {
     # n_group = topk_group = 2, no query LoRA, plain RoPE.
     "base": {},
     # query LoRA, YaRN with mscale_all_dim (softmax-scale correction), a single expert group.
-    "qlora_yarn_mscale": dict(q_lora_rank=16, rope_scaling=YARN_MSCALE, max_position_embeddings=128,
-                              n_group=1, topk_group=1),
+    "qlora_yarn_mscale": dict(
+        q_lora_rank=16, rope_scaling=YARN_MSCALE, max_position_embeddings=128, n_group=1, topk_group=1
+    ),
     # YaRN without mscale keys (cos/sin attention factor only), rotate-half RoPE, 4 groups all kept.
-    "yarn_halves_groups4": dict(rope_scaling=YARN_PLAIN, max_position_embeddings=128, rope_interleave=False,
-                                n_routed_experts=16, n_group=4, topk_group=4, num_experts_per_tok=3),
+    "yarn_halves_groups4": dict(
+        rope_scaling=YARN_PLAIN,
+        max_position_embeddings=128,
+        rope_interleave=False,
+        n_routed_experts=16,
+        n_group=4,
+        topk_group=4,
+        num_experts_per_tok=3,
+    ),
     # Group-limited routing that really drops groups (2 of 4), with query LoRA.
-    "group_limited": dict(q_lora_rank=16, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=3),
+    "group_limited": dict(
+        q_lora_rank=16, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=3
+    ),
 }
 
 # DeepSeek-V2: softmax routing, plain top-k or limited to the best experts' groups.
 V2_REGIMES: dict[str, dict[str, Any]] = {
     "v2_greedy": dict(topk_method="greedy", q_lora_rank=None),
-    "v2_group_limited": dict(topk_method="group_limited_greedy", n_routed_experts=16, n_group=4, topk_group=2,
-                             num_experts_per_tok=3, q_lora_rank=16, rope_scaling=YARN_MSCALE,
-                             max_position_embeddings=128),
+    "v2_group_limited": dict(
+        topk_method="group_limited_greedy",
+        n_routed_experts=16,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=3,
+        q_lora_rank=16,
+        rope_scaling=YARN_MSCALE,
+        max_position_embeddings=128,
+    ),
 }
 
 _CACHE: dict[str, Path] = {}
@@ -70,9 +94,15 @@ def make_deepseek_v2_checkpoint(out: Path, seed: int = 0, **overrides: Any) -> P
     vocab = build_tokenizer(out)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     params = {k: v for k, v in FAMILY_DEFAULTS["deepseek_v3"].items() if k != "routed_scaling_factor"}
-    params.update(vocab_size=max(vocab, 384), bos_token_id=tok.token_to_id("<|bos|>"),
-                  eos_token_id=tok.token_to_id("<|eos|>"), pad_token_id=tok.token_to_id("<|eos|>"),
-                  n_shared_experts=2, routed_scaling_factor=1.5, norm_topk_prob=False)
+    params.update(
+        vocab_size=max(vocab, 384),
+        bos_token_id=tok.token_to_id("<|bos|>"),
+        eos_token_id=tok.token_to_id("<|eos|>"),
+        pad_token_id=tok.token_to_id("<|eos|>"),
+        n_shared_experts=2,
+        routed_scaling_factor=1.5,
+        norm_topk_prob=False,
+    )
     params.update(overrides)
     config = transformers.DeepseekV2Config(**params)
     torch.manual_seed(seed)
@@ -95,8 +125,12 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return dict(json.loads((model_dir / "config.json").read_text()))
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, batch_invariant: bool = True,
-               max_positions: int = 256) -> DeepseekV3ForCausalLM:
+def load_model(
+    model_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    batch_invariant: bool = True,
+    max_positions: int = 256,
+) -> DeepseekV3ForCausalLM:
     config = ModelConfig.from_dir(model_dir)
     cls = DeepseekV2ForCausalLM if config.architecture == "DeepseekV2ForCausalLM" else DeepseekV3ForCausalLM
     model = cls(config, Numerics(dtype, batch_invariant), max_positions)
@@ -110,21 +144,33 @@ def hf_greedy(hf_model, prompt: list[int], steps: int) -> list[int]:  # type: ig
     ids = list(prompt)
     for _ in range(steps):
         ids.append(int(hf_logits(hf_model, ids)[-1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 class PagedRunner:
     """A miniature model runner: owns the latent caches, a block pool and per-sequence block tables."""
 
-    def __init__(self, model: DeepseekV3ForCausalLM, num_blocks: int = 96, block_size: int = 4,
-                 include_mtp: bool = False, seed: int = 0, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model: DeepseekV3ForCausalLM,
+        num_blocks: int = 96,
+        block_size: int = 4,
+        include_mtp: bool = False,
+        seed: int = 0,
+        device: str = "cpu",
+    ) -> None:
         self.model = model
         self.device = torch.device(device)
         self.block_size = block_size
         specs = model.kv_cache_specs() + (model.mtp_kv_cache_specs() if include_mtp else [])
         dtype = model.numerics.dtype
-        self.caches = [tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=self.device)
-                             for shape in spec.entries) for spec in specs]
+        self.caches = [
+            tuple(
+                torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=self.device)
+                for shape in spec.entries
+            )
+            for spec in specs
+        ]
         # A shuffled free list scatters each sequence's blocks over the pool.
         gen = torch.Generator().manual_seed(seed)
         self.free = torch.randperm(num_blocks, generator=gen).tolist()
@@ -138,7 +184,9 @@ class PagedRunner:
         self.blocks[dst] = list(self.blocks[src][: num_tokens // self.block_size])
         self.lens[dst] = num_tokens
 
-    def prepare(self, batch: list[tuple[Hashable, list[int]]]) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+    def prepare(
+        self, batch: list[tuple[Hashable, list[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """Append each sequence's new tokens: (input_ids [T], positions [T], ctx) for one step."""
         ids: list[int] = []
         positions: list[int] = []
@@ -165,13 +213,23 @@ class PagedRunner:
         dev = self.device
         attn = AttentionMetadata(
             query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev), block_tables=tables.to(dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev), block_size=self.block_size,
-            max_query_len=max(len(n) for _, n in batch), max_seq_len=max(seq_lens),
-            query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens)
-        ctx = ForwardContext(attn=attn, kv_caches=self.caches, batch_invariant=self.model.numerics.batch_invariant)
-        return (torch.tensor(ids, dtype=torch.int64, device=dev), torch.tensor(positions, dtype=torch.int64, device=dev),
-                ctx)
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=tables.to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_size=self.block_size,
+            max_query_len=max(len(n) for _, n in batch),
+            max_seq_len=max(seq_lens),
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=seq_lens,
+        )
+        ctx = ForwardContext(
+            attn=attn, kv_caches=self.caches, batch_invariant=self.model.numerics.batch_invariant
+        )
+        return (
+            torch.tensor(ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            ctx,
+        )
 
     @torch.no_grad()
     def step(self, batch: list[tuple[Hashable, list[int]]]) -> list[torch.Tensor]:
@@ -189,7 +247,9 @@ class PagedRunner:
 
 
 @torch.no_grad()
-def generate_batch(runner: PagedRunner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+def generate_batch(
+    runner: PagedRunner, prompts: list[list[int]], steps: int
+) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy decode all prompts together: one varlen prefill, then batched decode steps.
 
     Returns (generated ids per prompt, logits per prompt for every position [len + steps - 1, vocab]).
@@ -218,10 +278,15 @@ def mtp_tensors(model_dir: Path, seed: int = 0) -> dict[str, torch.Tensor]:
     for name, t in load_file(str(model_dir / "model.safetensors")).items():
         prefix = f"model.layers.{last}."
         if name.startswith(prefix):
-            out[f"model.layers.{mtp}." + name[len(prefix):]] = _random_like(name, t, gen)
-    extra = {"enorm.weight": (hidden,), "hnorm.weight": (hidden,), "shared_head.norm.weight": (hidden,),
-             "eh_proj.weight": (hidden, 2 * hidden), "shared_head.head.weight": (vocab, hidden),
-             "embed_tokens.weight": (vocab, hidden)}
+            out[f"model.layers.{mtp}." + name[len(prefix) :]] = _random_like(name, t, gen)
+    extra = {
+        "enorm.weight": (hidden,),
+        "hnorm.weight": (hidden,),
+        "shared_head.norm.weight": (hidden,),
+        "eh_proj.weight": (hidden, 2 * hidden),
+        "shared_head.head.weight": (vocab, hidden),
+        "embed_tokens.weight": (vocab, hidden),
+    }
     for name, shape in extra.items():
         out[f"model.layers.{mtp}.{name}"] = _random_like(name, torch.empty(shape), gen)
     return out
@@ -234,8 +299,9 @@ def _random_like(name: str, t: torch.Tensor, gen: torch.Generator) -> torch.Tens
     return (scale * torch.randn(t.shape, generator=gen)).to(t.dtype)
 
 
-def write_with_extra_shard(src: Path, dst: Path, extra: dict[str, torch.Tensor],
-                           shard: str = "model-extra.safetensors") -> Path:
+def write_with_extra_shard(
+    src: Path, dst: Path, extra: dict[str, torch.Tensor], shard: str = "model-extra.safetensors"
+) -> Path:
     """Copy checkpoint src to dst, adding `extra` tensors in their own shard and an index naming both."""
     from safetensors import safe_open
     from safetensors.torch import save_file

@@ -25,8 +25,10 @@ def test_a_stray_file_beside_model_safetensors_is_not_loaded_as_transformers_doe
     """Mistral's repositories ship consolidated.safetensors (their own layout) beside model.safetensors."""
     model_dir = shutil.copytree(tiny_checkpoint("mistral"), tmp_path / "mistral")
     own = load_file(str(model_dir / "model.safetensors"))
-    save_file({k.removeprefix("model.").replace("self_attn", "attention"): v for k, v in own.items()},
-              str(model_dir / "consolidated.safetensors"))
+    save_file(
+        {k.removeprefix("model.").replace("self_attn", "attention"): v for k, v in own.items()},
+        str(model_dir / "consolidated.safetensors"),
+    )
     llm = LLM(model_dir, device="cpu", dtype="float32")
     prompt = list(range(3, 30))
     (got,) = batch_logits(llm.llm_engine, [prompt])
@@ -43,19 +45,24 @@ def test_a_tensor_in_two_files_is_refused_naming_both(tmp_path: Path) -> None:
     model_dir = _shards(tmp_path)
     # A shard left from an earlier download with another shard count repeats tensor "a" (stale).
     save_file({"a": torch.zeros(2)}, str(model_dir / "model-00001-of-00003.safetensors"))
-    match = r"tensor 'a' is stored in both model-00001-of-00002.safetensors and model-00001-of-00003.safetensors"
+    match = (
+        r"tensor 'a' is stored in both model-00001-of-00002.safetensors and model-00001-of-00003.safetensors"
+    )
     with pytest.raises(CheckpointError, match=match):
         list(stream_checkpoint_tensors(model_dir, torch.device("cpu")))
     with pytest.raises(CheckpointError, match=match):
         list(iter_checkpoint_tensors(model_dir))
 
 
-@pytest.mark.parametrize("index,why", [
-    ("{not json", r"is not a safetensors index \(Expecting property name"),
-    ("[1, 2]", r"is not a safetensors index"),
-    ('{"metadata": {}}', r"has no weight_map of tensor names to shard files"),
-    ('{"weight_map": {"a": 3}}', r"has no weight_map of tensor names to shard files"),
-])
+@pytest.mark.parametrize(
+    "index,why",
+    [
+        ("{not json", r"is not a safetensors index \(Expecting property name"),
+        ("[1, 2]", r"is not a safetensors index"),
+        ('{"metadata": {}}', r"has no weight_map of tensor names to shard files"),
+        ('{"weight_map": {"a": 3}}', r"has no weight_map of tensor names to shard files"),
+    ],
+)
 def test_an_index_that_is_not_one_is_named(tmp_path: Path, index: str, why: str) -> None:
     model_dir = _shards(tmp_path)
     (model_dir / "model.safetensors.index.json").write_text(index)

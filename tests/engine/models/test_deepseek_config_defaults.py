@@ -17,12 +17,26 @@ from shardinfer.engine.models.deepseek_moe import RoutingConfig, moe_setting
 from shardinfer.errors import CheckpointError
 
 # Every key a DeepSeek config needs except the MoE ones whose defaults are under test.
-_MINIMAL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=5,
-                num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16, q_lora_rank=None,
-                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=16,
-                num_experts_per_tok=2)
-_FAMILIES = {"deepseek_v3": ("DeepseekV3ForCausalLM", transformers.DeepseekV3Config),
-             "deepseek_v2": ("DeepseekV2ForCausalLM", transformers.DeepseekV2Config)}
+_MINIMAL = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=5,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    kv_lora_rank=16,
+    q_lora_rank=None,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    n_routed_experts=16,
+    num_experts_per_tok=2,
+)
+_FAMILIES = {
+    "deepseek_v3": ("DeepseekV3ForCausalLM", transformers.DeepseekV3Config),
+    "deepseek_v2": ("DeepseekV2ForCausalLM", transformers.DeepseekV2Config),
+}
 
 
 @pytest.mark.parametrize("model_type", sorted(_FAMILIES))
@@ -58,6 +72,9 @@ def test_a_config_whose_layer_kinds_differ_from_the_checkpoint_names_the_keys(tm
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg["moe_layer_freq"] = 2  # layer 1 becomes dense for the engine; the checkpoint has its experts
     (model_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.experts.*first_k_dense_replace, "
-                                              r"moe_layer_freq, n_shared_experts"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.layers\.1\.mlp\.experts.*first_k_dense_replace, "
+        r"moe_layer_freq, n_shared_experts",
+    ):
         load_model(model_dir)

@@ -45,7 +45,10 @@ def test_llm_kv_cache_is_latent_only() -> None:
         cfg = engine.model_config.hf
         slots = 8 * 4
         allocated = sum(t.untyped_storage().nbytes() for entry in engine.kv_caches for t in entry)
-        assert allocated // slots == cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * size
+        assert (
+            allocated // slots
+            == cfg["num_hidden_layers"] * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * size
+        )
         assert all(t.dtype == getattr(torch, dtype) for entry in engine.kv_caches for t in entry)
 
 
@@ -57,7 +60,9 @@ def test_prefix_caching_is_bitwise_identical(baseline: tuple[Path, list[tuple], 
 
 
 @pytest.mark.parametrize("budget", [1, 6])
-def test_chunked_prefill_is_bitwise_identical(baseline: tuple[Path, list[tuple], list[tuple]], budget: int) -> None:
+def test_chunked_prefill_is_bitwise_identical(
+    baseline: tuple[Path, list[tuple], list[tuple]], budget: int
+) -> None:
     model_dir, greedy, sampled = baseline
     _, g, s = _run(model_dir, max_num_batched_tokens=budget)
     assert g == greedy and s == sampled

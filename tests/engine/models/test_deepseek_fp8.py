@@ -72,15 +72,22 @@ def test_weight_and_scale_pair_up_in_either_order() -> None:
     with pytest.raises(CheckpointError, match="no weight_scale_inv"):
         list(dequantize_checkpoint([("a.weight", q)], BLOCK_FORMAT, torch.float32))
     with pytest.raises(CheckpointError, match="weight_block_size"):
-        list(dequantize_checkpoint([("a.weight", q), ("a.weight_scale_inv", s[:1])], BLOCK_FORMAT, torch.float32))
+        list(
+            dequantize_checkpoint(
+                [("a.weight", q), ("a.weight_scale_inv", s[:1])], BLOCK_FORMAT, torch.float32
+            )
+        )
     with pytest.raises(CheckpointError, match="quantization_config"):
         list(dequantize_checkpoint([("a.weight", q), ("a.weight_scale_inv", s)], None, torch.float32))
 
 
-@pytest.mark.parametrize("qc", [
-    {"quant_method": "gptq", "bits": 4},
-    {"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]},
-])
+@pytest.mark.parametrize(
+    "qc",
+    [
+        {"quant_method": "gptq", "bits": 4},
+        {"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]},
+    ],
+)
 def test_unsupported_quantization_configs_are_refused(qc: dict[str, object]) -> None:
     with pytest.raises(ModelLoadError):
         fp8_format({"quantization_config": qc})
@@ -112,8 +119,12 @@ def fp8_pair() -> Iterator[tuple[Path, Path]]:
     weight_map = {n: "model.safetensors" for n in quantised} | {n: "a-scales.safetensors" for n in scales}
     (fp8_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     cfg = json.loads((fp8_dir / "config.json").read_text())
-    cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                  "weight_block_size": list(BLOCK)}
+    cfg["quantization_config"] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": list(BLOCK),
+    }
     (fp8_dir / "config.json").write_text(json.dumps(cfg))
     save_file(dequantised, str(float_dir / "model.safetensors"))
     yield fp8_dir, float_dir

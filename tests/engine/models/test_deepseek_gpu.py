@@ -40,9 +40,13 @@ def checkpoints() -> dict[str, Path]:
     out = {}
     for case in CASES:
         if case in V2_REGIMES:
-            out[case] = make_deepseek_v2_checkpoint(root / case, **{**V2_REGIMES[case], "qk_rope_head_dim": 16})
+            out[case] = make_deepseek_v2_checkpoint(
+                root / case, **{**V2_REGIMES[case], "qk_rope_head_dim": 16}
+            )
         else:
-            out[case] = make_tiny_checkpoint(root / case, "deepseek_v3", **{**REGIMES[case], "qk_rope_head_dim": 16})
+            out[case] = make_tiny_checkpoint(
+                root / case, "deepseek_v3", **{**REGIMES[case], "qk_rope_head_dim": 16}
+            )
     yield out
     shutil.rmtree(root, ignore_errors=True)
 
@@ -57,6 +61,7 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             if args[0].is_cuda:
                 calls[name] += 1
             return fn(*args, **kwargs)
+
         return wrapper
 
     def no_reference(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -72,8 +77,9 @@ def kernel_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_cuda_matches_cpu_and_is_batch_invariant(checkpoints: dict[str, Path], case: str,
-                                                 kernel_calls: dict[str, int]) -> None:
+def test_cuda_matches_cpu_and_is_batch_invariant(
+    checkpoints: dict[str, Path], case: str, kernel_calls: dict[str, int]
+) -> None:
     cpu = load_model(checkpoints[case])
     gpu = load_model(checkpoints[case])
     gpu.to_device(torch.device("cuda"))
@@ -95,8 +101,9 @@ def _moe_layers(case: str, checkpoints: dict[str, Path], dtype: torch.dtype) -> 
 @pytest.mark.parametrize("case", ["group_limited", "v2_group_limited"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.inference_mode()
-def test_moe_layer_syncs_nothing_and_graph_replay_equals_eager(checkpoints: dict[str, Path], case: str,
-                                                               dtype: torch.dtype) -> None:
+def test_moe_layer_syncs_nothing_and_graph_replay_equals_eager(
+    checkpoints: dict[str, Path], case: str, dtype: torch.dtype
+) -> None:
     """The routed layer in a CUDA graph: no host sync eagerly, and a graph captured on one input
     replays other inputs (other routings, so other expert loads) bitwise like eager calls."""
     (layer, *_) = _moe_layers(case, checkpoints, dtype)
@@ -129,7 +136,7 @@ def test_moe_layer_syncs_nothing_and_graph_replay_equals_eager(checkpoints: dict
         assert torch.equal(static_out, want)
     # Batch invariance of the whole layer (router GEMM, routing, experts, shared experts).
     for i in (0, 13):
-        assert torch.equal(layer(inputs[2][i:i + 1]), eager[2][i:i + 1])
+        assert torch.equal(layer(inputs[2][i : i + 1]), eager[2][i : i + 1])
 
 
 @torch.inference_mode()

@@ -45,15 +45,16 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def float64_draft_logits(model_dir: Path, mtp: dict[str, torch.Tensor], tokens: list[int],
-                         next_tokens: list[int]) -> torch.Tensor:
+def float64_draft_logits(
+    model_dir: Path, mtp: dict[str, torch.Tensor], tokens: list[int], next_tokens: list[int]
+) -> torch.Tensor:
     """Draft logits [len(tokens), vocab]: row i from h_i (main model over tokens) and next_tokens[i]."""
     import transformers
 
     cfg = read_config(model_dir)
     n_layers, eps = cfg["num_hidden_layers"], cfg["rms_norm_eps"]
     pre = f"model.layers.{n_layers}."
-    w = {k[len(pre):]: v.double() for k, v in mtp.items()}
+    w = {k[len(pre) :]: v.double() for k, v in mtp.items()}
     hf = load_hf(model_dir).double()
     hf.config._experts_implementation = "eager"  # the grouped-GEMM default has no float64 kernel
     ids = torch.tensor([tokens])
@@ -65,11 +66,20 @@ def float64_draft_logits(model_dir: Path, mtp: dict[str, torch.Tensor], tokens: 
     block = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3DecoderLayer(hf.config, n_layers)
     block = block.double().eval()
     n_exp = cfg["n_routed_experts"]
-    state = {k: v for k, v in w.items() if not k.startswith(("mlp.experts.", "enorm", "hnorm", "eh_proj",
-                                                              "shared_head", "embed_tokens"))}
-    state["mlp.experts.gate_up_proj"] = torch.stack([
-        torch.cat([w[f"mlp.experts.{e}.gate_proj.weight"], w[f"mlp.experts.{e}.up_proj.weight"]]) for e in range(n_exp)])
-    state["mlp.experts.down_proj"] = torch.stack([w[f"mlp.experts.{e}.down_proj.weight"] for e in range(n_exp)])
+    state = {
+        k: v
+        for k, v in w.items()
+        if not k.startswith(("mlp.experts.", "enorm", "hnorm", "eh_proj", "shared_head", "embed_tokens"))
+    }
+    state["mlp.experts.gate_up_proj"] = torch.stack(
+        [
+            torch.cat([w[f"mlp.experts.{e}.gate_proj.weight"], w[f"mlp.experts.{e}.up_proj.weight"]])
+            for e in range(n_exp)
+        ]
+    )
+    state["mlp.experts.down_proj"] = torch.stack(
+        [w[f"mlp.experts.{e}.down_proj.weight"] for e in range(n_exp)]
+    )
     missing, unexpected = block.load_state_dict(state, strict=False)
     assert not unexpected and not missing, (missing, unexpected)
 
@@ -110,7 +120,9 @@ def test_mtp_draft_step_matches_float64(mtp_checkpoint: tuple[Path, dict[str, to
         assert (draft.double() - want).abs().max().item() <= 1e-4
 
 
-def test_partial_mtp_layer_is_a_checkpoint_error(mtp_checkpoint: tuple[Path, dict[str, torch.Tensor]]) -> None:
+def test_partial_mtp_layer_is_a_checkpoint_error(
+    mtp_checkpoint: tuple[Path, dict[str, torch.Tensor]],
+) -> None:
     _model_dir, extra = mtp_checkpoint
     partial = {k: v for k, v in extra.items() if not k.endswith("eh_proj.weight")}
     root = Path(tempfile.mkdtemp(prefix="shardinfer-mtp-"))

@@ -18,8 +18,15 @@ from shardinfer.errors import ModelLoadError
 from shardinfer.kernels.reference_moe import _slots_capturable, _slots_gathered, grouped_topk, moe_experts
 
 
-def official_route(logits: list[float], bias: list[float], top_k: int, n_group: int, topk_group: int,
-                   scale: float, mask_value: float = -math.inf) -> tuple[list[int], list[float]]:
+def official_route(
+    logits: list[float],
+    bias: list[float],
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    scale: float,
+    mask_value: float = -math.inf,
+) -> tuple[list[int], list[float]]:
     scores = [1.0 / (1.0 + math.exp(-v)) for v in logits]
     choice = [s + b for s, b in zip(scores, bias, strict=True)]
     per = len(scores) // n_group
@@ -41,12 +48,16 @@ def test_group_limited_routing_matches_official_formula_in_float64() -> None:
     weights, ids = grouped_topk(logits.float(), bias.float(), top_k, n_group, topk_group, True, scale)
     differs_from_zero_mask = 0
     for i in range(t):
-        want_ids, want_w = official_route(logits[i].tolist(), bias.tolist(), top_k, n_group, topk_group, scale)
+        want_ids, want_w = official_route(
+            logits[i].tolist(), bias.tolist(), top_k, n_group, topk_group, scale
+        )
         got = dict(zip(ids[i].tolist(), weights[i].tolist(), strict=True))
         assert sorted(got) == sorted(want_ids), f"token {i}"
         for expert, w in zip(want_ids, want_w, strict=True):
             assert abs(got[expert] - w) <= 1e-6
-        zero_ids, _ = official_route(logits[i].tolist(), bias.tolist(), top_k, n_group, topk_group, scale, 0.0)
+        zero_ids, _ = official_route(
+            logits[i].tolist(), bias.tolist(), top_k, n_group, topk_group, scale, 0.0
+        )
         differs_from_zero_mask += sorted(zero_ids) != sorted(want_ids)
     assert differs_from_zero_mask > 0
     assert ids.dtype == torch.int64 and weights.dtype == torch.float32
@@ -88,12 +99,15 @@ def test_moe_experts_match_float64_and_are_batch_invariant() -> None:
     assert torch.equal(shuffled, got[perm])
 
 
-@pytest.mark.parametrize("bad", [
-    dict(n_routed_experts=10, n_group=4),  # not divisible
-    dict(n_routed_experts=8, n_group=8, topk_group=2),  # one expert per group, top-2 scoring impossible
-    dict(n_routed_experts=8, n_group=4, topk_group=1, num_experts_per_tok=3),  # too few eligible experts
-    dict(scoring_func="softmax"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(n_routed_experts=10, n_group=4),  # not divisible
+        dict(n_routed_experts=8, n_group=8, topk_group=2),  # one expert per group, top-2 scoring impossible
+        dict(n_routed_experts=8, n_group=4, topk_group=1, num_experts_per_tok=3),  # too few eligible experts
+        dict(scoring_func="softmax"),
+    ],
+)
 def test_bad_routing_configs_are_refused(bad: dict[str, object]) -> None:
     cfg = {"n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, **bad}
     with pytest.raises(ModelLoadError):

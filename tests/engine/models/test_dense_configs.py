@@ -15,18 +15,22 @@ from tests.engine.engine_helpers import batch_logits
 from tests.engine.hf_reference import hf_logits, hf_model
 
 
-def test_query_heads_not_a_multiple_of_kv_heads_are_refused(tiny_checkpoint: Callable[..., Path],
-                                                            tmp_path: Path) -> None:
+def test_query_heads_not_a_multiple_of_kv_heads_are_refused(
+    tiny_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
     model_dir = shutil.copytree(tiny_checkpoint("llama"), tmp_path / "llama")
     cfg = json.loads((model_dir / "config.json").read_text())
     cfg.update(num_attention_heads=4, num_key_value_heads=3)
     (model_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelLoadError, match=r"num_attention_heads=4 is not a multiple of num_key_value_heads=3"):
+    with pytest.raises(
+        ModelLoadError, match=r"num_attention_heads=4 is not a multiple of num_key_value_heads=3"
+    ):
         LLM(model_dir, device="cpu", dtype="float32")
 
 
-def test_a_config_without_model_type_keeps_its_family_flags(tiny_checkpoint: Callable[..., Path],
-                                                            tmp_path: Path) -> None:
+def test_a_config_without_model_type_keeps_its_family_flags(
+    tiny_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
     """Qwen2's q/k/v biases come from the family, which the architecture names when model_type is absent."""
     model_dir = shutil.copytree(tiny_checkpoint("qwen2"), tmp_path / "qwen2")
     cfg = json.loads((model_dir / "config.json").read_text())

@@ -11,14 +11,29 @@ from tests.engine.hf_reference import hf_greedy, hf_logits, hf_model
 from tests.engine.models.deepseek_helpers import hf_greedy as recomputed_greedy
 
 CASES = {
-    "llama-tied-llama3": ("llama", dict(tie_word_embeddings=True, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})),
-    "llama-linear-bias": ("llama", dict(attention_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama-tied-llama3": (
+        "llama",
+        dict(
+            tie_word_embeddings=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
+    ),
+    "llama-linear-bias": (
+        "llama",
+        dict(attention_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    ),
     "qwen2-bias-gqa4": ("qwen2", dict(num_attention_heads=8, num_key_value_heads=2)),
     "qwen3-qknorm-headdim": ("qwen3", dict(head_dim=24, tie_word_embeddings=True)),
-    "qwen3-yarn": ("qwen3", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                               "original_max_position_embeddings": 64})),
+    "qwen3-yarn": (
+        "qwen3",
+        dict(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ),
     "mistral-window": ("mistral", dict(sliding_window=12, num_key_value_heads=1)),
     # The first layer attends to everything, the second within 12 tokens (Qwen2's max_window_layers).
     "qwen2-mixed-window": ("qwen2", dict(use_sliding_window=True, sliding_window=12, max_window_layers=1)),

@@ -37,7 +37,11 @@ def _assert_slots_of_whole(whole: torch.nn.Module, part: torch.nn.Module, slots:
     params = dict(part.named_parameters())
     whole_params = dict(whole.named_parameters())
     assert params.keys() == whole_params.keys()
-    experts = {name for name, m in part.named_modules() if isinstance(m, RoutedExperts) and not name.startswith("mtp.")}
+    experts = {
+        name
+        for name, m in part.named_modules()
+        if isinstance(m, RoutedExperts) and not name.startswith("mtp.")
+    }
     assert experts, "the checkpoint must have MoE layers"
     for name, param in params.items():
         want = whole_params[name]
@@ -80,9 +84,14 @@ def test_stacked_expert_tensors_are_cut_to_the_slots(tmp_path: Path) -> None:
     out: dict[str, torch.Tensor] = {}
     layers = sorted({n.split(".mlp.experts.")[0] for n in tensors if ".mlp.experts." in n})
     for layer in layers:
-        per = [(tensors.pop(f"{layer}.mlp.experts.{e}.gate_proj.weight"),
+        per = [
+            (
+                tensors.pop(f"{layer}.mlp.experts.{e}.gate_proj.weight"),
                 tensors.pop(f"{layer}.mlp.experts.{e}.up_proj.weight"),
-                tensors.pop(f"{layer}.mlp.experts.{e}.down_proj.weight")) for e in range(8)]
+                tensors.pop(f"{layer}.mlp.experts.{e}.down_proj.weight"),
+            )
+            for e in range(8)
+        ]
         out[f"{layer}.mlp.experts.gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u, _ in per])
         out[f"{layer}.mlp.experts.down_proj"] = torch.stack([d for _, _, d in per])
     save_file(tensors | out, str(stacked_dir / "model.safetensors"))
@@ -102,13 +111,20 @@ def test_other_experts_bytes_are_never_read(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(weight_stream, "_pread_into", counting)
     slots = ExpertSlots(SLOTS, 8)
-    names = [name for name, _ in weight_stream.stream_checkpoint_tensors(model_dir, CPU, wanted=slots.wanted,
-                                                                           piece_bytes=1 << 12)]
+    names = [
+        name
+        for name, _ in weight_stream.stream_checkpoint_tensors(
+            model_dir, CPU, wanted=slots.wanted, piece_bytes=1 << 12
+        )
+    ]
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
         all_names = list(f.keys())
         sizes = {n: f.get_slice(n).get_shape() for n in all_names}
-    kept = {n for n in all_names if ".mlp.experts." not in n or int(n.split(".mlp.experts.")[1].split(".")[0])
-            in {1, 3, 6}}
+    kept = {
+        n
+        for n in all_names
+        if ".mlp.experts." not in n or int(n.split(".mlp.experts.")[1].split(".")[0]) in {1, 3, 6}
+    }
     assert set(names) == kept and len(kept) < len(all_names)
     want_bytes = sum(4 * int(torch.Size(sizes[n]).numel()) for n in kept)  # float32 checkpoint
     assert sum(read) == want_bytes

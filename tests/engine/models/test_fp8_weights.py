@@ -198,7 +198,9 @@ def test_deepseek_fp8_checkpoint_keeps_projections_in_fp8_and_kv_b_in_float(tmp_
     assert torch.equal(experts["model.layers.2.mlp.experts.w_down"][3].view(torch.uint8), q.view(torch.uint8))
     assert torch.equal(experts["model.layers.2.mlp.experts.w_down_scale_inv"][3], s)
     parts = [quantised[f"model.layers.2.mlp.experts.3.{p}.weight"] for p in ("gate_proj", "up_proj")]
-    want_q, want_s = quantize(torch.cat([dequantize(q, s) for q, s in parts]))  # rows 0-32 and 32-64: requantised
+    want_q, want_s = quantize(
+        torch.cat([dequantize(q, s) for q, s in parts])
+    )  # rows 0-32 and 32-64: requantised
     got_q = experts["model.layers.2.mlp.experts.w_gate_up"][3]
     assert torch.equal(got_q.view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(experts["model.layers.2.mlp.experts.w_gate_up_scale_inv"][3], want_s)
@@ -215,7 +217,9 @@ def test_deepseek_float_checkpoint_quantised_at_load_includes_the_experts() -> N
     llm = LLM(src, device="cpu", dtype="float32", quantization="fp8")
     params = dict(llm.llm_engine.model.named_parameters())
     want_q, want_s = quantize(tensors["model.layers.1.mlp.experts.5.down_proj.weight"])
-    assert torch.equal(params["model.layers.1.mlp.experts.w_down"][5].view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(
+        params["model.layers.1.mlp.experts.w_down"][5].view(torch.uint8), want_q.view(torch.uint8)
+    )
     assert torch.equal(params["model.layers.1.mlp.experts.w_down_scale_inv"][5], want_s)
     assert params["model.layers.1.mlp.gate.weight"].dtype == torch.float32  # the router stays float
     out = llm.generate([[4, 8, 15]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]

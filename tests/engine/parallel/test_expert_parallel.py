@@ -24,8 +24,10 @@ PROMPTS = [[1 + (i * 7 + j * 3) % 300 for j in range(4 + 5 * i)] for i in range(
 
 
 def _params() -> list[SamplingParams]:
-    return [SamplingParams(temperature=1.0, max_tokens=6 + 2 * i, seed=50 + i, logprobs=2, ignore_eos=True)
-            for i in range(len(PROMPTS))]
+    return [
+        SamplingParams(temperature=1.0, max_tokens=6 + 2 * i, seed=50 + i, logprobs=2, ignore_eos=True)
+        for i in range(len(PROMPTS))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,9 @@ def single(dsv3: Path) -> list[RequestOutput]:
     return LLM(dsv3, device="cpu", dtype="float32").generate(PROMPTS, _params(), use_tqdm=False)
 
 
-def _run(engine: ExpertParallelEngine, prompts: list[list[int]], params: list[SamplingParams],
-         tag: str = "r") -> dict[str, RequestOutput]:
+def _run(
+    engine: ExpertParallelEngine, prompts: list[list[int]], params: list[SamplingParams], tag: str = "r"
+) -> dict[str, RequestOutput]:
     for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(f"{tag}{i}", p, sp)
     done: dict[str, RequestOutput] = {}
@@ -59,12 +62,19 @@ def _same(reference: list[RequestOutput], got: dict[str, RequestOutput], tag: st
 
 
 @pytest.mark.parametrize(("ranks", "redundant", "rebalance_steps"), [(2, 0, 0), (4, 0, 0), (4, 4, 3)])
-def test_ranks_give_the_one_process_bits_under_preemption(dsv3: Path, single: list[RequestOutput], ranks: int,
-                                                          redundant: int, rebalance_steps: int) -> None:
+def test_ranks_give_the_one_process_bits_under_preemption(
+    dsv3: Path, single: list[RequestOutput], ranks: int, redundant: int, rebalance_steps: int
+) -> None:
     # 4 blocks of 16 tokens per rank hold the longest request but not all of a rank's: ranks preempt and recompute.
     # With rebalance_steps the experts move between ranks every few steps, requests in flight.
-    engine = ExpertParallelEngine(dsv3, expert_parallel_size=ranks, expert_redundancy=redundant, dtype="float32",
-                                  num_kv_blocks=4, expert_rebalance_steps=rebalance_steps)
+    engine = ExpertParallelEngine(
+        dsv3,
+        expert_parallel_size=ranks,
+        expert_redundancy=redundant,
+        dtype="float32",
+        num_kv_blocks=4,
+        expert_rebalance_steps=rebalance_steps,
+    )
     start = engine.placement
     try:
         _same(single, _run(engine, PROMPTS, _params()))
@@ -82,7 +92,9 @@ def test_ranks_give_the_one_process_bits_under_preemption(dsv3: Path, single: li
 
 
 def test_llm_api_and_rebalanced_placement_keep_the_bits(dsv3: Path, single: list[RequestOutput]) -> None:
-    llm = LLM(dsv3, device="cpu", dtype=torch.float32, expert_parallel_size=2)  # a torch dtype reaches the ranks
+    llm = LLM(
+        dsv3, device="cpu", dtype=torch.float32, expert_parallel_size=2
+    )  # a torch dtype reaches the ranks
     engine = llm.llm_engine
     assert isinstance(engine, ExpertParallelEngine)
     try:
@@ -105,8 +117,9 @@ def test_llm_api_and_rebalanced_placement_keep_the_bits(dsv3: Path, single: list
         assert got.outputs[0].logprobs == ref.outputs[0].logprobs
 
 
-def _on_two_ranks(model: Path, run: Callable[[LLM], list[RequestOutput]],
-                  **engine: Any) -> tuple[list[RequestOutput], dict[str, float]]:
+def _on_two_ranks(
+    model: Path, run: Callable[[LLM], list[RequestOutput]], **engine: Any
+) -> tuple[list[RequestOutput], dict[str, float]]:
     """run(llm) on an LLM of two expert-parallel ranks; its outputs and the engine's stats."""
     llm = LLM(model, device="cpu", dtype="float32", expert_parallel_size=2, **engine)
     try:
@@ -118,32 +131,52 @@ def _on_two_ranks(model: Path, run: Callable[[LLM], list[RequestOutput]],
 def test_ngram_speculation_on_ranks_keeps_the_bits(dsv3: Path) -> None:
     # Repetitive prompts, so that drafts are made and some accepted; 6 KV blocks a rank preempt.
     prompts = [[1 + (i * 7 + j * 3) % 20 for j in range(30)] for i in range(6)]
-    params = [SamplingParams(temperature=0.0 if i % 2 else 1.0, max_tokens=20, seed=5 + i, logprobs=2,
-                             ignore_eos=True) for i in range(6)]
+    params = [
+        SamplingParams(
+            temperature=0.0 if i % 2 else 1.0, max_tokens=20, seed=5 + i, logprobs=2, ignore_eos=True
+        )
+        for i in range(6)
+    ]
     reference = LLM(dsv3, device="cpu", dtype="float32").generate(prompts, params, use_tqdm=False)
-    got, stats = _on_two_ranks(dsv3, lambda llm: llm.generate(prompts, params, use_tqdm=False),
-                               speculative="ngram", num_kv_blocks=6)
+    got, stats = _on_two_ranks(
+        dsv3, lambda llm: llm.generate(prompts, params, use_tqdm=False), speculative="ngram", num_kv_blocks=6
+    )
     for ref, out in zip(reference, got, strict=True):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
         assert out.outputs[0].logprobs == ref.outputs[0].logprobs
         assert out.outputs[0].top_logprobs == ref.outputs[0].top_logprobs
-    assert stats["accepted_draft_tokens"] > 0 and stats["preemptions"] > 0  # drafts verified, under preemption
+    assert (
+        stats["accepted_draft_tokens"] > 0 and stats["preemptions"] > 0
+    )  # drafts verified, under preemption
 
 
 def test_mtp_speculation_on_ranks_keeps_the_bits() -> None:
     """The demo model's trained MTP layer drafts on each rank with its experts whole (no exchange),
     while the main layers' experts stay split; 3 KV blocks a rank preempt."""
     model = Path(__file__).resolve().parents[3] / "examples" / "models" / "tiny-dsv3-demo"
-    chats = [[{"role": "user", "content": c}] for c in (
-        "What is 4821 + 377?", "Reverse the letters: p a r q u e t", "Sort these words alphabetically: zebra anchor",
-        "Extract name, age and city as JSON: Vera, 44, lives in Lima.")]
-    params = [SamplingParams(temperature=0.0, max_tokens=60, logprobs=1),
-              SamplingParams(temperature=0.8, max_tokens=60, seed=5),
-              SamplingParams(temperature=0.0, max_tokens=60),
-              SamplingParams(temperature=1.0, top_p=0.9, max_tokens=60, seed=9)]
+    chats = [
+        [{"role": "user", "content": c}]
+        for c in (
+            "What is 4821 + 377?",
+            "Reverse the letters: p a r q u e t",
+            "Sort these words alphabetically: zebra anchor",
+            "Extract name, age and city as JSON: Vera, 44, lives in Lima.",
+        )
+    ]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=60, logprobs=1),
+        SamplingParams(temperature=0.8, max_tokens=60, seed=5),
+        SamplingParams(temperature=0.0, max_tokens=60),
+        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=60, seed=9),
+    ]
     reference = LLM(model, device="cpu", dtype="float32").chat(chats, params, use_tqdm=False)
-    got, stats = _on_two_ranks(model, lambda llm: llm.chat(chats, params, use_tqdm=False), speculative="mtp",
-                               speculative_depth=2, num_kv_blocks=3)
+    got, stats = _on_two_ranks(
+        model,
+        lambda llm: llm.chat(chats, params, use_tqdm=False),
+        speculative="mtp",
+        speculative_depth=2,
+        num_kv_blocks=3,
+    )
     for ref, out in zip(reference, got, strict=True):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
         assert out.outputs[0].logprobs == ref.outputs[0].logprobs
@@ -162,7 +195,9 @@ def test_a_killed_rank_fails_the_step_naming_it(dsv3: Path) -> None:
             while engine.has_unfinished():
                 engine.step()
         assert engine.ranks == []  # every rank was stopped with it
-        with pytest.raises(ExpertParallelError, match=r"has stopped \(step \d+ failed: expert-parallel rank 1"):
+        with pytest.raises(
+            ExpertParallelError, match=r"has stopped \(step \d+ failed: expert-parallel rank 1"
+        ):
             engine.add_request("later", PROMPTS[0], _params()[0])
     finally:
         engine.close()
@@ -185,8 +220,9 @@ def test_bad_parallel_settings_are_refused_with_the_value(dsv3: Path, qwen3_dir:
         ExpertParallelEngine(dsv3, expert_parallel_size=3)
 
 
-def test_a_refused_request_raises_the_engines_error_and_the_ranks_go_on(dsv3: Path,
-                                                                         single: list[RequestOutput]) -> None:
+def test_a_refused_request_raises_the_engines_error_and_the_ranks_go_on(
+    dsv3: Path, single: list[RequestOutput]
+) -> None:
     from shardinfer.errors import GrammarError, PromptTooLong
 
     llm = LLM(dsv3, device="cpu", dtype="float32", expert_parallel_size=2, max_model_len=64)
@@ -200,7 +236,9 @@ def test_a_refused_request_raises_the_engines_error_and_the_ranks_go_on(dsv3: Pa
         with pytest.raises(GrammarError, match="invalid json schema"):
             llm.generate(PROMPTS, SamplingParams(max_tokens=3, structured_output=bad_schema), use_tqdm=False)
         with pytest.raises(GrammarError, match="invalid json schema") as refused:  # the rank's own check
-            engine.add_request("schema", [1, 2, 3], SamplingParams(max_tokens=3, structured_output=bad_schema))
+            engine.add_request(
+                "schema", [1, 2, 3], SamplingParams(max_tokens=3, structured_output=bad_schema)
+            )
         assert refused.value.error_code == "invalid_schema"
         assert not engine.has_unfinished()  # nothing was queued by the refusals
         after = llm.generate(PROMPTS, _params(), use_tqdm=False)  # and the ranks still serve
@@ -221,9 +259,14 @@ def test_rows_and_placement_wire_format_round_trips() -> None:
     from shardinfer.engine.outputs import CompletionOutput
     from shardinfer.engine.parallel import wire
 
-    out = RequestOutput("a", None, [1, 2], [None, -0.5], [CompletionOutput(0, "x", [3], [-0.25], [[(3, -0.25), (4, -2.0)]],
-                                                                         "length", seed=9)],
-                        prompt_top_logprobs=[None, [(2, -0.5)]])
+    out = RequestOutput(
+        "a",
+        None,
+        [1, 2],
+        [None, -0.5],
+        [CompletionOutput(0, "x", [3], [-0.25], [[(3, -0.25), (4, -2.0)]], "length", seed=9)],
+        prompt_top_logprobs=[None, [(2, -0.5)]],
+    )
     import json
 
     back = wire.output_from_dict(json.loads(json.dumps(wire.output_to_dict(out))))

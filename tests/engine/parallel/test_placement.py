@@ -108,7 +108,8 @@ def test_static_layout_with_redundant_experts() -> None:
 
 
 @pytest.mark.parametrize(
-    ("num_logical", "num_ranks", "redundant"), [(8, 2, 0), (8, 4, 0), (8, 2, 2), (6, 4, 2), (16, 4, 4), (3, 3, 6)]
+    ("num_logical", "num_ranks", "redundant"),
+    [(8, 2, 0), (8, 4, 0), (8, 2, 2), (6, 4, 2), (16, 4, 4), (3, 3, 6)],
 )
 def test_every_placement_is_consistent(num_logical: int, num_ranks: int, redundant: int) -> None:
     check_consistent(static_placement(num_logical, num_ranks, redundant))

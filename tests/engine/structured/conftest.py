@@ -25,17 +25,48 @@ EXTRA_IDS = 37  # the model's logits are wider than the tokenizer (padded embedd
 
 def _corpus() -> list[str]:
     rng = random.Random(1234)
-    words = ["name", "age", "city", "tags", "id", "score", "red", "green", "blue", "alpha", "beta",
-             "true", "false", "null", "hello", "world", "items", "value", "ok", "error"]
+    words = [
+        "name",
+        "age",
+        "city",
+        "tags",
+        "id",
+        "score",
+        "red",
+        "green",
+        "blue",
+        "alpha",
+        "beta",
+        "true",
+        "false",
+        "null",
+        "hello",
+        "world",
+        "items",
+        "value",
+        "ok",
+        "error",
+    ]
     lines = []
     for _ in range(300):
-        obj = {rng.choice(words): rng.choice([rng.randint(-500, 500), rng.choice(words), None, True,
-                                              [rng.randint(0, 9) for _ in range(rng.randint(0, 3))],
-                                              {"x": rng.random()}])
-               for _ in range(rng.randint(1, 4))}
+        obj = {
+            rng.choice(words): rng.choice(
+                [
+                    rng.randint(-500, 500),
+                    rng.choice(words),
+                    None,
+                    True,
+                    [rng.randint(0, 9) for _ in range(rng.randint(0, 3))],
+                    {"x": rng.random()},
+                ]
+            )
+            for _ in range(rng.randint(1, 4))
+        }
         lines.append(json.dumps(obj))
         lines.append(f"{rng.randint(1, 99)} {rng.choice('+-*/')} ({rng.randint(1, 9)} - {rng.randint(1, 9)})")
-        lines.append(f"{rng.choice(words)}@{rng.choice(words)}.com {rng.randint(100, 999)}-{rng.randint(1000, 9999)}")
+        lines.append(
+            f"{rng.choice(words)}@{rng.choice(words)}.com {rng.randint(100, 999)}-{rng.randint(1000, 9999)}"
+        )
     return lines
 
 
@@ -44,8 +75,12 @@ def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=[EOS, PAD],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_corpus(), trainer)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))

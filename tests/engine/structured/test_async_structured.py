@@ -41,8 +41,11 @@ FIXED = {"schema_type": "regex", "schema": "[a-z]{3}"}  # the grammar itself end
 
 
 def _key(outs: list[Any]) -> list[tuple[Any, ...]]:
-    return [(c.token_ids, c.logprobs, c.top_logprobs, c.text, c.finish_reason, c.stop_reason)
-            for o in outs for c in o.outputs]
+    return [
+        (c.token_ids, c.logprobs, c.top_logprobs, c.text, c.finish_reason, c.stop_reason)
+        for o in outs
+        for c in o.outputs
+    ]
 
 
 def _workload(vocab: int, eos: int) -> tuple[list[list[int]], list[SamplingParams]]:
@@ -117,7 +120,9 @@ class StepWatch:
     def _on_launch_sampling(self, original: Callable[..., Any], plan: Any, grammar: Any) -> Any:
         # Grammar requests that ended while their row was in the forward: sampled for nothing,
         # their token dropped (the previous step's bookkeeping is complete here).
-        self.skipped_rows += sum(r.grammar is not None and r.status.finished for r in plan.step_logits.sample_requests)
+        self.skipped_rows += sum(
+            r.grammar is not None and r.status.finished for r in plan.step_logits.sample_requests
+        )
         return original(plan, grammar)
 
 
@@ -133,16 +138,21 @@ def strict_matchers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(GrammarMatcher, "check_acceptable", checked)
 
 
-def _run(model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: str = "float32",
-         **kwargs: Any) -> tuple[list[Any], LLMEngine, StepWatch]:
+def _run(
+    model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: str = "float32", **kwargs: Any
+) -> tuple[list[Any], LLMEngine, StepWatch]:
     parallel_accept = kwargs.pop("parallel_accept", None)
     mask_threads = kwargs.pop("mask_threads", None)
     llm = LLM(model_dir, device=device, dtype=dtype, async_scheduling=async_scheduling, **kwargs)
     engine = llm.llm_engine
     if mask_threads is not None:  # copies of one template per thread, each template's rows on one thread
         engine.grammar_masks._compiler = StructuredOutputCompiler(
-            str(engine.tokenizer.path), list(engine.tokenizer.eos_token_ids), engine.model_config.vocab_size,
-            num_threads=mask_threads, independent_matchers=False)
+            str(engine.tokenizer.path),
+            list(engine.tokenizer.eos_token_ids),
+            engine.model_config.vocab_size,
+            num_threads=mask_threads,
+            independent_matchers=False,
+        )
     if parallel_accept is not None:  # the default follows the machine's CPU count
         engine.grammar_compiler().parallel_accept = parallel_accept
     watch = StepWatch(engine)
@@ -150,24 +160,35 @@ def _run(model_dir: Path, async_scheduling: bool, device: str = "cpu", dtype: st
     return llm.generate(prompts, params), engine, watch
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    {},
-    {"num_kv_blocks": 16, "block_size": 8},
-    {"max_num_seqs": 4, "admission_batch": 2},
-    {"parallel_accept": True},
-    {"parallel_accept": True, "mask_threads": 3},
-], ids=["plain", "preempting", "few-seqs", "parallel-accept", "copies-per-template-thread"])
-def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None) -> None:
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {},
+        {"num_kv_blocks": 16, "block_size": 8},
+        {"max_num_seqs": 4, "admission_batch": 2},
+        {"parallel_accept": True},
+        {"parallel_accept": True, "mask_threads": 3},
+    ],
+    ids=["plain", "preempting", "few-seqs", "parallel-accept", "copies-per-template-thread"],
+)
+def test_async_grammar_equals_sync(
+    qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None
+) -> None:
     import jsonschema  # a test dependency the GPU machine's tests in this file do not need
 
-    want, sync_engine, sync_watch = _run(qwen3_dir, False, **{k: v for k, v in engine_kwargs.items()
-                                                              if k not in ("parallel_accept", "mask_threads")})
+    want, sync_engine, sync_watch = _run(
+        qwen3_dir,
+        False,
+        **{k: v for k, v in engine_kwargs.items() if k not in ("parallel_accept", "mask_threads")},
+    )
     got, engine, watch = _run(qwen3_dir, True, **engine_kwargs)
     assert _key(got) == _key(want)
     # Asynchronously, masks are filled on the mask thread (while the engine thread schedules the
     # next step), at least for the steps that follow a deferred read-back; synchronously, never.
     assert any(name.startswith("shardinfer-masks") for name in watch.fill_threads)
-    assert sync_watch.fill_threads and not any(n.startswith("shardinfer-masks") for n in sync_watch.fill_threads)
+    assert sync_watch.fill_threads and not any(
+        n.startswith("shardinfer-masks") for n in sync_watch.fill_threads
+    )
     # ...and, once the previous step's tokens are accepted, while its bookkeeping runs.
     assert watch.completes_beside_fill > 0 and sync_watch.completes_beside_fill == 0
     stats = engine.stats()
@@ -202,9 +223,14 @@ def test_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine_kwargs", [{}, {"num_kv_blocks": 16, "block_size": 8}, {"parallel_accept": True}],
-                         ids=["plain", "preempting", "parallel-accept"])
-def test_gpu_async_grammar_equals_sync(qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None) -> None:
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [{}, {"num_kv_blocks": 16, "block_size": 8}, {"parallel_accept": True}],
+    ids=["plain", "preempting", "parallel-accept"],
+)
+def test_gpu_async_grammar_equals_sync(
+    qwen3_dir: Path, engine_kwargs: dict[str, Any], strict_matchers: None
+) -> None:
     """On CUDA (bf16, CUDA graphs): masks filled on the mask thread while the next step is
     scheduled, the pending sampling queued at the next step, give synchronous scheduling's outputs."""
     want, _, _ = _run(qwen3_dir, False, "cuda", "bfloat16", **engine_kwargs)
@@ -223,8 +249,10 @@ def test_grammar_steps_stay_pipelined(qwen3_dir: Path) -> None:
     engine = llm.llm_engine
     watch = StepWatch(engine)
     params = [SamplingParams(temperature=1.0, max_tokens=60, seed=i, so_args=JSON) for i in range(6)]
-    params += [SamplingParams(temperature=1.0, max_tokens=30, seed=9, repetition_penalty=1.2),
-               SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)]
+    params += [
+        SamplingParams(temperature=1.0, max_tokens=30, seed=9, repetition_penalty=1.2),
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
+    ]
     outs = llm.generate([[3 + i, 7, 11 + i] for i in range(len(params))], params)
     assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
     launched = [s for s in watch.steps if "execute" in s]
@@ -261,7 +289,9 @@ def test_mask_fill_has_begun_when_the_engine_thread_goes_on(qwen3_dir: Path) -> 
     assert len(seen_on_return) > 5
     assert all(begun == handed for begun, handed in seen_on_return), seen_on_return
     main = threading.get_ident()
-    assert sum(t != main for t in began) == len(seen_on_return)  # each handed-over fill ran on the mask thread
+    assert sum(t != main for t in began) == len(
+        seen_on_return
+    )  # each handed-over fill ran on the mask thread
 
 
 def test_abort_while_masks_are_filled(qwen3_dir: Path) -> None:
@@ -269,7 +299,9 @@ def test_abort_while_masks_are_filled(qwen3_dir: Path) -> None:
     leaves the others exactly as they are without it (rows are batch invariant)."""
     prompts = [[3 + i, 7, 11 + i] for i in range(4)]
     params = [SamplingParams(temperature=1.0, max_tokens=30, seed=i, so_args=JSON) for i in range(4)]
-    want = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=True).generate(prompts[1:], params[1:])
+    want = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=True).generate(
+        prompts[1:], params[1:]
+    )
     engine = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=True).llm_engine
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(f"r{i}", prompt, p)
@@ -291,8 +323,9 @@ def test_abort_while_masks_are_filled(qwen3_dir: Path) -> None:
     assert "r0" not in done
 
 
-def test_tokens_the_grammar_refuses_fail_their_request_alone(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               strict_matchers: None) -> None:
+def test_tokens_the_grammar_refuses_fail_their_request_alone(
+    qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, strict_matchers: None
+) -> None:
     """Should a sampled token break its grammar (here: the masks of all but the first constrained
     request are dropped), that request ends with finish_reason "error" and its matcher gets no
     further mask or token; the others go on, the first one under its grammar. Asynchronously the
@@ -308,8 +341,10 @@ def test_tokens_the_grammar_refuses_fail_their_request_alone(qwen3_dir: Path, mo
 
     monkeypatch.setattr(sampler_module, "_apply_grammar", first_row_only)
     prompts = [[5, 6, 7], [9, 10, 11, 12], [3, 1, 4], [2, 7, 1, 8], [4, 4, 4]]
-    params = [SamplingParams(temperature=1.0, max_tokens=30, seed=i, so_args=JSON if i % 2 == 0 else None)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=30, seed=i, so_args=JSON if i % 2 == 0 else None)
+        for i in range(len(prompts))
+    ]
 
     def run(async_scheduling: bool) -> list[Any]:
         llm = LLM(qwen3_dir, device="cpu", dtype="float32", async_scheduling=async_scheduling)
@@ -318,8 +353,13 @@ def test_tokens_the_grammar_refuses_fail_their_request_alone(qwen3_dir: Path, mo
     want = run(False)
     got = run(True)
     assert _key(got) == _key(want)
-    assert [o.outputs[0].finish_reason for o in got] == [got[0].outputs[0].finish_reason, "length", "error",
-                                                         "length", "error"]
+    assert [o.outputs[0].finish_reason for o in got] == [
+        got[0].outputs[0].finish_reason,
+        "length",
+        "error",
+        "length",
+        "error",
+    ]
     assert got[0].outputs[0].finish_reason in ("stop", "length")
     if got[0].outputs[0].finish_reason == "stop":  # its masks held: a JSON object
         assert isinstance(json.loads(got[0].outputs[0].text), dict)

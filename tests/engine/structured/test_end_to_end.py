@@ -45,8 +45,7 @@ def llm(model_dir: Path) -> LLM:
 
 
 def test_json_schema_samples_validate(llm: LLM):
-    params = SamplingParams(temperature=1.0, max_tokens=80, n=4, seed=11,
-                            so_args=COMPACT_JSON)
+    params = SamplingParams(temperature=1.0, max_tokens=80, n=4, seed=11, so_args=COMPACT_JSON)
     (out,) = llm.generate(["Describe a person as JSON:"], params)
     assert len(out.outputs) == 4
     for c in out.outputs:
@@ -59,9 +58,15 @@ def test_json_schema_samples_validate(llm: LLM):
 
 def test_regex_greedy_and_lark(llm: LLM):
     pattern = r"[a-z]{2,5}@[a-z]{2,5}\.(com|org)"
-    regex = SamplingParams(temperature=0.0, max_tokens=40, so_args={"schema_type": "regex", "schema": pattern})
-    lark = SamplingParams(temperature=1.0, max_tokens=40, seed=5, so_args={
-        "schema_type": "lark", "schema": 'start: NUM ("+" NUM){1,3}\nNUM: /[1-9][0-9]?/'})
+    regex = SamplingParams(
+        temperature=0.0, max_tokens=40, so_args={"schema_type": "regex", "schema": pattern}
+    )
+    lark = SamplingParams(
+        temperature=1.0,
+        max_tokens=40,
+        seed=5,
+        so_args={"schema_type": "lark", "schema": 'start: NUM ("+" NUM){1,3}\nNUM: /[1-9][0-9]?/'},
+    )
     out_regex, out_lark = llm.generate(["email:", "sum:"], [regex, lark])
     c = out_regex.outputs[0]
     assert c.finish_reason == "stop" and re.fullmatch(pattern, c.text), (c.finish_reason, c.text)
@@ -78,8 +83,9 @@ def test_unfinished_grammar_ends_with_length(llm: LLM):
 
 
 def test_invalid_schema_is_a_grammar_error(llm: LLM):
-    params = SamplingParams(max_tokens=5, so_args={"schema_type": "json", "schema": {"type": "integer",
-                                                                                      "minimum": "zero"}})
+    params = SamplingParams(
+        max_tokens=5, so_args={"schema_type": "json", "schema": {"type": "integer", "minimum": "zero"}}
+    )
     with pytest.raises(GrammarError, match="invalid json schema") as info:
         llm.generate(["x"], params)
     assert info.value.error_code == "invalid_schema"
@@ -88,8 +94,7 @@ def test_invalid_schema_is_a_grammar_error(llm: LLM):
 def test_preemption_keeps_grammar_state(model_dir: Path, llm: LLM):
     """Samples preempted for lack of KV blocks (and recomputed) come out valid and identical to
     samples that ran without interruption: the matcher is unaffected by recomputation."""
-    params = SamplingParams(temperature=1.0, max_tokens=60, n=4, seed=23,
-                            so_args=COMPACT_JSON)
+    params = SamplingParams(temperature=1.0, max_tokens=60, n=4, seed=23, so_args=COMPACT_JSON)
     prompt = ["Describe a person as JSON:"]
     (free,) = llm.generate(prompt, params)
     tight = LLM(str(model_dir), device="cpu", dtype="float32", block_size=4, num_kv_blocks=30)

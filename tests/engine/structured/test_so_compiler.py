@@ -31,21 +31,33 @@ OBJ = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": 
         ({"schema_type": "json", "schema": False}, ["must be a JSON object"]),
         ({"schema_type": "json", "schema": {"enum": [{1, 2}]}}, ["cannot be serialised", "set"]),
         ({"schema_type": "json", "schema": {"maximum": float("nan")}}, ["cannot be serialised"]),
-        ({"schema_type": "json", "schema": {"type": "string", "format": "weird"}}, ["invalid json schema", "weird"]),
+        (
+            {"schema_type": "json", "schema": {"type": "string", "format": "weird"}},
+            ["invalid json schema", "weird"],
+        ),
         ({"schema_type": "regex", "schema": "[a-"}, ["invalid regex schema", "unclosed character class"]),
         ({"schema_type": "regex", "schema": ""}, ["regex schema must be a non-empty string"]),
         ({"schema_type": "ebnf", "schema": 'root ::= "a" missing'}, ["invalid ebnf schema", "missing"]),
         ({"schema_type": "ebnf", "schema": 'root ::= "a" [0-9'}, ["invalid ebnf schema"]),
-        ({"schema_type": "lark", "schema": "start: undefined_rule"}, ["invalid lark schema", "undefined_rule"]),
+        (
+            {"schema_type": "lark", "schema": "start: undefined_rule"},
+            ["invalid lark schema", "undefined_rule"],
+        ),
         # GBNF with its start rule named as in Lark: the message says to name it root.
         ({"schema_type": "ebnf", "schema": 'start ::= "a" | "b"'}, ["invalid ebnf schema", "no rule 'root'"]),
-        ({"schema_type": "ebnf", "schema": 'expr ::= "a"'}, ["invalid ebnf schema", "'expr' but no rule 'root'"]),
+        (
+            {"schema_type": "ebnf", "schema": 'expr ::= "a"'},
+            ["invalid ebnf schema", "'expr' but no rule 'root'"],
+        ),
         # Keywords llguidance cannot enforce are refused by name, not ignored.
         ({"schema_type": "json", "schema": {"type": "array", "uniqueItems": True}}, ["uniqueItems"]),
         ({"schema_type": "json", "schema": {"not": {"type": "string"}}}, ['"not"']),
         ({"schema_type": "json", "schema": {"type": "array", "contains": {"const": 1}}}, ["contains"]),
         ({"schema_type": "json", "schema": {"if": {"type": "string"}, "then": {"minLength": 2}}}, ["if"]),
-        ({"schema_type": "json", "schema": {"type": "object", "propertyNames": {"maxLength": 2}}}, ["propertyNames"]),
+        (
+            {"schema_type": "json", "schema": {"type": "object", "propertyNames": {"maxLength": 2}}},
+            ["propertyNames"],
+        ),
         ({"schema_type": "json", "schema": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}, ["oneOf"]),
         ({"schema_type": "xml", "schema": "<a/>"}, ["schema_type='xml'", "json"]),
         ({"schema_type": "json", "schma": {}}, ["unknown keys", "schma"]),
@@ -79,12 +91,16 @@ def test_cache_hit_returns_the_same_compiled_object(compiler):
     assert compiler.num_compiles == before + 1
     assert first.schema_text == json.dumps(OBJ, separators=(",", ":"))
     # Key order is part of the grammar (it is the order of the generated keys): another entry.
-    reordered = {"required": ["b"], "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
-                 "type": "object"}
+    reordered = {
+        "required": ["b"],
+        "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+        "type": "object",
+    }
     assert compiler.compile({"schema_type": "json", "schema": reordered}) is not first
     # Same text, another schema type: another entry.
     assert compiler.compile({"schema_type": "regex", "schema": "abc"}) is not compiler.compile(
-        {"schema_type": "lark", "schema": 'start: "abc"'})
+        {"schema_type": "lark", "schema": 'start: "abc"'}
+    )
 
 
 def test_matchers_are_fresh_per_request(compiler):
@@ -116,8 +132,9 @@ def test_canonical_schema():
     assert canonical_schema({"schema_type": "regex", "schema": " a+ "}) == ("regex", " a+ ")
 
 
-def test_tokenizer_from_text_or_path_is_the_same_identity(tokenizer_path: Path, eos_id: int, tok_vocab: int,
-                                                        compiler):
+def test_tokenizer_from_text_or_path_is_the_same_identity(
+    tokenizer_path: Path, eos_id: int, tok_vocab: int, compiler
+):
     from_text = StructuredOutputCompiler(tokenizer_path.read_text(), [eos_id], tok_vocab + 37)
     assert from_text.tokenizer_id == compiler.tokenizer_id
     other_vocab = StructuredOutputCompiler(str(tokenizer_path), [eos_id], tok_vocab)
@@ -135,7 +152,9 @@ def test_constructor_errors_name_the_value(tokenizer_path: Path, eos_id: int, to
         StructuredOutputCompiler(str(tokenizer_path) + ".missing", [eos_id], tok_vocab)
 
 
-def test_samples_are_copied_from_templates_in_turn(tokenizer_path: Path, eos_id: int, tok_vocab: int, random_walk):
+def test_samples_are_copied_from_templates_in_turn(
+    tokenizer_path: Path, eos_id: int, tok_vocab: int, random_walk
+):
     pooled = StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, num_threads=2, templates=3)
     so_args = {"schema_type": "json", "schema": OBJ}
     grammar = pooled.compile(so_args)
@@ -168,11 +187,14 @@ def test_default_templates_follow_the_mask_threads(tokenizer_path: Path, eos_id:
 
 
 @pytest.mark.parametrize("parallel", [True, False], ids=["thread-pool", "one-by-one"])
-def test_batched_accept_equals_accepting_one_by_one(tokenizer_path: Path, eos_id: int, tok_vocab: int, random_walk,
-                                                     parallel: bool):
+def test_batched_accept_equals_accepting_one_by_one(
+    tokenizer_path: Path, eos_id: int, tok_vocab: int, random_walk, parallel: bool
+):
     """accept_tokens advances every matcher as accept() would, and reports a refused token (or an
     id outside the vocabulary) for its pair alone, leaving that matcher unusable."""
-    batched = StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab, num_threads=2, parallel_accept=parallel)
+    batched = StructuredOutputCompiler(
+        tokenizer_path, [eos_id], tok_vocab, num_threads=2, parallel_accept=parallel
+    )
     assert batched.parallel_accept is parallel
     so_args = {"schema_type": "json", "schema": OBJ}
     grammar = batched.compile(so_args)
@@ -200,8 +222,9 @@ def test_batched_accept_equals_accepting_one_by_one(tokenizer_path: Path, eos_id
     assert fresh[2].num_accepted == 0 and fresh[2].allowed_mask().any()  # never handed to llguidance
 
 
-def test_copies_are_filled_one_thread_per_template(tokenizer_path: Path, eos_id: int, tok_vocab: int,
-                                                   monkeypatch: pytest.MonkeyPatch):
+def test_copies_are_filled_one_thread_per_template(
+    tokenizer_path: Path, eos_id: int, tok_vocab: int, monkeypatch: pytest.MonkeyPatch
+):
     """Copies of one template never reach two threads at once: the batch is split by template
     slot (matchers built alone, which share nothing, are spread over the slots), each slot on
     its own thread; the masks are those of matchers built alone."""
@@ -222,6 +245,7 @@ def test_copies_are_filled_one_thread_per_template(tokenizer_path: Path, eos_id:
         def on_thread(ex, group):
             seen.append((len(group), sorted(row for _, row in group), threading.current_thread().name))
             return call(ex, group)
+
         return per_template(groups, on_thread)
 
     monkeypatch.setattr(compiler, "_per_template", watched)
@@ -241,12 +265,19 @@ def test_lenient_schema_names_the_constraints_it_leaves_out(
     """With "lenient", llguidance drops keywords it cannot enforce instead of refusing the schema:
     the user is told which ones, once per schema, since outputs may break them."""
     compiler = StructuredOutputCompiler(tokenizer_path, [eos_id], tok_vocab)
-    lenient = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "x-guidance": {"lenient": True}}
+    lenient = {
+        "type": "array",
+        "items": {"type": "integer"},
+        "uniqueItems": True,
+        "x-guidance": {"lenient": True},
+    }
     with caplog.at_level(logging.WARNING, logger="shardinfer.engine.structured.compiler"):
         grammar = compiler.compile({"schema_type": "json", "schema": lenient})
         compiler.compile({"schema_type": "json", "schema": lenient})  # cached: not told twice
     assert any("uniqueItems" in w for w in grammar.warnings), grammar.warnings
     told = [r.getMessage() for r in caplog.records if "uniqueItems" in r.getMessage()]
     assert len(told) == 1, told
-    strict = compiler.compile({"schema_type": "json", "schema": {"type": "array", "items": {"type": "integer"}}})
+    strict = compiler.compile(
+        {"schema_type": "json", "schema": {"type": "array", "items": {"type": "integer"}}}
+    )
     assert strict.warnings == ()

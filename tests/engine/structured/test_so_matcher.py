@@ -13,11 +13,18 @@ from shardinfer.engine.structured import (
     unpack_bitmask,
 )
 
-SCHEMA = {"schema_type": "json", "schema": {
-    "type": "object",
-    "properties": {"k": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99},
-                         "maxItems": 3}, "s": {"enum": ["x", "yy"]}},
-    "required": ["k", "s"], "additionalProperties": False}}
+SCHEMA = {
+    "schema_type": "json",
+    "schema": {
+        "type": "object",
+        "properties": {
+            "k": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 3},
+            "s": {"enum": ["x", "yy"]},
+        },
+        "required": ["k", "s"],
+        "additionalProperties": False,
+    },
+}
 
 
 def _walk_with_masks(matcher, random_walk_fn, seed):
@@ -60,7 +67,7 @@ def test_rollback_restores_the_exact_mask(compiler, random_walk):
         assert probe.allowed_mask().equal(masks[len(tokens) - n]), n
         assert not probe.is_finished()
         # Re-accepting the same tokens brings back the same state, eos included.
-        for t in tokens[len(tokens) - n:]:
+        for t in tokens[len(tokens) - n :]:
             probe.accept(t)
         assert probe.is_finished() and probe.allowed_mask().equal(masks[-1])
     with pytest.raises(ValueError, match="only"):
@@ -125,8 +132,11 @@ def test_can_finish_versus_is_finished(compiler, eos_id):
 
 
 def test_batched_fill_matches_single_masks(compiler, random_walk):
-    schemas = [SCHEMA, {"schema_type": "regex", "schema": r"[a-z]{2,9}"},
-               {"schema_type": "ebnf", "schema": 'root ::= "(" [0-9]+ ")"'}]
+    schemas = [
+        SCHEMA,
+        {"schema_type": "regex", "schema": r"[a-z]{2,9}"},
+        {"schema_type": "ebnf", "schema": 'root ::= "(" [0-9]+ ")"'},
+    ]
     matchers = []
     for i in range(9):
         m = compiler.matcher(schemas[i % 3])
@@ -150,7 +160,9 @@ def test_batched_fill_matches_single_masks(compiler, random_walk):
 def test_independent_matchers_give_the_masks_of_copies(compiler, tokenizer_path, eos_id, random_walk):
     """Matchers built per sample (no lexer cache shared with the template) walk the same grammar:
     the same mask at every step of a walk, batched and alone, and each starts fresh."""
-    independent = StructuredOutputCompiler(tokenizer_path, [eos_id], compiler.vocab_size, independent_matchers=True)
+    independent = StructuredOutputCompiler(
+        tokenizer_path, [eos_id], compiler.vocab_size, independent_matchers=True
+    )
     schemas = [SCHEMA, {"schema_type": "regex", "schema": r"[a-z]{2,9}"}]
     for seed in range(4):
         so_args = schemas[seed % 2]

@@ -16,23 +16,35 @@ SEEDS = range(6)
 JSON_SCHEMAS = {
     "object_required": {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0,
-                                                                            "maximum": 120}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
         "required": ["name", "age"],
         "additionalProperties": False,
     },
     "enum": {"enum": ["red", "green", "blue", 7, None]},
-    "array_items": {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5},
-                    "minItems": 2, "maxItems": 4},
+    "array_items": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": -5, "maximum": 5},
+        "minItems": 2,
+        "maxItems": 4,
+    },
     "integer_range": {"type": "integer", "minimum": 100, "maximum": 250},
     "nested": {
         "type": "object",
         "properties": {
             "id": {"type": "integer", "minimum": 1, "maximum": 9},
             "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3},
-            "owner": {"type": "object",
-                      "properties": {"ok": {"type": "boolean"}, "city": {"type": "string", "pattern": "^[a-z]{1,4}$"}},
-                      "required": ["ok", "city"], "additionalProperties": False},
+            "owner": {
+                "type": "object",
+                "properties": {
+                    "ok": {"type": "boolean"},
+                    "city": {"type": "string", "pattern": "^[a-z]{1,4}$"},
+                },
+                "required": ["ok", "city"],
+                "additionalProperties": False,
+            },
         },
         "required": ["id", "tags", "owner"],
         "additionalProperties": False,
@@ -105,7 +117,9 @@ def _arith_ok(text: str) -> bool:
     """Independent check: a Python expression made only of integer literals and + - *."""
     tree = ast.parse(text, mode="eval")
     allowed = (ast.Expression, ast.BinOp, ast.Constant, ast.Add, ast.Sub, ast.Mult)
-    return all(isinstance(n, allowed) for n in ast.walk(tree)) and isinstance(eval(compile(tree, "", "eval")), int)
+    return all(isinstance(n, allowed) for n in ast.walk(tree)) and isinstance(
+        eval(compile(tree, "", "eval")), int
+    )
 
 
 def test_ebnf_arithmetic_walks_parse(compiler: StructuredOutputCompiler, random_walk, decode):
