@@ -188,6 +188,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     if existing is not None and not existing.get("generation") and not config.job.start_over:
         raise _damaged(config, "has a _job.json without a job generation (written by an older version)")
     drifted = existing is not None and existing.get("fingerprint", {}).get("hash") != fingerprint["hash"]
+    forms = [fingerprint]  # this spec's fingerprint in every form a version of ours stored
     if drifted and existing is not None:
         # A job planned by an older version stored its fingerprint in an older form: the same spec
         # still resumes it, under the fingerprint it was planned with.
@@ -195,6 +196,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
             if legacy["hash"] == existing.get("fingerprint", {}).get("hash"):
                 fingerprint, drifted = legacy, False
                 break
+            forms.append(legacy)
     input_diff = None
     current: list[dict[str, Any]] = []
     if existing is not None and not drifted and plan:
@@ -206,7 +208,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
     discarded = ""
     if discard and existing is not None:
         discarded = (
-            f"another fingerprint (changed: {_changes(existing.get('fingerprint', {}), fingerprint)})"
+            f"another fingerprint (changed: {_changes(existing.get('fingerprint', {}), *forms)})"
             if drifted
             else f"another input listing ({input_diff.describe() if input_diff else ''})"
         )
@@ -215,7 +217,7 @@ def open_job(config: JobConfig, *, plan: bool = True) -> OpenedJob:
         if drifted:
             raise FingerprintMismatch(
                 f"{config.output.path} holds a job with another fingerprint; resuming would mix two datasets. "
-                f"Changed: {_changes(old, fingerprint)}. Write to a new output path, restore "
+                f"Changed: {_changes(old, *forms)}. Write to a new output path, restore "
                 "the old settings, or pass --conf job.start_over=true to discard the old output."
             )
         if input_diff and not config.job.incremental:
@@ -376,9 +378,13 @@ def _kept_plan(existing: dict[str, Any], config: JobConfig) -> str:
     )
 
 
-def _changes(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """The fingerprint components that differ, as `name: old -> new` joined for a message."""
-    return "; ".join(diff_fingerprint_parts(old, new)) or "fingerprint format"
+def _changes(old: dict[str, Any], *forms: dict[str, Any]) -> str:
+    """The fingerprint components that differ, as `name: old -> new` joined for a message. Given
+    the new fingerprint in several forms (today's and the older ones, `_older_fingerprints`), the
+    one closest to `old`: a job an older version planned is shown what the user changed, not also
+    how the fingerprint's form changed since."""
+    found = min((diff_fingerprint_parts(old, new) for new in forms), key=len)
+    return "; ".join(found) or "fingerprint format"
 
 
 def _damaged(config: JobConfig, what: str) -> Exception:

@@ -249,16 +249,46 @@ def test_a_span_of_max_model_len_plus_one_tokens_is_scored(tmp_path: Path, model
     assert "have 18 tokens; the engine scores at most 17 (max_model_len=16)" in over["error_message"]
 
 
-def test_a_job_planned_with_shorter_spans_keeps_them(tmp_path: Path, model_dir: Path, hf: Any) -> None:
-    """A score job planned when a span was fed whole and one token sampled after it (windows of
-    max_model_len - 2 positions, spans of max_model_len - 1 tokens) stored a fingerprint naming no
-    span rule. Resumed now, it goes on with the windows and limits it was planned with, so its
-    splits never mix two window lengths."""
+def _plan_before_the_span_rule(job: Path) -> None:
+    """Plan the job as the version before the span rule did: the same fingerprint components but
+    that rule, which it did not record."""
     import hashlib
 
     from shardinfer.jobs.spec import load_toml, resolve
     from shardinfer.pipeline.job import open_job, write_plan
 
+    planned = open_job(resolve(load_toml(str(job))).config)
+    older = json.loads(json.dumps(planned.fingerprint))
+    del older["score"]["span_rule"], older["hash"]
+    canonical = json.dumps(older, sort_keys=True, separators=(",", ":"), default=str)
+    planned.fingerprint = {**older, "hash": hashlib.sha256(canonical.encode()).hexdigest()}
+    write_plan(planned, "older")
+
+
+def test_a_job_planned_before_the_span_rule_is_told_only_what_the_user_changed(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    # Its fingerprint lacks the span rule today's has; the refusal of another setting names that
+    # setting alone, not the rule the older version did not record.
+    from shardinfer.errors import FingerprintMismatch
+    from shardinfer.jobs.spec import load_toml, parse_conf, resolve
+    from shardinfer.pipeline.job import open_job
+
+    rows = [{"id": "d0", "doc": DOCUMENT}]
+    job = _score_job(tmp_path, model_dir, _write_input(tmp_path, rows), input={"document_column": "doc"})
+    _plan_before_the_span_rule(job)
+    changed = resolve(load_toml(str(job)), confs=[parse_conf("job.rolling_window_tokens=8")]).config
+    with pytest.raises(FingerprintMismatch) as info:
+        open_job(changed)
+    message = str(info.value)
+    assert "rolling_window_tokens: 0 -> 8" in message and "span_rule" not in message
+
+
+def test_a_job_planned_with_shorter_spans_keeps_them(tmp_path: Path, model_dir: Path, hf: Any) -> None:
+    """A score job planned when a span was fed whole and one token sampled after it (windows of
+    max_model_len - 2 positions, spans of max_model_len - 1 tokens) stored a fingerprint naming no
+    span rule. Resumed now, it goes on with the windows and limits it was planned with, so its
+    splits never mix two window lengths."""
     tok = Tokenizer(model_dir)
     rows = [{"id": "d0", "doc": DOCUMENT}, {"id": "d1", "doc": DOCUMENT[40:]}]
     engine = {"num_kv_blocks": 128, "max_num_seqs": 8, "max_model_len": 16}
@@ -270,13 +300,7 @@ def test_a_job_planned_with_shorter_spans_keeps_them(tmp_path: Path, model_dir: 
         input={"document_column": "doc"},
         engine=engine,
     )
-    planned = open_job(resolve(load_toml(str(job))).config)
-    # The fingerprint as the earlier version computed it: the same components, no span rule.
-    older = json.loads(json.dumps(planned.fingerprint))
-    del older["score"]["span_rule"], older["hash"]
-    canonical = json.dumps(older, sort_keys=True, separators=(",", ":"), default=str)
-    planned.fingerprint = {**older, "hash": hashlib.sha256(canonical.encode()).hexdigest()}
-    write_plan(planned, "older")
+    _plan_before_the_span_rule(job)
     assert _submit(job) == 0
     got = _rows_by_key(tmp_path / "out-job")
     for row in rows:
