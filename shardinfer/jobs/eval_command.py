@@ -459,7 +459,11 @@ def _refuse_other_settings(job: dict[str, Any] | None, settings: EvalSettings, f
         return
     from shardinfer.pipeline.fingerprint import diff_fingerprint_parts
 
-    changed = "; ".join(diff_fingerprint_parts(job.get("fingerprint", {}), fp)) or "its format"
+    # Against the closest of this eval's forms: an eval an older version planned is told what the
+    # user changed, not also how the fingerprint's form changed since.
+    held = job.get("fingerprint", {})
+    forms = [fp, *_older_fingerprints(settings, fp)]
+    changed = "; ".join(min((diff_fingerprint_parts(held, form) for form in forms), key=len)) or "its format"
     raise FingerprintMismatch(
         f"{settings.output} holds an eval of other settings (changed: {changed}); write to a new output URL"
     )

@@ -321,7 +321,7 @@ def _plan_earlier_eval(argv: list[str], **changed: Any) -> str:
 
 
 def test_an_eval_planned_before_spans_held_an_unfed_token_keeps_its_windows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Rolling windows were max_model_len - 2 positions before a span's last token went unfed; an
     # eval planned then resumes with them, so no eval mixes two window lengths. A new one takes
@@ -344,6 +344,10 @@ def test_an_eval_planned_before_spans_held_an_unfed_token_keeps_its_windows(
                 "--limit", "2", "--device", "cpu", "--dtype", "float32", "--output", str(tmp_path / out)]  # fmt: skip
 
     earlier = _plan_earlier_eval(argv("earlier"), span_rule=None)
+    # Another setting is refused naming that setting alone, not the rule the older version did not record.
+    assert main([*argv("earlier"), "--seed", "7"]) == 78
+    refusal = capsys.readouterr().err
+    assert "eval.seed: 1234 -> 7" in refusal and "span_rule" not in refusal
     assert main(argv("earlier")) == 0
     assert json.loads((tmp_path / "earlier" / "_SUCCESS").read_text())["fingerprint"]["hash"] == earlier
     assert main(argv("new")) == 0
