@@ -1,8 +1,8 @@
 """Randomized differential stress: a request's output does not depend on how the engine ran it.
 
 A seeded workload (shared prefixes, exact duplicates, repetitive prompts that ngram drafts hit,
-n > 1, stop strings, min_tokens, logprobs, prompt logprobs, lengths that end exactly at
-max_model_len) runs once per request alone on a plain engine, the reference, then all together
+n > 1, stop strings, min_tokens, logprobs, prompt logprobs, prompt-only scoring requests, lengths
+that end exactly at max_model_len) runs once per request alone on a plain engine, the reference, then all together
 under engine configurations that force preemption, chunked prefill, single-token blocks,
 speculative decoding and asynchronous scheduling. Every output field must match bit for bit, and
 every KV block must be free again afterwards.
@@ -71,6 +71,15 @@ def _workload(vocab: int, decode: Any, seed: int) -> tuple[list[list[int]], list
             prompt = pattern * rng.randint(2, 8)
         else:
             prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 50))]
+        if rng.random() < 0.15:  # prompt-only scoring: its last token is scored, never fed
+            if rng.random() < 0.4:  # the longest such prompt, one token past max_model_len
+                prompt = prompt + [rng.randrange(3, vocab) for _ in range(MAX_MODEL_LEN + 1)]
+            prompt = [*prompt, rng.randrange(3, vocab)][: MAX_MODEL_LEN + 1]
+            prompts.append(prompt)
+            params.append(
+                SamplingParams(max_tokens=0, prompt_logprobs=rng.choice([0, 2]), seed=rng.randrange(1 << 30))
+            )
+            continue
         prompt = prompt[: MAX_MODEL_LEN - 1]
         room = MAX_MODEL_LEN - len(prompt)
         # Some requests end exactly at max_model_len: max_tokens filling the room, or None.
