@@ -463,7 +463,8 @@ def _refuse_other_settings(job: dict[str, Any] | None, settings: EvalSettings, f
     # user changed, not also how the fingerprint's form changed since.
     held = job.get("fingerprint", {})
     forms = [fp, *_older_fingerprints(settings, fp)]
-    changed = "; ".join(min((diff_fingerprint_parts(held, form) for form in forms), key=len)) or "its format"
+    closest = min((diff_fingerprint_parts(held, form) for form in forms), key=len)
+    changed = "; ".join(closest) or "its format"
     raise FingerprintMismatch(
         f"{settings.output} holds an eval of other settings (changed: {changed}); write to a new output URL"
     )
