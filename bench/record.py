@@ -241,7 +241,22 @@ def _numerics(r: dict) -> str:
     ]
     if r.get("fp8_tiling") not in (None, "default"):  # throughput.py --fp8-tiling
         extra.append(f"FP8 tiling {r['fp8_tiling']}")
+    settings = r.get("settings") or {}
+    extra += [
+        f"{name} {settings[name]}" for name in _SCHEDULING if settings.get(name) not in (None, _default(name))
+    ]
     return ", ".join([r["workload"], *extra])
+
+
+# Engine settings a run may change from their defaults without changing a bit of its output: a
+# row names them, so two runs of one workload are told apart.
+_SCHEDULING = ("max_num_seqs", "max_num_batched_tokens")
+
+
+def _default(name: str) -> object:
+    from shardinfer.engine.config import EngineConfig
+
+    return EngineConfig.__dataclass_fields__[name].default
 
 
 def variant_changes(variant: dict) -> str:
