@@ -270,6 +270,15 @@ class RowPreparer:
                 raise RowError(BAD_OVERRIDE, f"column {name!r} value {short_cell(value)}: {exc}") from None
         if not changes:
             return self.base
+        rows_tokens = changes.get("max_tokens")
+        if isinstance(rows_tokens, int) and rows_tokens < 1:
+            # Checked here, not by SamplingParams, whose message offers 0 for prompt-only scoring:
+            # an engine request, never a generated row.
+            raise RowError(
+                BAD_OVERRIDE,
+                f"column 'max_tokens' value {rows_tokens}: a row generates at least one token; "
+                "give max_tokens >= 1 or null for the job's",
+            )
         key = _cache_key(changes)
         cached = self._override_cache.get(key) if key is not None else None
         if cached is not None:
@@ -278,12 +287,6 @@ class RowPreparer:
             params = self.base.replace(**changes)
         except (TypeError, ValueError, OverflowError) as exc:
             raise RowError(BAD_OVERRIDE, str(exc)) from None
-        if params.max_tokens == 0:  # valid for the engine (a prompt-only request), not for a generated row
-            raise RowError(
-                BAD_OVERRIDE,
-                "column 'max_tokens' value 0: a row generates at least one token; "
-                "give max_tokens >= 1 or null for the job's",
-            )
         try:
             check_limits(params, self.max_model_len)
         except LimitError as exc:

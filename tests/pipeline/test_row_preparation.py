@@ -290,3 +290,8 @@ def test_a_row_asking_for_no_tokens_is_a_bad_override(model_dir: Path) -> None:
     assert prepared.error is not None and prepared.error.code == "bad_override"
     assert "max_tokens" in prepared.error.message and ">= 1" in prepared.error.message
     assert prep.prepare(0, 1, 5, {"__row_index": 5, "prompt": "a", "max_tokens": 1}).error is None
+    # A negative value is told the same, not offered 0 (the engine's prompt-only request).
+    negative = prep.prepare(0, 1, 6, {"__row_index": 6, "prompt": "a", "max_tokens": -1})
+    assert negative.error is not None and negative.error.code == "bad_override"
+    assert "value -1: a row generates at least one token" in negative.error.message
+    assert "prompt_logprobs" not in negative.error.message
