@@ -19,6 +19,7 @@ Create-if-absent (`create_exclusive`) is the primitive the commit protocol rests
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import random
 import sys
@@ -26,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import fsspec
 from fsspec import AbstractFileSystem
@@ -338,3 +339,11 @@ def list_file_sizes(fs: AbstractFileSystem, directory: str) -> dict[str, int]:
     except FileNotFoundError:
         return {}
     return {e["name"]: int(e.get("size") or 0) for e in entries if e.get("type") == "file"}
+
+
+def sha256_of(f: IO[bytes]) -> str:
+    """The hex sha256 of what is left to read in the open binary file `f`, read in chunks."""
+    digest = hashlib.sha256()
+    while chunk := f.read(16 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()

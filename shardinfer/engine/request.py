@@ -121,7 +121,7 @@ class Request:
     def num_tokens_to_compute(self) -> int:
         """Where this request's computation ends: every token, but for a prompt-only request the
         last prompt token, which is only a target."""
-        return self.num_tokens - 1 if self.params.max_tokens == 0 else self.num_tokens
+        return self.num_tokens - 1 if self.prompt_only else self.num_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -46,7 +46,8 @@ from shardinfer.errors import (
     UsageError,
 )
 from shardinfer.jobs.storage_flag import parse_storage_options
-from shardinfer.pipeline.scoring import SAMPLED_TOKEN_RULE, SPAN_RULE
+from shardinfer.pipeline.fingerprint import span_rule_of
+from shardinfer.pipeline.scoring import SPAN_RULE
 from shardinfer.splits import Split
 
 RESULTS_FILE = "results.json"
@@ -193,7 +194,7 @@ def _older_fingerprints(settings: EvalSettings, fp: dict[str, Any]) -> Iterator[
     (before the folder counted by its files alone), --dtype as written (before it counted as
     resolved: "auto" then, or the spelling given, where it resolves to this eval's dtype) and no
     span rule (before spans could hold max_model_len + 1 tokens; such an eval keeps its shorter
-    windows, `span_rule_of`)."""
+    windows, pipeline.fingerprint.span_rule_of)."""
     resolved = fp["eval"]["dtype"]
     spellings = [settings.dtype] if settings.dtype != resolved else []
     if settings.dtype != "auto" and resolved_dtype(settings.device, "auto") == resolved:
@@ -206,12 +207,6 @@ def _older_fingerprints(settings: EvalSettings, fp: dict[str, Any]) -> Iterator[
                     yield fingerprint(
                         settings, path_as_written=path_as_written, dtype_as_written=dtype, span_rule=span_rule
                     )
-
-
-def span_rule_of(fp: dict[str, Any]) -> str:
-    """The span rule an eval runs under: its fingerprint's, or for an eval planned before the rule
-    was recorded, the one spans then followed (one token sampled after each)."""
-    return str(fp.get("eval", {}).get("span_rule", SAMPLED_TOKEN_RULE))
 
 
 def _folder_hashes(folder: str) -> dict[str, str]:
@@ -344,7 +339,7 @@ def run_eval(settings: EvalSettings, log: Any = print) -> dict[str, Any]:
         )
     if pending:
         # One engine for every task: loading the model is the costly part of a small task.
-        lm = _language_model(settings, span_rule_of(fp))
+        lm = _language_model(settings, span_rule_of(fp, "eval"))
         for split in pending:
             results = _evaluate(lm_eval, lm, settings, manager, split.path)
             if job is None:
@@ -457,14 +452,10 @@ def _refuse_other_settings(job: dict[str, Any] | None, settings: EvalSettings, f
     """An output holding an eval of other settings is never mixed with this one."""
     if job is None or job.get("fingerprint", {}).get("hash") == fp["hash"]:
         return
-    from shardinfer.pipeline.fingerprint import diff_fingerprint_parts
+    from shardinfer.pipeline.fingerprint import diff_closest_form
 
-    # Against the closest of this eval's forms: an eval an older version planned is told what the
-    # user changed, not also how the fingerprint's form changed since.
-    held = job.get("fingerprint", {})
     forms = [fp, *_older_fingerprints(settings, fp)]
-    closest = min((diff_fingerprint_parts(held, form) for form in forms), key=len)
-    changed = "; ".join(closest) or "its format"
+    changed = "; ".join(diff_closest_form(job.get("fingerprint", {}), forms)) or "its format"
     raise FingerprintMismatch(
         f"{settings.output} holds an eval of other settings (changed: {changed}); write to a new output URL"
     )

@@ -32,6 +32,7 @@ from shardinfer.pipeline.weights_identity import (
     listed_checksum,
 )
 from shardinfer.redaction import redact_url
+from shardinfer.storage import sha256_of
 
 MANIFEST = ".shardinfer-model.json"
 DEFAULT_CACHE = "~/.cache/shardinfer/models"
@@ -155,11 +156,8 @@ def _copy(fs: Any, root: str, url: str, listing: dict[str, dict[str, Any]], entr
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_of(f)
 
 
 def with_local_model(config: Any, cache_dir: str = "") -> Any:

@@ -335,10 +335,11 @@ def compute_fingerprint(
     return parts
 
 
-def span_rule_of(fingerprint: dict[str, Any]) -> str:
-    """The span rule a score job runs under: the one its fingerprint names, or for a job planned
-    before fingerprints named one, the rule it was planned with (SAMPLED_TOKEN_RULE)."""
-    return str((fingerprint.get("score") or {}).get("span_rule", SAMPLED_TOKEN_RULE))
+def span_rule_of(fingerprint: dict[str, Any], section: str = "score") -> str:
+    """The span rule a score job (an eval: section "eval") runs under: the one its fingerprint
+    names, or for one planned before fingerprints named it, the rule it was planned with
+    (SAMPLED_TOKEN_RULE)."""
+    return str((fingerprint.get(section) or {}).get("span_rule", SAMPLED_TOKEN_RULE))
 
 
 def _several_samples_with_prompt_logprobs(config: JobConfig, sampling: dict[str, Any]) -> bool:
@@ -377,6 +378,13 @@ def diff_fingerprints(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def diff_fingerprint_parts(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Lines `component.key: old -> new`, one per name `diff_fingerprints` reports."""
     return [f"{name}: {_short(a)} -> {_short(b)}" for name, a, b in _changes(old, new)]
+
+
+def diff_closest_form(old: dict[str, Any], forms: list[dict[str, Any]]) -> list[str]:
+    """diff_fingerprint_parts against the closest of `forms`, one fingerprint in the forms our
+    versions stored (today's and the older ones): a job or eval an older version planned is shown
+    what the user changed, not also how the fingerprint's form changed since."""
+    return min((diff_fingerprint_parts(old, new) for new in forms), key=len)
 
 
 def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:

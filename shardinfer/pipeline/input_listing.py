@@ -14,14 +14,13 @@ the same file. An object store's ETag already follows the content; its objects a
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from shardinfer.redaction import location_identity, redact_url
-from shardinfer.storage import RetryPolicy, filesystem, with_retries
+from shardinfer.storage import RetryPolicy, filesystem, sha256_of, with_retries
 
 _RETRY = RetryPolicy()
 
@@ -79,7 +78,7 @@ def content_digest(path: str) -> str | None:
     if not _is_local(fs):
         return None
     with fs.open(local, "rb") as f:
-        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+        return "sha256:" + sha256_of(f)
 
 
 def _is_local(fs: Any) -> bool:

@@ -41,7 +41,11 @@ from shardinfer.errors import (
 from shardinfer.pipeline.assembly import OutputOptions
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.error_digest import error_digest
-from shardinfer.pipeline.fingerprint import compute_fingerprint, diff_fingerprint_parts, span_rule_of
+from shardinfer.pipeline.fingerprint import (
+    compute_fingerprint,
+    diff_closest_form,
+    span_rule_of,
+)
 from shardinfer.pipeline.input_listing import diff_listings, snapshot, with_content_digests
 from shardinfer.pipeline.output_ids import (
     RepeatedIds,
@@ -379,12 +383,9 @@ def _kept_plan(existing: dict[str, Any], config: JobConfig) -> str:
 
 
 def _changes(old: dict[str, Any], *forms: dict[str, Any]) -> str:
-    """The fingerprint components that differ, as `name: old -> new` joined for a message. Given
-    the new fingerprint in several forms (today's and the older ones, `_older_fingerprints`), the
-    one closest to `old`: a job an older version planned is shown what the user changed, not also
-    how the fingerprint's form changed since."""
-    found = min((diff_fingerprint_parts(old, new) for new in forms), key=len)
-    return "; ".join(found) or "fingerprint format"
+    """The fingerprint components that differ, as `name: old -> new` joined for a message, against
+    the closest of the new fingerprint's forms (today's and `_older_fingerprints`)."""
+    return "; ".join(diff_closest_form(old, list(forms))) or "fingerprint format"
 
 
 def _damaged(config: JobConfig, what: str) -> Exception:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from shardinfer.engine.models.checkpoint_layout import LayoutError, weight_file_names
 from shardinfer.errors import ConfigError
+from shardinfer.storage import sha256_of
 
 VERIFY_MODES = ("stat", "sha256")
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors refuses larger headers too
@@ -103,11 +104,8 @@ def _cached_sha256(path: Path, size: int, mtime_ns: int) -> str:
         cache = {}
     if isinstance(cache, dict) and isinstance(cache.get(key), str):
         return str(cache[key])
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    value = digest.hexdigest()
+        value = sha256_of(f)
     cache = cache if isinstance(cache, dict) else {}
     cache[key] = value
     try:
