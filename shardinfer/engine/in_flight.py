@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from shardinfer.engine.input_fixup import DraftChoice, InputFixup, PreviousStep
+from shardinfer.engine.prompt_scores import PromptScores
 from shardinfer.engine.request import Request
 from shardinfer.engine.sampler import DeviceSample, SamplingPlan
 from shardinfer.engine.scheduler import ScheduledBatch
@@ -31,8 +30,8 @@ class InFlightStep:
     requests: list[Request]  # the requests that sample, in sampling-row order
     counts: list[int]  # sampling rows per request: 1, or 1 + its draft tokens
     output_slots: list[int]  # per request: its placeholder's index in output_token_ids, or DRAFTS / DISCARDED
-    # request id -> (first prompt position scored, logits [n, V]) for prompt logprobs
-    prompt_logits: dict[str, tuple[int, torch.Tensor]]
+    # request id -> its prompt positions scored by this step (engine/prompt_scores.py)
+    prompt_scores: dict[str, PromptScores]
     sampled: DeviceSample | None = None
     unsampled: SamplingPlan | None = None
     # Per request: its drafts' confidences when planned, for the draft budget (None: none).
@@ -47,7 +46,7 @@ class InFlightStep:
             logits.sample_requests,
             logits.sample_counts,
             plan.output_slots,
-            logits.prompt_logits,
+            logits.prompt_scores,
             sampled,
             draft_confidence=plan.draft_confidence,
         )

@@ -508,11 +508,11 @@ class LLMEngine:
         """Record the step's prompt logprobs; retire the prompt-only requests they complete (nothing
         else ends those: they never sample)."""
         finished: list[RequestOutput] = []
-        for request_id, (first, logits) in step.prompt_logits.items():
+        for request_id, scores in step.prompt_scores.items():
             req = self.requests.get(request_id)
             if req is None:
                 continue
-            self.outputs.record_prompt_logprobs(req, first, logits)
+            self.outputs.record_prompt_logprobs(req, scores)
             if req.prompt_only and req.prompt_logprobs_done:
                 self.outputs.finish_prompt_only(req)
                 finished.append(self._retire(req))

@@ -29,6 +29,7 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.fp8 import check_fp8_device, resolve_quantization
 from shardinfer.engine.models.registry import load_model
 from shardinfer.engine.precompile import precompile, precompile_enabled
+from shardinfer.engine.prompt_scores import PromptScores, score_rows, split_scores
 from shardinfer.engine.request import Request
 from shardinfer.engine.scheduler import ScheduledBatch
 from shardinfer.engine.startup_phases import StartupPhases
@@ -41,8 +42,8 @@ class StepLogits:
     sample_requests: list[Request]
     sample_logits: torch.Tensor  # [S, V] float32: each request's rows, draft positions included
     sample_counts: list[int]  # rows per request: 1 + its draft tokens
-    # request id -> (first prompt position p whose logits are given, logits [n, V] scoring p+1...)
-    prompt_logits: dict[str, tuple[int, torch.Tensor]]
+    # request id -> its prompt positions scored this step (engine/prompt_scores.py)
+    prompt_scores: dict[str, PromptScores]
     input_ids: torch.Tensor | None = None  # the step's flat input tokens on the device (drafts included)
     # Per sampling row: how far its position is behind the host's layout (input_fixup.py), or None.
     position_shift: torch.Tensor | None = None
@@ -122,6 +123,7 @@ class ModelRunner:
             # loads weights and sizes its KV cache from the free memory (heap.py).
             collect_dropped()
             torch.cuda.empty_cache()
+        self.vocab_size = model_config.vocab_size
         self.numerics = Numerics(
             self.dtype, cfg.batch_invariant, resolve_quantization(cfg.quantization, model_config.hf)
         )
@@ -307,14 +309,25 @@ class ModelRunner:
                 if last > first:
                     prompt_rows.append((req, offset + first - start, first, last - first))
             offset += n
-        rows = sample_rows + [r for (_, r0, _, c) in prompt_rows for r in range(r0, r0 + c)]
-        logits = self.model.compute_logits(hidden[values_to_device(rows, torch.long, hidden.device)])
-        sample_logits = logits[: len(sample_rows)]
-        prompt_logits: dict[str, tuple[int, torch.Tensor]] = {}
-        cursor = len(sample_rows)
-        for req, _r0, first, count in prompt_rows:
-            prompt_logits[req.request_id] = (first, logits[cursor : cursor + count])
-            cursor += count
-        step = StepLogits(sample_reqs, sample_logits, counts, prompt_logits, input_ids)
+        sample_logits = self.model.compute_logits(
+            hidden[values_to_device(sample_rows, torch.long, hidden.device)]
+        )
+        prompt_scores: dict[str, PromptScores] = {}
+        if prompt_rows:
+            rows = [r for (_, r0, _, c) in prompt_rows for r in range(r0, r0 + c)]
+            targets = [
+                t
+                for (req, _, first, c) in prompt_rows
+                for t in req.prompt_token_ids[first + 1 : first + 1 + c]
+            ]
+            top_k = max(req.params.prompt_logprobs or 0 for (req, _, _, _) in prompt_rows)
+            scored = score_rows(self.model.compute_logits, hidden, rows, targets, top_k, self.vocab_size)
+            firsts = [first for (_, _, first, _) in prompt_rows]
+            score_counts = [c for (_, _, _, c) in prompt_rows]
+            for (req, _, _, _), scores in zip(
+                prompt_rows, split_scores(firsts, score_counts, *scored), strict=True
+            ):
+                prompt_scores[req.request_id] = scores
+        step = StepLogits(sample_reqs, sample_logits, counts, prompt_scores, input_ids)
         step.position_shift = shift
         return step

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from shardinfer.engine.grammar_masks import GrammarMaskFiller
 from shardinfer.engine.in_flight import InFlightStep
 from shardinfer.engine.outputs import CompletionOutput, RequestOutput
+from shardinfer.engine.prompt_scores import PromptScores, read_scores
 from shardinfer.engine.request import Request, RequestStatus
-from shardinfer.engine.sampler import DISCARDED, DRAFTS, SampleResult, top_k_logprobs
+from shardinfer.engine.sampler import DISCARDED, DRAFTS, SampleResult
 from shardinfer.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -121,16 +120,11 @@ class OutputProcessor:
             req.num_placeholders = 0
             req.finish(status, reason)
 
-    def record_prompt_logprobs(self, req: Request, first: int, logits: torch.Tensor) -> None:
-        lps = torch.log_softmax(logits.float(), dim=-1)
-        targets = torch.tensor(
-            req.prompt_token_ids[first + 1 : first + 1 + lps.shape[0]], dtype=torch.long, device=lps.device
-        )
-        values = lps.gather(1, targets.view(-1, 1)).view(-1).tolist()
-        k = req.params.prompt_logprobs or 0
-        for i, v in enumerate(values):
-            req.prompt_logprobs.append(v)
-            req.prompt_top_logprobs.append(top_k_logprobs(lps[i], k) if k else None)
+    def record_prompt_logprobs(self, req: Request, scores: PromptScores) -> None:
+        """Append a step's scored prompt positions (they follow the ones recorded before)."""
+        values, tops = read_scores(scores, req.params.prompt_logprobs or 0)
+        req.prompt_logprobs.extend(values)
+        req.prompt_top_logprobs.extend(tops)
 
     def finish_prompt_only(self, req: Request) -> None:
         """End a prompt-only request whose prompt logprobs are all in: it asked for no token, so it

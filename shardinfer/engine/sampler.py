@@ -251,12 +251,6 @@ def _apply_grammar(x: torch.Tensor, grammar: GrammarMasks) -> None:
         apply_bitmask(x, grammar.bitmask, values_to_device(grammar.rows, torch.long, x.device))
 
 
-def top_k_logprobs(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
-    """The k most likely (id, logprob), best first, ties to the lower id."""
-    ranked = torch.sort(logprobs, descending=True, stable=True)
-    return list(zip(ranked.indices[:k].tolist(), ranked.values[:k].tolist(), strict=True))
-
-
 def sampling_row(req: Request, position: int, eos_token_ids: list[int] | tuple[int, ...]) -> SamplingRow:
     """The row that samples `req`'s token at `position`."""
     p = req.params
