@@ -28,6 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.workloads import SHAPES, bench_commit, build_checkpoint
+from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
+
+GPU_SEQS, GPU_TOKENS = DEVICE_STEP_DEFAULTS["cuda"]  # the engine's defaults on a GPU
 
 Request = tuple[None, list[int], list[int]]
 
@@ -86,8 +89,8 @@ def main() -> None:
     ap.add_argument("--choices", type=int, default=4)
     ap.add_argument("--choice-tokens", type=int, nargs=2, default=(2, 12), help="continuation length range")
     ap.add_argument("--batch-invariant", choices=["on", "off"], default="on")
-    ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--max-num-seqs", type=int, default=GPU_SEQS)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=GPU_TOKENS)
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run on the tiny workload")
     ap.add_argument("--checkpoint-dir", default=None, help="reuse or build the random checkpoint here")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))

@@ -254,9 +254,11 @@ _SCHEDULING = ("max_num_seqs", "max_num_batched_tokens")
 
 
 def _default(name: str) -> object:
-    from shardinfer.engine.config import EngineConfig
+    """The engine's default on a GPU (the runs recorded here): rows of runs at other values, older
+    defaults included, name theirs."""
+    from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
 
-    return EngineConfig.__dataclass_fields__[name].default
+    return DEVICE_STEP_DEFAULTS["cuda"][_SCHEDULING.index(name)]
 
 
 def variant_changes(variant: dict) -> str:

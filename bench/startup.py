@@ -31,6 +31,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
+from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
+
+GPU_SEQS, GPU_TOKENS = DEVICE_STEP_DEFAULTS["cuda"]  # the engine's defaults on a GPU
 
 MODES = ("cold-off", "cold-on", "warm-off", "warm-on")
 
@@ -159,8 +162,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=GPU_TOKENS)
+    ap.add_argument("--max-num-seqs", type=int, default=GPU_SEQS)
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -42,6 +42,11 @@ SPECULATIVE_MODES = ("off", "ngram", "mtp")
 SPECULATIVE_BUDGETS = ("confidence", "fixed")
 MAX_SPECULATIVE_DEPTH = 8
 DEFAULT_NGRAM_DEPTH = 3
+# (max_num_seqs, max_num_batched_tokens) when unset, by device type. On a GPU the larger batch and
+# step budget ran every standard workload faster (docs/performance.md, "The step's token budget
+# and a larger batch"); their activations are measured before the KV cache is sized
+# (engine/step_peak.py). On the CPU a step is bound by its FLOPs, and the host's memory is shared.
+DEVICE_STEP_DEFAULTS = {"cuda": (512, 16384), "cpu": (256, 8192)}
 
 
 def usable_cpus() -> int:
@@ -63,8 +68,9 @@ class EngineConfig:
     # checkpoint at load, "none" dequantises FP8 ones (engine/models/fp8.py).
     quantization: str | None = None
     kv_cache_dtype: str = "auto"  # "auto": the model's dtype; "fp8": e4m3 with scales (engine/kv_cache.py)
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    # Unset: the device's default (DEVICE_STEP_DEFAULTS; read them as num_seqs / token_budget).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -160,8 +166,10 @@ class EngineConfig:
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks}: must be >= 1")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(
+                    f"{name}={getattr(self, name)}: must be >= 1, or unset for the device's default"
+                )
         if self.admission_batch is not None and self.admission_batch < 1:
             raise ValueError(
                 f"admission_batch={self.admission_batch}: must be >= 1, or unset for the default"
@@ -216,6 +224,20 @@ class EngineConfig:
                 f"expert_rebalance_steps={self.expert_rebalance_steps} needs expert_parallel_size > 1: "
                 "a rebalance moves experts between ranks"
             )
+
+    @property
+    def num_seqs(self) -> int:
+        """max_num_seqs, or where unset the default of the device the engine runs on."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return DEVICE_STEP_DEFAULTS[self.torch_device.type][0]
+
+    @property
+    def token_budget(self) -> int:
+        """max_num_batched_tokens, or where unset the default of the device the engine runs on."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return DEVICE_STEP_DEFAULTS[self.torch_device.type][1]
 
     @property
     def parallel_size(self) -> int:

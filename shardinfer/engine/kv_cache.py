@@ -41,8 +41,11 @@ def bytes_per_block(specs: list[KVLayerSpec], block_size: int, dtype: torch.dtyp
     return (sum(s.values_per_token for s in specs) * FP8_DTYPE.itemsize + scales * 4) * block_size
 
 
-def kv_budget_bytes(device: torch.device, explicit_bytes: int | None, memory_fraction: float) -> int:
-    """The KV cache's byte budget: explicit, else a fraction of what the device has free."""
+def kv_budget_bytes(
+    device: torch.device, explicit_bytes: int | None, memory_fraction: float, step_peak: int = 0
+) -> int:
+    """The KV cache's byte budget: explicit, else a fraction of what the device has free, less a
+    step's measured peak (engine/step_peak.py), which must fit in the same share beside it."""
     if explicit_bytes is not None:
         if explicit_bytes <= 0:
             raise ValueError(f"kv_cache_memory_bytes={explicit_bytes}: must be > 0")
@@ -51,7 +54,7 @@ def kv_budget_bytes(device: torch.device, explicit_bytes: int | None, memory_fra
         raise ValueError(f"gpu_memory_utilization={memory_fraction}: must be in (0, 1]")
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free * memory_fraction)
+        return int(free * memory_fraction) - step_peak
     return 1 << 30  # CPU: 1 GiB unless told otherwise; the host is shared with the data pipeline
 
 
@@ -83,18 +86,34 @@ def allocate_kv_caches(
 
 
 def plan_num_blocks(
-    cfg: Any, specs: list[KVLayerSpec], device: torch.device, dtype: torch.dtype, max_model_len: int
+    cfg: Any,
+    specs: list[KVLayerSpec],
+    device: torch.device,
+    dtype: torch.dtype,
+    max_model_len: int,
+    step_peak: int = 0,
 ) -> int:
-    """How many KV blocks to allocate for an EngineConfig: explicit, or from the byte budget."""
+    """How many KV blocks to allocate for an EngineConfig: explicit, or from the byte budget
+    (less `step_peak` bytes, a step's measured peak, where it comes from the free memory)."""
     if cfg.num_kv_blocks is not None:
         return int(cfg.num_kv_blocks)
     per_block = bytes_per_block(specs, cfg.block_size, dtype, cfg.kv_cache_dtype == "fp8")
-    num_blocks = kv_budget_bytes(device, cfg.kv_cache_memory_bytes, cfg.gpu_memory_utilization) // per_block
+    budget = kv_budget_bytes(device, cfg.kv_cache_memory_bytes, cfg.gpu_memory_utilization, step_peak)
+    num_blocks = max(0, budget) // per_block
     if device.type == "cpu" and cfg.kv_cache_memory_bytes is None:
         # Host memory is shared with the data pipeline: by default hold what max_num_seqs full-length
         # sequences need (plus as much again for cached prefixes), not the whole default budget.
-        num_blocks = min(num_blocks, 2 * cfg.max_num_seqs * -(-max_model_len // cfg.block_size))
+        num_blocks = min(num_blocks, 2 * cfg.num_seqs * -(-max_model_len // cfg.block_size))
     if num_blocks < 2:
+        if step_peak and cfg.kv_cache_memory_bytes is None:
+            raise ValueError(
+                f"the KV cache budget holds {num_blocks} block(s) of {per_block} bytes: "
+                f"gpu_memory_utilization={cfg.gpu_memory_utilization} of the free memory leaves "
+                f"{max(0, budget) / 2**30:.2f} GiB once a step's measured peak of "
+                f"{step_peak / 2**30:.2f} GiB (max_num_batched_tokens={cfg.token_budget}, "
+                f"max_num_seqs={cfg.num_seqs}) is set aside: raise gpu_memory_utilization, or "
+                "lower max_num_batched_tokens / max_num_seqs"
+            )
         raise ValueError(
             f"the KV cache budget holds {num_blocks} block(s) of {per_block} bytes: "
             "raise kv_cache_memory_bytes / gpu_memory_utilization"

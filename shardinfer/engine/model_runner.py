@@ -11,6 +11,7 @@ else runs eagerly.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from shardinfer.engine.config import EngineConfig
+from shardinfer.engine.cuda_graphs import BUCKETS
 from shardinfer.engine.device_copy import array_to_device, values_to_device
 from shardinfer.engine.forward_context import PAD_BLOCK, AttentionMetadata, ForwardContext
 from shardinfer.engine.heap import collect_dropped
@@ -33,8 +35,11 @@ from shardinfer.engine.prompt_scores import PromptScores, score_rows, split_scor
 from shardinfer.engine.request import Request
 from shardinfer.engine.scheduler import ScheduledBatch
 from shardinfer.engine.startup_phases import StartupPhases
+from shardinfer.engine.step_peak import measure_step_peak
 from shardinfer.kernels import ops
 from shardinfer.kernels.compile_ahead import CompileAhead
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -159,16 +164,25 @@ class ModelRunner:
                 )
             specs = specs + self.model.mtp_kv_cache_specs()  # MTP caches follow the main layers'
         self.kv_specs: list[KVLayerSpec] = specs
-        with phases.phase("kv_sizing_s"):
-            self.num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, max_model_len)
-            # No request may need more blocks than exist, or preemption could never make room for it.
-            self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
-            self.kv_caches = allocate_kv_caches(
-                specs, self.num_blocks, cfg.block_size, self.dtype, self.device, cfg.kv_cache_dtype == "fp8"
-            )
+        self.kv_fp8 = cfg.kv_cache_dtype == "fp8"
+        self.max_model_len = max_model_len
         # Speculative steps verify 1 + k rows per request, k up to the draft depth (fewer near a
         # request's max_tokens, or where a draft budget chooses fewer): one graph per width.
         self.graph_widths = list(range(1, 2 + cfg.draft_depth))
+        step_peak = 0
+        if self.device.type == "cuda" and cfg.num_kv_blocks is None and cfg.kv_cache_memory_bytes is None:
+            with phases.phase("step_peak_s"):
+                step_peak = measure_step_peak(
+                    self, cfg.token_budget, cfg.num_seqs * self.graph_widths[-1], compile_ahead
+                )
+        self.step_peak_bytes = step_peak
+        with phases.phase("kv_sizing_s"):
+            self.num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, max_model_len, step_peak)
+            # No request may need more blocks than exist, or preemption could never make room for it.
+            self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
+            self.kv_caches = allocate_kv_caches(
+                specs, self.num_blocks, cfg.block_size, self.dtype, self.device, self.kv_fp8
+            )
         # The last step's inputs and hidden states, for a draft model that continues from them;
         # kept only when asked (keep_last_forward), else they would pin the device memory of the
         # last step's hidden states. The MTP layer also gets its own graphs (cuda_graphs.py).
@@ -176,11 +190,19 @@ class ModelRunner:
         self.graphs: Any = None  # a DecodeGraphs, or None
         if self.device.type == "cuda" and not cfg.enforce_eager:
             with phases.phase("graph_capture_s"):  # the graphs' static buffers
-                self.graphs = self._decode_graphs(cfg.max_num_seqs)
+                self.graphs = self._decode_graphs(cfg.num_seqs)
+            if cfg.num_seqs > BUCKETS[-1]:
+                logger.warning(
+                    "max_num_seqs=%d: decode CUDA graphs are captured up to %d rows, so steps with "
+                    "more run eagerly, several times slower; set max_num_seqs to at most %d",
+                    cfg.num_seqs,
+                    BUCKETS[-1],
+                    BUCKETS[-1],
+                )
         self.compiled_ahead: CompileAhead | None = None
         if compile_ahead:
             with phases.phase("precompile_s"):
-                self.compiled_ahead = precompile(self, self.graphs, cfg.max_num_batched_tokens)
+                self.compiled_ahead = precompile(self, self.graphs, cfg.token_budget)
         # The warm-up only compiles; compiling ahead ran it already (without launching anything).
         if self.device.type == "cuda" and cfg.batch_invariant and self.compiled_ahead is None:
             with phases.phase("warm_up_s"):

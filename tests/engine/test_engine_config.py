@@ -102,17 +102,17 @@ def test_speculative_shorthands_resolve() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_num_seqs": "8"}, "^max_num_seqs='8': must be an integer$"),
-        ({"max_num_seqs": 2.5}, "^max_num_seqs=2.5: must be an integer$"),
-        ({"max_num_seqs": True}, "^max_num_seqs=True: must be an integer$"),
+        ({"max_num_seqs": "8"}, "^max_num_seqs='8': must be an integer, or None$"),
+        ({"max_num_seqs": 2.5}, "^max_num_seqs=2.5: must be an integer, or None$"),
+        ({"max_num_seqs": True}, "^max_num_seqs=True: must be an integer, or None$"),
         ({"num_kv_blocks": "10"}, "^num_kv_blocks='10': must be an integer, or None$"),
         ({"num_kv_blocks": 2.5}, "^num_kv_blocks=2.5: must be an integer, or None$"),
         ({"max_model_len": "256"}, "^max_model_len='256': must be an integer, or None$"),
         ({"max_model_len": 100.5}, "^max_model_len=100.5: must be an integer, or None$"),
         ({"speculative_depth": "2"}, "^speculative_depth='2': must be an integer$"),
         (
-            {"max_num_batched_tokens": None},
-            r"^max_num_batched_tokens=None: must be an integer \(leave it unset for the default, 8192\)$",
+            {"block_size": None},
+            r"^block_size=None: must be an integer \(leave it unset for the default, 16\)$",
         ),
         ({"block_size": 16.0}, "^block_size=16.0: must be an integer$"),
         ({"seed": "x"}, "^seed='x': must be an integer$"),
