@@ -243,7 +243,9 @@ def _numerics(r: dict) -> str:
         extra.append(f"FP8 tiling {r['fp8_tiling']}")
     settings = r.get("settings") or {}
     extra += [
-        f"{name} {settings[name]}" for name in _SCHEDULING if settings.get(name) not in (None, _default(name))
+        f"{name} {settings[name]}"
+        for name in _SCHEDULING
+        if settings.get(name) not in (None, _default(name, str(r.get("date", ""))))
     ]
     return ", ".join([r["workload"], *extra])
 
@@ -251,14 +253,16 @@ def _numerics(r: dict) -> str:
 # Engine settings a run may change from their defaults without changing a bit of its output: a
 # row names them, so two runs of one workload are told apart.
 _SCHEDULING = ("max_num_seqs", "max_num_batched_tokens")
+DEFAULTS_CHANGED = "2026-12-06T05"  # the GPU's step defaults became 512 and 16384
 
 
-def _default(name: str) -> object:
-    """The engine's default on a GPU (the runs recorded here): rows of runs at other values, older
-    defaults included, name theirs."""
+def _default(name: str, date: str) -> object:
+    """The engine's default on a GPU when the run was made (the runs recorded here): 256 sequences
+    and 8192 tokens a step before DEFAULTS_CHANGED, DEVICE_STEP_DEFAULTS["cuda"] since."""
     from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
 
-    return DEVICE_STEP_DEFAULTS["cuda"][_SCHEDULING.index(name)]
+    defaults = (256, 8192) if date < DEFAULTS_CHANGED else DEVICE_STEP_DEFAULTS["cuda"]
+    return defaults[_SCHEDULING.index(name)]
 
 
 def variant_changes(variant: dict) -> str:
