@@ -58,6 +58,18 @@ def run_peak_step(runner: ModelRunner, num_tokens: int, sample_rows: int) -> Non
     score_rows(runner.model.compute_logits, hidden, scored, [0] * len(scored), 1, runner.vocab_size)
 
 
+def run_or_explain(runner: ModelRunner, num_tokens: int, sample_rows: int) -> None:
+    """run_peak_step, where running out of memory is told as the settings that asked for it."""
+    try:
+        run_peak_step(runner, num_tokens, sample_rows)
+    except torch.cuda.OutOfMemoryError as e:
+        raise ValueError(
+            f"one step of max_num_batched_tokens={num_tokens} tokens and {sample_rows} sampling rows "
+            "does not fit in the device memory the weights leave: lower max_num_batched_tokens "
+            "(and max_num_seqs), or use a device with more memory"
+        ) from e
+
+
 def measure_step_peak(runner: ModelRunner, num_tokens: int, sample_rows: int, compile_first: bool) -> int:
     """Bytes the step of run_peak_step allocated at its peak, on top of what was allocated before
     it; runner.kv_caches is replaced for the pass by one block and restored (to whatever it was)."""
@@ -77,7 +89,7 @@ def measure_step_peak(runner: ModelRunner, num_tokens: int, sample_rows: int, co
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        run_peak_step(runner, num_tokens, sample_rows)
+        run_or_explain(runner, num_tokens, sample_rows)
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
     finally:

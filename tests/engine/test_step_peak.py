@@ -114,3 +114,19 @@ def test_gpu_the_measured_peak_covers_real_steps_of_its_budget(
     used = torch.cuda.max_memory_allocated() - before
     assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
     assert 0 < used <= runner.step_peak_bytes * 1.1 + (8 << 20), (used, runner.step_peak_bytes)
+
+
+def test_a_step_that_runs_out_of_memory_names_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardinfer.engine import step_peak
+
+    def out_of_memory(*args: object) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    monkeypatch.setattr(step_peak, "run_peak_step", out_of_memory)
+    with pytest.raises(ValueError) as e:
+        step_peak.run_or_explain(SimpleNamespace(), 16384, 512)  # type: ignore[arg-type]
+    assert str(e.value).startswith(
+        "one step of max_num_batched_tokens=16384 tokens and 512 sampling rows does not fit"
+    )
+    assert "lower max_num_batched_tokens (and max_num_seqs)" in str(e.value)
+    assert isinstance(e.value.__cause__, torch.cuda.OutOfMemoryError)
