@@ -199,3 +199,26 @@ def test_the_job_spec_names_the_engine_key_of_a_wrong_kind() -> None:
     confs = ["engine.num_kv_blocks=10", "sampling.logprobs=2", "sampling.temperature=1"]
     spec = resolve(base, confs=[parse_conf(c) for c in confs])
     assert spec.config.engine["num_kv_blocks"] == 10 and spec.config.sampling["logprobs"] == 2
+
+
+def test_the_step_limits_follow_the_device_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, a GPU engine takes 512 sequences and 16384 tokens a step, a CPU one 256 and 8192;
+    given values are kept on either."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu, cpu = EngineConfig("m", device="cuda"), EngineConfig("m", device="cpu")
+    assert (gpu.num_seqs, gpu.token_budget) == (512, 16384)
+    assert (cpu.num_seqs, cpu.token_budget) == (256, 8192)
+    assert (EngineConfig("m", device="auto").num_seqs, EngineConfig("m", device="cuda:1").token_budget) == (
+        512,
+        16384,
+    )
+    given = EngineConfig("m", device="cuda", max_num_seqs=64, max_num_batched_tokens=2048)
+    assert (given.num_seqs, given.token_budget) == (64, 2048)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert EngineConfig("m", device="auto").num_seqs == 256
+    with pytest.raises(
+        ValueError, match=r"^max_num_seqs=0: must be >= 1, or unset for the device's default$"
+    ):
+        EngineConfig("m", max_num_seqs=0)
