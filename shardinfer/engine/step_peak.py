@@ -5,7 +5,7 @@ The KV cache takes its share of the free memory once, at start-up; everything a 
 after that (activations, the LM head's rows, the sampler's copies, a chunk of prompt scores) must
 fit in the rest. How much that is depends on the token budget, the batch, the model's widths and
 its kernels, so it is measured, not estimated: one eager step of a full token budget of prefill
-(prompts as long as the engine allows, which is what the prefill kernels' temporaries grow with),
+(in prompts as long as the engine allows, the longest a step can carry),
 the LM head over as many sampling rows as a step can have, the sampler's filtered choice with a
 processed copy of those logits, and one chunk of prompt scores, on a KV cache of one block
 (the pass writes nothing to it: every slot is SKIP_SLOT, as in engine/precompile.py).
