@@ -57,11 +57,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.job_timeline import job_startup, steady_rate, tail_seconds, timeline_points
-from bench.workloads import SHAPES, bench_commit, build_checkpoint
-from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
+from bench.workloads import SHAPES, add_step_limit_args, bench_commit, build_checkpoint
 from shardinfer.testing.replay_drafter import ENV as REPLAY_ENV
-
-GPU_SEQS, GPU_TOKENS = DEVICE_STEP_DEFAULTS["cuda"]  # the engine's defaults on a GPU
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny-dsv3-demo"
 
@@ -326,8 +323,7 @@ def main() -> None:
     )
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
-    ap.add_argument("--max-num-seqs", type=int, default=GPU_SEQS)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=GPU_TOKENS)
+    add_step_limit_args(ap)
     ap.add_argument(
         "--max-model-len", type=int, default=None, help="default 4096; 1024 for demo (its positions)"
     )

@@ -27,10 +27,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.workloads import SHAPES, bench_commit, build_checkpoint
-from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
-
-GPU_SEQS, GPU_TOKENS = DEVICE_STEP_DEFAULTS["cuda"]  # the engine's defaults on a GPU
+from bench.workloads import SHAPES, add_step_limit_args, bench_commit, build_checkpoint
 
 Request = tuple[None, list[int], list[int]]
 
@@ -89,8 +86,7 @@ def main() -> None:
     ap.add_argument("--choices", type=int, default=4)
     ap.add_argument("--choice-tokens", type=int, nargs=2, default=(2, 12), help="continuation length range")
     ap.add_argument("--batch-invariant", choices=["on", "off"], default="on")
-    ap.add_argument("--max-num-seqs", type=int, default=GPU_SEQS)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=GPU_TOKENS)
+    add_step_limit_args(ap)
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run on the tiny workload")
     ap.add_argument("--checkpoint-dir", default=None, help="reuse or build the random checkpoint here")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))

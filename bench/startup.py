@@ -30,10 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
-from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
-
-GPU_SEQS, GPU_TOKENS = DEVICE_STEP_DEFAULTS["cuda"]  # the engine's defaults on a GPU
+from bench.workloads import SHAPES, add_step_limit_args, bench_commit, build_checkpoint, requests
 
 MODES = ("cold-off", "cold-on", "warm-off", "warm-on")
 
@@ -162,8 +159,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=GPU_TOKENS)
-    ap.add_argument("--max-num-seqs", type=int, default=GPU_SEQS)
+    add_step_limit_args(ap)
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

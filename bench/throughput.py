@@ -35,11 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gpu_timing import StepBytes, copy_bandwidth, decode_bytes, fp8_gemm_rates
 from bench.record import variant_changes
 from bench.slow_steps import SlowStepSampler, summary_lines
-from bench.workloads import SHAPES, bench_commit, build_checkpoint, requests
+from bench.workloads import SHAPES, add_step_limit_args, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
-from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
-
-GPU_SEQS, GPU_TOKENS = DEVICE_STEP_DEFAULTS["cuda"]  # the engine's defaults on a GPU
 
 
 def run_shardinfer(
@@ -323,8 +320,7 @@ def main() -> None:
     )
     ap.add_argument("--hf-out-len", type=int, default=256)
     ap.add_argument("--batch-invariant", default="on", choices=["on", "off"])
-    ap.add_argument("--max-num-seqs", type=int, default=GPU_SEQS)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=GPU_TOKENS)
+    add_step_limit_args(ap)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--admission-batch", type=int, default=None)
     ap.add_argument("--async-scheduling", default="auto", choices=["auto", "on", "off"])

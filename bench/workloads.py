@@ -6,12 +6,23 @@ weights still give honest throughput.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
 import subprocess
 from pathlib import Path
 from typing import Any
+
+
+def add_step_limit_args(ap: argparse.ArgumentParser) -> None:
+    """--max-num-seqs and --max-num-batched-tokens, defaulting to the engine's own on a GPU."""
+    from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
+
+    seqs, tokens = DEVICE_STEP_DEFAULTS["cuda"]
+    ap.add_argument("--max-num-seqs", type=int, default=seqs)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=tokens)
+
 
 SHAPES: dict[str, dict[str, Any]] = {
     "dense-small": dict(
