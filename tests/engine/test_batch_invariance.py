@@ -1,7 +1,8 @@
 """Batch invariance end to end: a row's tokens and logprobs never depend on its neighbours.
 
 Runs on the CPU in CI at small counts; with -m gpu the same checks run on CUDA at the issue's
-full counts (1000 completions, 64 rows, batches of 256) for a dense and a DeepSeek model.
+full counts (1000 completions, 64 rows, a batch of 1024, the largest decode CUDA graph) for a dense
+and a DeepSeek model.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from shardinfer import LLM, SamplingParams
+from shardinfer.engine.cuda_graphs import BUCKETS
 
 # The Triton MLA kernel needs qk_rope_head_dim >= 16 and a power-of-two kv_lora_rank.
 DEEPSEEK = dict(qk_rope_head_dim=16, kv_lora_rank=64)
@@ -19,7 +21,7 @@ DEEPSEEK = dict(qk_rope_head_dim=16, kv_lora_rank=64)
 
 def _device_params(device: str) -> dict[str, int]:
     if device == "cuda":
-        return {"completions": 1000, "rows": 64, "big_batch": 256, "max_tokens": 32}
+        return {"completions": 1000, "rows": 64, "big_batch": BUCKETS[-1], "max_tokens": 32}
     return {"completions": 40, "rows": 12, "big_batch": 24, "max_tokens": 12}
 
 
@@ -80,12 +82,32 @@ def _check_rows_alone_vs_batched(model_dir, device: str, sizes: dict[str, int]) 
         k for i in range(0, len(prompts), 8) for k in key(llm.generate(prompts[i : i + 8], params[i : i + 8]))
     ]
     filler = _random_prompts(sizes["big_batch"] - len(prompts), vocab, 6)
+    replayed = _record_graph_replays(llm)
     big = key(llm.generate(prompts + filler, params + [params[0]] * len(filler)))[: len(prompts)]
     assert by8 == alone and big == alone
+    if device == "cuda":  # the big batch's decode steps ran in the graph of its full size
+        assert (1, sizes["big_batch"]) in replayed
     tight = _llm(model_dir, device, num_kv_blocks=12, block_size=16)
     preempted = key(tight.generate(prompts, params))
     assert tight.llm_engine.scheduler.num_preemptions > 0
     assert preempted == alone
+
+
+def _record_graph_replays(llm: LLM) -> set[tuple[int, int]]:
+    """The (width, bucket) of every decode graph the engine replays from now on."""
+    graphs = llm.llm_engine.runner.graphs
+    replayed: set[tuple[int, int]] = set()
+    if graphs is None:
+        return replayed
+    run = graphs.run
+
+    def recording_run(*args, **kwargs):
+        out = run(*args, **kwargs)
+        replayed.add(graphs.last_key)
+        return out
+
+    graphs.run = recording_run
+    return replayed
 
 
 FAMILIES = [("qwen3", {}), ("deepseek_v3", DEEPSEEK)]
