@@ -165,6 +165,16 @@ def numerics_conf(job_conf: list[str]) -> dict[str, Any]:
     return {NUMERICS_CONF[key]: value for key, value in parsed if key in NUMERICS_CONF}
 
 
+def job_engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The job's engine settings as recorded: the spec's (engine_kwargs), the numerics keys, and any
+    --job-conf engine.* key over them, typed as the job parses them."""
+    from shardinfer.jobs.spec import parse_conf
+
+    parsed = (parse_conf(item, "--job-conf")[:2] for item in args.job_conf)
+    given = {key.removeprefix("engine."): value for key, value in parsed if key.startswith("engine.")}
+    return {**engine_kwargs(args), **numerics_conf(args.job_conf), **given}
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "batch_invariant": args.batch_invariant == "on",
@@ -449,7 +459,7 @@ def main() -> None:
         "in_range": list(args.in_range),
         "out_range": list(args.out_range),
         "files": args.files,
-        "engine_settings": {**engine_kwargs(args), **numerics_conf(args.job_conf)},
+        "engine_settings": job_engine_settings(args),
         "output_digest": digest,
         "replay_alpha": float(args.replay.rpartition(":")[2]) if args.replay else None,
     }

@@ -253,15 +253,19 @@ def _numerics(r: dict) -> str:
 # Engine settings a run may change from their defaults without changing a bit of its output: a
 # row names them, so two runs of one workload are told apart.
 _SCHEDULING = ("max_num_seqs", "max_num_batched_tokens")
-DEFAULTS_CHANGED = "2026-12-06T04:30"  # the GPU's step defaults became 512 and 16384
+# The GPU's (max_num_seqs, max_num_batched_tokens) defaults, each from the date it took effect;
+# the last is the engine's own (DEVICE_STEP_DEFAULTS, checked by the tests).
+GPU_STEP_DEFAULTS_SINCE = (
+    ("", (256, 8192)),
+    ("2026-12-06T04:30", (512, 16384)),
+    ("2026-12-06T07:00", (1024, 16384)),
+)
 
 
 def _default(name: str, date: str) -> object:
-    """The engine's default on a GPU when the run was made (the runs recorded here): 256 sequences
-    and 8192 tokens a step before DEFAULTS_CHANGED, DEVICE_STEP_DEFAULTS["cuda"] since."""
-    from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
-
-    defaults = (256, 8192) if date < DEFAULTS_CHANGED else DEVICE_STEP_DEFAULTS["cuda"]
+    """The engine's default on a GPU when the run was made (the runs recorded here ran on GPUs of
+    more than 64 GiB)."""
+    defaults = [values for since, values in GPU_STEP_DEFAULTS_SINCE if since <= date][-1]
     return defaults[_SCHEDULING.index(name)]
 
 

@@ -44,9 +44,22 @@ MAX_SPECULATIVE_DEPTH = 8
 DEFAULT_NGRAM_DEPTH = 3
 # (max_num_seqs, max_num_batched_tokens) when unset, by device type. On a GPU the larger batch and
 # step budget ran every standard workload faster (docs/performance.md, "The step's token budget
-# and a larger batch"); their activations are measured before the KV cache is sized
-# (engine/step_peak.py). On the CPU a step is bound by its FLOPs, and the host's memory is shared.
-DEVICE_STEP_DEFAULTS = {"cuda": (512, 16384), "cpu": (256, 8192)}
+# and a larger batch", "Decode graphs up to 1024 rows"); their activations are measured before the
+# KV cache is sized (engine/step_peak.py). On the CPU a step is bound by its FLOPs, and the host's
+# memory is shared.
+DEVICE_STEP_DEFAULTS = {"cuda": (1024, 16384), "cpu": (256, 8192)}
+# A GPU with less memory than this defaults to SMALL_GPU_NUM_SEQS sequences: its KV cache could not
+# hold the contexts of the larger batch, which would then mostly be preempted and recomputed.
+LARGE_GPU_BYTES = 64 << 30
+SMALL_GPU_NUM_SEQS = 512
+
+
+def default_num_seqs(device_type: str, device_bytes: int) -> int:
+    """max_num_seqs where unset, for a device of this type and total memory."""
+    seqs = DEVICE_STEP_DEFAULTS[device_type][0]
+    if device_type == "cuda" and device_bytes < LARGE_GPU_BYTES:
+        return min(seqs, SMALL_GPU_NUM_SEQS)
+    return seqs
 
 
 def usable_cpus() -> int:
@@ -227,10 +240,14 @@ class EngineConfig:
 
     @property
     def num_seqs(self) -> int:
-        """max_num_seqs, or where unset the default of the device the engine runs on."""
+        """max_num_seqs, or where unset the default of the device the engine runs on (default_num_seqs)."""
         if self.max_num_seqs is not None:
             return self.max_num_seqs
-        return DEVICE_STEP_DEFAULTS[self.torch_device.type][0]
+        import torch
+
+        device = self.torch_device
+        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+        return default_num_seqs(device.type, total)
 
     @property
     def token_budget(self) -> int:

@@ -36,7 +36,31 @@ import torch
 
 from shardinfer.engine.forward_context import SKIP_SLOT, AttentionMetadata, ForwardContext
 
-BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
+BUCKETS = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    24,
+    32,
+    48,
+    64,
+    96,
+    128,
+    160,
+    192,
+    224,
+    256,
+    320,
+    384,
+    448,
+    512,
+    640,
+    768,
+    896,
+    1024,
+)
 
 
 def pad_to_width(host: Any, w: int) -> tuple[Any, np.ndarray]:

@@ -57,7 +57,7 @@ WORKER_DONE = "worker_done"  # the event a worker process ends with, carrying it
 
 @dataclass
 class WorkerSettings:
-    max_inflight_requests: int = 1024
+    max_inflight_requests: int = 2048
     max_splits_in_flight: int = 2
     batch_rows: int = 256
     run_id: str = "run"

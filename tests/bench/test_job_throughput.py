@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -250,3 +251,23 @@ def test_numerics_conf_reaches_the_engine_run_too() -> None:
     ]
     assert numerics_conf(conf) == {"quantization": "fp8", "kv_cache_dtype": "fp8"}
     assert numerics_conf([]) == {}
+
+
+def test_the_recorded_engine_settings_are_the_jobs_own() -> None:
+    """A --job-conf engine key is recorded over the spec's value (the job ran with it)."""
+    from bench.job_throughput import job_engine_settings
+
+    args = SimpleNamespace(
+        batch_invariant="on",
+        max_num_seqs=512,
+        max_num_batched_tokens=16384,
+        max_model_len=4096,
+        job_conf=["engine.max_num_seqs=1024", "model.quantization=fp8", "job.split_rows=64"],
+    )
+    assert job_engine_settings(args) == {
+        "batch_invariant": True,
+        "max_num_seqs": 1024,
+        "max_num_batched_tokens": 16384,
+        "max_model_len": 4096,
+        "quantization": "fp8",
+    }

@@ -73,6 +73,19 @@ def test_results_table_names_a_non_default_fp8_tiling() -> None:
     assert _numerics({**run, "fp8_tiling": "tma"}) == "dense-8b, weights fp8, KV fp8, FP8 tiling tma"
 
 
+def test_results_table_names_scheduling_settings_against_the_defaults_of_the_run_date() -> None:
+    from bench.record import GPU_STEP_DEFAULTS_SINCE, _numerics
+    from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
+
+    assert GPU_STEP_DEFAULTS_SINCE[-1][1] == DEVICE_STEP_DEFAULTS["cuda"]
+    run = {"workload": "moe-16b", "settings": {"max_num_seqs": 512, "max_num_batched_tokens": 16384}}
+    assert _numerics({**run, "date": "2026-12-06T06:30:00"}) == "moe-16b"
+    assert _numerics({**run, "date": "2026-12-06T08:00:00"}) == "moe-16b, max_num_seqs 512"
+    assert _numerics({**run, "date": "2026-12-04T08:00:00"}) == (
+        "moe-16b, max_num_seqs 512, max_num_batched_tokens 16384"
+    )
+
+
 def test_variant_tilings_change_one_field_and_are_restored() -> None:
     change = parse_tiling_change("split_k=1,num_stages=3")
     assert change == {"split_k": 1, "num_stages": 3}

@@ -8,7 +8,7 @@ import pytest
 
 from shardinfer import LLM
 from shardinfer.engine import config as config_module
-from shardinfer.engine.config import EngineConfig
+from shardinfer.engine.config import EngineConfig, default_num_seqs
 from shardinfer.jobs.spec import valid_keys
 
 JSON = {"schema_type": "json", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}
@@ -202,18 +202,25 @@ def test_the_job_spec_names_the_engine_key_of_a_wrong_kind() -> None:
 
 
 def test_the_step_limits_follow_the_device_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset, a GPU engine takes 512 sequences and 16384 tokens a step, a CPU one 256 and 8192;
-    given values are kept on either."""
+    """Unset, a GPU engine takes 1024 sequences (512 on a GPU under 64 GiB) and 16384 tokens a
+    step, a CPU one 256 and 8192; given values are kept on either."""
+    from types import SimpleNamespace
+
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    gpu, cpu = EngineConfig("m", device="cuda"), EngineConfig("m", device="cpu")
-    assert (gpu.num_seqs, gpu.token_budget) == (512, 16384)
-    assert (cpu.num_seqs, cpu.token_budget) == (256, 8192)
-    assert (EngineConfig("m", device="auto").num_seqs, EngineConfig("m", device="cuda:1").token_budget) == (
-        512,
-        16384,
+    memory = {"cuda": 80 << 30, "cuda:1": 40 << 30}
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=memory[str(d)])
     )
+    gpu, cpu = EngineConfig("m", device="cuda"), EngineConfig("m", device="cpu")
+    assert (gpu.num_seqs, gpu.token_budget) == (1024, 16384)
+    assert (cpu.num_seqs, cpu.token_budget) == (256, 8192)
+    assert EngineConfig("m", device="auto").num_seqs == 1024
+    small = EngineConfig("m", device="cuda:1")
+    assert (small.num_seqs, small.token_budget) == (512, 16384)
+    assert default_num_seqs("cuda", (64 << 30) - 1) == 512 and default_num_seqs("cuda", 64 << 30) == 1024
+    assert default_num_seqs("cpu", 0) == 256
     given = EngineConfig("m", device="cuda", max_num_seqs=64, max_num_batched_tokens=2048)
     assert (given.num_seqs, given.token_budget) == (64, 2048)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
