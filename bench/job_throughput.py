@@ -185,7 +185,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def engine_toml(args: argparse.Namespace) -> str:
-    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in engine_kwargs(args).items())
+    """The spec's [engine] table; a setting left to the engine (None) is not written."""
+    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in engine_kwargs(args).items() if v is not None)
 
 
 def run_job(args: argparse.Namespace, spec_path: Path, log_path: Path) -> tuple[float, float, int, float]:

@@ -135,9 +135,7 @@ def forwarded(args: argparse.Namespace) -> list[str]:
         str(args.max_model_len),
         "--max-num-batched-tokens",
         str(args.max_num_batched_tokens),
-        "--max-num-seqs",
-        str(args.max_num_seqs),
-    ]
+    ] + (["--max-num-seqs", str(args.max_num_seqs)] if args.max_num_seqs is not None else [])
 
 
 def main() -> None:

@@ -313,7 +313,7 @@ def main() -> None:
                 f"--tokenizer-vocab {tok_vocab} exceeds the model's vocabulary ({shape['vocab_size']})"
             )
         model_dir = with_tokenizer(model_dir, tok_vocab, Path(args.ckpt_dir))
-    max_num_seqs = min(args.max_num_seqs, args.requests)
+    max_num_seqs = min(args.max_num_seqs or args.requests, args.requests)
     llm = LLM(
         model_dir,
         device=device,

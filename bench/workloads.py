@@ -16,12 +16,12 @@ from typing import Any
 
 
 def add_step_limit_args(ap: argparse.ArgumentParser) -> None:
-    """--max-num-seqs and --max-num-batched-tokens, defaulting to the engine's own on a GPU."""
+    """--max-num-seqs and --max-num-batched-tokens, defaulting to the engine's own on a GPU (an
+    unset --max-num-seqs leaves the engine its choice for its KV cache, config.default_num_seqs)."""
     from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
 
-    seqs, tokens = DEVICE_STEP_DEFAULTS["cuda"]
-    ap.add_argument("--max-num-seqs", type=int, default=seqs)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=tokens)
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="unset: the engine's default")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=DEVICE_STEP_DEFAULTS["cuda"][1])
 
 
 SHAPES: dict[str, dict[str, Any]] = {

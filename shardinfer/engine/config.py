@@ -42,23 +42,25 @@ SPECULATIVE_MODES = ("off", "ngram", "mtp")
 SPECULATIVE_BUDGETS = ("confidence", "fixed")
 MAX_SPECULATIVE_DEPTH = 8
 DEFAULT_NGRAM_DEPTH = 3
-# (max_num_seqs, max_num_batched_tokens) when unset, by device type. On a GPU the larger batch and
-# step budget ran every standard workload faster (docs/performance.md, "The step's token budget
-# and a larger batch", "Decode graphs up to 1024 rows"); their activations are measured before the
-# KV cache is sized (engine/step_peak.py). On the CPU a step is bound by its FLOPs, and the host's
-# memory is shared.
+# (max_num_seqs, max_num_batched_tokens) when unset, by device type; on a GPU max_num_seqs is a
+# ceiling (default_num_seqs). On a GPU the larger batch and step budget ran the standard workloads
+# faster (docs/performance.md, "The step's token budget and a larger batch", "Decode graphs up to
+# 1024 rows"); their activations are measured before the KV cache is sized (engine/step_peak.py).
+# On the CPU a step is bound by its FLOPs, and the host's memory is shared.
 DEVICE_STEP_DEFAULTS = {"cuda": (1024, 16384), "cpu": (256, 8192)}
-# A GPU with less memory than this defaults to SMALL_GPU_NUM_SEQS sequences: its KV cache could not
-# hold the contexts of the larger batch, which would then mostly be preempted and recomputed.
-LARGE_GPU_BYTES = 64 << 30
-SMALL_GPU_NUM_SEQS = 512
+# An unset max_num_seqs on a GPU is the ceiling above only where the KV cache holds this many tokens
+# for each of that many sequences; else SMALL_CACHE_NUM_SEQS. A batch whose contexts outgrow the
+# cache is preempted and recomputed, which cost more than the larger batch gained (docs/performance.md,
+# "Decode graphs up to 1024 rows": dense-8b's job on an H100).
+KV_TOKENS_PER_SEQ = 2048
+SMALL_CACHE_NUM_SEQS = 512
 
 
-def default_num_seqs(device_type: str, device_bytes: int) -> int:
-    """max_num_seqs where unset, for a device of this type and total memory."""
+def default_num_seqs(device_type: str, kv_cache_tokens: int) -> int:
+    """max_num_seqs where unset, on a device of this type whose KV cache holds kv_cache_tokens."""
     seqs = DEVICE_STEP_DEFAULTS[device_type][0]
-    if device_type == "cuda" and device_bytes < LARGE_GPU_BYTES:
-        return min(seqs, SMALL_GPU_NUM_SEQS)
+    if device_type == "cuda" and kv_cache_tokens < seqs * KV_TOKENS_PER_SEQ:
+        return min(seqs, SMALL_CACHE_NUM_SEQS)
     return seqs
 
 
@@ -240,14 +242,12 @@ class EngineConfig:
 
     @property
     def num_seqs(self) -> int:
-        """max_num_seqs, or where unset the default of the device the engine runs on (default_num_seqs)."""
+        """max_num_seqs, or where unset the device's ceiling (DEVICE_STEP_DEFAULTS): what a step may
+        hold at most. Where unset, the engine runs default_num_seqs of its KV cache
+        (ModelRunner.num_seqs)."""
         if self.max_num_seqs is not None:
             return self.max_num_seqs
-        import torch
-
-        device = self.torch_device
-        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
-        return default_num_seqs(device.type, total)
+        return DEVICE_STEP_DEFAULTS[self.torch_device.type][0]
 
     @property
     def token_budget(self) -> int:

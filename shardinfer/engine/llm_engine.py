@@ -106,11 +106,11 @@ class LLMEngine:
             )
         admission = cfg.admission_batch
         if admission is None:
-            admission = max(1, cfg.num_seqs // 8) if self.device.type == "cuda" else 1
+            admission = max(1, self.runner.num_seqs // 8) if self.device.type == "cuda" else 1
         windows = {spec.sliding_window for spec in self.runner.kv_specs}
         uniform_window = windows.pop() if len(windows) == 1 else None
         self.scheduler = Scheduler(
-            self.block_manager, cfg.num_seqs, cfg.token_budget, admission, uniform_window
+            self.block_manager, self.runner.num_seqs, cfg.token_budget, admission, uniform_window
         )
         self.requests: dict[str, Request] = {}
         self._arrivals = 0

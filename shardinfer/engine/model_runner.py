@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardinfer.engine.config import EngineConfig
+from shardinfer.engine.config import EngineConfig, default_num_seqs
 from shardinfer.engine.cuda_graphs import BUCKETS
 from shardinfer.engine.device_copy import array_to_device, values_to_device
 from shardinfer.engine.forward_context import PAD_BLOCK, AttentionMetadata, ForwardContext
@@ -183,6 +183,16 @@ class ModelRunner:
             self.kv_caches = allocate_kv_caches(
                 specs, self.num_blocks, cfg.block_size, self.dtype, self.device, self.kv_fp8
             )
+        # The batch cap in effect: as given, or the device's default for this cache (config.py).
+        self.num_seqs: int = cfg.max_num_seqs or default_num_seqs(
+            self.device.type, self.num_blocks * cfg.block_size
+        )
+        if cfg.max_num_seqs is None:
+            logger.info(
+                "max_num_seqs unset: %d sequences a step for a KV cache of %d tokens",
+                self.num_seqs,
+                self.num_blocks * cfg.block_size,
+            )
         # The last step's inputs and hidden states, for a draft model that continues from them;
         # kept only when asked (keep_last_forward), else they would pin the device memory of the
         # last step's hidden states. The MTP layer also gets its own graphs (cuda_graphs.py).
@@ -190,12 +200,12 @@ class ModelRunner:
         self.graphs: Any = None  # a DecodeGraphs, or None
         if self.device.type == "cuda" and not cfg.enforce_eager:
             with phases.phase("graph_capture_s"):  # the graphs' static buffers
-                self.graphs = self._decode_graphs(cfg.num_seqs)
-            if cfg.num_seqs > BUCKETS[-1]:
+                self.graphs = self._decode_graphs(self.num_seqs)
+            if self.num_seqs > BUCKETS[-1]:
                 logger.warning(
                     "max_num_seqs=%d: decode CUDA graphs are captured up to %d rows, so steps with "
                     "more run eagerly, several times slower; set max_num_seqs to at most %d",
-                    cfg.num_seqs,
+                    self.num_seqs,
                     BUCKETS[-1],
                     BUCKETS[-1],
                 )

@@ -21,10 +21,9 @@ class JobSection:
     max_error_fraction: float = 0.1  # above this share of error records the job exits 65
     run_id: str = ""  # filled from --run-id, else generated; never part of the fingerprint
     ds: str = ""  # the scheduled date (YYYY-MM-DD) for `{ds}` in output paths; default: today (UTC)
-    # Backpressure: rows stop entering the engine while this many requests are unfinished.
-    max_inflight_requests: int = (
-        2048  # twice the engine's max_num_seqs on a large GPU: a queue to refill from
-    )
+    # Backpressure: rows stop entering the engine while this many requests are unfinished; twice
+    # the engine's largest default batch, a queue to refill it from.
+    max_inflight_requests: int = 2048
     # Splits read ahead and held for reassembly, per worker; 0: enough to keep
     # max_inflight_requests requests admitted while the slowest row of each split finishes.
     max_splits_in_flight: int = 0

@@ -202,25 +202,18 @@ def test_the_job_spec_names_the_engine_key_of_a_wrong_kind() -> None:
 
 
 def test_the_step_limits_follow_the_device_unless_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Unset, a GPU engine takes 1024 sequences (512 on a GPU under 64 GiB) and 16384 tokens a
-    step, a CPU one 256 and 8192; given values are kept on either."""
-    from types import SimpleNamespace
-
+    """Unset, a GPU engine takes at most 1024 sequences and 16384 tokens a step, a CPU one 256 and
+    8192; given values are kept on either."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    memory = {"cuda": 80 << 30, "cuda:1": 40 << 30}
-    monkeypatch.setattr(
-        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=memory[str(d)])
-    )
     gpu, cpu = EngineConfig("m", device="cuda"), EngineConfig("m", device="cpu")
     assert (gpu.num_seqs, gpu.token_budget) == (1024, 16384)
     assert (cpu.num_seqs, cpu.token_budget) == (256, 8192)
-    assert EngineConfig("m", device="auto").num_seqs == 1024
-    small = EngineConfig("m", device="cuda:1")
-    assert (small.num_seqs, small.token_budget) == (512, 16384)
-    assert default_num_seqs("cuda", (64 << 30) - 1) == 512 and default_num_seqs("cuda", 64 << 30) == 1024
-    assert default_num_seqs("cpu", 0) == 256
+    assert (EngineConfig("m", device="auto").num_seqs, EngineConfig("m", device="cuda:1").token_budget) == (
+        1024,
+        16384,
+    )
     given = EngineConfig("m", device="cuda", max_num_seqs=64, max_num_batched_tokens=2048)
     assert (given.num_seqs, given.token_budget) == (64, 2048)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -229,3 +222,22 @@ def test_the_step_limits_follow_the_device_unless_given(monkeypatch: pytest.Monk
         ValueError, match=r"^max_num_seqs=0: must be >= 1, or unset for the device's default$"
     ):
         EngineConfig("m", max_num_seqs=0)
+
+
+def test_an_unset_gpu_batch_is_the_ceiling_only_where_the_kv_cache_holds_it() -> None:
+    """1024 sequences where the cache holds 2048 tokens for each of them, else 512; the CPU's
+    default does not depend on its cache."""
+    assert default_num_seqs("cuda", 1024 * 2048) == 1024
+    assert default_num_seqs("cuda", 10 * 1024 * 2048) == 1024
+    assert default_num_seqs("cuda", 1024 * 2048 - 1) == 512
+    assert default_num_seqs("cuda", 16) == 512
+    assert default_num_seqs("cpu", 16) == default_num_seqs("cpu", 10**9) == 256
+
+
+def test_the_scheduler_takes_the_runners_batch_cap(tiny_checkpoint) -> None:
+    """The engine's scheduler holds the cap in effect: as given, else the device's default."""
+    model_dir = tiny_checkpoint("qwen3")
+    default = LLM(model_dir, device="cpu", dtype="float32").llm_engine
+    assert default.runner.num_seqs == default.scheduler.max_num_seqs == 256
+    given = LLM(model_dir, device="cpu", dtype="float32", max_num_seqs=7).llm_engine
+    assert given.runner.num_seqs == given.scheduler.max_num_seqs == 7

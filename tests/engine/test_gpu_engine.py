@@ -103,3 +103,16 @@ def test_gpu_steady_decode_steps_never_block_the_host(qwen3_dir) -> None:
         torch.cuda.set_sync_debug_mode("default")
     while engine.has_unfinished():
         engine.step()
+
+
+def test_gpu_unset_batch_cap_follows_the_kv_cache(qwen3_dir) -> None:
+    """Unset, max_num_seqs is 1024 where the KV cache holds 2048 tokens for each of 1024
+    sequences, else 512; the graphs and the scheduler take the cap in effect."""
+    from shardinfer.engine.config import KV_TOKENS_PER_SEQ
+
+    large = LLM(qwen3_dir, device="cuda", dtype="bfloat16").llm_engine
+    assert large.runner.num_blocks * large.config.block_size >= 1024 * KV_TOKENS_PER_SEQ
+    assert large.runner.num_seqs == large.scheduler.max_num_seqs == large.runner.graphs.sizes[-1] == 1024
+    small = LLM(qwen3_dir, device="cuda", dtype="bfloat16", kv_cache_memory_bytes=64 << 20).llm_engine
+    assert small.runner.num_blocks * small.config.block_size < 1024 * KV_TOKENS_PER_SEQ
+    assert small.runner.num_seqs == small.scheduler.max_num_seqs == small.runner.graphs.sizes[-1] == 512
