@@ -526,8 +526,8 @@ class LLMEngine:
         return self.outputs.output(req)
 
     def stats(self) -> dict[str, float]:
-        """Counters since the engine was built, and its build: engine_start_s (the constructor's
-        seconds) and, where it compiled kernels ahead (engine/precompile.py), compiled_ahead_variants
+        """Counters since the engine was built, and its build: max_num_seqs (the batch cap in effect,
+        given or the engine's default), engine_start_s (the constructor's seconds) and, where it compiled kernels ahead (engine/precompile.py), compiled_ahead_variants
         and compiled_ahead_s. With asynchronous scheduling, synchronous_steps
         counts steps whose forward waited for the previous step's tokens (prompt logprobs), and
         deferred_sampling_steps those that read the previous step back between their forward and
@@ -548,6 +548,7 @@ class LLMEngine:
         out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
         out["prefix_cache_hit_rate"] = self.block_manager.prefix_hit_rate
         out["preemptions"] = float(self.scheduler.num_preemptions)
+        out["max_num_seqs"] = float(self.scheduler.max_num_seqs)  # the cap in effect (ModelRunner.num_seqs)
         out["kv_blocks"] = float(self.block_manager.num_blocks)
         out["engine_start_s"] = float(self.startup_phases.get("total_s", 0.0))
         ahead = self.runner.compiled_ahead

@@ -264,7 +264,8 @@ def _split_counts(summary: dict[str, Any]) -> str:
 
 def _engine_start(summary: dict[str, Any]) -> list[str]:
     """The engine build's line: its seconds and, where kernels were compiled ahead, how many in how
-    long (a fresh machine's first run compiles every kernel; later runs load them from the cache)."""
+    long (a fresh machine's first run compiles every kernel; later runs load them from the cache);
+    then the batch the engines ran and, where requests were preempted, how many."""
     if "engine_start_s" not in summary:
         return []
     line = f"engine start   {summary['engine_start_s']:.1f} s"
@@ -273,7 +274,16 @@ def _engine_start(summary: dict[str, Any]) -> list[str]:
             f" ({summary['kernels_compiled_ahead']} kernel variants compiled or loaded ahead in "
             f"{summary.get('kernels_compiled_ahead_s', 0.0):.1f} s)"
         )
-    return [line]
+    lines = [line]
+    if "max_num_seqs" in summary:
+        batch = f"batch          up to {summary['max_num_seqs']} sequences a step"
+        if summary.get("run_preemptions"):
+            batch += (
+                f"; {summary['run_preemptions']} preemption(s): their tokens were computed again, as "
+                "the KV cache could not hold the batch's contexts (a smaller engine.max_num_seqs avoids them)"
+            )
+        lines.append(batch)
+    return lines
 
 
 def _expert_parallel(summary: dict[str, Any]) -> list[str]:

@@ -206,6 +206,10 @@ class RunStats:
         starts = [e["engine_start_s"] for e in self.engine if "engine_start_s" in e]
         if starts:
             out["engine_start_s"] = round(max(starts), 3)
+        caps = [e["max_num_seqs"] for e in self.engine if "max_num_seqs" in e]
+        if caps:  # each engine's batch cap in effect (docs/jobs.md, engine.max_num_seqs)
+            out["max_num_seqs"] = int(max(caps))
+            out["run_preemptions"] = int(sum(e.get("preemptions", 0.0) for e in self.engine))
         ahead = [e for e in self.engine if "compiled_ahead_variants" in e]
         if ahead:
             out["kernels_compiled_ahead"] = int(max(e["compiled_ahead_variants"] for e in ahead))

@@ -162,6 +162,31 @@ def test_summary_reports_the_slowest_engine_start_and_what_was_compiled_ahead() 
     assert "kernels_compiled_ahead" not in cpu.summary(1.0, 1)
 
 
+def test_summary_reports_the_batch_in_effect_and_the_preemptions() -> None:
+    """The largest batch cap the run's engines took, and their preemptions added up, with a line
+    naming the setting that avoids them."""
+    stats = RunStats()
+    for worker, (cap, preempted) in enumerate([(512.0, 3.0), (1024.0, 4.0)]):
+        engine = {
+            "generated_tokens": 10.0,
+            "engine_start_s": 1.0,
+            "max_num_seqs": cap,
+            "preemptions": preempted,
+        }
+        stats.add({"engine_stats": engine}, worker=str(worker))
+    summary = stats.summary(10.0, 2)
+    assert (summary["max_num_seqs"], summary["run_preemptions"]) == (1024, 7)
+    out = io.StringIO()
+    Reporter(run_id="r", stream=io.StringIO()).summary({**summary, "run_id": "r"}, out=out)
+    assert "batch          up to 1024 sequences a step; 7 preemption(s)" in out.getvalue()
+    assert "a smaller engine.max_num_seqs avoids them" in out.getvalue()
+    calm = RunStats()
+    calm.add({"engine_stats": {"generated_tokens": 10.0, "engine_start_s": 1.0, "max_num_seqs": 256.0}})
+    out = io.StringIO()
+    Reporter(run_id="r", stream=io.StringIO()).summary({**calm.summary(1.0, 1), "run_id": "r"}, out=out)
+    assert "batch          up to 256 sequences a step\n" in out.getvalue()
+
+
 class _FakeWorker:
     """A worker that answers each split at once with what a real one sends; worker "0" dies (SIGKILL)
     right after its first commit, before it could report its engine's statistics."""

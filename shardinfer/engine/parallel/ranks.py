@@ -369,8 +369,9 @@ class ExpertParallelEngine:
             for key, value in reply["stats"].items():
                 if key.endswith("_rate") or key.startswith("draft_acceptance"):
                     out[key] = out.get(key, 0.0) + float(value) / len(replies)  # the ranks' mean
-                elif key.endswith("_start_s"):
-                    out[key] = max(out.get(key, 0.0), float(value))  # the ranks build at once
+                elif key.endswith("_start_s") or key == "max_num_seqs":
+                    # The ranks build at once; each rank's scheduler has its own batch cap.
+                    out[key] = max(out.get(key, 0.0), float(value))
                 else:
                     out[key] = out.get(key, 0.0) + float(value)
         out["engine_start_s"] = self.start_s
