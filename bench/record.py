@@ -263,8 +263,8 @@ GPU_STEP_DEFAULTS_SINCE = (
 
 
 def _default(name: str, date: str) -> object:
-    """The engine's default on a GPU when the run was made (the runs recorded here ran on GPUs of
-    more than 64 GiB)."""
+    """The engine's default on a GPU when the run was made. Since max_num_seqs depends on the KV
+    cache (config.default_num_seqs), the benches record it as None unless given: never named."""
     defaults = [values for since, values in GPU_STEP_DEFAULTS_SINCE if since <= date][-1]
     return defaults[_SCHEDULING.index(name)]
 
