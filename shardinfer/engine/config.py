@@ -49,17 +49,19 @@ DEFAULT_NGRAM_DEPTH = 3
 # On the CPU a step is bound by its FLOPs, and the host's memory is shared.
 DEVICE_STEP_DEFAULTS = {"cuda": (1024, 16384), "cpu": (256, 8192)}
 # An unset max_num_seqs on a GPU is the ceiling above only where the KV cache holds this many tokens
-# for each of that many sequences; else SMALL_CACHE_NUM_SEQS. A batch whose contexts outgrow the
+# (or max_model_len, where shorter: no sequence grows past it) for each of that many sequences;
+# else SMALL_CACHE_NUM_SEQS. A batch whose contexts outgrow the
 # cache is preempted and recomputed, which cost more than the larger batch gained (docs/performance.md,
 # "Decode graphs up to 1024 rows": dense-8b's job on an H100).
 KV_TOKENS_PER_SEQ = 2048
 SMALL_CACHE_NUM_SEQS = 512
 
 
-def default_num_seqs(device_type: str, kv_cache_tokens: int) -> int:
-    """max_num_seqs where unset, on a device of this type whose KV cache holds kv_cache_tokens."""
+def default_num_seqs(device_type: str, kv_cache_tokens: int, max_model_len: int) -> int:
+    """max_num_seqs where unset, on a device of this type whose KV cache holds kv_cache_tokens,
+    for sequences of at most max_model_len tokens."""
     seqs = DEVICE_STEP_DEFAULTS[device_type][0]
-    if device_type == "cuda" and kv_cache_tokens < seqs * KV_TOKENS_PER_SEQ:
+    if device_type == "cuda" and kv_cache_tokens < seqs * min(KV_TOKENS_PER_SEQ, max_model_len):
         return min(seqs, SMALL_CACHE_NUM_SEQS)
     return seqs
 

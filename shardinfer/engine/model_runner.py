@@ -185,7 +185,7 @@ class ModelRunner:
             )
         # The batch cap in effect: as given, or the device's default for this cache (config.py).
         self.num_seqs: int = cfg.max_num_seqs or default_num_seqs(
-            self.device.type, self.num_blocks * cfg.block_size
+            self.device.type, self.num_blocks * cfg.block_size, self.max_model_len
         )
         if cfg.max_num_seqs is None:
             logger.info(

@@ -225,13 +225,15 @@ def test_the_step_limits_follow_the_device_unless_given(monkeypatch: pytest.Monk
 
 
 def test_an_unset_gpu_batch_is_the_ceiling_only_where_the_kv_cache_holds_it() -> None:
-    """1024 sequences where the cache holds 2048 tokens for each of them, else 512; the CPU's
-    default does not depend on its cache."""
-    assert default_num_seqs("cuda", 1024 * 2048) == 1024
-    assert default_num_seqs("cuda", 10 * 1024 * 2048) == 1024
-    assert default_num_seqs("cuda", 1024 * 2048 - 1) == 512
-    assert default_num_seqs("cuda", 16) == 512
-    assert default_num_seqs("cpu", 16) == default_num_seqs("cpu", 10**9) == 256
+    """1024 sequences where the cache holds 2048 tokens for each of them (max_model_len where
+    shorter), else 512; the CPU's default does not depend on its cache."""
+    assert default_num_seqs("cuda", 1024 * 2048, 4096) == 1024
+    assert default_num_seqs("cuda", 10 * 1024 * 2048, 40960) == 1024
+    assert default_num_seqs("cuda", 1024 * 2048 - 1, 4096) == 512
+    assert default_num_seqs("cuda", 16, 4096) == 512
+    assert default_num_seqs("cuda", 1024 * 1000, 1000) == 1024
+    assert default_num_seqs("cuda", 1024 * 1000 - 1, 1000) == 512
+    assert default_num_seqs("cpu", 16, 4096) == default_num_seqs("cpu", 10**9, 4096) == 256
 
 
 def test_the_scheduler_takes_the_runners_batch_cap(tiny_checkpoint) -> None:

@@ -106,13 +106,18 @@ def test_gpu_steady_decode_steps_never_block_the_host(qwen3_dir) -> None:
 
 
 def test_gpu_unset_batch_cap_follows_the_kv_cache(qwen3_dir) -> None:
-    """Unset, max_num_seqs is 1024 where the KV cache holds 2048 tokens for each of 1024
-    sequences, else 512; the graphs and the scheduler take the cap in effect."""
+    """Unset, max_num_seqs is 1024 where the KV cache holds 2048 tokens (or max_model_len) for
+    each of 1024 sequences, else 512; the graphs and the scheduler take the cap in effect."""
     from shardinfer.engine.config import KV_TOKENS_PER_SEQ
 
     large = LLM(qwen3_dir, device="cuda", dtype="bfloat16").llm_engine
-    assert large.runner.num_blocks * large.config.block_size >= 1024 * KV_TOKENS_PER_SEQ
-    assert large.runner.num_seqs == large.scheduler.max_num_seqs == large.runner.graphs.sizes[-1] == 1024
-    small = LLM(qwen3_dir, device="cuda", dtype="bfloat16", kv_cache_memory_bytes=64 << 20).llm_engine
-    assert small.runner.num_blocks * small.config.block_size < 1024 * KV_TOKENS_PER_SEQ
+    runner = large.runner
+    need = 1024 * min(KV_TOKENS_PER_SEQ, runner.max_model_len)  # tokens for 1024 sequences
+    tokens = runner.num_blocks * large.config.block_size
+    assert tokens >= need
+    assert runner.num_seqs == large.scheduler.max_num_seqs == runner.graphs.sizes[-1] == 1024
+    token_bytes = sum(t.numel() * t.element_size() for layer in runner.kv_caches for t in layer) / tokens
+    half = int(token_bytes * need / 2)  # a cache of half what 1024 sequences need
+    small = LLM(qwen3_dir, device="cuda", dtype="bfloat16", kv_cache_memory_bytes=half).llm_engine
+    assert small.runner.num_blocks * small.config.block_size < need
     assert small.runner.num_seqs == small.scheduler.max_num_seqs == small.runner.graphs.sizes[-1] == 512
