@@ -36,31 +36,10 @@ import torch
 
 from shardinfer.engine.forward_context import SKIP_SLOT, AttentionMetadata, ForwardContext
 
-BUCKETS = (
-    1,
-    2,
-    4,
-    8,
-    16,
-    24,
-    32,
-    48,
-    64,
-    96,
-    128,
-    160,
-    192,
-    224,
-    256,
-    320,
-    384,
-    448,
-    512,
-    640,
-    768,
-    896,
-    1024,
-)
+# Batch sizes a decode graph is captured for (up to max_num_seqs): every size up to 512, then four
+# more up to 1024 for the batches of a large KV cache (config.default_num_seqs).
+_SMALL_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+BUCKETS = (*_SMALL_BUCKETS, 640, 768, 896, 1024)
 
 
 def pad_to_width(host: Any, w: int) -> tuple[Any, np.ndarray]:

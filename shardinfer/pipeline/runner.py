@@ -31,6 +31,7 @@ import pyarrow as pa
 from shardinfer.engine.heap import freeze_startup_heap
 from shardinfer.errors import INVALID_REQUEST, Interrupted, ShardinferError
 from shardinfer.pipeline.assembly import Failed, OutputOptions, SplitAssembly, engine_result
+from shardinfer.pipeline.config import JobSection
 from shardinfer.pipeline.messages import (
     PreparationDone,
     PrepMessage,
@@ -57,7 +58,7 @@ WORKER_DONE = "worker_done"  # the event a worker process ends with, carrying it
 
 @dataclass
 class WorkerSettings:
-    max_inflight_requests: int = 2048
+    max_inflight_requests: int = JobSection.max_inflight_requests
     max_splits_in_flight: int = 2
     batch_rows: int = 256
     run_id: str = "run"
