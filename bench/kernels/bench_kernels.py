@@ -167,17 +167,29 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
     results = []
     # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap); the
     # first FP8 row is the shipped default (paged_attention.FP8_NUM_STAGES, MAX_REGISTERS).
-    # Earlier runs swept caps and stages at 4 warps; these rows add 8 warps (half the tile's bytes
-    # per thread, other bits than 4 warps'), timed slower (NOTES.md).
-    variants = [("bf16", None, 64, 4, 2, 128), ("bf16", None, 64, 8, 2, 128)] + [
+    # Earlier runs swept caps and stages at 4 warps and 8 warps (slower; NOTES.md). These rows try
+    # fewer warps a program: one or two warps hold a 16-row tile whole or in halves, so a softmax
+    # row's reductions cross fewer warps (other bits than 4 warps') and more programs, each its own
+    # serial chain of loads and products, share a SM.
+    variants = [
+        ("bf16", None, 64, 4, 2, 128),
+        ("bf16", None, 64, 2, 2, 128),
+        ("bf16", None, 32, 1, 2, 128),
+        ("bf16", None, 64, 1, 2, None),
+    ] + [
         ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, regs)
         for on_scores, bn, warps, stages, regs in (
             (False, 128, 4, 1, 128),
-            (False, 128, 8, 1, 128),
-            (False, 128, 8, 1, None),
-            (False, 128, 8, 2, 128),
-            (False, 64, 8, 1, 128),
-            (False, 64, 8, 2, 128),
+            (False, 128, 2, 1, None),
+            (False, 128, 2, 1, 168),
+            (False, 64, 2, 1, 128),
+            (False, 64, 2, 2, 128),
+            (False, 64, 2, 1, None),
+            (False, 32, 1, 1, 128),
+            (False, 32, 1, 2, 128),
+            (False, 64, 1, 1, None),
+            (False, 64, 1, 1, 168),
+            (False, 64, 1, 2, None),
         )
     ]
     for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
