@@ -257,6 +257,87 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
     return results
 
 
+def qkv_prologue_warps(bw: float) -> list[dict[str, Any]]:
+    """The fused attention prologue (head norms, RoPE, the FP8 cache's stores; kernels/qkv_prologue.py)
+    at decode batch sizes, over the warps a head's program runs (`rmsnorm.HEAD_ROW_WARPS`, which the
+    unfused head norm shares), graph-timed against its bytes' time. Each setting's output is compared
+    bitwise with the unfused ops at the same setting (`bitwise_equal_to_unfused`); other settings sum
+    a head's squares in another order, so other bits."""
+    from shardinfer.kernels import kv_store, qkv_prologue, rope
+    from shardinfer.kernels.reference_fp8 import FP8_DTYPE
+
+    d, results = 128, []
+    shipped = rmsnorm.HEAD_ROW_WARPS
+    for name, n_q, n_kv in (("dense-8b", 32, 8), ("dense-small", 16, 8)):
+        for t in (256, 512, 1024):
+            g = torch.Generator(device="cuda").manual_seed(t)
+            qkv = torch.randn(t, (n_q + 2 * n_kv) * d, device="cuda", generator=g).to(BF16)
+            qn = torch.rand(d, device="cuda", generator=g).to(BF16) + 0.5
+            kn = torch.rand(d, device="cuda", generator=g).to(BF16) + 0.5
+            inv = 1.0 / (1e6 ** (torch.arange(d // 2, device="cuda", dtype=torch.float32) / (d // 2)))
+            freqs = torch.outer(torch.arange(4096, device="cuda", dtype=torch.float32), inv)
+            cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+            pos = torch.randint(0, 4096, (t,), device="cuda", generator=g)
+            blocks = -(-2 * t // 16)
+            slots = torch.randperm(blocks * 16, device="cuda", generator=g)[:t]
+
+            def caches(blocks: int = blocks, n_kv: int = n_kv) -> list[torch.Tensor]:
+                kv = [torch.zeros(blocks, 16, n_kv, d, dtype=FP8_DTYPE, device="cuda") for _ in range(2)]
+                return kv + [torch.zeros(blocks, 16, n_kv, 1, device="cuda") for _ in range(2)]
+
+            nbytes = t * (n_q + 2 * n_kv) * d * 2 + t * n_q * d * 2 + t * 2 * n_kv * (d + 4)
+            for warps in (1, 2, 4):
+                rmsnorm.HEAD_ROW_WARPS = warps
+                try:
+                    got_c, want_c = caches(), caches()
+
+                    def fused(
+                        c: list[torch.Tensor] = got_c,
+                        qkv: torch.Tensor = qkv,
+                        n_q: int = n_q,
+                        n_kv: int = n_kv,
+                        qn: torch.Tensor = qn,
+                        kn: torch.Tensor = kn,
+                        cos: torch.Tensor = cos,
+                        sin: torch.Tensor = sin,
+                        pos: torch.Tensor = pos,
+                        slots: torch.Tensor = slots,
+                    ) -> torch.Tensor:
+                        return qkv_prologue.qkv_prologue(
+                            qkv, n_q, n_kv, d, qn, kn, 1e-6, cos, sin, pos, c[0], c[1], slots, c[2], c[3]
+                        )
+
+                    q = fused()
+                    qh = rmsnorm.rms_norm(qkv[:, : n_q * d].reshape(t, n_q, d), qn, 1e-6)
+                    kh = rmsnorm.rms_norm(qkv[:, n_q * d : (n_q + n_kv) * d].reshape(t, n_kv, d), kn, 1e-6)
+                    c, s_ = cos[pos], sin[pos]
+                    want_q, kh = rope.rope_neox(qh, c, s_), rope.rope_neox(kh, c, s_)
+                    kv_store.store_kv_fp8(want_c[0], want_c[2], kh, slots)
+                    kv_store.store_kv_fp8(
+                        want_c[1], want_c[3], qkv[:, (n_q + n_kv) * d :].reshape(t, n_kv, d), slots
+                    )
+                    equal = torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and all(
+                        torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                        for a, b in zip(got_c, want_c, strict=True)
+                    )
+                    ms = graph_ms(fused)
+                    row = {
+                        "heads": name,
+                        "tokens": t,
+                        "head_row_warps": warps,
+                        "us": ms * 1e3,
+                        "floor_us": nbytes / bw * 1e6,
+                        "bitwise_equal_to_unfused": bool(equal),
+                    }
+                except Exception as exc:
+                    row = {"heads": name, "tokens": t, "head_row_warps": warps, "error": repr(exc)[:300]}
+                finally:
+                    rmsnorm.HEAD_ROW_WARPS = shipped
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    return results
+
+
 def single_chunk(bw: float) -> list[dict[str, Any]]:
     """dense-8b decode attention on an FP8 cache with the one-chunk tiles written by the chunk
     kernel (shipped) against all of them through the merge (`paged_attention.SINGLE_CHUNK_DIRECT`;
@@ -727,6 +808,7 @@ def main() -> None:
         ("paged_attention", lambda: sweep_dense(bw, flops)),
         ("fp8_attention", lambda: fp8_attention(bw)),
         ("single_chunk", lambda: single_chunk(bw)),
+        ("qkv_prologue", lambda: qkv_prologue_warps(bw)),
         ("mla_fp8", lambda: mla_fp8(bw)),
     ]:
         if args.only and name not in args.only.split(","):

@@ -161,7 +161,21 @@ def _check(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
     return xv, nb, sxa, sxb, rv, sra, srb
 
 
+# A row of at most HEAD_ROW values (an attention head: Qwen3's q_norm / k_norm, and the fused
+# prologue's norm, which must sum as this launch does) runs in HEAD_ROW_WARPS warps. One program
+# a (token, head) is tens of thousands of programs a decode step; at four warps each thread held
+# one value and every row crossed warps through shared memory, and the launch took several times
+# its bytes' time (bench/kernels/NOTES.md, "Head norms in one warp"). The warp count decides the
+# order of the row's sum, so it is fixed here, never chosen per batch.
+HEAD_ROW = 128
+HEAD_ROW_WARPS = 1
+
+
 def _num_warps(n: int) -> int:
+    """Warps a program for rows of n values (the launch setting every kernel here shares, so the
+    fused kernels' rows sum in the plain kernel's order)."""
+    if n <= HEAD_ROW:
+        return HEAD_ROW_WARPS
     return 8 if n >= 4096 else 4
 
 
