@@ -421,7 +421,7 @@ def _fp8_linear_kernel(
                     INTERPRET,
                 )
                 acc += part
-            _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+            _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, None, BLOCK_M, BLOCK_N)
         else:
             k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
             acc = _ptr_range(
@@ -444,7 +444,9 @@ def _fp8_linear_kernel(
             )
             acc = _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
             if SPLIT_K == 1:
-                _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+                _store_tile(
+                    acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, None, BLOCK_M, BLOCK_N
+                )
             else:
                 _store_partial(acc, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
@@ -529,7 +531,7 @@ def _fp8_linear_tma_kernel(
                     INTERPRET,
                 )
                 acc += part
-            _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+            _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, None, BLOCK_M, BLOCK_N)
         else:
             k_first, k_last = _split_range(tile % SPLIT_K, K, BLOCK_K, SPLIT_K)
             acc = _tma_range(
@@ -549,7 +551,9 @@ def _fp8_linear_tma_kernel(
             )
             acc = _channel_scaled(acc, ws_ptr, pid_n, N, CHANNEL_SCALES, BLOCK_N)
             if SPLIT_K == 1:
-                _store_tile(acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+                _store_tile(
+                    acc, b_ptr, y_ptr, pid_m, pid_n, M, N, stride_ym, HAS_BIAS, None, BLOCK_M, BLOCK_N
+                )
             else:
                 _store_partial(acc, part_ptr, out_tile % SPLIT_K, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
 
@@ -711,6 +715,7 @@ def linear_fp8_quantized(
                 n,
                 y.stride(0),
                 HAS_BIAS=bias is not None,
+                ROUND_TO=None,
                 SPLIT_K=config.split_k,
                 BLOCK=block,
                 num_warps=4,

@@ -73,6 +73,9 @@ from shardinfer.kernels._common import (
 from shardinfer.kernels._mma import k_loop, mma
 from shardinfer.kernels.tuning import Tiling  # one (N, K, dtype) problem's tilings by M
 
+# The inputs' dtype as the kernels name it, for rounding a wider output to it (`_output`).
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
 __all__ = [
     "CONFIG_OVERRIDES",
     "TileConfig",
@@ -242,6 +245,7 @@ def _store_tile(
     N,
     stride_ym,
     HAS_BIAS: tl.constexpr,
+    ROUND_TO: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -251,7 +255,16 @@ def _store_tile(
         bias = tl.load(b_ptr + cols, mask=cols < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
     y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    tl.store(y_ptrs, _output(acc, ROUND_TO, y_ptr), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _output(acc, ROUND_TO: tl.constexpr, y_ptr):
+    """The float32 result as stored: rounded to y's dtype, or first to ROUND_TO (the inputs' dtype)
+    when y is wider, so a float32 y holds exactly the values the inputs' dtype would."""
+    if ROUND_TO is not None:
+        acc = acc.to(ROUND_TO)
+    return acc.to(y_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -290,6 +303,7 @@ def _store_result(
     N,
     stride_ym,
     HAS_BIAS: tl.constexpr,
+    ROUND_TO: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -298,14 +312,23 @@ def _store_result(
     """Work item `out_tile`'s accumulator: the output tile itself, or its split's partial."""
     om, on = _tile_coords(out_tile // SPLIT_K, num_pid_m, num_pid_n, GROUP_M)
     if SPLIT_K == 1:
-        _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, BLOCK_M, BLOCK_N)
+        _store_tile(acc, b_ptr, y_ptr, om, on, M, N, stride_ym, HAS_BIAS, ROUND_TO, BLOCK_M, BLOCK_N)
     else:
         _store_partial(acc, ws_ptr, out_tile % SPLIT_K, om, on, M, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
 def _combine_splits_kernel(
-    ws_ptr, b_ptr, y_ptr, M, N, stride_ym, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr
+    ws_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    ROUND_TO: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """y = sum of the partials in split order (+ bias), one rounding; elementwise, so M-independent."""
     row = tl.program_id(0).to(tl.int64)
@@ -316,7 +339,7 @@ def _combine_splits_kernel(
         acc += tl.load(ws_ptr + s * M * N + row * N + cols, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_ym + cols, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + row * stride_ym + cols, _output(acc, ROUND_TO, y_ptr), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -333,6 +356,7 @@ def _linear_kernel(
     stride_wn,
     stride_ym,
     HAS_BIAS: tl.constexpr,
+    ROUND_TO: tl.constexpr,
     PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -393,6 +417,7 @@ def _linear_kernel(
             N,
             stride_ym,
             HAS_BIAS,
+            ROUND_TO,
             GROUP_M,
             SPLIT_K,
             BLOCK_M,
@@ -412,6 +437,7 @@ def _linear_tma_kernel(
     K,
     stride_ym,
     HAS_BIAS: tl.constexpr,
+    ROUND_TO: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -457,6 +483,7 @@ def _linear_tma_kernel(
             N,
             stride_ym,
             HAS_BIAS,
+            ROUND_TO,
             GROUP_M,
             SPLIT_K,
             BLOCK_M,
@@ -484,11 +511,15 @@ def _check(x: object, weight: object, bias: object) -> tuple[torch.Tensor, torch
 
 
 def _run(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: TileConfig
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: TileConfig,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     m, k = x.shape
     n = weight.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     if k == 0:
@@ -512,6 +543,7 @@ def _run(
     grid = (min(cap, tiles) if config.persistent else tiles,)
     common = dict(
         HAS_BIAS=bias is not None,
+        ROUND_TO=_TL_DTYPES[x.dtype] if y.dtype != x.dtype else None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
@@ -565,6 +597,7 @@ def _run(
                 n,
                 y.stride(0),
                 HAS_BIAS=bias is not None,
+                ROUND_TO=common["ROUND_TO"],
                 SPLIT_K=config.split_k,
                 BLOCK=block,
                 num_warps=4,
@@ -589,7 +622,10 @@ def _check_tma(x: torch.Tensor, weight: torch.Tensor) -> None:
 
 
 def linear_batch_invariant(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """y = x @ weight.T + bias, each row bitwise independent of the other rows and of M.
 
@@ -599,11 +635,17 @@ def linear_batch_invariant(
     products for float32 inputs, never TF32); the bias is added in float32 before the one final
     rounding. The tiling comes from `tile_config(N, K, dtype, gpu, M)`: per range of M, among
     tilings that sum every row in the same order (`check_interchangeable`).
+    out_dtype=torch.float32 (16-bit x) returns float32 holding exactly the values of the 16-bit
+    result, written by the kernel itself: what `.float()` of it gives, without a second pass over
+    the output (the LM head's logits).
     Raises ValueError naming the argument when a precondition fails.
     """
     x, weight, bias = _check(x, weight, bias)
+    if out_dtype not in (None, x.dtype, torch.float32):
+        raise fail("out_dtype", out_dtype, f"need None, x's dtype ({x.dtype}) or torch.float32")
     gpu = _gpu_name(x.device.index or 0) if x.device.type == "cuda" else None
-    return _run(x, weight, bias, tile_config(weight.shape[0], weight.shape[1], x.dtype, gpu, x.shape[0]))
+    config = tile_config(weight.shape[0], weight.shape[1], x.dtype, gpu, x.shape[0])
+    return _run(x, weight, bias, config, out_dtype)
 
 
 def warm_up_sizes(t: Tiling[TileConfig]) -> list[int]:
@@ -642,11 +684,15 @@ def warm_up(weights: list[torch.Tensor]) -> int:
 
 
 def linear_with_config(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: TileConfig
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: TileConfig,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """`linear_batch_invariant` with an explicit tiling, for tuning and tests.
 
     Invariance holds only while one caller uses one config for every M of a problem.
     """
     x, weight, bias = _check(x, weight, bias)
-    return _run(x, weight, bias, config)
+    return _run(x, weight, bias, config, out_dtype)

@@ -60,20 +60,28 @@ def _use_triton(t: torch.Tensor) -> bool:
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_invariant: bool = True
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    batch_invariant: bool = True,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """reference.linear (y = x @ weight.T + bias for x [..., K], weight [N, K]).
 
     On CUDA with batch_invariant, the fixed-tile Triton matmul (kernels/matmul.py) on x as
     [M, K] (the reference's row tiles would launch M / 32 GEMMs); otherwise the reference, which
     without batch invariance is plain F.linear (cuBLAS picks its fastest, batch-dependent plan).
+    out_dtype=torch.float32 gives the result in x's dtype converted to float32, the Triton matmul
+    writing it so in one pass.
     """
     if batch_invariant and _use_triton(x):
         from shardinfer.kernels.matmul import linear_batch_invariant
 
         flat = x.reshape(-1, x.shape[-1])
-        return linear_batch_invariant(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
-    return reference.linear(x, weight, bias, batch_invariant)
+        y = linear_batch_invariant(flat, weight, bias, out_dtype)
+        return y.view(*x.shape[:-1], weight.shape[0])
+    y = reference.linear(x, weight, bias, batch_invariant)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 def linear_fp8(

@@ -290,6 +290,29 @@ def test_unreadable_measured_configs_name_the_file_and_the_fix(
         mm.measured_configs.cache_clear()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", ["persistent", "tma", "split_k"])
+def test_float32_output_holds_the_16_bit_results_values(
+    config: str, dtype: torch.dtype, device: torch.device
+) -> None:
+    """The LM head's float32 logits, written by the matmul: exactly `.float()` of its 16-bit result
+    (rounded to the inputs' dtype first, not the float32 accumulator), bias and split-K included."""
+    x, w, b = _problem(19, 40, 72, dtype, device, seed=13)
+    cfg = SMALL[config]
+    want = mm.linear_with_config(x, w, b, cfg).float()
+    got = mm.linear_with_config(x, w, b, cfg, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert torch.equal(
+        mm.linear_batch_invariant(x, w, b, torch.float32), mm.linear_batch_invariant(x, w, b).float()
+    )
+
+
+def test_float32_output_is_the_only_other_dtype(device: torch.device) -> None:
+    x, w, _ = _problem(4, 8, 16, torch.bfloat16, device, seed=7)
+    with pytest.raises(ValueError, match="out_dtype"):
+        mm.linear_batch_invariant(x, w, None, torch.float16)
+
+
 def test_rejects_bad_inputs(device: torch.device) -> None:
     x, w, b = _problem(4, 8, 16, torch.float32, device, seed=7)
     cases = [

@@ -94,7 +94,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.lm_head.logits(hidden)
 
     def kv_cache_specs(self) -> list[KVLayerSpec]:
         """One latent cache per main layer: kv_lora_rank + qk_rope_head_dim values per token."""
@@ -152,7 +152,7 @@ class DeepseekV3ForCausalLM(nn.Module):
 
     def mtp_compute_logits(self, draft_hidden: torch.Tensor, index: int = 0) -> torch.Tensor:
         head = self._mtp_layer(index).shared_head.head
-        return (head if head is not None else self.lm_head)(draft_hidden).float()
+        return (head if head is not None else self.lm_head).logits(draft_hidden)
 
     # ---- loading -----------------------------------------------------------------------------
 

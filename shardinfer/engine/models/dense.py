@@ -229,7 +229,7 @@ class DenseForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.lm_head.logits(hidden)
 
     def kv_cache_specs(self) -> list[KVLayerSpec]:
         shape = (self.config.num_key_value_heads, self.config.head_dim)

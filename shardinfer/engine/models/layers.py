@@ -22,6 +22,10 @@ from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, Fp8Activation, qu
 # Producers quantise an FP8 linear's input in their own kernel (module docstring); False leaves it
 # to the linear, which bench/throughput.py --compare-unfused times against it. The bits are the same.
 FUSE_FP8_INPUT = True
+# The LM head's matmul writes float32 logits itself (Linear.logits); False converts its 16-bit
+# output in a second pass, which bench/throughput.py --variant-flags can time against it. The
+# values are the same.
+LOGITS_FROM_MATMUL = True
 
 
 class Linear(nn.Module):
@@ -90,6 +94,13 @@ class Linear(nn.Module):
         if scale is not None:
             return ops.linear_fp8(x, self.weight, scale, self.bias, self.numerics.batch_invariant)
         return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """forward(x) converted to float32, as the sampler takes it (the LM head): a float weight's
+        matmul writes the float32 values itself, saving a pass over the [rows, vocab] output."""
+        if self.fp8_scale is not None or not LOGITS_FROM_MATMUL:
+            return self.forward(x).float()
+        return ops.linear(x, self.weight, self.bias, self.numerics.batch_invariant, out_dtype=torch.float32)
 
     def quantize_fp8(self) -> bool:
         """Replace a float weight by its block-scaled FP8 form, on the weight's device (quantising a
