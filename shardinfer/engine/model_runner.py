@@ -228,7 +228,9 @@ class ModelRunner:
         """Compile the large-batch matmul tilings now, not in the first long prefill step."""
         from shardinfer.engine.models.layers import Linear
 
-        ops.warm_up_matmuls([m.weight for m in self.model.modules() if isinstance(m, Linear)])
+        linears = [m for m in self.model.modules() if isinstance(m, Linear)]
+        heads = tuple(m.weight for m in linears if m.writes_logits)
+        ops.warm_up_matmuls([m.weight for m in linears], heads)
 
     def _decode_graphs(self, max_num_seqs: int) -> Any:
         """The decode graphs' static buffers; captured later (DecodeGraphs.capture)."""

@@ -661,26 +661,44 @@ def warm_up_sizes(t: Tiling[TileConfig]) -> list[int]:
     return sizes
 
 
-def warm_up(weights: list[torch.Tensor]) -> int:
+def warm_up(weights: list[torch.Tensor], logits_weights: tuple[torch.Tensor, ...] = ()) -> int:
     """Run every tiling the given CUDA weights' problems may use once, on zero activations, so
     Triton compiles them now and not inside the first long prefill; returns the calls made.
+    `logits_weights` (LM heads, also among `weights`) are run with float32 output, as
+    `Linear.logits` runs them: another compiled variant of each tiling.
 
     Decode CUDA graphs compile the tilings of small batches when they are captured; the tiling
     for the largest M only ever runs in prefill steps.
     """
-    calls = 0
-    done: set[tuple[int, int, torch.dtype, torch.device]] = set()
-    for w in weights:
-        if w.device.type != "cuda" or w.dim() != 2 or w.dtype not in FLOAT_DTYPES or not w.is_contiguous():
+    cuda = [w for w in weights if w.device.type == "cuda"]
+    runs = warm_up_runs(cuda, tuple(w for w in logits_weights if w.device.type == "cuda"))
+    for w, m, out_dtype in runs:
+        zeros = torch.zeros(m, w.shape[1], dtype=w.dtype, device=w.device)
+        linear_batch_invariant(zeros, w, None, out_dtype)
+    return len(runs)
+
+
+def warm_up_runs(
+    weights: list[torch.Tensor], logits_weights: tuple[torch.Tensor, ...] = ()
+) -> list[tuple[torch.Tensor, int, torch.dtype | None]]:
+    """The (weight, M, output dtype) calls `warm_up` makes: one per distinct tiling of each distinct
+    (N, K, dtype, device) problem and output dtype; weights the matmul does not take are skipped."""
+    runs: list[tuple[torch.Tensor, int, torch.dtype | None]] = []
+    done: set[tuple[int, int, torch.dtype, torch.device, torch.dtype | None]] = set()
+    wanted = [(w, None) for w in weights] + [(w, torch.float32) for w in logits_weights]
+    for w, out_dtype in wanted:
+        if w.dim() != 2 or w.dtype not in FLOAT_DTYPES or not w.is_contiguous():
             continue
-        key = (w.shape[0], w.shape[1], w.dtype, w.device)
+        if out_dtype == w.dtype:
+            out_dtype = None  # a float32 head's logits are its plain output
+        key = (w.shape[0], w.shape[1], w.dtype, w.device, out_dtype)
         if key in done:
             continue
         done.add(key)
-        for m in warm_up_sizes(tiling(w.shape[0], w.shape[1], w.dtype, _gpu_name(w.device.index or 0))):
-            linear_batch_invariant(torch.zeros(m, w.shape[1], dtype=w.dtype, device=w.device), w)
-            calls += 1
-    return calls
+        gpu = _gpu_name(w.device.index or 0) if w.device.type == "cuda" else None
+        for m in warm_up_sizes(tiling(w.shape[0], w.shape[1], w.dtype, gpu)):
+            runs.append((w, m, out_dtype))
+    return runs
 
 
 def linear_with_config(

@@ -128,12 +128,13 @@ def linear_fp8_prequantized(
     return reference_fp8.linear_fp8_prequantized(x, weight, weight_scale, bias, batch_invariant)
 
 
-def warm_up_matmuls(weights: list[torch.Tensor]) -> int:
+def warm_up_matmuls(weights: list[torch.Tensor], logits_weights: tuple[torch.Tensor, ...] = ()) -> int:
     """Compile the batch-invariant matmul's large-batch tilings for these weights now, rather than
-    in the first long prefill step (kernels/matmul.py); returns the number of tilings compiled."""
+    in the first long prefill step (kernels/matmul.py), and for the LM heads' weights their float32
+    output's too; returns the number of tilings compiled."""
     from shardinfer.kernels.matmul import warm_up
 
-    return warm_up(weights)
+    return warm_up(weights, logits_weights)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

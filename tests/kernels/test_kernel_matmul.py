@@ -204,6 +204,23 @@ def test_warm_up_runs_each_distinct_tiling_once() -> None:
     assert mm.warm_up_sizes(mm.Tiling(c, ((16, a), (1024, c)))) == [16, 1024]
 
 
+def test_warm_up_runs_the_lm_heads_float32_output_too() -> None:
+    """Linear.logits runs the head with float32 output, another compiled variant of each tiling:
+    the warm-up runs it beside the plain output, once per problem, and only for the heads."""
+    proj, head = torch.zeros(64, 32, dtype=torch.bfloat16), torch.zeros(100, 32, dtype=torch.bfloat16)
+    sizes = {n: mm.warm_up_sizes(mm.tiling(n, 32, torch.bfloat16)) for n in (64, 100)}
+    runs = mm.warm_up_runs([proj, head, proj.clone()], (head,))
+    got = [(w.shape[0], m, out) for w, m, out in runs]
+    want = [(64, m, None) for m in sizes[64]] + [(100, m, None) for m in sizes[100]]
+    want += [(100, m, torch.float32) for m in sizes[100]]
+    assert got == want
+    # A float32 head's logits are its plain output: nothing more to compile.
+    head32 = torch.zeros(100, 32)
+    assert [out for _, _, out in mm.warm_up_runs([head32], (head32,))] == [None] * len(
+        mm.warm_up_sizes(mm.tiling(100, 32, torch.float32))
+    )
+
+
 def test_warm_up_skips_cpu_weights() -> None:
     assert mm.warm_up([torch.zeros(8, 16)]) == 0
 

@@ -26,7 +26,7 @@ from shardinfer.engine.models.deepseek_mla import DeepseekMLA, MLADims
 from shardinfer.engine.models.deepseek_moe import moe_setting
 from shardinfer.engine.models.deepseek_mtp import MTPLayer
 from shardinfer.engine.models.fp8 import WeightLoader, dequantize_fp8, fp8_format, pair_fp8_weights
-from shardinfer.engine.models.layers import Linear, RMSNorm, embedding
+from shardinfer.engine.models.layers import RMSNorm, embedding, logits_head
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
 
@@ -74,7 +74,7 @@ class DeepseekV3ForCausalLM(nn.Module):
             config.max_position_embeddings,
         )
         self.model = DeepseekV3Model(config, numerics, self.rope)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics, quantizable=False)
+        self.lm_head = logits_head(config.hidden_size, config.vocab_size, numerics)
         if config.tie_word_embeddings:
             self.lm_head.weight = cast(nn.Parameter, self.model.embed_tokens.weight)
         n_mtp = int(hf.get("num_nextn_predict_layers") or 0)
@@ -233,7 +233,7 @@ class DeepseekV3ForCausalLM(nn.Module):
                 layer.embed_tokens = embedding(v, h, self.numerics.dtype)
                 layer.embed_tokens.weight.copy_(tensor)
             else:
-                layer.shared_head.head = Linear(h, v, False, self.numerics, quantizable=False)
+                layer.shared_head.head = logits_head(h, v, self.numerics)
                 layer.shared_head.head.weight.copy_(tensor)
         return True
 

@@ -19,7 +19,7 @@ from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.fp8 import WeightLoader, fp8_format, pair_fp8_weights
-from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm, embedding
+from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm, embedding, logits_head
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
 from shardinfer.kernels import ops
@@ -212,7 +212,7 @@ class DenseForCausalLM(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, numerics, quantizable=False)
+        self.lm_head = logits_head(config.hidden_size, config.vocab_size, numerics)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight  # type: ignore[assignment]
 

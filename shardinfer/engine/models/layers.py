@@ -41,6 +41,9 @@ class Linear(nn.Module):
         super().__init__()
         self.numerics = numerics
         self.quantizable = quantizable
+        # Whether the model calls logits() on this layer (its LM head; see logits_head): the
+        # matmul warm-up then compiles the float32 output's kernels too.
+        self.writes_logits = False
         fp8 = quantizable and numerics.quantization == "fp8"
         self.weight = nn.Parameter(
             torch.empty(out_features, in_features, dtype=FP8_DTYPE if fp8 else numerics.dtype),
@@ -112,6 +115,14 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(q, requires_grad=False)
         self.weight_scale_inv = nn.Parameter(s, requires_grad=False)
         return True
+
+
+def logits_head(in_features: int, out_features: int, numerics: Numerics) -> Linear:
+    """An LM head: a linear never quantised (it decides the output distribution), whose `logits`
+    the sampler takes."""
+    head = Linear(in_features, out_features, False, numerics, quantizable=False)
+    head.writes_logits = True
+    return head
 
 
 class RMSNorm(nn.Module):

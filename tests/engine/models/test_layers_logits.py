@@ -4,11 +4,15 @@ converts them (the reference path, and `layers.LOGITS_FROM_MATMUL = False`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from shardinfer.engine.models import layers
 from shardinfer.engine.models.base import Numerics
+from shardinfer.engine.models.config import ModelConfig
+from shardinfer.engine.models.registry import model_class
 from shardinfer.kernels import ops
 
 
@@ -37,3 +41,17 @@ def test_logits_are_the_16_bit_outputs_values(
     assert torch.equal(got, want)
     monkeypatch.setattr(layers, "LOGITS_FROM_MATMUL", False)
     assert torch.equal(head.logits(x), want)
+
+
+def test_an_lm_head_is_never_quantised_and_is_warmed_up_for_float32_logits() -> None:
+    head = layers.logits_head(96, 200, Numerics(torch.bfloat16, quantization="fp8"))
+    assert head.writes_logits and head.fp8_scale is None and head.weight.dtype == torch.bfloat16
+    assert not layers.Linear(96, 200, False, Numerics(torch.bfloat16)).writes_logits
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_each_family_builds_its_lm_head_as_a_logits_head(family: str, tiny_checkpoint: Any) -> None:
+    config = ModelConfig.from_dir(tiny_checkpoint(family))
+    model = model_class(config)(config, Numerics(torch.bfloat16, quantization="fp8"), 64)
+    assert model.lm_head.writes_logits and model.lm_head.fp8_scale is None
+    assert sum(m.writes_logits for m in model.modules() if isinstance(m, layers.Linear)) == 1
