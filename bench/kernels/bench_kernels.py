@@ -260,14 +260,15 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
 def qkv_prologue_warps(bw: float) -> list[dict[str, Any]]:
     """The fused attention prologue (head norms, RoPE, the FP8 cache's stores; kernels/qkv_prologue.py)
     at decode batch sizes, over the warps a head's program runs (`rmsnorm.HEAD_ROW_WARPS`, which the
-    unfused head norm shares), graph-timed against its bytes' time. Each setting's output is compared
+    unfused head norm shares) and the heads a program does (`qkv_prologue.HEADS_PER_PROGRAM`),
+    graph-timed against its bytes' time. Each setting's output is compared
     bitwise with the unfused ops at the same setting (`bitwise_equal_to_unfused`); other settings sum
     a head's squares in another order, so other bits."""
     from shardinfer.kernels import kv_store, qkv_prologue, rope
     from shardinfer.kernels.reference_fp8 import FP8_DTYPE
 
     d, results = 128, []
-    shipped = rmsnorm.HEAD_ROW_WARPS
+    shipped = rmsnorm.HEAD_ROW_WARPS, qkv_prologue.HEADS_PER_PROGRAM
     for name, n_q, n_kv in (("dense-8b", 32, 8), ("dense-small", 16, 8)):
         for t in (256, 512, 1024):
             g = torch.Generator(device="cuda").manual_seed(t)
@@ -286,8 +287,9 @@ def qkv_prologue_warps(bw: float) -> list[dict[str, Any]]:
                 return kv + [torch.zeros(blocks, 16, n_kv, 1, device="cuda") for _ in range(2)]
 
             nbytes = t * (n_q + 2 * n_kv) * d * 2 + t * n_q * d * 2 + t * 2 * n_kv * (d + 4)
-            for warps in (1, 2, 4):
+            for warps, heads in ((1, 1), (1, 2), (1, 4), (1, 8), (4, 1)):
                 rmsnorm.HEAD_ROW_WARPS = warps
+                qkv_prologue.HEADS_PER_PROGRAM = heads
                 try:
                     got_c, want_c = caches(), caches()
 
@@ -325,14 +327,21 @@ def qkv_prologue_warps(bw: float) -> list[dict[str, Any]]:
                         "heads": name,
                         "tokens": t,
                         "head_row_warps": warps,
+                        "heads_per_program": heads,
                         "us": ms * 1e3,
                         "floor_us": nbytes / bw * 1e6,
                         "bitwise_equal_to_unfused": bool(equal),
                     }
                 except Exception as exc:
-                    row = {"heads": name, "tokens": t, "head_row_warps": warps, "error": repr(exc)[:300]}
+                    row = {
+                        "heads": name,
+                        "tokens": t,
+                        "head_row_warps": warps,
+                        "heads_per_program": heads,
+                        "error": repr(exc)[:300],
+                    }
                 finally:
-                    rmsnorm.HEAD_ROW_WARPS = shipped
+                    rmsnorm.HEAD_ROW_WARPS, qkv_prologue.HEADS_PER_PROGRAM = shipped
                 results.append(row)
                 print(json.dumps(row), flush=True)
     return results

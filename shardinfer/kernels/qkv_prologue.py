@@ -58,21 +58,21 @@ def _store_cache_row(
 
 
 @triton.jit
-def _qkv_prologue_kernel(
+def _one_head(
+    h,
+    t,
+    slot,
+    c,
+    s,
     qkv_ptr,
     q_ptr,
     qw_ptr,
     kw_ptr,
-    cos_ptr,
-    sin_ptr,
-    pos_ptr,
-    slots_ptr,
     k_cache_ptr,
     v_cache_ptr,
     k_scale_ptr,
     v_scale_ptr,
     stride_t,
-    stride_c,
     n_q,
     n_kv,
     head_dim,
@@ -81,10 +81,8 @@ def _qkv_prologue_kernel(
     FP8: tl.constexpr,
     HALF: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    """Head h of token t (q heads, then k heads, then v heads); c and s: the token's cos and sin."""
     half = tl.arange(0, HALF)
-    slot = tl.load(slots_ptr + t).to(tl.int64)
     if h < n_q + n_kv:  # a q or k head: norm, rotate
         is_q = h < n_q
         head = tl.where(is_q, h, h - n_q)
@@ -115,9 +113,6 @@ def _qkv_prologue_kernel(
             row = src + t * stride_t + head * (2 * HALF)
             x1 = tl.load(row + half)
             x2 = tl.load(row + HALF + half)
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        c = tl.load(cos_ptr + pos * stride_c + half)
-        s = tl.load(sin_ptr + pos * stride_c + half)
         # rope.py's arithmetic (its own function), rounded once to the activation dtype.
         f1, f2 = rotate_pairs(x1.to(tl.float32), x2.to(tl.float32), c, s)
         o1 = f1.to(qkv_ptr.dtype.element_ty)
@@ -145,10 +140,77 @@ def _qkv_prologue_kernel(
         )
 
 
+@triton.jit
+def _qkv_prologue_kernel(
+    qkv_ptr,
+    q_ptr,
+    qw_ptr,
+    kw_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    slots_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_t,
+    stride_c,
+    n_q,
+    n_kv,
+    head_dim,
+    eps,
+    NORM: tl.constexpr,
+    FP8: tl.constexpr,
+    HALF: tl.constexpr,
+    HEADS: tl.constexpr,
+):
+    """Program (token, group of HEADS heads): the token's slot, position, cos and sin are loaded
+    once for its heads, each head then done alone, as a program of one head would do it."""
+    t = tl.program_id(0).to(tl.int64)
+    half = tl.arange(0, HALF)
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    c = tl.load(cos_ptr + pos * stride_c + half)
+    s = tl.load(sin_ptr + pos * stride_c + half)
+    for i in tl.static_range(HEADS):
+        h = tl.program_id(1) * HEADS + i
+        if h < n_q + 2 * n_kv:
+            _one_head(
+                h,
+                t,
+                slot,
+                c,
+                s,
+                qkv_ptr,
+                q_ptr,
+                qw_ptr,
+                kw_ptr,
+                k_cache_ptr,
+                v_cache_ptr,
+                k_scale_ptr,
+                v_scale_ptr,
+                stride_t,
+                n_q,
+                n_kv,
+                head_dim,
+                eps,
+                NORM,
+                FP8,
+                HALF,
+            )
+
+
 def takes(head_dim: int) -> bool:
     """Whether qkv_prologue can run heads of this size (a power of two within one scale group)."""
     return 2 <= head_dim <= GROUP and head_dim & (head_dim - 1) == 0
 
+
+# Heads a program does, one after the other, sharing the token's position, cos and sin loads:
+# fewer, longer programs than one a head. A launch setting: each head's arithmetic is its own
+# either way. Not yet timed on a GPU (bench/kernels/bench_kernels.py --only qkv_prologue sweeps it),
+# so one a head, as measured, stays the default.
+HEADS_PER_PROGRAM = 1
 
 # Head sizes the engine fuses: those at which the compiled kernel was checked on the GPU to give
 # the unfused ops' bits (the GPU test). At 32-value float32 heads the compiled norm summed in
@@ -246,7 +308,8 @@ def qkv_prologue(
     kw = k_norm if k_norm is not None else qkv
     ks = k_scale if fp8 and k_scale is not None else qkv
     vs = v_scale if fp8 and v_scale is not None else qkv
-    _qkv_prologue_kernel[(t, n_q + 2 * n_kv)](
+    heads = HEADS_PER_PROGRAM
+    _qkv_prologue_kernel[(t, triton.cdiv(n_q + 2 * n_kv, heads))](
         qkv,
         q,
         qw,
@@ -268,6 +331,7 @@ def qkv_prologue(
         NORM=norm,
         FP8=fp8,
         HALF=head_dim // 2,
+        HEADS=heads,
         num_warps=_num_warps(head_dim),
     )
     return q

@@ -134,6 +134,16 @@ def test_fused_prologue_other_dtypes_and_head_dims(dtype: torch.dtype, d: int) -
     _case(dtype, d, True, dtype != torch.float32, seed=d, exact=exact)
 
 
+@pytest.mark.parametrize("heads", [3, 8])
+def test_several_heads_a_program_give_the_unfused_ops_bits(
+    heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8 heads (4 q, 2 k, 2 v): 3 a program leaves the last program two heads and a guard to pass.
+    monkeypatch.setattr(qkv_prologue, "HEADS_PER_PROGRAM", heads)
+    _case(torch.bfloat16, 128, True, True)
+    _case(torch.bfloat16, 64, False, False, seed=2)
+
+
 def test_the_engine_fuses_only_checked_head_dims() -> None:
     assert qkv_prologue.fusable(128)
     assert not qkv_prologue.fusable(64) and qkv_prologue.takes(64)
@@ -214,8 +224,12 @@ def test_checks_name_the_bad_argument() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16_cache", "fp8_cache"])
-def test_gpu_dense_8b_heads_give_the_unfused_bits(fp8: bool) -> None:
+@pytest.mark.parametrize("heads", [1, 8])
+def test_gpu_dense_8b_heads_give_the_unfused_bits(
+    fp8: bool, heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Qwen3-8B's attention: 32 q heads, 8 kv heads of 128, head norms; 300 tokens.
+    monkeypatch.setattr(qkv_prologue, "HEADS_PER_PROGRAM", heads)
     _case(torch.bfloat16, 128, True, fp8, t=300, n_q=32, n_kv=8, seed=5)
 
 
