@@ -120,7 +120,7 @@ def run_shardinfer(
         "steps": stats["steps"],
         "preemptions": stats["preemptions"],
         "max_num_seqs": engine.scheduler.max_num_seqs,  # in effect: given, or the engine's choice
-        "kv_cache_tokens": engine.runner.num_blocks * engine.config.block_size,
+        "kv_cache_tokens": engine.runner.kv_cache_tokens,
         "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"],
         "host_gap_s": wall - busy,
         "decode_steps": decode_steps,

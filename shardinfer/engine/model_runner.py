@@ -179,19 +179,19 @@ class ModelRunner:
         with phases.phase("kv_sizing_s"):
             self.num_blocks = plan_num_blocks(cfg, specs, self.device, self.dtype, max_model_len, step_peak)
             # No request may need more blocks than exist, or preemption could never make room for it.
-            self.max_model_len = min(max_model_len, self.num_blocks * cfg.block_size)
+            self.max_model_len = min(max_model_len, self.kv_cache_tokens)
             self.kv_caches = allocate_kv_caches(
                 specs, self.num_blocks, cfg.block_size, self.dtype, self.device, self.kv_fp8
             )
         # The batch cap in effect: as given, or the device's default for this cache (config.py).
         self.num_seqs: int = cfg.max_num_seqs or default_num_seqs(
-            self.device.type, self.num_blocks * cfg.block_size, self.max_model_len
+            self.device.type, self.kv_cache_tokens, self.max_model_len
         )
         if cfg.max_num_seqs is None:
             logger.info(
                 "max_num_seqs unset: %d sequences a step for a KV cache of %d tokens",
                 self.num_seqs,
-                self.num_blocks * cfg.block_size,
+                self.kv_cache_tokens,
             )
         # The last step's inputs and hidden states, for a draft model that continues from them;
         # kept only when asked (keep_last_forward), else they would pin the device memory of the
@@ -223,6 +223,11 @@ class ModelRunner:
         self.last_step_graphed = False
         self.last_step_width = 0  # tokens per request of the last graphed step (0: eager)
         self.last_forward: tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor] | None = None
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """The tokens the KV cache holds (every block full)."""
+        return self.num_blocks * self.block_size
 
     def warm_up(self) -> None:
         """Compile the large-batch matmul tilings now, not in the first long prefill step."""

@@ -92,62 +92,61 @@ def _qkv_prologue_kernel(
     s = tl.load(sin_ptr + pos * stride_c + half)
     for i in tl.static_range(HEADS):
         h = tl.program_id(1) * HEADS + i
-        if h < n_q + 2 * n_kv:
-            if h < n_q + n_kv:  # a q or k head: norm, rotate
-                is_q = h < n_q
-                head = tl.where(is_q, h, h - n_q)
-                nb = tl.where(is_q, n_q, n_kv)
-                src = qkv_ptr + tl.where(is_q, 0, n_q * 2 * HALF)
-                w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
-                if NORM:
-                    # rms_norm's row function over the head as rms_norm's launch would see it (rows of
-                    # [T, heads, D] with strides (stride_t, D)), so the rounding is its own.
-                    y = _normed_row(
-                        src,
-                        src,
-                        w_ptr,
-                        src,
-                        t * nb + head,
-                        nb,
-                        stride_t,
-                        head_dim,
-                        stride_t,
-                        head_dim,
-                        head_dim,
-                        eps,
-                        False,
-                        2 * HALF,
-                    )
-                    x1, x2 = _halves(y, HALF)
-                else:
-                    row = src + t * stride_t + head * (2 * HALF)
-                    x1 = tl.load(row + half)
-                    x2 = tl.load(row + HALF + half)
-                # rope.py's arithmetic (its own function), rounded once to the activation dtype.
-                f1, f2 = rotate_pairs(x1.to(tl.float32), x2.to(tl.float32), c, s)
-                o1 = f1.to(qkv_ptr.dtype.element_ty)
-                o2 = f2.to(qkv_ptr.dtype.element_ty)
-                if is_q:
-                    out = q_ptr + (t * n_q + head) * (2 * HALF)
-                    tl.store(out + half, o1)
-                    tl.store(out + HALF + half, o2)
-                elif slot >= 0:
-                    _store_cache_row(k_cache_ptr, k_scale_ptr, slot, head, n_kv, o1, o2, half, FP8, HALF)
-            elif slot >= 0:  # a v head: stored as it is
-                head = h - n_q - n_kv
-                row = qkv_ptr + t * stride_t + (n_q + n_kv + head) * (2 * HALF)
-                _store_cache_row(
-                    v_cache_ptr,
-                    v_scale_ptr,
-                    slot,
-                    head,
-                    n_kv,
-                    tl.load(row + half),
-                    tl.load(row + HALF + half),
-                    half,
-                    FP8,
-                    HALF,
+        if h < n_q + n_kv:  # a q or k head: norm, rotate
+            is_q = h < n_q
+            head = tl.where(is_q, h, h - n_q)
+            nb = tl.where(is_q, n_q, n_kv)
+            src = qkv_ptr + tl.where(is_q, 0, n_q * 2 * HALF)
+            w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
+            if NORM:
+                # rms_norm's row function over the head as rms_norm's launch would see it (rows of
+                # [T, heads, D] with strides (stride_t, D)), so the rounding is its own.
+                y = _normed_row(
+                    src,
+                    src,
+                    w_ptr,
+                    src,
+                    t * nb + head,
+                    nb,
+                    stride_t,
+                    head_dim,
+                    stride_t,
+                    head_dim,
+                    head_dim,
+                    eps,
+                    False,
+                    2 * HALF,
                 )
+                x1, x2 = _halves(y, HALF)
+            else:
+                row = src + t * stride_t + head * (2 * HALF)
+                x1 = tl.load(row + half)
+                x2 = tl.load(row + HALF + half)
+            # rope.py's arithmetic (its own function), rounded once to the activation dtype.
+            f1, f2 = rotate_pairs(x1.to(tl.float32), x2.to(tl.float32), c, s)
+            o1 = f1.to(qkv_ptr.dtype.element_ty)
+            o2 = f2.to(qkv_ptr.dtype.element_ty)
+            if is_q:
+                out = q_ptr + (t * n_q + head) * (2 * HALF)
+                tl.store(out + half, o1)
+                tl.store(out + HALF + half, o2)
+            elif slot >= 0:
+                _store_cache_row(k_cache_ptr, k_scale_ptr, slot, head, n_kv, o1, o2, half, FP8, HALF)
+        elif (h < n_q + 2 * n_kv) & (slot >= 0):  # a v head, stored as it is (none past the last)
+            head = h - n_q - n_kv
+            row = qkv_ptr + t * stride_t + (n_q + n_kv + head) * (2 * HALF)
+            _store_cache_row(
+                v_cache_ptr,
+                v_scale_ptr,
+                slot,
+                head,
+                n_kv,
+                tl.load(row + half),
+                tl.load(row + HALF + half),
+                half,
+                FP8,
+                HALF,
+            )
 
 
 def takes(head_dim: int) -> bool:
