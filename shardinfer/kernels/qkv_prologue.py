@@ -156,9 +156,9 @@ def takes(head_dim: int) -> bool:
 
 # Heads a program does, one after the other, sharing the token's position, cos and sin loads:
 # fewer, longer programs than one a head. A launch setting: each head's arithmetic is its own
-# either way. Not yet timed on a GPU (bench/kernels/bench_kernels.py --only qkv_prologue sweeps it),
-# so one a head, as measured, stays the default.
-HEADS_PER_PROGRAM = 1
+# either way. Four was the fastest of 1, 2, 4 and 8 at every shape timed (bench/kernels/NOTES.md,
+# "Four heads a program in the attention prologue").
+HEADS_PER_PROGRAM = 4
 
 # Head sizes the engine fuses: those at which the compiled kernel was checked on the GPU to give
 # the unfused ops' bits (the GPU test). At 32-value float32 heads the compiled norm summed in

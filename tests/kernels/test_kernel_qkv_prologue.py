@@ -224,7 +224,7 @@ def test_checks_name_the_bad_argument() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16_cache", "fp8_cache"])
-@pytest.mark.parametrize("heads", [1, 8])
+@pytest.mark.parametrize("heads", [1, 4, 8])
 def test_gpu_dense_8b_heads_give_the_unfused_bits(
     fp8: bool, heads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
