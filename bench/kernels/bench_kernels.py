@@ -165,42 +165,36 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
 
     hq, hk, d = 32, 8, 128
     results = []
-    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap); the
-    # first FP8 row is the shipped default (paged_attention.FP8_NUM_STAGES, MAX_REGISTERS).
-    # Earlier runs swept caps and stages at 4 warps and 8 warps (slower; NOTES.md). These rows try
-    # fewer warps a program: one or two warps hold a 16-row tile whole or in halves, so a softmax
-    # row's reductions cross fewer warps (other bits than 4 warps') and more programs, each its own
-    # serial chain of loads and products, share a SM.
-    variants = [
-        ("bf16", None, 64, 4, 2, 128),
-        ("bf16", None, 64, 2, 2, 128),
-        ("bf16", None, 32, 1, 2, 128),
-        ("bf16", None, 64, 1, 2, None),
-    ] + [
-        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, warps, stages, regs)
-        for on_scores, bn, warps, stages, regs in (
-            (False, 128, 4, 1, 128),
-            (False, 128, 2, 1, None),
-            (False, 128, 2, 1, 168),
-            (False, 64, 2, 1, 128),
-            (False, 64, 2, 2, 128),
-            (False, 64, 2, 1, None),
-            (False, 32, 1, 1, 128),
-            (False, 32, 1, 2, 128),
-            (False, 64, 1, 1, None),
-            (False, 64, 1, 1, 168),
-            (False, 64, 1, 2, None),
+    # (name, scales on scores (None: the bf16 cache), block_n, warps, stages, register cap, the
+    # 16-bit cache's operand layout for the dequantised tiles); the first FP8 row is the shipped
+    # default (paged_attention.FP8_NUM_STAGES, MAX_REGISTERS, OPAQUE_FP8_TILES). Earlier runs swept
+    # caps, stages and 1, 2, 4 and 8 warps with that layout (NOTES.md). These rows try the tiles
+    # without it: the compiler then copies the raw FP8 tile into shared memory (cp.async from two
+    # stages on, the next tile's K and V in flight during this one's products) and dequantises each
+    # MMA operand in registers, with no 16-bit copy of the tile (other bits than the 16-bit cache's).
+    variants = [("bf16", None, 64, 4, 2, 128, True)] + [
+        ("fp8_scores" if on_scores else "fp8_tiles", on_scores, bn, 4, stages, regs, layout)
+        for on_scores, bn, stages, regs, layout in (
+            (False, 128, 1, 128, True),
+            (False, 128, 1, 128, False),
+            (False, 128, 2, 128, False),
+            (False, 128, 2, 168, False),
+            (False, 128, 2, None, False),
+            (False, 128, 3, 128, False),
+            (False, 64, 2, 128, False),
+            (False, 64, 3, 128, False),
         )
     ]
-    for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
+    for batch, ctx in ((256, 640), (512, 1024), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
         dequantised = ((kq.float() * ks).to(BF16), (vq.float() * vs).to(BF16))
         fp8_bytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2
         bf16_bytes = 2 * batch * ctx * hk * d * 2 + 2 * batch * hq * d * 2
         default = None
-        for name, on_scores, bn, warps, stages, regs in variants:
+        for name, on_scores, bn, warps, stages, regs, layout in variants:
             fp8 = on_scores is not None
+            pa.OPAQUE_FP8_TILES = layout
             caches = (kq, vq) if fp8 else tuple(db.caches)
             scales = {"k_scale": ks, "v_scale": vs, "fp8_scale_scores": on_scores} if fp8 else {}
 
@@ -238,6 +232,7 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
                 "num_warps": warps,
                 "num_stages": stages,
                 "max_registers": regs,
+                "sixteen_bit_operand_layout": layout,
             }
             try:
                 out = run()
@@ -254,6 +249,7 @@ def fp8_attention(bw: float) -> list[dict[str, Any]]:
                 row["error"] = repr(exc)[:300]
             results.append(row)
             print(json.dumps(row), flush=True)
+    pa.OPAQUE_FP8_TILES = True
     return results
 
 
@@ -356,7 +352,7 @@ def single_chunk(bw: float) -> list[dict[str, Any]]:
 
     hq, hk, d = 32, 8, 128
     results = []
-    for batch, ctx in ((256, 640), (256, 2048), (32, 2048)):
+    for batch, ctx in ((256, 640), (512, 1024), (32, 2048)):
         db = DecodeBatch(batch, ctx, hq, 16, (hk, d), (d,))
         (kq, ks), (vq, vs) = quantize_groups(db.caches[0]), quantize_groups(db.caches[1])
         nbytes = 2 * batch * ctx * hk * (d + 4) + 2 * batch * hq * d * 2

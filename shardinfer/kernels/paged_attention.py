@@ -80,6 +80,11 @@ MAX_REGISTERS = 128
 # saved. On the H200 that was faster on the FP8 cache and not on the bf16 cache's kernel (numbers:
 # bench/kernels/NOTES.md, "One-chunk tiles"), which keeps the merge.
 SINGLE_CHUNK_DIRECT = True
+# A numerics setting of the FP8 cache: its dequantised tiles take the 16-bit cache's MMA operand
+# layout (kernels/_opaque.py), so an FP8 cache gives the bits of a 16-bit cache holding the same
+# values. Off, the compiler may keep the raw FP8 tile in shared memory and dequantise the operand
+# in registers (another grouping of the products over k, so other bits; still batch invariant).
+OPAQUE_FP8_TILES = True
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
@@ -512,7 +517,7 @@ def launch(
             PRECISION=precision,
             KV_FP8=fp8,
             SCALE_SCORES=scale_scores,
-            OPAQUE=fp8 and not interpreting(),
+            OPAQUE=fp8 and OPAQUE_FP8_TILES and not interpreting(),
             DIRECT=direct,
             num_warps=num_warps,
             num_stages=num_stages,
