@@ -147,4 +147,9 @@ def build_checkpoint(shape: str, out_dir: Path, device: str = "cuda") -> Path:
     model.save_pretrained(out_dir)
     (out_dir / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
     del model
+    if torch.cuda.is_available():
+        # Hand the weights' memory back to the device: a bench that builds the checkpoint and then
+        # starts the engine in another process (startup.py, job_throughput.py) would otherwise
+        # keep it cached here, out of the child's reach.
+        torch.cuda.empty_cache()
     return out_dir
