@@ -50,12 +50,14 @@ STAGES = 6
 GROUP_M = 8
 # One program per SM walking its share of the tiles, so a tile's first copies overlap the previous
 # tile's last promotions and its store: what short K (few steps a tile) leaves exposed. The same
-# bits either way. On the H200 it was faster alone at every K up to PERSISTENT_MAX_K tried, and end
-# to end on the small model; at K 4096 it was faster on some shapes and slower on the widest, so
-# those keep one program a tile (bench/kernels/NOTES.md, "A persistent schedule for the
-# warp-specialised FP8 GEMM"). PERSISTENT None chooses by K; True or False forces one schedule.
+# bits either way. On the H200 it was faster alone at every K up to 2048, and end to end on the
+# small model; at K 4096 it was faster alone on some shapes and slower on the widest, yet end to end
+# on dense-8b (K 4096 and 12288) it was faster in prefill and in decode (bench/kernels/NOTES.md, "A
+# persistent schedule for the warp-specialised FP8 GEMM" and "The persistent schedule at every K"),
+# so every K takes it. PERSISTENT_MAX_K (None: no limit) sends longer K to one program a tile;
+# PERSISTENT True or False forces one schedule.
 PERSISTENT: bool | None = None
-PERSISTENT_MAX_K = 2048
+PERSISTENT_MAX_K: int | None = None
 PERSISTENT_STAGES = 6
 _PRODUCER_WARPS = 1
 _PRODUCER_REGISTERS = 40
@@ -426,7 +428,9 @@ def _fp8_linear_ws_persistent_kernel(
 
 def persistent_schedule(k: int) -> bool:
     """Whether a problem over k channels runs on the persistent kernel (PERSISTENT's comment)."""
-    return k <= PERSISTENT_MAX_K if PERSISTENT is None else PERSISTENT
+    if PERSISTENT is not None:
+        return PERSISTENT
+    return PERSISTENT_MAX_K is None or k <= PERSISTENT_MAX_K
 
 
 def linear_fp8_ws(

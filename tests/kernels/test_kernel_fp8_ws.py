@@ -38,17 +38,18 @@ def test_runs_above_decode_batches_over_long_k_on_hopper_only(monkeypatch: pytes
     assert not fp8_matmul.warp_specialized(m, k, cuda)
 
 
-def test_short_k_takes_the_persistent_schedule_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_k_takes_the_persistent_schedule_unless_limited_or_forced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from shardinfer.kernels import fp8_matmul_ws
 
-    assert fp8_matmul_ws.PERSISTENT is None
-    short = [
-        k
-        for k in (fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT_MAX_K)
-        if fp8_matmul_ws.persistent_schedule(k)
-    ]
-    assert short == [fp8_matmul.WS_MIN_K, fp8_matmul_ws.PERSISTENT_MAX_K]
-    assert not fp8_matmul_ws.persistent_schedule(fp8_matmul_ws.PERSISTENT_MAX_K + 128)
+    assert fp8_matmul_ws.PERSISTENT is None and fp8_matmul_ws.PERSISTENT_MAX_K is None
+    # dense-8b's projections: K 4096 (qkv, gate_up, o) and 12288 (down).
+    for k in (fp8_matmul.WS_MIN_K, 4096, 12288):
+        assert fp8_matmul_ws.persistent_schedule(k), k
+    monkeypatch.setattr(fp8_matmul_ws, "PERSISTENT_MAX_K", 2048)
+    assert fp8_matmul_ws.persistent_schedule(2048)
+    assert not fp8_matmul_ws.persistent_schedule(2048 + 128)
     monkeypatch.setattr(fp8_matmul_ws, "PERSISTENT", False)
     assert not fp8_matmul_ws.persistent_schedule(fp8_matmul.WS_MIN_K)
     monkeypatch.setattr(fp8_matmul_ws, "PERSISTENT", True)
