@@ -129,9 +129,9 @@ class Fp8TileConfig:
 # two consumer warpgroups): the same bits as the TMA kernel at any tile, so the switch by M keeps a
 # row's bits. Where it was faster on the H200 (bench_fp8_matmul.py --ws; the numbers:
 # bench/kernels/NOTES.md, "The warp-specialised FP8 GEMM" and "A persistent schedule"): above
-# decode batches, over K of at least WS_MIN_K channels, short K through its persistent schedule
-# (with one program a tile it lost to the TMA kernel there). Hopper, unsplit tilings through TMA,
-# block scales; anything else keeps its tiling's kernel.
+# decode batches, over K of at least WS_MIN_K channels, through its persistent schedule (with one
+# program a tile it lost to the TMA kernel on short K; fp8_matmul_ws.PERSISTENT's comment). Hopper,
+# unsplit tilings through TMA, block scales; anything else keeps its tiling's kernel.
 WARP_SPECIALIZED = True
 WS_MIN_M = 257
 WS_MIN_K = 1024
