@@ -1,0 +1,435 @@
+"""Prototype (not used by the engine): FP8 decode attention with a producer warp streaming the raw
+cache tiles into a ring of shared-memory stages (Gluon, warp-specialised).
+
+What bounds the shipped FP8 decode kernel (paged_attention's chunk kernel, one stage, 128 registers
+a thread, four programs a SM) is bytes in flight: each program loads a key tile into registers,
+waits for it, dequantises and multiplies, and only then loads the value tile, so a SM has at most a
+few 16 KB loads outstanding (bench/kernels/NOTES.md: Nsight Compute found half the issue slots and
+half the bandwidth idle, and every attempt to prefetch into registers spilled or cost a program a
+SM). Here one producer warp a program issues TMA copies of the next tiles' key and value pages
+(16 keys x 128 bytes a page and head) as soon as their stage is free, STAGES tiles ahead, and
+keeps nothing in registers; the four consumer warps run the shipped kernel's arithmetic on each
+tile once it lands:
+
+    raw FP8 tile (shared) -> registers, 16 bytes a thread -> (float32 * key scale) -> bf16
+    -> shared (one 16-bit buffer, keys then values) -> the MMA operand (kWidth 2, as a bf16 cache)
+
+The same layouts as the shipped kernel's compiled code (mma.sync 16x8 tiles, warps along the keys
+for the scores and along the value columns for the output), the same operations in the same
+order: a decode row whose keys fit one KV chunk should get the shipped kernel's bits (its
+direct-store path), which `main` checks beside the timing.
+
+Decode rows only (one token a sequence, every key of it in one program), head dim 128, one scale
+per key, 16-key pages, GQA groups up to 16.
+
+    python bench/kernels/proto_fp8_attention_ws.py [--batch 256 512] [--ctx 640 1024] [--group 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from shardinfer.kernels import paged_attention
+
+HEAD_DIM = 128
+PAGE_SIZE = 16
+_LOG2E = 1.4426950408889634
+
+# Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _produce(
+    k_desc,
+    v_desc,
+    k_ring,
+    v_ring,
+    ready,
+    empty,
+    bt_row,
+    kvh,
+    n_pages,
+    n_tiles,
+    STAGES: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    PAGE: gl.constexpr,
+    D: gl.constexpr,
+):
+    """The producer warp: tile t's key and value pages into stage t % STAGES once it is free (a
+    fresh barrier counts as released: the first pass waits on parity 1, which passes at once).
+    Pages past the sequence copy page 0; the consumers zero those keys."""
+    for t in range(n_tiles):
+        stage = t % STAGES
+        mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(stage), 2 * BLOCK_N * D)
+        for i in gl.static_range(BLOCK_N // PAGE):
+            pg = t * (BLOCK_N // PAGE) + i
+            page = gl.load(bt_row + pg, mask=pg < n_pages, other=0)
+            _tma_load(
+                k_desc, [page * PAGE, kvh * D], ready.index(stage), k_ring.index(stage).slice(i * PAGE, PAGE)
+            )
+            _tma_load(
+                v_desc, [page * PAGE, kvh * D], ready.index(stage), v_ring.index(stage).slice(i * PAGE, PAGE)
+            )
+
+
+@gluon.jit
+def _consume(
+    q_ptr,
+    ks_ptr,
+    vs_ptr,
+    out_ptr,
+    k_ring,
+    v_ring,
+    tile16,
+    ready,
+    empty,
+    bt_row,
+    seq,
+    kvh,
+    seq_len,
+    n_tiles,
+    sqt,
+    sqh,
+    sksb,
+    skss,
+    sksh,
+    svsb,
+    svss,
+    svsh,
+    sot,
+    soh,
+    scale_log2,
+    GROUP: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    PAGE: gl.constexpr,
+    D: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    """The consumer warps: paged_attention's loop over the tiles, reading each from its stage."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8]
+    )
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    # A thread reads 16 consecutive bytes of one key row (the shipped kernel's global loads).
+    raw_l: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 16], threads_per_warp=[4, 8], warps_per_cta=[num_warps, 1], order=[1, 0]
+    )
+
+    rows_a = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, a_l))
+    d_a = gl.arange(0, D, layout=gl.SliceLayout(0, a_l))
+    q_rows = seq.to(gl.int64) * sqt + (kvh * GROUP + rows_a) * sqh
+    q = gl.load(q_ptr + q_rows[:, None] + d_a[None, :], mask=(rows_a < GROUP)[:, None], other=0.0)
+
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+    row_ok = rows < GROUP
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, mma))
+    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, mma))
+    acc = gl.zeros([BLOCK_M, D], gl.float32, mma)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+    keys_raw = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, raw_l))
+    n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+    for t in range(n_tiles):
+        stage = t % STAGES
+        start = t * BLOCK_N
+        # The tile's scales from global memory, issued before waiting for its stage.
+        n = start + keys_raw
+        n_ok = n < seq_len
+        page = gl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(gl.int64)
+        ks = gl.load(ks_ptr + page * sksb + (n % PAGE) * skss + kvh * sksh, mask=n_ok, other=0.0)
+        vs = gl.load(vs_ptr + page * svsb + (n % PAGE) * svss + kvh * svsh, mask=n_ok, other=0.0)
+        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+
+        # Scores: keys dequantised exactly into bf16, as the shipped kernel does.
+        raw_k = k_ring.index(stage).load(raw_l)
+        kf = (raw_k.to(gl.float32) * ks[:, None]).to(gl.bfloat16)
+        tile16.store(kf)
+        k_b = tile16.permute((1, 0)).load(b_l)
+        s = mma_v2(q, k_b, zero)
+        s = s * scale_log2
+        n_m = start + n_s
+        s = gl.where((n_m < seq_len)[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+
+        # Values: keys past the sequence zeroed (their probability is 0, but 0 x NaN is not 0).
+        raw_v = v_ring.index(stage).load(raw_l)
+        mbarrier.arrive(empty.index(stage), count=1)  # both raw tiles are in registers now
+        vf = gl.where(n_ok[:, None], raw_v.to(gl.float32) * vs[:, None], 0.0).to(gl.bfloat16)
+        tile16.store(vf)
+        v_b = tile16.load(b_l)
+        p_a = gl.convert_layout(p.to(gl.bfloat16), a_l)
+        acc = mma_v2(p_a, v_b, acc * alpha[:, None])
+        m_i = m_new
+
+    out = acc / gl.where(row_ok, l_i, 1.0)[:, None]
+    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, mma))
+    o_rows = seq.to(gl.int64) * sot + (kvh * GROUP + rows) * soh
+    gl.store(out_ptr + o_rows[:, None] + d_o[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    return ()
+
+
+@gluon.jit
+def _decode_ws_kernel(
+    k_desc,
+    v_desc,
+    q_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    sl_ptr,
+    out_ptr,
+    sqt,
+    sqh,
+    sksb,
+    skss,
+    sksh,
+    svsb,
+    svss,
+    svsh,
+    sbt,
+    sot,
+    soh,
+    scale_log2,
+    GROUP: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    PAGE: gl.constexpr,
+    D: gl.constexpr,
+    PRODUCER_REGISTERS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    seq = gl.program_id(0)
+    kvh = gl.program_id(1)
+    seq_len = gl.load(sl_ptr + seq)
+    n_tiles = gl.cdiv(seq_len, BLOCK_N)
+    n_pages = gl.cdiv(seq_len, PAGE)
+    bt_row = bt_ptr + seq.to(gl.int64) * sbt
+    k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
+    v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+    tile16 = gl.allocate_shared_memory(
+        gl.bfloat16, [BLOCK_N, D], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    )
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize(
+        [
+            (
+                _consume,
+                (
+                    q_ptr,
+                    ks_ptr,
+                    vs_ptr,
+                    out_ptr,
+                    k_ring,
+                    v_ring,
+                    tile16,
+                    ready,
+                    empty,
+                    bt_row,
+                    seq,
+                    kvh,
+                    seq_len,
+                    n_tiles,
+                    sqt,
+                    sqh,
+                    sksb,
+                    skss,
+                    sksh,
+                    svsb,
+                    svss,
+                    svsh,
+                    sot,
+                    soh,
+                    scale_log2,
+                    GROUP,
+                    BLOCK_M,
+                    BLOCK_N,
+                    STAGES,
+                    PAGE,
+                    D,
+                    num_warps,
+                ),
+            ),
+            (
+                _produce,
+                (
+                    k_desc,
+                    v_desc,
+                    k_ring,
+                    v_ring,
+                    ready,
+                    empty,
+                    bt_row,
+                    kvh,
+                    n_pages,
+                    n_tiles,
+                    STAGES,
+                    BLOCK_N,
+                    PAGE,
+                    D,
+                ),
+            ),
+        ],
+        [1],
+        [PRODUCER_REGISTERS],
+    )
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
+def decode_ws(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    stages: int = 2,
+    producer_registers: int = 40,
+    max_registers: int | None = 128,
+) -> torch.Tensor:
+    """One decode token a sequence: q [B, Hq, 128] bf16; k/v [blocks, 16, Hk, 128] float8_e4m3fn
+    (contiguous) with k_scale/v_scale [blocks, 16, Hk, 1] float32. Returns [B, Hq, 128] bf16.
+    max_registers caps the registers a thread of the launch (None: no cap): what a SM holds of
+    programs follows from it, since the warps' registers are reserved at the cap."""
+    b, hq, d = q.shape
+    nb, page, hk, _ = k.shape
+    out = torch.empty_like(q)
+    layout = gl.NVMMASharedLayout.get_default_for([page, d], gl.float8e4nv)
+    # Each slot row holds every head's 128 bytes, so a page of one head is a [16, 128] box.
+    k_desc = TensorDescriptor(k.view(nb * page, hk * d), [nb * page, hk * d], [hk * d, 1], [page, d], layout)
+    v_desc = TensorDescriptor(v.view(nb * page, hk * d), [nb * page, hk * d], [hk * d, 1], [page, d], layout)
+    _decode_ws_kernel[(b, hk)](
+        k_desc,
+        v_desc,
+        q,
+        k_scale,
+        v_scale,
+        block_tables,
+        seq_lens,
+        out,
+        q.stride(0),
+        q.stride(1),
+        *k_scale.stride()[:3],
+        *v_scale.stride()[:3],
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        scale * _LOG2E,
+        GROUP=hq // hk,
+        BLOCK_M=16,
+        BLOCK_N=128,
+        STAGES=stages,
+        PAGE=page,
+        D=d,
+        PRODUCER_REGISTERS=producer_registers,
+        num_warps=4,
+        **({"maxnreg": max_registers} if max_registers else {}),
+    )
+    return out
+
+
+# (stages, register cap a thread): two stages fit two programs a SM by shared memory, three one.
+CONFIGS = ((2, 128), (2, None), (3, 128))
+
+
+def compare(batch: int, ctx: int, group: int, bw: float) -> str:
+    """One batch and context: the shipped kernel against the prototype at each config (µs per call,
+    CUDA-graph replays), and whether the outputs are bitwise equal."""
+    from bench.gpu_timing import graph_ms_per_call
+    from bench.kernels.proto_fp8_attention_warpsplit import problem
+
+    pr = problem(batch, ctx, group)
+    scale = HEAD_DIM**-0.5
+
+    def shipped() -> torch.Tensor:
+        return paged_attention.paged_attention(
+            pr["q"],
+            pr["k"],
+            pr["v"],
+            pr["qsl"],
+            pr["sl"],
+            pr["bt"],
+            scale,
+            max_seq_len=ctx,
+            k_scale=pr["ks"],
+            v_scale=pr["vs"],
+        )
+
+    def ws(cfg: tuple[int, int | None]) -> torch.Tensor:
+        return decode_ws(
+            pr["q"],
+            pr["k"],
+            pr["v"],
+            pr["ks"],
+            pr["vs"],
+            pr["bt"],
+            pr["sl"],
+            scale,
+            cfg[0],
+            max_registers=cfg[1],
+        )
+
+    want = shipped()
+    outs = [ws(c) for c in CONFIGS]
+    equal = [bool(torch.equal(want, o)) for o in outs]
+    worst = max((want.float() - o.float()).abs().max().item() for o in outs)
+    t_ship = 1e3 * graph_ms_per_call([shipped])
+    times = [1e3 * graph_ms_per_call([lambda c=c: ws(c)]) for c in CONFIGS]
+    floor = 2 * batch * ctx * pr["k"].shape[2] * (HEAD_DIM + 4) / bw * 1e6
+    return (
+        f"{batch:>5} {ctx:>5} {t_ship:>10.1f} "
+        + " ".join(f"{t:>9.1f}" for t in times)
+        + f" {floor:>9.1f}   equal {equal}  max |diff| {worst:.3g}"
+    )
+
+
+def main() -> None:
+    from bench.gpu_timing import copy_bandwidth
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[256, 512])
+    ap.add_argument("--ctx", type=int, nargs="+", default=[640, 1024])
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--out", default=None, help="ignored (device_checks.sh passes it)")
+    args = ap.parse_args()
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, group {args.group}")
+    print(
+        f"{'batch':>5} {'ctx':>5} {'shipped us':>10} "
+        + " ".join(f"{'ws/{}/{}'.format(*c):>9}" for c in CONFIGS)
+        + f" {'floor us':>9}"
+    )
+    for batch in args.batch:
+        for ctx in args.ctx:
+            print(compare(batch, ctx, args.group, bw), flush=True)
+
+
+if __name__ == "__main__":
+    main()
