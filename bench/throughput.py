@@ -473,6 +473,13 @@ def main() -> None:
         torch.cuda.empty_cache()
     hf = None
     if args.hf_requests:
+        from shardinfer.engine.heap import collect_dropped
+
+        # The engines above froze their start-up objects out of the collector's view (engine/heap.py):
+        # a plain gc.collect() leaves their weights and KV caches allocated, and the transformers
+        # model then ran out of memory on dense-8b. Only the next engine's build used to free them.
+        collect_dropped()
+        torch.cuda.empty_cache()
         hf_reqs = requests(args.hf_requests, shape["vocab_size"], tuple(args.in_range), (1, 1), seed=1)
         try:
             hf = run_transformers(model_dir, hf_reqs, args.hf_out_len)
