@@ -216,6 +216,22 @@ def reference(pr: dict[str, torch.Tensor], scale: float, rows: int | None = None
     return torch.einsum("bhn,bnhd->bhd", torch.softmax(s, -1), v)
 
 
+def shipped_decode(pr: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
+    """The engine's kernel (paged_attention on the FP8 cache, its defaults) on a `problem` batch."""
+    return paged_attention.paged_attention(
+        pr["q"],
+        pr["k"],
+        pr["v"],
+        pr["qsl"],
+        pr["sl"],
+        pr["bt"],
+        scale,
+        max_seq_len=int(pr["bt"].shape[1]) * PAGE_SIZE,
+        k_scale=pr["ks"],
+        v_scale=pr["vs"],
+    )
+
+
 CHECKED_ROWS = 16  # rows compared against float64 (the reference holds every key of a row per head)
 CONFIGS = (
     (128, None, 1),
@@ -236,18 +252,7 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     ref = reference(pr, scale, CHECKED_ROWS)
 
     def shipped() -> torch.Tensor:
-        return paged_attention.paged_attention(
-            pr["q"],
-            pr["k"],
-            pr["v"],
-            pr["qsl"],
-            pr["sl"],
-            pr["bt"],
-            scale,
-            max_seq_len=ctx,
-            k_scale=pr["ks"],
-            v_scale=pr["vs"],
-        )
+        return shipped_decode(pr, scale)
 
     def split(cfg: tuple[int, int | None, int]) -> torch.Tensor:
         return decode_warpsplit(

@@ -40,7 +40,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from shardinfer.kernels import paged_attention
 
 HEAD_DIM = 128
 PAGE_SIZE = 16
@@ -368,24 +367,13 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     CUDA-graph replays), each with whether its output equals the shipped kernel's bit for bit and
     its largest difference from it. A config that fails is reported in its column."""
     from bench.gpu_timing import graph_ms_per_call
-    from bench.kernels.proto_fp8_attention_warpsplit import problem
+    from bench.kernels.proto_fp8_attention_warpsplit import problem, shipped_decode
 
     pr = problem(batch, ctx, group)
     scale = HEAD_DIM**-0.5
 
     def shipped() -> torch.Tensor:
-        return paged_attention.paged_attention(
-            pr["q"],
-            pr["k"],
-            pr["v"],
-            pr["qsl"],
-            pr["sl"],
-            pr["bt"],
-            scale,
-            max_seq_len=ctx,
-            k_scale=pr["ks"],
-            v_scale=pr["vs"],
-        )
+        return shipped_decode(pr, scale)
 
     def ws(cfg: tuple[int, int, int | None]) -> torch.Tensor:
         block_n, stages, cap = cfg
