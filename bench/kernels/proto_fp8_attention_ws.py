@@ -65,11 +65,12 @@ def _produce(
     BLOCK_N: gl.constexpr,
     PAGE: gl.constexpr,
     D: gl.constexpr,
+    PROBE: gl.constexpr,
 ):
     """The producer warp: tile t's key and value pages into stage t % STAGES once it is free (a
     fresh barrier counts as released: the first pass waits on parity 1, which passes at once).
-    Pages past the sequence copy page 0; the consumers zero those keys."""
-    for t in range(n_tiles):
+    Pages past the sequence copy page 0; the consumers zero those keys. (PROBE: decode_ws.)"""
+    for t in range(n_tiles if PROBE != 1 else 0):
         stage = t % STAGES
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(stage), 2 * BLOCK_N * D)
@@ -82,6 +83,56 @@ def _produce(
             _tma_load(
                 v_desc, [page * PAGE, kvh * D], ready.index(stage), v_ring.index(stage).slice(i * PAGE, PAGE)
             )
+
+
+@gluon.jit
+def _tile(
+    q,
+    k_raw,
+    v_raw,
+    tile16,
+    release,
+    ks,
+    vs,
+    n_ok,
+    n_m,
+    seq_len,
+    scale_log2,
+    m_i,
+    l_i,
+    acc,
+    zero,
+    RELEASE: gl.constexpr,
+    raw_l: gl.constexpr,
+    a_l: gl.constexpr,
+    b_l: gl.constexpr,
+):
+    """One tile of paged_attention's loop on the raw tiles of a stage; the stage is released (when
+    RELEASE) once both are in registers."""
+    # Scores: keys dequantised exactly into bf16, as the shipped kernel does.
+    raw_k = k_raw.load(raw_l)
+    kf = (raw_k.to(gl.float32) * ks[:, None]).to(gl.bfloat16)
+    tile16.store(kf)
+    k_b = tile16.permute((1, 0)).load(b_l)
+    s = mma_v2(q, k_b, zero)
+    s = s * scale_log2
+    s = gl.where((n_m < seq_len)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+
+    # Values: keys past the sequence zeroed (their probability is 0, but 0 x NaN is not 0).
+    raw_v = v_raw.load(raw_l)
+    if RELEASE:
+        mbarrier.arrive(release, count=1)
+    vf = gl.where(n_ok[:, None], raw_v.to(gl.float32) * vs[:, None], 0.0).to(gl.bfloat16)
+    tile16.store(vf)
+    v_b = tile16.load(b_l)
+    p_a = gl.convert_layout(p.to(gl.bfloat16), a_l)
+    acc = mma_v2(p_a, v_b, acc * alpha[:, None])
+    return m_new, l_i, acc
 
 
 @gluon.jit
@@ -117,9 +168,11 @@ def _consume(
     STAGES: gl.constexpr,
     PAGE: gl.constexpr,
     D: gl.constexpr,
+    PROBE: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """The consumer warps: paged_attention's loop over the tiles, reading each from its stage."""
+    """The consumer warps: paged_attention's loop over the tiles, reading each from its stage.
+    (PROBE: decode_ws.)"""
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[2, 0], warps_per_cta=[1, num_warps], instr_shape=[16, 8]
     )
@@ -152,32 +205,32 @@ def _consume(
         page = gl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(gl.int64)
         ks = gl.load(ks_ptr + page * sksb + (n % PAGE) * skss + kvh * sksh, mask=n_ok, other=0.0)
         vs = gl.load(vs_ptr + page * svsb + (n % PAGE) * svss + kvh * svsh, mask=n_ok, other=0.0)
-        mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
-
-        # Scores: keys dequantised exactly into bf16, as the shipped kernel does.
-        raw_k = k_ring.index(stage).load(raw_l)
-        kf = (raw_k.to(gl.float32) * ks[:, None]).to(gl.bfloat16)
-        tile16.store(kf)
-        k_b = tile16.permute((1, 0)).load(b_l)
-        s = mma_v2(q, k_b, zero)
-        s = s * scale_log2
-        n_m = start + n_s
-        s = gl.where((n_m < seq_len)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-
-        # Values: keys past the sequence zeroed (their probability is 0, but 0 x NaN is not 0).
-        raw_v = v_ring.index(stage).load(raw_l)
-        mbarrier.arrive(empty.index(stage), count=1)  # both raw tiles are in registers now
-        vf = gl.where(n_ok[:, None], raw_v.to(gl.float32) * vs[:, None], 0.0).to(gl.bfloat16)
-        tile16.store(vf)
-        v_b = tile16.load(b_l)
-        p_a = gl.convert_layout(p.to(gl.bfloat16), a_l)
-        acc = mma_v2(p_a, v_b, acc * alpha[:, None])
-        m_i = m_new
+        if PROBE != 1:
+            mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
+        if PROBE == 2:
+            mbarrier.arrive(empty.index(stage), count=1)
+        else:
+            m_i, l_i, acc = _tile(
+                q,
+                k_ring.index(stage),
+                v_ring.index(stage),
+                tile16,
+                empty.index(stage),
+                ks,
+                vs,
+                n_ok,
+                start + n_s,
+                seq_len,
+                scale_log2,
+                m_i,
+                l_i,
+                acc,
+                zero,
+                PROBE == 0,
+                raw_l,
+                a_l,
+                b_l,
+            )
 
     out = acc / gl.where(row_ok, l_i, 1.0)[:, None]
     d_o = gl.arange(0, D, layout=gl.SliceLayout(0, mma))
@@ -214,6 +267,7 @@ def _decode_ws_kernel(
     STAGES: gl.constexpr,
     PAGE: gl.constexpr,
     D: gl.constexpr,
+    PROBE: gl.constexpr,
     PRODUCER_REGISTERS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
@@ -269,6 +323,7 @@ def _decode_ws_kernel(
                     STAGES,
                     PAGE,
                     D,
+                    PROBE,
                     num_warps,
                 ),
             ),
@@ -289,6 +344,7 @@ def _decode_ws_kernel(
                     BLOCK_N,
                     PAGE,
                     D,
+                    PROBE,
                 ),
             ),
         ],
@@ -313,12 +369,16 @@ def decode_ws(
     producer_registers: int = 40,
     max_registers: int | None = 128,
     block_n: int = 128,
+    probe: int = 0,
 ) -> torch.Tensor:
     """One decode token a sequence: q [B, Hq, 128] bf16; k/v [blocks, 16, Hk, 128] float8_e4m3fn
     (contiguous) with k_scale/v_scale [blocks, 16, Hk, 1] float32. Returns [B, Hq, 128] bf16.
     max_registers caps the registers a thread of the launch (None: no cap): what a SM holds of
     programs follows from it, since the warps' registers are reserved at the cap. block_n: keys a
-    tile (128 is the shipped FP8 tile; 64 halves a stage, and rounds otherwise)."""
+    tile (128 is the shipped FP8 tile; 64 halves a stage, and rounds otherwise). probe, for timing
+    the two halves apart (the output is then meaningless): 1 runs the consumers' arithmetic on
+    whatever the stages hold, with no copies and no waits; 2 runs the copies, the consumers only
+    waiting for each stage and releasing it."""
     b, hq, d = q.shape
     nb, page, hk, _ = k.shape
     out = torch.empty_like(q)
@@ -350,6 +410,7 @@ def decode_ws(
         PAGE=page,
         D=d,
         PRODUCER_REGISTERS=producer_registers,
+        PROBE=probe,
         num_warps=4,
         **({"maxnreg": max_registers} if max_registers else {}),
     )
@@ -375,10 +436,10 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     def shipped() -> torch.Tensor:
         return shipped_decode(pr, scale)
 
-    def ws(cfg: tuple[int, int, int | None]) -> torch.Tensor:
+    def ws(cfg: tuple[int, int, int | None], probe: int = 0) -> torch.Tensor:
         block_n, stages, cap = cfg
         args = (pr["q"], pr["k"], pr["v"], pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, stages)
-        return decode_ws(*args, max_registers=cap, block_n=block_n)
+        return decode_ws(*args, max_registers=cap, block_n=block_n, probe=probe)
 
     want = shipped()
     t_ship = 1e3 * graph_ms_per_call([shipped])
@@ -391,6 +452,13 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
             t = 1e3 * graph_ms_per_call([lambda cfg=cfg: ws(cfg)])
             cells.append(f"{t:.1f} ({'equal' if torch.equal(want, got) else f'diff {diff:.2g}'})")
         except Exception as exc:  # a config that fails to compile or run is reported, not fatal
+            cells.append(f"error {type(exc).__name__}: {str(exc)[:80]}")
+    # The first config's halves timed apart: its arithmetic alone, then its copies alone.
+    for probe in (1, 2):
+        try:
+            t = 1e3 * graph_ms_per_call([lambda probe=probe: ws(CONFIGS[0], probe)])
+            cells.append(f"{t:.1f}")
+        except Exception as exc:
             cells.append(f"error {type(exc).__name__}: {str(exc)[:80]}")
     floor = 2 * batch * ctx * pr["k"].shape[2] * (HEAD_DIM + 4) / bw * 1e6
     return f"{batch:>5} {ctx:>5} {t_ship:>10.1f} {floor:>9.1f}   " + " | ".join(cells)
@@ -410,6 +478,7 @@ def main() -> None:
     print(
         f"{'batch':>5} {'ctx':>5} {'shipped us':>10} {'floor us':>9}   "
         + " | ".join("ws {}/{}/{}".format(*c) for c in CONFIGS)
+        + " | {0} math only | {0} copies only".format("/".join(map(str, CONFIGS[0])))
     )
     for batch in args.batch:
         for ctx in args.ctx:
