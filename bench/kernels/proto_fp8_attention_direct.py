@@ -33,10 +33,9 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, shipped_decode
 from shardinfer.kernels import paged_attention
 
-HEAD_DIM = 128
-PAGE_SIZE = 16
 D = gl.constexpr(HEAD_DIM)
 PAGE = gl.constexpr(PAGE_SIZE)
 BLOCK_N = gl.constexpr(128)
@@ -247,30 +246,6 @@ def decode_direct(
     return out
 
 
-def problem(batch: int, ctx: int, group: int, hk: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A decode batch over a paged FP8 cache (fp8_quant's per-key scales), pages shuffled."""
-    from shardinfer.kernels.fp8_quant import quantize_groups
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    pages_per_seq = -(-ctx // PAGE_SIZE)
-    blocks = batch * pages_per_seq + 1
-    k = torch.randn(blocks, PAGE_SIZE, hk, HEAD_DIM, device="cuda", generator=g, dtype=torch.bfloat16)
-    v = torch.randn(blocks, PAGE_SIZE, hk, HEAD_DIM, device="cuda", generator=g, dtype=torch.bfloat16)
-    kq, ks = quantize_groups(k.view(-1, HEAD_DIM))
-    vq, vs = quantize_groups(v.view(-1, HEAD_DIM))
-    order = torch.randperm(blocks - 1, device="cuda", generator=g).to(torch.int32) + 1
-    return {
-        "q": torch.randn(batch, group * hk, HEAD_DIM, device="cuda", generator=g, dtype=torch.bfloat16),
-        "k": kq.view(blocks, PAGE_SIZE, hk, HEAD_DIM),
-        "v": vq.view(blocks, PAGE_SIZE, hk, HEAD_DIM),
-        "ks": ks.view(blocks, PAGE_SIZE, hk, 1).contiguous(),
-        "vs": vs.view(blocks, PAGE_SIZE, hk, 1).contiguous(),
-        "bt": order.view(batch, pages_per_seq).contiguous(),
-        "sl": torch.full((batch,), ctx, device="cuda", dtype=torch.int32),
-        "qsl": torch.arange(batch + 1, device="cuda", dtype=torch.int32),
-    }
-
-
 CAPS = (None, 168, 128)  # register caps per thread tried for the prototype
 
 
@@ -284,18 +259,7 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     k_p, v_p = permuted_caches(pr["k"], pr["v"])
 
     def shipped() -> torch.Tensor:
-        return paged_attention.paged_attention(
-            pr["q"],
-            pr["k"],
-            pr["v"],
-            pr["qsl"],
-            pr["sl"],
-            pr["bt"],
-            scale,
-            max_seq_len=ctx,
-            k_scale=pr["ks"],
-            v_scale=pr["vs"],
-        )
+        return shipped_decode(pr, scale)
 
     def direct(cap: int | None) -> torch.Tensor:
         return decode_direct(pr["q"], k_p, v_p, pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, cap)

@@ -33,10 +33,8 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from shardinfer.kernels import paged_attention
+from bench.kernels.fp8_decode_batch import HEAD_DIM, problem, reference, shipped_decode
 
-HEAD_DIM = 128
-PAGE_SIZE = 16
 _LOG2E = 1.4426950408889634
 
 
@@ -172,64 +170,6 @@ def decode_warpsplit(
         **limits,
     )
     return out
-
-
-def problem(
-    batch: int, ctx: int, group: int, hk: int = 8, seed: int = 0, device: str = "cuda"
-) -> dict[str, torch.Tensor]:
-    """A decode batch over a paged FP8 cache (fp8_quant's per-key scales), pages shuffled."""
-    from shardinfer.kernels.fp8_quant import quantize_groups
-
-    g = torch.Generator(device=device).manual_seed(seed)
-    pages_per_seq = -(-ctx // PAGE_SIZE)
-    blocks = batch * pages_per_seq + 1
-    shape = (blocks, PAGE_SIZE, hk, HEAD_DIM)
-    k = torch.randn(shape, device=device, generator=g, dtype=torch.bfloat16)
-    v = torch.randn(shape, device=device, generator=g, dtype=torch.bfloat16)
-    kq, ks = quantize_groups(k.view(-1, HEAD_DIM))
-    vq, vs = quantize_groups(v.view(-1, HEAD_DIM))
-    order = torch.randperm(blocks - 1, device=device, generator=g).to(torch.int32) + 1
-    q = torch.randn(batch, group * hk, HEAD_DIM, device=device, generator=g, dtype=torch.bfloat16)
-    return {
-        "q": q,
-        "k": kq.view(shape),
-        "v": vq.view(shape),
-        "ks": ks.view(blocks, PAGE_SIZE, hk, 1).contiguous(),
-        "vs": vs.view(blocks, PAGE_SIZE, hk, 1).contiguous(),
-        "bt": order.view(batch, pages_per_seq).contiguous(),
-        "sl": torch.full((batch,), ctx, device=device, dtype=torch.int32),
-        "qsl": torch.arange(batch + 1, device=device, dtype=torch.int32),
-    }
-
-
-def reference(pr: dict[str, torch.Tensor], scale: float, rows: int | None = None) -> torch.Tensor:
-    """The first `rows` decode rows (all by default) in float64 from the dequantised cache."""
-    q = pr["q"][:rows].double()
-    b, hq, _ = q.shape
-    hk = pr["k"].shape[2]
-    ctx = int(pr["sl"][0])
-    k = (pr["k"].double() * pr["ks"].double())[pr["bt"][:rows].long()]  # [B, pages, 16, Hk, D]
-    v = (pr["v"].double() * pr["vs"].double())[pr["bt"][:rows].long()]
-    k = k.reshape(b, -1, hk, HEAD_DIM)[:, :ctx].repeat_interleave(hq // hk, dim=2)
-    v = v.reshape(b, -1, hk, HEAD_DIM)[:, :ctx].repeat_interleave(hq // hk, dim=2)
-    s = torch.einsum("bhd,bnhd->bhn", q, k) * scale
-    return torch.einsum("bhn,bnhd->bhd", torch.softmax(s, -1), v)
-
-
-def shipped_decode(pr: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
-    """The engine's kernel (paged_attention on the FP8 cache, its defaults) on a `problem` batch."""
-    return paged_attention.paged_attention(
-        pr["q"],
-        pr["k"],
-        pr["v"],
-        pr["qsl"],
-        pr["sl"],
-        pr["bt"],
-        scale,
-        max_seq_len=int(pr["bt"].shape[1]) * PAGE_SIZE,
-        k_scale=pr["ks"],
-        v_scale=pr["vs"],
-    )
 
 
 CHECKED_ROWS = 16  # rows compared against float64 (the reference holds every key of a row per head)

@@ -41,8 +41,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-HEAD_DIM = 128
-PAGE_SIZE = 16
+from bench.kernels.fp8_decode_batch import HEAD_DIM, problem, shipped_decode
+
 _LOG2E = 1.4426950408889634
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
@@ -428,7 +428,6 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     CUDA-graph replays), each with whether its output equals the shipped kernel's bit for bit and
     its largest difference from it. A config that fails is reported in its column."""
     from bench.gpu_timing import graph_ms_per_call
-    from bench.kernels.proto_fp8_attention_warpsplit import problem, shipped_decode
 
     pr = problem(batch, ctx, group)
     scale = HEAD_DIM**-0.5

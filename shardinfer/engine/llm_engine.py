@@ -529,12 +529,12 @@ class LLMEngine:
         """Counters since the engine was built, and its build: max_num_seqs (the batch cap in effect,
         given or the engine's default), engine_start_s (the constructor's seconds) and, where it
         compiled kernels ahead (engine/precompile.py), compiled_ahead_variants and compiled_ahead_s.
-        With asynchronous scheduling, synchronous_steps
-        counts steps whose forward waited for the previous step's tokens (prompt logprobs), and
-        deferred_sampling_steps those that read the previous step back between their forward and
-        their sampling (grammar masks, penalties); both stay 0 without it. grammar_mask_wait_s is
-        the time the engine thread waited for grammar masks filled on the mask thread: the part of
-        the fill that planning the next step did not hide.
+        With asynchronous scheduling, synchronous_steps counts steps whose forward waited for the
+        previous step's tokens (prompt logprobs), and deferred_sampling_steps those that read the
+        previous step back between their forward and their sampling (grammar masks, penalties);
+        both stay 0 without it. grammar_mask_wait_s is the time the engine thread waited for
+        grammar masks filled on the mask thread: the part of the fill that planning the next step
+        did not hide.
 
         With speculative decoding: draft_tokens verified (padded_draft_tokens of them fillers),
         accepted_draft_tokens, draft_acceptance_rate, draft_acceptance_p<j> (the share of
