@@ -136,6 +136,53 @@ def _tile(
 
 
 @gluon.jit
+def _tile_local(
+    q,
+    k_raw,
+    v_raw,
+    release,
+    ks,
+    vs,
+    v_ok,
+    n_m,
+    seq_len,
+    scale_log2,
+    m_i,
+    l_i,
+    acc,
+    zero,
+    RELEASE: gl.constexpr,
+    k_l: gl.constexpr,
+    v_l: gl.constexpr,
+    b_l: gl.constexpr,
+    a_l: gl.constexpr,
+):
+    """_tile without the shared-memory restage: each warp loads the raw bytes of exactly the keys
+    (k_l) and value columns (v_l) its MMA operand holds, so the dequantised tile reaches the
+    operand layout by a conversion inside the warp (register moves and shuffles, no barrier)."""
+    raw_k = k_raw.load(k_l)
+    kf = (raw_k.to(gl.float32) * ks[:, None]).to(gl.bfloat16)
+    k_b = gl.convert_layout(gl.permute(kf, (1, 0)), b_l)
+    s = mma_v2(q, k_b, zero)
+    s = s * scale_log2
+    s = gl.where((n_m < seq_len)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + gl.sum(p, 1)
+
+    raw_v = v_raw.load(v_l)
+    if RELEASE:
+        mbarrier.arrive(release, count=1)
+    vf = gl.where(v_ok[:, None], raw_v.to(gl.float32) * vs[:, None], 0.0).to(gl.bfloat16)
+    v_b = gl.convert_layout(vf, b_l)
+    p_a = gl.convert_layout(p.to(gl.bfloat16), a_l)
+    acc = mma_v2(p_a, v_b, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@gluon.jit
 def _consume(
     q_ptr,
     ks_ptr,
@@ -169,6 +216,7 @@ def _consume(
     PAGE: gl.constexpr,
     D: gl.constexpr,
     PROBE: gl.constexpr,
+    LOCAL: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """The consumer warps: paged_attention's loop over the tiles, reading each from its stage.
@@ -196,19 +244,62 @@ def _consume(
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
     keys_raw = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, raw_l))
     n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+    # LOCAL: warp w's MMA operands hold keys (scores) and value columns (output) 8w + 32r + j, so
+    # warp w loads those rows of the key tile and those columns of the value tile.
+    k_l: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[2, 16], threads_per_warp=[4, 8], warps_per_cta=[num_warps, 1], order=[1, 0]
+    )
+    v_l: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[32, 1], warps_per_cta=[1, num_warps], order=[1, 0]
+    )
+    keys_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_l))
+    keys_v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_l))
     for t in range(n_tiles):
         stage = t % STAGES
         start = t * BLOCK_N
         # The tile's scales from global memory, issued before waiting for its stage.
-        n = start + keys_raw
-        n_ok = n < seq_len
-        page = gl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(gl.int64)
-        ks = gl.load(ks_ptr + page * sksb + (n % PAGE) * skss + kvh * sksh, mask=n_ok, other=0.0)
-        vs = gl.load(vs_ptr + page * svsb + (n % PAGE) * svss + kvh * svsh, mask=n_ok, other=0.0)
+        if LOCAL:
+            nk = start + keys_k
+            page_k = gl.load(bt_row + nk // PAGE, mask=nk < seq_len, other=0).to(gl.int64)
+            ks_l = gl.load(
+                ks_ptr + page_k * sksb + (nk % PAGE) * skss + kvh * sksh, mask=nk < seq_len, other=0.0
+            )
+            nv = start + keys_v
+            v_ok = nv < seq_len
+            page_v = gl.load(bt_row + nv // PAGE, mask=v_ok, other=0).to(gl.int64)
+            vs_l = gl.load(vs_ptr + page_v * svsb + (nv % PAGE) * svss + kvh * svsh, mask=v_ok, other=0.0)
+        else:
+            n = start + keys_raw
+            n_ok = n < seq_len
+            page = gl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(gl.int64)
+            ks = gl.load(ks_ptr + page * sksb + (n % PAGE) * skss + kvh * sksh, mask=n_ok, other=0.0)
+            vs = gl.load(vs_ptr + page * svsb + (n % PAGE) * svss + kvh * svsh, mask=n_ok, other=0.0)
         if PROBE != 1:
             mbarrier.wait(ready.index(stage), (t // STAGES) & 1)
         if PROBE == 2:
             mbarrier.arrive(empty.index(stage), count=1)
+        elif LOCAL:
+            m_i, l_i, acc = _tile_local(
+                q,
+                k_ring.index(stage),
+                v_ring.index(stage),
+                empty.index(stage),
+                ks_l,
+                vs_l,
+                v_ok,
+                start + n_s,
+                seq_len,
+                scale_log2,
+                m_i,
+                l_i,
+                acc,
+                zero,
+                PROBE == 0,
+                k_l,
+                v_l,
+                b_l,
+                a_l,
+            )
         else:
             m_i, l_i, acc = _tile(
                 q,
@@ -268,6 +359,7 @@ def _decode_ws_kernel(
     PAGE: gl.constexpr,
     D: gl.constexpr,
     PROBE: gl.constexpr,
+    LOCAL: gl.constexpr,
     PRODUCER_REGISTERS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
@@ -279,8 +371,11 @@ def _decode_ws_kernel(
     bt_row = bt_ptr + seq.to(gl.int64) * sbt
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+    # The restage buffer (a token one when LOCAL, which has none).
     tile16 = gl.allocate_shared_memory(
-        gl.bfloat16, [BLOCK_N, D], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        gl.bfloat16,
+        [16 if LOCAL else BLOCK_N, 16 if LOCAL else D],
+        gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0]),
     )
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -324,6 +419,7 @@ def _decode_ws_kernel(
                     PAGE,
                     D,
                     PROBE,
+                    LOCAL,
                     num_warps,
                 ),
             ),
@@ -370,6 +466,7 @@ def decode_ws(
     max_registers: int | None = 128,
     block_n: int = 128,
     probe: int = 0,
+    local: bool = False,
 ) -> torch.Tensor:
     """One decode token a sequence: q [B, Hq, 128] bf16; k/v [blocks, 16, Hk, 128] float8_e4m3fn
     (contiguous) with k_scale/v_scale [blocks, 16, Hk, 1] float32. Returns [B, Hq, 128] bf16.
@@ -411,16 +508,19 @@ def decode_ws(
         D=d,
         PRODUCER_REGISTERS=producer_registers,
         PROBE=probe,
+        LOCAL=local,
         num_warps=4,
         **({"maxnreg": max_registers} if max_registers else {}),
     )
     return out
 
 
-# (keys a tile, stages, register cap a thread). With 128-key tiles two stages fit two programs a SM
-# by shared memory (100 KB each), three one (133 KB); 64-key tiles fit three programs at three
-# stages (67 KB) and two at four.
-CONFIGS = ((128, 2, 128), (128, 2, None), (128, 3, 128), (64, 3, 128), (64, 4, 128))
+# (keys a tile, stages, register cap a thread, warp-local operands). With 128-key tiles two stages
+# fit two programs a SM by shared memory (100 KB each); without the restage buffer (local) three
+# (70 KB), and two at three stages. 64-key tiles are other bits (another summation order).
+CONFIGS = ((128, 2, 128, False), (128, 2, 128, True), (128, 3, 128, True), (64, 4, 128, True))
+# The config whose arithmetic and copies are also timed apart.
+PROBED = CONFIGS[1]
 
 
 def compare(batch: int, ctx: int, group: int, bw: float) -> str:
@@ -435,10 +535,10 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     def shipped() -> torch.Tensor:
         return shipped_decode(pr, scale)
 
-    def ws(cfg: tuple[int, int, int | None], probe: int = 0) -> torch.Tensor:
-        block_n, stages, cap = cfg
+    def ws(cfg: tuple[int, int, int | None, bool], probe: int = 0) -> torch.Tensor:
+        block_n, stages, cap, local = cfg
         args = (pr["q"], pr["k"], pr["v"], pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, stages)
-        return decode_ws(*args, max_registers=cap, block_n=block_n, probe=probe)
+        return decode_ws(*args, max_registers=cap, block_n=block_n, probe=probe, local=local)
 
     want = shipped()
     t_ship = 1e3 * graph_ms_per_call([shipped])
@@ -452,10 +552,10 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
             cells.append(f"{t:.1f} ({'equal' if torch.equal(want, got) else f'diff {diff:.2g}'})")
         except Exception as exc:  # a config that fails to compile or run is reported, not fatal
             cells.append(f"error {type(exc).__name__}: {str(exc)[:80]}")
-    # The first config's halves timed apart: its arithmetic alone, then its copies alone.
+    # PROBED's halves timed apart: its arithmetic alone, then its copies alone.
     for probe in (1, 2):
         try:
-            t = 1e3 * graph_ms_per_call([lambda probe=probe: ws(CONFIGS[0], probe)])
+            t = 1e3 * graph_ms_per_call([lambda probe=probe: ws(PROBED, probe)])
             cells.append(f"{t:.1f}")
         except Exception as exc:
             cells.append(f"error {type(exc).__name__}: {str(exc)[:80]}")
@@ -476,8 +576,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, group {args.group}")
     print(
         f"{'batch':>5} {'ctx':>5} {'shipped us':>10} {'floor us':>9}   "
-        + " | ".join("ws {}/{}/{}".format(*c) for c in CONFIGS)
-        + " | {0} math only | {0} copies only".format("/".join(map(str, CONFIGS[0])))
+        + " | ".join("ws {}/{}/{}{}".format(*c[:3], "/local" if c[3] else "") for c in CONFIGS)
+        + " | {0} math only | {0} copies only".format("/".join(map(str, PROBED)))
     )
     for batch in args.batch:
         for ctx in args.ctx:
