@@ -11,8 +11,8 @@ from torch import nn
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.deepseek_mla import DeepseekMLA
-from shardinfer.engine.models.deepseek_moe import DeepseekMoE, SwiGLUMLP, moe_setting
-from shardinfer.engine.models.layers import PreNormDecoderLayer, RMSNorm
+from shardinfer.engine.models.deepseek_moe import DeepseekMoE, moe_setting
+from shardinfer.engine.models.layers import PreNormDecoderLayer, RMSNorm, SwiGLUMLP
 from shardinfer.engine.models.rope import RopeTable
 
 

@@ -27,6 +27,7 @@ from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.layers import Linear, RMSNorm
 from shardinfer.engine.models.rope import RopeTable, yarn_mscale
 from shardinfer.kernels import ops
+from shardinfer.kernels.reference_fp8 import Fp8Activation
 
 # The latent norms use RMSNorm's default epsilon in both the official and transformers code,
 # not config.rms_norm_eps.
@@ -104,9 +105,22 @@ class DeepseekMLA(nn.Module):
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return ops.rope_interleaved(x, cos, sin) if self.interleaved else ops.rope_neox(x, cos, sin)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        d, t, bi = self.d, x.shape[0], self.numerics.batch_invariant
-        q = self.q_proj(x) if d.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+    def takes_fp8_input(self) -> bool:
+        """The input feeds the query's first projection and kv_a_proj_with_mqa alone, so when both
+        are FP8 they take it quantised once, by the norm before (layers.py)."""
+        first = self.q_proj if self.d.q_lora_rank is None else self.q_a_proj
+        return first.takes_fp8_input() and self.kv_a_proj_with_mqa.takes_fp8_input()
+
+    def forward(
+        self, x: torch.Tensor | Fp8Activation, positions: torch.Tensor, ctx: ForwardContext
+    ) -> torch.Tensor:
+        """x [T, hidden], float or quantised (takes_fp8_input)."""
+        d, bi = self.d, self.numerics.batch_invariant
+        if d.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm.norm_for(self.q_a_proj(x), self.q_b_proj))
+        t = q.shape[0]
         q = q.view(t, d.num_heads, d.qk_head_dim)
         q_nope, q_pe = q[..., : d.qk_nope_head_dim], q[..., d.qk_nope_head_dim :]
         kv = self.kv_a_proj_with_mqa(x)

@@ -18,26 +18,13 @@ from torch import nn
 
 from shardinfer.engine.models.base import Numerics
 from shardinfer.engine.models.config import ModelConfig
-from shardinfer.engine.models.layers import Linear
+from shardinfer.engine.models.layers import SwiGLUMLP
 from shardinfer.errors import ModelLoadError
 from shardinfer.kernels import ops
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP, quantize_blocks
 
 if TYPE_CHECKING:
     from shardinfer.engine.parallel.group import ExpertParallelGroup
-
-
-class SwiGLUMLP(nn.Module):
-    """down(silu(gate x) * up x), gate and up fused into one matmul (checkpoint: gate_proj, up_proj)."""
-
-    def __init__(self, hidden: int, intermediate: int, numerics: Numerics) -> None:
-        super().__init__()
-        self.intermediate = intermediate
-        self.gate_up_proj = Linear(hidden, 2 * intermediate, False, numerics)
-        self.down_proj = Linear(intermediate, hidden, False, numerics)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 # (scoring_func, topk_method) pairs and what they mean:

@@ -19,7 +19,14 @@ from shardinfer.engine.forward_context import ForwardContext
 from shardinfer.engine.models.base import KVLayerSpec, Numerics
 from shardinfer.engine.models.config import ModelConfig
 from shardinfer.engine.models.fp8 import WeightLoader, fp8_format, pair_fp8_weights
-from shardinfer.engine.models.layers import Linear, PreNormDecoderLayer, RMSNorm, embedding, logits_head
+from shardinfer.engine.models.layers import (
+    Linear,
+    PreNormDecoderLayer,
+    RMSNorm,
+    SwiGLUMLP,
+    embedding,
+    logits_head,
+)
 from shardinfer.engine.models.rope import RopeTable
 from shardinfer.errors import CheckpointError, ModelLoadError
 from shardinfer.kernels import ops
@@ -155,31 +162,14 @@ class DenseAttention(nn.Module):
         return self.o_proj(out.reshape(t, self.q_size))
 
 
-class DenseMLP(nn.Module):
-    def __init__(self, config: ModelConfig, numerics: Numerics) -> None:
-        super().__init__()
-        bias = bool(config.hf.get("mlp_bias", False))
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias, numerics)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, numerics)
-
-    def takes_fp8_input(self) -> bool:
-        """The input feeds gate_up_proj alone, so an FP8 gate_up_proj can take it quantised."""
-        return self.gate_up_proj.takes_fp8_input()
-
-    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if self.down_proj.takes_fp8_input():  # the activation kernel quantises for down_proj
-            return self.down_proj(ops.silu_and_mul_fp8(gate_up))
-        return self.down_proj(ops.silu_and_mul(gate_up))
-
-
 class DenseDecoderLayer(PreNormDecoderLayer):
     def __init__(
         self, config: ModelConfig, numerics: Numerics, layer_idx: int, window: int | None, rope: RopeTable
     ) -> None:
         super().__init__()
         self.self_attn = DenseAttention(config, numerics, layer_idx, window, rope)
-        self.mlp = DenseMLP(config, numerics)
+        bias = bool(config.hf.get("mlp_bias", False))
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, numerics, bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, numerics)
 

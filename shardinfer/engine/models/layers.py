@@ -5,8 +5,8 @@ row-tiled reference elsewhere. A Linear holding FP8 weights (a `weight_scale_inv
 `weight_scale` beside its float8 `weight`, the checkpoints' names) goes through `ops.linear_fp8`
 instead, or, handed an input its producer quantised already (an `Fp8Activation`), through
 `ops.linear_fp8_prequantized`: PreNormDecoderLayer's norms quantise in their own kernel for an
-attention or MLP module that opts in (`takes_fp8_input`), which saves the FP8 linear its
-quantisation launch and gives the same bits."""
+attention or MLP module that opts in (`takes_fp8_input`), as SwiGLUMLP's activation does for its
+down projection, which saves the FP8 linear its quantisation launch and gives the same bits."""
 
 from __future__ import annotations
 
@@ -144,6 +144,34 @@ class RMSNorm(nn.Module):
     ) -> tuple[Fp8Activation, torch.Tensor]:
         """add_and_norm with the normalised output quantised for an FP8 linear, in the same launch."""
         return ops.fused_add_rms_norm_fp8(x, residual, self.weight, self.eps)
+
+    def norm_for(self, x: torch.Tensor, consumer: Linear) -> torch.Tensor | Fp8Activation:
+        """forward(x), quantised in the same launch when it feeds `consumer` alone and that linear
+        takes its input quantised (the same bits as the linear quantising it)."""
+        if consumer.takes_fp8_input():
+            return ops.rms_norm_fp8(x, self.weight, self.eps)
+        return self.forward(x)
+
+
+class SwiGLUMLP(nn.Module):
+    """down(silu(gate x) * up x), gate and up fused into one matmul (checkpoints: gate_proj,
+    up_proj). With FP8 weights the activation kernel quantises down_proj's input, and the module
+    takes its own input quantised (takes_fp8_input) where gate_up_proj is its only reader."""
+
+    def __init__(self, hidden: int, intermediate: int, numerics: Numerics, bias: bool = False) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias, numerics)
+        self.down_proj = Linear(intermediate, hidden, bias, numerics)
+
+    def takes_fp8_input(self) -> bool:
+        return self.gate_up_proj.takes_fp8_input()
+
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if self.down_proj.takes_fp8_input():
+            return self.down_proj(ops.silu_and_mul_fp8(gate_up))
+        return self.down_proj(ops.silu_and_mul(gate_up))
 
 
 def embedding(num_embeddings: int, dim: int, dtype: torch.dtype) -> nn.Embedding:
