@@ -145,14 +145,31 @@ def check_interchangeable(k: int, dtype: torch.dtype, configs: list[TileConfig])
 CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig | Tiling[TileConfig]] = {}
 
 
+# The narrow float32 product's warps a program and launch (MoE routers; see _default_config). Two
+# warps on a one-tile-a-program grid were the fastest of the tilings bench/kernels/bench_router.py
+# times, with the same bits as every other (docs/performance.md); settings, so that
+# bench/throughput.py --variant-flags can time the old launch (4 warps, persistent) against it.
+ROUTER_WARPS = 2
+ROUTER_GRID = True
+
+
 def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
     if dtype == torch.float32:
         # IEEE float32 runs on the FMA units, not the tensor cores; small tiles keep registers in check.
         if n <= 256 and k >= 1024:
             # A narrow float32 product with a long K (MoE routers: 64-256 experts x hidden) has a
             # single column of tiles: without a split, M/64 programs each walk all of K on FMAs.
-            # A fixed split by K alone keeps the reduction order M-independent.
-            return TileConfig(32, 64, 32, num_warps=4, num_stages=3, split_k=min(16, k // 128))
+            # A fixed split by K alone keeps the reduction order M-independent; warps and launch
+            # change no bits (the FMA chain runs along K in order whatever the tile's shape).
+            return TileConfig(
+                32,
+                64,
+                32,
+                num_warps=ROUTER_WARPS,
+                num_stages=3,
+                persistent=not ROUTER_GRID,
+                split_k=min(16, k // 128),
+            )
         return TileConfig(64, 64, 32, num_warps=4, num_stages=3)
     # Two warpgroups of wgmma over a 128-row tile. Narrow outputs (o/down projections of small
     # models) get 64-wide column tiles so decode still spreads the weight read over more SMs.
