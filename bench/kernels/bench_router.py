@@ -5,8 +5,8 @@ A decode profile of moe-16b at batch 1024 (docs/performance.md) puts 27 `_linear
 a step: 26 routers (N 64 x K 2048, float32) and the LM head (bf16, float32 logits). This script
 times each side apart. Every candidate keeps the shipped split of K (the ranges that fix a row's
 summation order), so it must give the shipped tiling's bits: checked at every M beside its time.
-Grid-shaped and several-programs-a-SM launches are in the list because the shipped persistent
-launch runs one 4-warp program a SM, which leaves an FMA-bound kernel few warps to hide latency.
+The tiling before 848fb05 (four warps, one persistent program a SM) is in the list, so that a run
+compares the shipped one against it (bench/kernels/NOTES.md, "The MoE router's float32 GEMM").
 
     python bench/kernels/bench_router.py [--ms 64 256 1024 4096]
 """
@@ -34,19 +34,26 @@ LM_HEAD = ("moe-16b lm_head", 163840, 2048)
 
 
 def candidates(shipped: mm.TileConfig) -> dict[str, mm.TileConfig]:
-    """Tilings with the shipped split_k (and so the shipped ranges of K for these shapes)."""
+    """Tilings with the shipped split_k (and so the shipped ranges of K for these shapes): the
+    tiling before 848fb05 (4 warps, persistent), and block shapes and warps on a grid."""
     out = {"shipped": shipped}
-    out["shipped, grid"] = replace(shipped, persistent=False)
-    out["shipped, 4 a SM"] = replace(shipped, programs_per_sm=4)
-    for bm, bn, bk, warps in (
+    out["32x64x32 w4, persistent (before)"] = replace(shipped, num_warps=4, persistent=True)
+    shapes = (
         (64, 64, 32, 4),
         (32, 64, 64, 4),
         (64, 64, 64, 8),
         (128, 64, 32, 8),
         (32, 64, 32, 2),
-    ):
+        # 64 or more outputs a thread: 32 (the two-warp 32x64 tile) halved the time against 16
+        (64, 64, 32, 2),
+        (128, 64, 32, 4),
+        (32, 64, 32, 1),
+        (64, 64, 16, 2),
+    )
+    for bm, bn, bk, warps in shapes:
         cfg = replace(shipped, block_m=bm, block_n=bn, block_k=bk, num_warps=warps, persistent=False)
-        out[f"{bm}x{bn}x{bk} w{warps}, grid"] = cfg
+        if cfg not in out.values():  # the shipped tiling is timed once, under its own name
+            out[f"{bm}x{bn}x{bk} w{warps}, grid"] = cfg
     return out
 
 
