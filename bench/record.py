@@ -271,9 +271,9 @@ def _default(name: str, date: str) -> object:
 
 def variant_changes(variant: dict) -> str:
     """What a same-call variant run changed (throughput.py's --variant-* options), as one string."""
-    return " ".join(
-        x for x in (variant.get("fp8_tiling"), variant.get("flags"), variant.get("settings")) if x
-    )
+    kv = variant.get("kv_cache_dtype")
+    parts = (variant.get("fp8_tiling"), variant.get("flags"), variant.get("settings"), kv and f"KV {kv}")
+    return " ".join(x for x in parts if x)
 
 
 def _second_run_rows(r: dict) -> list[str]:

@@ -371,6 +371,13 @@ def main() -> None:
         "logprobs; e.g. max_num_seqs=512); combines with the other --variant-* options",
     )
     ap.add_argument(
+        "--variant-kv-cache-dtype",
+        default=None,
+        choices=["auto", "fp8"],
+        help="the variant run with this KV cache dtype instead (e.g. auto: FP8 weights over a bf16 "
+        "cache against the main run's FP8 cache); combines with the other --variant-* options",
+    )
+    ap.add_argument(
         "--logprobs",
         type=int,
         default=0,
@@ -394,7 +401,9 @@ def main() -> None:
     if tiling_change is not None and args.quantization != "fp8":
         ap.error("--variant-fp8-tiling: only FP8 weights have FP8 tilings; add --quantization fp8")
     flag_change = parse_flags(args.variant_flags) if args.variant_flags else None
-    settings_change = parse_settings(args.variant_settings) if args.variant_settings else None
+    settings_change: dict[str, object] | None = (
+        dict(parse_settings(args.variant_settings)) if args.variant_settings else None
+    )
 
     shape = SHAPES[args.workload]
     model_dir = build_checkpoint(args.workload, Path(args.ckpt_dir) / args.workload)
@@ -450,6 +459,8 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
     variant = None
+    if args.variant_kv_cache_dtype is not None:
+        settings_change = {**(settings_change or {}), "kv_cache_dtype": args.variant_kv_cache_dtype}
     if tiling_change is not None or flag_change is not None or settings_change is not None:
         import gc
 
@@ -463,6 +474,7 @@ def main() -> None:
             "fp8_tiling": args.variant_fp8_tiling,
             "flags": args.variant_flags,
             "settings": args.variant_settings,
+            "kv_cache_dtype": args.variant_kv_cache_dtype,
             "output_tok_s": other["output_tok_s"],
             "wall_s": other["wall_s"],
             "eager_s": other["eager_s"],

@@ -159,3 +159,16 @@ def test_record_writes_a_row_for_a_same_call_second_run() -> None:
     assert _second_run_rows({k: v for k, v in run.items() if k != "variant"}) == []
     settings = {**run, "variant": {**run["variant"], "fp8_tiling": None, "settings": "max_num_seqs=512"}}
     assert "variant `max_num_seqs=512` (same call)" in _second_run_rows(settings)[0]
+
+
+def test_a_variant_on_another_kv_cache_dtype_is_named_in_results() -> None:
+    """--variant-kv-cache-dtype's run (FP8 weights over a bf16 cache against the FP8 cache, say)
+    is told apart from the main run in RESULTS.md's row."""
+    from bench.record import variant_changes
+
+    assert variant_changes({"kv_cache_dtype": "auto", "flags": None}) == "KV auto"
+    assert (
+        variant_changes({"settings": "max_num_seqs=512", "kv_cache_dtype": "auto"})
+        == "max_num_seqs=512 KV auto"
+    )
+    assert variant_changes({"settings": "max_num_seqs=512"}) == "max_num_seqs=512"
