@@ -16,7 +16,8 @@ mask never depend on how the request was chunked or batched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -38,6 +39,12 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
 
 
+class RopeRows(Protocol):
+    """A rotary table whose rows for given positions can be looked up (models/rope.RopeTable)."""
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @dataclass
 class ForwardContext:
     """Everything a model's forward needs beyond token ids and positions."""
@@ -48,3 +55,19 @@ class ForwardContext:
     # hold one tensor [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim].
     kv_caches: list[tuple[torch.Tensor, ...]]
     batch_invariant: bool = True
+    # rope_rows' lookups of this forward: table id -> (positions, cos, sin).
+    _rope_rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def rope_rows(self, table: RopeRows, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """table.lookup(positions), gathered once per forward and table and shared by every layer
+        that asks with the same positions tensor (two gathers a step instead of two a layer). The
+        positions are kept with the rows, so a later call with another tensor (the MTP layer's)
+        looks its own rows up."""
+        hit = self._rope_rows.get(id(table))
+        if hit is not None and hit[0] is positions:
+            return hit[1], hit[2]
+        cos, sin = table.lookup(positions)
+        self._rope_rows[id(table)] = (positions, cos, sin)
+        return cos, sin

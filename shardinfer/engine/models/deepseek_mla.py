@@ -126,7 +126,7 @@ class DeepseekMLA(nn.Module):
         kv = self.kv_a_proj_with_mqa(x)
         latent = self.kv_a_layernorm(kv[:, : d.kv_lora_rank])
         k_pe = kv[:, d.kv_lora_rank :].unsqueeze(1)  # one rotary key shared by all heads
-        cos, sin = self.rope.lookup(positions)
+        cos, sin = ctx.rope_rows(self.rope, positions)
         q_pe = self._rope(q_pe, cos, sin)
         k_pe = self._rope(k_pe, cos, sin).squeeze(1)
 
