@@ -86,6 +86,20 @@ def _produce(
 
 
 @gluon.jit
+def _online_softmax(s, n_m, seq_len, scale_log2, m_i, l_i):
+    """The shipped loop's softmax step on one tile's raw scores: keys past the sequence masked, the
+    running max and sum updated. Returns (new max, the old accumulator's factor, probabilities,
+    new sum)."""
+    s = s * scale_log2
+    s = gl.where((n_m < seq_len)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(s - m_safe[:, None])
+    return m_new, alpha, p, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
 def _tile(
     q,
     k_raw,
@@ -114,14 +128,7 @@ def _tile(
     kf = (raw_k.to(gl.float32) * ks[:, None]).to(gl.bfloat16)
     tile16.store(kf)
     k_b = tile16.permute((1, 0)).load(b_l)
-    s = mma_v2(q, k_b, zero)
-    s = s * scale_log2
-    s = gl.where((n_m < seq_len)[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_i - m_safe)
-    p = gl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + gl.sum(p, 1)
+    m_new, alpha, p, l_i = _online_softmax(mma_v2(q, k_b, zero), n_m, seq_len, scale_log2, m_i, l_i)
 
     # Values: keys past the sequence zeroed (their probability is 0, but 0 x NaN is not 0).
     raw_v = v_raw.load(raw_l)
@@ -157,20 +164,14 @@ def _tile_local(
     b_l: gl.constexpr,
     a_l: gl.constexpr,
 ):
-    """_tile without the shared-memory restage: each warp loads the raw bytes of exactly the keys
-    (k_l) and value columns (v_l) its MMA operand holds, so the dequantised tile reaches the
-    operand layout by a conversion inside the warp (register moves and shuffles, no barrier)."""
+    """_tile without the restage buffer: each warp loads the raw bytes of exactly the keys (k_l) and
+    value columns (v_l) its own MMA operand holds, so no warp needs another's tile; the conversion
+    to the operand layout is the compiler's (Triton lowers it through a small shared scratch, with
+    barriers: bench/kernels/NOTES.md)."""
     raw_k = k_raw.load(k_l)
     kf = (raw_k.to(gl.float32) * ks[:, None]).to(gl.bfloat16)
     k_b = gl.convert_layout(gl.permute(kf, (1, 0)), b_l)
-    s = mma_v2(q, k_b, zero)
-    s = s * scale_log2
-    s = gl.where((n_m < seq_len)[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2(m_i - m_safe)
-    p = gl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + gl.sum(p, 1)
+    m_new, alpha, p, l_i = _online_softmax(mma_v2(q, k_b, zero), n_m, seq_len, scale_log2, m_i, l_i)
 
     raw_v = v_raw.load(v_l)
     if RELEASE:

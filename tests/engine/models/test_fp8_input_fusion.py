@@ -83,9 +83,11 @@ def _expected_calls(llm: LLM) -> dict[str, int]:
     }
 
 
-def _fused_and_unfused(
+def _assert_fusion_keeps_the_logits(
     llm: LLM, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], prompts: list[list[int]]
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+) -> None:
+    """The prompts' logits with every fusion on (each fused op called once a site) equal those with
+    every FP8 linear quantising its own input."""
     want = _expected_calls(llm)
     fused = batch_logits(llm.llm_engine, prompts)
     assert calls == want  # every FP8 linear's input came quantised
@@ -93,7 +95,8 @@ def _fused_and_unfused(
         m.setattr(Linear, "takes_fp8_input", lambda self: False)
         unfused = batch_logits(llm.llm_engine, prompts)
     assert calls == want
-    return fused, unfused
+    for a, b in zip(fused, unfused, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("family, overrides", FAMILIES, ids=IDS)
@@ -105,9 +108,7 @@ def test_fused_quantisation_gives_the_unfused_logits_on_the_reference_path(
     overrides: dict[str, Any],
 ) -> None:
     llm = LLM(tiny_checkpoint(family, **overrides), device="cpu", dtype="bfloat16", quantization="fp8")
-    fused, unfused = _fused_and_unfused(llm, monkeypatch, fused_calls, _prompts())
-    for a, b in zip(fused, unfused, strict=True):
-        assert torch.equal(a, b)
+    _assert_fusion_keeps_the_logits(llm, monkeypatch, fused_calls, _prompts())
 
 
 @pytest.mark.skipif(
@@ -127,9 +128,7 @@ def test_fused_quantisation_gives_the_unfused_logits_through_the_kernels(
     activation kernels and the GEMM on their output, against the plain kernels, quantiser and GEMM."""
     llm = LLM(tiny_checkpoint(family, **overrides), device="cpu", dtype="bfloat16", quantization="fp8")
     monkeypatch.setattr(ops, "_use_triton", lambda t: True)
-    fused, unfused = _fused_and_unfused(llm, monkeypatch, fused_calls, _prompts()[:2])
-    for a, b in zip(fused, unfused, strict=True):
-        assert torch.equal(a, b)
+    _assert_fusion_keeps_the_logits(llm, monkeypatch, fused_calls, _prompts()[:2])
 
 
 def test_float_models_are_not_fused(
