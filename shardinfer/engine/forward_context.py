@@ -57,7 +57,7 @@ class ForwardContext:
     batch_invariant: bool = True
     # rope_rows' lookups of this forward: table id -> (positions, cos, sin).
     _rope_rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
-        default_factory=dict, repr=False
+        default_factory=dict, init=False, repr=False
     )
 
     def rope_rows(self, table: RopeRows, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
