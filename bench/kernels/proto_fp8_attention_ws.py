@@ -37,6 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.language.core import builtin
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -47,6 +48,14 @@ _LOG2E = 1.4426950408889634
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@builtin
+def _view(desc, dtype, shape, layout, _semantic=None):  # type: ignore[no-untyped-def]
+    """desc seen with another dtype, shape and shared layout (Triton 3.6 names the method
+    _reinterpret, later versions reinterpret)."""
+    method = getattr(desc, "reinterpret", None) or desc._reinterpret
+    return method(dtype, shape, layout, _semantic=_semantic)
 
 
 @gluon.jit
@@ -163,14 +172,25 @@ def _tile_local(
     v_l: gl.constexpr,
     b_l: gl.constexpr,
     a_l: gl.constexpr,
+    ORDERED: gl.constexpr,
+    kb_l: gl.constexpr,
+    k_view: gl.constexpr,
 ):
     """_tile without the restage buffer: each warp loads the raw bytes of exactly the keys (k_l) and
     value columns (v_l) its own MMA operand holds, so no warp needs another's tile; the conversion
     to the operand layout is the compiler's (Triton lowers it through a small shared scratch, with
-    barriers: bench/kernels/NOTES.md)."""
-    raw_k = k_raw.load(k_l)
-    kf = (raw_k.to(gl.float32) * ks[:, None]).to(gl.bfloat16)
-    k_b = gl.convert_layout(gl.permute(kf, (1, 0)), b_l)
+    barriers: bench/kernels/NOTES.md). ORDERED: the key tile's dimensions are stored in operand
+    order (ordered_key_dims), so the raw bytes are read straight into the operand's own layout
+    (kb_l, through the shared view k_view) and no conversion is left (asserted trivial); ks is
+    then laid out along the operand's key axis."""
+    if ORDERED:
+        raw_k = _view(k_raw, gl.float8e4nv, [k_raw.shape[1], k_raw.shape[0]], k_view).load(kb_l)
+        kf = (raw_k.to(gl.float32) * ks[None, :]).to(gl.bfloat16)
+        k_b = gl.convert_layout(kf, b_l, assert_trivial=True)
+    else:
+        raw_k = k_raw.load(k_l)
+        kf = (raw_k.to(gl.float32) * ks[:, None]).to(gl.bfloat16)
+        k_b = gl.convert_layout(gl.permute(kf, (1, 0)), b_l)
     m_new, alpha, p, l_i = _online_softmax(mma_v2(q, k_b, zero), n_m, seq_len, scale_log2, m_i, l_i)
 
     raw_v = v_raw.load(v_l)
@@ -218,6 +238,8 @@ def _consume(
     D: gl.constexpr,
     PROBE: gl.constexpr,
     LOCAL: gl.constexpr,
+    KB_L: gl.constexpr,
+    K_VIEW: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """The consumer warps: paged_attention's loop over the tiles, reading each from its stage.
@@ -253,7 +275,11 @@ def _consume(
     v_l: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[32, 1], warps_per_cta=[1, num_warps], order=[1, 0]
     )
-    keys_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_l))
+    # LOCAL == 2: the key operand read in its own layout (KB_L), its scales along its key axis.
+    if LOCAL == 2:
+        keys_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, KB_L))
+    else:
+        keys_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_l))
     keys_v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_l))
     for t in range(n_tiles):
         stage = t % STAGES
@@ -300,6 +326,9 @@ def _consume(
                 v_l,
                 b_l,
                 a_l,
+                LOCAL == 2,
+                KB_L,
+                K_VIEW,
             )
         else:
             m_i, l_i, acc = _tile(
@@ -361,6 +390,8 @@ def _decode_ws_kernel(
     D: gl.constexpr,
     PROBE: gl.constexpr,
     LOCAL: gl.constexpr,
+    KB_L: gl.constexpr,
+    K_VIEW: gl.constexpr,
     PRODUCER_REGISTERS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
@@ -421,6 +452,8 @@ def _decode_ws_kernel(
                     D,
                     PROBE,
                     LOCAL,
+                    KB_L,
+                    K_VIEW,
                     num_warps,
                 ),
             ),
@@ -453,6 +486,56 @@ def _decode_ws_kernel(
         mbarrier.invalidate(empty.index(i))
 
 
+# Keys stored in operand order. The scores' MMA operand (K^T, [dims, keys], mma.sync 16x8x16 with
+# bf16's kWidth 2; its linear layout is key_operand_layout's) gives a thread, for each of its keys,
+# the 32 dims d = b0 + 2 * lane_q + 8 * b3 + 16 * b4 + 32 * b5 + 64 * b6 in register order, where
+# lane_q is the thread's lane mod 4: byte pairs 8 apart, which a plain [keys, dims] row can only
+# reach byte pair by byte pair. Storing each key's dims permuted by _DIM_TO_SLOT (dim bit -> slot
+# bit) puts those 32 bytes at slots 32 * lane_q .. 32 * lane_q + 31, in register order: two 16-byte
+# loads a key, straight into the operand's layout. The MMA still gets dim d's key byte in dim d's
+# place, so the products and their order are the shipped kernel's.
+_DIM_TO_SLOT = {0: 0, 1: 5, 2: 6, 3: 1, 4: 2, 5: 3, 6: 4}
+_SLOT_TO_DIM = {slot: dim for dim, slot in _DIM_TO_SLOT.items()}
+
+
+def _move_bits(value: int, mapping: dict[int, int]) -> int:
+    return sum(1 << mapping[b] for b in range(7) if value >> b & 1)
+
+
+def ordered_key_dims(k: torch.Tensor) -> torch.Tensor:
+    """k [..., 128] float8_e4m3fn with each row's dims stored in operand order: slot s holds dim
+    _move_bits(s, _SLOT_TO_DIM)."""
+    index = torch.tensor([_move_bits(slot, _SLOT_TO_DIM) for slot in range(HEAD_DIM)], device=k.device)
+    return k.view(torch.uint8).index_select(-1, index).view(k.dtype).contiguous()
+
+
+def key_operand_layout(block_n: int) -> gl.DistributedLinearLayout:
+    """The scores' B operand (K^T [128 dims, block_n keys]; 4 warps along the keys) as a linear
+    layout: the same placement as DotOperandLayout(1, mma 16x8, kWidth 2)."""
+    key_regs = [[0, 1 << b] for b in range(5, block_n.bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=[[1, 0], [8, 0], [16, 0], [32, 0], [64, 0], *key_regs],
+        lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
+        warp_bases=[[0, 8], [0, 16]],
+        block_bases=[],
+        shape=[HEAD_DIM, block_n],
+    )
+
+
+def ordered_key_view(block_n: int) -> gl.SharedLinearLayout:
+    """A ring stage's key tile ([block_n keys, 128 slot bytes], as TMA writes it with the 128-byte
+    swizzle: a row's 16-byte chunk c sits at chunk c XOR (row mod 8)) seen as K^T [128 dims,
+    block_n keys]: offset bit i -> the (dim, key) it steps, slots mapped back to dims."""
+    bases = []
+    for i in range(7 + block_n.bit_length() - 1):
+        if i < 7:  # within a row (row 0: no swizzle)
+            bases.append([_move_bits(1 << i, _SLOT_TO_DIM), 0])
+        else:  # a row step also moves the chunk by the row's low three bits
+            row = 1 << (i - 7)
+            bases.append([_move_bits((row & 7) << 4, _SLOT_TO_DIM), row])
+    return gl.SharedLinearLayout(offset_bases=bases)
+
+
 def decode_ws(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -468,9 +551,12 @@ def decode_ws(
     block_n: int = 128,
     probe: int = 0,
     local: bool = False,
+    ordered_keys: bool = False,
 ) -> torch.Tensor:
     """One decode token a sequence: q [B, Hq, 128] bf16; k/v [blocks, 16, Hk, 128] float8_e4m3fn
     (contiguous) with k_scale/v_scale [blocks, 16, Hk, 1] float32. Returns [B, Hq, 128] bf16.
+    ordered_keys (with local): k holds each key's dimensions in operand order (ordered_key_dims),
+    which the key operand is then read in directly.
     max_registers caps the registers a thread of the launch (None: no cap): what a SM holds of
     programs follows from it, since the warps' registers are reserved at the cap. block_n: keys a
     tile (128 is the shipped FP8 tile; 64 halves a stage, and rounds otherwise). probe, for timing
@@ -509,19 +595,29 @@ def decode_ws(
         D=d,
         PRODUCER_REGISTERS=producer_registers,
         PROBE=probe,
-        LOCAL=local,
+        LOCAL=2 if ordered_keys else int(local),
+        KB_L=key_operand_layout(block_n) if ordered_keys else None,
+        K_VIEW=ordered_key_view(block_n) if ordered_keys else None,
         num_warps=4,
         **({"maxnreg": max_registers} if max_registers else {}),
     )
     return out
 
 
-# (keys a tile, stages, register cap a thread, warp-local operands). With 128-key tiles two stages
-# fit two programs a SM by shared memory (100 KB each); without the restage buffer (local) three
-# (70 KB), and two at three stages. 64-key tiles are other bits (another summation order).
-CONFIGS = ((128, 2, 128, False), (128, 2, 128, True), (128, 3, 128, True), (64, 4, 128, True))
+# (keys a tile, stages, register cap a thread, operands). Operands: "restage" through one 16-bit
+# shared buffer; "local", each warp loading the raw bytes its own operands hold (no restage buffer);
+# "ordered", local with the keys' dims stored in operand order (ordered_key_dims) and read straight
+# into the scores' operand. With 128-key tiles two stages fit two programs a SM by shared memory
+# (100 KB each) with the restage buffer, three (70 KB) without it. 64-key tiles are other bits.
+CONFIGS = (
+    (128, 2, 128, "restage"),
+    (128, 2, 128, "local"),
+    (128, 2, 128, "ordered"),
+    (128, 3, 128, "ordered"),
+    (64, 4, 128, "ordered"),
+)
 # The config whose arithmetic and copies are also timed apart.
-PROBED = CONFIGS[1]
+PROBED = CONFIGS[2]
 
 
 def compare(batch: int, ctx: int, group: int, bw: float) -> str:
@@ -536,10 +632,20 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     def shipped() -> torch.Tensor:
         return shipped_decode(pr, scale)
 
-    def ws(cfg: tuple[int, int, int | None, bool], probe: int = 0) -> torch.Tensor:
-        block_n, stages, cap, local = cfg
-        args = (pr["q"], pr["k"], pr["v"], pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, stages)
-        return decode_ws(*args, max_registers=cap, block_n=block_n, probe=probe, local=local)
+    k_ordered = ordered_key_dims(pr["k"])
+
+    def ws(cfg: tuple[int, int, int | None, str], probe: int = 0) -> torch.Tensor:
+        block_n, stages, cap, operands = cfg
+        k = k_ordered if operands == "ordered" else pr["k"]
+        args = (pr["q"], k, pr["v"], pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, stages)
+        return decode_ws(
+            *args,
+            max_registers=cap,
+            block_n=block_n,
+            probe=probe,
+            local=operands != "restage",
+            ordered_keys=operands == "ordered",
+        )
 
     want = shipped()
     t_ship = 1e3 * graph_ms_per_call([shipped])
@@ -577,7 +683,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s, group {args.group}")
     print(
         f"{'batch':>5} {'ctx':>5} {'shipped us':>10} {'floor us':>9}   "
-        + " | ".join("ws {}/{}/{}{}".format(*c[:3], "/local" if c[3] else "") for c in CONFIGS)
+        + " | ".join("ws {}/{}/{}/{}".format(*c) for c in CONFIGS)
         + " | {0} math only | {0} copies only".format("/".join(map(str, PROBED)))
     )
     for batch in args.batch:
