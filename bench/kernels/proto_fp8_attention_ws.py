@@ -68,6 +68,7 @@ def _produce(
     empty,
     bt_row,
     kvh,
+    hk,
     n_pages,
     n_tiles,
     STAGES: gl.constexpr,
@@ -75,10 +76,12 @@ def _produce(
     PAGE: gl.constexpr,
     D: gl.constexpr,
     PROBE: gl.constexpr,
+    LOCAL: gl.constexpr,
 ):
     """The producer warp: tile t's key and value pages into stage t % STAGES once it is free (a
     fresh barrier counts as released: the first pass waits on parity 1, which passes at once).
-    Pages past the sequence copy page 0; the consumers zero those keys. (PROBE: decode_ws.)"""
+    Pages past the sequence copy page 0; the consumers zero those keys. (PROBE: decode_ws.)
+    LOCAL == 3: values stored dim-major a page (ordered_value_pages), a [D, PAGE] box each."""
     for t in range(n_tiles if PROBE != 1 else 0):
         stage = t % STAGES
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
@@ -89,9 +92,20 @@ def _produce(
             _tma_load(
                 k_desc, [page * PAGE, kvh * D], ready.index(stage), k_ring.index(stage).slice(i * PAGE, PAGE)
             )
-            _tma_load(
-                v_desc, [page * PAGE, kvh * D], ready.index(stage), v_ring.index(stage).slice(i * PAGE, PAGE)
-            )
+            if LOCAL == 3:
+                _tma_load(
+                    v_desc,
+                    [(page * hk + kvh) * D, 0],
+                    ready.index(stage),
+                    v_ring.index(stage).slice(i * D, D),
+                )
+            else:
+                _tma_load(
+                    v_desc,
+                    [page * PAGE, kvh * D],
+                    ready.index(stage),
+                    v_ring.index(stage).slice(i * PAGE, PAGE),
+                )
 
 
 @gluon.jit
@@ -175,6 +189,11 @@ def _tile_local(
     ORDERED: gl.constexpr,
     kb_l: gl.constexpr,
     k_view: gl.constexpr,
+    ORDERED_V: gl.constexpr,
+    vb_l: gl.constexpr,
+    v_view: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D: gl.constexpr,
 ):
     """_tile without the restage buffer: each warp loads the raw bytes of exactly the keys (k_l) and
     value columns (v_l) its own MMA operand holds, so no warp needs another's tile; the conversion
@@ -182,9 +201,10 @@ def _tile_local(
     barriers: bench/kernels/NOTES.md). ORDERED: the key tile's dimensions are stored in operand
     order (ordered_key_dims), so the raw bytes are read straight into the operand's own layout
     (kb_l, through the shared view k_view) and no conversion is left (asserted trivial); ks is
-    then laid out along the operand's key axis."""
+    then laid out along the operand's key axis. ORDERED_V: the same for the value tile
+    (ordered_value_pages, vb_l, v_view); vs and v_ok along the operand's key axis."""
     if ORDERED:
-        raw_k = _view(k_raw, gl.float8e4nv, [k_raw.shape[1], k_raw.shape[0]], k_view).load(kb_l)
+        raw_k = _view(k_raw, gl.float8e4nv, [D, BLOCK_N], k_view).load(kb_l)
         kf = (raw_k.to(gl.float32) * ks[None, :]).to(gl.bfloat16)
         k_b = gl.convert_layout(kf, b_l, assert_trivial=True)
     else:
@@ -193,11 +213,14 @@ def _tile_local(
         k_b = gl.convert_layout(gl.permute(kf, (1, 0)), b_l)
     m_new, alpha, p, l_i = _online_softmax(mma_v2(q, k_b, zero), n_m, seq_len, scale_log2, m_i, l_i)
 
-    raw_v = v_raw.load(v_l)
+    if ORDERED_V:  # noqa: SIM108 (a constexpr branch: one load is compiled)
+        raw_v = _view(v_raw, gl.float8e4nv, [BLOCK_N, D], v_view).load(vb_l)
+    else:
+        raw_v = v_raw.load(v_l)
     if RELEASE:
         mbarrier.arrive(release, count=1)
     vf = gl.where(v_ok[:, None], raw_v.to(gl.float32) * vs[:, None], 0.0).to(gl.bfloat16)
-    v_b = gl.convert_layout(vf, b_l)
+    v_b = gl.convert_layout(vf, b_l, assert_trivial=ORDERED_V)
     p_a = gl.convert_layout(p.to(gl.bfloat16), a_l)
     acc = mma_v2(p_a, v_b, acc * alpha[:, None])
     return m_new, l_i, acc
@@ -240,6 +263,8 @@ def _consume(
     LOCAL: gl.constexpr,
     KB_L: gl.constexpr,
     K_VIEW: gl.constexpr,
+    VB_L: gl.constexpr,
+    V_VIEW: gl.constexpr,
     num_warps: gl.constexpr,
 ):
     """The consumer warps: paged_attention's loop over the tiles, reading each from its stage.
@@ -276,11 +301,14 @@ def _consume(
         size_per_thread=[1, 8], threads_per_warp=[32, 1], warps_per_cta=[1, num_warps], order=[1, 0]
     )
     # LOCAL == 2: the key operand read in its own layout (KB_L), its scales along its key axis.
-    if LOCAL == 2:
+    if LOCAL >= 2:
         keys_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, KB_L))
     else:
         keys_k = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, k_l))
-    keys_v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_l))
+    if LOCAL == 3:
+        keys_v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, VB_L))
+    else:
+        keys_v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, v_l))
     for t in range(n_tiles):
         stage = t % STAGES
         start = t * BLOCK_N
@@ -326,9 +354,14 @@ def _consume(
                 v_l,
                 b_l,
                 a_l,
-                LOCAL == 2,
+                LOCAL >= 2,
                 KB_L,
                 K_VIEW,
+                LOCAL == 3,
+                VB_L,
+                V_VIEW,
+                BLOCK_N,
+                D,
             )
         else:
             m_i, l_i, acc = _tile(
@@ -392,6 +425,8 @@ def _decode_ws_kernel(
     LOCAL: gl.constexpr,
     KB_L: gl.constexpr,
     K_VIEW: gl.constexpr,
+    VB_L: gl.constexpr,
+    V_VIEW: gl.constexpr,
     PRODUCER_REGISTERS: gl.constexpr,
     num_warps: gl.constexpr,
 ):
@@ -402,7 +437,10 @@ def _decode_ws_kernel(
     n_pages = gl.cdiv(seq_len, PAGE)
     bt_row = bt_ptr + seq.to(gl.int64) * sbt
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
-    v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+    if LOCAL == 3:  # values a page dim-major: [pages x D, PAGE] a stage, the same bytes
+        v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N // PAGE * D, PAGE], v_desc.layout)
+    else:
+        v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
     # The restage buffer (a token one when LOCAL, which has none).
     tile16 = gl.allocate_shared_memory(
         gl.bfloat16,
@@ -454,6 +492,8 @@ def _decode_ws_kernel(
                     LOCAL,
                     KB_L,
                     K_VIEW,
+                    VB_L,
+                    V_VIEW,
                     num_warps,
                 ),
             ),
@@ -468,6 +508,7 @@ def _decode_ws_kernel(
                     empty,
                     bt_row,
                     kvh,
+                    gl.num_programs(1),
                     n_pages,
                     n_tiles,
                     STAGES,
@@ -475,6 +516,7 @@ def _decode_ws_kernel(
                     PAGE,
                     D,
                     PROBE,
+                    LOCAL,
                 ),
             ),
         ],
@@ -487,7 +529,7 @@ def _decode_ws_kernel(
 
 
 # Keys stored in operand order. The scores' MMA operand (K^T, [dims, keys], mma.sync 16x8x16 with
-# bf16's kWidth 2; its linear layout is key_operand_layout's) gives a thread, for each of its keys,
+# bf16's kWidth 2; its linear layout is operand_layout(128, keys)) gives a thread, for each of its keys,
 # the 32 dims d = b0 + 2 * lane_q + 8 * b3 + 16 * b4 + 32 * b5 + 64 * b6 in register order, where
 # lane_q is the thread's lane mod 4: byte pairs 8 apart, which a plain [keys, dims] row can only
 # reach byte pair by byte pair. Storing each key's dims permuted by _DIM_TO_SLOT (dim bit -> slot
@@ -509,16 +551,17 @@ def ordered_key_dims(k: torch.Tensor) -> torch.Tensor:
     return k.view(torch.uint8).index_select(-1, index).view(k.dtype).contiguous()
 
 
-def key_operand_layout(block_n: int) -> gl.DistributedLinearLayout:
-    """The scores' B operand (K^T [128 dims, block_n keys]; 4 warps along the keys) as a linear
-    layout: the same placement as DotOperandLayout(1, mma 16x8, kWidth 2)."""
-    key_regs = [[0, 1 << b] for b in range(5, block_n.bit_length() - 1)]
+def operand_layout(k_extent: int, n_extent: int) -> gl.DistributedLinearLayout:
+    """An MMA B operand [k_extent, n_extent] (mma.sync 16x8x16, bf16's kWidth 2, 4 warps along n) as
+    a linear layout: the placement of DotOperandLayout(1, that mma, 2). For the scores k is the
+    dims and n the keys; for the output k is the keys and n the dims."""
     return gl.DistributedLinearLayout(
-        reg_bases=[[1, 0], [8, 0], [16, 0], [32, 0], [64, 0], *key_regs],
+        reg_bases=[[1, 0], *[[1 << b, 0] for b in range(3, k_extent.bit_length() - 1)]]
+        + [[0, 1 << b] for b in range(5, n_extent.bit_length() - 1)],
         lane_bases=[[2, 0], [4, 0], [0, 1], [0, 2], [0, 4]],
         warp_bases=[[0, 8], [0, 16]],
         block_bases=[],
-        shape=[HEAD_DIM, block_n],
+        shape=[k_extent, n_extent],
     )
 
 
@@ -533,6 +576,34 @@ def ordered_key_view(block_n: int) -> gl.SharedLinearLayout:
         else:  # a row step also moves the chunk by the row's low three bits
             row = 1 << (i - 7)
             bases.append([_move_bits((row & 7) << 4, _SLOT_TO_DIM), row])
+    return gl.SharedLinearLayout(offset_bases=bases)
+
+
+# Values stored in operand order. The output's B operand (V [keys, dims]) gives a thread, for each
+# of its dims, the keys 2q, 2q + 1, 2q + 8, 2q + 9 of every page (q: the lane mod 4). Storing a page
+# dim-major ([128 dims, 16 slots] a head) with key bit -> slot bit (0->0, 1->2, 2->3, 3->1) puts those
+# four keys in one 4-byte word at slot 4q, in register order.
+_KEY_TO_SLOT = {0: 0, 1: 2, 2: 3, 3: 1}
+_SLOT_TO_KEY = {slot: key for key, slot in _KEY_TO_SLOT.items()}
+
+
+def _move_page_bits(value: int, mapping: dict[int, int]) -> int:
+    return sum(1 << mapping[b] for b in range(4) if value >> b & 1)
+
+
+def ordered_value_pages(v: torch.Tensor) -> torch.Tensor:
+    """v [blocks, 16, Hk, 128] float8_e4m3fn as [blocks, Hk, 128, 16]: each page dim-major, slot s
+    of a dim holding key _move_page_bits(s, _SLOT_TO_KEY)."""
+    index = torch.tensor([_move_page_bits(slot, _SLOT_TO_KEY) for slot in range(16)], device=v.device)
+    return v.view(torch.uint8).index_select(1, index).permute(0, 2, 3, 1).contiguous().view(v.dtype)
+
+
+def ordered_value_view(block_n: int) -> gl.SharedLinearLayout:
+    """A ring stage's value tile ([pages x 128 dims, 16 slots], unswizzled as TMA writes a 16-byte
+    box row) seen as V [block_n keys, 128 dims]: offset bit i -> the (key, dim) it steps."""
+    bases = [[_move_page_bits(1 << i, _SLOT_TO_KEY), 0] for i in range(4)]  # slots: keys of a page
+    bases += [[0, 1 << i] for i in range(7)]  # dims
+    bases += [[16 << i, 0] for i in range(block_n.bit_length() - 5)]  # pages
     return gl.SharedLinearLayout(offset_bases=bases)
 
 
@@ -552,11 +623,13 @@ def decode_ws(
     probe: int = 0,
     local: bool = False,
     ordered_keys: bool = False,
+    ordered_values: bool = False,
 ) -> torch.Tensor:
     """One decode token a sequence: q [B, Hq, 128] bf16; k/v [blocks, 16, Hk, 128] float8_e4m3fn
     (contiguous) with k_scale/v_scale [blocks, 16, Hk, 1] float32. Returns [B, Hq, 128] bf16.
     ordered_keys (with local): k holds each key's dimensions in operand order (ordered_key_dims),
-    which the key operand is then read in directly.
+    which the key operand is then read in directly; ordered_values (with ordered_keys): v is
+    [blocks, Hk, 128, 16] (ordered_value_pages), read into the value operand the same way.
     max_registers caps the registers a thread of the launch (None: no cap): what a SM holds of
     programs follows from it, since the warps' registers are reserved at the cap. block_n: keys a
     tile (128 is the shipped FP8 tile; 64 halves a stage, and rounds otherwise). probe, for timing
@@ -569,7 +642,15 @@ def decode_ws(
     layout = gl.NVMMASharedLayout.get_default_for([page, d], gl.float8e4nv)
     # Each slot row holds every head's 128 bytes, so a page of one head is a [16, 128] box.
     k_desc = TensorDescriptor(k.view(nb * page, hk * d), [nb * page, hk * d], [hk * d, 1], [page, d], layout)
-    v_desc = TensorDescriptor(v.view(nb * page, hk * d), [nb * page, hk * d], [hk * d, 1], [page, d], layout)
+    if ordered_values:  # v [blocks, Hk, 128, 16] (ordered_value_pages): a [128, 16] box a page and head
+        v_layout = gl.NVMMASharedLayout.get_default_for([d, page], gl.float8e4nv)
+        v_desc = TensorDescriptor(
+            v.view(nb * hk * d, page), [nb * hk * d, page], [page, 1], [d, page], v_layout
+        )
+    else:
+        v_desc = TensorDescriptor(
+            v.view(nb * page, hk * d), [nb * page, hk * d], [hk * d, 1], [page, d], layout
+        )
     _decode_ws_kernel[(b, hk)](
         k_desc,
         v_desc,
@@ -595,9 +676,11 @@ def decode_ws(
         D=d,
         PRODUCER_REGISTERS=producer_registers,
         PROBE=probe,
-        LOCAL=2 if ordered_keys else int(local),
-        KB_L=key_operand_layout(block_n) if ordered_keys else None,
-        K_VIEW=ordered_key_view(block_n) if ordered_keys else None,
+        LOCAL=3 if ordered_values else 2 if ordered_keys else int(local),
+        KB_L=operand_layout(HEAD_DIM, block_n) if ordered_keys or ordered_values else None,
+        K_VIEW=ordered_key_view(block_n) if ordered_keys or ordered_values else None,
+        VB_L=operand_layout(block_n, HEAD_DIM) if ordered_values else None,
+        V_VIEW=ordered_value_view(block_n) if ordered_values else None,
         num_warps=4,
         **({"maxnreg": max_registers} if max_registers else {}),
     )
@@ -607,17 +690,18 @@ def decode_ws(
 # (keys a tile, stages, register cap a thread, operands). Operands: "restage" through one 16-bit
 # shared buffer; "local", each warp loading the raw bytes its own operands hold (no restage buffer);
 # "ordered", local with the keys' dims stored in operand order (ordered_key_dims) and read straight
-# into the scores' operand. With 128-key tiles two stages fit two programs a SM by shared memory
+# into the scores' operand; "ordered-kv", the values too (ordered_value_pages). With 128-key tiles two stages fit two programs a SM by shared memory
 # (100 KB each) with the restage buffer, three (70 KB) without it. 64-key tiles are other bits.
 CONFIGS = (
     (128, 2, 128, "restage"),
     (128, 2, 128, "local"),
     (128, 2, 128, "ordered"),
-    (128, 3, 128, "ordered"),
-    (64, 4, 128, "ordered"),
+    (128, 2, 128, "ordered-kv"),
+    (128, 3, 128, "ordered-kv"),
+    (64, 4, 128, "ordered-kv"),
 )
 # The config whose arithmetic and copies are also timed apart.
-PROBED = CONFIGS[2]
+PROBED = CONFIGS[3]
 
 
 def compare(batch: int, ctx: int, group: int, bw: float) -> str:
@@ -632,19 +716,21 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     def shipped() -> torch.Tensor:
         return shipped_decode(pr, scale)
 
-    k_ordered = ordered_key_dims(pr["k"])
+    k_ordered, v_ordered = ordered_key_dims(pr["k"]), ordered_value_pages(pr["v"])
 
     def ws(cfg: tuple[int, int, int | None, str], probe: int = 0) -> torch.Tensor:
         block_n, stages, cap, operands = cfg
-        k = k_ordered if operands == "ordered" else pr["k"]
-        args = (pr["q"], k, pr["v"], pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, stages)
+        k = k_ordered if operands.startswith("ordered") else pr["k"]
+        v = v_ordered if operands == "ordered-kv" else pr["v"]
+        args = (pr["q"], k, v, pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, stages)
         return decode_ws(
             *args,
             max_registers=cap,
             block_n=block_n,
             probe=probe,
             local=operands != "restage",
-            ordered_keys=operands == "ordered",
+            ordered_keys=operands.startswith("ordered"),
+            ordered_values=operands == "ordered-kv",
         )
 
     want = shipped()
