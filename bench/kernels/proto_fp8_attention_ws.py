@@ -19,6 +19,12 @@ for the scores and along the value columns for the output), the same operations 
 order: a decode row whose keys fit one KV chunk should get the shipped kernel's bits (its
 direct-store path), which `main` checks beside the timing.
 
+Operand variants (CONFIGS): "local" drops the 16-bit buffer, each warp loading the raw bytes its
+own operands hold; "ordered" and "ordered-kv" read a cache whose key dims (and value pages) are
+stored in the MMA operands' register order (ordered_key_dims, ordered_value_pages), straight into
+the operands with no conversion left (bench/kernels/NOTES.md, "Keys and values stored in operand
+order").
+
 Decode rows only (one token a sequence, every key of it in one program), head dim 128, one scale
 per key, 16-key pages, GQA groups up to 16.
 
