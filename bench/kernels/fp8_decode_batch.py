@@ -71,3 +71,33 @@ def shipped_decode(pr: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
         k_scale=pr["ks"],
         v_scale=pr["vs"],
     )
+
+
+# The operand-order caches of proto_fp8_attention_direct.py and proto_fp8_attention_ws.py: thread
+# t's bytes of mma.m16n8k16's B operand (channels or keys 2(t%4) + {0, 1, 8, 9} of each 16-wide
+# chunk) are contiguous, 32 bytes of a key row and 4 bytes of a value row.
+#     K  [blocks, page, Hk, 128 bytes]  a key row's channel d = 16c + 8h + 2i + e at byte 32i + 4c + 2h + e
+#     V  [blocks, Hk, Dv, page]         a page's values transposed; key 8h + 2i + e at 4i + 2h + e
+
+
+def k_position(d: torch.Tensor) -> torch.Tensor:
+    """The byte of a key row holding channel d."""
+    c, h, i, e = d // 16, (d // 8) % 2, (d // 2) % 4, d % 2
+    return 32 * i + 4 * c + 2 * h + e
+
+
+def v_position(key: torch.Tensor) -> torch.Tensor:
+    """The position in a page's value row of the page's key `key`."""
+    h, i, e = key // 8, (key // 2) % 4, key % 2
+    return 4 * i + 2 * h + e
+
+
+def permuted_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prototype's layouts of an FP8 paged cache [blocks, page, Hk, 128] (moved as bytes)."""
+    dev = k_cache.device
+    k_src = torch.argsort(k_position(torch.arange(HEAD_DIM, device=dev)))  # channel at each byte
+    v_src = torch.argsort(v_position(torch.arange(PAGE_SIZE, device=dev)))  # key at each position
+    k_p = k_cache.view(torch.uint8)[..., k_src].contiguous().view(k_cache.dtype)
+    v_t = v_cache.view(torch.uint8).permute(0, 2, 3, 1)  # [blocks, Hk, Dv, page]
+    v_p = v_t[..., v_src].contiguous().view(v_cache.dtype)
+    return k_p, v_p

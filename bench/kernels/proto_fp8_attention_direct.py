@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, shipped_decode
+from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, permuted_caches, problem, shipped_decode
 from shardinfer.kernels import paged_attention
 
 D = gl.constexpr(HEAD_DIM)
@@ -42,29 +42,6 @@ BLOCK_N = gl.constexpr(128)
 BLOCK_M = gl.constexpr(16)
 NUM_WARPS = gl.constexpr(4)
 _LOG2E = 1.4426950408889634
-
-
-def k_position(d: torch.Tensor) -> torch.Tensor:
-    """The byte of a key row holding channel d."""
-    c, h, i, e = d // 16, (d // 8) % 2, (d // 2) % 4, d % 2
-    return 32 * i + 4 * c + 2 * h + e
-
-
-def v_position(key: torch.Tensor) -> torch.Tensor:
-    """The position in a page's value row of the page's key `key`."""
-    h, i, e = key // 8, (key // 2) % 4, key % 2
-    return 4 * i + 2 * h + e
-
-
-def permuted_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prototype's layouts of an FP8 paged cache [blocks, page, Hk, 128] (moved as bytes)."""
-    dev = k_cache.device
-    k_src = torch.argsort(k_position(torch.arange(HEAD_DIM, device=dev)))  # channel at each byte
-    v_src = torch.argsort(v_position(torch.arange(PAGE_SIZE, device=dev)))  # key at each position
-    k_p = k_cache.view(torch.uint8)[..., k_src].contiguous().view(k_cache.dtype)
-    v_t = v_cache.view(torch.uint8).permute(0, 2, 3, 1)  # [blocks, Hk, Dv, page]
-    v_p = v_t[..., v_src].contiguous().view(v_cache.dtype)
-    return k_p, v_p
 
 
 @gluon.jit

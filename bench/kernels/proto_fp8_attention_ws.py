@@ -20,8 +20,8 @@ order: a decode row whose keys fit one KV chunk should get the shipped kernel's 
 direct-store path), which `main` checks beside the timing.
 
 Operand variants (CONFIGS): "local" drops the 16-bit buffer, each warp loading the raw bytes its
-own operands hold; "ordered" and "ordered-kv" read a cache whose key dims (and value pages) are
-stored in the MMA operands' register order (ordered_key_dims, ordered_value_pages), straight into
+own operands hold; "ordered" and "ordered-kv" read a cache whose key rows (and value pages) are
+stored in the MMA operands' register order (fp8_decode_batch.permuted_caches), straight into
 the operands with no conversion left (bench/kernels/NOTES.md, "Keys and values stored in operand
 order").
 
@@ -48,7 +48,15 @@ from triton.language.core import builtin
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-from bench.kernels.fp8_decode_batch import HEAD_DIM, problem, shipped_decode
+from bench.kernels.fp8_decode_batch import (
+    HEAD_DIM,
+    PAGE_SIZE,
+    k_position,
+    permuted_caches,
+    problem,
+    shipped_decode,
+    v_position,
+)
 
 _LOG2E = 1.4426950408889634
 
@@ -87,7 +95,7 @@ def _produce(
     """The producer warp: tile t's key and value pages into stage t % STAGES once it is free (a
     fresh barrier counts as released: the first pass waits on parity 1, which passes at once).
     Pages past the sequence copy page 0; the consumers zero those keys. (PROBE: decode_ws.)
-    LOCAL == 3: values stored dim-major a page (ordered_value_pages), a [D, PAGE] box each."""
+    LOCAL == 3: values stored dim-major a page (permuted_caches), a [D, PAGE] box each."""
     for t in range(n_tiles if PROBE != 1 else 0):
         stage = t % STAGES
         mbarrier.wait(empty.index(stage), ((t // STAGES) & 1) ^ 1)
@@ -204,11 +212,11 @@ def _tile_local(
     """_tile without the restage buffer: each warp loads the raw bytes of exactly the keys (k_l) and
     value columns (v_l) its own MMA operand holds, so no warp needs another's tile; the conversion
     to the operand layout is the compiler's (Triton lowers it through a small shared scratch, with
-    barriers: bench/kernels/NOTES.md). ORDERED: the key tile's dimensions are stored in operand
-    order (ordered_key_dims), so the raw bytes are read straight into the operand's own layout
+    barriers: bench/kernels/NOTES.md). ORDERED: the key rows are stored in operand order
+    (fp8_decode_batch.permuted_caches), so the raw bytes are read straight into the operand's own layout
     (kb_l, through the shared view k_view) and no conversion is left (asserted trivial); ks is
     then laid out along the operand's key axis. ORDERED_V: the same for the value tile
-    (ordered_value_pages, vb_l, v_view); vs and v_ok along the operand's key axis."""
+    (vb_l, v_view); vs and v_ok along the operand's key axis."""
     if ORDERED:
         raw_k = _view(k_raw, gl.float8e4nv, [D, BLOCK_N], k_view).load(kb_l)
         kf = (raw_k.to(gl.float32) * ks[None, :]).to(gl.bfloat16)
@@ -534,27 +542,19 @@ def _decode_ws_kernel(
         mbarrier.invalidate(empty.index(i))
 
 
-# Keys stored in operand order. The scores' MMA operand (K^T, [dims, keys], mma.sync 16x8x16 with
-# bf16's kWidth 2; its linear layout is operand_layout(128, keys)) gives a thread, for each of its keys,
-# the 32 dims d = b0 + 2 * lane_q + 8 * b3 + 16 * b4 + 32 * b5 + 64 * b6 in register order, where
-# lane_q is the thread's lane mod 4: byte pairs 8 apart, which a plain [keys, dims] row can only
-# reach byte pair by byte pair. Storing each key's dims permuted by _DIM_TO_SLOT (dim bit -> slot
-# bit) puts those 32 bytes at slots 32 * lane_q .. 32 * lane_q + 31, in register order: two 16-byte
-# loads a key, straight into the operand's layout. The MMA still gets dim d's key byte in dim d's
-# place, so the products and their order are the shipped kernel's.
-_DIM_TO_SLOT = {0: 0, 1: 5, 2: 6, 3: 1, 4: 2, 5: 3, 6: 4}
-_SLOT_TO_DIM = {slot: dim for dim, slot in _DIM_TO_SLOT.items()}
+# The operand-order caches (fp8_decode_batch.permuted_caches) put thread t's 32 bytes of a key row
+# and its 4 bytes of each value row together, in register order; both permutations move bits, so
+# the shared views below, which see a ring stage's bytes in logical order, are linear.
 
 
-def _move_bits(value: int, mapping: dict[int, int]) -> int:
-    return sum(1 << mapping[b] for b in range(7) if value >> b & 1)
+def _channel_at(byte: int) -> int:
+    """The channel a key row's byte holds (k_position's inverse)."""
+    return int(torch.argsort(k_position(torch.arange(HEAD_DIM)))[byte])
 
 
-def ordered_key_dims(k: torch.Tensor) -> torch.Tensor:
-    """k [..., 128] float8_e4m3fn with each row's dims stored in operand order: slot s holds dim
-    _move_bits(s, _SLOT_TO_DIM)."""
-    index = torch.tensor([_move_bits(slot, _SLOT_TO_DIM) for slot in range(HEAD_DIM)], device=k.device)
-    return k.view(torch.uint8).index_select(-1, index).view(k.dtype).contiguous()
+def _key_at(position: int) -> int:
+    """The page key a value row's position holds (v_position's inverse)."""
+    return int(torch.argsort(v_position(torch.arange(PAGE_SIZE)))[position])
 
 
 def operand_layout(k_extent: int, n_extent: int) -> gl.DistributedLinearLayout:
@@ -572,44 +572,22 @@ def operand_layout(k_extent: int, n_extent: int) -> gl.DistributedLinearLayout:
 
 
 def ordered_key_view(block_n: int) -> gl.SharedLinearLayout:
-    """A ring stage's key tile ([block_n keys, 128 slot bytes], as TMA writes it with the 128-byte
-    swizzle: a row's 16-byte chunk c sits at chunk c XOR (row mod 8)) seen as K^T [128 dims,
-    block_n keys]: offset bit i -> the (dim, key) it steps, slots mapped back to dims."""
-    bases = []
-    for i in range(7 + block_n.bit_length() - 1):
-        if i < 7:  # within a row (row 0: no swizzle)
-            bases.append([_move_bits(1 << i, _SLOT_TO_DIM), 0])
-        else:  # a row step also moves the chunk by the row's low three bits
-            row = 1 << (i - 7)
-            bases.append([_move_bits((row & 7) << 4, _SLOT_TO_DIM), row])
+    """A ring stage's key tile ([block_n keys, 128 bytes], as TMA writes it with the 128-byte
+    swizzle: a row's 16-byte chunk c sits at chunk c XOR (row mod 8)) seen as K^T [128 channels,
+    block_n keys]: offset bit i -> the (channel, key) it steps."""
+    bases = [[_channel_at(1 << i), 0] for i in range(7)]  # within a row (row 0: no swizzle)
+    for b in range(block_n.bit_length() - 1):  # a row step also moves the chunk by its low 3 bits
+        row = 1 << b
+        bases.append([_channel_at((row & 7) << 4), row])
     return gl.SharedLinearLayout(offset_bases=bases)
 
 
-# Values stored in operand order. The output's B operand (V [keys, dims]) gives a thread, for each
-# of its dims, the keys 2q, 2q + 1, 2q + 8, 2q + 9 of every page (q: the lane mod 4). Storing a page
-# dim-major ([128 dims, 16 slots] a head) with key bit -> slot bit (0->0, 1->2, 2->3, 3->1) puts those
-# four keys in one 4-byte word at slot 4q, in register order.
-_KEY_TO_SLOT = {0: 0, 1: 2, 2: 3, 3: 1}
-_SLOT_TO_KEY = {slot: key for key, slot in _KEY_TO_SLOT.items()}
-
-
-def _move_page_bits(value: int, mapping: dict[int, int]) -> int:
-    return sum(1 << mapping[b] for b in range(4) if value >> b & 1)
-
-
-def ordered_value_pages(v: torch.Tensor) -> torch.Tensor:
-    """v [blocks, 16, Hk, 128] float8_e4m3fn as [blocks, Hk, 128, 16]: each page dim-major, slot s
-    of a dim holding key _move_page_bits(s, _SLOT_TO_KEY)."""
-    index = torch.tensor([_move_page_bits(slot, _SLOT_TO_KEY) for slot in range(16)], device=v.device)
-    return v.view(torch.uint8).index_select(1, index).permute(0, 2, 3, 1).contiguous().view(v.dtype)
-
-
 def ordered_value_view(block_n: int) -> gl.SharedLinearLayout:
-    """A ring stage's value tile ([pages x 128 dims, 16 slots], unswizzled as TMA writes a 16-byte
-    box row) seen as V [block_n keys, 128 dims]: offset bit i -> the (key, dim) it steps."""
-    bases = [[_move_page_bits(1 << i, _SLOT_TO_KEY), 0] for i in range(4)]  # slots: keys of a page
+    """A ring stage's value tile ([pages x 128 dims, 16 positions], unswizzled as TMA writes a
+    16-byte box row) seen as V [block_n keys, 128 dims]: offset bit i -> the (key, dim) it steps."""
+    bases = [[_key_at(1 << i), 0] for i in range(4)]  # positions: keys of a page
     bases += [[0, 1 << i] for i in range(7)]  # dims
-    bases += [[16 << i, 0] for i in range(block_n.bit_length() - 5)]  # pages
+    bases += [[PAGE_SIZE << i, 0] for i in range(block_n.bit_length() - 5)]  # pages
     return gl.SharedLinearLayout(offset_bases=bases)
 
 
@@ -633,9 +611,9 @@ def decode_ws(
 ) -> torch.Tensor:
     """One decode token a sequence: q [B, Hq, 128] bf16; k/v [blocks, 16, Hk, 128] float8_e4m3fn
     (contiguous) with k_scale/v_scale [blocks, 16, Hk, 1] float32. Returns [B, Hq, 128] bf16.
-    ordered_keys (with local): k holds each key's dimensions in operand order (ordered_key_dims),
-    which the key operand is then read in directly; ordered_values (with ordered_keys): v is
-    [blocks, Hk, 128, 16] (ordered_value_pages), read into the value operand the same way.
+    ordered_keys (with local): k is fp8_decode_batch.permuted_caches' key cache, read straight into
+    the key operand; ordered_values (with ordered_keys): v is its value cache [blocks, Hk, 128, 16],
+    read into the value operand the same way.
     max_registers caps the registers a thread of the launch (None: no cap): what a SM holds of
     programs follows from it, since the warps' registers are reserved at the cap. block_n: keys a
     tile (128 is the shipped FP8 tile; 64 halves a stage, and rounds otherwise). probe, for timing
@@ -648,7 +626,7 @@ def decode_ws(
     layout = gl.NVMMASharedLayout.get_default_for([page, d], gl.float8e4nv)
     # Each slot row holds every head's 128 bytes, so a page of one head is a [16, 128] box.
     k_desc = TensorDescriptor(k.view(nb * page, hk * d), [nb * page, hk * d], [hk * d, 1], [page, d], layout)
-    if ordered_values:  # v [blocks, Hk, 128, 16] (ordered_value_pages): a [128, 16] box a page and head
+    if ordered_values:  # v [blocks, Hk, 128, 16] (permuted_caches): a [128, 16] box a page and head
         v_layout = gl.NVMMASharedLayout.get_default_for([d, page], gl.float8e4nv)
         v_desc = TensorDescriptor(
             v.view(nb * hk * d, page), [nb * hk * d, page], [page, 1], [d, page], v_layout
@@ -695,8 +673,8 @@ def decode_ws(
 
 # (keys a tile, stages, register cap a thread, operands). Operands: "restage" through one 16-bit
 # shared buffer; "local", each warp loading the raw bytes its own operands hold (no restage buffer);
-# "ordered", local with the keys' dims stored in operand order (ordered_key_dims) and read straight
-# into the scores' operand; "ordered-kv", the values too (ordered_value_pages). With 128-key tiles two stages fit two programs a SM by shared memory
+# "ordered", local with the keys stored in operand order (fp8_decode_batch.permuted_caches) and read
+# straight into the scores' operand; "ordered-kv", the values too. With 128-key tiles two stages fit two programs a SM by shared memory
 # (100 KB each) with the restage buffer, three (70 KB) without it. 64-key tiles are other bits.
 CONFIGS = (
     (128, 2, 128, "restage"),
@@ -722,7 +700,7 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     def shipped() -> torch.Tensor:
         return shipped_decode(pr, scale)
 
-    k_ordered, v_ordered = ordered_key_dims(pr["k"]), ordered_value_pages(pr["v"])
+    k_ordered, v_ordered = permuted_caches(pr["k"], pr["v"])
 
     def ws(cfg: tuple[int, int, int | None, str], probe: int = 0) -> torch.Tensor:
         block_n, stages, cap, operands = cfg

@@ -1,4 +1,4 @@
-"""The FP8 attention prototype's cache layouts (bench/kernels/proto_fp8_attention_direct.py): each
+"""The FP8 attention prototypes' operand-order cache layouts (bench/kernels/fp8_decode_batch.py): each
 thread's bytes of the mma.m16n8k16 B operand are contiguous, and the permuted caches hold the
 same bytes as the engine's. The kernel itself is Gluon and runs on the GPU only."""
 
@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.kernels.proto_fp8_attention_direct import (
-    HEAD_DIM,
-    PAGE_SIZE,
-    k_position,
-    permuted_caches,
-    v_position,
-)
+from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, k_position, permuted_caches, v_position
 
 
 def _operand_indices(i: int, chunk: int) -> list[int]:
