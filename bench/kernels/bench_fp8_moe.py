@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.gpu_timing import graph_ms
+from bench.kernels.bench_matmul import write
 from bench.workloads import bench_commit
 from shardinfer.kernels import fp8_moe, moe, reference_moe
 from shardinfer.kernels.reference_fp8 import quantize_blocks
@@ -127,13 +127,14 @@ def main() -> None:
 
 
 def _write(out: Path, name: str, record: dict) -> None:
-    now = dt.datetime.now(dt.UTC)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": torch.cuda.get_device_name(0), "commit": bench_commit(), "date": now.isoformat()}
+    """The record with the run's GPU, commit, date and shape (bench_matmul.write: a stamped JSON)."""
+    meta = {
+        "gpu": torch.cuda.get_device_name(0),
+        "commit": bench_commit(),
+        "date": dt.datetime.now(dt.UTC).isoformat(),
+    }
     shape = {"hidden": HIDDEN, "intermediate": INTER, "experts": EXPERTS, "top_k": TOP_K}
-    path = out / f"{name}-{now.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({**record, **meta, "shape": shape}, indent=2))
-    print(f"wrote {path}")
+    write(out, name, {**record, **meta, "shape": shape})
 
 
 if __name__ == "__main__":

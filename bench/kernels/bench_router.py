@@ -14,8 +14,6 @@ compares the shipped one against it (bench/kernels/NOTES.md, "The MoE router's f
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -24,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kernels.bench_matmul import time_us
+from bench.kernels.bench_matmul import time_us, write
 from bench.workloads import bench_commit
 from shardinfer.kernels import matmul as mm
 
@@ -112,13 +110,8 @@ def main() -> None:
         )
     print(f"\n{label + ' (bf16, float32 out)':<24}" + "".join(f"{us:>16.1f}" for us in heads))
     records.append({"router": label, "tiling": "shipped", "M": args.ms, "us": heads})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    path = out / f"router-{stamp}.json"
     meta = {"gpu": torch.cuda.get_device_name(), "commit": bench_commit(), "torch": torch.__version__}
-    path.write_text(json.dumps({**meta, "records": records}, indent=1))
-    print(f"wrote {path}")
+    write(Path(args.out), "router", {**meta, "records": records})
 
 
 if __name__ == "__main__":
