@@ -36,6 +36,8 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -116,6 +118,94 @@ def _decode_fma_kernel(
     tl.store(out_ptr + q_rows[:, None] + dd[None, :], o.to(out_ptr.dtype.element_ty))
 
 
+@gluon.jit
+def _decode_fma_gluon_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    bt_ptr,
+    sl_ptr,
+    out_ptr,
+    stride_bt,
+    scale_log2,
+    HK: gl.constexpr,
+    GROUP: gl.constexpr,
+    D: gl.constexpr,
+    PAGE: gl.constexpr,
+    REPS: gl.constexpr,
+    WARPS: gl.constexpr,
+    LKEYS: gl.constexpr,
+):
+    """The Triton kernel's arithmetic with every layout given: the per-key indices, scales and
+    page ids are loaded straight into the layout the scores have, so nothing in the loop is
+    exchanged through shared memory (the Triton kernel gathers them in a layout of their own and
+    converts, under barriers)."""
+    # [GROUP, REPS, WARPS, LKEYS, D]: sixteen bytes of a key row a lane, eight lanes a row, four
+    # keys across the other lanes, the warps along WARPS, the reps and the group in registers.
+    L5: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 1, 1, 1, 16],
+        threads_per_warp=[1, 1, 1, LKEYS, 32 // LKEYS],
+        warps_per_cta=[1, 1, WARPS, 1, 1],
+        order=[4, 3, 2, 1, 0],
+    )
+    S4: gl.constexpr = gl.SliceLayout(4, L5)  # [GROUP, REPS, WARPS, LKEYS]: scores, per-key values
+    SM: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(1, S4))  # [GROUP, WARPS]: a warp's max
+    SA: gl.constexpr = gl.SliceLayout(1, L5)  # [GROUP, WARPS, LKEYS, D]: a lane's partial output
+    SO: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, SA))  # [GROUP, D]: the merged output
+    seq = gl.program_id(0)
+    kvh = gl.program_id(1)
+    ctx = gl.load(sl_ptr + seq)
+    TILE: gl.constexpr = REPS * WARPS * LKEYS
+    r = gl.arange(0, REPS, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, S4))))
+    w = gl.arange(0, WARPS, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, S4))))
+    i = gl.arange(0, LKEYS, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, S4))))
+    key_in_tile = (r[None, :, None, None] * WARPS + w[None, None, :, None]) * LKEYS + i[None, None, None, :]
+    g = gl.arange(0, GROUP, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, S4))))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5)))))
+    d5 = d[None, None, None, None, :]
+    q_rows = (seq * HK * GROUP + kvh * GROUP + g).to(gl.int64) * D
+    q = gl.load(q_ptr + q_rows[:, None, None, None, None] + d5).to(gl.float32) * scale_log2
+    m_i = gl.full([GROUP, WARPS], float("-inf"), gl.float32, SM)
+    l_i = gl.zeros([GROUP, WARPS, LKEYS], gl.float32, gl.SliceLayout(1, S4))
+    acc = gl.zeros([GROUP, WARPS, LKEYS, D], gl.float32, SA)
+    bt_row = bt_ptr + seq.to(gl.int64) * stride_bt
+    for start in range(0, ctx, TILE):
+        n = start + key_in_tile  # [1, REPS, WARPS, LKEYS]
+        n_ok = n < ctx
+        page = gl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(gl.int64)
+        row = (page * PAGE + n % PAGE) * HK + kvh
+        addr = row[:, :, :, :, None] * D + d5
+        ok5 = n_ok[:, :, :, :, None]
+        k = gl.load(k_ptr + addr, mask=ok5, other=0.0).to(gl.float32)
+        ks = gl.load(ks_ptr + row, mask=n_ok, other=0.0)
+        s = gl.sum(q * k, axis=4) * ks
+        s = gl.where(n_ok, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(gl.max(s, axis=1), axis=2))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        m_b = gl.convert_layout(m_safe, gl.SliceLayout(1, gl.SliceLayout(3, S4)), assert_trivial=True)
+        p = gl.exp2(s - m_b[:, None, :, None])
+        l_i = l_i * alpha[:, :, None] + gl.sum(p, axis=1)
+        v = gl.load(v_ptr + addr, mask=ok5, other=0.0).to(gl.float32)
+        vs = gl.load(vs_ptr + row, mask=n_ok, other=0.0)
+        pv = (p * vs)[:, :, :, :, None]
+        alpha_a = gl.convert_layout(alpha, gl.SliceLayout(2, gl.SliceLayout(3, SA)), assert_trivial=True)
+        acc = acc * alpha_a[:, :, None, None] + gl.sum(pv * v, axis=1)
+        m_i = m_new
+    m_all = gl.max(m_i, axis=1)
+    f = gl.exp2(m_i - m_all[:, None])
+    l_all = gl.sum(gl.sum(l_i * f[:, :, None], axis=2), axis=1)
+    f_a = gl.convert_layout(f, gl.SliceLayout(2, gl.SliceLayout(3, SA)), assert_trivial=True)
+    o = gl.sum(gl.sum(acc * f_a[:, :, None, None], axis=2), axis=1)  # [GROUP, D] in SO
+    o = o / gl.convert_layout(l_all, gl.SliceLayout(1, SO))[:, None]
+    go = gl.arange(0, GROUP, layout=gl.SliceLayout(1, SO))
+    do = gl.arange(0, D, layout=gl.SliceLayout(0, SO))
+    o_rows = (seq * HK * GROUP + kvh * GROUP + go).to(gl.int64) * D
+    gl.store(out_ptr + o_rows[:, None] + do[None, :], o.to(out_ptr.dtype.element_ty))
+
+
 def decode_fma(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -127,15 +217,17 @@ def decode_fma(
     scale: float,
     reps: int = 8,
     warps: int = 4,
+    explicit_layouts: bool = False,
 ) -> torch.Tensor:
     """Decode attention on the engine's FP8 cache layout: q [B, Hq, 128] (contiguous), k and v
     [blocks, page, Hk, 128] float8_e4m3fn, scales [blocks, page, Hk, 1] float32, one token a
-    sequence. A tile is reps x warps x 4 keys."""
+    sequence. A tile is reps x warps x 4 keys; explicit_layouts runs the Gluon kernel."""
     b, hq, dh = q.shape
     hk = k.shape[2]
     assert dh == HEAD_DIM and k.shape[1] == PAGE_SIZE and q.is_contiguous() and k.is_contiguous()
     out = torch.empty_like(q)
-    _decode_fma_kernel[(b, hk)](
+    kernel = _decode_fma_gluon_kernel if explicit_layouts else _decode_fma_kernel
+    kernel[(b, hk)](
         q,
         k,
         v,
@@ -158,7 +250,16 @@ def decode_fma(
     return out
 
 
-CONFIGS = ((8, 4), (4, 4), (4, 8), (2, 8))  # (reps, warps): tiles of 128, 64, 128 and 64 keys
+# (reps, warps, explicit layouts): tiles of 128, 64, 128 and 64 keys, then the Gluon kernel's
+CONFIGS = (
+    (8, 4, False),
+    (4, 4, False),
+    (4, 8, False),
+    (8, 4, True),
+    (4, 4, True),
+    (4, 8, True),
+    (2, 8, True),
+)
 
 
 def compare(batch: int, ctx: int, group: int, bw: float) -> str:
@@ -178,9 +279,9 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     def err(o: torch.Tensor) -> float:
         return (o[:32].double() - ref).abs().max().item()
 
-    outs = [shipped_decode(pr, scale)] + [fma(r, w) for r, w in CONFIGS]
+    outs = [shipped_decode(pr, scale)] + [fma(*c) for c in CONFIGS]
     t_ship = 1e3 * graph_ms_per_call([lambda: shipped_decode(pr, scale)])
-    t_fma = [1e3 * graph_ms_per_call([lambda r=r, w=w: fma(r, w)]) for r, w in CONFIGS]
+    t_fma = [1e3 * graph_ms_per_call([lambda c=c: fma(*c)]) for c in CONFIGS]
     kv_bytes = 2 * batch * ctx * pr["k"].shape[2] * (HEAD_DIM + 4)
     floor = kv_bytes / bw * 1e6
     return (
@@ -203,7 +304,7 @@ def main() -> None:
     bw = copy_bandwidth()
     print(
         f"{'batch':>5} {'ctx':>5} {'group':>5} {'shipped us':>10} "
-        + " ".join(f"{f'fma {r}x{w}':>10}" for r, w in CONFIGS)
+        + " ".join(f"{('gl ' if e else 'tl ') + f'{r}x{w}':>10}" for r, w, e in CONFIGS)
         + f" {'floor us':>9}   max |err| vs float64: shipped, then each fma"
     )
     for group in args.group:
