@@ -7,6 +7,9 @@ Decode rows only (one token a sequence), head dim 128, 16-key pages, one scale p
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import torch
 
 from shardinfer.kernels import paged_attention
@@ -70,6 +73,43 @@ def shipped_decode(pr: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
         max_seq_len=int(pr["bt"].shape[1]) * PAGE_SIZE,
         k_scale=pr["ks"],
         v_scale=pr["vs"],
+    )
+
+
+@dataclass
+class Timed:
+    """The shipped kernel and each prototype variant on one `problem` batch: µs per call
+    (CUDA-graph replays), the FP8 bytes' floor in µs, and each one's largest error against float64
+    over the first rows (the shipped kernel's first)."""
+
+    shipped_us: float
+    variant_us: list[float]
+    floor_us: float
+    errors: list[float]
+
+
+def time_against_shipped(
+    pr: dict[str, torch.Tensor],
+    scale: float,
+    variants: Sequence[Callable[[], torch.Tensor]],
+    bandwidth: float,
+    checked_rows: int = 16,
+) -> Timed:
+    """Times the engine's kernel and each variant, and checks each against the float64 reference."""
+    from bench.gpu_timing import graph_ms_per_call
+
+    ref = reference(pr, scale, checked_rows)
+
+    def shipped() -> torch.Tensor:
+        return shipped_decode(pr, scale)
+
+    errors = [(fn()[:checked_rows].double() - ref).abs().max().item() for fn in (shipped, *variants)]
+    batch, ctx, hk = pr["q"].shape[0], int(pr["sl"][0]), pr["k"].shape[2]
+    return Timed(
+        shipped_us=1e3 * graph_ms_per_call([shipped]),
+        variant_us=[1e3 * graph_ms_per_call([fn]) for fn in variants],
+        floor_us=2 * batch * ctx * hk * (HEAD_DIM + 4) / bandwidth * 1e6,
+        errors=errors,
     )
 
 

@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, reference, shipped_decode
+from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, time_against_shipped
 
 _LOG2E = 1.4426950408889634
 LANE_KEYS = 4  # keys a warp holds side by side: 32 lanes / (128 bytes a row / 16 bytes a lane)
@@ -258,30 +258,20 @@ CONFIGS = ((8, 4, False), (4, 4, False), (8, 4, True), (4, 4, True), (2, 4, True
 def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     """One batch, context and group: the shipped kernel and each prototype config, µs per call
     (CUDA-graph replays), and each one's largest error against the float64 reference."""
-    from bench.gpu_timing import graph_ms_per_call
-
     pr = problem(batch, ctx, group)
     scale = HEAD_DIM**-0.5
-    ref = reference(pr, scale, rows=32)
 
-    def fma(reps: int, warps: int) -> torch.Tensor:
+    def fma(reps: int, warps: int, explicit: bool) -> torch.Tensor:
         return decode_fma(
-            pr["q"], pr["k"], pr["v"], pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, reps, warps
+            pr["q"], pr["k"], pr["v"], pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, reps, warps, explicit
         )
 
-    def err(o: torch.Tensor) -> float:
-        return (o[:32].double() - ref).abs().max().item()
-
-    outs = [shipped_decode(pr, scale)] + [fma(*c) for c in CONFIGS]
-    t_ship = 1e3 * graph_ms_per_call([lambda: shipped_decode(pr, scale)])
-    t_fma = [1e3 * graph_ms_per_call([lambda c=c: fma(*c)]) for c in CONFIGS]
-    kv_bytes = 2 * batch * ctx * pr["k"].shape[2] * (HEAD_DIM + 4)
-    floor = kv_bytes / bw * 1e6
+    t = time_against_shipped(pr, scale, [lambda c=c: fma(*c) for c in CONFIGS], bw, checked_rows=32)
     return (
-        f"{batch:>5} {ctx:>5} {group:>5} {t_ship:>10.1f} "
-        + " ".join(f"{t:>10.1f}" for t in t_fma)
-        + f" {floor:>9.1f}   "
-        + " ".join(f"{err(o):.1e}" for o in outs)
+        f"{batch:>5} {ctx:>5} {group:>5} {t.shipped_us:>10.1f} "
+        + " ".join(f"{us:>10.1f}" for us in t.variant_us)
+        + f" {t.floor_us:>9.1f}   "
+        + " ".join(f"{e:.1e}" for e in t.errors)
     )
 
 
@@ -295,6 +285,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="ignored (device_checks.sh passes it)")
     args = ap.parse_args()
     bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s")
     print(
         f"{'batch':>5} {'ctx':>5} {'group':>5} {'shipped us':>10} "
         + " ".join(f"{('gl ' if e else 'tl ') + f'{r}x{w}':>10}" for r, w, e in CONFIGS)

@@ -33,7 +33,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kernels.fp8_decode_batch import HEAD_DIM, problem, reference, shipped_decode
+from bench.kernels.fp8_decode_batch import HEAD_DIM, problem, time_against_shipped
 
 _LOG2E = 1.4426950408889634
 
@@ -185,30 +185,20 @@ CONFIGS = (
 def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     """One batch and context: the shipped kernel and the prototype at each config, as one table
     row (µs per call, CUDA-graph replays), with each one's largest error against float64."""
-    from bench.gpu_timing import graph_ms_per_call
-
     pr = problem(batch, ctx, group)
     scale = HEAD_DIM**-0.5
-    ref = reference(pr, scale, CHECKED_ROWS)
-
-    def shipped() -> torch.Tensor:
-        return shipped_decode(pr, scale)
 
     def split(cfg: tuple[int, int | None, int]) -> torch.Tensor:
         return decode_warpsplit(
             pr["q"], pr["k"], pr["v"], pr["ks"], pr["vs"], pr["bt"], pr["sl"], scale, cfg[0], cfg[1], cfg[2]
         )
 
-    errs = [(shipped()[:CHECKED_ROWS].double() - ref).abs().max().item()]
-    errs += [(split(c)[:CHECKED_ROWS].double() - ref).abs().max().item() for c in CONFIGS]
-    t_ship = 1e3 * graph_ms_per_call([shipped])
-    times = [1e3 * graph_ms_per_call([lambda c=c: split(c)]) for c in CONFIGS]
-    floor = 2 * batch * ctx * pr["k"].shape[2] * (HEAD_DIM + 4) / bw * 1e6
+    t = time_against_shipped(pr, scale, [lambda c=c: split(c) for c in CONFIGS], bw, CHECKED_ROWS)
     return (
-        f"{batch:>5} {ctx:>5} {t_ship:>10.1f} "
-        + " ".join(f"{t:>12.1f}" for t in times)
-        + f" {floor:>9.1f}   max err: "
-        + " ".join(f"{e:.2e}" for e in errs)
+        f"{batch:>5} {ctx:>5} {t.shipped_us:>10.1f} "
+        + " ".join(f"{us:>12.1f}" for us in t.variant_us)
+        + f" {t.floor_us:>9.1f}   max err: "
+        + " ".join(f"{e:.2e}" for e in t.errors)
     )
 
 
