@@ -33,9 +33,12 @@ LM_HEAD = ("moe-16b lm_head", 163840, 2048)
 
 def candidates(shipped: mm.TileConfig) -> dict[str, mm.TileConfig]:
     """Tilings with the shipped split_k (and so the shipped ranges of K for these shapes): the
-    tiling before 848fb05 (4 warps, persistent), and block shapes and warps on a grid."""
+    tilings before 848fb05 (4 warps, persistent) and before the row heights by M (the small-M
+    tiling at every M), and block shapes and warps on a grid. `shipped` is the small-M tiling;
+    main times the shipped one at each M under "shipped"."""
     out = {"shipped": shipped}
-    out["32x64x32 w4, persistent (before)"] = replace(shipped, num_warps=4, persistent=True)
+    out["32x64x32 w4, persistent (before 848fb05)"] = replace(shipped, num_warps=4, persistent=True)
+    out["32 rows at every M (before the row heights by M)"] = shipped
     shapes = (
         (64, 64, 32, 4),
         (32, 64, 64, 4),
@@ -65,20 +68,23 @@ def main() -> None:
     for name, n, k in ROUTERS:
         gen = torch.Generator(device="cuda").manual_seed(n)
         w = torch.randn(n, k, device="cuda", generator=gen) * k**-0.5
-        shipped = mm.tile_config(n, k, torch.float32, torch.cuda.get_device_name(), 1)
+        shipped_tiling = mm.tiling(n, k, torch.float32, torch.cuda.get_device_name())
+        shipped = shipped_tiling.for_m(1)
         cands = candidates(shipped)
-        print(f"\n{name} router, N {n} K {k} float32; shipped {shipped}")
+        print(f"\n{name} router, N {n} K {k} float32; shipped {shipped_tiling}")
         print(f"{'tiling':<24}" + "".join(f"{'M ' + str(m):>16}" for m in args.ms))
         for label, cfg in cands.items():
             cells = []
             for m in args.ms:
                 x = torch.randn(m, k, device="cuda", generator=gen).bfloat16().float()
+                at_m = shipped_tiling.for_m(m)  # "shipped" times the tiling the engine runs at this M
+                run = at_m if label == "shipped" else cfg
                 try:
-                    want = mm.linear_with_config(x, w, None, shipped)
-                    got = mm.linear_with_config(x, w, None, cfg)
+                    want = mm.linear_with_config(x, w, None, at_m)
+                    got = mm.linear_with_config(x, w, None, run)
                     same = torch.equal(want, got)
                     us = time_us(
-                        lambda i, x=x, w=w, cfg=cfg: mm.linear_with_config(x, w, None, cfg), 1, m * n * 4
+                        lambda i, x=x, w=w, run=run: mm.linear_with_config(x, w, None, run), 1, m * n * 4
                     )
                 except Exception as exc:  # a tiling that does not fit is reported, not fatal
                     cells.append(f"{'error':>16}")
@@ -86,7 +92,7 @@ def main() -> None:
                     continue
                 cells.append(f"{us:>10.1f} {'bits' if same else 'DIFF':>5}")
                 records.append(
-                    {"router": name, "tiling": label, "config": asdict(cfg), "M": m, "us": us, "bits": same}
+                    {"router": name, "tiling": label, "config": asdict(run), "M": m, "us": us, "bits": same}
                 )
             print(f"{label:<24}" + "".join(cells), flush=True)
         cast = []

@@ -39,7 +39,9 @@ engine's shapes, BLOCK_K 64 and 128 included where K is a multiple of both
 may use a different tiling per range of M as long as all of them are interchangeable
 (`check_interchangeable`): same split_k; same BLOCK_K when split (the boundaries move
 otherwise) or K a multiple of every BLOCK_K; tensor-core tiles (16-bit inputs, BLOCK_M >= 64,
-4+ warps: one warpgroup MMA path).
+4+ warps: one warpgroup MMA path). float32 products are IEEE multiply-adds on the FMA units, each
+output summed along K in order whatever the tile, so their tilings may differ in anything but
+split_k and BLOCK_K (the CPU interpreter sums a BLOCK_K step at once).
 
 Measured tilings: `bench/kernels/bench_matmul.py --write-configs` times fixed tilings per
 (N, K) on a GPU and writes the fastest interchangeable set, one tiling per range of M (or with
@@ -52,7 +54,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -127,6 +129,13 @@ def check_interchangeable(k: int, dtype: torch.dtype, configs: list[TileConfig])
             "tilings must share split_k, or rows would be summed differently at other batch sizes"
         )
     block_ks = {c.block_k for c in distinct}
+    if dtype == torch.float32:
+        if len(block_ks) > 1:
+            raise ValueError(
+                f"float32 tilings {sorted(distinct, key=repr)} mix block_k {sorted(block_ks)}: the "
+                "CPU interpreter sums a block_k step at once, so rows would be summed differently there"
+            )
+        return
     if len(block_ks) > 1 and (splits != {1} or any(k % bk for bk in block_ks)):
         raise ValueError(
             f"tilings with block_k {sorted(block_ks)} at K={k} split K differently; use one block_k "
@@ -136,12 +145,12 @@ def check_interchangeable(k: int, dtype: torch.dtype, configs: list[TileConfig])
         c.block_m < 64 or c.num_warps < 4 for c in distinct
     ):
         raise ValueError(
-            f"tilings by batch size are only for 16-bit inputs on tensor-core tiles (block_m >= 64, "
-            f">= 4 warps); got {dtype} with {sorted(distinct, key=repr)}"
+            f"tilings by batch size are only for float32 or for 16-bit inputs on tensor-core tiles "
+            f"(block_m >= 64, >= 4 warps); got {dtype} with {sorted(distinct, key=repr)}"
         )
 
 
-# Measured winners per (N, K, dtype) go here; anything absent falls back to `_default_config`.
+# Measured winners per (N, K, dtype) go here; anything absent falls back to `_default_tiling`.
 CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig | Tiling[TileConfig]] = {}
 
 
@@ -151,12 +160,32 @@ CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig | Tiling[TileCon
 # bench/throughput.py --variant-flags can time the old launch (4 warps, persistent) against it.
 ROUTER_WARPS = 2
 ROUTER_GRID = True
+# From about two programs a SM of its 32-row grid on, the narrow float32 product takes 64-row tiles:
+# 64 outputs a thread, faster from a few hundred rows on and slower below (the same bits at every
+# M; bench/kernels/NOTES.md, "Again, with the wider candidates"). The grid size from which it does;
+# None keeps 32-row tiles at every M.
+ROUTER_TALL_PROGRAMS: int | None = 256
+
+
+def _narrow_float32(n: int, k: int, dtype: torch.dtype) -> bool:
+    """A narrow float32 product with a long K: the MoE routers (64-256 experts x hidden)."""
+    return dtype == torch.float32 and n <= 256 and k >= 1024
+
+
+def _default_tiling(n: int, k: int, dtype: torch.dtype) -> Tiling[TileConfig]:
+    """The default tiling: one for every M, except the routers' two row heights (ROUTER_TALL_PROGRAMS)."""
+    cfg = _default_config(n, k, dtype)
+    if not _narrow_float32(n, k, dtype) or ROUTER_TALL_PROGRAMS is None:
+        return Tiling(cfg)
+    programs_a_row_tile = -(-n // cfg.block_n) * cfg.split_k
+    first_tall_m = 64 * -(-ROUTER_TALL_PROGRAMS // programs_a_row_tile)
+    return Tiling(replace(cfg, block_m=64), ((tuning.below(first_tall_m), cfg),))
 
 
 def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
     if dtype == torch.float32:
         # IEEE float32 runs on the FMA units, not the tensor cores; small tiles keep registers in check.
-        if n <= 256 and k >= 1024:
+        if _narrow_float32(n, k, dtype):
             # A narrow float32 product with a long K (MoE routers: 64-256 experts x hidden) has a
             # single column of tiles: without a split, M/64 programs each walk all of K on FMAs.
             # A fixed split by K alone keeps the reduction order M-independent; warps and launch
@@ -224,7 +253,7 @@ def _gpu_name(device_index: int) -> str:
 # CONFIG_DIR elsewhere), then the defaults, which depend on the shape alone.
 _CHOOSER = tuning.TileChooser(
     CONFIG_OVERRIDES,
-    lambda key, device: Tiling(_default_config(*key)),
+    lambda key, device: _default_tiling(*key),
     lambda gpu_name: measured_configs(gpu_name),
 )
 

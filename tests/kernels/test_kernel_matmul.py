@@ -91,6 +91,33 @@ def test_router_shaped_float32_default_splits_k_and_stays_invariant(device: torc
         assert torch.equal(mm.linear_batch_invariant(x[start : start + rows], w), full[start : start + rows])
 
 
+def test_router_rows_on_both_row_heights_get_the_same_bits(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router's default tiling takes 64-row tiles from a grid of ROUTER_TALL_PROGRAMS programs
+    on (here lowered, so a small batch crosses it): a row gets the same bits in a batch on the
+    tall tiles as alone on the 32-row ones."""
+    monkeypatch.setattr(mm, "ROUTER_TALL_PROGRAMS", 16)
+    t = mm.tiling(64, 1024, torch.float32)
+    (max_m, short), tall = t.by_m[0], t.rest
+    assert short.split_k == tall.split_k == 8 and (short.block_m, tall.block_m) == (32, 64)
+    assert 127 < max_m < 128  # from 128 rows, two 64-row tiles times 8 splits make 16 programs
+    mm.check_interchangeable(1024, torch.float32, t.configs)
+    x, w, _ = _problem(150, 64, 1024, torch.float32, device, seed=12)
+    full = mm.linear_batch_invariant(x, w)  # 150 rows: the tall tiles
+    assert rel_err(full, _ref(x, w, None)) < TOL[torch.float32]
+    for start, rows in [(0, 1), (149, 1), (70, 40)]:  # 1 and 40 rows: the 32-row tiles
+        assert torch.equal(mm.linear_batch_invariant(x[start : start + rows], w), full[start : start + rows])
+
+
+def test_router_tall_tiles_start_at_about_two_programs_a_sm() -> None:
+    """moe-16b's router (64 x 2048, split 16) turns tall at 1024 rows, DeepSeek-V3's (256 x 7168,
+    four column tiles) at 256: the sizes from which the 64-row tiles were the faster on the GPU."""
+    for (n, k), first_tall in (((64, 2048), 1024), ((256, 7168), 256)):
+        t = mm.tiling(n, k, torch.float32)
+        assert t.for_m(first_tall - 1).block_m == 32 and t.for_m(first_tall).block_m == 64
+
+
 def test_row_strided_input(device: torch.device) -> None:
     """A column slice of a wider activation (row stride > K) is read in place."""
     wide, w, b = _problem(9, 20, 64, torch.float32, device, seed=5)
@@ -252,7 +279,13 @@ def test_warm_up_skips_cpu_weights() -> None:
             torch.bfloat16,
             "tensor-core",
         ),
-        ([mm.TileConfig(64, 64, 32, 4, 3), mm.TileConfig(128, 64, 32, 4, 3)], 1024, torch.float32, "16-bit"),
+        ([mm.TileConfig(64, 64, 32, 4, 3), mm.TileConfig(64, 64, 16, 4, 3)], 1024, torch.float32, "block_k"),
+        (
+            [mm.TileConfig(32, 64, 32, 2, 3, split_k=8), mm.TileConfig(64, 64, 32, 2, 3, split_k=4)],
+            1024,
+            torch.float32,
+            "split_k",
+        ),
     ],
 )
 def test_tilings_that_would_sum_rows_differently_are_refused(
@@ -269,6 +302,12 @@ def test_interchangeable_tilings_pass() -> None:
     mm.check_interchangeable(
         1000, torch.float32, [mm.TileConfig(32, 64, 32, 4, 3)] * 2
     )  # one tiling: always fine
+    # float32 on the FMA units: row height, warps and launch change no sums
+    mm.check_interchangeable(
+        2048,
+        torch.float32,
+        [mm.TileConfig(32, 64, 32, 2, 3, split_k=16), mm.TileConfig(64, 64, 32, 2, 3, split_k=16)],
+    )
 
 
 def test_shipped_tilings_load_and_are_interchangeable() -> None:
