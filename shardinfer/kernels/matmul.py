@@ -160,10 +160,10 @@ CONFIG_OVERRIDES: dict[tuple[int, int, torch.dtype], TileConfig | Tiling[TileCon
 # bench/throughput.py --variant-flags can time the old launch (4 warps, persistent) against it.
 ROUTER_WARPS = 2
 ROUTER_GRID = True
-# From about two programs a SM of its 32-row grid on, the narrow float32 product takes 64-row tiles:
-# 64 outputs a thread, faster from a few hundred rows on and slower below (the same bits at every
-# M; bench/kernels/NOTES.md, "Again, with the wider candidates"). The grid size from which it does;
-# None keeps 32-row tiles at every M.
+# From a 32-row grid of this many programs on (about two a SM of a 132-SM Hopper), the narrow
+# float32 product takes 64-row tiles: 64 outputs a thread, faster from a few hundred rows on and
+# slower below (the same bits at every M, so the threshold is speed only; bench/kernels/NOTES.md,
+# "Again, with the wider candidates"). None keeps 32-row tiles at every M.
 ROUTER_TALL_PROGRAMS: int | None = 256
 
 
