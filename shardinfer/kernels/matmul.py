@@ -173,16 +173,26 @@ def _narrow_float32(n: int, k: int, dtype: torch.dtype) -> bool:
 
 
 def _default_tiling(n: int, k: int, dtype: torch.dtype) -> Tiling[TileConfig]:
-    """The default tiling: one for every M, except the routers' two row heights (ROUTER_TALL_PROGRAMS)."""
-    cfg = _default_config(n, k, dtype)
-    if not _narrow_float32(n, k, dtype) or ROUTER_TALL_PROGRAMS is None:
+    """The default tiling: one for every M, except the routers' two row heights (ROUTER_TALL_PROGRAMS).
+    Chosen at every call of a problem, so it is built once per shape and router settings."""
+    return _built_default_tiling(n, k, dtype, ROUTER_WARPS, ROUTER_GRID, ROUTER_TALL_PROGRAMS)
+
+
+@functools.cache
+def _built_default_tiling(
+    n: int, k: int, dtype: torch.dtype, warps: int, grid: bool, tall_programs: int | None
+) -> Tiling[TileConfig]:
+    """_default_tiling for the router settings given (the settings are arguments so that changing
+    one, as bench/throughput.py --variant-flags does, builds the tiling again)."""
+    cfg = _default_config(n, k, dtype, warps, grid)
+    if not _narrow_float32(n, k, dtype) or tall_programs is None:
         return Tiling(cfg)
     programs_a_row_tile = -(-n // cfg.block_n) * cfg.split_k
-    first_tall_m = 64 * -(-ROUTER_TALL_PROGRAMS // programs_a_row_tile)
+    first_tall_m = 64 * -(-tall_programs // programs_a_row_tile)
     return Tiling(replace(cfg, block_m=64), ((tuning.below(first_tall_m), cfg),))
 
 
-def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
+def _default_config(n: int, k: int, dtype: torch.dtype, router_warps: int, router_grid: bool) -> TileConfig:
     if dtype == torch.float32:
         # IEEE float32 runs on the FMA units, not the tensor cores; small tiles keep registers in check.
         if _narrow_float32(n, k, dtype):
@@ -194,9 +204,9 @@ def _default_config(n: int, k: int, dtype: torch.dtype) -> TileConfig:
                 32,
                 64,
                 32,
-                num_warps=ROUTER_WARPS,
+                num_warps=router_warps,
                 num_stages=3,
-                persistent=not ROUTER_GRID,
+                persistent=not router_grid,
                 split_k=min(16, k // 128),
             )
         return TileConfig(64, 64, 32, num_warps=4, num_stages=3)
