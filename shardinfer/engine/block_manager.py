@@ -8,6 +8,12 @@ it again. Free blocks are reused least-recently-freed first:
     free queue (oldest freed first)  ->  popped for new allocations (evicting their hash)
     hash -> block id                 ->  looked up for prefix hits (a hit on a free block
                                          takes it out of the free queue)
+
+A block holding any generated token also hashes where its request's prompt ends: attention may
+compute generated tokens' rows with another kernel than prompt rows (kernels/paged_attention_fma.py),
+so the same tokens can hold other KV bits as a prompt than as a generation. Such a block is found
+again by its own request (after a preemption) and by requests whose prompt ends at the same
+position, never by a request that holds those tokens in its prompt.
 """
 
 from __future__ import annotations
@@ -23,10 +29,21 @@ from shardinfer.engine.request import Request
 HASH_SEED = 0x5EED_5EED_5EED_5EED
 
 
-def block_hash(parent: int, token_ids: list[int]) -> int:
-    """Chained 64-bit hash of one full block; stable across processes (no Python hash())."""
+def block_hash(parent: int, token_ids: list[int], prompt_end: int | None = None) -> int:
+    """Chained 64-bit hash of one full block; stable across processes (no Python hash()).
+    prompt_end: where the request's prompt ends, for a block holding generated tokens."""
     data = parent.to_bytes(8, "little") + np.asarray(token_ids, dtype=np.int64).tobytes()
+    if prompt_end is not None:
+        data += b"prompt_end" + prompt_end.to_bytes(8, "little")
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def request_block_hash(parent: int, request: Request, start: int, block_size: int) -> int:
+    """block_hash of the request's block starting at token `start` (module docstring: why a block
+    holding generated tokens names the prompt's end)."""
+    end = start + block_size
+    prompt_end = request.num_prompt_tokens if end > request.num_prompt_tokens else None
+    return block_hash(parent, request.token_slice(start, end), prompt_end)
 
 
 def chain_hashes(token_ids: list[int], block_size: int) -> list[int]:
@@ -88,7 +105,7 @@ class BlockManager:
         parent = HASH_SEED
         # Hash block by block and stop at the first miss: later blocks cannot hit.
         for start in range(0, num_tokens - bs + 1, bs):
-            parent = block_hash(parent, request.token_slice(start, start + bs))
+            parent = request_block_hash(parent, request, start, bs)
             block_id = self.cached.get(parent)
             if block_id is None:
                 break
@@ -145,7 +162,7 @@ class BlockManager:
             return
         parent = request.block_hashes[-1] if request.block_hashes else HASH_SEED
         for i in range(len(request.block_hashes), full):
-            parent = block_hash(parent, request.token_slice(i * self.block_size, (i + 1) * self.block_size))
+            parent = request_block_hash(parent, request, i * self.block_size, self.block_size)
             request.block_hashes.append(parent)
             block = self.blocks[request.block_table[i]]
             if block.hash is None and parent not in self.cached:

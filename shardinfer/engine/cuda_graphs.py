@@ -87,6 +87,9 @@ class DecodeGraphs:
         self.positions = torch.zeros(t_max, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((t_max,), SKIP_SLOT, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(b_max, dtype=torch.int32, device=device)
+        # Padding requests count as generated rows (prompt length 0): whichever kernel they take,
+        # their results are dropped.
+        self.prompt_lens = torch.zeros(b_max, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(b_max, self.max_blocks, dtype=torch.int32, device=device)
         self.query_start_locs = {
             w: torch.arange(0, (b_max + 1) * w, w, dtype=torch.int32, device=device) for w in self.widths
@@ -121,6 +124,7 @@ class DecodeGraphs:
             "slots": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
             "rows": torch.zeros(t_max, dtype=torch.int64).pin_memory(),
             "lens": torch.zeros(b_max, dtype=torch.int32).pin_memory(),
+            "plens": torch.zeros(b_max, dtype=torch.int32).pin_memory(),
             "tables": torch.zeros(b_max, self.max_blocks, dtype=torch.int32).pin_memory(),
         }
 
@@ -139,6 +143,7 @@ class DecodeGraphs:
             max_seq_len=self.max_model_len,
             query_start_loc_cpu=[],
             seq_lens_cpu=[],
+            prompt_lens=self.prompt_lens[:b],
         )
         return ForwardContext(meta, self.kv_caches, self.batch_invariant)
 
@@ -251,16 +256,21 @@ class DecodeGraphs:
         st["pos"][:t] = torch.from_numpy(host.positions)
         st["slots"][:t] = torch.from_numpy(host.slot_mapping)
         st["lens"][:n] = torch.from_numpy(host.seq_lens)
+        # A host batch without prompt lengths computes every row as a prompt row.
+        plens = host.prompt_lens if host.prompt_lens is not None else host.seq_lens
+        st["plens"][:n] = torch.from_numpy(plens)
         st["tables"][:n, :width] = torch.from_numpy(np.maximum(host.block_tables, 0))
         # Padding requests: skip the KV store, attend to w (ignored) keys in block 0.
         st["slots"][t:tb] = SKIP_SLOT
         st["lens"][n:b] = w
+        st["plens"][n:b] = 0
         st["ids"][t:tb] = 0
         st["pos"][t:tb] = 0
         self.input_ids[:tb].copy_(st["ids"][:tb], non_blocking=True)
         self.positions[:tb].copy_(st["pos"][:tb], non_blocking=True)
         self.slot_mapping[:tb].copy_(st["slots"][:tb], non_blocking=True)
         self.seq_lens[:b].copy_(st["lens"][:b], non_blocking=True)
+        self.prompt_lens[:b].copy_(st["plens"][:b], non_blocking=True)
         self.block_tables[:b, :width].copy_(st["tables"][:b, :width], non_blocking=True)
         sample_shift = None
         if fixup is not None:

@@ -9,6 +9,8 @@ A step packs every scheduled request's new tokens into one token axis:
                       positions [b * block_size, (b + 1) * block_size)
     slot_mapping    = [T] int64, block_id * block_size + offset: where each new token's KV goes
                       (SKIP_SLOT: a CUDA graph's padding row, whose KV store the kernel skips)
+    prompt_lens     = [B] int32, each request's prompt length: rows at or after it are generated
+                      tokens, which attention may compute with a kernel of their own
 
 Positions are absolute (the request's token index), so RoPE, sampling noise and the causal
 mask never depend on how the request was chunked or batched.
@@ -37,6 +39,9 @@ class AttentionMetadata:
     # Host copies: the reference path loops over requests and must not sync per request.
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # [B] int32 on the device, or None (every row is computed as a prompt row). Which kernel
+    # computes a row must depend only on its request and position (kernels/paged_attention_fma.py).
+    prompt_lens: torch.Tensor | None = None
 
 
 class RopeRows(Protocol):

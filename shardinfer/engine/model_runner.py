@@ -64,6 +64,7 @@ class HostBatch:
     query_start_loc: np.ndarray  # [B + 1] int32
     seq_lens: np.ndarray  # [B] int32
     block_tables: np.ndarray  # [B, max_blocks] int32, PAD_BLOCK padded
+    prompt_lens: np.ndarray | None = None  # [B] int32; None: every row counts as a prompt row
 
 
 def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
@@ -102,7 +103,8 @@ def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
         dtype=np.int64,
         count=n_total,
     )
-    return HostBatch(ids, pos, slots, qsl, seq_lens, tables)
+    prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), dtype=np.int32, count=b)
+    return HostBatch(ids, pos, slots, qsl, seq_lens, tables, prompt_lens)
 
 
 class ModelRunner:
@@ -271,6 +273,7 @@ class ModelRunner:
             max_seq_len=int(host.seq_lens.max()),
             query_start_loc_cpu=host.query_start_loc.tolist(),
             seq_lens_cpu=host.seq_lens.tolist(),
+            prompt_lens=None if host.prompt_lens is None else self._to_device(host.prompt_lens),
         )
         ctx = ForwardContext(meta, self.kv_caches, self.batch_invariant)
         return self._to_device(host.input_ids), self._to_device(host.positions), ctx

@@ -79,6 +79,7 @@ def prefill_batch(n_tokens: int, sequence_tokens: int, block_size: int) -> HostB
         query_start_loc=qsl,
         seq_lens=np.asarray(lens, dtype=np.int32),
         block_tables=np.zeros((len(lens), blocks), dtype=np.int32),
+        prompt_lens=np.asarray(lens, dtype=np.int32),
     )
 
 

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from shardinfer.kernels import split_kv
+from shardinfer.kernels import paged_attention_fma, split_kv
 from shardinfer.kernels._common import (
     FLOAT_DTYPES,
     check_same_device,
@@ -85,6 +85,10 @@ SINGLE_CHUNK_DIRECT = True
 # values. Off, the compiler may keep the raw FP8 tile in shared memory and dequantise the operand
 # in registers (another grouping of the products over k, so other bits; still batch invariant).
 OPAQUE_FP8_TILES = True
+# A numerics setting of the FP8 cache: with prompt lengths given, generated tokens' rows go through
+# paged_attention_fma where it applies (its docstring: where, and why that keeps batch invariance).
+# Off, every row takes the chunk kernel.
+FMA_GENERATED_ROWS = True
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
@@ -100,6 +104,7 @@ def _attn_chunk_kernel(
     bt_ptr,
     qsl_ptr,
     sl_ptr,
+    plen_ptr,
     pacc_ptr,
     pm_ptr,
     pl_ptr,
@@ -145,6 +150,7 @@ def _attn_chunk_kernel(
     SCALE_SCORES: tl.constexpr,
     OPAQUE: tl.constexpr,
     DIRECT: tl.constexpr,
+    SKIP_GENERATED: tl.constexpr,
 ):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
@@ -160,7 +166,10 @@ def _attn_chunk_kernel(
         first = tl.maximum(ctx + tok0 - window + 1, 0)
         kv_lo = tl.maximum(kv_lo, (first // BLOCK_N) * BLOCK_N)
     kv_hi = tl.minimum(c * CHUNK + CHUNK, max_pos + 1)
-    if (n_tok > 0) & (kv_lo < kv_hi):
+    todo = (n_tok > 0) & (kv_lo < kv_hi)
+    if SKIP_GENERATED:  # tiles of generated tokens only: paged_attention_fma's
+        todo = todo & ~split_kv.first_row_generated(plen_ptr, seq, ctx, tok0)
+    if todo:
         kvh, tok, head, row_ok = split_kv.tile_rows(
             tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT
         )
@@ -314,6 +323,7 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     fp8_scale_scores: bool = False,
     max_registers: int | None = -1,
+    prompt_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
@@ -344,6 +354,13 @@ def paged_attention(
     (docs/quantization.md), so it is no longer the default. (float16 is left out: its
     probabilities times small scales fall into its subnormal range, where scaling and rounding
     stop commuting.)
+
+    prompt_lens [B] int32 (each request's prompt length, on q's device): on an FP8 cache where
+    paged_attention_fma applies (and FMA_GENERATED_ROWS), the rows at positions at or after it
+    (generated tokens) are computed by that kernel instead, and the chunk kernel and the merge skip
+    the tiles holding only such rows. Its bits differ from the chunk kernel's, but which kernel
+    computes a row depends only on the request and the position, so results stay batch invariant.
+    None: every row takes the chunk kernel.
     """
     fp8 = k_scale is not None or v_scale is not None
     _check(
@@ -360,6 +377,17 @@ def paged_attention(
     )
     if fp8:
         _check_scales(k_cache, v_cache, k_scale, v_scale)
+    if prompt_lens is not None:
+        check_tensor("prompt_lens", prompt_lens, dtypes=(torch.int32,), ndim=1, contiguous=True)
+        if prompt_lens.shape != seq_lens.shape:
+            raise fail(
+                "prompt_lens.shape", tuple(prompt_lens.shape), f"need ({seq_lens.shape[0]},): one per request"
+            )
+        check_same_device(q=q, prompt_lens=prompt_lens)
+        if not (
+            FMA_GENERATED_ROWS and paged_attention_fma.applies(q, k_cache, v_cache, k_scale, sliding_window)
+        ):
+            prompt_lens = None
     if max(q.shape[-1], v_cache.shape[-1]) > 256:
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]
@@ -407,6 +435,7 @@ def paged_attention(
         v_scale,
         fp8_scale_scores,
         max_registers,
+        prompt_lens,
     )
 
 
@@ -451,10 +480,12 @@ def launch(
     v_scale: torch.Tensor | None = None,
     fp8_scale_scores: bool = False,
     max_registers: int | None = None,
+    prompt_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
+    prompt_lens: generated rows go through paged_attention_fma (the caller checked it applies).
     """
     fp8 = k_scale is not None and v_scale is not None
     scores_ok = _one_scale_per_key(d, dv) and q.dtype in (torch.bfloat16, torch.float32)
@@ -489,6 +520,7 @@ def launch(
             block_tables,
             query_start_loc,
             seq_lens,
+            prompt_lens if prompt_lens is not None else seq_lens,
             ws.acc,
             ws.m,
             ws.l,
@@ -519,13 +551,14 @@ def launch(
             SCALE_SCORES=scale_scores,
             OPAQUE=fp8 and OPAQUE_FP8_TILES and not interpreting(),
             DIRECT=direct,
+            SKIP_GENERATED=prompt_lens is not None,
             num_warps=num_warps,
             num_stages=num_stages,
             **limits,
             **common,
         )
 
-    return split_kv.two_phase(
+    out = split_kv.two_phase(
         q,
         hk,
         dv,
@@ -537,4 +570,22 @@ def launch(
         sliding_window,
         phase1,
         single_chunk_direct=direct,
+        prompt_lens=prompt_lens,
     )
+    if prompt_lens is not None and k_scale is not None and v_scale is not None:
+        # After the merge: a tile mixing prompt and generated rows is computed and merged whole,
+        # and its generated rows are overwritten here.
+        paged_attention_fma.overwrite_generated_rows(
+            out,
+            q,
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+            query_start_loc,
+            seq_lens,
+            block_tables,
+            prompt_lens,
+            scale,
+        )
+    return out

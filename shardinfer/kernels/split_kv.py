@@ -97,6 +97,14 @@ def tile_rows(
 
 
 @triton.jit
+def first_row_generated(plen_ptr, seq, ctx, tok0):
+    """Whether a tile's first row (token tok0 after ctx cached ones) sits at or after its request's
+    prompt length: then every row of the tile does, and with prompt lengths given the chunk kernel
+    and the merge both skip it (paged_attention_fma writes those rows; the two must agree)."""
+    return ctx + tok0 >= tl.load(plen_ptr + seq)
+
+
+@triton.jit
 def ends_in_first_chunk(ctx, tok0, n_tok, CHUNK: tl.constexpr):
     """Whether every row of a tile (tokens tok0 .. tok0 + n_tok - 1 after ctx cached ones) ends in
     KV chunk 0: the chunk kernel then writes it itself and the merge skips it (the two must agree)."""
@@ -233,6 +241,7 @@ def merge_kernel(
     out_ptr,
     qsl_ptr,
     sl_ptr,
+    plen_ptr,
     pacc_ptr,
     pm_ptr,
     pl_ptr,
@@ -253,10 +262,12 @@ def merge_kernel(
     CHUNK: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     SKIP_ONE_CHUNK: tl.constexpr,
+    SKIP_GENERATED: tl.constexpr,
 ):
     """Grid (q blocks, head slices, DV / DV_SLICE): merges one slice of the value columns of a
     tile's rows (splitting the columns over programs changes no arithmetic). SKIP_ONE_CHUNK: the
-    chunk kernel wrote the tiles whose rows all end in the first chunk itself."""
+    chunk kernel wrote the tiles whose rows all end in the first chunk itself. SKIP_GENERATED: the
+    tiles of generated rows are another kernel's (first_row_generated; plen_ptr: prompt lengths)."""
     qblock = block_base + tl.program_id(0)
     seq, q_start, tok0 = locate(qsl_ptr, num_seqs, qblock, BQ)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
@@ -265,6 +276,8 @@ def merge_kernel(
     todo = n_tok > 0
     if SKIP_ONE_CHUNK:
         todo = todo & ~ends_in_first_chunk(ctx, tok0, n_tok, CHUNK)
+    if SKIP_GENERATED:
+        todo = todo & ~first_row_generated(plen_ptr, seq, ctx, tok0)
     if todo:
         _, tok, head, row_ok = tile_rows(tl.program_id(1), tok0, q_len, GROUP, HB, BLOCK_M, BQ, N_HSPLIT)
         w_row = partial_rows(qsl_ptr, num_seqs, block_base, q_start, tok, head, n_heads, n_chunks, BQ)
@@ -328,6 +341,7 @@ def two_phase(
     phase1: Callable[[tuple[int, int, int], int, Workspace, dict[str, object]], None],
     merge_in_phase1: bool = False,
     single_chunk_direct: bool = False,
+    prompt_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run a chunk kernel (`phase1(grid, first q block, workspace, tile constants)`) over slices of
     q blocks, each followed by the in-order merge of its chunks; returns out [T, Hq, Dv].
@@ -338,6 +352,9 @@ def two_phase(
     finish calls merge_rows, see mla_decode), so no merge kernel is launched.
     single_chunk_direct: the chunk kernel writes a tile whose rows all end in the first chunk to
     `out` itself (store_rows), and the merge skips it.
+    prompt_lens [B] int32: the merge skips the tiles whose rows are all generated tokens
+    (first_row_generated), which the chunk kernel must skip too; their rows of `out` are left
+    unwritten for the caller.
     """
     t, hq = q.shape[0], q.shape[1]
     b = seq_lens.shape[0]
@@ -387,6 +404,7 @@ def two_phase(
             out,
             query_start_loc,
             seq_lens,
+            prompt_lens if prompt_lens is not None else seq_lens,
             ws.acc,
             ws.m,
             ws.l,
@@ -400,6 +418,7 @@ def two_phase(
             DV=dv,
             DV_SLICE=dv_slice,
             SKIP_ONE_CHUNK=single_chunk_direct,
+            SKIP_GENERATED=prompt_lens is not None,
             num_warps=4,
             **common,
         )

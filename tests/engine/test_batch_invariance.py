@@ -65,8 +65,8 @@ def _check_one_prompt_many_times(llm: LLM, sizes: dict[str, int]) -> None:
     assert len(outputs) == 1
 
 
-def _check_rows_alone_vs_batched(model_dir, device: str, sizes: dict[str, int]) -> None:
-    llm = _llm(model_dir, device, max_num_seqs=sizes["big_batch"])
+def _check_rows_alone_vs_batched(model_dir, device: str, sizes: dict[str, int], **engine) -> None:
+    llm = _llm(model_dir, device, max_num_seqs=sizes["big_batch"], **engine)
     vocab = llm.llm_engine.model_config.vocab_size
     prompts = _random_prompts(sizes["rows"], vocab, 5)
     params = [
@@ -87,7 +87,7 @@ def _check_rows_alone_vs_batched(model_dir, device: str, sizes: dict[str, int]) 
     assert by8 == alone and big == alone
     if device == "cuda":  # the big batch's decode steps ran in the graph of its full size
         assert (1, sizes["big_batch"]) in replayed
-    tight = _llm(model_dir, device, num_kv_blocks=12, block_size=16)
+    tight = _llm(model_dir, device, num_kv_blocks=12, block_size=16, **engine)
     preempted = key(tight.generate(prompts, params))
     assert tight.llm_engine.scheduler.num_preemptions > 0
     assert preempted == alone
@@ -136,3 +136,25 @@ def test_one_prompt_many_times_one_output_gpu(tiny_checkpoint, family, overrides
 def test_rows_alone_in_batches_and_preempted_gpu(tiny_checkpoint, family, overrides) -> None:
     assert torch.cuda.is_available()
     _check_rows_alone_vs_batched(tiny_checkpoint(family, **overrides), "cuda", _device_params("cuda"))
+
+
+@pytest.mark.gpu
+def test_fp8_cache_generated_rows_alone_in_batches_and_preempted_gpu(tiny_checkpoint, monkeypatch) -> None:
+    """Two query heads per KV head of dim 128 on an FP8 cache: generated tokens' attention takes its
+    own kernel (kernels/paged_attention_fma.py), prompt rows the chunk kernel, and a row still
+    never depends on its batch, on CUDA graphs or on a preemption's recomputation."""
+    from shardinfer.kernels import paged_attention_fma
+
+    calls = []
+    overwrite = paged_attention_fma.overwrite_generated_rows
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return overwrite(*args, **kwargs)
+
+    monkeypatch.setattr(paged_attention_fma, "overwrite_generated_rows", counted)
+    model_dir = tiny_checkpoint("qwen3", head_dim=128)
+    sizes = _device_params("cuda")
+    _check_rows_alone_vs_batched(model_dir, "cuda", sizes, kv_cache_dtype="fp8")
+    assert calls  # the generated rows did go through the FMA kernel
+    _check_one_prompt_many_times(_llm(model_dir, "cuda", kv_cache_dtype="fp8"), sizes)

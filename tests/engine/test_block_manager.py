@@ -131,3 +131,20 @@ def test_release_before_frees_blocks_left_behind_by_a_sliding_window() -> None:
     bm.free_request(a)  # releases the rest once, tail first; released blocks are not freed twice
     assert list(bm.free) == [5, 0, 1, 4, 3, 2]
     assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_generated_blocks_are_shared_only_where_the_prompt_ends_alike() -> None:
+    """A block holding generated tokens may hold other KV bits than the same tokens as a prompt
+    (generated rows may take another attention kernel), so a request whose prompt holds those
+    tokens must not find it; the request itself (resumed after a preemption) and one with the same
+    prompt still do."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    a = _req("a", list(range(6)))
+    a.output_token_ids = [50, 51, 52, 53, 54, 55]  # 12 tokens: block 1 holds the prompt's end
+    _fill(bm, a, 12)
+    assert a.block_hashes[0] == chain_hashes(list(range(6)), 4)[0]  # a prompt block hashes as before
+    as_prompt = _req("b", [*range(6), 50, 51, 52, 53, 54, 55, 9])
+    assert bm.find_cached_prefix(as_prompt) == a.block_table[:1]
+    resumed = _req("a2", list(range(6)))
+    resumed.output_token_ids = [50, 51, 52, 53, 54, 55, 56]
+    assert bm.find_cached_prefix(resumed) == a.block_table[:3]

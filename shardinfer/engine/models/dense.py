@@ -158,6 +158,7 @@ class DenseAttention(nn.Module):
             max_seq_len=meta.max_seq_len,
             k_scale=k_scale,
             v_scale=v_scale,
+            prompt_lens=meta.prompt_lens,
         )
         return self.o_proj(out.reshape(t, self.q_size))
 
