@@ -282,6 +282,45 @@ def overwrite_generated_rows(
     """Write into out [T, Hq, 128] the attention of every row at a position >= its request's
     prompt_lens entry; leave the other rows as they are. Inputs as paged_attention's, already
     validated there (and `applies` true); prompt_lens [B] int32 on q's device."""
+    launch(
+        out,
+        q,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        prompt_lens,
+        scale,
+        REPS,
+        WARPS,
+        not interpreting(),
+        MAX_REGISTERS,
+    )
+
+
+def launch(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    prompt_lens: torch.Tensor,
+    scale: float,
+    reps: int,
+    warps: int,
+    explicit_layouts: bool,
+    max_registers: int | None,
+) -> None:
+    """overwrite_generated_rows with the tile (reps x warps x 4 keys: other tiles round apart) and
+    the launch settings given; explicit_layouts runs the Gluon kernel (GPU only), else the Triton
+    one. For the engine's defaults and for bench/kernels' sweeps."""
     t, hq, d = q.shape
     hk = k_cache.shape[2]
     if t == 0:
@@ -305,9 +344,9 @@ def overwrite_generated_rows(
         seq_lens.shape[0],
         float(scale) * _LOG2E,
     )
-    tile = dict(HK=hk, GROUP=hq // hk, D=d, PAGE=k_cache.shape[1], REPS=REPS, WARPS=WARPS, LKEYS=LANE_KEYS)
-    if interpreting():
-        _generated_rows_kernel[(t, hk)](*args, **tile, num_warps=WARPS)
+    tile = dict(HK=hk, GROUP=hq // hk, D=d, PAGE=k_cache.shape[1], REPS=reps, WARPS=warps, LKEYS=LANE_KEYS)
+    limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
+    if explicit_layouts:
+        _generated_rows_gluon_kernel[(t, hk)](*args, **tile, SPAN=_LOCATE_SPAN, num_warps=warps, **limits)
     else:
-        limits = {"maxnreg": MAX_REGISTERS} if MAX_REGISTERS is not None else {}
-        _generated_rows_gluon_kernel[(t, hk)](*args, **tile, SPAN=_LOCATE_SPAN, num_warps=WARPS, **limits)
+        _generated_rows_kernel[(t, hk)](*args, **tile, num_warps=warps, **limits)

@@ -1,5 +1,5 @@
-"""The FMA decode attention prototype (bench/kernels/proto_fp8_attention_fma.py), its Triton kernel in
-the interpreter: every row within one bf16 rounding of the float64 attention over the dequantised
+"""The FMA decode attention kernel (shardinfer/kernels/paged_attention_fma.py) at the tiles of its sweep
+(bench/kernels/proto_fp8_attention_fma.py), its Triton kernel in the interpreter: every row within one bf16 rounding of the float64 attention over the dequantised
 cache, for GQA groups of 1, 2 and 4, contexts that end inside a page and inside a warp's keys, and a
 row with a single key. (The Gluon kernel has the same arithmetic and runs on the GPU only.)"""
 
