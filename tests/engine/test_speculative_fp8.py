@@ -12,8 +12,10 @@ import pytest
 from shardinfer import LLM, SamplingParams
 from tests.engine.speculative_helpers import add_requests, finish, random_prompts, replay_drafts
 
-# The Triton MLA kernel needs qk_rope_head_dim >= 16 and a power-of-two kv_lora_rank.
-CUDA_SHAPES = {"deepseek_v3": {"qk_rope_head_dim": 16, "kv_lora_rank": 64}}
+# The Triton MLA kernel needs qk_rope_head_dim >= 16 and a power-of-two kv_lora_rank. Qwen3 at head
+# dim 128 (two query heads per KV head): on an FP8 cache its verify rows, like its decode rows, take
+# the FMA kernel (kernels/paged_attention_fma.py).
+CUDA_SHAPES = {"deepseek_v3": {"qk_rope_head_dim": 16, "kv_lora_rank": 64}, "qwen3": {"head_dim": 128}}
 
 NUMERICS = [
     {"kv_cache_dtype": "fp8"},
