@@ -143,8 +143,9 @@ def test_fp8_cache_generated_rows_alone_in_batches_and_preempted_gpu(tiny_checkp
     """Two query heads per KV head of dim 128 on an FP8 cache: generated tokens' attention takes its
     own kernel (kernels/paged_attention_fma.py), prompt rows the chunk kernel, and a row still
     never depends on its batch, on CUDA graphs or on a preemption's recomputation."""
-    from shardinfer.kernels import paged_attention_fma
+    from shardinfer.kernels import paged_attention, paged_attention_fma
 
+    monkeypatch.setattr(paged_attention, "FMA_GENERATED_ROWS", True)
     calls = []
     overwrite = paged_attention_fma.overwrite_generated_rows
 

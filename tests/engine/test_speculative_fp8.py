@@ -62,6 +62,12 @@ def test_speculation_equals_plain_decoding_on_fp8_numerics(
 @pytest.mark.gpu
 @pytest.mark.parametrize("numerics", NUMERICS, ids=["kv", "weights", "both"])
 @pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
-def test_gpu_speculation_equals_plain_decoding_on_fp8_numerics(tiny_checkpoint, family, numerics) -> None:
-    """On CUDA: the FP8 kernels, verify graphs and asynchronous scheduling."""
+def test_gpu_speculation_equals_plain_decoding_on_fp8_numerics(
+    tiny_checkpoint, family, numerics, monkeypatch
+) -> None:
+    """On CUDA: the FP8 kernels, verify graphs and asynchronous scheduling; generated rows on the
+    FMA kernel where it applies."""
+    from shardinfer.kernels import paged_attention
+
+    monkeypatch.setattr(paged_attention, "FMA_GENERATED_ROWS", True)
     _check(tiny_checkpoint(family, **CUDA_SHAPES.get(family, {})), numerics, device="cuda", dtype="bfloat16")

@@ -38,6 +38,12 @@ REQUESTS = [
 KV_CHUNK = 128  # several chunks at these lengths, so the merge and its skip run
 
 
+@pytest.fixture(autouse=True)
+def _fma_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatch under test, whatever the engine's default."""
+    monkeypatch.setattr(paged_attention, "FMA_GENERATED_ROWS", True)
+
+
 def _cache(b: PagedBatch, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     kq, ks = quantize_groups(b.k_cache)
     vq, vs = quantize_groups(b.v_cache)
