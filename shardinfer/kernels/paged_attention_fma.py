@@ -22,8 +22,12 @@ lanes four keys. Then:
   value's scale folded into its probability), summed across lanes and warps once, at the end.
 
 A row's keys are 0 .. its position, cut into tiles from key 0 whatever the batch, so its result
-depends on its own keys only. A program finds its request in-kernel from query_start_loc, so the
-launch needs no host copy of the batch layout (and serves CUDA graphs).
+depends on its own keys only. The grid is (requests, KV heads, token slices): program z of a
+request computes its generated tokens z, z + slices, ... in turn, each from a fresh state, so how
+many slices a launch has changes no bit. A prefill-heavy step's many prompt tokens then cost one
+early-exiting program per request and slice, not one per token; a decode step (one token a
+request) gets one slice, a verify step as many as its rows per request. Everything comes from
+the device tensors, so the launch needs no host copy of the batch layout (and serves CUDA graphs).
 
 The GPU runs the Gluon kernel, which gives every layout so that the loop exchanges nothing through
 shared memory; the interpreter (CPU tests) runs the Triton kernel, the same arithmetic with
@@ -39,7 +43,6 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from shardinfer.kernels import split_kv
 from shardinfer.kernels._common import interpreting
 from shardinfer.kernels.reference_fp8 import FP8_DTYPE
 
@@ -50,9 +53,11 @@ LANE_KEYS = 4  # keys a warp holds side by side: 32 lanes / (128 bytes a row / 1
 # The tile (fixed: it fixes the rounding). 4 x 4 x 4 = 64 keys a step was the fastest in the sweep.
 REPS = 4
 WARPS = 4
-# A launch setting (the same arithmetic): a register cap per thread, None for the compiler's choice.
-MAX_REGISTERS: int | None = None
-_LOCATE_SPAN = 256  # request offsets the Gluon kernel's search reads per vector load
+# Launch settings (the same arithmetic). A register cap per thread (None: the compiler's choice):
+# capped, four programs share an SM instead of three, which was faster (bench/kernels/NOTES.md).
+MAX_REGISTERS: int | None = 128
+# At most this many programs per request and KV head (token slices).
+MAX_SLICES = 8
 
 
 def applies(
@@ -78,7 +83,7 @@ def applies(
     )
 
 
-@triton.jit(do_not_specialize=["num_seqs", "sbt"])
+@triton.jit(do_not_specialize=["sbt", "n_slices"])
 def _generated_rows_kernel(
     q_ptr,
     k_ptr,
@@ -95,7 +100,7 @@ def _generated_rows_kernel(
     sot,
     soh,
     sbt,
-    num_seqs,
+    n_slices,
     scale_log2,
     HK: tl.constexpr,
     GROUP: tl.constexpr,
@@ -105,12 +110,12 @@ def _generated_rows_kernel(
     WARPS: tl.constexpr,
     LKEYS: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    seq = tl.program_id(0)
     kvh = tl.program_id(1)
-    seq, _q_start, _tok = split_kv.locate(qsl_ptr, num_seqs, t, 1)
-    pos = tl.load(sl_ptr + seq) - (tl.load(qsl_ptr + seq + 1) - t)
-    generated = pos >= tl.load(pl_ptr + seq)
-    ctx = (pos + 1) * generated.to(tl.int32)  # a prompt row's program computes nothing
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    ctx0 = tl.load(sl_ptr + seq) - q_len  # keys before this step's first token
+    first = tl.maximum(tl.load(pl_ptr + seq) - ctx0, 0)  # the first generated token of the step
     TILE: tl.constexpr = REPS * WARPS * LKEYS
     # [GROUP, REPS, WARPS, LKEYS, D]; reductions over D, REPS and LKEYS stay inside a warp.
     r = tl.arange(0, REPS)[:, None, None]
@@ -118,45 +123,46 @@ def _generated_rows_kernel(
     i = tl.arange(0, LKEYS)[None, None, :]
     key_in_tile = (r * WARPS + w) * LKEYS + i  # [REPS, WARPS, LKEYS]
     d = tl.arange(0, D)[None, None, None, None, :]
-    g = tl.arange(0, GROUP)
-    heads = kvh * GROUP + g
-    q_rows = t.to(tl.int64) * sqt + heads * sqh
-    q = tl.load(q_ptr + q_rows[:, None, None, None, None] + d).to(tl.float32) * scale_log2
-    m_i = tl.full([GROUP, WARPS], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP, WARPS, LKEYS], tl.float32)
-    acc = tl.zeros([GROUP, WARPS, LKEYS, D], tl.float32)
-    bt_row = bt_ptr + seq.to(tl.int64) * sbt
-    for start in range(0, ctx, TILE):
-        n = start + key_in_tile
-        n_ok = n < ctx
-        page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        row = (page * PAGE + n % PAGE) * HK + kvh  # [REPS, WARPS, LKEYS]: the key's cache row
-        addr = row[None, :, :, :, None] * D + d
-        ok5 = n_ok[None, :, :, :, None]
-        k = tl.load(k_ptr + addr, mask=ok5, other=0.0).to(tl.float32)
-        ks = tl.load(ks_ptr + row, mask=n_ok, other=0.0)
-        s = tl.sum(q * k, axis=4) * ks[None, :, :, :]  # [GROUP, REPS, WARPS, LKEYS]
-        s = tl.where(n_ok[None, :, :, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=3), axis=1))  # [GROUP, WARPS]
-        # A warp with no visible key yet keeps m = -inf; shift by 0 so exp2 gives exact zeros.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None, :, None])
-        l_i = l_i * alpha[:, :, None] + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + addr, mask=ok5, other=0.0).to(tl.float32)
-        vs = tl.load(vs_ptr + row, mask=n_ok, other=0.0)
-        pv = p * vs[None, :, :, :]
-        acc = acc * alpha[:, :, None, None] + tl.sum(pv[:, :, :, :, None] * v, axis=1)
-        m_i = m_new
-    # The warps' states merged once: every partial rescaled to the program's maximum.
-    m_all = tl.max(m_i, axis=1)  # [GROUP]
-    f = tl.exp2(m_i - m_all[:, None])  # [GROUP, WARPS]
-    l_all = tl.sum(tl.sum(l_i * f[:, :, None], axis=2), axis=1)
-    o = tl.sum(tl.sum(acc * f[:, :, None, None], axis=2), axis=1) / l_all[:, None]  # [GROUP, D]
     dd = tl.arange(0, D)
-    o_rows = t.to(tl.int64) * sot + heads * soh
-    keep = (tl.zeros([GROUP, D], tl.int32) + generated.to(tl.int32)) != 0
-    tl.store(out_ptr + o_rows[:, None] + dd[None, :], o.to(out_ptr.dtype.element_ty), mask=keep)
+    heads = kvh * GROUP + tl.arange(0, GROUP)
+    bt_row = bt_ptr + seq.to(tl.int64) * sbt
+    for j in range(first + tl.program_id(2), q_len, n_slices):
+        t = (q_start + j).to(tl.int64)
+        ctx = ctx0 + j + 1  # keys 0 .. the token's own position
+        q = tl.load(q_ptr + (t * sqt + heads * sqh)[:, None, None, None, None] + d).to(tl.float32)
+        q = q * scale_log2  # the softmax's scale folded in
+        m_i = tl.full([GROUP, WARPS], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP, WARPS, LKEYS], tl.float32)
+        acc = tl.zeros([GROUP, WARPS, LKEYS, D], tl.float32)
+        for start in range(0, ctx, TILE):
+            n = start + key_in_tile
+            n_ok = n < ctx
+            page = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            row = (page * PAGE + n % PAGE) * HK + kvh  # [REPS, WARPS, LKEYS]: the key's cache row
+            addr = row[None, :, :, :, None] * D + d
+            ok5 = n_ok[None, :, :, :, None]
+            k = tl.load(k_ptr + addr, mask=ok5, other=0.0).to(tl.float32)
+            ks = tl.load(ks_ptr + row, mask=n_ok, other=0.0)
+            s = tl.sum(q * k, axis=4) * ks[None, :, :, :]  # [GROUP, REPS, WARPS, LKEYS]
+            s = tl.where(n_ok[None, :, :, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=3), axis=1))  # [GROUP, WARPS]
+            # A warp with no visible key yet keeps m = -inf; shift by 0 so exp2 gives exact zeros.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None, :, None])
+            l_i = l_i * alpha[:, :, None] + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + addr, mask=ok5, other=0.0).to(tl.float32)
+            vs = tl.load(vs_ptr + row, mask=n_ok, other=0.0)
+            pv = p * vs[None, :, :, :]
+            acc = acc * alpha[:, :, None, None] + tl.sum(pv[:, :, :, :, None] * v, axis=1)
+            m_i = m_new
+        # The warps' states merged once: every partial rescaled to the program's maximum.
+        m_all = tl.max(m_i, axis=1)  # [GROUP]
+        f = tl.exp2(m_i - m_all[:, None])  # [GROUP, WARPS]
+        l_all = tl.sum(tl.sum(l_i * f[:, :, None], axis=2), axis=1)
+        o = tl.sum(tl.sum(acc * f[:, :, None, None], axis=2), axis=1) / l_all[:, None]  # [GROUP, D]
+        o_rows = t * sot + heads * soh
+        tl.store(out_ptr + o_rows[:, None] + dd[None, :], o.to(out_ptr.dtype.element_ty))
 
 
 @gluon.jit
@@ -176,7 +182,7 @@ def _generated_rows_gluon_kernel(
     sot,
     soh,
     sbt,
-    num_seqs,
+    n_slices,
     scale_log2,
     HK: gl.constexpr,
     GROUP: gl.constexpr,
@@ -185,7 +191,6 @@ def _generated_rows_gluon_kernel(
     REPS: gl.constexpr,
     WARPS: gl.constexpr,
     LKEYS: gl.constexpr,
-    SPAN: gl.constexpr,
 ):
     """The Triton kernel's arithmetic with every layout given: the per-key indices, scales and
     page ids are loaded straight into the layout the scores have, so nothing in the loop is
@@ -202,20 +207,12 @@ def _generated_rows_gluon_kernel(
     SM: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(1, S4))  # [GROUP, WARPS]: a warp's max
     SA: gl.constexpr = gl.SliceLayout(1, L5)  # [GROUP, WARPS, LKEYS, D]: a lane's partial output
     SO: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, SA))  # [GROUP, D]: the merged output
-    L1: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])  # the request search's vectors
-    t = gl.program_id(0)
+    seq = gl.program_id(0)
     kvh = gl.program_id(1)
-    # The request of token t: how many requests after the first start at or before it (an empty
-    # request shares its start with the next, which counts too and owns the token).
-    seq = num_seqs * 0
-    for s0 in range(1, num_seqs, SPAN):
-        idx = s0 + gl.arange(0, SPAN, layout=L1)
-        live = idx < num_seqs
-        before = live & (gl.load(qsl_ptr + idx, mask=live, other=0) <= t)
-        seq += gl.sum(before.to(gl.int32), axis=0)
-    pos = gl.load(sl_ptr + seq) - (gl.load(qsl_ptr + seq + 1) - t)
-    generated = pos >= gl.load(pl_ptr + seq)
-    ctx = (pos + 1) * generated.to(gl.int32)  # a prompt row's program computes nothing
+    q_start = gl.load(qsl_ptr + seq)
+    q_len = gl.load(qsl_ptr + seq + 1) - q_start
+    ctx0 = gl.load(sl_ptr + seq) - q_len  # keys before this step's first token
+    first = gl.maximum(gl.load(pl_ptr + seq) - ctx0, 0)  # the first generated token of the step
     TILE: gl.constexpr = REPS * WARPS * LKEYS
     r = gl.arange(0, REPS, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, S4))))
     w = gl.arange(0, WARPS, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, S4))))
@@ -224,46 +221,48 @@ def _generated_rows_gluon_kernel(
     g = gl.arange(0, GROUP, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, S4))))
     d = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5)))))
     d5 = d[None, None, None, None, :]
-    q_rows = t.to(gl.int64) * sqt + (kvh * GROUP + g) * sqh
-    q = gl.load(q_ptr + q_rows[:, None, None, None, None] + d5).to(gl.float32) * scale_log2
-    m_i = gl.full([GROUP, WARPS], float("-inf"), gl.float32, SM)
-    l_i = gl.zeros([GROUP, WARPS, LKEYS], gl.float32, gl.SliceLayout(1, S4))
-    acc = gl.zeros([GROUP, WARPS, LKEYS, D], gl.float32, SA)
-    bt_row = bt_ptr + seq.to(gl.int64) * sbt
-    for start in range(0, ctx, TILE):
-        n = start + key_in_tile  # [1, REPS, WARPS, LKEYS]
-        n_ok = n < ctx
-        page = gl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(gl.int64)
-        row = (page * PAGE + n % PAGE) * HK + kvh
-        addr = row[:, :, :, :, None] * D + d5
-        ok5 = n_ok[:, :, :, :, None]
-        k = gl.load(k_ptr + addr, mask=ok5, other=0.0).to(gl.float32)
-        ks = gl.load(ks_ptr + row, mask=n_ok, other=0.0)
-        s = gl.sum(q * k, axis=4) * ks
-        s = gl.where(n_ok, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(gl.max(s, axis=1), axis=2))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        m_b = gl.convert_layout(m_safe, gl.SliceLayout(1, gl.SliceLayout(3, S4)), assert_trivial=True)
-        p = gl.exp2(s - m_b[:, None, :, None])
-        l_i = l_i * alpha[:, :, None] + gl.sum(p, axis=1)
-        v = gl.load(v_ptr + addr, mask=ok5, other=0.0).to(gl.float32)
-        vs = gl.load(vs_ptr + row, mask=n_ok, other=0.0)
-        pv = (p * vs)[:, :, :, :, None]
-        alpha_a = gl.convert_layout(alpha, gl.SliceLayout(2, gl.SliceLayout(3, SA)), assert_trivial=True)
-        acc = acc * alpha_a[:, :, None, None] + gl.sum(pv * v, axis=1)
-        m_i = m_new
-    m_all = gl.max(m_i, axis=1)
-    f = gl.exp2(m_i - m_all[:, None])
-    l_all = gl.sum(gl.sum(l_i * f[:, :, None], axis=2), axis=1)
-    f_a = gl.convert_layout(f, gl.SliceLayout(2, gl.SliceLayout(3, SA)), assert_trivial=True)
-    o = gl.sum(gl.sum(acc * f_a[:, :, None, None], axis=2), axis=1)  # [GROUP, D] in SO
-    o = o / gl.convert_layout(l_all, gl.SliceLayout(1, SO))[:, None]
     go = gl.arange(0, GROUP, layout=gl.SliceLayout(1, SO))
     do = gl.arange(0, D, layout=gl.SliceLayout(0, SO))
-    o_rows = t.to(gl.int64) * sot + (kvh * GROUP + go) * soh
-    keep = (go < GROUP)[:, None] & (do < D)[None, :] & generated
-    gl.store(out_ptr + o_rows[:, None] + do[None, :], o.to(out_ptr.dtype.element_ty), mask=keep)
+    bt_row = bt_ptr + seq.to(gl.int64) * sbt
+    for j in range(first + gl.program_id(2), q_len, n_slices):
+        t = (q_start + j).to(gl.int64)
+        ctx = ctx0 + j + 1  # keys 0 .. the token's own position
+        q_rows = t * sqt + (kvh * GROUP + g) * sqh
+        q = gl.load(q_ptr + q_rows[:, None, None, None, None] + d5).to(gl.float32) * scale_log2
+        m_i = gl.full([GROUP, WARPS], float("-inf"), gl.float32, SM)
+        l_i = gl.zeros([GROUP, WARPS, LKEYS], gl.float32, gl.SliceLayout(1, S4))
+        acc = gl.zeros([GROUP, WARPS, LKEYS, D], gl.float32, SA)
+        for start in range(0, ctx, TILE):
+            n = start + key_in_tile  # [1, REPS, WARPS, LKEYS]
+            n_ok = n < ctx
+            page = gl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(gl.int64)
+            row = (page * PAGE + n % PAGE) * HK + kvh
+            addr = row[:, :, :, :, None] * D + d5
+            ok5 = n_ok[:, :, :, :, None]
+            k = gl.load(k_ptr + addr, mask=ok5, other=0.0).to(gl.float32)
+            ks = gl.load(ks_ptr + row, mask=n_ok, other=0.0)
+            s = gl.sum(q * k, axis=4) * ks
+            s = gl.where(n_ok, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(gl.max(s, axis=1), axis=2))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            m_b = gl.convert_layout(m_safe, gl.SliceLayout(1, gl.SliceLayout(3, S4)), assert_trivial=True)
+            p = gl.exp2(s - m_b[:, None, :, None])
+            l_i = l_i * alpha[:, :, None] + gl.sum(p, axis=1)
+            v = gl.load(v_ptr + addr, mask=ok5, other=0.0).to(gl.float32)
+            vs = gl.load(vs_ptr + row, mask=n_ok, other=0.0)
+            pv = (p * vs)[:, :, :, :, None]
+            alpha_a = gl.convert_layout(alpha, gl.SliceLayout(2, gl.SliceLayout(3, SA)), assert_trivial=True)
+            acc = acc * alpha_a[:, :, None, None] + gl.sum(pv * v, axis=1)
+            m_i = m_new
+        m_all = gl.max(m_i, axis=1)
+        f = gl.exp2(m_i - m_all[:, None])
+        l_all = gl.sum(gl.sum(l_i * f[:, :, None], axis=2), axis=1)
+        f_a = gl.convert_layout(f, gl.SliceLayout(2, gl.SliceLayout(3, SA)), assert_trivial=True)
+        o = gl.sum(gl.sum(acc * f_a[:, :, None, None], axis=2), axis=1)  # [GROUP, D] in SO
+        o = o / gl.convert_layout(l_all, gl.SliceLayout(1, SO))[:, None]
+        o_rows = t * sot + (kvh * GROUP + go) * soh
+        gl.store(out_ptr + o_rows[:, None] + do[None, :], o.to(out_ptr.dtype.element_ty))
 
 
 def overwrite_generated_rows(
@@ -323,8 +322,12 @@ def launch(
     one. For the engine's defaults and for bench/kernels' sweeps."""
     t, hq, d = q.shape
     hk = k_cache.shape[2]
-    if t == 0:
+    b = seq_lens.shape[0]
+    if t == 0 or b == 0:
         return
+    # Slices: the rows per request when every request has as many (a decode or verify graph),
+    # else up to MAX_SLICES; never more than the widest request could use.
+    slices = max(1, min(MAX_SLICES, -(-t // b)))
     args = (
         q,
         k_cache,
@@ -341,12 +344,10 @@ def launch(
         out.stride(0),
         out.stride(1),
         block_tables.stride(0),
-        seq_lens.shape[0],
+        slices,
         float(scale) * _LOG2E,
     )
     tile = dict(HK=hk, GROUP=hq // hk, D=d, PAGE=k_cache.shape[1], REPS=reps, WARPS=warps, LKEYS=LANE_KEYS)
     limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
-    if explicit_layouts:
-        _generated_rows_gluon_kernel[(t, hk)](*args, **tile, SPAN=_LOCATE_SPAN, num_warps=warps, **limits)
-    else:
-        _generated_rows_kernel[(t, hk)](*args, **tile, num_warps=warps, **limits)
+    kernel = _generated_rows_gluon_kernel if explicit_layouts else _generated_rows_kernel
+    kernel[(b, hk, slices)](*args, **tile, num_warps=warps, **limits)
