@@ -67,10 +67,11 @@ class HostBatch:
     prompt_lens: np.ndarray | None = None  # [B] int32; None: every row counts as a prompt row
 
 
-def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
+def build_host_batch(batch: ScheduledBatch, block_size: int, prompt_lens: bool = False) -> HostBatch:
     """Flat inputs for the batch. Per request only list slicing happens in Python; every per-token
     quantity is computed by numpy over the whole batch (this runs on the host once per step, and
-    with asynchronous scheduling its time is what the device step has to cover)."""
+    with asynchronous scheduling its time is what the device step has to cover). prompt_lens:
+    also each request's prompt length (a pass over the requests; only where attention uses it)."""
     reqs = batch.requests
     b = len(reqs)
     counts = np.fromiter(batch.num_new_tokens, dtype=np.int64, count=b)
@@ -103,8 +104,18 @@ def build_host_batch(batch: ScheduledBatch, block_size: int) -> HostBatch:
         dtype=np.int64,
         count=n_total,
     )
-    prompt_lens = np.fromiter((r.num_prompt_tokens for r in reqs), dtype=np.int32, count=b)
-    return HostBatch(ids, pos, slots, qsl, seq_lens, tables, prompt_lens)
+    lens = np.fromiter((r.num_prompt_tokens for r in reqs), dtype=np.int32, count=b) if prompt_lens else None
+    return HostBatch(ids, pos, slots, qsl, seq_lens, tables, lens)
+
+
+def _fma_may_apply(model_config: ModelConfig) -> bool:
+    """Whether generated rows of this model's attention may take the FMA kernel (kernels/
+    paged_attention_fma.py): its switch is on and its shape fits. Imported here, on CUDA only."""
+    from shardinfer.kernels import paged_attention, paged_attention_fma
+
+    return paged_attention.FMA_GENERATED_ROWS and paged_attention_fma.may_apply(
+        model_config.head_dim, model_config.num_attention_heads, model_config.num_key_value_heads
+    )
 
 
 class ModelRunner:
@@ -167,6 +178,9 @@ class ModelRunner:
             specs = specs + self.model.mtp_kv_cache_specs()  # MTP caches follow the main layers'
         self.kv_specs: list[KVLayerSpec] = specs
         self.kv_fp8 = cfg.kv_cache_dtype == "fp8"
+        # Each step carries its requests' prompt lengths only where attention may use them (the
+        # FMA kernel for generated rows, on an FP8 cache on CUDA): building them costs host time.
+        self.prompt_lens = self.device.type == "cuda" and self.kv_fp8 and _fma_may_apply(model_config)
         self.max_model_len = max_model_len
         # Speculative steps verify 1 + k rows per request, k up to the draft depth (fewer near a
         # request's max_tokens, or where a draft budget chooses fewer): one graph per width.
@@ -259,7 +273,7 @@ class ModelRunner:
         return array_to_device(a, self.device)
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
-        return self.device_inputs(build_host_batch(batch, self.block_size))
+        return self.device_inputs(build_host_batch(batch, self.block_size, self.prompt_lens))
 
     def device_inputs(self, host: HostBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """(input ids, positions, forward context) of a host batch, on the model's device."""
@@ -308,7 +322,7 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, fixup: InputFixup | None = None) -> StepLogits:
         width = self.decode_width(batch) if self.graphs is not None else 0
         if width and self.graphs.fits(len(batch), width):
-            host = build_host_batch(batch, self.block_size)
+            host = build_host_batch(batch, self.block_size, self.prompt_lens)
             logits, input_ids, shift = self.graphs.run(host, fixup, width)
             self.last_step_graphed = True
             self.last_step_width = width

@@ -378,6 +378,14 @@ def paged_attention(
     )
     if fp8:
         _check_scales(k_cache, v_cache, k_scale, v_scale)
+    # The flag and shape first: this runs per layer in eager steps, and is all that runs where the
+    # FMA kernel does not apply.
+    if not (
+        prompt_lens is not None
+        and FMA_GENERATED_ROWS
+        and paged_attention_fma.applies(q, k_cache, v_cache, k_scale, sliding_window)
+    ):
+        prompt_lens = None
     if prompt_lens is not None:
         check_tensor("prompt_lens", prompt_lens, dtypes=(torch.int32,), ndim=1, contiguous=True)
         if prompt_lens.shape != seq_lens.shape:
@@ -385,10 +393,6 @@ def paged_attention(
                 "prompt_lens.shape", tuple(prompt_lens.shape), f"need ({seq_lens.shape[0]},): one per request"
             )
         check_same_device(q=q, prompt_lens=prompt_lens)
-        if not (
-            FMA_GENERATED_ROWS and paged_attention_fma.applies(q, k_cache, v_cache, k_scale, sliding_window)
-        ):
-            prompt_lens = None
     if max(q.shape[-1], v_cache.shape[-1]) > 256:
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]

@@ -60,6 +60,17 @@ MAX_REGISTERS: int | None = 128
 MAX_SLICES = 8
 
 
+def may_apply(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
+    """Whether a model of this attention shape can have rows for this kernel (on an FP8 cache):
+    what the engine checks once before building each step's prompt lengths."""
+    return (
+        head_dim == HEAD_DIM
+        and num_kv_heads > 0
+        and num_heads % num_kv_heads == 0
+        and num_heads // num_kv_heads in GROUPS
+    )
+
+
 def applies(
     q: torch.Tensor,
     k_cache: torch.Tensor,
