@@ -9,9 +9,10 @@ it again. Free blocks are reused least-recently-freed first:
     hash -> block id                 ->  looked up for prefix hits (a hit on a free block
                                          takes it out of the free queue)
 
-A block holding any generated token also hashes where its request's prompt ends: attention may
-compute generated tokens' rows with another kernel than prompt rows (kernels/paged_attention_fma.py),
-so the same tokens can hold other KV bits as a prompt than as a generation. Such a block is found
+Where attention computes generated tokens' rows with another kernel than prompt rows
+(kernels/paged_attention_fma.py; `split_generated`), the same tokens can hold other KV bits as a
+prompt than as a generation, so a block holding any generated token also hashes where its
+request's prompt ends. Such a block is found
 again by its own request (after a preemption) and by requests whose prompt ends at the same
 position, never by a request that holds those tokens in its prompt.
 """
@@ -38,11 +39,13 @@ def block_hash(parent: int, token_ids: list[int], prompt_end: int | None = None)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
-def request_block_hash(parent: int, request: Request, start: int, block_size: int) -> int:
-    """block_hash of the request's block starting at token `start` (module docstring: why a block
-    holding generated tokens names the prompt's end)."""
+def request_block_hash(
+    parent: int, request: Request, start: int, block_size: int, split_generated: bool = False
+) -> int:
+    """block_hash of the request's block starting at token `start`; with split_generated, a block
+    holding generated tokens names the prompt's end (module docstring: why)."""
     end = start + block_size
-    prompt_end = request.num_prompt_tokens if end > request.num_prompt_tokens else None
+    prompt_end = request.num_prompt_tokens if split_generated and end > request.num_prompt_tokens else None
     return block_hash(parent, request.token_slice(start, end), prompt_end)
 
 
@@ -64,11 +67,20 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        split_generated: bool = False,
+    ) -> None:
+        """split_generated: generated tokens' attention may round apart from prompt tokens', so
+        blocks holding them are shared only where the prompt ends alike (module docstring)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks}: the KV cache needs at least one block")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.split_generated = split_generated
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
@@ -105,7 +117,7 @@ class BlockManager:
         parent = HASH_SEED
         # Hash block by block and stop at the first miss: later blocks cannot hit.
         for start in range(0, num_tokens - bs + 1, bs):
-            parent = request_block_hash(parent, request, start, bs)
+            parent = request_block_hash(parent, request, start, bs, self.split_generated)
             block_id = self.cached.get(parent)
             if block_id is None:
                 break
@@ -162,7 +174,9 @@ class BlockManager:
             return
         parent = request.block_hashes[-1] if request.block_hashes else HASH_SEED
         for i in range(len(request.block_hashes), full):
-            parent = request_block_hash(parent, request, i * self.block_size, self.block_size)
+            parent = request_block_hash(
+                parent, request, i * self.block_size, self.block_size, self.split_generated
+            )
             request.block_hashes.append(parent)
             block = self.blocks[request.block_table[i]]
             if block.hash is None and parent not in self.cached:

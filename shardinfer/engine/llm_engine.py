@@ -102,7 +102,10 @@ class LLMEngine:
             )
         with phases.phase("block_table_s"):
             self.block_manager = BlockManager(
-                self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching
+                self.runner.num_blocks,
+                cfg.block_size,
+                cfg.enable_prefix_caching,
+                split_generated=self.runner.sends_prompt_lens,
             )
         admission = cfg.admission_batch
         if admission is None:

@@ -180,7 +180,7 @@ class ModelRunner:
         self.kv_fp8 = cfg.kv_cache_dtype == "fp8"
         # Each step carries its requests' prompt lengths only where attention may use them (the
         # FMA kernel for generated rows, on an FP8 cache on CUDA): building them costs host time.
-        self.prompt_lens = self.device.type == "cuda" and self.kv_fp8 and _fma_may_apply(model_config)
+        self.sends_prompt_lens = self.device.type == "cuda" and self.kv_fp8 and _fma_may_apply(model_config)
         self.max_model_len = max_model_len
         # Speculative steps verify 1 + k rows per request, k up to the draft depth (fewer near a
         # request's max_tokens, or where a draft budget chooses fewer): one graph per width.
@@ -273,7 +273,7 @@ class ModelRunner:
         return array_to_device(a, self.device)
 
     def _prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
-        return self.device_inputs(build_host_batch(batch, self.block_size, self.prompt_lens))
+        return self.device_inputs(build_host_batch(batch, self.block_size, self.sends_prompt_lens))
 
     def device_inputs(self, host: HostBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
         """(input ids, positions, forward context) of a host batch, on the model's device."""
@@ -322,7 +322,7 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch, fixup: InputFixup | None = None) -> StepLogits:
         width = self.decode_width(batch) if self.graphs is not None else 0
         if width and self.graphs.fits(len(batch), width):
-            host = build_host_batch(batch, self.block_size, self.prompt_lens)
+            host = build_host_batch(batch, self.block_size, self.sends_prompt_lens)
             logits, input_ids, shift = self.graphs.run(host, fixup, width)
             self.last_step_graphed = True
             self.last_step_width = width

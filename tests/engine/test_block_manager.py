@@ -138,7 +138,7 @@ def test_generated_blocks_are_shared_only_where_the_prompt_ends_alike() -> None:
     (generated rows may take another attention kernel), so a request whose prompt holds those
     tokens must not find it; the request itself (resumed after a preemption) and one with the same
     prompt still do."""
-    bm = BlockManager(num_blocks=16, block_size=4)
+    bm = BlockManager(num_blocks=16, block_size=4, split_generated=True)
     a = _req("a", list(range(6)))
     a.output_token_ids = [50, 51, 52, 53, 54, 55]  # 12 tokens: block 1 holds the prompt's end
     _fill(bm, a, 12)
@@ -148,3 +148,12 @@ def test_generated_blocks_are_shared_only_where_the_prompt_ends_alike() -> None:
     resumed = _req("a2", list(range(6)))
     resumed.output_token_ids = [50, 51, 52, 53, 54, 55, 56]
     assert bm.find_cached_prefix(resumed) == a.block_table[:3]
+
+
+def test_generated_blocks_are_shared_as_prompt_blocks_where_one_kernel_computes_both() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    a = _req("a", list(range(6)))
+    a.output_token_ids = [50, 51, 52, 53, 54, 55]
+    _fill(bm, a, 12)
+    as_prompt = _req("b", [*range(6), 50, 51, 52, 53, 54, 55, 9])
+    assert bm.find_cached_prefix(as_prompt) == a.block_table[:3]
