@@ -71,7 +71,10 @@ class DecodeGraphs:
         batch_invariant: bool,
         widths: list[int] | None = None,
         draft_layer: bool = False,
+        prompt_lens: bool = False,
     ) -> None:
+        """prompt_lens: steps carry their requests' prompt lengths (ModelRunner.sends_prompt_lens);
+        only then does a static buffer hold them."""
         self.model = model
         self.draft_layer = draft_layer
         self.block_size = block_size
@@ -89,7 +92,7 @@ class DecodeGraphs:
         self.seq_lens = torch.ones(b_max, dtype=torch.int32, device=device)
         # Padding requests count as generated rows (prompt length 0): whichever kernel they take,
         # their results are dropped.
-        self.prompt_lens = torch.zeros(b_max, dtype=torch.int32, device=device)
+        self.prompt_lens = torch.zeros(b_max, dtype=torch.int32, device=device) if prompt_lens else None
         self.block_tables = torch.zeros(b_max, self.max_blocks, dtype=torch.int32, device=device)
         self.query_start_locs = {
             w: torch.arange(0, (b_max + 1) * w, w, dtype=torch.int32, device=device) for w in self.widths
@@ -143,7 +146,7 @@ class DecodeGraphs:
             max_seq_len=self.max_model_len,
             query_start_loc_cpu=[],
             seq_lens_cpu=[],
-            prompt_lens=self.prompt_lens[:b],
+            prompt_lens=None if self.prompt_lens is None else self.prompt_lens[:b],
         )
         return ForwardContext(meta, self.kv_caches, self.batch_invariant)
 
@@ -256,21 +259,20 @@ class DecodeGraphs:
         st["pos"][:t] = torch.from_numpy(host.positions)
         st["slots"][:t] = torch.from_numpy(host.slot_mapping)
         st["lens"][:n] = torch.from_numpy(host.seq_lens)
-        # A host batch without prompt lengths computes every row as a prompt row.
-        plens = host.prompt_lens if host.prompt_lens is not None else host.seq_lens
-        st["plens"][:n] = torch.from_numpy(plens)
         st["tables"][:n, :width] = torch.from_numpy(np.maximum(host.block_tables, 0))
         # Padding requests: skip the KV store, attend to w (ignored) keys in block 0.
         st["slots"][t:tb] = SKIP_SLOT
         st["lens"][n:b] = w
-        st["plens"][n:b] = 0
         st["ids"][t:tb] = 0
         st["pos"][t:tb] = 0
         self.input_ids[:tb].copy_(st["ids"][:tb], non_blocking=True)
         self.positions[:tb].copy_(st["pos"][:tb], non_blocking=True)
         self.slot_mapping[:tb].copy_(st["slots"][:tb], non_blocking=True)
         self.seq_lens[:b].copy_(st["lens"][:b], non_blocking=True)
-        self.prompt_lens[:b].copy_(st["plens"][:b], non_blocking=True)
+        if self.prompt_lens is not None:
+            st["plens"][:n] = torch.from_numpy(host.prompt_lens)
+            st["plens"][n:b] = 0
+            self.prompt_lens[:b].copy_(st["plens"][:b], non_blocking=True)
         self.block_tables[:b, :width].copy_(st["tables"][:b, :width], non_blocking=True)
         sample_shift = None
         if fixup is not None:

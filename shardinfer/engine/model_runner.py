@@ -267,6 +267,7 @@ class ModelRunner:
             self.batch_invariant,
             self.graph_widths,
             draft_layer=self.keep_last_forward,
+            prompt_lens=self.sends_prompt_lens,
         )
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:

@@ -84,11 +84,9 @@ def applies(
         and k_cache.dtype == FP8_DTYPE
         and q.dtype in (torch.bfloat16, torch.float16)
         and sliding_window is None
-        and q.shape[-1] == HEAD_DIM
+        and may_apply(q.shape[-1], q.shape[1], k_cache.shape[2])
         and k_cache.shape[-1] == HEAD_DIM
         and v_cache.shape[-1] == HEAD_DIM
-        and q.shape[1] // k_cache.shape[2] in GROUPS
-        and q.shape[1] % k_cache.shape[2] == 0
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
     )
