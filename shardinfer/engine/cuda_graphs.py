@@ -74,7 +74,8 @@ class DecodeGraphs:
         prompt_lens: bool = False,
     ) -> None:
         """prompt_lens: steps carry their requests' prompt lengths (ModelRunner.sends_prompt_lens);
-        only then does a static buffer hold them."""
+        only then does a static buffer hold them, and then every replayed row is a generated
+        token's (ModelRunner.decode_width), so attention launches the generated rows' kernel alone."""
         self.model = model
         self.draft_layer = draft_layer
         self.block_size = block_size
@@ -147,6 +148,7 @@ class DecodeGraphs:
             query_start_loc_cpu=[],
             seq_lens_cpu=[],
             prompt_lens=None if self.prompt_lens is None else self.prompt_lens[:b],
+            generated_only=self.prompt_lens is not None,
         )
         return ForwardContext(meta, self.kv_caches, self.batch_invariant)
 
@@ -242,6 +244,8 @@ class DecodeGraphs:
         """Replay the graph of width w for the host batch (requests of at most w tokens each, module
         docstring); returns (logits, input ids) of the real rows, in the host batch's row order, and the
         fixup's position shift of each sampling row (InputFixup.apply; None without one)."""
+        if self.prompt_lens is not None and not host.generated_only:
+            raise RuntimeError("a decode graph was asked to run a prompt row; the runner keeps those eager")
         n = len(host.seq_lens)
         b = self._bucket(n)
         t, tb = n * w, b * w

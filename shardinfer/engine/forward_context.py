@@ -11,6 +11,8 @@ A step packs every scheduled request's new tokens into one token axis:
                       (SKIP_SLOT: a CUDA graph's padding row, whose KV store the kernel skips)
     prompt_lens     = [B] int32, each request's prompt length: rows at or after it are generated
                       tokens, which attention may compute with a kernel of their own
+    generated_only  = every row is a generated token's (a decode step): the prompt rows' kernels
+                      need not run at all
 
 Positions are absolute (the request's token index), so RoPE, sampling noise and the causal
 mask never depend on how the request was chunked or batched.
@@ -42,6 +44,9 @@ class AttentionMetadata:
     # [B] int32 on the device, or None (every row is computed as a prompt row). Which kernel
     # computes a row must depend only on its request and position (kernels/paged_attention_fma.py).
     prompt_lens: torch.Tensor | None = None
+    # Every row is at or after its request's prompt length (the host checked it): with
+    # prompt_lens, attention may launch the generated rows' kernel alone.
+    generated_only: bool = False
 
 
 class RopeRows(Protocol):

@@ -409,7 +409,7 @@ class LLMEngine:
         would include the wait."""
         timer = self.step_timer
         runner = self.runner
-        width = runner.decode_width(batch) if timer is not None else 0
+        width = runner.decode_width(batch, runner.sends_prompt_lens) if timer is not None else 0
         started = timer.start() if timer is not None and width else None
         step_logits = self._forward(batch, previous)
         finished: list[RequestOutput] = []

@@ -65,6 +65,7 @@ class HostBatch:
     seq_lens: np.ndarray  # [B] int32
     block_tables: np.ndarray  # [B, max_blocks] int32, PAD_BLOCK padded
     prompt_lens: np.ndarray | None = None  # [B] int32; None: every row counts as a prompt row
+    generated_only: bool = False  # with prompt_lens: every row is at or after its prompt's end
 
 
 def build_host_batch(batch: ScheduledBatch, block_size: int, prompt_lens: bool = False) -> HostBatch:
@@ -104,8 +105,10 @@ def build_host_batch(batch: ScheduledBatch, block_size: int, prompt_lens: bool =
         dtype=np.int64,
         count=n_total,
     )
-    lens = np.fromiter((r.num_prompt_tokens for r in reqs), dtype=np.int32, count=b) if prompt_lens else None
-    return HostBatch(ids, pos, slots, qsl, seq_lens, tables, lens)
+    if not prompt_lens:
+        return HostBatch(ids, pos, slots, qsl, seq_lens, tables)
+    lens = np.fromiter((r.num_prompt_tokens for r in reqs), dtype=np.int32, count=b)
+    return HostBatch(ids, pos, slots, qsl, seq_lens, tables, lens, bool((starts >= lens).all()))
 
 
 def _fma_may_apply(model_config: ModelConfig) -> bool:
@@ -289,15 +292,19 @@ class ModelRunner:
             query_start_loc_cpu=host.query_start_loc.tolist(),
             seq_lens_cpu=host.seq_lens.tolist(),
             prompt_lens=None if host.prompt_lens is None else self._to_device(host.prompt_lens),
+            generated_only=host.prompt_lens is not None and host.generated_only,
         )
         ctx = ForwardContext(meta, self.kv_caches, self.batch_invariant)
         return self._to_device(host.input_ids), self._to_device(host.positions), ctx
 
     @staticmethod
-    def decode_width(batch: ScheduledBatch) -> int:
+    def decode_width(batch: ScheduledBatch, generated_only: bool = False) -> int:
         """The CUDA graph width that runs the batch, or 0 (eager): every request decodes (its newest
         token and its drafts) and none scores prompt positions. The width is the widest request's;
-        narrower ones are padded (cuda_graphs.pad_to_width)."""
+        narrower ones are padded (cuda_graphs.pad_to_width). generated_only: a graph holds only
+        generated tokens' rows (ModelRunner.sends_prompt_lens: their attention kernel then runs
+        alone), so a step computing a prompt's last token (after a prefix-cache hit or a chunked
+        prompt) runs eager."""
         if not batch.requests:
             return 0
         w = max(batch.num_new_tokens)
@@ -306,6 +313,7 @@ class ModelRunner:
                 r.num_computed_tokens + n != r.num_tokens
                 or r.num_draft_tokens != n - 1
                 or (r.wants_prompt_logprobs and not r.prompt_logprobs_done)
+                or (generated_only and r.num_computed_tokens < r.num_prompt_tokens)
             ):
                 return 0
         return w
@@ -321,7 +329,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, fixup: InputFixup | None = None) -> StepLogits:
-        width = self.decode_width(batch) if self.graphs is not None else 0
+        width = self.decode_width(batch, self.sends_prompt_lens) if self.graphs is not None else 0
         if width and self.graphs.fits(len(batch), width):
             host = build_host_batch(batch, self.block_size, self.sends_prompt_lens)
             logits, input_ids, shift = self.graphs.run(host, fixup, width)

@@ -249,13 +249,15 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     prompt_lens: torch.Tensor | None = None,
+    generated_only: bool = False,
 ) -> torch.Tensor:
     """reference.paged_attention; pass device int32 tensors (and max_seq_len) on CUDA to avoid copies.
 
     The Triton kernel is batch invariant whatever `batch_invariant` says. An FP8 cache comes with
     its scales (k_scale, v_scale). prompt_lens [B] (each request's prompt length, a device
     tensor): on CUDA, lets generated tokens' rows take their own kernel where it applies
-    (kernels/paged_attention_fma.py); the reference ignores it.
+    (kernels/paged_attention_fma.py); the reference ignores it. generated_only: every row is a
+    generated token's (AttentionMetadata.generated_only), so only that kernel need run.
     """
     if _use_triton(q):
         from shardinfer.kernels import paged_attention as pa
@@ -275,6 +277,7 @@ def paged_attention(
             k_scale=k_scale,
             v_scale=v_scale,
             prompt_lens=None if prompt_lens is None else _as_int32(prompt_lens, q.device),
+            generated_only=generated_only,
         )
     qsl = query_start_loc.tolist() if isinstance(query_start_loc, torch.Tensor) else query_start_loc
     sl = seq_lens.tolist() if isinstance(seq_lens, torch.Tensor) else seq_lens

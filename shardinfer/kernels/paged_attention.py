@@ -325,6 +325,7 @@ def paged_attention(
     fp8_scale_scores: bool = False,
     max_registers: int | None = -1,
     prompt_lens: torch.Tensor | None = None,
+    generated_only: bool = False,
 ) -> torch.Tensor:
     """Causal GQA attention of a flat varlen batch over a paged KV cache (after this step's store).
 
@@ -361,7 +362,9 @@ def paged_attention(
     (generated tokens) are computed by that kernel instead, and the chunk kernel and the merge skip
     the tiles holding only such rows. Its bits differ from the chunk kernel's, but which kernel
     computes a row depends only on the request and the position, so results stay batch invariant.
-    None: every row takes the chunk kernel.
+    None: every row takes the chunk kernel. generated_only=True (with prompt_lens where that kernel
+    applies): the caller guarantees every row is a generated token's (a decode step), so the chunk
+    kernel and the merge are not launched at all; a prompt row would be left unwritten.
     """
     fp8 = k_scale is not None or v_scale is not None
     _check(
@@ -393,6 +396,22 @@ def paged_attention(
                 "prompt_lens.shape", tuple(prompt_lens.shape), f"need ({seq_lens.shape[0]},): one per request"
             )
         check_same_device(q=q, prompt_lens=prompt_lens)
+        if generated_only and k_scale is not None and v_scale is not None:
+            out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+            paged_attention_fma.overwrite_generated_rows(
+                out,
+                q,
+                k_cache,
+                v_cache,
+                k_scale,
+                v_scale,
+                query_start_loc,
+                seq_lens,
+                block_tables,
+                prompt_lens,
+                scale,
+            )
+            return out
     if max(q.shape[-1], v_cache.shape[-1]) > 256:
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]

@@ -10,7 +10,8 @@ multi-chunk contexts):
 - prompt rows bit for bit what the chunk kernel alone gives (the skipped tiles and the merge's
   skip leave them alone);
 - generated rows bit for bit what the same rows give as a batch of plain decode rows, so a verify
-  row and a recomputed row equal the decode row (the invariance the dispatch must keep).
+  row and a recomputed row equal the decode row (the invariance the dispatch must keep), and what
+  they give as a step marked generated_only (a decode graph's: the FMA kernel launched alone).
 
 On the CPU the interpreter runs the kernel's Triton twin; on the GPU, the Gluon kernel the engine
 runs.
@@ -22,7 +23,7 @@ import pytest
 import torch
 from kernel_checks import TOL, PagedBatch, rel_err
 
-from shardinfer.kernels import paged_attention, paged_attention_fma, reference
+from shardinfer.kernels import paged_attention, paged_attention_fma, reference, split_kv
 from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
 
 # (query tokens, cached tokens, prompt length) per request.
@@ -44,6 +45,10 @@ def _fma_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paged_attention, "FMA_GENERATED_ROWS", True)
 
 
+def _not_launched(*args: object, **kwargs: object) -> torch.Tensor:
+    raise AssertionError("the chunk kernel and the merge ran on a step of generated rows only")
+
+
 def _cache(b: PagedBatch, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     kq, ks = quantize_groups(b.k_cache)
     vq, vs = quantize_groups(b.v_cache)
@@ -58,6 +63,7 @@ def _attend(
     tables: torch.Tensor,
     prompt_lens: list[int] | None,
     device: torch.device,
+    generated_only: bool = False,
 ) -> torch.Tensor:
     kq, ks, vq, vs = (t.to(device) for t in cache[:4])
 
@@ -76,6 +82,7 @@ def _attend(
         k_scale=ks,
         v_scale=vs,
         prompt_lens=None if prompt_lens is None else i32(prompt_lens),
+        generated_only=generated_only,
     ).cpu()
 
 
@@ -120,6 +127,21 @@ def test_generated_rows_equal_decode_rows_and_prompt_rows_the_chunk_kernel(
         device,
     )
     assert torch.equal(decode, got[generated])
+    # The same decode rows as a step of generated rows only (a decode graph's): the FMA kernel
+    # alone, no chunk kernel or merge launched, the same bits.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(split_kv, "two_phase", _not_launched)
+        alone = _attend(
+            q[gen_rows],
+            cache,
+            list(range(len(gen_rows) + 1)),
+            [rows[i][1] + 1 for i in gen_rows],
+            b.block_tables[[rows[i][0] for i in gen_rows]],
+            [prompt_lens[rows[i][0]] for i in gen_rows],
+            device,
+            generated_only=True,
+        )
+    assert torch.equal(alone, decode)
 
 
 def test_dispatch_is_off_where_the_kernel_does_not_apply(device: torch.device) -> None:

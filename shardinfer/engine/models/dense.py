@@ -159,6 +159,7 @@ class DenseAttention(nn.Module):
             k_scale=k_scale,
             v_scale=v_scale,
             prompt_lens=meta.prompt_lens,
+            generated_only=meta.generated_only,
         )
         return self.o_proj(out.reshape(t, self.q_size))
 
