@@ -396,22 +396,6 @@ def paged_attention(
                 "prompt_lens.shape", tuple(prompt_lens.shape), f"need ({seq_lens.shape[0]},): one per request"
             )
         check_same_device(q=q, prompt_lens=prompt_lens)
-        if generated_only and k_scale is not None and v_scale is not None:
-            out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
-            paged_attention_fma.overwrite_generated_rows(
-                out,
-                q,
-                k_cache,
-                v_cache,
-                k_scale,
-                v_scale,
-                query_start_loc,
-                seq_lens,
-                block_tables,
-                prompt_lens,
-                scale,
-            )
-            return out
     if max(q.shape[-1], v_cache.shape[-1]) > 256:
         raise fail("head dim", max(q.shape[-1], v_cache.shape[-1]), "need <= 256")
     hk = k_cache.shape[2]
@@ -460,6 +444,7 @@ def paged_attention(
         fp8_scale_scores,
         max_registers,
         prompt_lens,
+        generated_only,
     )
 
 
@@ -505,11 +490,13 @@ def launch(
     fp8_scale_scores: bool = False,
     max_registers: int | None = None,
     prompt_lens: torch.Tensor | None = None,
+    generated_only: bool = False,
 ) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
-    prompt_lens: generated rows go through paged_attention_fma (the caller checked it applies).
+    prompt_lens: generated rows go through paged_attention_fma (the caller checked it applies);
+    generated_only: every row is one, so the two phases are not launched.
     """
     fp8 = k_scale is not None and v_scale is not None
     scores_ok = _one_scale_per_key(d, dv) and q.dtype in (torch.bfloat16, torch.float32)
@@ -582,20 +569,23 @@ def launch(
             **common,
         )
 
-    out = split_kv.two_phase(
-        q,
-        hk,
-        dv,
-        query_start_loc,
-        seq_lens,
-        max_seq_len,
-        kv_chunk,
-        block_m,
-        sliding_window,
-        phase1,
-        single_chunk_direct=direct,
-        prompt_lens=prompt_lens,
-    )
+    if generated_only and prompt_lens is not None and fp8:
+        out = torch.empty(q.shape[0], q.shape[1], dv, dtype=q.dtype, device=q.device)
+    else:
+        out = split_kv.two_phase(
+            q,
+            hk,
+            dv,
+            query_start_loc,
+            seq_lens,
+            max_seq_len,
+            kv_chunk,
+            block_m,
+            sliding_window,
+            phase1,
+            single_chunk_direct=direct,
+            prompt_lens=prompt_lens,
+        )
     if prompt_lens is not None and k_scale is not None and v_scale is not None:
         # After the merge: a tile mixing prompt and generated rows is computed and merged whole,
         # and its generated rows are overwritten here.

@@ -117,21 +117,9 @@ def test_generated_rows_equal_decode_rows_and_prompt_rows_the_chunk_kernel(
     # The generated rows again, each as a decode row of its own request (one query at its
     # position), in one batch of decode rows.
     gen_rows = [i for i, (_, _, g) in enumerate(rows) if g]
-    decode = _attend(
-        q[gen_rows],
-        cache,
-        list(range(len(gen_rows) + 1)),
-        [rows[i][1] + 1 for i in gen_rows],
-        b.block_tables[[rows[i][0] for i in gen_rows]],
-        [prompt_lens[rows[i][0]] for i in gen_rows],
-        device,
-    )
-    assert torch.equal(decode, got[generated])
-    # The same decode rows as a step of generated rows only (a decode graph's): the FMA kernel
-    # alone, no chunk kernel or merge launched, the same bits.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(split_kv, "two_phase", _not_launched)
-        alone = _attend(
+
+    def as_decode_rows(generated_only: bool) -> torch.Tensor:
+        return _attend(
             q[gen_rows],
             cache,
             list(range(len(gen_rows) + 1)),
@@ -139,8 +127,16 @@ def test_generated_rows_equal_decode_rows_and_prompt_rows_the_chunk_kernel(
             b.block_tables[[rows[i][0] for i in gen_rows]],
             [prompt_lens[rows[i][0]] for i in gen_rows],
             device,
-            generated_only=True,
+            generated_only,
         )
+
+    decode = as_decode_rows(False)
+    assert torch.equal(decode, got[generated])
+    # The same decode rows as a step of generated rows only (a decode graph's): the FMA kernel
+    # alone, no chunk kernel or merge launched, the same bits.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(split_kv, "two_phase", _not_launched)
+        alone = as_decode_rows(True)
     assert torch.equal(alone, decode)
 
 
