@@ -37,17 +37,21 @@ def decode_fma(
     warps: int = 4,
     explicit_layouts: bool = False,
     max_registers: int | None = None,
+    one_row: bool = True,
 ) -> torch.Tensor:
     """Decode attention on the engine's FP8 cache layout: q [B, Hq, 128] (contiguous), k and v
     [blocks, page, Hk, 128] float8_e4m3fn, scales [blocks, page, Hk, 1] float32, one token a
     sequence (every row a generated token's). A tile is reps x warps x 4 keys; explicit_layouts
     runs the Gluon kernel; max_registers caps the registers a thread (a launch setting: the same
-    arithmetic)."""
+    arithmetic); one_row=False runs the kernel with the loop over a request's rows, as a launch
+    with more rows than requests does (paged_attention_fma.ONE_ROW_PROGRAMS)."""
     b, _hq, dh = q.shape
     assert dh == HEAD_DIM and k.shape[1] == PAGE_SIZE and q.is_contiguous() and k.is_contiguous()
     out = torch.empty_like(q)
     qsl = torch.arange(b + 1, dtype=torch.int32, device=q.device)
     prompt_lens = torch.zeros(b, dtype=torch.int32, device=q.device)
+    shipped_one_row = paged_attention_fma.ONE_ROW_PROGRAMS
+    paged_attention_fma.ONE_ROW_PROGRAMS = one_row
     paged_attention_fma.launch(
         out,
         q,
@@ -65,20 +69,23 @@ def decode_fma(
         explicit_layouts,
         max_registers,
     )
+    paged_attention_fma.ONE_ROW_PROGRAMS = shipped_one_row
     return out
 
 
-# (reps, warps, explicit layouts, register cap). The first run (bench/kernels/NOTES.md) timed the
-# Triton kernel too and 32-key tiles; both lost far behind, so the list keeps the Triton kernel at
-# 64-key tiles as the record and adds the fastest config under a 128-register cap (132 uncapped:
-# three programs a SM; capped, four).
+# (reps, warps, explicit layouts, register cap, one row). The first run (bench/kernels/NOTES.md)
+# timed the Triton kernel too and 32-key tiles; both lost far behind, so the list keeps the Triton
+# kernel at 64-key tiles as the record and adds the fastest config under a 128-register cap (132
+# uncapped: three programs a SM; capped, four), and that config with the loop over a request's
+# rows (what a launch with more rows than requests runs).
 CONFIGS = (
-    (4, 4, False, None),
-    (8, 4, True, None),
-    (4, 4, True, None),
-    (4, 4, True, 128),
-    (2, 4, True, None),
-    (4, 8, True, None),
+    (4, 4, False, None, True),
+    (8, 4, True, None, True),
+    (4, 4, True, None, True),
+    (4, 4, True, 128, True),
+    (4, 4, True, 128, False),
+    (2, 4, True, None, True),
+    (4, 8, True, None, True),
 )
 
 
@@ -88,7 +95,7 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     pr = problem(batch, ctx, group)
     scale = HEAD_DIM**-0.5
 
-    def fma(reps: int, warps: int, explicit: bool, cap: int | None) -> torch.Tensor:
+    def fma(reps: int, warps: int, explicit: bool, cap: int | None, one_row: bool) -> torch.Tensor:
         return decode_fma(
             pr["q"],
             pr["k"],
@@ -102,6 +109,7 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
             warps,
             explicit,
             cap,
+            one_row,
         )
 
     t = time_against_shipped(pr, scale, [lambda c=c: fma(*c) for c in CONFIGS], bw, checked_rows=32)
@@ -127,7 +135,8 @@ def main() -> None:
     print(
         f"{'batch':>5} {'ctx':>5} {'group':>5} {'shipped us':>10} "
         + " ".join(
-            f"{('gl ' if e else 'tl ') + f'{r}x{w}' + (f'/{c}' if c else ''):>10}" for r, w, e, c in CONFIGS
+            f"{('gl ' if e else 'tl ') + f'{r}x{w}' + (f'/{c}' if c else '') + ('' if o else ' loop'):>10}"
+            for r, w, e, c, o in CONFIGS
         )
         + f" {'floor us':>9}   max |err| vs float64: shipped, then each fma"
     )

@@ -58,6 +58,9 @@ WARPS = 4
 MAX_REGISTERS: int | None = 128
 # At most this many programs per request and KV head (token slices).
 MAX_SLICES = 8
+# A launch with one row per request (a decode step) runs a kernel without the loop over a
+# request's rows: its bounds are constants there, so the compiler drops it. The same arithmetic.
+ONE_ROW_PROGRAMS = True
 
 
 def may_apply(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
@@ -118,6 +121,7 @@ def _generated_rows_kernel(
     REPS: tl.constexpr,
     WARPS: tl.constexpr,
     LKEYS: tl.constexpr,
+    ONE_ROW: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -135,9 +139,14 @@ def _generated_rows_kernel(
     dd = tl.arange(0, D)
     heads = kvh * GROUP + tl.arange(0, GROUP)
     bt_row = bt_ptr + seq.to(tl.int64) * sbt
-    for j in range(first + tl.program_id(2), q_len, n_slices):
+    if ONE_ROW:  # constant bounds: the compiler drops the loop (ONE_ROW_PROGRAMS)
+        lo, hi, step = 0, 1, 1
+    else:
+        lo, hi, step = first + tl.program_id(2), q_len, n_slices
+    for j in range(lo, hi, step):
         t = (q_start + j).to(tl.int64)
-        ctx = ctx0 + j + 1  # keys 0 .. the token's own position
+        live = j >= first  # a prompt row (ONE_ROW only) computes nothing and stores nothing
+        ctx = (ctx0 + j + 1) * live.to(tl.int32)  # keys 0 .. the token's own position
         q = tl.load(q_ptr + (t * sqt + heads * sqh)[:, None, None, None, None] + d).to(tl.float32)
         q = q * scale_log2  # the softmax's scale folded in
         m_i = tl.full([GROUP, WARPS], float("-inf"), tl.float32)
@@ -171,7 +180,8 @@ def _generated_rows_kernel(
         l_all = tl.sum(tl.sum(l_i * f[:, :, None], axis=2), axis=1)
         o = tl.sum(tl.sum(acc * f[:, :, None, None], axis=2), axis=1) / l_all[:, None]  # [GROUP, D]
         o_rows = t * sot + heads * soh
-        tl.store(out_ptr + o_rows[:, None] + dd[None, :], o.to(out_ptr.dtype.element_ty))
+        keep = (tl.zeros([GROUP, D], tl.int32) + live.to(tl.int32)) != 0
+        tl.store(out_ptr + o_rows[:, None] + dd[None, :], o.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 @gluon.jit
@@ -200,6 +210,7 @@ def _generated_rows_gluon_kernel(
     REPS: gl.constexpr,
     WARPS: gl.constexpr,
     LKEYS: gl.constexpr,
+    ONE_ROW: gl.constexpr,
 ):
     """The Triton kernel's arithmetic with every layout given: the per-key indices, scales and
     page ids are loaded straight into the layout the scores have, so nothing in the loop is
@@ -233,9 +244,14 @@ def _generated_rows_gluon_kernel(
     go = gl.arange(0, GROUP, layout=gl.SliceLayout(1, SO))
     do = gl.arange(0, D, layout=gl.SliceLayout(0, SO))
     bt_row = bt_ptr + seq.to(gl.int64) * sbt
-    for j in range(first + gl.program_id(2), q_len, n_slices):
+    if ONE_ROW:
+        lo, hi, step = 0, 1, 1
+    else:
+        lo, hi, step = first + gl.program_id(2), q_len, n_slices
+    for j in range(lo, hi, step):
         t = (q_start + j).to(gl.int64)
-        ctx = ctx0 + j + 1  # keys 0 .. the token's own position
+        live = j >= first
+        ctx = (ctx0 + j + 1) * live.to(gl.int32)
         q_rows = t * sqt + (kvh * GROUP + g) * sqh
         q = gl.load(q_ptr + q_rows[:, None, None, None, None] + d5).to(gl.float32) * scale_log2
         m_i = gl.full([GROUP, WARPS], float("-inf"), gl.float32, SM)
@@ -271,7 +287,8 @@ def _generated_rows_gluon_kernel(
         o = gl.sum(gl.sum(acc * f_a[:, :, None, None], axis=2), axis=1)  # [GROUP, D] in SO
         o = o / gl.convert_layout(l_all, gl.SliceLayout(1, SO))[:, None]
         o_rows = t * sot + (kvh * GROUP + go) * soh
-        gl.store(out_ptr + o_rows[:, None] + do[None, :], o.to(out_ptr.dtype.element_ty))
+        keep = (gl.zeros([GROUP, D], gl.int32, SO) + live.to(gl.int32)) != 0
+        gl.store(out_ptr + o_rows[:, None] + do[None, :], o.to(out_ptr.dtype.element_ty), mask=keep)
 
 
 def overwrite_generated_rows(
@@ -357,6 +374,8 @@ def launch(
         float(scale) * _LOG2E,
     )
     tile = dict(HK=hk, GROUP=hq // hk, D=d, PAGE=k_cache.shape[1], REPS=reps, WARPS=warps, LKEYS=LANE_KEYS)
+    # Every request of a step has at least one row, so t == b means one row each (a decode step).
+    tile["ONE_ROW"] = ONE_ROW_PROGRAMS and t == b
     limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
     kernel = _generated_rows_gluon_kernel if explicit_layouts else _generated_rows_kernel
     kernel[(b, hk, slices)](*args, **tile, num_warps=warps, **limits)

@@ -159,3 +159,35 @@ def test_prompt_lens_of_another_length_are_refused(device: torch.device) -> None
     cache = _cache(b, torch.float16)
     with pytest.raises(ValueError, match=r"prompt_lens\.shape"):
         _attend(b.q.to(torch.float16), cache, b.qsl, b.seq_lens, b.block_tables, [5], device)
+
+
+# The prompt row's program reduces over no keys (inf - inf in the interpreter) and stores nothing.
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_a_prompt_row_in_a_decode_shaped_step_keeps_the_chunk_kernels_bits(device: torch.device) -> None:
+    """One row a request (the FMA kernel's one-row programs): the prompt's last token of the
+    second request is left to the chunk kernel, the decode rows get the bits they get without it."""
+    dtype = torch.float16
+    b = PagedBatch(
+        [1, 1, 1],
+        [70, 32, 300],
+        hq=4,
+        hk=2,
+        d=128,
+        dv=128,
+        block_size=16,
+        dtype=torch.float32,
+        device=device,
+        seed=5,
+    )
+    cache = _cache(b, dtype)
+    q = b.q.to(dtype)
+    prompt_lens = [30, 33, 5]  # positions 70, 32 (a prompt row) and 300
+    got = _attend(q, cache, b.qsl, b.seq_lens, b.block_tables, prompt_lens, device)
+    chunk_only = _attend(q, cache, b.qsl, b.seq_lens, b.block_tables, None, device)
+    assert torch.equal(got[1], chunk_only[1])
+    keep = [0, 2]
+    decode = _attend(
+        q[keep], cache, [0, 1, 2], [b.seq_lens[i] for i in keep], b.block_tables[keep], [30, 5], device
+    )
+    assert torch.equal(got[keep], decode)
+    assert not torch.equal(got[keep], chunk_only[keep])  # the FMA kernel did compute them
