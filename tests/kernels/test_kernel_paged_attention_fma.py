@@ -49,6 +49,24 @@ def _not_launched(*args: object, **kwargs: object) -> torch.Tensor:
     raise AssertionError("the chunk kernel and the merge ran on a step of generated rows only")
 
 
+def _batch(
+    q_lens: list[int], ctx_lens: list[int], device: torch.device, seed: int, hq: int = 4
+) -> PagedBatch:
+    """Requests of q_lens new tokens after ctx_lens cached ones, two KV heads of dim 128."""
+    return PagedBatch(
+        q_lens,
+        ctx_lens,
+        hq=hq,
+        hk=2,
+        d=128,
+        dv=128,
+        block_size=16,
+        dtype=torch.float32,
+        device=device,
+        seed=seed,
+    )
+
+
 def _cache(b: PagedBatch, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     kq, ks = quantize_groups(b.k_cache)
     vq, vs = quantize_groups(b.v_cache)
@@ -92,9 +110,7 @@ def test_generated_rows_equal_decode_rows_and_prompt_rows_the_chunk_kernel(
     device: torch.device, dtype: torch.dtype
 ) -> None:
     q_lens, ctx_lens, prompt_lens = (list(c) for c in zip(*REQUESTS, strict=True))
-    b = PagedBatch(
-        q_lens, ctx_lens, hq=4, hk=2, d=128, dv=128, block_size=16, dtype=torch.float32, device=device, seed=7
-    )
+    b = _batch(q_lens, ctx_lens, device, seed=7)
     cache = _cache(b, dtype)
     q = b.q.to(dtype)
     assert paged_attention_fma.applies(q, cache[0], cache[2], cache[1], None)
@@ -142,9 +158,7 @@ def test_generated_rows_equal_decode_rows_and_prompt_rows_the_chunk_kernel(
 
 def test_dispatch_is_off_where_the_kernel_does_not_apply(device: torch.device) -> None:
     """Four query heads per KV head (not measured faster): prompt lengths change no bit."""
-    b = PagedBatch(
-        [3, 1], [10, 40], hq=8, hk=2, d=128, dv=128, block_size=16, dtype=torch.float32, device=device, seed=2
-    )
+    b = _batch([3, 1], [10, 40], device, seed=2, hq=8)
     cache = _cache(b, torch.float16)
     q = b.q.to(torch.float16)
     assert not paged_attention_fma.applies(q, cache[0], cache[2], cache[1], None)
@@ -153,9 +167,7 @@ def test_dispatch_is_off_where_the_kernel_does_not_apply(device: torch.device) -
 
 
 def test_prompt_lens_of_another_length_are_refused(device: torch.device) -> None:
-    b = PagedBatch(
-        [3, 1], [10, 40], hq=4, hk=2, d=128, dv=128, block_size=16, dtype=torch.float32, device=device, seed=2
-    )
+    b = _batch([3, 1], [10, 40], device, seed=2)
     cache = _cache(b, torch.float16)
     with pytest.raises(ValueError, match=r"prompt_lens\.shape"):
         _attend(b.q.to(torch.float16), cache, b.qsl, b.seq_lens, b.block_tables, [5], device)
@@ -167,18 +179,7 @@ def test_a_prompt_row_in_a_decode_shaped_step_keeps_the_chunk_kernels_bits(devic
     """One row a request (the FMA kernel's one-row programs): the prompt's last token of the
     second request is left to the chunk kernel, the decode rows get the bits they get without it."""
     dtype = torch.float16
-    b = PagedBatch(
-        [1, 1, 1],
-        [70, 32, 300],
-        hq=4,
-        hk=2,
-        d=128,
-        dv=128,
-        block_size=16,
-        dtype=torch.float32,
-        device=device,
-        seed=5,
-    )
+    b = _batch([1, 1, 1], [70, 32, 300], device, seed=5)
     cache = _cache(b, dtype)
     q = b.q.to(dtype)
     prompt_lens = [30, 33, 5]  # positions 70, 32 (a prompt row) and 300
