@@ -9,9 +9,9 @@ the two kernels' bits differ. Only where it was measured faster: an FP8 cache wi
 key, head dim 128, two query heads per KV head, 16-bit queries, no sliding window (`applies`). The
 measurements: bench/kernels/NOTES.md, "FP8 decode attention on the FMA units".
 
-One program takes one query token and one KV head. A tile of keys is [REPS, WARPS, 4, 128]: each
-warp owns REPS x 4 of its keys, eight lanes holding a key row's 128 bytes (16 a lane) and four
-lanes four keys. Then:
+A program computes one query token at a time, for one KV head. A tile of keys is [REPS, WARPS, 4,
+128]: each warp owns REPS x 4 of its keys, eight lanes holding a key row's 128 bytes (16 a lane)
+and four lanes four keys. Then:
 
 - scores: each lane multiplies its 16 key bytes (as float32) by the matching query values, a
   shuffle across the eight lanes of a row finishes the dot, and the key's scale multiplies the
@@ -25,9 +25,10 @@ A row's keys are 0 .. its position, cut into tiles from key 0 whatever the batch
 depends on its own keys only. The grid is (requests, KV heads, token slices): program z of a
 request computes its generated tokens z, z + slices, ... in turn, each from a fresh state, so how
 many slices a launch has changes no bit. A prefill-heavy step's many prompt tokens then cost one
-early-exiting program per request and slice, not one per token; a decode step (one token a
-request) gets one slice, a verify step as many as its rows per request. Everything comes from
-the device tensors, so the launch needs no host copy of the batch layout (and serves CUDA graphs).
+early-exiting program per request and slice, not one per token; a decode step (one token a request)
+gets one slice and programs without the row loop (ONE_ROW_PROGRAMS), a verify step as many slices
+as its rows per request. Everything comes from the device tensors, so the launch needs no host copy
+of the batch layout (and serves CUDA graphs).
 
 The GPU runs the Gluon kernel, which gives every layout so that the loop exchanges nothing through
 shared memory; the interpreter (CPU tests) runs the Triton kernel, the same arithmetic with
