@@ -50,8 +50,6 @@ def decode_fma(
     out = torch.empty_like(q)
     qsl = torch.arange(b + 1, dtype=torch.int32, device=q.device)
     prompt_lens = torch.zeros(b, dtype=torch.int32, device=q.device)
-    shipped_one_row = paged_attention_fma.ONE_ROW_PROGRAMS
-    paged_attention_fma.ONE_ROW_PROGRAMS = one_row
     paged_attention_fma.launch(
         out,
         q,
@@ -68,8 +66,8 @@ def decode_fma(
         warps,
         explicit_layouts,
         max_registers,
+        one_row,
     )
-    paged_attention_fma.ONE_ROW_PROGRAMS = shipped_one_row
     return out
 
 

@@ -292,7 +292,7 @@ class ModelRunner:
             query_start_loc_cpu=host.query_start_loc.tolist(),
             seq_lens_cpu=host.seq_lens.tolist(),
             prompt_lens=None if host.prompt_lens is None else self._to_device(host.prompt_lens),
-            generated_only=host.prompt_lens is not None and host.generated_only,
+            generated_only=host.generated_only,
         )
         ctx = ForwardContext(meta, self.kv_caches, self.batch_invariant)
         return self._to_device(host.input_ids), self._to_device(host.positions), ctx

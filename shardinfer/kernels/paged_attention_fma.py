@@ -343,10 +343,12 @@ def launch(
     warps: int,
     explicit_layouts: bool,
     max_registers: int | None,
+    one_row_programs: bool | None = None,
 ) -> None:
     """overwrite_generated_rows with the tile (reps x warps x 4 keys: other tiles round apart) and
     the launch settings given; explicit_layouts runs the Gluon kernel (GPU only), else the Triton
-    one. For the engine's defaults and for bench/kernels' sweeps."""
+    one; one_row_programs None: ONE_ROW_PROGRAMS. For the engine's defaults and for bench/kernels'
+    sweeps."""
     t, hq, d = q.shape
     hk = k_cache.shape[2]
     b = seq_lens.shape[0]
@@ -376,7 +378,8 @@ def launch(
     )
     tile = dict(HK=hk, GROUP=hq // hk, D=d, PAGE=k_cache.shape[1], REPS=reps, WARPS=warps, LKEYS=LANE_KEYS)
     # Every request of a step has at least one row, so t == b means one row each (a decode step).
-    tile["ONE_ROW"] = ONE_ROW_PROGRAMS and t == b
+    one_row = ONE_ROW_PROGRAMS if one_row_programs is None else one_row_programs
+    tile["ONE_ROW"] = one_row and t == b
     limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
     kernel = _generated_rows_gluon_kernel if explicit_layouts else _generated_rows_kernel
     kernel[(b, hk, slices)](*args, **tile, num_warps=warps, **limits)
