@@ -241,6 +241,8 @@ def _numerics(r: dict) -> str:
     ]
     if r.get("fp8_tiling") not in (None, "default"):  # throughput.py --fp8-tiling
         extra.append(f"FP8 tiling {r['fp8_tiling']}")
+    if r.get("bf16_tilings") == "default":  # no measured bf16 tilings for this GPU model
+        extra.append("bf16 default tilings")
     settings = r.get("settings") or {}
     extra += [
         f"{name} {settings[name]}"

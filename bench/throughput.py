@@ -37,6 +37,7 @@ from bench.record import variant_changes
 from bench.slow_steps import SlowStepSampler, summary_lines
 from bench.workloads import SHAPES, add_step_limit_args, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
+from shardinfer.kernels import matmul
 
 
 def run_shardinfer(
@@ -514,6 +515,11 @@ def main() -> None:
         "kv_cache_dtype": args.kv_cache_dtype,
         "fp8_gemm": fp8_gemm,
         "fp8_tiling": args.fp8_tiling,
+        # Whether this GPU model has a file of measured bf16 tilings (kernels/bench_matmul.py
+        # --write-configs): without one, the bf16 projections and LM heads run the default tilings.
+        "bf16_tilings": "measured"
+        if matmul.config_path(torch.cuda.get_device_name(0)).is_file()
+        else "default",
         "shardinfer_output_tok_s": ours["output_tok_s"],
         "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
         "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,

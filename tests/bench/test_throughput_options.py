@@ -73,6 +73,14 @@ def test_results_table_names_a_non_default_fp8_tiling() -> None:
     assert _numerics({**run, "fp8_tiling": "tma"}) == "dense-8b, weights fp8, KV fp8, FP8 tiling tma"
 
 
+def test_results_table_names_a_run_without_measured_bf16_tilings() -> None:
+    from bench.record import _numerics
+
+    run = {"workload": "dense-8b"}
+    assert _numerics({**run, "bf16_tilings": "measured"}) == "dense-8b"
+    assert _numerics({**run, "bf16_tilings": "default"}) == "dense-8b, bf16 default tilings"
+
+
 def test_results_table_names_scheduling_settings_against_the_defaults_of_the_run_date() -> None:
     from bench.record import GPU_STEP_DEFAULTS_SINCE, _numerics
     from shardinfer.engine.config import DEVICE_STEP_DEFAULTS
