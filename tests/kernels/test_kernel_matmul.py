@@ -320,6 +320,19 @@ def test_shipped_tilings_load_and_are_interchangeable() -> None:
         mm.check_interchangeable(k, dtype, t.configs)
 
 
+@pytest.mark.parametrize("path", sorted(mm.CONFIG_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_tilings_file_loads_for_its_gpu(path) -> None:
+    """Each shipped measured-tilings file is found under its GPU's name, and reading it (which checks
+    that the tilings chosen by M give one row the same bits) succeeds with every entry."""
+    gpu = json.loads(path.read_text())["gpu"]
+    assert mm.config_path(gpu) == path
+    mm.measured_configs.cache_clear()
+    try:
+        assert len(mm.measured_configs(gpu)) == len(json.loads(path.read_text())["entries"]) > 0
+    finally:
+        mm.measured_configs.cache_clear()
+
+
 @pytest.mark.parametrize(
     "text",
     [
