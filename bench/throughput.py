@@ -505,9 +505,10 @@ def main() -> None:
     floor_frac, decode_summary = _decode_summary(ours.pop("decode_steps"), ours, bw)
     commit = bench_commit()
     now = dt.datetime.now(dt.UTC)
+    gpu = torch.cuda.get_device_name(0)
     result = {
         "workload": args.workload,
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": gpu,
         "commit": commit,
         "date": now.isoformat(),
         "batch_invariant": args.batch_invariant == "on",
@@ -517,9 +518,7 @@ def main() -> None:
         "fp8_tiling": args.fp8_tiling,
         # Whether this GPU model has a file of measured bf16 tilings (kernels/bench_matmul.py
         # --write-configs): without one, the bf16 projections and LM heads run the default tilings.
-        "bf16_tilings": "measured"
-        if matmul.config_path(torch.cuda.get_device_name(0)).is_file()
-        else "default",
+        "bf16_tilings": "measured" if matmul.config_path(gpu).is_file() else "default",
         "shardinfer_output_tok_s": ours["output_tok_s"],
         "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
         "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,
