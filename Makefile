@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # torch is pinned first to the CPU build that pip resolves locally, so nothing later pulls a CUDA torch.
 TORCH_SPEC ?= torch==2.13.0
+# Test processes: one a core on the 2-core machines CI runs on (tests/conftest.py starts the longest files first).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint venv clean
 
@@ -20,7 +22,7 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check shardinfer tests bench tools examples
 	$(BIN)/mypy shardinfer
-	$(BIN)/python -m pytest -q -x --durations=15
+	$(BIN)/python -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo/run_demo.py

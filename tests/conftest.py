@@ -39,3 +39,12 @@ def _release_gpu_memory(request: pytest.FixtureRequest) -> Iterator[None]:
 
         collect_dropped()
         torch.cuda.empty_cache()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding a test marked `slow` run first, each file's tests still together and in order.
+
+    `make test` spreads whole files over its processes in this order; started last, the longest
+    files would leave one process running them alone after the other has finished."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_repeats_and_timelines_are_recorded(tmp_path: Path) -> None:
     done = subprocess.run(
         [

@@ -129,6 +129,7 @@ def test_ray_actor_killed_mid_split_is_replaced_and_rows_are_exactly_once(
     assert summary["run_split_attempts"] == 24 + summary["run_splits_redone"]
 
 
+@pytest.mark.slow
 def test_ray_driver_killed_then_rerun_finishes_exactly_once(
     tmp_path: Path, model_dir: Path, shards: Path, reference: list[dict[str, Any]], ray_address: str
 ) -> None:

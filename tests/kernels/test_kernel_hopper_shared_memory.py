@@ -13,10 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # Shared memory one block may use on H100/H200 (227 KiB, the opt-in maximum).
 HOPPER_MAX_SHARED_BYTES = 232_448
 
 
+@pytest.mark.slow
 def test_attention_launches_fit_hopper_shared_memory(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")

@@ -144,6 +144,7 @@ def test_merge_in_kernel_gives_the_merge_kernels_bits(device: torch.device, bloc
     assert torch.equal(merged, b.run(device, 0.2, kv_chunk=64, block_m=block_m, merge=True))
 
 
+@pytest.mark.slow
 def test_one_token_blocks_over_many_requests(device: torch.device) -> None:
     """16 heads fill a 16-row tile, so a q block is one token (q block index = token index): over
     300 requests (more than one of _locate's vector loads), prefills and decodes mixed, including

@@ -51,6 +51,7 @@ def test_matches_reference_fp16_mha_and_dv(device: torch.device) -> None:
     assert rel_err(_run(b, 0.2, None, kv_chunk=64), ref) < 4 * TOL[torch.float16]
 
 
+@pytest.mark.slow
 def test_more_requests_than_one_locate_span(device: torch.device) -> None:
     """Over 256 requests (decodes and short prefills mixed): programs find their request across
     several of _locate's vector loads of request offsets."""

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import s3fs
 from pipeline_kit import cli, cli_env, committed_rows, job_toml, start_cli
 
@@ -23,6 +24,7 @@ def _marker_count(fs: Any, commits: str) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_job_and_worker_killed_on_s3_with_faults_resume_exactly(
     tmp_path: Path,
     model_dir: Path,

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from canary_kit import (
     CANARY_KEY,
     CANARY_PASSWORD,
@@ -40,6 +41,7 @@ def _loud(job: Path, env: dict[str, str]) -> Any:
     return cli("submit", "--verbose", "--log-format", "json", str(job), env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_environment_credentials_and_failing_jobs_leave_no_trace(
     tmp_path: Path, model_dir: Path, s3_bucket: Any, survived: Counter[str]
 ) -> None:

@@ -111,6 +111,7 @@ def test_fused_quantisation_gives_the_unfused_logits_on_the_reference_path(
     _assert_fusion_keeps_the_logits(llm, monkeypatch, fused_calls, _prompts())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     torch.cuda.is_available(),
     reason="CPU tensors on the kernels need the interpreter; "
