@@ -243,6 +243,8 @@ def _numerics(r: dict) -> str:
         extra.append(f"FP8 tiling {r['fp8_tiling']}")
     if r.get("bf16_tilings") == "default":  # no measured bf16 tilings for this GPU model
         extra.append("bf16 default tilings")
+    if r.get("quantization") == "fp8" and r.get("fp8_tilings") == "measured":
+        extra.append("FP8 measured tilings")  # this GPU model's file, not the defaults
     settings = r.get("settings") or {}
     extra += [
         f"{name} {settings[name]}"

@@ -37,7 +37,7 @@ from bench.record import variant_changes
 from bench.slow_steps import SlowStepSampler, summary_lines
 from bench.workloads import SHAPES, add_step_limit_args, bench_commit, build_checkpoint, requests
 from shardinfer import LLM, SamplingParams
-from shardinfer.kernels import matmul
+from shardinfer.kernels import fp8_matmul, matmul
 
 
 def run_shardinfer(
@@ -187,11 +187,11 @@ def _fp8_shapes(workload: str) -> set[tuple[int, int]]:
 
 def _override_tilings(workload: str, change: dict[str, Any]) -> None:
     """Override every tiling of the workload's FP8 projection shapes with `change` applied to it."""
-    from shardinfer.kernels import fp8_matmul
     from shardinfer.kernels.tuning import Tiling
 
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     for n, k in _fp8_shapes(workload):
-        t = fp8_matmul.tiling(n, k)
+        t = fp8_matmul.tiling(n, k, gpu)  # what the run would use: the GPU's measured tilings, if any
         fp8_matmul.CONFIG_OVERRIDES[(n, k)] = Tiling(
             dataclasses.replace(t.rest, **change),
             tuple((m, dataclasses.replace(c, **change)) for m, c in t.by_m),
@@ -208,8 +208,6 @@ def parse_tiling_change(text: str) -> dict[str, Any]:
     against Fp8TileConfig's fields so a typo fails before any run."""
     import ast
 
-    from shardinfer.kernels import fp8_matmul
-
     fields = {f.name for f in dataclasses.fields(fp8_matmul.Fp8TileConfig)}
     change: dict[str, Any] = {}
     for item in text.split(","):
@@ -225,7 +223,6 @@ def parse_tiling_change(text: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def changed_tilings(workload: str, change: dict[str, Any]) -> Iterator[None]:
     """Every tiling of the workload's FP8 projection shapes with `change` applied, for the block."""
-    from shardinfer.kernels import fp8_matmul
 
     saved = dict(fp8_matmul.CONFIG_OVERRIDES)
     _override_tilings(workload, change)
@@ -519,6 +516,8 @@ def main() -> None:
         # Whether this GPU model has a file of measured bf16 tilings (kernels/bench_matmul.py
         # --write-configs): without one, the bf16 projections and LM heads run the default tilings.
         "bf16_tilings": "measured" if matmul.config_path(gpu).is_file() else "default",
+        # The same for the FP8 GEMM's tilings (kernels/bench_fp8_matmul.py --write-configs).
+        "fp8_tilings": "measured" if fp8_matmul.config_path(gpu).is_file() else "default",
         "shardinfer_output_tok_s": ours["output_tok_s"],
         "transformers_output_tok_s": hf["output_tok_s"] if hf else None,
         "ratio": ours["output_tok_s"] / hf["output_tok_s"] if hf else None,

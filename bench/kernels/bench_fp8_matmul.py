@@ -12,6 +12,13 @@ stay batch invariant) and times them. --ws times the two kernels fp8_matmul choo
 (the TMA kernel and the warp-specialised one) at every shape, each forced, bits compared.
 
     python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--ws] [--sweep | --splits | --settings]
+
+--write-configs instead times every candidate of the default's split_k at the decode sizes
+(DECODE_RANGES) and writes, per range, the fastest one whose rows equal the default tiling's bit for
+bit, to the GPU model's measured-tilings file (kernels/fp8_matmul_configs/; larger M keeps the
+default's tiling, and shapes not in the run keep their earlier entries):
+
+    python bench/kernels/bench_fp8_matmul.py --models 8b,0.6b,moe-16b --write-configs [--tma-only]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,7 @@ from bench.kernels.bench_matmul import MODELS
 from bench.workloads import bench_commit
 from shardinfer.kernels import fp8_matmul, matmul
 from shardinfer.kernels.reference_fp8 import quantize_blocks
+from shardinfer.kernels.tuning import Tiling
 
 MS = (1, 64, 256, 1024, 8192)
 CANDIDATES = [
@@ -185,6 +194,91 @@ def _time_configs(
     return timed
 
 
+# (largest M of the range, M it is timed at): decode batches. Larger M keeps the default's tiling
+# (prefill chunks run the warp-specialised kernel there).
+DECODE_RANGES = ((16, 1), (128, 64), (256, 256))
+
+
+def pick_decode_tiling(
+    default: Tiling[fp8_matmul.Fp8TileConfig],
+    timed: dict[int, list[tuple[fp8_matmul.Fp8TileConfig, float, bool]]],
+) -> Tiling[fp8_matmul.Fp8TileConfig]:
+    """Per decode range, the fastest tiling timed at its size that gave the default tiling's rows bit
+    for bit (`timed[m]`: (config, microseconds, rows equal)); the default's where none was timed or
+    equal. Sizes above the last range keep the default's."""
+    by_m = []
+    for max_m, m in DECODE_RANGES:
+        equal = [(us, cfg) for cfg, us, same in timed.get(m, []) if same]
+        best = min(equal, key=lambda e: e[0])[1] if equal else default.for_m(m)
+        by_m.append((max_m, best))
+    return Tiling(default.rest, tuple(by_m))
+
+
+def time_decode_tilings(
+    n: int, k: int, candidates: list[fp8_matmul.Fp8TileConfig]
+) -> dict[int, list[tuple[fp8_matmul.Fp8TileConfig, float, bool]]]:
+    """At each decode range's size: every candidate of the default's split_k (and the default
+    tiling), timed, its rows compared with the default tiling's."""
+    copies = _copies(n * k)
+    ws = [quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5) for _ in range(copies)]
+    timed = {}
+    for _, m in DECODE_RANGES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        default = fp8_matmul.tile_config(n, k, m)  # no GPU name: the defaults, not an earlier file
+        configs = [default, *(c for c in candidates if c.split_k == default.split_k and c != default)]
+        base = {default.split_k: fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1], config=default)}
+        with _warp_specialized(False):
+            rows = _time_configs(x, ws, configs, base)
+        timed[m] = [(c, r["us"], r["bitwise_equal_within_split"]) for c, r in zip(configs, rows, strict=True)]
+    return timed
+
+
+def write_configs(
+    chosen: dict[tuple[int, int], Tiling[fp8_matmul.Fp8TileConfig]], meta: dict[str, Any]
+) -> Path:
+    """Merge the chosen tilings into the GPU model's measured FP8 tilings file (entries for other
+    shapes are kept); returns its path."""
+    import triton
+
+    path = fp8_matmul.config_path(meta["gpu"])
+    entries = {
+        (e["n"], e["k"]): e for e in (json.loads(path.read_text())["entries"] if path.is_file() else [])
+    }
+    for (n, k), tiling in chosen.items():
+        entries[(n, k)] = {
+            "n": n,
+            "k": k,
+            "config": asdict(tiling.rest),
+            "by_m": [{"max_m": max_m, "config": asdict(cfg)} for max_m, cfg in tiling.by_m],
+        }
+    record = {
+        "gpu": meta["gpu"],
+        "triton": triton.__version__,
+        "date": meta["date"],
+        "commit": meta["commit"],
+        "how": (
+            "bench/kernels/bench_fp8_matmul.py --write-configs: per (N, K), at M = "
+            f"{[m for _, m in DECODE_RANGES]} for M <= {[b for b, _ in DECODE_RANGES]}, the fastest "
+            "candidate of the default tiling's split_k whose rows equal the default's bit for bit; larger "
+            "M keeps the default; shapes not in this run keep their earlier entries"
+        ),
+        "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"])),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    fp8_matmul.measured_configs.cache_clear()
+    fp8_matmul.measured_configs(meta["gpu"])  # reads back, checking what was written
+    return path
+
+
+def _all_candidates(tma_only: bool) -> list[fp8_matmul.Fp8TileConfig]:
+    unique: list[fp8_matmul.Fp8TileConfig] = []
+    for c in [*CANDIDATES, *SPLIT_CANDIDATES, *SETTING_CANDIDATES]:
+        if c not in unique and (c.tma or not tma_only):
+            unique.append(c)
+    return unique
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="8b")
@@ -207,8 +301,17 @@ def main() -> None:
         help="also time the TMA kernel and the warp-specialised one (fp8_matmul_ws), plain and "
         "persistent, at every shape, each forced, bits compared with the default's",
     )
+    ap.add_argument(
+        "--write-configs",
+        action="store_true",
+        help="time the candidates at decode sizes and write the GPU's measured FP8 tilings file "
+        "(the module docstring)",
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
+    if args.write_configs:
+        _write_measured(args.models.split(","), Path(args.out), args.tma_only)
+        return
     candidates = [c for c in CANDIDATES if c.tma or not args.tma_only]
     if args.splits:
         candidates = [fp8_matmul.tile_config(0, 0, 256), *SPLIT_CANDIDATES]
@@ -257,6 +360,47 @@ def main() -> None:
     }
     (out / f"kernels-fp8-matmul-{now.strftime('%Y%m%d-%H%M%S')}.json").write_text(
         json.dumps(result, indent=2)
+    )
+
+
+def _write_measured(models: list[str], out: Path, tma_only: bool) -> None:
+    now = dt.datetime.now(dt.UTC)
+    meta = {"gpu": torch.cuda.get_device_name(0), "date": now.isoformat(), "commit": bench_commit()}
+    chosen: dict[tuple[int, int], Tiling[fp8_matmul.Fp8TileConfig]] = {}
+    rows = []
+    for model in models:
+        for proj, (n, k) in MODELS[model][1].items():
+            if proj == "lm_head" or (n, k) in chosen:  # the LM head stays bf16 in FP8 models
+                continue
+            timed = time_decode_tilings(n, k, _all_candidates(tma_only))
+            chosen[(n, k)] = pick_decode_tiling(fp8_matmul.tiling(n, k), timed)
+            for m, results in timed.items():
+                default_us = results[0][1]
+                best = chosen[(n, k)].for_m(m)
+                best_us = next(us for cfg, us, _ in results if cfg == best)
+                print(
+                    f"{model:<8} {proj:<15} M={m:<4} default {default_us:8.1f} us  chosen {best_us:8.1f} us  {best}"
+                )
+                rows.append(
+                    {
+                        "model": model,
+                        "proj": proj,
+                        "n": n,
+                        "k": k,
+                        "m": m,
+                        "timed": [
+                            {"config": repr(c), "us": us, "bitwise_equal": eq} for c, us, eq in results
+                        ],
+                        "chosen": repr(best),
+                    }
+                )
+    path = write_configs(chosen, meta)
+    print(f"wrote {path}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / path.name).write_text(path.read_text())  # a copy beside the run's results, to fetch
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    (out / f"kernels-fp8-matmul-tilings-{stamp}.json").write_text(
+        json.dumps({"bench": "fp8_matmul_tilings", **meta, "rows": rows}, indent=2)
     )
 
 

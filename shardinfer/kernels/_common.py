@@ -28,6 +28,16 @@ def sm_count(device_index: int) -> int:
 
 
 @functools.cache
+def _device_name(device_index: int) -> str:
+    return torch.cuda.get_device_name(device_index)
+
+
+def gpu_name(device: torch.device) -> str | None:
+    """The GPU model's name (what its measured tilings are filed under); None off CUDA."""
+    return _device_name(device.index or 0) if device.type == "cuda" else None
+
+
+@functools.cache
 def capability(device_index: int) -> tuple[int, int]:
     """The GPU's compute capability (cached per device)."""
     major, minor = torch.cuda.get_device_capability(device_index)

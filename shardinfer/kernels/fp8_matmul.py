@@ -41,13 +41,21 @@ tiling bench_fp8_matmul.py tried on the H200 gave equal rows). That last part le
 follow M (_default), checked by the invariance tests across the switch. The activation quantiser is per
 row. The semantics are reference_fp8.linear_fp8's (the same quantised operands); only the float32
 summation order differs.
+Measured tilings: `bench/kernels/bench_fp8_matmul.py --write-configs` times the candidate tilings
+per (N, K) at decode batch sizes on a GPU and writes, per range of M, the fastest one that gave the
+default tiling's rows bit for bit there (same split_k), to `fp8_matmul_configs/<gpu name>.json`;
+that file, when present for the GPU in use, overrides the defaults. It changes speed, not a row's
+bits; reading it checks that its tilings of one problem share split_k.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -62,6 +70,7 @@ from shardinfer.kernels._common import (
     check_tensor,
     check_tiles,
     fail,
+    gpu_name,
     interpreting,
     sm_count,
 )
@@ -178,7 +187,30 @@ def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8Til
     return Tiling(rest, tuple(by_m))
 
 
-_CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default)
+CONFIG_DIR = Path(__file__).parent / "fp8_matmul_configs"
+
+
+def config_path(gpu_name: str) -> Path:
+    """Where the measured FP8 tilings for a GPU model live (`NVIDIA H200` -> `NVIDIA_H200.json`)."""
+    return tuning.measured_path(CONFIG_DIR, gpu_name)
+
+
+@functools.cache
+def measured_configs(gpu_name: str) -> dict[tuple[int, int], Tiling[Fp8TileConfig]]:
+    """The FP8 tilings measured for this GPU model, keyed by (N, K); empty when none were."""
+    return tuning.read_measured(
+        config_path(gpu_name), _measured_entry, "FP8 matmul", "bench/kernels/bench_fp8_matmul.py"
+    )
+
+
+def _measured_entry(entry: dict[str, Any]) -> tuple[tuple[int, int], Tiling[Fp8TileConfig]]:
+    key = (int(entry["n"]), int(entry["k"]))
+    return key, _check_interchangeable(key, tuning.tiling_from_entry(entry, lambda f: Fp8TileConfig(**f)))
+
+
+# Overrides first, then the GPU model's measured tilings (read at each choice, so a test may point
+# CONFIG_DIR elsewhere), then the defaults.
+_CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default, lambda gpu: measured_configs(gpu))
 
 
 def _check_interchangeable(key: tuple[int, int], chosen: Tiling[Fp8TileConfig]) -> Tiling[Fp8TileConfig]:
@@ -192,14 +224,15 @@ def _check_interchangeable(key: tuple[int, int], chosen: Tiling[Fp8TileConfig]) 
     return chosen
 
 
-def tiling(n: int, k: int) -> Tiling[Fp8TileConfig]:
-    """The tilings an (N, K) FP8 problem runs, by batch size."""
-    return _check_interchangeable((n, k), _CHOOSER.tiling((n, k)))
+def tiling(n: int, k: int, gpu: str | None = None) -> Tiling[Fp8TileConfig]:
+    """The tilings an (N, K) FP8 problem runs on a GPU model (None: the defaults), by batch size."""
+    return _check_interchangeable((n, k), _CHOOSER.tiling((n, k), gpu))
 
 
-def tile_config(n: int, k: int, m: int | None = None) -> Fp8TileConfig:
-    """The tiling an (N, K) FP8 problem runs at batch size m (None: the one for large M)."""
-    chosen = tiling(n, k)
+def tile_config(n: int, k: int, m: int | None = None, gpu: str | None = None) -> Fp8TileConfig:
+    """The tiling an (N, K) FP8 problem runs at batch size m (None: the one for large M) on a GPU
+    model (None: the defaults)."""
+    chosen = tiling(n, k, gpu)
     return chosen.rest if m is None else chosen.for_m(m)
 
 
@@ -737,11 +770,11 @@ def linear_fp8(
     contiguous; weight_scale: float32 contiguous, [ceil(N/128), ceil(K/128)] (128x128 block
     scales, a checkpoint's `weight_scale_inv`) or [N] (per-output-channel scales); bias: [N] of
     x's dtype or None. Returns [M, N] in x's dtype (float32 accumulation, one final rounding). `config`
-    overrides the (N, K) problem's tiling (tests, tuning). Raises ValueError naming the argument
+    overrides the (N, K) problem's tiling on this GPU model (tests, tuning). Raises ValueError naming the argument
     when a precondition fails.
     """
     x, weight, weight_scale, bias = _check(x, weight, weight_scale, bias)
     n, k = weight.shape
     xq, xs = fp8_quant.quantize_groups(x)
-    cfg = config if config is not None else tile_config(n, k, x.shape[0])
+    cfg = config if config is not None else tile_config(n, k, x.shape[0], gpu_name(x.device))
     return linear_fp8_quantized(xq, xs, weight, weight_scale, bias, x.dtype, cfg)

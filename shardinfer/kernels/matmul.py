@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -69,6 +69,7 @@ from shardinfer.kernels._common import (
     check_tensor,
     check_tiles,
     fail,
+    gpu_name,
     interpreting,
     sm_count,
 )
@@ -230,33 +231,18 @@ def config_path(gpu_name: str) -> Path:
 @functools.cache
 def measured_configs(gpu_name: str) -> dict[tuple[int, int, torch.dtype], Tiling[TileConfig]]:
     """The tilings measured for this GPU model, keyed by (N, K, dtype); empty when none were."""
-    path = config_path(gpu_name)
-    if not path.is_file():
-        return {}
-    table: dict[tuple[int, int, torch.dtype], Tiling[TileConfig]] = {}
-    try:
-        for entry in json.loads(path.read_text())["entries"]:
-            dtype = getattr(torch, entry["dtype"])
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError(f"dtype {entry['dtype']!r} is not a torch dtype")
-            by_m = tuple((int(b["max_m"]), TileConfig(**b["config"])) for b in entry.get("by_m", ()))
-            if [m for m, _ in by_m] != sorted({m for m, _ in by_m}):
-                raise ValueError(f"by_m of N={entry['n']} K={entry['k']} must list increasing max_m")
-            tiling = Tiling(TileConfig(**entry["config"]), by_m)
-            check_interchangeable(int(entry["k"]), dtype, tiling.configs)
-            table[(int(entry["n"]), int(entry["k"]), dtype)] = tiling
-    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
-        raise ValueError(
-            f"measured matmul tilings in {path} are unreadable ({type(e).__name__}: {e}); "
-            "re-run bench/kernels/bench_matmul.py --write-configs on this GPU, or delete the "
-            "file to use the default tilings"
-        ) from e
-    return table
+    return tuning.read_measured(
+        config_path(gpu_name), _measured_entry, "matmul", "bench/kernels/bench_matmul.py"
+    )
 
 
-@functools.cache
-def _gpu_name(device_index: int) -> str:
-    return torch.cuda.get_device_name(device_index)
+def _measured_entry(entry: dict[str, Any]) -> tuple[tuple[int, int, torch.dtype], Tiling[TileConfig]]:
+    dtype = getattr(torch, entry["dtype"])
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype {entry['dtype']!r} is not a torch dtype")
+    tiling = tuning.tiling_from_entry(entry, lambda fields: TileConfig(**fields))
+    check_interchangeable(int(entry["k"]), dtype, tiling.configs)
+    return (int(entry["n"]), int(entry["k"]), dtype), tiling
 
 
 # Overrides first, then the GPU model's measured tilings (read at each choice, so a test may point
@@ -699,7 +685,7 @@ def linear_batch_invariant(
     x, weight, bias = _check(x, weight, bias)
     if out_dtype not in (None, x.dtype, torch.float32):
         raise fail("out_dtype", out_dtype, f"need None, x's dtype ({x.dtype}) or torch.float32")
-    gpu = _gpu_name(x.device.index or 0) if x.device.type == "cuda" else None
+    gpu = gpu_name(x.device)
     config = tile_config(weight.shape[0], weight.shape[1], x.dtype, gpu, x.shape[0])
     return _run(x, weight, bias, config, out_dtype)
 
@@ -751,7 +737,7 @@ def warm_up_runs(
         if key in done:
             continue
         done.add(key)
-        gpu = _gpu_name(w.device.index or 0) if w.device.type == "cuda" else None
+        gpu = gpu_name(w.device)
         for m in warm_up_sizes(tiling(w.shape[0], w.shape[1], w.dtype, gpu)):
             runs.append((w, m, out_dtype))
     return runs

@@ -12,7 +12,7 @@ import functools
 import torch
 
 from shardinfer.kernels import reference, reference_fp8
-from shardinfer.kernels._common import check_same_device
+from shardinfer.kernels._common import check_same_device, gpu_name
 from shardinfer.kernels.reference import bmm_rows
 from shardinfer.kernels.reference_fp8 import Fp8Activation
 from shardinfer.kernels.top_logprob import TopLogprob, fill_reference
@@ -122,7 +122,7 @@ def linear_fp8_prequantized(
         check_same_device(x=x.q, x_scale=x.scale, weight=weight, weight_scale=weight_scale, bias=bias)
         n, k = weight.shape
         xq, xs = x.q.view(-1, k), x.scale.view(-1, x.scale.shape[-1])
-        config = fp8_matmul.tile_config(n, k, xq.shape[0])
+        config = fp8_matmul.tile_config(n, k, xq.shape[0], gpu_name(x.q.device))
         y = fp8_matmul.linear_fp8_quantized(xq, xs, weight, weight_scale, bias, x.dtype, config)
         return y.view(*x.q.shape[:-1], n)
     return reference_fp8.linear_fp8_prequantized(x, weight, weight_scale, bias, batch_invariant)

@@ -17,11 +17,12 @@ known to be interchangeable has one tiling for every size.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -59,6 +60,36 @@ def below(bound: float) -> float:
 def measured_path(directory: Path, gpu_name: str) -> Path:
     """Where a GPU model's measured tilings live (`NVIDIA H200` -> `<directory>/NVIDIA_H200.json`)."""
     return directory / (re.sub(r"[^A-Za-z0-9.-]+", "_", gpu_name).strip("_") + ".json")
+
+
+def tiling_from_entry(entry: dict[str, Any], make: Callable[[dict[str, Any]], C]) -> Tiling[C]:
+    """A measured-tilings file entry's Tiling: `config` for large sizes, `by_m` a list of
+    {"max_m", "config"} in increasing max_m; `make` builds (and checks) one config from its fields."""
+    by_m = tuple((int(b["max_m"]), make(b["config"])) for b in entry.get("by_m", ()))
+    if [m for m, _ in by_m] != sorted({m for m, _ in by_m}):
+        raise ValueError(f"by_m of {entry.get('n')}x{entry.get('k')} must list increasing max_m")
+    return Tiling(make(entry["config"]), by_m)
+
+
+def read_measured(
+    path: Path, parse: Callable[[dict[str, Any]], tuple[K, Tiling[C]]], family: str, tool: str
+) -> dict[K, Tiling[C]]:
+    """A GPU model's measured tilings file (`{"entries": [...]}`), each entry parsed (and checked)
+    by `parse` into its problem key and Tiling; empty when the file is absent. A file that cannot be
+    read names itself, the tool that rewrites it and the way back to the defaults."""
+    if not path.is_file():
+        return {}
+    table: dict[K, Tiling[C]] = {}
+    try:
+        for entry in json.loads(path.read_text())["entries"]:
+            key, tiling = parse(entry)
+            table[key] = tiling
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(
+            f"measured {family} tilings in {path} are unreadable ({type(e).__name__}: {e}); "
+            f"re-run {tool} --write-configs on this GPU, or delete the file to use the default tilings"
+        ) from e
+    return table
 
 
 class TileChooser(Generic[K, C]):

@@ -81,6 +81,15 @@ def test_results_table_names_a_run_without_measured_bf16_tilings() -> None:
     assert _numerics({**run, "bf16_tilings": "default"}) == "dense-8b, bf16 default tilings"
 
 
+def test_results_table_names_an_fp8_run_on_measured_fp8_tilings() -> None:
+    from bench.record import _numerics
+
+    run = {"workload": "dense-8b", "quantization": "fp8"}
+    assert _numerics({**run, "fp8_tilings": "default"}) == "dense-8b, weights fp8"
+    assert _numerics({**run, "fp8_tilings": "measured"}) == "dense-8b, weights fp8, FP8 measured tilings"
+    assert _numerics({"workload": "dense-8b", "fp8_tilings": "measured"}) == "dense-8b"  # bf16 weights
+
+
 def test_results_table_names_scheduling_settings_against_the_defaults_of_the_run_date() -> None:
     from bench.record import GPU_STEP_DEFAULTS_SINCE, _numerics
     from shardinfer.engine.config import DEVICE_STEP_DEFAULTS

@@ -1,0 +1,150 @@
+"""Measured FP8 tilings (kernels/fp8_matmul_configs/<gpu>.json): read per GPU model, chosen by
+batch size, refused with the file and the fix named when unreadable or when its tilings of one
+problem would sum a row differently; and, on a GPU with such a file, the same bits as the default
+tiling at every size."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fp8_problems import linear_problem
+
+from shardinfer.kernels import fp8_matmul
+from shardinfer.kernels._common import interpreting
+
+if interpreting():
+    fp8_matmul = importlib.reload(fp8_matmul)  # decorate the kernels for the interpreter (test_kernel_fp8.py)
+
+N, K = 640, 512
+
+
+def _small() -> fp8_matmul.Fp8TileConfig:
+    return fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, persistent=False)
+
+
+def _mid() -> fp8_matmul.Fp8TileConfig:
+    return fp8_matmul.Fp8TileConfig(32, 64, num_warps=4, num_stages=3, persistent=False, tma=True)
+
+
+def _rest() -> fp8_matmul.Fp8TileConfig:
+    return fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True)
+
+
+def _entry(rest: fp8_matmul.Fp8TileConfig, *by_m: tuple[int, fp8_matmul.Fp8TileConfig]) -> dict[str, Any]:
+    return {
+        "n": N,
+        "k": K,
+        "config": dataclasses.asdict(rest),
+        "by_m": [{"max_m": m, "config": dataclasses.asdict(c)} for m, c in by_m],
+    }
+
+
+@pytest.fixture
+def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(fp8_matmul, "CONFIG_DIR", tmp_path)
+    fp8_matmul.measured_configs.cache_clear()
+    yield tmp_path
+    fp8_matmul.measured_configs.cache_clear()
+
+
+def test_measured_fp8_tilings_are_read_per_gpu_model_and_chosen_by_m(config_dir: Path) -> None:
+    path = fp8_matmul.config_path("Some GPU 80GB")
+    assert path == config_dir / "Some_GPU_80GB.json"
+    path.write_text(json.dumps({"entries": [_entry(_rest(), (16, _small()), (128, _mid()))]}))
+    got = {m: fp8_matmul.tile_config(N, K, m, "Some GPU 80GB") for m in (1, 16, 17, 128, 129, 8192)}
+    assert got == {1: _small(), 16: _small(), 17: _mid(), 128: _mid(), 129: _rest(), 8192: _rest()}
+    assert fp8_matmul.tile_config(N, K, None, "Some GPU 80GB") == _rest()
+    # Another GPU model, another shape, or no GPU: the defaults.
+    default = fp8_matmul.tiling(N, K)
+    assert default.for_m(1) != _small()
+    assert fp8_matmul.tiling(N, K, "Another GPU") == default
+    assert fp8_matmul.tiling(K, N, "Some GPU 80GB") == fp8_matmul.tiling(K, N)
+
+
+def test_linear_fp8_runs_the_tiling_measured_for_its_device(
+    config_dir: Path, monkeypatch: pytest.MonkeyPatch, device: torch.device
+) -> None:
+    """The GEMM asks for its device's GPU model; the rows are the default tiling's bits."""
+    fp8_matmul.config_path("Some GPU").write_text(json.dumps({"entries": [_entry(_rest(), (16, _small()))]}))
+    monkeypatch.setattr(fp8_matmul, "gpu_name", lambda d: "Some GPU")
+    ran: list[fp8_matmul.Fp8TileConfig] = []
+    quantized = fp8_matmul.linear_fp8_quantized
+
+    def recording(*args: Any) -> torch.Tensor:
+        ran.append(args[-1])
+        return quantized(*args)
+
+    monkeypatch.setattr(fp8_matmul, "linear_fp8_quantized", recording)
+    x, wq, ws, _ = (t.to(device) for t in linear_problem(4, N, K, torch.bfloat16, seed=3))
+    got = fp8_matmul.linear_fp8(x, wq, ws)
+    assert ran == [_small()]
+    assert torch.equal(got, fp8_matmul.linear_fp8(x, wq, ws, config=fp8_matmul.tile_config(N, K, 4)))
+
+
+@pytest.mark.parametrize(
+    "entry, why",
+    [
+        ("{not json", "JSONDecodeError"),
+        ('{"entries": [{"n": 640, "k": 512}]}', "KeyError"),
+        ('{"entries": [{"n": 640, "k": 512, "config": {"block_m": 64}}]}', "TypeError"),
+        (
+            '{"entries": [{"n": 640, "k": 512, "config": {"block_m": 64, "block_n": 256, "num_warps": 4, '
+            '"num_stages": 4}}]}',
+            "block_n",
+        ),
+    ],
+)
+def test_an_unreadable_fp8_tilings_file_names_itself_and_the_fix(
+    config_dir: Path, entry: str, why: str
+) -> None:
+    fp8_matmul.config_path("Broken GPU").write_text(entry)
+    with pytest.raises(
+        ValueError, match=rf"Broken_GPU\.json.*{why}.*bench_fp8_matmul\.py --write-configs.*delete"
+    ):
+        fp8_matmul.tile_config(N, K, 8, "Broken GPU")
+
+
+def test_a_file_whose_tilings_of_one_problem_mix_split_k_is_refused(config_dir: Path) -> None:
+    split = dataclasses.replace(_small(), split_k=2)
+    fp8_matmul.config_path("Mixed GPU").write_text(json.dumps({"entries": [_entry(_rest(), (16, split))]}))
+    with pytest.raises(ValueError, match=r"Mixed_GPU\.json.*mix split_k \[1, 2\]"):
+        fp8_matmul.tiling(N, K, "Mixed GPU")
+
+
+def test_by_m_out_of_order_is_refused(config_dir: Path) -> None:
+    fp8_matmul.config_path("Odd GPU").write_text(
+        json.dumps({"entries": [_entry(_rest(), (128, _mid()), (16, _small()))]})
+    )
+    with pytest.raises(ValueError, match=r"Odd_GPU\.json.*increasing max_m"):
+        fp8_matmul.tiling(N, K, "Odd GPU")
+
+
+@pytest.mark.gpu
+def test_measured_fp8_tilings_of_this_gpu_give_the_default_bits() -> None:
+    """Every tiling of this GPU's file gives each row the default tiling's bits, alone or in a batch."""
+    from shardinfer.kernels.reference_fp8 import quantize_blocks
+
+    gpu = torch.cuda.get_device_name(0)
+    fp8_matmul.measured_configs.cache_clear()
+    table = fp8_matmul.measured_configs(gpu)
+    if not table:
+        pytest.skip(f"no measured FP8 tilings for {gpu} in {fp8_matmul.CONFIG_DIR}")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for (n, k), tiling in sorted(table.items()):
+        x = torch.randn(300, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        wq, ws = quantize_blocks(torch.randn(n, k, device="cuda", generator=gen) / k**0.5)
+        reference = fp8_matmul.linear_fp8(x, wq, ws, config=fp8_matmul.tile_config(n, k, 300))
+        for config in dict.fromkeys(tiling.configs):
+            batch = fp8_matmul.linear_fp8(x, wq, ws, config=config)
+            assert torch.equal(batch, reference), f"N={n} K={k}: {config}"
+            for start, rows in ((0, 1), (129, 1), (200, 7)):
+                alone = fp8_matmul.linear_fp8(x[start : start + rows], wq, ws, config=config)
+                assert torch.equal(alone, reference[start : start + rows]), (
+                    f"N={n} K={k}: {config} rows {start}"
+                )
