@@ -1,7 +1,6 @@
 """Measured FP8 tilings (kernels/fp8_matmul_configs/<gpu>.json): read per GPU model, chosen by
 batch size, refused with the file and the fix named when unreadable or when its tilings of one
-problem would sum a row differently; and, on a GPU with such a file, the same bits as the default
-tiling at every size."""
+problem would sum a row differently (on a GPU, the file's bits: test_kernel_matmul_measured.py)."""
 
 from __future__ import annotations
 
@@ -123,28 +122,3 @@ def test_by_m_out_of_order_is_refused(config_dir: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"Odd_GPU\.json.*increasing max_m"):
         fp8_matmul.tiling(N, K, "Odd GPU")
-
-
-@pytest.mark.gpu
-def test_measured_fp8_tilings_of_this_gpu_give_the_default_bits() -> None:
-    """Every tiling of this GPU's file gives each row the default tiling's bits, alone or in a batch."""
-    from shardinfer.kernels.reference_fp8 import quantize_blocks
-
-    gpu = torch.cuda.get_device_name(0)
-    fp8_matmul.measured_configs.cache_clear()
-    table = fp8_matmul.measured_configs(gpu)
-    if not table:
-        pytest.skip(f"no measured FP8 tilings for {gpu} in {fp8_matmul.CONFIG_DIR}")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for (n, k), tiling in sorted(table.items()):
-        x = torch.randn(300, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        wq, ws = quantize_blocks(torch.randn(n, k, device="cuda", generator=gen) / k**0.5)
-        reference = fp8_matmul.linear_fp8(x, wq, ws, config=fp8_matmul.tile_config(n, k, 300))
-        for config in dict.fromkeys(tiling.configs):
-            batch = fp8_matmul.linear_fp8(x, wq, ws, config=config)
-            assert torch.equal(batch, reference), f"N={n} K={k}: {config}"
-            for start, rows in ((0, 1), (129, 1), (200, 7)):
-                alone = fp8_matmul.linear_fp8(x[start : start + rows], wq, ws, config=config)
-                assert torch.equal(alone, reference[start : start + rows]), (
-                    f"N={n} K={k}: {config} rows {start}"
-                )
