@@ -363,6 +363,22 @@ def main() -> None:
     )
 
 
+def _save(
+    chosen: dict[tuple[int, int], Tiling[fp8_matmul.Fp8TileConfig]],
+    meta: dict[str, Any],
+    rows: list[dict[str, Any]],
+    out: Path,
+) -> None:
+    path = write_configs(chosen, meta)
+    print(f"wrote {path}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / path.name).write_text(path.read_text())  # a copy beside the run's results, to fetch
+    stamp = meta["date"][:19].replace("-", "").replace(":", "").replace("T", "-")
+    (out / f"kernels-fp8-matmul-tilings-{stamp}.json").write_text(
+        json.dumps({"bench": "fp8_matmul_tilings", **meta, "rows": rows}, indent=2)
+    )
+
+
 def _write_measured(models: list[str], out: Path, tma_only: bool) -> None:
     now = dt.datetime.now(dt.UTC)
     meta = {"gpu": torch.cuda.get_device_name(0), "date": now.isoformat(), "commit": bench_commit()}
@@ -394,14 +410,7 @@ def _write_measured(models: list[str], out: Path, tma_only: bool) -> None:
                         "chosen": repr(best),
                     }
                 )
-    path = write_configs(chosen, meta)
-    print(f"wrote {path}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / path.name).write_text(path.read_text())  # a copy beside the run's results, to fetch
-    stamp = now.strftime("%Y%m%d-%H%M%S")
-    (out / f"kernels-fp8-matmul-tilings-{stamp}.json").write_text(
-        json.dumps({"bench": "fp8_matmul_tilings", **meta, "rows": rows}, indent=2)
-    )
+            _save(chosen, meta, rows, out)  # after each shape: a run cut short keeps what it measured
 
 
 if __name__ == "__main__":
