@@ -122,3 +122,19 @@ def test_by_m_out_of_order_is_refused(config_dir: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"Odd_GPU\.json.*increasing max_m"):
         fp8_matmul.tiling(N, K, "Odd GPU")
+
+
+@pytest.mark.parametrize("path", sorted(fp8_matmul.CONFIG_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_every_shipped_fp8_tilings_file_loads_and_keeps_the_default_sums(path: Path) -> None:
+    """A shipped file is found under its GPU's name, reads whole, and every problem keeps the
+    default's split_k (its writer's rule: the file changes speed, never a row's sum)."""
+    gpu = json.loads(path.read_text())["gpu"]
+    assert fp8_matmul.config_path(gpu) == path
+    fp8_matmul.measured_configs.cache_clear()
+    try:
+        table = fp8_matmul.measured_configs(gpu)
+        assert len(table) == len(json.loads(path.read_text())["entries"]) > 0
+        for (n, k), tiling in table.items():
+            assert {c.split_k for c in tiling.configs} == {fp8_matmul.tile_config(n, k).split_k}, (n, k)
+    finally:
+        fp8_matmul.measured_configs.cache_clear()
