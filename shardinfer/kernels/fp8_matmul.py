@@ -36,9 +36,11 @@ split problem.
 
 Batch invariance: the kernel is not specialised on M, and each output tile is reduced by one
 program in K order, one 128-channel step at a time, each step's product promoted on its own, so a
-row's bits depend neither on M, nor on which tile row it lands in, nor on the tile's shape (every
-tiling bench_fp8_matmul.py tried on the H200 gave equal rows). That last part lets the tiling
-follow M (_default), checked by the invariance tests across the switch. The activation quantiser is per
+row's bits depend neither on M, nor on which tile row it lands in, nor on the tile's shape among
+warpgroup-MMA tiles (BLOCK_M >= 64, 4+ warps: every such tiling bench_fp8_matmul.py tried on the
+H200 and the H100 gave equal rows; a 16-row tile takes another MMA instruction, whose FP8 products
+gave other bits on an H100). That last part lets the tiling follow M among such tiles (_default,
+_check_interchangeable), checked by the invariance tests across the switch. The activation quantiser is per
 row. The semantics are reference_fp8.linear_fp8's (the same quantised operands); only the float32
 summation order differs.
 Measured tilings: `bench/kernels/bench_fp8_matmul.py --write-configs` times the candidate tilings
@@ -214,12 +216,22 @@ _CHOOSER = tuning.TileChooser(CONFIG_OVERRIDES, _default, lambda gpu: measured_c
 
 
 def _check_interchangeable(key: tuple[int, int], chosen: Tiling[Fp8TileConfig]) -> Tiling[Fp8TileConfig]:
-    """A problem's tilings may differ in everything but split_k, which moves the K ranges' sums."""
-    splits = {c.split_k for c in (chosen.rest, *(c for _, c in chosen.by_m))}
+    """A problem's tilings may differ in everything but split_k, which moves the K ranges' sums, and
+    only among warpgroup-MMA tiles (module docstring: another MMA instruction rounds its products
+    differently)."""
+    distinct = set(chosen.configs)
+    splits = {c.split_k for c in distinct}
     if len(splits) > 1:
         raise ValueError(
             f"FP8 tilings of (N, K) = {key} mix split_k {sorted(splits)}: one problem's tilings must "
             "share split_k, or a row would be summed differently at other batch sizes"
+        )
+    narrow = sorted((c for c in distinct if c.block_m < 64 or c.num_warps < 4), key=repr)
+    if len(distinct) > 1 and narrow:
+        raise ValueError(
+            f"FP8 tilings of (N, K) = {key} switch by batch size to or from {narrow}: tilings by batch "
+            "size need block_m >= 64 and >= 4 warps each (one warpgroup MMA), or a row's bits would "
+            "change with its batch; give such a problem one tiling"
         )
     return chosen
 

@@ -14,13 +14,13 @@ from shardinfer.kernels import fp8_matmul
 from shardinfer.kernels.tuning import Tiling
 
 
-def _cfg(block_m: int, stages: int, split_k: int = 1) -> fp8_matmul.Fp8TileConfig:
-    return fp8_matmul.Fp8TileConfig(block_m, 64, num_warps=4, num_stages=stages, tma=True, split_k=split_k)
+def _cfg(block_n: int, stages: int, split_k: int = 1) -> fp8_matmul.Fp8TileConfig:
+    return fp8_matmul.Fp8TileConfig(64, block_n, num_warps=4, num_stages=stages, tma=True, split_k=split_k)
 
 
 def test_each_decode_range_takes_the_fastest_tiling_with_the_default_bits() -> None:
     default = Tiling(_cfg(64, 4), ((64, _cfg(64, 6)),))
-    a, b, c = _cfg(16, 3), _cfg(32, 3), _cfg(128, 3)
+    a, b, c = _cfg(16, 3), _cfg(32, 3), _cfg(128, 3)  # 64-row tiles 16, 32, 128 wide
     timed = {
         1: [(default.for_m(1), 10.0, True), (a, 6.0, True), (b, 4.0, False)],  # b is fastest but not equal
         64: [(default.for_m(64), 10.0, True), (a, 12.0, True), (b, 9.0, True)],

@@ -23,12 +23,14 @@ if interpreting():
 N, K = 640, 512
 
 
+# Warpgroup-MMA tiles (block_m >= 64, 4 warps), as tilings by batch size must be; candidates of
+# bench_fp8_matmul.py, which gave the default's bits on an H100.
 def _small() -> fp8_matmul.Fp8TileConfig:
-    return fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, persistent=False)
+    return fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=5, persistent=False)
 
 
 def _mid() -> fp8_matmul.Fp8TileConfig:
-    return fp8_matmul.Fp8TileConfig(32, 64, num_warps=4, num_stages=3, persistent=False, tma=True)
+    return fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=6, persistent=False, tma=True)
 
 
 def _rest() -> fp8_matmul.Fp8TileConfig:
@@ -114,6 +116,17 @@ def test_a_file_whose_tilings_of_one_problem_mix_split_k_is_refused(config_dir: 
     fp8_matmul.config_path("Mixed GPU").write_text(json.dumps({"entries": [_entry(_rest(), (16, split))]}))
     with pytest.raises(ValueError, match=r"Mixed_GPU\.json.*mix split_k \[1, 2\]"):
         fp8_matmul.tiling(N, K, "Mixed GPU")
+
+
+def test_a_file_switching_to_a_narrow_tile_by_m_is_refused(config_dir: Path) -> None:
+    """A 16-row tile takes another MMA instruction than the 64-row ones (other bits on an H100)."""
+    narrow = fp8_matmul.Fp8TileConfig(16, 32, num_warps=4, num_stages=2, persistent=False)
+    fp8_matmul.config_path("Narrow GPU").write_text(json.dumps({"entries": [_entry(_rest(), (16, narrow))]}))
+    with pytest.raises(ValueError, match=r"Narrow_GPU\.json.*block_m >= 64 and >= 4 warps"):
+        fp8_matmul.tiling(N, K, "Narrow GPU")
+    fp8_matmul.measured_configs.cache_clear()
+    fp8_matmul.config_path("Narrow GPU").write_text(json.dumps({"entries": [_entry(narrow)]}))
+    assert fp8_matmul.tile_config(N, K, 1, "Narrow GPU") == narrow  # one tiling for every size is fine
 
 
 def test_by_m_out_of_order_is_refused(config_dir: Path) -> None:
