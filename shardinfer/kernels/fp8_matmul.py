@@ -40,14 +40,15 @@ row's bits depend neither on M, nor on which tile row it lands in, nor on the ti
 warpgroup-MMA tiles (BLOCK_M >= 64, 4+ warps: every such tiling bench_fp8_matmul.py tried on the
 H200 and the H100 gave equal rows; a 16-row tile takes another MMA instruction, whose FP8 products
 gave other bits on an H100). That last part lets the tiling follow M among such tiles (_default,
-_check_interchangeable), checked by the invariance tests across the switch. The activation quantiser is per
-row. The semantics are reference_fp8.linear_fp8's (the same quantised operands); only the float32
-summation order differs.
+_check_interchangeable), checked by the invariance tests across the switch. The activation
+quantiser is per row. The semantics are reference_fp8.linear_fp8's (the same quantised operands);
+only the float32 summation order differs.
+
 Measured tilings: `bench/kernels/bench_fp8_matmul.py --write-configs` times the candidate tilings
 per (N, K) at decode batch sizes on a GPU and writes, per range of M, the fastest one that gave the
 default tiling's rows bit for bit there (same split_k), to `fp8_matmul_configs/<gpu name>.json`;
 that file, when present for the GPU in use, overrides the defaults. It changes speed, not a row's
-bits; reading it checks that its tilings of one problem share split_k.
+bits; reading it checks that its tilings of one problem share split_k and are warpgroup-MMA tiles.
 """
 
 from __future__ import annotations
@@ -781,9 +782,10 @@ def linear_fp8(
     x: [M, K] bfloat16/float16/float32, last dim contiguous; weight: [N, K] float8_e4m3fn
     contiguous; weight_scale: float32 contiguous, [ceil(N/128), ceil(K/128)] (128x128 block
     scales, a checkpoint's `weight_scale_inv`) or [N] (per-output-channel scales); bias: [N] of
-    x's dtype or None. Returns [M, N] in x's dtype (float32 accumulation, one final rounding). `config`
-    overrides the (N, K) problem's tiling on this GPU model (tests, tuning). Raises ValueError naming the argument
-    when a precondition fails.
+    x's dtype or None. Returns [M, N] in x's dtype (float32 accumulation, one final rounding). The
+    tiling is the (N, K) problem's on x's GPU model (its measured tilings, else the defaults);
+    `config` overrides it (tests, tuning). Raises ValueError naming the argument when a
+    precondition fails.
     """
     x, weight, weight_scale, bias = _check(x, weight, weight_scale, bias)
     n, k = weight.shape
