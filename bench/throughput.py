@@ -223,7 +223,6 @@ def parse_tiling_change(text: str) -> dict[str, Any]:
 @contextlib.contextmanager
 def changed_tilings(workload: str, change: dict[str, Any]) -> Iterator[None]:
     """Every tiling of the workload's FP8 projection shapes with `change` applied, for the block."""
-
     saved = dict(fp8_matmul.CONFIG_OVERRIDES)
     _override_tilings(workload, change)
     try:

@@ -373,7 +373,7 @@ def _save(
     print(f"wrote {path}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / path.name).write_text(path.read_text())  # a copy beside the run's results, to fetch
-    stamp = meta["date"][:19].replace("-", "").replace(":", "").replace("T", "-")
+    stamp = dt.datetime.fromisoformat(meta["date"]).strftime("%Y%m%d-%H%M%S")
     (out / f"kernels-fp8-matmul-tilings-{stamp}.json").write_text(
         json.dumps({"bench": "fp8_matmul_tilings", **meta, "rows": rows}, indent=2)
     )
@@ -382,13 +382,14 @@ def _save(
 def _write_measured(models: list[str], out: Path, tma_only: bool) -> None:
     now = dt.datetime.now(dt.UTC)
     meta = {"gpu": torch.cuda.get_device_name(0), "date": now.isoformat(), "commit": bench_commit()}
+    candidates = _all_candidates(tma_only)
     chosen: dict[tuple[int, int], Tiling[fp8_matmul.Fp8TileConfig]] = {}
     rows = []
     for model in models:
         for proj, (n, k) in MODELS[model][1].items():
             if proj == "lm_head" or (n, k) in chosen:  # the LM head stays bf16 in FP8 models
                 continue
-            timed = time_decode_tilings(n, k, _all_candidates(tma_only))
+            timed = time_decode_tilings(n, k, candidates)
             chosen[(n, k)] = pick_decode_tiling(fp8_matmul.tiling(n, k), timed)
             for m, results in timed.items():
                 default_us = results[0][1]

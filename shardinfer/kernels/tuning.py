@@ -1,10 +1,11 @@
 """Choosing a kernel's tiling: one mechanism for the matmul, the MoE GEMMs and the per-head matmul.
 
-A problem is keyed by its shape and dtype (the matmul: (N, K, dtype); MoE: (hidden,
-intermediate, dtype); per-head matmul: (H, K, N, dtype)). Its tilings come from, in order:
+A problem is keyed by its shape and dtype (the matmul: (N, K, dtype); the FP8 GEMM: (N, K); MoE:
+(hidden, intermediate, dtype); per-head matmul: (H, K, N, dtype)). Its tilings come from, in order:
 
     1. the family's overrides (measured winners; tests and tuning runs set them),
-    2. the tilings measured on this GPU model (the matmul's matmul_configs/<gpu name>.json),
+    2. the tilings measured on this GPU model (the matmul's matmul_configs/<gpu name>.json, the
+       FP8 GEMM's fp8_matmul_configs/<gpu name>.json; `read_measured`),
     3. the family's defaults for the shape and the device (the MoE's depend on the compute
        capability).
 

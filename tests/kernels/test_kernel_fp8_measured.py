@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def _entry(rest: fp8_matmul.Fp8TileConfig, *by_m: tuple[int, fp8_matmul.Fp8TileC
 
 
 @pytest.fixture
-def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(fp8_matmul, "CONFIG_DIR", tmp_path)
     fp8_matmul.measured_configs.cache_clear()
     yield tmp_path
