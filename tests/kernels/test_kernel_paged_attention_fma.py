@@ -192,3 +192,56 @@ def test_a_prompt_row_in_a_decode_shaped_step_keeps_the_chunk_kernels_bits(devic
     )
     assert torch.equal(got[keep], decode)
     assert not torch.equal(got[keep], chunk_only[keep])  # the FMA kernel did compute them
+
+
+def _launch_decode_rows(
+    b: PagedBatch, cache: tuple[torch.Tensor, ...], q: torch.Tensor, device: torch.device, heads: int
+) -> torch.Tensor:
+    """Every row a generated token's (prompt lengths 0), heads query heads a program."""
+    kq, ks, vq, vs = (t.to(device) for t in cache[:4])
+    out = torch.zeros_like(q, device=device)
+
+    def i32(v: list[int]) -> torch.Tensor:
+        return torch.tensor(v, dtype=torch.int32, device=device)
+
+    paged_attention_fma.launch(
+        out,
+        q.to(device),
+        kq,
+        vq,
+        ks,
+        vs,
+        i32(b.qsl),
+        i32(b.seq_lens),
+        b.block_tables.to(device),
+        i32([0] * len(b.seq_lens)),
+        0.125,
+        paged_attention_fma.REPS,
+        paged_attention_fma.WARPS,
+        device.type == "cuda",
+        None,
+        heads_per_program=heads,
+    )
+    return out.cpu()
+
+
+def test_a_group_split_over_programs_gives_each_head_the_same_bits(device: torch.device) -> None:
+    """Four query heads per KV head, computed 1, 2 or 4 heads a program: a launch setting, so every
+    row has the same bits under each (and is close to float64)."""
+    b = _batch([1, 1, 1], [70, 5, 300], device, seed=11, hq=8)
+    cache = _cache(b, torch.bfloat16)
+    q = b.q.to(torch.bfloat16)
+    by_heads = {h: _launch_decode_rows(b, cache, q, device, h) for h in (1, 2, 4)}
+    want = reference.paged_attention(
+        q.double(), cache[4].double(), cache[5].double(), b.qsl, b.seq_lens, b.block_tables, 0.125
+    )
+    assert rel_err(by_heads[4], want) < 2 * TOL[torch.bfloat16]
+    assert torch.equal(by_heads[1], by_heads[4])
+    assert torch.equal(by_heads[2], by_heads[4])
+
+
+def test_heads_per_program_that_do_not_divide_the_group_are_refused(device: torch.device) -> None:
+    b = _batch([1], [10], device, seed=2, hq=8)
+    cache = _cache(b, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"heads_per_program=3.*HEADS_PER_PROGRAM"):
+        _launch_decode_rows(b, cache, b.q.to(torch.bfloat16), device, 3)
