@@ -38,15 +38,13 @@ def decode_fma(
     explicit_layouts: bool = False,
     max_registers: int | None = None,
     one_row: bool = True,
-    heads_per_program: int | None = None,
 ) -> torch.Tensor:
     """Decode attention on the engine's FP8 cache layout: q [B, Hq, 128] (contiguous), k and v
     [blocks, page, Hk, 128] float8_e4m3fn, scales [blocks, page, Hk, 1] float32, one token a
     sequence (every row a generated token's). A tile is reps x warps x 4 keys; explicit_layouts
     runs the Gluon kernel; max_registers caps the registers a thread (a launch setting: the same
     arithmetic); one_row=False runs the kernel with the loop over a request's rows, as a launch
-    with more rows than requests does (paged_attention_fma.ONE_ROW_PROGRAMS); heads_per_program:
-    query heads a program (None: the engine's HEADS_PER_PROGRAM, capped at the group)."""
+    with more rows than requests does (paged_attention_fma.ONE_ROW_PROGRAMS)."""
     b, _hq, dh = q.shape
     assert dh == HEAD_DIM and k.shape[1] == PAGE_SIZE and q.is_contiguous() and k.is_contiguous()
     out = torch.empty_like(q)
@@ -69,30 +67,24 @@ def decode_fma(
         explicit_layouts,
         max_registers,
         one_row,
-        heads_per_program,
     )
     return out
 
 
-# (reps, warps, explicit layouts, register cap, one row, heads a program). The first run
-# (bench/kernels/NOTES.md) timed the Triton kernel too and 32-key tiles; both lost far behind, so the
-# list keeps the Triton kernel at 64-key tiles as the record and adds the fastest config under a
-# 128-register cap (132 uncapped: three programs a SM; capped, four), and that config with the loop
-# over a request's rows (what a launch with more rows than requests runs). Then that config with
-# the group split over programs: 1, 2 and 4 query heads a program (capped at the group).
+# (reps, warps, explicit layouts, register cap, one row). The first run (bench/kernels/NOTES.md)
+# timed the Triton kernel too and 32-key tiles; both lost far behind, so the list keeps the Triton
+# kernel at 64-key tiles as the record and adds the fastest config under a 128-register cap (132
+# uncapped: three programs a SM; capped, four), and that config with the loop over a request's
+# rows (what a launch with more rows than requests runs).
 CONFIGS = (
-    (4, 4, False, None, True, 0),
-    (8, 4, True, None, True, 0),
-    (4, 4, True, None, True, 0),
-    (4, 4, True, 128, True, 0),
-    (4, 4, True, 128, False, 0),
-    (2, 4, True, None, True, 0),
-    (4, 8, True, None, True, 0),
-    (4, 4, True, 128, True, 1),
-    (4, 4, True, 128, True, 2),
+    (4, 4, False, None, True),
+    (8, 4, True, None, True),
+    (4, 4, True, None, True),
+    (4, 4, True, 128, True),
+    (4, 4, True, 128, False),
+    (2, 4, True, None, True),
+    (4, 8, True, None, True),
 )
-# The configs above with 0 heads a program compute the whole group in one program.
-SPLIT_CONFIGS = [i for i, c in enumerate(CONFIGS) if c[5]]
 
 
 def compare(batch: int, ctx: int, group: int, bw: float) -> str:
@@ -101,9 +93,7 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
     pr = problem(batch, ctx, group)
     scale = HEAD_DIM**-0.5
 
-    def fma(
-        reps: int, warps: int, explicit: bool, cap: int | None, one_row: bool, heads: int
-    ) -> torch.Tensor:
+    def fma(reps: int, warps: int, explicit: bool, cap: int | None, one_row: bool) -> torch.Tensor:
         return decode_fma(
             pr["q"],
             pr["k"],
@@ -118,17 +108,13 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
             explicit,
             cap,
             one_row,
-            heads or group,
         )
 
     t = time_against_shipped(pr, scale, [lambda c=c: fma(*c) for c in CONFIGS], bw, checked_rows=32)
-    # A split group is a launch setting: its rows must have the whole group's bits.
-    whole = fma(4, 4, True, 128, True, group)
-    split_bits = "".join("=" if torch.equal(fma(*CONFIGS[i]), whole) else "x" for i in SPLIT_CONFIGS)
     return (
         f"{batch:>5} {ctx:>5} {group:>5} {t.shipped_us:>10.1f} "
         + " ".join(f"{us:>10.1f}" for us in t.variant_us)
-        + f" {t.floor_us:>9.1f}   {split_bits:>5}   "
+        + f" {t.floor_us:>9.1f}   "
         + " ".join(f"{e:.1e}" for e in t.errors)
     )
 
@@ -147,11 +133,10 @@ def main() -> None:
     print(
         f"{'batch':>5} {'ctx':>5} {'group':>5} {'shipped us':>10} "
         + " ".join(
-            f"{('gl ' if e else 'tl ') + f'{r}x{w}' + (f'/{c}' if c else '') + ('' if o else ' loop') + (f' h{h}' if h else ''):>10}"
-            for r, w, e, c, o, h in CONFIGS
+            f"{('gl ' if e else 'tl ') + f'{r}x{w}' + (f'/{c}' if c else '') + ('' if o else ' loop'):>10}"
+            for r, w, e, c, o in CONFIGS
         )
-        + f" {'floor us':>9}   {'split':>5}   max |err| vs float64: shipped, then each fma"
-        + " (split: each split config's bits equal to the whole group's, = or x)"
+        + f" {'floor us':>9}   max |err| vs float64: shipped, then each fma"
     )
     for group in args.group:
         for batch in args.batch:

@@ -6,15 +6,12 @@ recomputed after a preemption) here, and every prompt row to the chunk kernel. T
 fixed function of the request and the position, never of the batch, so a row gets the same bits
 as a decode row, as a verify row and as a recomputed row alike, which keeps batch invariance while
 the two kernels' bits differ. Only where it was measured faster: an FP8 cache with one scale per
-key, head dim 128, GQA groups of 2 up to WIDEST_GROUP query heads per KV head, 16-bit queries, no
-sliding window (`applies`). The measurements: bench/kernels/NOTES.md, "FP8 decode attention on the
-FMA units".
+key, head dim 128, two query heads per KV head, 16-bit queries, no sliding window (`applies`). The
+measurements: bench/kernels/NOTES.md, "FP8 decode attention on the FMA units".
 
-A program computes one query token at a time, for HEADS_PER_PROGRAM query heads of one KV head (a
-wider group is split over programs side by side, so its keys are read from HBM about once and
-from L2 again; each head's arithmetic is its own, so the split changes no bit). A tile of keys is
-[REPS, WARPS, 4, 128]: each warp owns REPS x 4 of its keys, eight lanes holding a key row's 128
-bytes (16 a lane) and four lanes four keys. Then:
+A program computes one query token at a time, for one KV head. A tile of keys is [REPS, WARPS, 4,
+128]: each warp owns REPS x 4 of its keys, eight lanes holding a key row's 128 bytes (16 a lane)
+and four lanes four keys. Then:
 
 - scores: each lane multiplies its 16 key bytes (as float32) by the matching query values, a
   shuffle across the eight lanes of a row finishes the dot, and the key's scale multiplies the
@@ -25,10 +22,10 @@ bytes (16 a lane) and four lanes four keys. Then:
   value's scale folded into its probability), summed across lanes and warps once, at the end.
 
 A row's keys are 0 .. its position, cut into tiles from key 0 whatever the batch, so its result
-depends on its own keys only. The grid is (requests, head blocks, token slices): program z of a
+depends on its own keys only. The grid is (requests, KV heads, token slices): program z of a
 request computes its generated tokens z, z + slices, ... in turn, each from a fresh state, so how
 many slices a launch has changes no bit. A prefill-heavy step's many prompt tokens then cost one
-early-exiting program per request, head block and slice, not one per token; a decode step (one token a request)
+early-exiting program per request and slice, not one per token; a decode step (one token a request)
 gets one slice and programs without the row loop (ONE_ROW_PROGRAMS), a verify step as many slices
 as its rows per request. Everything comes from the device tensors, so the launch needs no host copy
 of the batch layout (and serves CUDA graphs).
@@ -52,9 +49,7 @@ from shardinfer.kernels.reference_fp8 import FP8_DTYPE
 
 _LOG2E = 1.4426950408889634
 HEAD_DIM = 128
-# The widest GQA group (query heads per KV head, a power of two from 2) whose generated rows take
-# this kernel: where it was measured faster than the chunk kernel (bench/kernels/NOTES.md).
-WIDEST_GROUP = 2
+GROUPS = (2,)  # query heads per KV head where this kernel was measured faster than the chunk kernel
 LANE_KEYS = 4  # keys a warp holds side by side: 32 lanes / (128 bytes a row / 16 bytes a lane)
 # The tile (fixed: it fixes the rounding). 4 x 4 x 4 = 64 keys a step was the fastest in the sweep.
 REPS = 4
@@ -64,10 +59,6 @@ WARPS = 4
 MAX_REGISTERS: int | None = 128
 # At most this many programs per request and KV head (token slices).
 MAX_SLICES = 8
-# Query heads a program computes (at most its group; the rest of the group goes to the programs
-# beside it, which read the same keys mostly from L2). A launch setting: each head's arithmetic is
-# its own, so the bits are the same at any count (the GPU sweep and test compare them).
-HEADS_PER_PROGRAM = 2
 # A launch with one row per request (a decode step) runs a kernel without the loop over a
 # request's rows: its bounds are constants there, so the compiler drops it. The same arithmetic.
 ONE_ROW_PROGRAMS = True
@@ -80,12 +71,8 @@ def may_apply(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
         head_dim == HEAD_DIM
         and num_kv_heads > 0
         and num_heads % num_kv_heads == 0
-        and _is_group(num_heads // num_kv_heads)
+        and num_heads // num_kv_heads in GROUPS
     )
-
-
-def _is_group(group: int) -> bool:
-    return 2 <= group <= WIDEST_GROUP and group & (group - 1) == 0
 
 
 def applies(
@@ -130,7 +117,6 @@ def _generated_rows_kernel(
     scale_log2,
     HK: tl.constexpr,
     GROUP: tl.constexpr,
-    HEADS: tl.constexpr,
     D: tl.constexpr,
     PAGE: tl.constexpr,
     REPS: tl.constexpr,
@@ -139,21 +125,20 @@ def _generated_rows_kernel(
     ONE_ROW: tl.constexpr,
 ):
     seq = tl.program_id(0)
-    hb = tl.program_id(1)  # this program's HEADS query heads: hb * HEADS ..
-    kvh = hb // (GROUP // HEADS)
+    kvh = tl.program_id(1)
     q_start = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     ctx0 = tl.load(sl_ptr + seq) - q_len  # keys before this step's first token
     first = tl.maximum(tl.load(pl_ptr + seq) - ctx0, 0)  # the first generated token of the step
     TILE: tl.constexpr = REPS * WARPS * LKEYS
-    # [HEADS, REPS, WARPS, LKEYS, D]; reductions over D, REPS and LKEYS stay inside a warp.
+    # [GROUP, REPS, WARPS, LKEYS, D]; reductions over D, REPS and LKEYS stay inside a warp.
     r = tl.arange(0, REPS)[:, None, None]
     w = tl.arange(0, WARPS)[None, :, None]
     i = tl.arange(0, LKEYS)[None, None, :]
     key_in_tile = (r * WARPS + w) * LKEYS + i  # [REPS, WARPS, LKEYS]
     d = tl.arange(0, D)[None, None, None, None, :]
     dd = tl.arange(0, D)
-    heads = hb * HEADS + tl.arange(0, HEADS)
+    heads = kvh * GROUP + tl.arange(0, GROUP)
     bt_row = bt_ptr + seq.to(tl.int64) * sbt
     if ONE_ROW:  # constant bounds: the compiler drops the loop (ONE_ROW_PROGRAMS)
         lo, hi, step = 0, 1, 1
@@ -165,9 +150,9 @@ def _generated_rows_kernel(
         ctx = (ctx0 + j + 1) * live.to(tl.int32)  # keys 0 .. the token's own position
         q = tl.load(q_ptr + (t * sqt + heads * sqh)[:, None, None, None, None] + d).to(tl.float32)
         q = q * scale_log2  # the softmax's scale folded in
-        m_i = tl.full([HEADS, WARPS], float("-inf"), tl.float32)
-        l_i = tl.zeros([HEADS, WARPS, LKEYS], tl.float32)
-        acc = tl.zeros([HEADS, WARPS, LKEYS, D], tl.float32)
+        m_i = tl.full([GROUP, WARPS], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP, WARPS, LKEYS], tl.float32)
+        acc = tl.zeros([GROUP, WARPS, LKEYS, D], tl.float32)
         for start in range(0, ctx, TILE):
             n = start + key_in_tile
             n_ok = n < ctx
@@ -177,9 +162,9 @@ def _generated_rows_kernel(
             ok5 = n_ok[None, :, :, :, None]
             k = tl.load(k_ptr + addr, mask=ok5, other=0.0).to(tl.float32)
             ks = tl.load(ks_ptr + row, mask=n_ok, other=0.0)
-            s = tl.sum(q * k, axis=4) * ks[None, :, :, :]  # [HEADS, REPS, WARPS, LKEYS]
+            s = tl.sum(q * k, axis=4) * ks[None, :, :, :]  # [GROUP, REPS, WARPS, LKEYS]
             s = tl.where(n_ok[None, :, :, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=3), axis=1))  # [HEADS, WARPS]
+            m_new = tl.maximum(m_i, tl.max(tl.max(s, axis=3), axis=1))  # [GROUP, WARPS]
             # A warp with no visible key yet keeps m = -inf; shift by 0 so exp2 gives exact zeros.
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_safe)
@@ -191,12 +176,12 @@ def _generated_rows_kernel(
             acc = acc * alpha[:, :, None, None] + tl.sum(pv[:, :, :, :, None] * v, axis=1)
             m_i = m_new
         # The warps' states merged once: every partial rescaled to the program's maximum.
-        m_all = tl.max(m_i, axis=1)  # [HEADS]
-        f = tl.exp2(m_i - m_all[:, None])  # [HEADS, WARPS]
+        m_all = tl.max(m_i, axis=1)  # [GROUP]
+        f = tl.exp2(m_i - m_all[:, None])  # [GROUP, WARPS]
         l_all = tl.sum(tl.sum(l_i * f[:, :, None], axis=2), axis=1)
-        o = tl.sum(tl.sum(acc * f[:, :, None, None], axis=2), axis=1) / l_all[:, None]  # [HEADS, D]
+        o = tl.sum(tl.sum(acc * f[:, :, None, None], axis=2), axis=1) / l_all[:, None]  # [GROUP, D]
         o_rows = t * sot + heads * soh
-        keep = (tl.zeros([HEADS, D], tl.int32) + live.to(tl.int32)) != 0
+        keep = (tl.zeros([GROUP, D], tl.int32) + live.to(tl.int32)) != 0
         tl.store(out_ptr + o_rows[:, None] + dd[None, :], o.to(out_ptr.dtype.element_ty), mask=keep)
 
 
@@ -221,7 +206,6 @@ def _generated_rows_gluon_kernel(
     scale_log2,
     HK: gl.constexpr,
     GROUP: gl.constexpr,
-    HEADS: gl.constexpr,
     D: gl.constexpr,
     PAGE: gl.constexpr,
     REPS: gl.constexpr,
@@ -232,7 +216,7 @@ def _generated_rows_gluon_kernel(
     """The Triton kernel's arithmetic with every layout given: the per-key indices, scales and
     page ids are loaded straight into the layout the scores have, so nothing in the loop is
     exchanged through shared memory."""
-    # [HEADS, REPS, WARPS, LKEYS, D]: sixteen bytes of a key row a lane, eight lanes a row, four
+    # [GROUP, REPS, WARPS, LKEYS, D]: sixteen bytes of a key row a lane, eight lanes a row, four
     # keys across the other lanes, the warps along WARPS, the reps and the group in registers.
     L5: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 1, 1, 1, 16],
@@ -240,13 +224,12 @@ def _generated_rows_gluon_kernel(
         warps_per_cta=[1, 1, WARPS, 1, 1],
         order=[4, 3, 2, 1, 0],
     )
-    S4: gl.constexpr = gl.SliceLayout(4, L5)  # [HEADS, REPS, WARPS, LKEYS]: scores, per-key values
-    SM: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(1, S4))  # [HEADS, WARPS]: a warp's max
-    SA: gl.constexpr = gl.SliceLayout(1, L5)  # [HEADS, WARPS, LKEYS, D]: a lane's partial output
-    SO: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, SA))  # [HEADS, D]: the merged output
+    S4: gl.constexpr = gl.SliceLayout(4, L5)  # [GROUP, REPS, WARPS, LKEYS]: scores, per-key values
+    SM: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(1, S4))  # [GROUP, WARPS]: a warp's max
+    SA: gl.constexpr = gl.SliceLayout(1, L5)  # [GROUP, WARPS, LKEYS, D]: a lane's partial output
+    SO: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, SA))  # [GROUP, D]: the merged output
     seq = gl.program_id(0)
-    hb = gl.program_id(1)  # this program's HEADS query heads: hb * HEADS ..
-    kvh = hb // (GROUP // HEADS)
+    kvh = gl.program_id(1)
     q_start = gl.load(qsl_ptr + seq)
     q_len = gl.load(qsl_ptr + seq + 1) - q_start
     ctx0 = gl.load(sl_ptr + seq) - q_len  # keys before this step's first token
@@ -256,10 +239,10 @@ def _generated_rows_gluon_kernel(
     w = gl.arange(0, WARPS, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, S4))))
     i = gl.arange(0, LKEYS, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, S4))))
     key_in_tile = (r[None, :, None, None] * WARPS + w[None, None, :, None]) * LKEYS + i[None, None, None, :]
-    g = gl.arange(0, HEADS, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, S4))))
+    g = gl.arange(0, GROUP, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, S4))))
     d = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5)))))
     d5 = d[None, None, None, None, :]
-    go = gl.arange(0, HEADS, layout=gl.SliceLayout(1, SO))
+    go = gl.arange(0, GROUP, layout=gl.SliceLayout(1, SO))
     do = gl.arange(0, D, layout=gl.SliceLayout(0, SO))
     bt_row = bt_ptr + seq.to(gl.int64) * sbt
     if ONE_ROW:
@@ -270,11 +253,11 @@ def _generated_rows_gluon_kernel(
         t = (q_start + j).to(gl.int64)
         live = j >= first
         ctx = (ctx0 + j + 1) * live.to(gl.int32)
-        q_rows = t * sqt + (hb * HEADS + g) * sqh
+        q_rows = t * sqt + (kvh * GROUP + g) * sqh
         q = gl.load(q_ptr + q_rows[:, None, None, None, None] + d5).to(gl.float32) * scale_log2
-        m_i = gl.full([HEADS, WARPS], float("-inf"), gl.float32, SM)
-        l_i = gl.zeros([HEADS, WARPS, LKEYS], gl.float32, gl.SliceLayout(1, S4))
-        acc = gl.zeros([HEADS, WARPS, LKEYS, D], gl.float32, SA)
+        m_i = gl.full([GROUP, WARPS], float("-inf"), gl.float32, SM)
+        l_i = gl.zeros([GROUP, WARPS, LKEYS], gl.float32, gl.SliceLayout(1, S4))
+        acc = gl.zeros([GROUP, WARPS, LKEYS, D], gl.float32, SA)
         for start in range(0, ctx, TILE):
             n = start + key_in_tile  # [1, REPS, WARPS, LKEYS]
             n_ok = n < ctx
@@ -302,10 +285,10 @@ def _generated_rows_gluon_kernel(
         f = gl.exp2(m_i - m_all[:, None])
         l_all = gl.sum(gl.sum(l_i * f[:, :, None], axis=2), axis=1)
         f_a = gl.convert_layout(f, gl.SliceLayout(2, gl.SliceLayout(3, SA)), assert_trivial=True)
-        o = gl.sum(gl.sum(acc * f_a[:, :, None, None], axis=2), axis=1)  # [HEADS, D] in SO
+        o = gl.sum(gl.sum(acc * f_a[:, :, None, None], axis=2), axis=1)  # [GROUP, D] in SO
         o = o / gl.convert_layout(l_all, gl.SliceLayout(1, SO))[:, None]
-        o_rows = t * sot + (hb * HEADS + go) * soh
-        keep = (gl.zeros([HEADS, D], gl.int32, SO) + live.to(gl.int32)) != 0
+        o_rows = t * sot + (kvh * GROUP + go) * soh
+        keep = (gl.zeros([GROUP, D], gl.int32, SO) + live.to(gl.int32)) != 0
         gl.store(out_ptr + o_rows[:, None] + do[None, :], o.to(out_ptr.dtype.element_ty), mask=keep)
 
 
@@ -361,24 +344,16 @@ def launch(
     explicit_layouts: bool,
     max_registers: int | None,
     one_row_programs: bool | None = None,
-    heads_per_program: int | None = None,
 ) -> None:
     """overwrite_generated_rows with the tile (reps x warps x 4 keys: other tiles round apart) and
     the launch settings given; explicit_layouts runs the Gluon kernel (GPU only), else the Triton
-    one; one_row_programs None: ONE_ROW_PROGRAMS; heads_per_program None: HEADS_PER_PROGRAM (capped
-    at the group). For the engine's defaults and for bench/kernels' sweeps."""
+    one; one_row_programs None: ONE_ROW_PROGRAMS. For the engine's defaults and for bench/kernels'
+    sweeps."""
     t, hq, d = q.shape
     hk = k_cache.shape[2]
     b = seq_lens.shape[0]
     if t == 0 or b == 0:
         return
-    group = hq // hk
-    heads = min(group, HEADS_PER_PROGRAM if heads_per_program is None else heads_per_program)
-    if heads < 1 or group % heads or heads & (heads - 1):
-        raise ValueError(
-            f"heads_per_program={heads}: need a power of two that divides the GQA group ({group}); "
-            "set paged_attention_fma.HEADS_PER_PROGRAM to 1, 2 or the group"
-        )
     # Slices: the rows per request when every request has as many (a decode or verify graph),
     # else up to MAX_SLICES; never more than the widest request could use.
     slices = max(1, min(MAX_SLICES, -(-t // b)))
@@ -401,12 +376,10 @@ def launch(
         slices,
         float(scale) * _LOG2E,
     )
-    tile = dict(
-        HK=hk, GROUP=group, HEADS=heads, D=d, PAGE=k_cache.shape[1], REPS=reps, WARPS=warps, LKEYS=LANE_KEYS
-    )
+    tile = dict(HK=hk, GROUP=hq // hk, D=d, PAGE=k_cache.shape[1], REPS=reps, WARPS=warps, LKEYS=LANE_KEYS)
     # Every request of a step has at least one row, so t == b means one row each (a decode step).
     one_row = ONE_ROW_PROGRAMS if one_row_programs is None else one_row_programs
     tile["ONE_ROW"] = one_row and t == b
     limits = {"maxnreg": max_registers} if max_registers is not None and not interpreting() else {}
     kernel = _generated_rows_gluon_kernel if explicit_layouts else _generated_rows_kernel
-    kernel[(b, hq // heads, slices)](*args, **tile, num_warps=warps, **limits)
+    kernel[(b, hk, slices)](*args, **tile, num_warps=warps, **limits)

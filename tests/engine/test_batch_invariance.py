@@ -139,19 +139,13 @@ def test_rows_alone_in_batches_and_preempted_gpu(tiny_checkpoint, family, overri
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("group", [2, 4])
-def test_fp8_cache_generated_rows_alone_in_batches_and_preempted_gpu(
-    tiny_checkpoint, monkeypatch, group
-) -> None:
-    """Two or four query heads per KV head of dim 128 on an FP8 cache: generated tokens' attention
-    takes its own kernel (kernels/paged_attention_fma.py; a group of four split over two programs),
-    prompt rows the chunk kernel, and a row still never depends on its batch, on CUDA graphs or on
-    a preemption's recomputation."""
+def test_fp8_cache_generated_rows_alone_in_batches_and_preempted_gpu(tiny_checkpoint, monkeypatch) -> None:
+    """Two query heads per KV head of dim 128 on an FP8 cache: generated tokens' attention takes its
+    own kernel (kernels/paged_attention_fma.py), prompt rows the chunk kernel, and a row still
+    never depends on its batch, on CUDA graphs or on a preemption's recomputation."""
     from shardinfer.kernels import paged_attention, paged_attention_fma
 
     monkeypatch.setattr(paged_attention, "FMA_GENERATED_ROWS", True)
-    monkeypatch.setattr(paged_attention_fma, "WIDEST_GROUP", max(group, paged_attention_fma.WIDEST_GROUP))
-    monkeypatch.setattr(paged_attention_fma, "HEADS_PER_PROGRAM", 2)
     calls = []
     overwrite = paged_attention_fma.overwrite_generated_rows
 
@@ -160,7 +154,7 @@ def test_fp8_cache_generated_rows_alone_in_batches_and_preempted_gpu(
         return overwrite(*args, **kwargs)
 
     monkeypatch.setattr(paged_attention_fma, "overwrite_generated_rows", counted)
-    model_dir = tiny_checkpoint("qwen3", head_dim=128, num_attention_heads=2 * group, num_key_value_heads=2)
+    model_dir = tiny_checkpoint("qwen3", head_dim=128)
     sizes = _device_params("cuda")
     _check_rows_alone_vs_batched(model_dir, "cuda", sizes, kv_cache_dtype="fp8")
     assert calls  # the generated rows did go through the FMA kernel
