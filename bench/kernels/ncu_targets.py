@@ -8,6 +8,9 @@ warm launch. Nothing is timed here; ncu reads the hardware counters.
 Cases (dense-8b and dense-small shapes, as bench_kernels.py and gpu_timing.fp8_gemm_rates use):
   fp8_attention, bf16_attention   decode attention, batch 256 at 640 tokens of context, on an FP8
                                   cache (the shipped 128-key tiles) or a bf16 one
+  fp8_mla, bf16_mla                moe-16b's MLA decode (16 heads, latent 512 + rope 64, 64-token
+                                  pages), batch 256 at 1024 tokens of context, on an FP8 latent
+                                  cache or a bf16 one holding the same dequantised values
   fp8_gemm_decode, fp8_gemm_prefill, fp8_gemm_small
                                   the FP8 linear of dense-8b's gate/up projection (N 24576, K 4096)
                                   at M 256 and 8192, and dense-small's (N 6144, K 1024) at M 8192
@@ -25,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.kernels.bench_kernels import DecodeBatch
-from shardinfer.kernels import fp8_matmul
+from shardinfer.kernels import fp8_matmul, mla_decode
 from shardinfer.kernels import paged_attention as pa
-from shardinfer.kernels.reference_fp8 import quantize_blocks, quantize_groups
+from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_blocks, quantize_groups
 
 
 def _attention(fp8: bool) -> Callable[[], Any]:
@@ -43,6 +46,15 @@ def _attention(fp8: bool) -> Callable[[], Any]:
     )
 
 
+def _mla(fp8: bool) -> Callable[[], Any]:
+    db = DecodeBatch(256, 1024, 16, 64, (576,), (512, 64))
+    cq, cs = quantize_groups(db.caches[0])
+    cache, extra = (cq, {"cache_scale": cs}) if fp8 else (dequantize_groups(cq, cs).to(torch.bfloat16), {})
+    return lambda: mla_decode.mla_paged_attention(
+        db.qs[0], db.qs[1], cache, db.qsl, db.sl, db.bt, 0.1, max_seq_len=db.ctx, **extra
+    )
+
+
 def _gemm(m: int, n: int, k: int) -> Callable[[], Any]:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     wq, ws = quantize_blocks(torch.randn(n, k, device="cuda") * k**-0.5)
@@ -52,6 +64,8 @@ def _gemm(m: int, n: int, k: int) -> Callable[[], Any]:
 CASES: dict[str, Callable[[], Callable[[], Any]]] = {
     "fp8_attention": lambda: _attention(True),
     "bf16_attention": lambda: _attention(False),
+    "fp8_mla": lambda: _mla(True),
+    "bf16_mla": lambda: _mla(False),
     "fp8_gemm_decode": lambda: _gemm(256, 24576, 4096),
     "fp8_gemm_prefill": lambda: _gemm(8192, 24576, 4096),
     "fp8_gemm_small": lambda: _gemm(8192, 6144, 1024),
