@@ -498,34 +498,46 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
 
 def mla_fp8(bw: float) -> list[dict[str, Any]]:
     """moe-16b MLA decode on an FP8 latent cache against the bf16 cache holding the same
-    (dequantised) values, over warps and pipeline depths, timed as CUDA-graph replays. With the
-    bf16 cache's tile config (4 warps; the depth changes no bits) the FP8 cache must give its bits:
-    the dequantisation is exact. One stage (the default since the 2026-12-03 run in NOTES.md): the
-    raw FP8 tile skips the cp.async buffer (92 KB of shared memory in the sm_90a build against 130
-    KB with two stages), so two programs share an SM. (At e3d5508 this also timed two other ways of
-    dequantising, both slower: NOTES.md.)"""
+    (dequantised) values, over key tiles and pipeline depths, timed as CUDA-graph replays. Each FP8
+    row must give the bits of the bf16 cache at its own key tile (4 warps; the depth changes no
+    bits): the dequantisation is exact. One stage at 64-key tiles is the default since the
+    2026-12-03 run in NOTES.md: the raw FP8 tile skips the cp.async buffer (92 KB of shared memory
+    in the sm_90a build against 130 KB with two stages), so two programs share an SM. 32- and
+    16-key tiles (mla_decode.MLA_FP8_BLOCK_N) keep two programs an SM with two or three stages
+    (74-93 KB and 56 KB at 32 and 16 keys, 243 and 224 registers). (Eight warps and two other ways
+    of dequantising were timed before and lost: NOTES.md.)"""
     from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
 
     rows = []
-    for b, ctx in ((256, 1024), (256, 2048), (64, 4096)):
+    for b, ctx in ((256, 1024), (256, 2048), (64, 4096), (1024, 640)):
         db = DecodeBatch(b, ctx, 16, 64, (576,), (512, 64))
         cq, cs = quantize_groups(db.caches[0])
         on_bf16 = dequantize_groups(cq, cs).to(BF16)
         db.caches[0] = on_bf16
         groups = cs.shape[-1]
         fp8_bytes = b * ctx * (576 + 4 * groups) + b * 16 * (576 + 512) * 2
-        variants: list[tuple[str, int, int | None]] = [("bf16_cache", 4, None)] + [
-            ("fp8", warps, stages) for warps, stages in ((4, None), (4, 2), (8, 1), (8, 2))
+        # (cache, key tile, stages): the bf16 cache at each tile first, as each FP8 row's reference.
+        variants: list[tuple[str, int, int | None]] = [
+            ("bf16_cache", 64, None),
+            ("bf16_cache", 32, None),
+            ("bf16_cache", 16, None),
+            ("fp8", 64, None),
+            ("fp8", 64, 2),
+            ("fp8", 32, 1),
+            ("fp8", 32, 2),
+            ("fp8", 32, 3),
+            ("fp8", 16, 2),
+            ("fp8", 16, 3),
         ]
-        base = None
-        for variant, warps, stages in variants:
+        bf16_out: dict[int, torch.Tensor] = {}
+        for variant, block_n, stages in variants:
             fp8 = variant != "bf16_cache"
             extra: dict[str, Any] = {"cache_scale": cs} if fp8 else {}
 
             def run(
                 fp8: bool = fp8,
                 extra: dict[str, Any] = extra,
-                warps: int = warps,
+                block_n: int = block_n,
                 stages: int | None = stages,
                 db: DecodeBatch = db,
                 cq: torch.Tensor = cq,
@@ -541,7 +553,7 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                     db.bt[lo:hi],
                     0.1,
                     max_seq_len=db.ctx,
-                    num_warps=warps,
+                    block_n=block_n,
                     num_stages=stages,
                     **extra,
                 )
@@ -550,14 +562,15 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                 "batch": b,
                 "ctx": ctx,
                 "variant": variant,
-                "num_warps": warps,
+                "block_n": block_n,
                 "num_stages": stages,
             }
             try:
                 out = run()
-                base = out if base is None else base
+                base = bf16_out.setdefault(block_n, out)
                 row["bitwise_equal_to_bf16_cache"] = bool(torch.equal(out, base))
                 row["max_abs_diff_to_bf16_cache"] = float((out.float() - base.float()).abs().max())
+                row["max_abs_diff_to_64_key_bf16"] = float((out.float() - bf16_out[64].float()).abs().max())
                 row["row_alone_bitwise"] = bool(torch.equal(run(lo=5, hi=6), out[5:6]))
                 ms = graph_ms(run)
                 nbytes = fp8_bytes if fp8 else _mla_bytes(b, ctx)
