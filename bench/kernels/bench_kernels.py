@@ -503,9 +503,10 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
     bits): the dequantisation is exact. One stage at 64-key tiles is the default since the
     2026-12-03 run in NOTES.md: the raw FP8 tile skips the cp.async buffer (92 KB of shared memory
     in the sm_90a build against 130 KB with two stages), so two programs share an SM. 32- and
-    16-key tiles (mla_decode.MLA_FP8_BLOCK_N) keep two programs an SM with two or three stages
-    (74-93 KB and 56 KB at 32 and 16 keys, 243 and 224 registers). (Eight warps and two other ways
-    of dequantising were timed before and lost: NOTES.md.)"""
+    16-key tiles (block_n, a numerics setting) keep two programs an SM with two or three stages
+    (74-93 KB and 56 KB at 32 and 16 keys, 243 and 224 registers); on an H100 they were slower
+    (NOTES.md, "Smaller MLA key tiles on the FP8 cache"). (Eight warps and two other ways of
+    dequantising were timed before and lost: NOTES.md.)"""
     from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
 
     rows = []

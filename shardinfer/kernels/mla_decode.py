@@ -70,9 +70,6 @@ from shardinfer.kernels.reference_fp8 import FP8_DTYPE, GROUP
 # cache").
 MLA_BLOCK_M = 16
 MLA_BLOCK_N = 64
-# An FP8 cache's key tile. A numerics setting: at MLA_BLOCK_N an FP8 cache gives the bits of a
-# bf16 cache holding the same values; at another size, those of a bf16 cache run at that size.
-MLA_FP8_BLOCK_N = 64
 MLA_NUM_WARPS = 4
 MLA_NUM_STAGES = 2
 MLA_NUM_STAGES_ONE_WAVE = 3
@@ -350,7 +347,7 @@ def mla_paged_attention(
     max_seq_len: int | None = None,
     kv_chunk: int = MLA_KV_CHUNK,
     block_m: int = MLA_BLOCK_M,
-    block_n: int | None = None,
+    block_n: int = MLA_BLOCK_N,
     num_warps: int = MLA_NUM_WARPS,
     num_stages: int | None = None,
     tma: bool = False,
@@ -368,8 +365,7 @@ def mla_paged_attention(
     page_prefetch (pointer path): read the chunk's page ids once before its key tiles instead of
     one block-table read per tile. merge: the last of a tile's chunk programs to finish merges the
     chunks (same bits as the separate merge kernel, which merge=False launches).
-    Tile config, kv_chunk and tma fix the rounding: keep them constant (block_n None:
-    MLA_FP8_BLOCK_N on an FP8 cache, else MLA_BLOCK_N). num_stages (None: by the
+    Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
     number of programs and the cache, see pipeline_stages) only sets how far loads run ahead.
     An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
     ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
@@ -403,8 +399,6 @@ def mla_paged_attention(
         raise fail(
             "num_stages", num_stages, "need >= 1, or None for the launcher's choice by waves of programs"
         )
-    if block_n is None:
-        block_n = MLA_FP8_BLOCK_N if fp8 else MLA_BLOCK_N
     if block_m not in (16, 32, 64):
         raise fail("block_m", block_m, "need 16, 32 or 64")
     if block_n not in (16, 32, 64, 128) or kv_chunk % block_n:

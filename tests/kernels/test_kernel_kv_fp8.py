@@ -230,9 +230,9 @@ def test_fp8_cache_key_tile_follows_kv_chunk(device: torch.device) -> None:
     "rank,rope", [(256, 32), (64, 16), (64, 128), pytest.param(512, 64, marks=pytest.mark.gpu)]
 )
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else []))
-@pytest.mark.parametrize("block_n", [None, 32])  # the FP8 cache's default key tile, and 32 keys
+@pytest.mark.parametrize("block_n", sorted({mla_decode.MLA_BLOCK_N, 32}))  # the default key tile, and 32
 def test_mla_on_fp8_cache_equals_the_dequantised_cache(
-    device: torch.device, rank: int, rope: int, dtype: torch.dtype, block_n: int | None
+    device: torch.device, rank: int, rope: int, dtype: torch.dtype, block_n: int
 ) -> None:
     """The FP8 cache gives the bits of a 16-bit cache holding its dequantised values, run at the
     same key tile."""
@@ -270,39 +270,11 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(
         block_n=block_n,
         cache_scale=cs.to(device),
     )
-    tile = mla_decode.MLA_FP8_BLOCK_N if block_n is None else block_n
     on_dequantised = mla_decode.mla_paged_attention(
-        q_latent.to(device), q_pe.to(device), cd.to(device), *idx, 0.2, kv_chunk=128, block_n=tile
+        q_latent.to(device), q_pe.to(device), cd.to(device), *idx, 0.2, kv_chunk=128, block_n=block_n
     )
     assert got.isfinite().all()
     assert torch.equal(got, on_dequantised)
     ref = reference_mla.mla_paged_attention(q_latent, q_pe, cq, qsl, seq_lens, bt, 0.2, cache_scale=cs)
     assert torch.equal(ref, reference_mla.mla_paged_attention(q_latent, q_pe, cd, qsl, seq_lens, bt, 0.2))
     assert rel_err(got, ref) < (1e-5 if dtype == torch.float32 else TOL[dtype])
-
-
-def test_mla_fp8_cache_takes_its_own_default_key_tile(
-    device: torch.device, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """block_n None on an FP8 cache means MLA_FP8_BLOCK_N (a numerics setting of its own)."""
-    gen = torch.Generator().manual_seed(6)
-    rank, rope, heads, block_size = 64, 16, 4, 16
-    cache = torch.randn(12, block_size, rank + rope, generator=gen)
-    cq, cs, _ = _fp8_pair(cache, torch.float32)
-    bt = torch.randperm(12, generator=gen)[:10].int().view(1, 10).to(device)
-    q_latent = torch.randn(1, heads, rank, generator=gen).to(device)
-    q_pe = torch.randn(1, heads, rope, generator=gen).to(device)
-    idx = [
-        torch.tensor([0, 1], dtype=torch.int32, device=device),
-        torch.tensor([150], dtype=torch.int32, device=device),
-        bt,
-    ]
-
-    def run(**kw: object) -> torch.Tensor:
-        return mla_decode.mla_paged_attention(
-            q_latent, q_pe, cq.to(device), *idx, 0.2, kv_chunk=128, cache_scale=cs.to(device), **kw
-        )
-
-    monkeypatch.setattr(mla_decode, "MLA_FP8_BLOCK_N", 32)
-    assert not torch.equal(run(block_n=32), run(block_n=64))  # the tile decides the rounding here
-    assert torch.equal(run(), run(block_n=32))
