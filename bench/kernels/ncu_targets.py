@@ -5,10 +5,11 @@ warm launch. Nothing is timed here; ncu reads the hardware counters.
     ncu --clock-control none --kernel-name regex:_attn_chunk_kernel --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats ... python3 bench/kernels/ncu_targets.py fp8_attention
 
-Cases (dense-8b and dense-small shapes, as bench_kernels.py and gpu_timing.fp8_gemm_rates use):
+Cases (dense-8b, dense-small and moe-16b shapes, as bench_kernels.py and gpu_timing.fp8_gemm_rates
+use):
   fp8_attention, bf16_attention   decode attention, batch 256 at 640 tokens of context, on an FP8
                                   cache (the shipped 128-key tiles) or a bf16 one
-  fp8_mla, bf16_mla                moe-16b's MLA decode (16 heads, latent 512 + rope 64, 64-token
+  fp8_mla, bf16_mla               moe-16b's MLA decode (16 heads, latent 512 + rope 64, 64-token
                                   pages), batch 256 at 1024 tokens of context, on an FP8 latent
                                   cache or a bf16 one holding the same dequantised values
   fp8_gemm_decode, fp8_gemm_prefill, fp8_gemm_small
