@@ -5,6 +5,8 @@ warm launch. Nothing is timed here; ncu reads the hardware counters.
     ncu --clock-control none --kernel-name regex:_attn_chunk_kernel --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section WarpStateStats ... python3 bench/kernels/ncu_targets.py fp8_attention
 
+(the MLA cases' kernel is `_mla_chunk_kernel`; the GEMMs' are named in fp8_matmul and fp8_matmul_ws).
+
 Cases (dense-8b, dense-small and moe-16b shapes, as bench_kernels.py and gpu_timing.fp8_gemm_rates
 use):
   fp8_attention, bf16_attention   decode attention, batch 256 at 640 tokens of context, on an FP8
