@@ -29,7 +29,6 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gpu_timing import fp8_matmul_rate, graph_ms_per_call
 from bench.kernels.bench_matmul import MODELS
 from bench.workloads import bench_commit
-from shardinfer.kernels import fp8_matmul, matmul
+from shardinfer.kernels import fp8_matmul, matmul, tuning
 from shardinfer.kernels.reference_fp8 import quantize_blocks
 from shardinfer.kernels.tuning import Tiling
 
@@ -241,17 +240,7 @@ def write_configs(
     import triton
 
     path = fp8_matmul.config_path(meta["gpu"])
-    entries = {
-        (e["n"], e["k"]): e for e in (json.loads(path.read_text())["entries"] if path.is_file() else [])
-    }
-    for (n, k), tiling in chosen.items():
-        entries[(n, k)] = {
-            "n": n,
-            "k": k,
-            "config": asdict(tiling.rest),
-            "by_m": [{"max_m": max_m, "config": asdict(cfg)} for max_m, cfg in tiling.by_m],
-        }
-    record = {
+    header = {
         "gpu": meta["gpu"],
         "triton": triton.__version__,
         "date": meta["date"],
@@ -262,10 +251,13 @@ def write_configs(
             "candidate of the default tiling's split_k whose rows equal the default's bit for bit; larger "
             "M keeps the default; shapes not in this run keep their earlier entries"
         ),
-        "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"])),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
+    tuning.write_measured(
+        path,
+        ({"n": n, "k": k, **tuning.entry_fields(t)} for (n, k), t in chosen.items()),
+        lambda e: (e["n"], e["k"]),
+        header,
+    )
     fp8_matmul.measured_configs.cache_clear()
     fp8_matmul.measured_configs(meta["gpu"])  # reads back, checking what was written
     return path

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.workloads import bench_commit
 from shardinfer.kernels import matmul as mm
+from shardinfer.kernels import tuning
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -537,29 +538,17 @@ def write_configs(
 ) -> None:
     """Merge the winners into the GPU's config file (entries for other shapes are kept)."""
     path = mm.config_path(gpu_name)
-    entries = {
-        (e["n"], e["k"], e["dtype"]): e
-        for e in (json.loads(path.read_text())["entries"] if path.is_file() else [])
-    }
     dtype_name = str(DTYPE).removeprefix("torch.")
-    for (n, k), tiling in chosen.items():
-        entry: dict[str, Any] = {"n": n, "k": k, "dtype": dtype_name, "config": asdict(tiling.rest)}
-        if tiling.by_m:
-            entry["by_m"] = [{"max_m": max_m, "config": asdict(cfg)} for max_m, cfg in tiling.by_m]
-        entries[(n, k, dtype_name)] = entry
-    record = {
-        "gpu": meta["gpu"],
-        "triton": meta["triton"],
-        "date": meta["date"],
-        "how": how,
-        "entries": sorted(entries.values(), key=lambda e: (e["n"], e["k"], e["dtype"])),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(record, indent=1)
-    path.write_text(text)
+    header = {"gpu": meta["gpu"], "triton": meta["triton"], "date": meta["date"], "how": how}
+    text = tuning.write_measured(
+        path,
+        ({"n": n, "k": k, "dtype": dtype_name, **tuning.entry_fields(t)} for (n, k), t in chosen.items()),
+        lambda e: (e["n"], e["k"], e["dtype"]),
+        header,
+    )
     if out is not None:  # a copy beside the run's results, to fetch from a GPU machine
         (out / path.name).write_text(text)
-    print(f"wrote {path} ({len(record['entries'])} shapes)")
+    print(f"wrote {path} ({len(json.loads(text)['entries'])} shapes)")
 
 
 def main() -> None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -70,6 +70,30 @@ def tiling_from_entry(entry: dict[str, Any], make: Callable[[dict[str, Any]], C]
     if [m for m, _ in by_m] != sorted({m for m, _ in by_m}):
         raise ValueError(f"by_m of {entry.get('n')}x{entry.get('k')} must list increasing max_m")
     return Tiling(make(entry["config"]), by_m)
+
+
+def entry_fields(tiling: Tiling[Any]) -> dict[str, Any]:
+    """The inverse of tiling_from_entry: a Tiling's `config` and (where it has any) `by_m` fields."""
+    fields: dict[str, Any] = {"config": asdict(tiling.rest)}
+    if tiling.by_m:
+        fields["by_m"] = [{"max_m": max_m, "config": asdict(cfg)} for max_m, cfg in tiling.by_m]
+    return fields
+
+
+def write_measured(
+    path: Path,
+    entries: Iterable[dict[str, Any]],
+    key: Callable[[dict[str, Any]], Any],
+    header: dict[str, Any],
+) -> str:
+    """Merge entries into the measured-tilings file at path (entries of problems not given are kept;
+    `key` names an entry's problem and orders the file), under `header`; returns the text written."""
+    merged = {key(e): e for e in (json.loads(path.read_text())["entries"] if path.is_file() else [])}
+    merged.update((key(e), e) for e in entries)
+    text = json.dumps({**header, "entries": sorted(merged.values(), key=key)}, indent=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return text
 
 
 def read_measured(
