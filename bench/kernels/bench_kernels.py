@@ -498,15 +498,15 @@ def sweep_mla(bw: float) -> list[dict[str, Any]]:
 
 def mla_fp8(bw: float) -> list[dict[str, Any]]:
     """moe-16b MLA decode on an FP8 latent cache against the bf16 cache holding the same
-    (dequantised) values, over key tiles and pipeline depths, timed as CUDA-graph replays. Each FP8
-    row must give the bits of the bf16 cache at its own key tile (4 warps; the depth changes no
-    bits): the dequantisation is exact. One stage at 64-key tiles is the default since the
-    2026-12-03 run in NOTES.md: the raw FP8 tile skips the cp.async buffer (92 KB of shared memory
-    in the sm_90a build against 130 KB with two stages), so two programs share an SM. 32- and
-    16-key tiles (block_n, a numerics setting) keep two programs an SM with two or three stages
-    (74-93 KB and 56 KB at 32 and 16 keys, 243 and 224 registers); on an H100 they were slower
-    (NOTES.md, "Smaller MLA key tiles on the FP8 cache"). (Eight warps and two other ways of
-    dequantising were timed before and lost: NOTES.md.)"""
+    (dequantised) values, over warps, register caps and pipeline depths, timed as CUDA-graph
+    replays. Each FP8 row must give the bits of the bf16 cache at its own key tile and warps (the
+    depth and the cap change no bits): the dequantisation is exact. One stage at 64-key tiles and
+    4 warps is the default since the 2026-12-03 run in NOTES.md: the raw FP8 tile skips the
+    cp.async buffer (92 KB of shared memory in the sm_90a build against 130 KB with two stages), so
+    two programs share an SM, at 255 registers a thread. Eight warps take 177 registers uncapped
+    (one program an SM by registers) and 128 with 24 bytes of stack at a 128 cap, which lets two
+    8-warp programs share an SM: twice the warps an SM of the default. (32- and 16-key tiles, and
+    two other ways of dequantising, were timed before and lost: NOTES.md.)"""
     from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
 
     rows = []
@@ -517,21 +517,20 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
         db.caches[0] = on_bf16
         groups = cs.shape[-1]
         fp8_bytes = b * ctx * (576 + 4 * groups) + b * 16 * (576 + 512) * 2
-        # (cache, key tile, stages): the bf16 cache at each tile first, as each FP8 row's reference.
-        variants: list[tuple[str, int, int | None]] = [
-            ("bf16_cache", 64, None),
-            ("bf16_cache", 32, None),
-            ("bf16_cache", 16, None),
-            ("fp8", 64, None),
-            ("fp8", 64, 2),
-            ("fp8", 32, 1),
-            ("fp8", 32, 2),
-            ("fp8", 32, 3),
-            ("fp8", 16, 2),
-            ("fp8", 16, 3),
+        # (cache, key tile, stages, warps, register cap): the bf16 cache at each (tile, warps) first,
+        # as the FP8 rows' reference.
+        variants: list[tuple[str, int, int | None, int, int | None]] = [
+            ("bf16_cache", 64, None, 4, None),
+            ("bf16_cache", 64, None, 8, None),
+            ("fp8", 64, None, 4, None),
+            ("fp8", 64, 1, 4, 168),
+            ("fp8", 64, 1, 8, None),
+            ("fp8", 64, 1, 8, 128),
+            ("fp8", 64, 2, 8, 128),
+            ("fp8", 64, 2, 8, 168),
         ]
-        bf16_out: dict[int, torch.Tensor] = {}
-        for variant, block_n, stages in variants:
+        bf16_out: dict[tuple[int, int], torch.Tensor] = {}
+        for variant, block_n, stages, warps, cap in variants:
             fp8 = variant != "bf16_cache"
             extra: dict[str, Any] = {"cache_scale": cs} if fp8 else {}
 
@@ -540,24 +539,32 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                 extra: dict[str, Any] = extra,
                 block_n: int = block_n,
                 stages: int | None = stages,
+                warps: int = warps,
+                cap: int | None = cap,
                 db: DecodeBatch = db,
                 cq: torch.Tensor = cq,
                 lo: int = 0,
                 hi: int = b,
             ) -> torch.Tensor:
-                return mla_decode.mla_paged_attention(
-                    db.qs[0][lo:hi],
-                    db.qs[1][lo:hi],
-                    cq if fp8 else db.caches[0],
-                    db.qsl[: hi - lo + 1],
-                    db.sl[lo:hi],
-                    db.bt[lo:hi],
-                    0.1,
-                    max_seq_len=db.ctx,
-                    block_n=block_n,
-                    num_stages=stages,
-                    **extra,
-                )
+                saved = mla_decode.MLA_FP8_MAX_REGISTERS
+                mla_decode.MLA_FP8_MAX_REGISTERS = cap
+                try:
+                    return mla_decode.mla_paged_attention(
+                        db.qs[0][lo:hi],
+                        db.qs[1][lo:hi],
+                        cq if fp8 else db.caches[0],
+                        db.qsl[: hi - lo + 1],
+                        db.sl[lo:hi],
+                        db.bt[lo:hi],
+                        0.1,
+                        max_seq_len=db.ctx,
+                        block_n=block_n,
+                        num_warps=warps,
+                        num_stages=stages,
+                        **extra,
+                    )
+                finally:
+                    mla_decode.MLA_FP8_MAX_REGISTERS = saved
 
             row: dict[str, Any] = {
                 "batch": b,
@@ -565,13 +572,16 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                 "variant": variant,
                 "block_n": block_n,
                 "num_stages": stages,
+                "num_warps": warps,
+                "max_registers": cap,
             }
             try:
                 out = run()
-                base = bf16_out.setdefault(block_n, out)
+                base = bf16_out.setdefault((block_n, warps), out)
                 row["bitwise_equal_to_bf16_cache"] = bool(torch.equal(out, base))
                 row["max_abs_diff_to_bf16_cache"] = float((out.float() - base.float()).abs().max())
-                row["max_abs_diff_to_64_key_bf16"] = float((out.float() - bf16_out[64].float()).abs().max())
+                shipped = bf16_out[(64, 4)].float()
+                row["max_abs_diff_to_4_warp_bf16"] = float((out.float() - shipped).abs().max())
                 row["row_alone_bitwise"] = bool(torch.equal(run(lo=5, hi=6), out[5:6]))
                 ms = graph_ms(run)
                 nbytes = fp8_bytes if fp8 else _mla_bytes(b, ctx)

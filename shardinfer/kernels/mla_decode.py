@@ -74,6 +74,12 @@ MLA_NUM_WARPS = 4
 MLA_NUM_STAGES = 2
 MLA_NUM_STAGES_ONE_WAVE = 3
 MLA_FP8_NUM_STAGES = 1
+# The FP8 cache's warps (a numerics setting: the softmax's sums over a tile's keys run across the
+# warps, so other warps give other bits; the cache then equals the bf16 cache run at the same
+# warps) and a register cap for its launch (a launch setting: the same bits). Being timed:
+# bench_kernels.py --only mla_fp8.
+MLA_FP8_NUM_WARPS = 4
+MLA_FP8_MAX_REGISTERS: int | None = None
 MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
 # The last chunk program of a tile merges the tile's chunks (no second kernel; same arithmetic as
@@ -348,7 +354,7 @@ def mla_paged_attention(
     kv_chunk: int = MLA_KV_CHUNK,
     block_m: int = MLA_BLOCK_M,
     block_n: int = MLA_BLOCK_N,
-    num_warps: int = MLA_NUM_WARPS,
+    num_warps: int | None = None,
     num_stages: int | None = None,
     tma: bool = False,
     page_prefetch: bool = MLA_PAGE_PREFETCH,
@@ -365,8 +371,9 @@ def mla_paged_attention(
     page_prefetch (pointer path): read the chunk's page ids once before its key tiles instead of
     one block-table read per tile. merge: the last of a tile's chunk programs to finish merges the
     chunks (same bits as the separate merge kernel, which merge=False launches).
-    Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
-    number of programs and the cache, see pipeline_stages) only sets how far loads run ahead.
+    Tile config, kv_chunk and tma fix the rounding: keep them constant (num_warps None:
+    MLA_FP8_NUM_WARPS on an FP8 cache, else MLA_NUM_WARPS). num_stages (None: by the number of
+    programs and the cache, see pipeline_stages) only sets how far loads run ahead.
     An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
     ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
     R is a multiple of 128. Tiles are dequantised in registers into q's dtype, exactly, so the
@@ -439,6 +446,11 @@ def mla_paged_attention(
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max().item()) if seq_lens.numel() else 0
+    if num_warps is None:
+        num_warps = MLA_FP8_NUM_WARPS if fp8 else MLA_NUM_WARPS
+    limits = (
+        {"maxnreg": MLA_FP8_MAX_REGISTERS} if fp8 and MLA_FP8_MAX_REGISTERS and not interpreting() else {}
+    )
     if num_stages is None:
         sms = sm_count(q_latent.device.index or 0) if q_latent.is_cuda else 0
         num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms, q_latent.element_size(), fp8)
@@ -494,6 +506,7 @@ def mla_paged_attention(
             OPAQUE=not interpreting(),
             num_warps=num_warps,
             num_stages=num_stages,
+            **limits,
             **common,
         )
 
