@@ -523,11 +523,8 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
             ("bf16_cache", 64, None, 4, None),
             ("bf16_cache", 64, None, 8, None),
             ("fp8", 64, None, 4, None),
-            ("fp8", 64, 1, 4, 168),
             ("fp8", 64, 1, 8, None),
             ("fp8", 64, 1, 8, 128),
-            ("fp8", 64, 2, 8, 128),
-            ("fp8", 64, 2, 8, 168),
         ]
         bf16_out: dict[tuple[int, int], torch.Tensor] = {}
         for variant, block_n, stages, warps, cap in variants:
