@@ -505,7 +505,10 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
     cp.async buffer (92 KB of shared memory in the sm_90a build against 130 KB with two stages), so
     two programs share an SM, at 255 registers a thread. Eight warps take 177 registers uncapped
     (one program an SM by registers) and 128 with 24 bytes of stack at a 128 cap, which lets two
-    8-warp programs share an SM: twice the warps an SM of the default. (32- and 16-key tiles, and
+    8-warp programs share an SM: twice the warps an SM of the default. qk_split (a numerics setting
+    of both caches) makes the scores three independent products: at 8 warps a warp holds one
+    8-key column of the scores, so its products would otherwise form one chain of 36 dependent
+    MMAs. (32- and 16-key tiles, and
     two other ways of dequantising, were timed before and lost: NOTES.md.)"""
     from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
 
@@ -519,15 +522,19 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
         fp8_bytes = b * ctx * (576 + 4 * groups) + b * 16 * (576 + 512) * 2
         # (cache, key tile, stages, warps, register cap): the bf16 cache at each (tile, warps) first,
         # as the FP8 rows' reference.
-        variants: list[tuple[str, int, int | None, int, int | None]] = [
-            ("bf16_cache", 64, None, 4, None),
-            ("bf16_cache", 64, None, 8, None),
-            ("fp8", 64, None, 4, None),
-            ("fp8", 64, 1, 8, None),
-            ("fp8", 64, 1, 8, 128),
+        variants: list[tuple[str, int, int | None, int, int | None, bool]] = [
+            ("bf16_cache", 64, None, 4, None, False),
+            ("bf16_cache", 64, None, 8, None, False),
+            ("bf16_cache", 64, None, 4, None, True),
+            ("bf16_cache", 64, None, 8, None, True),
+            ("fp8", 64, None, 4, None, False),
+            ("fp8", 64, 1, 8, None, False),
+            ("fp8", 64, 1, 8, 128, False),
+            ("fp8", 64, None, 4, None, True),
+            ("fp8", 64, 1, 8, 128, True),
         ]
-        bf16_out: dict[tuple[int, int], torch.Tensor] = {}
-        for variant, block_n, stages, warps, cap in variants:
+        bf16_out: dict[tuple[int, int, bool], torch.Tensor] = {}
+        for variant, block_n, stages, warps, cap, split in variants:
             fp8 = variant != "bf16_cache"
             extra: dict[str, Any] = {"cache_scale": cs} if fp8 else {}
 
@@ -538,6 +545,7 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                 stages: int | None = stages,
                 warps: int = warps,
                 cap: int | None = cap,
+                split: bool = split,
                 db: DecodeBatch = db,
                 cq: torch.Tensor = cq,
                 lo: int = 0,
@@ -558,6 +566,7 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                         block_n=block_n,
                         num_warps=warps,
                         num_stages=stages,
+                        qk_split=split,
                         **extra,
                     )
                 finally:
@@ -571,13 +580,14 @@ def mla_fp8(bw: float) -> list[dict[str, Any]]:
                 "num_stages": stages,
                 "num_warps": warps,
                 "max_registers": cap,
+                "qk_split": split,
             }
             try:
                 out = run()
-                base = bf16_out.setdefault((block_n, warps), out)
+                base = bf16_out.setdefault((block_n, warps, split), out)
                 row["bitwise_equal_to_bf16_cache"] = bool(torch.equal(out, base))
                 row["max_abs_diff_to_bf16_cache"] = float((out.float() - base.float()).abs().max())
-                shipped = bf16_out[(64, 4)].float()
+                shipped = bf16_out[(64, 4, False)].float()
                 row["max_abs_diff_to_4_warp_bf16"] = float((out.float() - shipped).abs().max())
                 row["row_alone_bitwise"] = bool(torch.equal(run(lo=5, hi=6), out[5:6]))
                 ms = graph_ms(run)

@@ -80,6 +80,10 @@ MLA_FP8_NUM_STAGES = 1
 # bench_kernels.py --only mla_fp8.
 MLA_FP8_NUM_WARPS = 4
 MLA_FP8_MAX_REGISTERS: int | None = None
+# A numerics setting of both caches: the scores as three independent products (the latent's two
+# halves and the rope part) summed, instead of one accumulator chained through the three. Being
+# timed: bench_kernels.py --only mla_fp8.
+MLA_QK_SPLIT = False
 MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
 # The last chunk program of a tile merges the tile's chunks (no second kernel; same arithmetic as
@@ -148,6 +152,7 @@ def _mla_chunk_kernel(
     KV_FP8: tl.constexpr,
     NG: tl.constexpr,
     OPAQUE: tl.constexpr,
+    QK_SPLIT: tl.constexpr,
 ):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
@@ -246,9 +251,14 @@ def _mla_chunk_kernel(
                             other=0.0,
                         )
                     k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, OPAQUE)
-            s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
-            s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
-            s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
+            if QK_SPLIT:  # three independent products, summed: shorter chains of dependent MMAs
+                s_lo = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
+                s_hi = tl.dot(q_hi, tl.trans(lat_hi), input_precision=PRECISION)
+                s = (s_lo + s_hi) + tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
+            else:
+                s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
+                s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
+                s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
             s = s * scale_log2
             s = tl.where(n_ok[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -360,6 +370,7 @@ def mla_paged_attention(
     page_prefetch: bool = MLA_PAGE_PREFETCH,
     merge: bool = MLA_MERGE_IN_KERNEL,
     cache_scale: torch.Tensor | None = None,
+    qk_split: bool | None = None,
 ) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
@@ -372,7 +383,7 @@ def mla_paged_attention(
     one block-table read per tile. merge: the last of a tile's chunk programs to finish merges the
     chunks (same bits as the separate merge kernel, which merge=False launches).
     Tile config, kv_chunk and tma fix the rounding: keep them constant (num_warps None:
-    MLA_FP8_NUM_WARPS on an FP8 cache, else MLA_NUM_WARPS). num_stages (None: by the number of
+    MLA_FP8_NUM_WARPS on an FP8 cache, else MLA_NUM_WARPS; qk_split None: MLA_QK_SPLIT). num_stages (None: by the number of
     programs and the cache, see pipeline_stages) only sets how far loads run ahead.
     An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
     ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
@@ -504,6 +515,7 @@ def mla_paged_attention(
             KV_FP8=fp8,
             NG=groups,
             OPAQUE=not interpreting(),
+            QK_SPLIT=MLA_QK_SPLIT if qk_split is None else qk_split,
             num_warps=num_warps,
             num_stages=num_stages,
             **limits,
