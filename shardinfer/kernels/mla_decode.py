@@ -74,16 +74,6 @@ MLA_NUM_WARPS = 4
 MLA_NUM_STAGES = 2
 MLA_NUM_STAGES_ONE_WAVE = 3
 MLA_FP8_NUM_STAGES = 1
-# The FP8 cache's warps (a numerics setting: the softmax's sums over a tile's keys run across the
-# warps, so other warps give other bits; the cache then equals the bf16 cache run at the same
-# warps) and a register cap for its launch (a launch setting: the same bits). Being timed:
-# bench_kernels.py --only mla_fp8.
-MLA_FP8_NUM_WARPS = 4
-MLA_FP8_MAX_REGISTERS: int | None = None
-# A numerics setting of both caches: the scores as three independent products (the latent's two
-# halves and the rope part) summed, instead of one accumulator chained through the three. Being
-# timed: bench_kernels.py --only mla_fp8.
-MLA_QK_SPLIT = False
 MLA_KV_CHUNK = 1024
 MLA_PAGE_PREFETCH = True
 # The last chunk program of a tile merges the tile's chunks (no second kernel; same arithmetic as
@@ -152,7 +142,6 @@ def _mla_chunk_kernel(
     KV_FP8: tl.constexpr,
     NG: tl.constexpr,
     OPAQUE: tl.constexpr,
-    QK_SPLIT: tl.constexpr,
 ):
     qblock = block_base + tl.program_id(0)
     c = tl.program_id(2)
@@ -251,14 +240,9 @@ def _mla_chunk_kernel(
                             other=0.0,
                         )
                     k_pe = _dequantise(k_pe, s_pe, q_lo.dtype, OPAQUE)
-            if QK_SPLIT:  # three independent products, summed: shorter chains of dependent MMAs
-                s_lo = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
-                s_hi = tl.dot(q_hi, tl.trans(lat_hi), input_precision=PRECISION)
-                s = (s_lo + s_hi) + tl.dot(q_pe, tl.trans(k_pe), input_precision=PRECISION)
-            else:
-                s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
-                s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
-                s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
+            s = tl.dot(q_lo, tl.trans(lat_lo), input_precision=PRECISION)
+            s = tl.dot(q_hi, tl.trans(lat_hi), s, input_precision=PRECISION)
+            s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION)
             s = s * scale_log2
             s = tl.where(n_ok[None, :] & (n[None, :] <= pos[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -364,13 +348,12 @@ def mla_paged_attention(
     kv_chunk: int = MLA_KV_CHUNK,
     block_m: int = MLA_BLOCK_M,
     block_n: int = MLA_BLOCK_N,
-    num_warps: int | None = None,
+    num_warps: int = MLA_NUM_WARPS,
     num_stages: int | None = None,
     tma: bool = False,
     page_prefetch: bool = MLA_PAGE_PREFETCH,
     merge: bool = MLA_MERGE_IN_KERNEL,
     cache_scale: torch.Tensor | None = None,
-    qk_split: bool | None = None,
 ) -> torch.Tensor:
     """Causal absorbed MLA of a flat varlen batch; returns the latent output [T, H, R] in q's dtype.
 
@@ -382,9 +365,8 @@ def mla_paged_attention(
     page_prefetch (pointer path): read the chunk's page ids once before its key tiles instead of
     one block-table read per tile. merge: the last of a tile's chunk programs to finish merges the
     chunks (same bits as the separate merge kernel, which merge=False launches).
-    Tile config, kv_chunk and tma fix the rounding: keep them constant (num_warps None:
-    MLA_FP8_NUM_WARPS on an FP8 cache, else MLA_NUM_WARPS; qk_split None: MLA_QK_SPLIT). num_stages (None: by the number of
-    programs and the cache, see pipeline_stages) only sets how far loads run ahead.
+    Tile config, kv_chunk and tma fix the rounding: keep them constant. num_stages (None: by the
+    number of programs and the cache, see pipeline_stages) only sets how far loads run ahead.
     An FP8 cache (float8_e4m3fn, pointer path only) comes with cache_scale [num_blocks, block_size,
     ceil((R + Dr) / 128)] float32 (kv_store.store_kv_fp8): the rope key is its own group when
     R is a multiple of 128. Tiles are dequantised in registers into q's dtype, exactly, so the
@@ -457,11 +439,6 @@ def mla_paged_attention(
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max().item()) if seq_lens.numel() else 0
-    if num_warps is None:
-        num_warps = MLA_FP8_NUM_WARPS if fp8 else MLA_NUM_WARPS
-    limits = (
-        {"maxnreg": MLA_FP8_MAX_REGISTERS} if fp8 and MLA_FP8_MAX_REGISTERS and not interpreting() else {}
-    )
     if num_stages is None:
         sms = sm_count(q_latent.device.index or 0) if q_latent.is_cuda else 0
         num_stages = pipeline_stages(t, h, max_seq_len, kv_chunk, block_m, sms, q_latent.element_size(), fp8)
@@ -515,10 +492,8 @@ def mla_paged_attention(
             KV_FP8=fp8,
             NG=groups,
             OPAQUE=not interpreting(),
-            QK_SPLIT=MLA_QK_SPLIT if qk_split is None else qk_split,
             num_warps=num_warps,
             num_stages=num_stages,
-            **limits,
             **common,
         )
 

@@ -231,29 +231,11 @@ def test_fp8_cache_key_tile_follows_kv_chunk(device: torch.device) -> None:
 )
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("block_n", sorted({mla_decode.MLA_BLOCK_N, 32}))  # the default key tile, and 32
-# The FP8 cache's default warps and launch, and (GPU only: the interpreter has no warps or
-# registers) eight warps under a 128-register cap; each with the scores as one chain of products
-# and as three independent ones.
-@pytest.mark.parametrize("qk_split", [False, True])
-@pytest.mark.parametrize(
-    "warps,max_registers",
-    [(None, mla_decode.MLA_FP8_MAX_REGISTERS), pytest.param(8, 128, marks=pytest.mark.gpu)],
-)
 def test_mla_on_fp8_cache_equals_the_dequantised_cache(
-    device: torch.device,
-    monkeypatch: pytest.MonkeyPatch,
-    rank: int,
-    rope: int,
-    dtype: torch.dtype,
-    block_n: int,
-    warps: int | None,
-    max_registers: int | None,
-    qk_split: bool,
+    device: torch.device, rank: int, rope: int, dtype: torch.dtype, block_n: int
 ) -> None:
     """The FP8 cache gives the bits of a 16-bit cache holding its dequantised values, run at the
-    same key tile, warps and scores' products (a register cap changes no bits)."""
-    monkeypatch.setattr(mla_decode, "MLA_FP8_MAX_REGISTERS", max_registers)
-    warps = warps or mla_decode.MLA_FP8_NUM_WARPS
+    same key tile."""
     gen = torch.Generator().manual_seed(4)
     # Chunks of two or more key tiles: a tile's products accumulate onto the previous tile's, where
     # a dot operand laid out for 8-bit loads would round apart from the 16-bit cache (_opaque.py).
@@ -286,20 +268,10 @@ def test_mla_on_fp8_cache_equals_the_dequantised_cache(
         0.2,
         kv_chunk=128,
         block_n=block_n,
-        num_warps=None if warps == mla_decode.MLA_FP8_NUM_WARPS else warps,
         cache_scale=cs.to(device),
-        qk_split=qk_split,
     )
     on_dequantised = mla_decode.mla_paged_attention(
-        q_latent.to(device),
-        q_pe.to(device),
-        cd.to(device),
-        *idx,
-        0.2,
-        kv_chunk=128,
-        block_n=block_n,
-        num_warps=warps,
-        qk_split=qk_split,
+        q_latent.to(device), q_pe.to(device), cd.to(device), *idx, 0.2, kv_chunk=128, block_n=block_n
     )
     assert got.isfinite().all()
     assert torch.equal(got, on_dequantised)
