@@ -4,8 +4,8 @@ on Hopper's warpgroup MMAs, the raw FP8 key tile straight into an e4m3 product?
 A toy of the lead in NOTES.md ("A lead: the keys straight into FP8 warpgroup MMAs"): one program,
 four 128-key tiles, no pages, masks, scales or rescaling. The scores are keys x queries (the keys
 as the MMA's rows, the heads as its columns), the output value-tile-transposed x probabilities.
-Prints, for 8 and 16 query columns, the MMA instructions in the PTX, the shared memory, the
-shared-memory loads and stores, and the registers a thread (from the cubin).
+Prints a JSON line for 8 and for 16 query columns: the MMA instructions in the PTX, the shared
+memory, the shared-memory loads and stores, and the registers a thread (from the cubin).
 
     python bench/kernels/probe_fp8_transposed_attention.py   (TRITON_INTERPRET unset)
 """
@@ -13,6 +13,7 @@ shared-memory loads and stores, and the registers a thread (from the cubin).
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -71,13 +72,17 @@ def main() -> None:
         for caches in _toy_decode.device_caches.values():
             for kernel in caches[0].values():
                 ptx = kernel.asm["ptx"]
-                mmas = sorted(set(re.findall(r"(mma\.sync\S*|wgmma\.mma_async\S*)", ptx)))
-                print(
-                    f"heads {heads}: {mmas}, {len(re.findall(r'wgmma.mma_async', ptx))} wgmma, "
-                    f"shared {kernel.metadata.shared} B, ld.shared {len(re.findall(r'ld.shared', ptx))} "
-                    f"(b8 {len(re.findall(r'ld.shared.b8', ptx))}), st.shared {len(re.findall(r'st.shared', ptx))}, "
-                    f"{_registers(kernel.asm['cubin'])}"
-                )
+                case = {
+                    "heads": heads,
+                    "mma": sorted(set(re.findall(r"(mma\.sync\S*|wgmma\.mma_async\S*)", ptx))),
+                    "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+                    "shared": kernel.metadata.shared,
+                    "ld_shared": len(re.findall(r"ld\.shared", ptx)),
+                    "ld_shared_b8": len(re.findall(r"ld\.shared\.b8", ptx)),
+                    "st_shared": len(re.findall(r"st\.shared", ptx)),
+                    "registers": _registers(kernel.asm["cubin"]),
+                }
+                print(json.dumps(case), flush=True)
 
 
 if __name__ == "__main__":
