@@ -7,6 +7,7 @@ Decode rows only (one token a sequence), head dim 128, 16-key pages, one scale p
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +75,16 @@ def shipped_decode(pr: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
         k_scale=pr["ks"],
         v_scale=pr["vs"],
     )
+
+
+def sweep_args(groups: Sequence[int]) -> argparse.Namespace:
+    """The prototypes' command line: the decode batches, contexts and GQA groups to time."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[256, 512])
+    ap.add_argument("--ctx", type=int, nargs="+", default=[640, 1024])
+    ap.add_argument("--group", type=int, nargs="+", default=list(groups))
+    ap.add_argument("--out", default=None, help="unused: the table is printed")
+    return ap.parse_args()
 
 
 @dataclass

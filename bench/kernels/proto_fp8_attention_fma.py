@@ -12,7 +12,6 @@ Every row here is a generated token's (prompt lengths 0), one token a sequence.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, time_against_shipped
+from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, sweep_args, time_against_shipped
 from shardinfer.kernels import paged_attention_fma
 
 
@@ -122,12 +121,7 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
 def main() -> None:
     from bench.gpu_timing import copy_bandwidth
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, nargs="+", default=[256, 512])
-    ap.add_argument("--ctx", type=int, nargs="+", default=[640, 1024])
-    ap.add_argument("--group", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--out", default=None, help="ignored (device_checks.sh passes it)")
-    args = ap.parse_args()
+    args = sweep_args(groups=(2, 4))
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s")
     print(

@@ -25,7 +25,6 @@ Compile-only evidence for the instruction choice: probe_fp8_transposed_attention
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, time_against_shipped
+from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, sweep_args, time_against_shipped
 from shardinfer.kernels._common import interpreting
 
 _LOG2E = 1.4426950408889634
@@ -233,12 +232,7 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
 def main() -> None:
     from bench.gpu_timing import copy_bandwidth
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, nargs="+", default=[256, 512])
-    ap.add_argument("--ctx", type=int, nargs="+", default=[640, 1024])
-    ap.add_argument("--group", type=int, nargs="+", default=[4, 2])
-    ap.add_argument("--out", default=None, help="unused: the table is printed")
-    args = ap.parse_args()
+    args = sweep_args(groups=(4, 2))
     bw = copy_bandwidth()
     names = [f"terms {t}, {n} keys, {s} st, cap {c}" for t, n, s, c in CONFIGS]
     print(
