@@ -1,11 +1,10 @@
-"""Compile-only probe (no GPU): does Triton put a decode attention loop with the products transposed
-on Hopper's warpgroup MMAs, the raw FP8 key tile straight into an e4m3 product?
+"""Compile-only probe (no GPU): the transposed FP8 decode attention prototype
+(proto_fp8_attention_transposed.py) compiled for Hopper. Does Triton put its products on the
+warpgroup MMAs, the raw FP8 key tile straight into an e4m3 product, with no byte-wise gathers?
 
-A toy of the lead in NOTES.md ("A lead: the keys straight into FP8 warpgroup MMAs"): one program,
-four 128-key tiles, no pages, masks, scales or rescaling. The scores are keys x queries (the keys
-as the MMA's rows, the heads as its columns), the output value-tile-transposed x probabilities.
-Prints a JSON line for 8 and for 16 query columns: the MMA instructions in the PTX, the shared
-memory, the shared-memory loads and stores, and the registers a thread (from the cubin).
+Prints a JSON line for each of the prototype's configs at GQA group 4 and the first at group 2: the
+MMA instructions in the PTX, the query columns they carry, the shared memory, the shared-memory
+loads and stores, and the registers a thread (from the cubin).
 
     python bench/kernels/probe_fp8_transposed_attention.py   (TRITON_INTERPRET unset)
 """
@@ -22,27 +21,11 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.kernels import proto_fp8_attention_transposed as proto
 from tests.kernels.hopper_compile import _compile_only
-
-
-@triton.jit
-def _toy_decode(q_ptr, k_ptr, v_ptr, o_ptr, KEYS: tl.constexpr, HEADS: tl.constexpr, D: tl.constexpr):
-    keys = tl.arange(0, KEYS)
-    heads = tl.arange(0, HEADS)
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + heads[:, None] * D + d[None, :])  # e4m3 [heads, d]
-    acc = tl.zeros([D, HEADS], tl.float32)
-    for tile in range(4):
-        rows = tile * KEYS + keys
-        k = tl.load(k_ptr + rows[:, None] * D + d[None, :])  # raw e4m3 [keys, d]
-        s = tl.dot(k, tl.trans(q))  # [keys, heads]: an e4m3 product, the keys never converted
-        p = tl.exp2(s - tl.max(s, 0)[None, :])
-        v = tl.load(v_ptr + rows[:, None] * D + d[None, :]).to(tl.float32).to(tl.bfloat16)  # [keys, d]
-        acc += tl.dot(tl.trans(v), p.to(tl.bfloat16))  # [d, heads]
-    tl.store(o_ptr + d[:, None] * HEADS + heads[None, :], acc)
 
 
 def _registers(cubin: bytes) -> str:
@@ -55,34 +38,48 @@ def _registers(cubin: bytes) -> str:
     return found.group(0) if found else "unknown"
 
 
+def _inputs(group: int, hk: int = 8, blocks: int = 27) -> tuple[torch.Tensor, ...]:
+    """CPU stand-ins with the engine cache's shapes and dtypes (only the compiler sees them)."""
+    shape = (blocks, proto.PAGE_SIZE, hk, proto.HEAD_DIM)
+    scales = torch.ones(blocks, proto.PAGE_SIZE, hk, 1)
+    return (
+        torch.randn(2, group * hk, proto.HEAD_DIM).to(torch.bfloat16),
+        torch.randn(shape).to(torch.float8_e4m3fn),
+        torch.randn(shape).to(torch.float8_e4m3fn),
+        scales,
+        scales,
+        torch.arange(1, blocks, dtype=torch.int32).view(2, -1),
+        torch.tensor([200, 150], dtype=torch.int32),
+    )
+
+
 def main() -> None:
     _compile_only()
-    fp8 = torch.float8_e4m3fn
-    for heads in (8, 16):
-        for caches in _toy_decode.device_caches.values():
-            caches[0].clear()
-        args = (
-            torch.empty(heads, 128, dtype=fp8),
-            torch.empty(4 * 128, 128, dtype=fp8),
-            torch.empty(4 * 128, 128, dtype=fp8),
-            torch.empty(128, heads, dtype=torch.float32),
-        )
-        with contextlib.suppress(AttributeError, RuntimeError):  # the stand-in driver cannot launch
-            _toy_decode[(1,)](*args, KEYS=128, HEADS=heads, D=128, num_warps=4, num_stages=1)
-        for caches in _toy_decode.device_caches.values():
-            for kernel in caches[0].values():
-                ptx = kernel.asm["ptx"]
-                case = {
-                    "heads": heads,
-                    "mma": sorted(set(re.findall(r"(mma\.sync\S*|wgmma\.mma_async\S*)", ptx))),
-                    "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
-                    "shared": kernel.metadata.shared,
-                    "ld_shared": len(re.findall(r"ld\.shared", ptx)),
-                    "ld_shared_b8": len(re.findall(r"ld\.shared\.b8", ptx)),
-                    "st_shared": len(re.findall(r"st\.shared", ptx)),
-                    "registers": _registers(kernel.asm["cubin"]),
-                }
-                print(json.dumps(case), flush=True)
+    kernel = proto._decode_transposed_kernel
+    for group, configs in ((4, proto.CONFIGS), (2, proto.CONFIGS[:1])):
+        for terms, block_n, stages, cap in configs:
+            for caches in kernel.device_caches.values():
+                caches[0].clear()
+            with contextlib.suppress(AttributeError, RuntimeError):  # the stand-in driver cannot launch
+                proto.decode_transposed(*_inputs(group), 0.1, terms, block_n, 4, stages, cap)
+            for caches in kernel.device_caches.values():
+                for compiled in caches[0].values():
+                    ptx = compiled.asm["ptx"]
+                    case = {
+                        "group": group,
+                        "terms": terms,
+                        "block_n": block_n,
+                        "stages": stages,
+                        "max_registers": cap,
+                        "columns": max(8, triton.next_power_of_2(group)),
+                        "mma": sorted(set(re.findall(r"(mma\.sync\S*|wgmma\.mma_async\S*)", ptx))),
+                        "shared": compiled.metadata.shared,
+                        "ld_shared": len(re.findall(r"ld\.shared", ptx)),
+                        "ld_shared_b8": len(re.findall(r"ld\.shared\.b8", ptx)),
+                        "st_shared": len(re.findall(r"st\.shared", ptx)),
+                        "registers": _registers(compiled.asm["cubin"]),
+                    }
+                    print(json.dumps(case), flush=True)
 
 
 if __name__ == "__main__":

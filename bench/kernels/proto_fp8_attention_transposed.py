@@ -92,6 +92,12 @@ def _decode_transposed_kernel(
     d = tl.arange(0, D)
     heads = (seq * HQ + kvh * GROUP + g).to(tl.int64)  # rows of q, its scales and out
     bt_row = bt_ptr + seq.to(tl.int64) * sbt
+    # The queries' e4m3 terms and their scales, loaded once for every key tile.
+    q0 = tl.load(q8_ptr + heads[:, None] * D + d[None, :], mask=g_ok[:, None], other=0.0)
+    qs0 = tl.load(qs_ptr + heads, mask=g_ok, other=0.0)
+    if TERMS == 2:
+        q1 = tl.load(q8_ptr + q_terms_stride + heads[:, None] * D + d[None, :], mask=g_ok[:, None], other=0.0)
+        qs1 = tl.load(qs_ptr + qs_terms_stride + heads, mask=g_ok, other=0.0)
     m_i = tl.full([GPAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GPAD], tl.float32)
     acc = tl.zeros([D, GPAD], tl.float32)
@@ -102,13 +108,9 @@ def _decode_transposed_kernel(
         row = (page * PAGE + n % PAGE) * HK + kvh  # [BLOCK_N]: the key's cache row
         k = tl.load(k_ptr + row[:, None] * D + d[None, :], mask=n_ok[:, None], other=0.0)  # e4m3
         ks = tl.load(ks_ptr + row, mask=n_ok, other=0.0)
-        s = tl.zeros([BLOCK_N, GPAD], tl.float32)
-        for t in tl.static_range(TERMS):  # one e4m3 product of the raw key tile per query term
-            q8 = tl.load(
-                q8_ptr + t * q_terms_stride + heads[:, None] * D + d[None, :], mask=g_ok[:, None], other=0.0
-            )
-            qs = tl.load(qs_ptr + t * qs_terms_stride + heads, mask=g_ok, other=0.0)
-            s += tl.dot(k, tl.trans(q8)) * qs[None, :]
+        s = tl.dot(k, tl.trans(q0)) * qs0[None, :]  # an e4m3 product of the raw key tile per term
+        if TERMS == 2:
+            s += tl.dot(k, tl.trans(q1)) * qs1[None, :]
         s = s * (ks * scale_log2)[:, None]
         s = tl.where(n_ok[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
@@ -120,9 +122,8 @@ def _decode_transposed_kernel(
         v = tl.load(v_ptr + row[:, None] * D + d[None, :], mask=n_ok[:, None], other=0.0).to(tl.bfloat16)
         vs = tl.load(vs_ptr + row, mask=n_ok, other=0.0)
         pv = (p * vs[:, None]).to(tl.bfloat16)  # the value's scale on its probabilities
-        if (
-            F32_PRODUCT
-        ):  # the same bf16 values, multiplied in float32 (the interpreter's bf16 dot is unreliable)
+        # Under the interpreter, whose bf16 dot is unreliable: the same bf16 values, multiplied in float32.
+        if F32_PRODUCT:
             out_t = tl.dot(tl.trans(v.to(tl.float32)), pv.to(tl.float32), input_precision="ieee")
         else:
             out_t = tl.dot(tl.trans(v), pv)  # [D, GPAD]
