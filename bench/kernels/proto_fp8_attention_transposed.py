@@ -19,10 +19,7 @@ One program a sequence and KV head over the whole context (no KV chunks), decode
 dim 128, one scale per key: what bench/kernels/fp8_decode_batch.py builds. Other bits than the
 shipped kernel's; each variant's largest error against float64 is reported beside its time. The
 queries' terms are made before the timed calls (in the engine the attention prologue would write
-them with the queries). Two more columns: the engine's version of this design
-(kernels/paged_attention_fp8_wgmma.py, its query terms made in the kernel, launched as a decode
-graph does) and, where it applies, the FMA kernel the engine runs at group 2; the "shipped" column
-is the chunk kernel, what group 4 runs by default.
+them with the queries).
 Compile-only evidence for the instruction choice: probe_fp8_transposed_attention.py.
 
     python bench/kernels/proto_fp8_attention_transposed.py [--batch 256 512] [--ctx 640 1024] [--group 4 2]
@@ -32,7 +29,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import torch
 import triton
@@ -41,7 +37,6 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.kernels.fp8_decode_batch import HEAD_DIM, PAGE_SIZE, problem, sweep_args, time_against_shipped
-from shardinfer.kernels import paged_attention_fma, paged_attention_fp8_wgmma
 from shardinfer.kernels._common import interpreting
 
 _LOG2E = 1.4426950408889634
@@ -234,35 +229,8 @@ def compare(batch: int, ctx: int, group: int, bw: float) -> str:
             query_terms[terms],
         )
 
-    out = torch.empty_like(pr["q"])
-    generated = torch.zeros_like(pr["sl"])  # prompt lengths 0: every row is a generated token's
-
-    def engine_kernel(module: ModuleType) -> torch.Tensor:
-        """A generated rows' kernel as a decode graph launches it (paged_attention, generated_only)."""
-        args = (
-            pr["q"],
-            pr["k"],
-            pr["v"],
-            pr["ks"],
-            pr["vs"],
-            pr["qsl"],
-            pr["sl"],
-            pr["bt"],
-            generated,
-            scale,
-        )
-        module.overwrite_generated_rows(out, *args)
-        return out
-
-    fma_applies = paged_attention_fma.may_apply(HEAD_DIM, pr["q"].shape[1], pr["k"].shape[2])
-    variants = [lambda cfg=cfg: variant(cfg) for cfg in CONFIGS]
-    variants.append(lambda: engine_kernel(paged_attention_fp8_wgmma))
-    if fma_applies:
-        variants.append(lambda: engine_kernel(paged_attention_fma))
-    timed = time_against_shipped(pr, scale, variants, bw)
+    timed = time_against_shipped(pr, scale, [lambda cfg=cfg: variant(cfg) for cfg in CONFIGS], bw)
     cells = [f"{us:.1f} ({err:.1e})" for us, err in zip(timed.variant_us, timed.errors[1:], strict=True)]
-    if not fma_applies:
-        cells.append("-")
     return (
         f"| {group} | {batch}, {ctx} | {timed.shipped_us:.1f} ({timed.errors[0]:.1e}) | "
         + " | ".join(cells)
@@ -276,12 +244,11 @@ def main() -> None:
     args = sweep_args(groups=(4, 2))
     bw = copy_bandwidth()
     names = [f"terms {t}, {n} keys, {s} st, cap {c}" for t, n, s, c in CONFIGS]
-    names += ["engine's wgmma kernel", "engine's FMA kernel"]
     print(
         f"{torch.cuda.get_device_name()}, copy bandwidth {bw / 1e12:.2f} TB/s; µs (largest error against float64)"
     )
     print("| group | batch, ctx | shipped | " + " | ".join(names) + " | floor |")
-    print("|---" * (len(names) + 3) + "|")
+    print("|---" * (len(CONFIGS) + 4) + "|")
     for group in args.group:
         for batch in args.batch:
             for ctx in args.ctx:

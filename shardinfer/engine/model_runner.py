@@ -111,13 +111,12 @@ def build_host_batch(batch: ScheduledBatch, block_size: int, prompt_lens: bool =
     return HostBatch(ids, pos, slots, qsl, seq_lens, tables, lens, bool((starts >= lens).all()))
 
 
-def _generated_rows_may_apply(model_config: ModelConfig) -> bool:
-    """Whether generated rows of this model's attention may take a kernel of their own (kernels/
-    paged_attention_fma.py, paged_attention_fp8_wgmma.py): a switch is on and its shape fits.
-    Imported here, on CUDA only."""
-    from shardinfer.kernels import paged_attention
+def _fma_may_apply(model_config: ModelConfig) -> bool:
+    """Whether generated rows of this model's attention may take the FMA kernel (kernels/
+    paged_attention_fma.py): its switch is on and its shape fits. Imported here, on CUDA only."""
+    from shardinfer.kernels import paged_attention, paged_attention_fma
 
-    return paged_attention.generated_rows_may_apply(
+    return paged_attention.FMA_GENERATED_ROWS and paged_attention_fma.may_apply(
         model_config.head_dim, model_config.num_attention_heads, model_config.num_key_value_heads
     )
 
@@ -184,9 +183,7 @@ class ModelRunner:
         self.kv_fp8 = cfg.kv_cache_dtype == "fp8"
         # Each step carries its requests' prompt lengths only where attention may use them (the
         # FMA kernel for generated rows, on an FP8 cache on CUDA): building them costs host time.
-        self.sends_prompt_lens = (
-            self.device.type == "cuda" and self.kv_fp8 and _generated_rows_may_apply(model_config)
-        )
+        self.sends_prompt_lens = self.device.type == "cuda" and self.kv_fp8 and _fma_may_apply(model_config)
         self.max_model_len = max_model_len
         # Speculative steps verify 1 + k rows per request, k up to the draft depth (fewer near a
         # request's max_tokens, or where a draft budget chooses fewer): one graph per width.

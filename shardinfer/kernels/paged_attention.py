@@ -38,13 +38,11 @@ iff j <= p and, with a sliding window w, j > p - w); only rounding differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
 
-from shardinfer.kernels import paged_attention_fma, paged_attention_fp8_wgmma, split_kv
+from shardinfer.kernels import paged_attention_fma, split_kv
 from shardinfer.kernels._common import (
     FLOAT_DTYPES,
     check_same_device,
@@ -92,11 +90,6 @@ OPAQUE_FP8_TILES = True
 # Off, every row takes the chunk kernel. On since it ran faster end to end with its GPU tests passing
 # (docs/quantization.md, "Generated tokens' rows on the FMA units").
 FMA_GENERATED_ROWS = True
-# A numerics setting of the FP8 cache, like the one above: generated tokens' rows of the GQA groups
-# paged_attention_fp8_wgmma serves go through it (the raw keys in FP8 tensor-core products). Off
-# until it is measured faster end to end (bench/kernels/NOTES.md, "A lead: the keys straight into
-# FP8 warpgroup MMAs, products transposed").
-WGMMA_GENERATED_ROWS = False
 _CAPPED_HEAD_DIM = 128
 _MIN_BLOCK_M = 16
 _LOG2E = 1.4426950408889634
@@ -365,9 +358,8 @@ def paged_attention(
     stop commuting.)
 
     prompt_lens [B] int32 (each request's prompt length, on q's device): on an FP8 cache where
-    a generated rows' kernel applies (generated_rows_writer: paged_attention_fp8_wgmma with
-    WGMMA_GENERATED_ROWS, else paged_attention_fma with FMA_GENERATED_ROWS), the rows at positions
-    at or after it (generated tokens) are computed by that kernel instead, and the chunk kernel and the merge skip
+    paged_attention_fma applies (and FMA_GENERATED_ROWS), the rows at positions at or after it
+    (generated tokens) are computed by that kernel instead, and the chunk kernel and the merge skip
     the tiles holding only such rows. Its bits differ from the chunk kernel's, but which kernel
     computes a row depends only on the request and the position, so results stay batch invariant.
     None: every row takes the chunk kernel. generated_only=True (with prompt_lens where that kernel
@@ -389,12 +381,13 @@ def paged_attention(
     )
     if fp8:
         _check_scales(k_cache, v_cache, k_scale, v_scale)
-    generated_rows = (
-        generated_rows_writer(q, k_cache, v_cache, k_scale, sliding_window)
-        if prompt_lens is not None
-        else None
-    )
-    if generated_rows is None:
+    # The flag and shape first: this runs per layer in eager steps, and is all that runs where the
+    # FMA kernel does not apply.
+    if not (
+        prompt_lens is not None
+        and FMA_GENERATED_ROWS
+        and paged_attention_fma.applies(q, k_cache, v_cache, k_scale, sliding_window)
+    ):
         prompt_lens = None
     if prompt_lens is not None:
         check_tensor("prompt_lens", prompt_lens, dtypes=(torch.int32,), ndim=1, contiguous=True)
@@ -452,55 +445,6 @@ def paged_attention(
         max_registers,
         prompt_lens,
         generated_only,
-        generated_rows,
-    )
-
-
-# A kernel writing generated tokens' rows into paged_attention's output (the arguments of
-# paged_attention_fma.overwrite_generated_rows).
-GeneratedRowsWriter = Callable[
-    [
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        float,
-    ],
-    None,
-]
-
-
-def generated_rows_writer(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor | None,
-    sliding_window: int | None,
-) -> GeneratedRowsWriter | None:
-    """The kernel computing generated tokens' rows of this attention (an FP8 cache where one applies
-    and its switch is on), or None: every row takes the chunk kernel. The switches first: this runs
-    per layer in eager steps."""
-    if WGMMA_GENERATED_ROWS and paged_attention_fp8_wgmma.applies(
-        q, k_cache, v_cache, k_scale, sliding_window
-    ):
-        return paged_attention_fp8_wgmma.overwrite_generated_rows
-    if FMA_GENERATED_ROWS and paged_attention_fma.applies(q, k_cache, v_cache, k_scale, sliding_window):
-        return paged_attention_fma.overwrite_generated_rows
-    return None
-
-
-def generated_rows_may_apply(head_dim: int, num_heads: int, num_kv_heads: int) -> bool:
-    """Whether a model of this attention shape may have generated rows for a kernel of their own
-    on an FP8 cache (so the engine sends prompt lengths): a switch is on and its shape fits."""
-    shape = (head_dim, num_heads, num_kv_heads)
-    return (WGMMA_GENERATED_ROWS and paged_attention_fp8_wgmma.may_apply(*shape)) or (
-        FMA_GENERATED_ROWS and paged_attention_fma.may_apply(*shape)
     )
 
 
@@ -547,12 +491,11 @@ def launch(
     max_registers: int | None = None,
     prompt_lens: torch.Tensor | None = None,
     generated_only: bool = False,
-    generated_rows: GeneratedRowsWriter | None = None,
 ) -> torch.Tensor:
     """Shared launcher of the two phases (inputs already validated by the public wrappers).
 
     k/v strides are (block, slot, kv head); k_scale/v_scale (an FP8 cache) are contiguous.
-    prompt_lens: generated rows go through generated_rows (the caller chose it: generated_rows_writer);
+    prompt_lens: generated rows go through paged_attention_fma (the caller checked it applies);
     generated_only: every row is one, so the two phases are not launched.
     """
     fp8 = k_scale is not None and v_scale is not None
@@ -643,10 +586,10 @@ def launch(
             single_chunk_direct=direct,
             prompt_lens=prompt_lens,
         )
-    if prompt_lens is not None and generated_rows is not None and k_scale is not None and v_scale is not None:
+    if prompt_lens is not None and k_scale is not None and v_scale is not None:
         # After the merge: a tile mixing prompt and generated rows is computed and merged whole,
         # and its generated rows are overwritten here.
-        generated_rows(
+        paged_attention_fma.overwrite_generated_rows(
             out,
             q,
             k_cache,

@@ -139,33 +139,23 @@ def test_rows_alone_in_batches_and_preempted_gpu(tiny_checkpoint, family, overri
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "kernel, heads", [("paged_attention_fma", 4), ("paged_attention_fp8_wgmma", 8)], ids=["fma", "wgmma"]
-)
-def test_fp8_cache_generated_rows_alone_in_batches_and_preempted_gpu(
-    tiny_checkpoint, monkeypatch, kernel, heads
-) -> None:
-    """Two (four) query heads per KV head of dim 128 on an FP8 cache: generated tokens' attention
-    takes its own kernel (kernels/paged_attention_fma.py; paged_attention_fp8_wgmma.py, switched
-    on), prompt rows the chunk kernel, and a row still never depends on its batch, on CUDA graphs or
-    on a preemption's recomputation."""
-    import importlib
+def test_fp8_cache_generated_rows_alone_in_batches_and_preempted_gpu(tiny_checkpoint, monkeypatch) -> None:
+    """Two query heads per KV head of dim 128 on an FP8 cache: generated tokens' attention takes its
+    own kernel (kernels/paged_attention_fma.py), prompt rows the chunk kernel, and a row still
+    never depends on its batch, on CUDA graphs or on a preemption's recomputation."""
+    from shardinfer.kernels import paged_attention, paged_attention_fma
 
-    from shardinfer.kernels import paged_attention
-
-    module = importlib.import_module(f"shardinfer.kernels.{kernel}")
     monkeypatch.setattr(paged_attention, "FMA_GENERATED_ROWS", True)
-    monkeypatch.setattr(paged_attention, "WGMMA_GENERATED_ROWS", True)
     calls = []
-    overwrite = module.overwrite_generated_rows
+    overwrite = paged_attention_fma.overwrite_generated_rows
 
     def counted(*args, **kwargs):
         calls.append(1)
         return overwrite(*args, **kwargs)
 
-    monkeypatch.setattr(module, "overwrite_generated_rows", counted)
-    model_dir = tiny_checkpoint("qwen3", head_dim=128, num_attention_heads=heads)
+    monkeypatch.setattr(paged_attention_fma, "overwrite_generated_rows", counted)
+    model_dir = tiny_checkpoint("qwen3", head_dim=128)
     sizes = _device_params("cuda")
     _check_rows_alone_vs_batched(model_dir, "cuda", sizes, kv_cache_dtype="fp8")
-    assert calls  # the generated rows did go through that kernel
+    assert calls  # the generated rows did go through the FMA kernel
     _check_one_prompt_many_times(_llm(model_dir, "cuda", kv_cache_dtype="fp8"), sizes)

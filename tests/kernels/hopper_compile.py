@@ -180,49 +180,9 @@ def _attention_cases() -> list[dict[str, Any]]:
     return out
 
 
-def _generated_rows_cases() -> list[dict[str, Any]]:
-    """paged_attention_fp8_wgmma's kernel (GQA group 4) on a decode step and on a verify step: the
-    products it puts on the tensor cores (their PTX instructions) and its shared memory."""
-    from shardinfer.kernels import paged_attention_fp8_wgmma as wgmma
-
-    hk, d, blocks = 2, 128, 9
-    k = torch.randn(blocks, 16, hk, d).to(torch.float8_e4m3fn)
-    scales = torch.ones(blocks, 16, hk, 1)
-    seq_lens = torch.tensor([60, 100], dtype=torch.int32)
-    tables = torch.arange(1, blocks, dtype=torch.int32).view(2, -1)
-    out = []
-    for rows_per_request in (1, 3):
-        q = torch.randn(2 * rows_per_request, 4 * hk, d).to(torch.bfloat16)
-        qsl = torch.arange(0, 2 * rows_per_request + 1, rows_per_request, dtype=torch.int32)
-
-        def launch(q: torch.Tensor = q, qsl: torch.Tensor = qsl) -> object:
-            wgmma.overwrite_generated_rows(
-                torch.empty_like(q), q, k, k, scales, scales, qsl, seq_lens, tables, seq_lens - 5, 0.1
-            )
-            return None
-
-        sizes = _shared_bytes(wgmma._generated_rows_kernel, launch)
-        ptx = [
-            c.asm["ptx"]
-            for caches in wgmma._generated_rows_kernel.device_caches.values()
-            for c in caches[0].values()
-        ]
-        out.append(
-            {
-                "kernel": "paged_attention_fp8_wgmma",
-                "rows_per_request": rows_per_request,
-                "shared": sizes,
-                "mma": sorted(
-                    {m for text in ptx for m in re.findall(r"(mma\.sync\S*|wgmma\.mma_async\S*)", text)}
-                ),
-            }
-        )
-    return out
-
-
 def main() -> None:
     _compile_only()
-    for case in (*_mla_cases(), *_attention_cases(), *_generated_rows_cases()):
+    for case in (*_mla_cases(), *_attention_cases()):
         print(json.dumps(case), flush=True)
 
 

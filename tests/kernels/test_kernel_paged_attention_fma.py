@@ -1,9 +1,8 @@
-"""Generated tokens' rows through their own kernel, prompt rows through the chunk kernel.
+"""Generated tokens' rows through paged_attention_fma, prompt rows through the chunk kernel.
 
-With prompt lengths given, paged_attention on an FP8 cache (head dim 128) computes rows at or after
-their request's prompt length with a kernel of their own: paged_attention_fma at two query heads
-per KV head, paged_attention_fp8_wgmma (switched on here) at four. Checked for each on one batch
-mixing every kind of request (a prefill, a decode row, a verify block, a preempted
+With prompt lengths given, paged_attention on an FP8 cache (head dim 128, two query heads per KV
+head) computes rows at or after their request's prompt length with the FMA kernel. Checked here on
+one batch mixing every kind of request (a prefill, a decode row, a verify block, a preempted
 request recomputing its prompt and generated tokens in one chunk, a one-token prompt chunk,
 multi-chunk contexts):
 
@@ -12,10 +11,10 @@ multi-chunk contexts):
   skip leave them alone);
 - generated rows bit for bit what the same rows give as a batch of plain decode rows, so a verify
   row and a recomputed row equal the decode row (the invariance the dispatch must keep), and what
-  they give as a step marked generated_only (a decode graph's: that kernel launched alone).
+  they give as a step marked generated_only (a decode graph's: the FMA kernel launched alone).
 
-On the CPU the interpreter runs the FMA kernel's Triton twin; on the GPU, the Gluon kernel the
-engine runs. The wgmma kernel's value product runs in float32 in the interpreter (its docstring).
+On the CPU the interpreter runs the kernel's Triton twin; on the GPU, the Gluon kernel the engine
+runs.
 """
 
 from __future__ import annotations
@@ -24,13 +23,7 @@ import pytest
 import torch
 from kernel_checks import TOL, PagedBatch, rel_err
 
-from shardinfer.kernels import (
-    paged_attention,
-    paged_attention_fma,
-    paged_attention_fp8_wgmma,
-    reference,
-    split_kv,
-)
+from shardinfer.kernels import paged_attention, paged_attention_fma, reference, split_kv
 from shardinfer.kernels.reference_fp8 import dequantize_groups, quantize_groups
 
 # (query tokens, cached tokens, prompt length) per request.
@@ -46,15 +39,10 @@ REQUESTS = [
 KV_CHUNK = 128  # several chunks at these lengths, so the merge and its skip run
 
 
-# Each generated rows' kernel: its module and the query heads of a batch it serves (two KV heads).
-KERNELS = {"fma": (paged_attention_fma, 4), "wgmma": (paged_attention_fp8_wgmma, 8)}
-
-
 @pytest.fixture(autouse=True)
-def _kernels_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dispatch under test, whatever the engine's defaults."""
+def _fma_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatch under test, whatever the engine's default."""
     monkeypatch.setattr(paged_attention, "FMA_GENERATED_ROWS", True)
-    monkeypatch.setattr(paged_attention, "WGMMA_GENERATED_ROWS", True)
 
 
 def _not_launched(*args: object, **kwargs: object) -> torch.Tensor:
@@ -118,20 +106,14 @@ def _attend(
 
 # bfloat16 only on the GPU: the interpreter's tl.dot (the chunk kernel's) mishandles it.
 @pytest.mark.parametrize("dtype", [torch.float16] + ([torch.bfloat16] if torch.cuda.is_available() else []))
-@pytest.mark.parametrize("kernel", sorted(KERNELS))
 def test_generated_rows_equal_decode_rows_and_prompt_rows_the_chunk_kernel(
-    device: torch.device, dtype: torch.dtype, kernel: str
+    device: torch.device, dtype: torch.dtype
 ) -> None:
-    module, hq = KERNELS[kernel]
     q_lens, ctx_lens, prompt_lens = (list(c) for c in zip(*REQUESTS, strict=True))
-    b = _batch(q_lens, ctx_lens, device, seed=7, hq=hq)
+    b = _batch(q_lens, ctx_lens, device, seed=7)
     cache = _cache(b, dtype)
     q = b.q.to(dtype)
-    assert module.applies(q, cache[0].to(device), cache[2].to(device), cache[1].to(device), None)
-    writer = paged_attention.generated_rows_writer(
-        q.to(device), cache[0].to(device), cache[2].to(device), cache[1], None
-    )
-    assert writer is module.overwrite_generated_rows
+    assert paged_attention_fma.applies(q, cache[0], cache[2], cache[1], None)
     got = _attend(q, cache, b.qsl, b.seq_lens, b.block_tables, prompt_lens, device)
     chunk_only = _attend(q, cache, b.qsl, b.seq_lens, b.block_tables, None, device)
 
@@ -166,7 +148,7 @@ def test_generated_rows_equal_decode_rows_and_prompt_rows_the_chunk_kernel(
 
     decode = as_decode_rows(False)
     assert torch.equal(decode, got[generated])
-    # The same decode rows as a step of generated rows only (a decode graph's): that kernel
+    # The same decode rows as a step of generated rows only (a decode graph's): the FMA kernel
     # alone, no chunk kernel or merge launched, the same bits.
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(split_kv, "two_phase", _not_launched)
@@ -174,12 +156,12 @@ def test_generated_rows_equal_decode_rows_and_prompt_rows_the_chunk_kernel(
     assert torch.equal(alone, decode)
 
 
-def test_dispatch_is_off_where_no_kernel_applies(device: torch.device) -> None:
-    """Eight query heads per KV head (neither kernel's shape): prompt lengths change no bit."""
-    b = _batch([3, 1], [10, 40], device, seed=2, hq=16)
+def test_dispatch_is_off_where_the_kernel_does_not_apply(device: torch.device) -> None:
+    """Four query heads per KV head (not measured faster): prompt lengths change no bit."""
+    b = _batch([3, 1], [10, 40], device, seed=2, hq=8)
     cache = _cache(b, torch.float16)
     q = b.q.to(torch.float16)
-    assert paged_attention.generated_rows_writer(q, cache[0], cache[2], cache[1], None) is None
+    assert not paged_attention_fma.applies(q, cache[0], cache[2], cache[1], None)
     got = _attend(q, cache, b.qsl, b.seq_lens, b.block_tables, [5, 5], device)
     assert torch.equal(got, _attend(q, cache, b.qsl, b.seq_lens, b.block_tables, None, device))
 
@@ -193,14 +175,11 @@ def test_prompt_lens_of_another_length_are_refused(device: torch.device) -> None
 
 # The prompt row's program reduces over no keys (inf - inf in the interpreter) and stores nothing.
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.parametrize("kernel", sorted(KERNELS))
-def test_a_prompt_row_in_a_decode_shaped_step_keeps_the_chunk_kernels_bits(
-    device: torch.device, kernel: str
-) -> None:
-    """One row a request (the kernels' one-row programs): the prompt's last token of the second
-    request is left to the chunk kernel, the decode rows get the bits they get without it."""
+def test_a_prompt_row_in_a_decode_shaped_step_keeps_the_chunk_kernels_bits(device: torch.device) -> None:
+    """One row a request (the FMA kernel's one-row programs): the prompt's last token of the
+    second request is left to the chunk kernel, the decode rows get the bits they get without it."""
     dtype = torch.float16
-    b = _batch([1, 1, 1], [70, 32, 300], device, seed=5, hq=KERNELS[kernel][1])
+    b = _batch([1, 1, 1], [70, 32, 300], device, seed=5)
     cache = _cache(b, dtype)
     q = b.q.to(dtype)
     prompt_lens = [30, 33, 5]  # positions 70, 32 (a prompt row) and 300
@@ -212,4 +191,4 @@ def test_a_prompt_row_in_a_decode_shaped_step_keeps_the_chunk_kernels_bits(
         q[keep], cache, [0, 1, 2], [b.seq_lens[i] for i in keep], b.block_tables[keep], [30, 5], device
     )
     assert torch.equal(got[keep], decode)
-    assert not torch.equal(got[keep], chunk_only[keep])  # the generated rows' kernel did compute them
+    assert not torch.equal(got[keep], chunk_only[keep])  # the FMA kernel did compute them
