@@ -282,16 +282,19 @@ def variant_changes(variant: dict) -> str:
 
 def _second_run_rows(r: dict) -> list[str]:
     """Rows for a throughput JSON's second run of the same requests in the same call: the fused
-    launches off (--compare-unfused) or a variant's tilings or settings (--variant-*)."""
+    launches off (--compare-unfused) or a variant's tilings or settings (--variant-*), and the main
+    configuration run again after a variant (--repeat-main)."""
     out = []
-    for key in ("unfused", "variant"):
+    for key in ("unfused", "variant", "main_again"):
         other = r.get(key)
         if not other:
             continue
         if key == "unfused":
             what = "fused launches off (`--compare-unfused`, same call)"
-        else:
+        elif key == "variant":
             what = f"variant `{variant_changes(other)}` (same call)"
+        else:
+            what = "main configuration again, after the variant (same call)"
         decode = other.get("decode") or {}
         floor = decode["floor_ms"] / decode["median_step_ms"] if decode.get("median_step_ms") else None
         out.append(

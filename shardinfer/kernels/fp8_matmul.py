@@ -148,6 +148,9 @@ WARP_SPECIALIZED = True
 WS_MIN_M = 257
 WS_MIN_K = 1024
 
+# The widest output the default tiling splits K for (_default's comment says why).
+SPLIT_MAX_N = 2048
+
 # Measured winners per (N, K) go here (tests and tuning runs); anything absent uses the default.
 CONFIG_OVERRIDES: dict[tuple[int, int], Fp8TileConfig | Tiling[Fp8TileConfig]] = {}
 
@@ -163,13 +166,17 @@ def _default(key: tuple[int, int], device: torch.device | None) -> Tiling[Fp8Til
     # invariance tests cross the switch), and an operand the copy engine cannot address runs the
     # same tiles through pointer loads. The measurements: docs/performance.md.
     #
-    # A long K over few columns (K >= 3N: the MLP's down projection) splits K in two: at a decode
-    # batch its 64x128 tiles number no more than the SMs, one program each walking all of K, and two
-    # ranges through the workspace give every SM two programs; from 257 rows on, one program reduces
-    # both ranges itself (the same bits, no workspace). Other problems keep K whole: a split gained
-    # nothing there at decode batches (docs/performance.md, "Fixed split-K for the FP8 GEMM").
+    # A long K over narrow outputs (K >= 3N with N <= SPLIT_MAX_N: a small model's down projection)
+    # splits K in two: at a decode batch its 64x128 tiles are too few for the SMs (at most 64 up to
+    # 256 rows), one program each walking all of K, and two ranges through the workspace give every
+    # SM two programs; from 257 rows on, one program reduces both ranges itself (the same bits, no
+    # workspace). Other problems keep K whole: a split gained nothing there at decode batches
+    # (docs/performance.md, "Fixed split-K for the FP8 GEMM"), and at N = 4096 (dense-8b's down
+    # projection) keeping K whole lets prompt-sized and large decode batches run the warp-specialised
+    # kernel, which took a whole job's prefill and decode steps shorter than the split did
+    # (docs/performance.md, "Dense-8b's down projection unsplit").
     n, k = key
-    split = 2 if k >= 3 * n else 1
+    split = 2 if k >= 3 * n and n <= SPLIT_MAX_N else 1
     rest = Fp8TileConfig(
         64,
         128,

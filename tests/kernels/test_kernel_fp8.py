@@ -243,13 +243,23 @@ def test_split_k_sums_its_ranges_in_order(device: torch.device) -> None:
 
 @pytest.mark.parametrize(
     "n,k,split",
-    [(4096, 12288, 2), (1024, 3072, 2), (576, 2048, 2), (4096, 4096, 1), (24576, 4096, 1), (2048, 2816, 1)],
+    [
+        (1024, 3072, 2),
+        (576, 2048, 2),
+        (2048, 6144, 2),
+        (4096, 12288, 1),
+        (4096, 4096, 1),
+        (24576, 4096, 1),
+        (2048, 2816, 1),
+    ],
 )
 def test_default_splits_long_k_through_the_workspace_only_at_decode_batches(
     n: int, k: int, split: int
 ) -> None:
-    # K >= 3N splits K in two for every M (one sum, so one set of bits): through the workspace up to
-    # 256 rows, where the tiles are too few to fill the SMs, in the tile's own program above.
+    # K >= 3N over at most SPLIT_MAX_N columns splits K in two for every M (one sum, so one set of
+    # bits): through the workspace up to 256 rows, where the tiles are too few to fill the SMs, in the
+    # tile's own program above. Wider outputs (dense-8b's down projection) keep K whole.
+    assert fp8_matmul.SPLIT_MAX_N == 2048
     for m in (1, 64, 65, 256, 257, 8192):
         cfg = fp8_matmul.tile_config(n, k, m)
         assert cfg.split_k == split, (m, cfg)
