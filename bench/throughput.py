@@ -407,6 +407,8 @@ def main() -> None:
     ap.add_argument("--ckpt-dir", default=str(Path(tempfile.gettempdir()) / "shardinfer-bench"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
+    if args.warm_engine_requests < 0:
+        ap.error(f"--warm-engine-requests: got {args.warm_engine_requests}, need 0 (none) or more requests")
     if args.fp8_tiling == "tma":
         if args.quantization != "fp8":
             ap.error("--fp8-tiling tma: only FP8 weights have FP8 tilings; add --quantization fp8")

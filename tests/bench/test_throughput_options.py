@@ -178,6 +178,48 @@ def test_record_writes_a_row_for_a_same_call_second_run() -> None:
     assert "variant `max_num_seqs=512` (same call)" in _second_run_rows(settings)[0]
 
 
+def test_record_writes_a_row_for_the_main_run_repeated_after_a_variant() -> None:
+    """--repeat-main's run gets its own row after the variant's, with its own decode fraction."""
+    from bench.record import _second_run_rows
+
+    run = {
+        "date": "2026-12-07T16:44:54",
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "commit": "abc1234",
+        "workload": "dense-8b",
+        "quantization": "fp8",
+        "kv_cache_dtype": "fp8",
+        "batch_invariant": True,
+        "requests": 1024,
+        "variant": {"fp8_tiling": "split_k=1", "output_tok_s": 12054.0, "decode": {}},
+        "main_again": {"output_tok_s": 11785.4, "decode": {"floor_ms": 13.0, "median_step_ms": 26.0}},
+    }
+    rows = _second_run_rows(run)
+    assert len(rows) == 2 and "variant `split_k=1`" in rows[0]
+    assert rows[1] == (
+        "| 2026-12-07 16:44 | NVIDIA H100 80GB HBM3 | abc1234 | dense-8b, weights fp8, KV fp8, main "
+        "configuration again, after the variant (same call) | True | 1024 | 11785 | — | — | 0.50 | — |"
+    )
+
+
+def test_a_negative_warm_engine_is_refused_before_any_work(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "throughput.py"),
+            "--warm-engine-requests",
+            "-3",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "--warm-engine-requests: got -3" in done.stderr, done.stderr[-2000:]
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_variant_on_another_kv_cache_dtype_is_named_in_results() -> None:
     """--variant-kv-cache-dtype's run (FP8 weights over a bf16 cache against the FP8 cache, say)
     is told apart from the main run in RESULTS.md's row."""
