@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import gc
 import json
 import sys
 import tempfile
@@ -437,8 +438,6 @@ def main() -> None:
     torch.cuda.empty_cache()
     baseline = None
     if args.baseline:
-        import gc
-
         gc.collect()  # the first engine's graphs and KV cache go before the second sizes its own
         torch.cuda.empty_cache()
         base_args = argparse.Namespace(**{**vars(args), "quantization": "auto", "kv_cache_dtype": "auto"})
@@ -462,8 +461,6 @@ def main() -> None:
         torch.cuda.empty_cache()
     unfused = None
     if args.compare_unfused:
-        import gc
-
         from shardinfer.engine.models import dense, layers
 
         gc.collect()
@@ -484,8 +481,6 @@ def main() -> None:
     if args.variant_kv_cache_dtype is not None:
         settings_change = {**(settings_change or {}), "kv_cache_dtype": args.variant_kv_cache_dtype}
     if tiling_change is not None or flag_change is not None or settings_change is not None:
-        import gc
-
         gc.collect()
         torch.cuda.empty_cache()
         with changed_tilings(args.workload, tiling_change or {}), changed_flags(flag_change or {}):
