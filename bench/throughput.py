@@ -309,6 +309,12 @@ def _decode_summary(
     }
 
 
+def _same_call_run(run: dict[str, Any], bw: float) -> dict[str, Any]:
+    """What a JSON keeps of a second run in the same call (a variant, the main run repeated)."""
+    kept = {k: run[k] for k in ("output_tok_s", "wall_s", "eager_s", "graphed_s")}
+    return {**kept, "decode": _decode_summary(run.pop("decode_steps"), run, bw)[1]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", default="dense-small", choices=sorted(SHAPES))
@@ -492,24 +498,14 @@ def main() -> None:
             "flags": args.variant_flags,
             "settings": args.variant_settings,
             "kv_cache_dtype": args.variant_kv_cache_dtype,
-            "output_tok_s": other["output_tok_s"],
-            "wall_s": other["wall_s"],
-            "eager_s": other["eager_s"],
-            "graphed_s": other["graphed_s"],
-            "decode": _decode_summary(other.pop("decode_steps"), other, bw)[1],
+            **_same_call_run(other, bw),
         }
         gc.collect()
         torch.cuda.empty_cache()
     main_again = None
     if variant is not None and args.repeat_main:
         again = run_shardinfer(model_dir, reqs, args)
-        main_again = {
-            "output_tok_s": again["output_tok_s"],
-            "wall_s": again["wall_s"],
-            "eager_s": again["eager_s"],
-            "graphed_s": again["graphed_s"],
-            "decode": _decode_summary(again.pop("decode_steps"), again, bw)[1],
-        }
+        main_again = _same_call_run(again, bw)
         gc.collect()
         torch.cuda.empty_cache()
     hf = None
