@@ -217,6 +217,7 @@ class Reporter:
             f"prefix cache   {summary.get('prefix_cache_hit_rate', 0.0):.1%} hit rate",
             *_expert_parallel(summary),
             f"numerics       {_numerics(summary.get('numerics') or {})}",
+            *_mixed_revisions(summary),
             f"splits         {summary.get('splits', 0)}",
         ]
         if "run_split_attempts" in summary:
@@ -296,6 +297,18 @@ def _expert_parallel(summary: dict[str, Any]) -> list[str]:
     moved = f", {ep['rebalances']} rebalance(s)" if ep.get("rebalances") else ""
     return [
         f"experts        {ep['ranks']} ranks, moe_lb {ep['moe_lb']:.2f}{moved} (expert rows per rank: {rows})"
+    ]
+
+
+def _mixed_revisions(summary: dict[str, Any]) -> list[str]:
+    """A line when the job's parts were written under more than one numerics revision (runs of
+    versions whose kernels compute differently each committed splits); none otherwise."""
+    revisions = summary.get("numerics_revisions") or {}
+    if len(revisions) < 2:
+        return []
+    counts = ", ".join(f"{parts} under {name}" for name, parts in revisions.items())
+    return [
+        f"revisions      parts written by kernels that compute differently: {counts} (may differ in bits)"
     ]
 
 

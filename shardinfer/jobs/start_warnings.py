@@ -28,6 +28,7 @@ def start_warnings(spec: ResolvedSpec, job: OpenedJob) -> list[StartWarning]:
         (run_date_in_paths(spec), {}),
         (undashed_ds(spec), {}),
         *other_live_runs(job),
+        (other_numerics_revisions(job), {}),
     ]
     found += [(float_ids(job), {}), (identical_samples(spec, job), {})]
     return [(message, fields) for message, fields in found if message]
@@ -90,6 +91,41 @@ def other_live_runs(job: OpenedJob) -> list[StartWarning]:
         )
         for run, age in live
     ]
+
+
+def other_numerics_revisions(job: OpenedJob) -> str:
+    """Earlier runs of this job ran a shardinfer whose kernels compute differently (another
+    engine.numerics_revision): the splits they committed keep their bits, and the ones this run
+    writes may differ from what those runs would have written. Runs of versions that recorded no
+    revision are not counted: what they computed with is not known."""
+    if job.state != "resume" or job.store_ is None or not job.committed:
+        return ""
+    from shardinfer.engine.numerics_revision import NUMERICS_REVISION  # read at call time: tests set it
+    from shardinfer.writers.run_records import read_run_records
+
+    try:
+        runs = read_run_records(job.store_)
+    except Exception:  # records that cannot be read must not stop the run they only warn about
+        return ""
+    others = sorted(
+        {
+            (int(run["numerics_revision"]), str(run.get("version", "?")))
+            for run in runs
+            if isinstance(run.get("numerics_revision"), int) and run["numerics_revision"] != NUMERICS_REVISION
+        }
+    )
+    if not others:
+        return ""
+    from shardinfer import __version__
+
+    earlier = ", ".join(f"revision {revision} (shardinfer {version})" for revision, version in others)
+    return (
+        f"{len(job.committed)} split(s) are already committed, and earlier runs of this job computed with numerics "
+        f"{earlier}; this shardinfer {__version__} computes with revision {NUMERICS_REVISION}, so the splits it "
+        "writes may differ in bits from what those runs would have written (the job summary counts parts by "
+        "revision); to keep one revision's bits, finish the job with the version that started it, or rerun it "
+        "whole with --conf job.start_over=true"
+    )
 
 
 def float_ids(job: OpenedJob) -> str:

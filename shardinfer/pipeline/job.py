@@ -18,12 +18,15 @@ import contextlib
 import fnmatch
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from shardinfer import __version__
+from shardinfer.engine import numerics_revision
 from shardinfer.engine.prompt_checks import LENGTH_FIX
 from shardinfer.engine.sampling_params import SamplingParams, default_sampling_params
 from shardinfer.errors import (
@@ -754,6 +757,9 @@ def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
         ),
         # What decides the numbers: dtype, batch invariance, weight quantisation, KV cache dtype.
         "shardinfer.numerics": json.dumps(job.fingerprint.get("engine.numerics"), sort_keys=True),
+        # Which arithmetic the kernels computed this part with, and the version that ran them.
+        "shardinfer.numerics_revision": str(numerics_revision.NUMERICS_REVISION),
+        "shardinfer.version": __version__,
         "shardinfer.sampling": json.dumps(job.sampling.to_json_dict(), sort_keys=True),
         "shardinfer.engine": json.dumps(cfg.engine, sort_keys=True, default=str),
         "shardinfer.job_seed": str(cfg.job.seed),
@@ -1036,8 +1042,11 @@ def repair_damaged(
     return damaged
 
 
-def committed_totals(store: OutputStore, committed: dict[int, dict[str, Any]]) -> dict[str, int]:
-    """Sum the per-split stats (assembly.split_stats) each committed part carries in its footer.
+def committed_totals(
+    store: OutputStore, committed: dict[int, dict[str, Any]], revisions: Counter[str] | None = None
+) -> dict[str, int]:
+    """Sum the per-split stats (assembly.split_stats) each committed part carries in its footer;
+    `revisions`, when given, counts the parts by the numerics revision they were written under.
 
     Commit markers record rows, bytes and hash only, so the counts come from the parts' Parquet
     key-value metadata: one footer read per split, no data pages.
@@ -1052,15 +1061,20 @@ def committed_totals(store: OutputStore, committed: dict[int, dict[str, Any]]) -
         "completion_tokens": 0,
     }
     for marker in committed.values():
-        stats = split_stats_of(store, marker)
+        footer = store.read_part_metadata(marker["part"])
+        raw = footer.get(b"shardinfer.split_stats")
+        stats = dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
         for key in totals:
             totals[key] += int(stats.get(key, 0))
+        if revisions is not None:
+            revisions[part_numerics_revision(footer)] += 1
     return totals
 
 
-def split_stats_of(store: OutputStore, marker: dict[str, Any]) -> dict[str, Any]:
-    raw = store.read_part_metadata(marker["part"]).get(b"shardinfer.split_stats")
-    return dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
+def part_numerics_revision(footer: dict[bytes, bytes]) -> str:
+    """The numerics revision a part was written under (engine.numerics_revision), or "unrecorded"
+    for a part of a version before parts recorded it."""
+    return footer.get(b"shardinfer.numerics_revision", b"unrecorded").decode()
 
 
 def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> dict[str, Any]:
@@ -1071,11 +1085,15 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
         raise Retryable(
             f"{len(missing)} split(s) still uncommitted (first: {missing[:5]}); rerun to finish them"
         )
-    totals = committed_totals(job.store, committed)
+    revisions: Counter[str] = Counter()
+    totals = committed_totals(job.store, committed, revisions)
     summary = {
         "run_id": run_id,
         "fingerprint": job.fingerprint["hash"],
         "numerics": job.fingerprint.get("engine.numerics"),
+        # Parts by the revision of the kernels' arithmetic that wrote them: more than one when runs
+        # of versions that compute differently each committed splits (engine.numerics_revision).
+        "numerics_revisions": dict(sorted(revisions.items())),
         "task": job.config.job.task,
         "splits": len(job.splits),
         **totals,
