@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing, UsageError
@@ -152,7 +153,8 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
         return show_eval_status(output, store, job, as_json)
     found = job_state(store, job)
     committed, success, last = found["committed"], found["success"], found["last"]
-    totals, unreadable = _readable_totals(store, committed, found["problems"])
+    revisions: Counter[str] = Counter()
+    totals, unreadable = _readable_totals(store, committed, found["problems"], revisions)
     found["problems"] += unreadable
     if found["state"] == "done" and unreadable:
         found["state"] = "damaged"  # never "done" beside a problem: a part's footer cannot be read
@@ -166,6 +168,7 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
         **totals,
         "fingerprint": job.get("fingerprint", {}).get("hash"),
         "generation": job.get("generation"),
+        "numerics_revisions": dict(sorted(revisions.items())),
     }
     if last is not None:
         report["last_run"] = {
@@ -190,6 +193,9 @@ def show_status(output: str, storage_options: dict[str, Any], as_json: bool = Fa
     print(f"  splits     {len(committed)}/{total_splits} committed")
     print(f"  rows       {totals['rows_ok']} ok, {totals['rows_error']} error")
     print(f"  tokens     {totals['prompt_tokens']} in, {totals['completion_tokens']} out")
+    if len(revisions) > 1:  # runs of versions whose kernels compute differently committed splits
+        counts = ", ".join(f"{parts} under {name}" for name, parts in sorted(revisions.items()))
+        print(f"  revisions  parts by numerics revision: {counts} (may differ in bits; docs/jobs.md)")
     if last is not None:
         if "ended" in last:
             ended = f", exit {last.get('exit_code')}: {last.get('reason')}"
@@ -216,16 +222,17 @@ def _speed(report: dict[str, Any]) -> str:
 
 
 def _readable_totals(
-    store: Any, committed: dict[int, dict[str, Any]], problems: list[str]
+    store: Any, committed: dict[int, dict[str, Any]], problems: list[str], revisions: Counter[str]
 ) -> tuple[dict[str, int], list[str]]:
-    """Totals over the parts whose footers can be read; the others become problems, not crashes."""
+    """Totals over the parts whose footers can be read, and in `revisions` those parts by numerics
+    revision; the parts that cannot be read become problems, not crashes."""
     totals = {"records": 0, "rows_ok": 0, "rows_error": 0, "prompt_tokens": 0, "completion_tokens": 0}
     unreadable = []
     for index, marker in committed.items():
         if any(p.startswith(f"split {index}:") for p in problems):
             continue
         try:
-            part_totals = committed_totals(store, {index: marker})
+            part_totals = committed_totals(store, {index: marker}, revisions)
         except (OSError, ValueError) as exc:  # a truncated or replaced part: ArrowInvalid is a ValueError
             # A submit trusts a part of the recorded size without opening it (see open_job):
             # deleting the part is what makes the rerun that repairs it see the damage.

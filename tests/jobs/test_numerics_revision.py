@@ -73,6 +73,11 @@ def test_a_job_resumed_under_another_revision_is_warned_of_and_its_parts_say_whi
         f"{24 - len(first)} under {later} (may differ in bits)" in captured.out
     )
     assert [r["numerics_revision"] for r in _run_records(out)] == [was, later]
+    assert main(["status", str(out)]) == 0
+    assert (
+        f"revisions  parts by numerics revision: {len(first)} under {was}, {24 - len(first)} under {later}"
+        in capsys.readouterr().out
+    )
     # Resuming lost and repeated nothing (the kernels themselves did not change here).
     assert committed_rows(str(out)) == reference
 
@@ -99,3 +104,6 @@ def test_runs_of_versions_before_revisions_were_recorded_are_not_warned_of(
     assert "revisions      " not in captured.out  # every part has one revision: no line
     summary = json.loads((out / "_SUCCESS").read_text())["summary"]
     assert summary["numerics_revisions"] == {str(numerics_revision.NUMERICS_REVISION): 24}
+    assert main(["status", "--json", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["numerics_revisions"] == {str(numerics_revision.NUMERICS_REVISION): 24}
