@@ -15,6 +15,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        from interpreter_patching import install as _patch_interpreter_once
+    except ImportError:  # tests/ imported as a package
+        from tests.interpreter_patching import install as _patch_interpreter_once
+
+    _patch_interpreter_once()  # interpreter_patching.py: each launch patches triton.language once
+
 # One intra-op thread: the tiny test models gain nothing from more, and on a shared 2-core
 # machine OpenMP threads spinning against other processes make runs tens of times slower.
 torch.set_num_threads(1)
