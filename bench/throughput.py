@@ -310,8 +310,10 @@ def _decode_summary(
 
 
 def _same_call_run(run: dict[str, Any], bw: float) -> dict[str, Any]:
-    """What a JSON keeps of a second run in the same call (a variant, the main run repeated)."""
-    kept = {k: run[k] for k in ("output_tok_s", "wall_s", "eager_s", "graphed_s")}
+    """What a JSON keeps of a second run in the same call (a variant, the main run repeated): with
+    the GPU's idle time between steps and the cache, to tell a host-bound run from a slower GPU."""
+    names = ("output_tok_s", "wall_s", "eager_s", "graphed_s", "gpu_idle_between_steps_s", "host_gap_s")
+    kept = {k: run[k] for k in (*names, "kv_cache_tokens", "max_num_seqs", "preemptions")}
     return {**kept, "decode": _decode_summary(run.pop("decode_steps"), run, bw)[1]}
 
 

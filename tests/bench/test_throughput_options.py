@@ -202,6 +202,14 @@ def test_record_writes_a_row_for_the_main_run_repeated_after_a_variant() -> None
     )
 
 
+def test_record_names_the_untimed_engine_a_call_began_with() -> None:
+    from bench.record import _numerics
+
+    run = {"workload": "dense-small", "quantization": "fp8", "warm_engine_requests": 64}
+    assert _numerics(run) == "dense-small, weights fp8, after an untimed engine of 64 requests"
+    assert _numerics({**run, "warm_engine_requests": 0}) == "dense-small, weights fp8"
+
+
 def test_a_negative_warm_engine_is_refused_before_any_work(tmp_path: Path) -> None:
     done = subprocess.run(
         [
