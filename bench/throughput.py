@@ -388,9 +388,9 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="with a variant: run the main configuration again after it (result key 'main_again') "
-        "and print the variant against that repeat. The first engine of a process ran slower than "
-        'a second identical one (docs/performance.md, "The first engine of a run is slower"), so a '
-        "variant run second is compared with a main run that is not first",
+        "and print the variant against that repeat. Identical engine runs of one process spread "
+        '(docs/performance.md, "Engine runs of one call spread by up to 17%"); the two main runs '
+        "show that spread beside the variant",
     )
     ap.add_argument(
         "--warm-engine-requests",
@@ -398,7 +398,8 @@ def main() -> None:
         default=0,
         help="before the main run, build an engine of the main configuration and run this many of "
         "the requests on it, untimed, then drop it (0: none), so the main run is not the process's "
-        'first engine (docs/performance.md, "The first engine of a run is slower")',
+        'first engine (which did not take the spread of runs away: docs/performance.md, "Engine '
+        'runs of one call spread by up to 17%")',
     )
     ap.add_argument(
         "--logprobs",
