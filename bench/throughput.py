@@ -389,7 +389,7 @@ def main() -> None:
         default=True,
         help="with a variant: run the main configuration again after it (result key 'main_again') "
         "and print the variant against that repeat. Identical engine runs of one process spread "
-        '(docs/performance.md, "Engine runs of one call spread by up to 17%"); the two main runs '
+        '(docs/performance.md, "Engine runs of one call spread by up to 17%%"); the two main runs '
         "show that spread beside the variant",
     )
     ap.add_argument(
@@ -399,7 +399,7 @@ def main() -> None:
         help="before the main run, build an engine of the main configuration and run this many of "
         "the requests on it, untimed, then drop it (0: none), so the main run is not the process's "
         'first engine (which did not take the spread of runs away: docs/performance.md, "Engine '
-        'runs of one call spread by up to 17%")',
+        'runs of one call spread by up to 17%%")',
     )
     ap.add_argument(
         "--logprobs",

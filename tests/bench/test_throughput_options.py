@@ -210,6 +210,18 @@ def test_record_names_the_untimed_engine_a_call_began_with() -> None:
     assert _numerics({**run, "warm_engine_requests": 0}) == "dense-small, weights fp8"
 
 
+def test_the_help_prints_every_option() -> None:
+    # argparse formats help texts with %: a bare percent sign in one breaks --help alone.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "throughput.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--repeat-main" in done.stdout and "--warm-engine-requests" in done.stdout
+
+
 def test_a_negative_warm_engine_is_refused_before_any_work(tmp_path: Path) -> None:
     done = subprocess.run(
         [
