@@ -26,6 +26,14 @@ def _part_revision(part: Path) -> bytes:
     return dict(pq.read_metadata(part).metadata or {})[b"shardinfer.numerics_revision"]
 
 
+def _killed_at_its_first_commit(tmp_path: Path, model_dir: Path, shards: Path) -> tuple[Path, Path]:
+    """(job file, output) of a job of one-row splits whose run was killed after its first commit."""
+    job, out = fine_grained_job(tmp_path, model_dir, str(shards))
+    crashed = cli("submit", str(job), env=cli_env(SHARDINFER_TEST_CRASH_AT="after_commit"))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    return job, out
+
+
 def test_a_job_resumed_under_another_revision_is_warned_of_and_its_parts_say_which_wrote_them(
     tmp_path: Path,
     model_dir: Path,
@@ -34,13 +42,7 @@ def test_a_job_resumed_under_another_revision_is_warned_of_and_its_parts_say_whi
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    job, out = fine_grained_job(tmp_path, model_dir, str(shards))
-    crashed = cli(
-        "submit",
-        str(job),
-        env=cli_env(SHARDINFER_TEST_CRASH_AT="after_commit"),  # at the first commit
-    )
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    job, out = _killed_at_its_first_commit(tmp_path, model_dir, shards)
     first = set(marker_parts(out))
     assert 0 < len(first) < 24
     (record,) = _run_records(out)
@@ -87,13 +89,7 @@ def test_runs_of_versions_before_revisions_were_recorded_are_not_warned_of(
 ) -> None:
     # What such a run computed with is not known, so nothing is claimed about it. (Its record is
     # made to look like an older version's; its parts still carry this version's revision.)
-    job, out = fine_grained_job(tmp_path, model_dir, str(shards))
-    crashed = cli(
-        "submit",
-        str(job),
-        env=cli_env(SHARDINFER_TEST_CRASH_AT="after_commit"),  # at the first commit
-    )
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    job, out = _killed_at_its_first_commit(tmp_path, model_dir, shards)
     (path,) = sorted((out / "_runs").glob("*.json"))
     record = json.loads(path.read_text())
     del record["numerics_revision"], record["version"]
