@@ -362,9 +362,11 @@ def show_history(output: str, storage_options: dict[str, Any], as_json: bool = F
         if now != run.get("state"):
             end += f" (now {now}: last heartbeat {run.get('heartbeat')})"
         reason = f": {run.get('reason')}" if run.get("reason") and run.get("exit_code") else ""
+        # A record of a version before runs named their version and numerics revision has neither.
+        version = f" version={run['version']}/{run['numerics_revision']}" if "version" in run else ""
         print(
             f"{run.get('run_id')}  {run.get('state')}  started {run.get('started')}  {end}  "
-            f"workers={run.get('workers')} host={run.get('host')} "
+            f"workers={run.get('workers')} host={run.get('host')}{version} "
             f"splits_committed={run.get('splits_committed', '?')}{reason}"  # "?": killed before it could say
         )
     if not runs and not as_json:

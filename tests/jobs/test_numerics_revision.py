@@ -80,6 +80,9 @@ def test_a_job_resumed_under_another_revision_is_warned_of_and_its_parts_say_whi
         f"revisions  parts by numerics revision: {len(first)} under {was}, {24 - len(first)} under {later}"
         in capsys.readouterr().out
     )
+    assert main(["history", str(out)]) == 0
+    versions = [line.split("version=")[1].split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert versions == [f"{shardinfer.__version__}/{was}", f"{shardinfer.__version__}/{later}"]
     # Resuming lost and repeated nothing (the kernels themselves did not change here).
     assert committed_rows(str(out)) == reference
 
