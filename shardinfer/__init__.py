@@ -9,13 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shardinfer.engine.release import VERSION  # a constant's module: importing it loads no torch
+
 if TYPE_CHECKING:
     from shardinfer.engine.llm import LLM
     from shardinfer.engine.outputs import CompletionOutput, RequestOutput
     from shardinfer.engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
-__version__ = "0.1.0"
+__version__ = VERSION
 
 _LAZY = {
     "LLM": "shardinfer.engine.llm",

@@ -612,8 +612,7 @@ def commit_task(
     harness's results in the part's metadata, for results.json once every task is committed."""
     import pyarrow as pa
 
-    from shardinfer import __version__
-    from shardinfer.engine import numerics_revision
+    from shardinfer.engine import release
     from shardinfer.jobs.eval_dump import sample_rows, to_json
     from shardinfer.pipeline.runner import attempt_id
     from shardinfer.redaction import redact_text
@@ -632,8 +631,8 @@ def commit_task(
         "shardinfer.run_id": settings.run_id,
         "shardinfer.eval_task": split.path,
         # Which arithmetic the kernels scored with, and the version that ran them (docs/jobs.md).
-        "shardinfer.numerics_revision": str(numerics_revision.NUMERICS_REVISION),
-        "shardinfer.version": __version__,
+        "shardinfer.numerics_revision": str(release.NUMERICS_REVISION),
+        "shardinfer.version": release.VERSION,
         # Redacted as results.json is: the harness's config may quote a URL or an option.
         RESULTS_METADATA: redact_text(to_json(results)),
     }

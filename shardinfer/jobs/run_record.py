@@ -2,6 +2,7 @@
 
     started, host, pid, workers          when the run has the output location (after planning)
     version, numerics_revision           the shardinfer that ran, and its kernels' arithmetic
+                                         (engine/release.py)
     heartbeat                            rewritten every HEARTBEAT_S seconds while it runs
     ended, exit_code, state, reason      when it ends, whatever the ending (an exception included)
     splits_committed, repaired, counters what this run did
@@ -17,8 +18,7 @@ import socket
 import threading
 from typing import Any
 
-from shardinfer import __version__
-from shardinfer.engine import numerics_revision
+from shardinfer.engine import release
 from shardinfer.errors import EXIT_OK
 from shardinfer.writers.job_file import utc_now
 from shardinfer.writers.run_records import create_run_record, update_run_record
@@ -46,8 +46,8 @@ class RunRecorder:
             "pid": os.getpid(),
             "workers": workers,
             "generation": getattr(store, "_generation", None),
-            "version": __version__,
-            "numerics_revision": numerics_revision.NUMERICS_REVISION,
+            "version": release.VERSION,
+            "numerics_revision": release.NUMERICS_REVISION,
         }
         self.name = create_run_record(store, run_id, self.record)
         self._lock = threading.Lock()

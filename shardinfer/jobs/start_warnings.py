@@ -95,12 +95,12 @@ def other_live_runs(job: OpenedJob) -> list[StartWarning]:
 
 def other_numerics_revisions(job: OpenedJob) -> str:
     """Earlier runs of this job ran a shardinfer whose kernels compute differently (another
-    engine.numerics_revision): the splits they committed keep their bits, and the ones this run
+    engine.release.NUMERICS_REVISION): the splits they committed keep their bits, and the ones this run
     writes may differ from what those runs would have written. Runs of versions that recorded no
     revision are not counted: what they computed with is not known."""
     if job.state != "resume" or job.store_ is None or not job.committed:
         return ""
-    from shardinfer.engine.numerics_revision import NUMERICS_REVISION  # read at call time: tests set it
+    from shardinfer.engine.release import NUMERICS_REVISION, VERSION  # read at call time: tests set it
     from shardinfer.writers.run_records import read_run_records
 
     try:
@@ -116,12 +116,10 @@ def other_numerics_revisions(job: OpenedJob) -> str:
     )
     if not others:
         return ""
-    from shardinfer import __version__
-
     earlier = ", ".join(f"revision {revision} (shardinfer {version})" for revision, version in others)
     return (
         f"{len(job.committed)} split(s) are already committed, and earlier runs of this job computed with numerics "
-        f"{earlier}; this shardinfer {__version__} computes with revision {NUMERICS_REVISION}, so the splits it "
+        f"{earlier}; this shardinfer {VERSION} computes with revision {NUMERICS_REVISION}, so the splits it "
         "writes may differ in bits from what those runs would have written (the job summary counts parts by "
         "revision); to keep one revision's bits, finish the job with the version that started it, or rerun it "
         "whole with --conf job.start_over=true"

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from shardinfer import __version__
-from shardinfer.engine import numerics_revision
+from shardinfer.engine import release
 from shardinfer.engine.prompt_checks import LENGTH_FIX
 from shardinfer.engine.sampling_params import SamplingParams, default_sampling_params
 from shardinfer.errors import (
@@ -758,8 +757,8 @@ def parquet_metadata(job: OpenedJob, run_id: str) -> dict[str, str]:
         # What decides the numbers: dtype, batch invariance, weight quantisation, KV cache dtype.
         "shardinfer.numerics": json.dumps(job.fingerprint.get("engine.numerics"), sort_keys=True),
         # Which arithmetic the kernels computed this part with, and the version that ran them.
-        "shardinfer.numerics_revision": str(numerics_revision.NUMERICS_REVISION),
-        "shardinfer.version": __version__,
+        "shardinfer.numerics_revision": str(release.NUMERICS_REVISION),
+        "shardinfer.version": release.VERSION,
         "shardinfer.sampling": json.dumps(job.sampling.to_json_dict(), sort_keys=True),
         "shardinfer.engine": json.dumps(cfg.engine, sort_keys=True, default=str),
         "shardinfer.job_seed": str(cfg.job.seed),
@@ -1072,7 +1071,7 @@ def committed_totals(
 
 
 def part_numerics_revision(footer: dict[bytes, bytes]) -> str:
-    """The numerics revision a part was written under (engine.numerics_revision), or "unrecorded"
+    """The numerics revision a part was written under (engine.release), or "unrecorded"
     for a part of a version before parts recorded it."""
     return footer.get(b"shardinfer.numerics_revision", b"unrecorded").decode()
 
@@ -1092,7 +1091,7 @@ def finalize_job(job: OpenedJob, run_id: str, run_summary: dict[str, Any]) -> di
         "fingerprint": job.fingerprint["hash"],
         "numerics": job.fingerprint.get("engine.numerics"),
         # Parts by the revision of the kernels' arithmetic that wrote them: more than one when runs
-        # of versions that compute differently each committed splits (engine.numerics_revision).
+        # of versions that compute differently each committed splits (engine.release).
         "numerics_revisions": dict(sorted(revisions.items())),
         "task": job.config.job.task,
         "splits": len(job.splits),

@@ -48,14 +48,13 @@ def test_eval_dumps_results_and_samples(tmp_path: Path, capsys: pytest.CaptureFi
         assert dict(row["metrics"])["acc"] == float(best == row["choices"][int(row["target"])])
     success = json.loads((out / "_SUCCESS").read_text())
     assert success["totals"]["rows"] == 8
-    from shardinfer import __version__
-    from shardinfer.engine.numerics_revision import NUMERICS_REVISION
+    from shardinfer.engine.release import NUMERICS_REVISION, VERSION
 
     store = OutputStore(str(out))
     for marker in store.committed().values():  # each task's part names the arithmetic that scored it
         footer = store.read_part_metadata(marker["part"])
         assert footer[b"shardinfer.numerics_revision"] == str(NUMERICS_REVISION).encode()
-        assert footer[b"shardinfer.version"] == __version__.encode()
+        assert footer[b"shardinfer.version"] == VERSION.encode()
     capsys.readouterr()
     assert main(argv) == 0
     assert "already complete" in capsys.readouterr().err

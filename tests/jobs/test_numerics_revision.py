@@ -14,7 +14,7 @@ import pytest
 from pipeline_kit import cli, cli_env, committed_rows, fine_grained_job, marker_parts
 
 import shardinfer
-from shardinfer.engine import numerics_revision
+from shardinfer.engine import release
 from shardinfer.jobs.cli import main
 
 
@@ -46,7 +46,7 @@ def test_a_job_resumed_under_another_revision_is_warned_of_and_its_parts_say_whi
     first = set(marker_parts(out))
     assert 0 < len(first) < 24
     (record,) = _run_records(out)
-    was = numerics_revision.NUMERICS_REVISION
+    was = release.NUMERICS_REVISION
     assert (record["numerics_revision"], record["version"]) == (was, shardinfer.__version__)
 
     # The same version resumes in silence.
@@ -54,7 +54,7 @@ def test_a_job_resumed_under_another_revision_is_warned_of_and_its_parts_say_whi
     assert "numerics revision" not in capsys.readouterr().err
 
     later = was + 1
-    monkeypatch.setattr(numerics_revision, "NUMERICS_REVISION", later)
+    monkeypatch.setattr(release, "NUMERICS_REVISION", later)
     assert main(["submit", str(job)]) == 0
     captured = capsys.readouterr()
     assert (
@@ -102,7 +102,7 @@ def test_runs_of_versions_before_revisions_were_recorded_are_not_warned_of(
     assert "numerics revision" not in captured.err
     assert "revisions      " not in captured.out  # every part has one revision: no line
     summary = json.loads((out / "_SUCCESS").read_text())["summary"]
-    assert summary["numerics_revisions"] == {str(numerics_revision.NUMERICS_REVISION): 24}
+    assert summary["numerics_revisions"] == {str(release.NUMERICS_REVISION): 24}
     assert main(["status", "--json", str(out)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["numerics_revisions"] == {str(numerics_revision.NUMERICS_REVISION): 24}
+    assert report["numerics_revisions"] == {str(release.NUMERICS_REVISION): 24}

@@ -1,4 +1,7 @@
-"""Which arithmetic this version's kernels and ops compute a row with.
+"""This release of shardinfer: its version, and which arithmetic its kernels compute a row with.
+
+VERSION is the package's version (pyproject.toml names the same; a test checks they agree). It lives
+here, below the layers that record it in outputs, rather than in the package's facade.
 
 Batch invariance makes a row's bits a pure function of model, prompt, parameters and seed within
 one version of shardinfer on one kind of device. A change to a kernel's arithmetic (another
@@ -11,4 +14,5 @@ The revision is one number for every device and configuration: a change that onl
 the FP8 GEMM on Hopper raises it for all, and parts of two revisions *may* differ, not must.
 """
 
+VERSION = "0.1.0"
 NUMERICS_REVISION = 1
