@@ -46,20 +46,18 @@ def test_tma_tilings_are_the_defaults_with_operands_through_tma() -> None:
         fp8_matmul.CONFIG_OVERRIDES.update(saved)
 
 
-def test_tma_tiling_without_fp8_weights_is_refused(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "throughput.py"),
-            "--fp8-tiling",
-            "tma",
-            "--out",
-            str(tmp_path),
-        ],
+def _throughput(*args: str) -> subprocess.CompletedProcess[str]:
+    """bench/throughput.py run with `args`: --help, or options it must refuse before any GPU work."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "throughput.py"), *args],
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_tma_tiling_without_fp8_weights_is_refused(tmp_path: Path) -> None:
+    done = _throughput("--fp8-tiling", "tma", "--out", str(tmp_path))
     assert done.returncode == 2 and "add --quantization fp8" in done.stderr, done.stderr[-2000:]
     assert not list(tmp_path.iterdir())
 
@@ -212,30 +210,13 @@ def test_record_names_the_untimed_engine_a_call_began_with() -> None:
 
 def test_the_help_prints_every_option() -> None:
     # argparse formats help texts with %: a bare percent sign in one breaks --help alone.
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "throughput.py"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _throughput("--help")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--repeat-main" in done.stdout and "--warm-engine-requests" in done.stdout
 
 
 def test_a_negative_warm_engine_is_refused_before_any_work(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "throughput.py"),
-            "--warm-engine-requests",
-            "-3",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _throughput("--warm-engine-requests", "-3", "--out", str(tmp_path))
     assert done.returncode == 2 and "--warm-engine-requests: got -3" in done.stderr, done.stderr[-2000:]
     assert not list(tmp_path.iterdir())
 
