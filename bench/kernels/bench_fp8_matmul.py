@@ -88,9 +88,10 @@ SPLIT_CANDIDATES = (
     ]
     + [fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True, split_k=2)]
 )
-# The down projection's split (fp8_matmul._default: K >= 3N over at most SPLIT_MAX_N columns splits K in two, through the workspace
-# up to 256 rows, in one program above) against the unsplit tilings it replaced; the two split
-# paths must give equal bits (the sweep compares tilings within a split_k).
+# The down projection's split (fp8_matmul._default: K >= 3N over at most SPLIT_MAX_N columns
+# splits K in two, through the workspace up to 256 rows, in one program above) against the unsplit
+# tilings it replaced; the two split paths must give equal bits (the sweep compares tilings within
+# a split_k).
 SETTING_CANDIDATES = [
     fp8_matmul.Fp8TileConfig(64, 128, num_warps=4, num_stages=4, persistent=False, tma=True),
     fp8_matmul.Fp8TileConfig(64, 64, num_warps=4, num_stages=6, persistent=False, tma=True),
