@@ -11,7 +11,7 @@ give rows bitwise equal to the default tiling's (whether a problem could switch 
 stay batch invariant) and times them. --ws times the two kernels fp8_matmul chooses between by M
 (the TMA kernel and the warp-specialised one) at every shape, each forced, bits compared.
 
-    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--ws] [--sweep | --splits | --settings]
+    python bench/kernels/bench_fp8_matmul.py [--models 8b] [--out DIR] [--ws] [--sweep | --splits | --settings] [--sweep-ms 64,256]
 
 --write-configs instead times every candidate of the default's split_k at the decode sizes
 (DECODE_RANGES) and writes, per range, the fastest one whose rows equal the default tiling's bit for
@@ -279,6 +279,11 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time and compare the candidate tilings")
     ap.add_argument("--tma-only", action="store_true", help="sweep only the candidates with tma=True")
     ap.add_argument(
+        "--sweep-ms",
+        default="64,256,8192",
+        help="the M (of --ms) at which --sweep, --splits or --settings time the candidates",
+    )
+    ap.add_argument(
         "--splits",
         action="store_true",
         help="sweep the fixed split-K candidates (with the default tiling first, for reference)",
@@ -310,6 +315,7 @@ def main() -> None:
         candidates = [fp8_matmul.tile_config(0, 0, 256), *SPLIT_CANDIDATES]
     if args.settings:
         candidates = SETTING_CANDIDATES
+    sweep_ms = {int(m) for m in args.sweep_ms.split(",")}
     ceiling = fp8_matmul_rate()
     print(f"FP8 ceiling (torch._scaled_mm 8192^3): {ceiling / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
@@ -323,7 +329,7 @@ def main() -> None:
             if proj == "lm_head":  # stays bf16 in FP8 models
                 continue
             for m in map(int, args.ms.split(",")):
-                sweep = (args.sweep or args.splits or args.settings) and m in (64, 256, 8192)
+                sweep = (args.sweep or args.splits or args.settings) and m in sweep_ms
                 r = time_shape(n, k, m, candidates if sweep else None, args.ws)
                 r.update(model=model, proj=proj)
                 rows.append(r)
