@@ -69,6 +69,15 @@ def _timed_copy(n_bytes: int) -> float:
     return 2 * n_bytes / (median_ms(lambda: dst.copy_(src), reps=10) * 1e-3)
 
 
+def gpu_probe() -> dict[str, float]:
+    """Copy bandwidth (GB/s) and bf16 matmul rate (TFLOP/s) of the GPU now, on fixed work: taken
+    before each engine run of a call, it tells a run made slow by the GPU (the probe slower too)
+    from one made slow by its own state (the probe as fast as before the other runs)."""
+    probe = {"copy_GBps": _timed_copy(1 << 29) / 1e9, "matmul_TFLOPs": _timed_matmul(4096) / 1e12}
+    torch.cuda.empty_cache()
+    return probe
+
+
 def matmul_rate() -> float:
     """bf16 8192^3 matmul rate in FLOP/s."""
     rate = _timed_matmul(8192)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_timing import StepBytes, copy_bandwidth, decode_bytes, fp8_gemm_rates
+from bench.gpu_timing import StepBytes, copy_bandwidth, decode_bytes, fp8_gemm_rates, gpu_probe
 from bench.record import variant_changes
 from bench.slow_steps import SlowStepSampler, summary_lines
 from bench.workloads import SHAPES, add_step_limit_args, bench_commit, build_checkpoint, requests
@@ -44,6 +44,7 @@ from shardinfer.kernels import fp8_matmul, matmul
 def run_shardinfer(
     model_dir: Path, reqs: list[tuple[list[int], int]], args: argparse.Namespace
 ) -> dict[str, Any]:
+    probe = gpu_probe()  # before this engine takes the free memory for its cache
     llm = LLM(
         model_dir,
         device="cuda",
@@ -90,6 +91,7 @@ def run_shardinfer(
     t0 = time.perf_counter()
     out_tokens = 0
     decode_steps: list[tuple[int, float, int]] = []  # (batch size, seconds, kv tokens)
+    step_ms: list[float] = []  # every step's wall, in order (kept with --keep-step-times)
     busy = 0.0
     graphed_s = eager_s = 0.0
     graphed_n = eager_n = 0
@@ -102,6 +104,7 @@ def run_shardinfer(
         sampler.end()
         step_s = time.perf_counter() - s
         busy += step_s
+        step_ms.append(round(step_s * 1e3, 2))
         if engine.runner.last_step_graphed:
             graphed_s, graphed_n = graphed_s + step_s, graphed_n + 1
             running = engine.scheduler.running
@@ -136,6 +139,8 @@ def run_shardinfer(
         "kv_bytes_per_token": step_bytes.kv_per_token,
         "step_bytes": dataclasses.asdict(step_bytes),
         "slow_step_stacks": slow_step_stacks,
+        "gpu_probe_before": probe,
+        **({"step_ms": step_ms} if getattr(args, "keep_step_times", False) else {}),
     }
 
 
@@ -313,7 +318,9 @@ def _same_call_run(run: dict[str, Any], bw: float) -> dict[str, Any]:
     """What a JSON keeps of a second run in the same call (a variant, the main run repeated): with
     the GPU's idle time between steps and the cache, to tell a host-bound run from a slower GPU."""
     names = ("output_tok_s", "wall_s", "eager_s", "graphed_s", "gpu_idle_between_steps_s", "host_gap_s")
-    kept = {k: run[k] for k in (*names, "kv_cache_tokens", "max_num_seqs", "preemptions")}
+    kept = {k: run[k] for k in (*names, "kv_cache_tokens", "max_num_seqs", "preemptions", "gpu_probe_before")}
+    if "step_ms" in run:
+        kept["step_ms"] = run["step_ms"]
     return {**kept, "decode": _decode_summary(run.pop("decode_steps"), run, bw)[1]}
 
 
@@ -400,6 +407,12 @@ def main() -> None:
         "the requests on it, untimed, then drop it (0: none), so the main run is not the process's "
         'first engine (which did not take the spread of runs away: docs/performance.md, "Engine '
         'runs of one call spread by up to 17%%")',
+    )
+    ap.add_argument(
+        "--keep-step-times",
+        action="store_true",
+        help="keep every step's wall time, in order, in each run's result (key 'step_ms'): the runs "
+        "of one call replay the same schedule, so the series shows where a slow run lost its time",
     )
     ap.add_argument(
         "--logprobs",
