@@ -626,6 +626,15 @@ def main() -> None:
             f"{main_again['eager_s']:.2f} s, decode step "
             f"{(main_again['decode'] or {}).get('median_step_ms', float('nan')):.2f} ms)"
         )
+    probes = [("main", ours), ("variant", variant), ("main again", main_again)]
+    print(
+        "GPU probe before each run (copy GB/s, bf16 matmul TFLOP/s): "
+        + "; ".join(
+            f"{name} {r['gpu_probe_before']['copy_GBps']:.0f}, {r['gpu_probe_before']['matmul_TFLOPs']:.0f}"
+            for name, r in probes
+            if r
+        )
+    )
     if fp8_gemm:
         print(
             f"fp8 GEMM at M={fp8_gemm['m']}, N={fp8_gemm['n']}, K={fp8_gemm['k']}: {fp8_gemm['ours_tflops']:.0f} "
