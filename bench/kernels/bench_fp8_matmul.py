@@ -125,6 +125,25 @@ def _warp_specialized(on: bool, persistent: bool = False) -> Iterator[None]:
         )
 
 
+# Smaller tiles for the warp-specialised kernel's persistent schedule (block_m, block_n, warps: one
+# consumer warpgroup per 64 rows): at decode batches of 512-1024 rows its 128 x 128 tiles leave a
+# partial last wave (bench/kernels/NOTES.md, "The FP8 GEMM at 512 and 1024 rows"). The same bits.
+WS_TILES = ((128, 64, 8), (64, 128, 4), (64, 64, 4))
+
+
+@contextlib.contextmanager
+def _ws_tile(block_m: int, block_n: int, num_warps: int) -> Iterator[None]:
+    """fp8_matmul_ws's tile changed for the block."""
+    from shardinfer.kernels import fp8_matmul_ws
+
+    saved = fp8_matmul_ws.BLOCK_M, fp8_matmul_ws.BLOCK_N, fp8_matmul_ws.NUM_WARPS
+    fp8_matmul_ws.BLOCK_M, fp8_matmul_ws.BLOCK_N, fp8_matmul_ws.NUM_WARPS = block_m, block_n, num_warps
+    try:
+        yield
+    finally:
+        fp8_matmul_ws.BLOCK_M, fp8_matmul_ws.BLOCK_N, fp8_matmul_ws.NUM_WARPS = saved
+
+
 def time_shape(
     n: int, k: int, m: int, configs: list[fp8_matmul.Fp8TileConfig] | None, kernels: bool = False
 ) -> dict[str, Any]:
@@ -161,6 +180,11 @@ def time_shape(
                 equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
                 us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
             row[name] = {"us": us, "bitwise_equal": equal}
+        for bm, bn, nw in WS_TILES:
+            with _warp_specialized(True, True), _ws_tile(bm, bn, nw):
+                equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
+                us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
+            row[f"warp_specialized_persistent_{bm}x{bn}"] = {"us": us, "bitwise_equal": equal}
     if configs:
         # Each tiling's rows against the first tiling of its split_k (the default for unsplit ones):
         # equal bits mean the two could serve one problem at different M.
@@ -339,7 +363,8 @@ def main() -> None:
                     f"{r['ours_fp8_us'] / r['bf16_us']:>8.2f}",
                     flush=True,
                 )
-                for name in ("tma", "warp_specialized", "warp_specialized_persistent"):
+                ws_tiles = [f"warp_specialized_persistent_{bm}x{bn}" for bm, bn, _ in WS_TILES]
+                for name in ("tma", "warp_specialized", "warp_specialized_persistent", *ws_tiles):
                     if name in r:
                         print(
                             f"    {name} kernel: {r[name]['us']:.1f} us, bitwise equal={r[name]['bitwise_equal']}"
