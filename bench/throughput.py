@@ -87,6 +87,21 @@ def run_shardinfer(
         return launched
 
     engine._launch = timed_launch  # type: ignore[method-assign]
+    # The engine thread's only wait on the device is reading a launched step's tokens back: the
+    # time it spends there is time the host was ahead of the GPU. Near zero: the GPU waited for the
+    # host instead (a host-bound run), which the idle time between launches does not see when the
+    # wait falls inside a launch (the batch built before its forward is queued).
+    read_back = engine.outputs.read_back
+    read_back_s = 0.0
+
+    def timed_read_back(step: Any) -> Any:
+        nonlocal read_back_s
+        s = time.perf_counter()
+        accepted = read_back(step)
+        read_back_s += time.perf_counter() - s
+        return accepted
+
+    engine.outputs.read_back = timed_read_back  # type: ignore[method-assign]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     out_tokens = 0
@@ -115,6 +130,7 @@ def run_shardinfer(
     wall = time.perf_counter() - t0
     slow_step_stacks = sampler.close()
     engine._launch = launch  # type: ignore[method-assign]
+    engine.outputs.read_back = read_back  # type: ignore[method-assign]
     idle_ms = sum(max(0.0, marks[i][1].elapsed_time(marks[i + 1][0])) for i in range(len(marks) - 1))
     stats = engine.stats()
     step_bytes = decode_bytes(engine)
@@ -130,6 +146,7 @@ def run_shardinfer(
         "host_gap_s": wall - busy,
         "decode_steps": decode_steps,
         "gpu_idle_between_steps_s": idle_ms / 1e3,
+        "read_back_wait_s": read_back_s,
         "async_scheduling": engine.async_scheduling,
         "graphed_steps": graphed_n,
         "graphed_s": graphed_s,
@@ -317,7 +334,15 @@ def _decode_summary(
 def _same_call_run(run: dict[str, Any], bw: float) -> dict[str, Any]:
     """What a JSON keeps of a second run in the same call (a variant, the main run repeated): with
     the GPU's idle time between steps and the cache, to tell a host-bound run from a slower GPU."""
-    names = ("output_tok_s", "wall_s", "eager_s", "graphed_s", "gpu_idle_between_steps_s", "host_gap_s")
+    names = (
+        "output_tok_s",
+        "wall_s",
+        "eager_s",
+        "graphed_s",
+        "gpu_idle_between_steps_s",
+        "host_gap_s",
+        "read_back_wait_s",
+    )
     kept = {k: run[k] for k in (*names, "kv_cache_tokens", "max_num_seqs", "preemptions", "gpu_probe_before")}
     if "step_ms" in run:
         kept["step_ms"] = run["step_ms"]
@@ -628,9 +653,11 @@ def main() -> None:
         )
     probes = [("main", ours), ("variant", variant), ("main again", main_again)]
     print(
-        "GPU probe before each run (copy GB/s, bf16 matmul TFLOP/s): "
+        "GPU probe before each run (copy GB/s, bf16 matmul TFLOP/s) and the seconds the host waited "
+        "for the GPU's tokens: "
         + "; ".join(
-            f"{name} {r['gpu_probe_before']['copy_GBps']:.0f}, {r['gpu_probe_before']['matmul_TFLOPs']:.0f}"
+            f"{name} {r['gpu_probe_before']['copy_GBps']:.0f}, {r['gpu_probe_before']['matmul_TFLOPs']:.0f}, "
+            f"{r['read_back_wait_s']:.2f} s"
             for name, r in probes
             if r
         )
