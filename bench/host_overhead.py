@@ -42,6 +42,24 @@ class StubModel:
         return self.logits_row.expand(hidden.shape[0], -1)
 
 
+class FixedChoice:
+    """What ops.sample_with_logprobs returns (token, its logprob, the row's logsumexp), by argmax.
+    The stub's logits are one fixed row, so the answer for a batch size is computed once: a GPU
+    step's choice is a kernel launch, and the CPU's own arithmetic would hide the engine's time."""
+
+    def __init__(self) -> None:
+        self.by_rows: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def __call__(
+        self, raw: torch.Tensor, x: torch.Tensor, *rest: Any, top: TopLogprob | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        if top is not None:
+            return _argmax_with_logprobs(raw, x, top=top)
+        if raw.shape[0] not in self.by_rows:
+            self.by_rows[raw.shape[0]] = _argmax_with_logprobs(raw, x)
+        return tuple(t.clone() for t in self.by_rows[raw.shape[0]])
+
+
 def _argmax_with_logprobs(
     raw: torch.Tensor, x: torch.Tensor, *rest: Any, top: TopLogprob | None = None
 ) -> tuple[torch.Tensor, ...]:
@@ -78,7 +96,7 @@ def main() -> None:
         # On a GPU the token choice is one kernel launch; here the CPU reference would dominate,
         # so it is replaced by an argmax to leave only the engine's own bookkeeping.
         sampler.gumbel_noise = lambda seeds, positions, vocab: None
-        sampler.ops = SimpleNamespace(sample_with_logprobs=_argmax_with_logprobs)
+        sampler.ops = SimpleNamespace(sample_with_logprobs=FixedChoice())
         params = SamplingParams(
             temperature=0.0, max_tokens=args.steps + 10, ignore_eos=True, logprobs=args.logprobs or None
         )
