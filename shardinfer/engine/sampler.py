@@ -175,7 +175,9 @@ def sample_on_device(
     """
     logits = logits.float()
     x = logits
-    special = [i for i, r in enumerate(rows) if _needs_processing(r)]
+    # Rows that need work of their own; grammar rows do not (their masks are applied together), so
+    # a constrained step launches no per-row operation for them.
+    special = [i for i, r in enumerate(rows) if r.blocked_token_ids or r.params.has_penalties]
     masked = grammar is not None and bool(grammar.rows)
     if special or masked:
         x = logits.clone()  # the masks write in place; the caller's logits stay as they were
@@ -190,13 +192,30 @@ def sample_on_device(
         _apply_grammar(x, grammar)
     dev = x.device
 
-    # Every row's sampling settings in one copy (a launch path with asynchronous scheduling).
+    # Every row's sampling settings in one copy (a launch path with asynchronous scheduling). Rows
+    # of one step mostly share their params: each distinct params' settings are read once.
+    vocab = x.shape[-1]
+    settings: dict[int, tuple[float, int, float, float, bool, int]] = {}
+    per_row: list[tuple[float, int, float, float, bool, int]] = []
+    for r in rows:
+        p = r.params
+        row_settings = settings.get(id(p))
+        if row_settings is None:
+            row_settings = settings[id(p)] = (
+                0.0 if p.greedy else p.temperature,
+                p.top_k,
+                p.top_p,
+                p.min_p,
+                _filters(p, vocab),
+                p.logprobs or 0,
+            )
+        per_row.append(row_settings)
     temperature, top_k, top_p, min_p, seeds, positions = columns_to_device(
         [
-            np.array([0.0 if r.params.greedy else r.params.temperature for r in rows], dtype=np.float32),
-            np.array([r.params.top_k for r in rows], dtype=np.int32),
-            np.array([r.params.top_p for r in rows], dtype=np.float32),
-            np.array([r.params.min_p for r in rows], dtype=np.float32),
+            np.array([c[0] for c in per_row], dtype=np.float32),
+            np.array([c[1] for c in per_row], dtype=np.int32),
+            np.array([c[2] for c in per_row], dtype=np.float32),
+            np.array([c[3] for c in per_row], dtype=np.float32),
             np.array([r.seed for r in rows], dtype=np.int64),
             np.array([r.position for r in rows], dtype=np.int64),
         ],
@@ -204,10 +223,10 @@ def sample_on_device(
     )
     if position_shift is not None:
         positions = positions - position_shift
-    noise = None if x.is_cuda else gumbel_noise(seeds, positions, x.shape[-1])
+    noise = None if x.is_cuda else gumbel_noise(seeds, positions, vocab)
     # Whether any row filters is known here, on the host; a row's token is the same either way.
-    filtered = any(_filters(r.params, x.shape[-1]) for r in rows)
-    k_per_row = [r.params.logprobs or 0 for r in rows]
+    filtered = any(c[4] for c in per_row)
+    k_per_row = [c[5] for c in per_row]
     top_k_max = max(k_per_row, default=0)
     # One top logprob per token (logprobs=1, the common ask) comes out of the pass that computes
     # the log-sum-exp (kernels/top_logprob.py); more take a top-k over the raw logits.
@@ -231,12 +250,6 @@ def _filters(p: SamplingParams, vocab: int) -> bool:
     if p.greedy:
         return False
     return 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0
-
-
-def _needs_processing(row: SamplingRow) -> bool:
-    """Rows that need work of their own; grammar rows do not (their masks are applied together),
-    so a constrained step launches no per-row operation for them."""
-    return bool(row.blocked_token_ids or row.params.has_penalties)
 
 
 def _apply_grammar(x: torch.Tensor, grammar: GrammarMasks) -> None:
@@ -300,9 +313,13 @@ def plan_sampling(
     first_rows: list[int] = []
     for req, count in zip(reqs, counts, strict=True):
         first_rows.append(len(rows))
-        # Row j scores the token at position (tokens before the drafts) + j.
-        base = req.num_tokens - (count - 1)
-        rows.extend(sampling_row(req, base + j, eos_token_ids) for j in range(count))
+        num_tokens = req.num_tokens
+        if count == 1:  # the common row: no drafts
+            rows.append(sampling_row(req, num_tokens, eos_token_ids))
+        else:
+            # Row j scores the token at position (tokens before the drafts) + j.
+            base = num_tokens - (count - 1)
+            rows.extend(sampling_row(req, base + j, eos_token_ids) for j in range(count))
     if constrained is None:
         constrained = [
             (r, first_rows[i]) for i, r in enumerate(reqs) if r.grammar is not None and not r.status.finished
@@ -331,6 +348,7 @@ def plan_sampling(
         slots.append(req.num_output_tokens - 1)
         if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
             req.finishing = True
+    # The newest slot of each request, its placeholder now appended.
     newest = [r.num_tokens - 1 for r in reqs]
     return SamplingPlan(
         step_logits, batch, rows, slots, constrained, newest_positions=newest, draft_confidence=confidence

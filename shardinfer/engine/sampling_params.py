@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,13 +162,15 @@ class SamplingParams:
             if so["schema_type"] not in SO_SCHEMA_TYPES:
                 raise bad("structured_output", so, f"schema_type must be one of {SO_SCHEMA_TYPES}")
 
-    @property
+    # The params are frozen, so what the engine derives from them on every step is computed once
+    # (a decode step reads it for each of its rows: engine/sampler.py).
+    @functools.cached_property
     def greedy(self) -> bool:
         """Whether tokens are the argmax of the (penalised, masked) logits: temperature 0, or one
         below GREEDY_BELOW."""
         return self.temperature < GREEDY_BELOW
 
-    @property
+    @functools.cached_property
     def has_penalties(self) -> bool:
         """Whether any repetition / presence / frequency penalty is on."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

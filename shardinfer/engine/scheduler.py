@@ -64,6 +64,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
+        block_size = self.blocks.block_size
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -71,6 +72,13 @@ class Scheduler:
             # finishing: its last token is in flight. n == 0: a prompt-only request whose last chunk is
             # in flight; it is retired when that step is read back.
             if n <= 0 or req.finishing:
+                i += 1
+                continue
+            if req.num_computed_tokens + n <= len(req.block_table) * block_size:
+                # Its blocks already hold the new tokens (most decode steps): nothing to allocate.
+                batch.requests.append(req)
+                batch.num_new_tokens.append(n)
+                budget -= n
                 i += 1
                 continue
             while not self.blocks.can_allocate(req, req.num_computed_tokens + n):

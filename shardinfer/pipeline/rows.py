@@ -388,7 +388,9 @@ def _cache_key(changes: dict[str, Any]) -> tuple[tuple[str, str, Any], ...] | No
 
 def _seeded(params: SamplingParams, seed: int, first: bool) -> SamplingParams:
     """`params.replace(n=1, seed=seed)` without validating again: `params` is valid, n=1 is, and
-    derived seeds are 63-bit by construction. A shallow copy: nothing mutates params' lists.
+    derived seeds are 63-bit by construction. A shallow copy: nothing mutates params' lists. The
+    values SamplingParams caches (greedy, has_penalties) depend on none of the fields changed here,
+    so they are copied with the rest.
 
     Prompt logprobs are a property of the row, not of a sample: only the first sample asks for
     them (the output stores them once per row), so the others skip that work and may reuse the
