@@ -37,6 +37,7 @@ from shardinfer.engine.draft_device import count_accepted, mtp_drafts
 from shardinfer.engine.drafting import Drafter
 from shardinfer.engine.grammar_masks import GrammarMaskFiller, constrained_rows
 from shardinfer.engine.heap import freeze_startup_heap
+from shardinfer.engine.host_threads import limit_host_threads
 from shardinfer.engine.in_flight import InFlightStep
 from shardinfer.engine.model_runner import ModelRunner, StepLogits
 from shardinfer.engine.models.config import ModelConfig, model_directory
@@ -175,6 +176,8 @@ class LLMEngine:
             # mid-run (heap.py). A CPU step is long next to such a pause, so CPU engines skip it.
             with phases.phase("heap_freeze_s"):
                 freeze_startup_heap()
+            # After the build, whose CPU work (loading, quantising) may use every thread.
+            limit_host_threads(self.device)
         # Seconds per start-up phase, in the order they ran, and the whole build (engine/startup_phases.py).
         self.startup_phases: dict[str, float] = {**phases.seconds, "total_s": time.monotonic() - started}
 
