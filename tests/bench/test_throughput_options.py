@@ -13,6 +13,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.kernels.bench_matmul import MODELS  # noqa: E402
 from bench.throughput import (  # noqa: E402
+    _decode_summary,
     changed_flags,
     changed_tilings,
     parse_flags,
@@ -232,3 +233,18 @@ def test_a_variant_on_another_kv_cache_dtype_is_named_in_results() -> None:
         == "max_num_seqs=512 KV auto"
     )
     assert variant_changes({"settings": "max_num_seqs=512"}) == "max_num_seqs=512"
+
+
+def test_decode_summary_takes_the_median_context_of_the_sampled_top_batch_steps() -> None:
+    step_bytes = {"dense": 1000, "experts": 0, "num_experts": 0, "top_k": 0, "kv_per_token": 10}
+    # Top-batch steps (batch >= 0.9 of the largest) with context sampled on some only (-1: not summed).
+    steps = [(100, 0.010, 5000), (100, 0.030, -1), (95, 0.020, 7000), (100, 0.040, -1), (10, 0.001, 100)]
+    fraction, summary = _decode_summary(steps, {"step_bytes": step_bytes}, 1e6)
+    assert summary is not None
+    assert summary["kv_tokens"] == 7000  # the median of 5000 and 7000, upper of the two
+    assert summary["median_step_ms"] == 30.0  # of 10, 20, 30, 40 ms
+    assert fraction == (1000 + 7000 * 10) / 1e6 / 0.030
+    # No sampled step among the top batches: the largest sampled batch's steps give the context.
+    steps = [(100, 0.010, -1), (100, 0.030, -1), (50, 0.005, 3000), (50, 0.005, 4000), (10, 0.001, 100)]
+    _, summary = _decode_summary(steps, {"step_bytes": step_bytes}, 1e6)
+    assert summary is not None and summary["kv_tokens"] == 4000
