@@ -245,6 +245,8 @@ def _numerics(r: dict) -> str:
         extra.append("bf16 default tilings")
     if r.get("quantization") == "fp8" and r.get("fp8_tilings") == "measured":
         extra.append("FP8 measured tilings")  # this GPU model's file, not the defaults
+    if r.get("omp_num_threads_env"):  # set in the environment of the run (engine/host_threads.py)
+        extra.append(f"OMP_NUM_THREADS={r['omp_num_threads_env']}")
     if r.get("warm_engine_requests"):  # throughput.py --warm-engine-requests: the call began with it
         extra.append(f"after an untimed engine of {r['warm_engine_requests']} requests")
     settings = r.get("settings") or {}

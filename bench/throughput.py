@@ -23,6 +23,7 @@ import dataclasses
 import datetime as dt
 import gc
 import json
+import os
 import sys
 import tempfile
 import time
@@ -606,6 +607,10 @@ def main() -> None:
         "in_range": args.in_range,
         "out_range": args.out_range,
         "warm_engine_requests": args.warm_engine_requests,
+        # The host's CPU threads for torch after the engines' builds (engine/host_threads.py), and
+        # OMP_NUM_THREADS where the environment set it.
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "settings": {
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,

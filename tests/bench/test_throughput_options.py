@@ -209,6 +209,14 @@ def test_record_names_the_untimed_engine_a_call_began_with() -> None:
     assert _numerics({**run, "warm_engine_requests": 0}) == "dense-small, weights fp8"
 
 
+def test_record_names_omp_num_threads_where_the_environment_set_it() -> None:
+    from bench.record import _numerics
+
+    run = {"workload": "dense-small", "quantization": "fp8", "omp_num_threads_env": "1"}
+    assert _numerics(run) == "dense-small, weights fp8, OMP_NUM_THREADS=1"
+    assert _numerics({**run, "omp_num_threads_env": None}) == "dense-small, weights fp8"
+
+
 def test_the_help_prints_every_option() -> None:
     # argparse formats help texts with %: a bare percent sign in one breaks --help alone.
     done = _throughput("--help")
