@@ -166,9 +166,9 @@ class BlockManager:
 
     def register_full_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Give every newly completed full block its chained hash so later requests can reuse it."""
-        if not self.enable_prefix_caching or num_computed_tokens // self.block_size <= len(
-            request.block_hashes
-        ):
+        if not self.enable_prefix_caching:
+            return
+        if num_computed_tokens // self.block_size <= len(request.block_hashes):
             return  # no block newly full (the common case: called for every request every step)
         # A block holding a token still being sampled cannot be hashed yet; it is caught up later.
         full = min(num_computed_tokens, request.num_resolved_tokens) // self.block_size
