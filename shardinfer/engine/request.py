@@ -31,7 +31,10 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+        return self not in _LIVE
+
+
+_LIVE = frozenset({RequestStatus.WAITING, RequestStatus.RUNNING})  # read on every step for each request
 
 
 @dataclass(eq=False)

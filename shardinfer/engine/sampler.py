@@ -34,7 +34,7 @@ DRAFTS = -1  # the request's draft tokens hold this step's slots (speculative de
 DISCARDED = -2  # the request finished before this step sampled: its row's token is dropped
 
 
-@dataclass
+@dataclass(slots=True)
 class SamplingRow:
     params: SamplingParams
     seed: int
