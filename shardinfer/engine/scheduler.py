@@ -74,21 +74,16 @@ class Scheduler:
             if n <= 0 or req.finishing:
                 i += 1
                 continue
-            if req.num_computed_tokens + n <= len(req.block_table) * block_size:
-                # Its blocks already hold the new tokens (most decode steps): nothing to allocate.
-                batch.requests.append(req)
-                batch.num_new_tokens.append(n)
-                budget -= n
-                i += 1
-                continue
-            while not self.blocks.can_allocate(req, req.num_computed_tokens + n):
-                victim = self.running[-1]
-                self._preempt(victim, batch)
-                if victim is req:
-                    break
-            if req.status is not RequestStatus.RUNNING:
-                continue  # it preempted itself; the list shrank, i already points past it
-            self.blocks.allocate(req, req.num_computed_tokens + n)
+            # Most decode steps need no block: the request's blocks already hold its new tokens.
+            if req.num_computed_tokens + n > len(req.block_table) * block_size:
+                while not self.blocks.can_allocate(req, req.num_computed_tokens + n):
+                    victim = self.running[-1]
+                    self._preempt(victim, batch)
+                    if victim is req:
+                        break
+                if req.status is not RequestStatus.RUNNING:
+                    continue  # it preempted itself; the list shrank, i already points past it
+                self.blocks.allocate(req, req.num_computed_tokens + n)
             batch.requests.append(req)
             batch.num_new_tokens.append(n)
             budget -= n
