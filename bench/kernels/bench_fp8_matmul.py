@@ -171,20 +171,17 @@ def time_shape(
     # problem has only the first).
     if kernels and fp8_matmul.tile_config(n, k, m).split_k == 1:
         default = fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1])
-        for name, on, persistent in (
-            ("tma", False, False),
-            ("warp_specialized", True, False),
-            ("warp_specialized_persistent", True, True),
-        ):
-            with _warp_specialized(on, persistent):
+        forced: list[tuple[str, bool, bool, tuple[int, int, int] | None]] = [
+            ("tma", False, False, None),
+            ("warp_specialized", True, False, None),
+            ("warp_specialized_persistent", True, True, None),
+            *((f"warp_specialized_persistent_{t[0]}x{t[1]}", True, True, t) for t in WS_TILES),
+        ]
+        for name, on, persistent, tile in forced:
+            with _warp_specialized(on, persistent), _ws_tile(*tile) if tile else contextlib.nullcontext():
                 equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
                 us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
             row[name] = {"us": us, "bitwise_equal": equal}
-        for bm, bn, nw in WS_TILES:
-            with _warp_specialized(True, True), _ws_tile(bm, bn, nw):
-                equal = torch.equal(fp8_matmul.linear_fp8(x, ws[0][0], ws[0][1]), default)
-                us = 1e3 * graph_ms_per_call([lambda w=w: fp8_matmul.linear_fp8(x, w[0], w[1]) for w in ws])
-            row[f"warp_specialized_persistent_{bm}x{bn}"] = {"us": us, "bitwise_equal": equal}
     if configs:
         # Each tiling's rows against the first tiling of its split_k (the default for unsplit ones):
         # equal bits mean the two could serve one problem at different M.
@@ -296,6 +293,19 @@ def _all_candidates(tma_only: bool) -> list[fp8_matmul.Fp8TileConfig]:
     return unique
 
 
+def _row_counts(text: str) -> set[int]:
+    """--sweep-ms: comma-separated positive row counts."""
+    try:
+        counts = {int(m) for m in text.split(",")}
+    except ValueError:
+        counts = set()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give positive row counts separated by commas, e.g. 512,1024"
+        )
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="8b")
@@ -304,6 +314,7 @@ def main() -> None:
     ap.add_argument("--tma-only", action="store_true", help="sweep only the candidates with tma=True")
     ap.add_argument(
         "--sweep-ms",
+        type=_row_counts,
         default="64,256,8192",
         help="the M (of --ms) at which --sweep, --splits or --settings time the candidates",
     )
@@ -339,7 +350,6 @@ def main() -> None:
         candidates = [fp8_matmul.tile_config(0, 0, 256), *SPLIT_CANDIDATES]
     if args.settings:
         candidates = SETTING_CANDIDATES
-    sweep_ms = {int(m) for m in args.sweep_ms.split(",")}
     ceiling = fp8_matmul_rate()
     print(f"FP8 ceiling (torch._scaled_mm 8192^3): {ceiling / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
@@ -353,7 +363,7 @@ def main() -> None:
             if proj == "lm_head":  # stays bf16 in FP8 models
                 continue
             for m in map(int, args.ms.split(",")):
-                sweep = (args.sweep or args.splits or args.settings) and m in sweep_ms
+                sweep = (args.sweep or args.splits or args.settings) and m in args.sweep_ms
                 r = time_shape(n, k, m, candidates if sweep else None, args.ws)
                 r.update(model=model, proj=proj)
                 rows.append(r)

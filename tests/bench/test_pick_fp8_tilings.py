@@ -54,3 +54,14 @@ def test_written_file_merges_earlier_shapes_and_reads_back(
         assert fp8_matmul.tile_config(1024, 512, 8, "Some GPU") == dataclasses.replace(_cfg(32, 3), split_k=2)
     finally:
         fp8_matmul.measured_configs.cache_clear()
+
+
+def test_sweep_sizes_are_positive_row_counts() -> None:
+    import argparse
+
+    from bench.kernels.bench_fp8_matmul import _row_counts
+
+    assert _row_counts("512,1024") == {512, 1024}
+    for bad in ("5x", "0", "", "512,"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive row counts"):
+            _row_counts(bad)
