@@ -22,8 +22,8 @@ from shardinfer.engine.engines import make_engine
 from shardinfer.engine.llm_engine import LLMEngine
 from shardinfer.engine.outputs import RequestOutput
 from shardinfer.engine.prompt_checks import check_prompt, check_stop_token_ids
-from shardinfer.engine.sampling_noise import derive_seed, sample_seeds
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.engine.seeds import derive_seed, sample_seeds
 
 # vLLM's prompt forms: text, token ids, {"prompt": text}, {"prompt_token_ids": ids}.
 Prompt = str | list[int] | Mapping[str, Any]

@@ -26,8 +26,8 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tqdm import tqdm
 
 from shardinfer.engine.llm_engine import LLMEngine
-from shardinfer.engine.sampling_noise import derive_seed
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.engine.seeds import derive_seed
 from shardinfer.errors import ConfigError
 from shardinfer.pipeline.score_batch import generate_ids, score_spans
 from shardinfer.pipeline.scoring import (

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from shardinfer.engine.chat_messages import MessageError, normalize_messages
 from shardinfer.engine.prompt_checks import LENGTH_FIX, check_prompt
-from shardinfer.engine.sampling_noise import sample_seeds
 from shardinfer.engine.sampling_params import SamplingParams
+from shardinfer.engine.seeds import sample_seeds
 from shardinfer.errors import (
     BAD_OVERRIDE,
     EMPTY_PROMPT,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardinfer import LLM, SamplingParams
-from shardinfer.engine.sampling_noise import sample_seed
+from shardinfer.engine.seeds import sample_seed
 from tests.engine.engine_helpers import output_key
 
 SAMPLED = SamplingParams(

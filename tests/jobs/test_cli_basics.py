@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pipeline_kit import REPO, cli, cli_env, committed_rows, fine_grained_job, job_toml, standard_job
 
-from shardinfer.engine.sampling_noise import derive_seed
+from shardinfer.engine.seeds import derive_seed
 from shardinfer.jobs.cli import main
 
 

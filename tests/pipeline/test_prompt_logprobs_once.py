@@ -12,7 +12,7 @@ import pytest
 from pipeline_kit import committed_rows
 
 from shardinfer import LLM, SamplingParams
-from shardinfer.engine.sampling_noise import derive_seed
+from shardinfer.engine.seeds import derive_seed
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.fingerprint import compute_fingerprint
 from shardinfer.pipeline.job import finalize_job, open_job, run_worker, write_plan

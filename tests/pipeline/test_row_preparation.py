@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer as RawTokenizer
 
-from shardinfer.engine.sampling_noise import derive_seed
+from shardinfer.engine.seeds import derive_seed
 from shardinfer.engine.tokenizer import Tokenizer
 from shardinfer.pipeline.config import InputSection
 from shardinfer.pipeline.rows import RowPreparer
@@ -137,7 +137,7 @@ def test_attempt_ids_are_file_name_safe_and_unique() -> None:
 def test_sample_seeds_for_rows_and_for_prompts() -> None:
     import hashlib
 
-    from shardinfer.engine.sampling_noise import sample_seeds
+    from shardinfer.engine.seeds import sample_seeds
 
     def by_hand(*parts: object) -> int:  # blake2b-64 of "seed:key:..." as DESIGN.md's hash
         digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()

@@ -14,7 +14,7 @@ from pipeline_kit import committed_rows
 
 from shardinfer import LLM, SamplingParams
 from shardinfer.engine.llm_engine import LLMEngine
-from shardinfer.engine.sampling_noise import derive_seed
+from shardinfer.engine.seeds import derive_seed
 from shardinfer.errors import Interrupted, TooManyBadRows
 from shardinfer.pipeline.config import JobConfig
 from shardinfer.pipeline.job import finalize_job, open_job, run_worker, write_plan
