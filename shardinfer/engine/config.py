@@ -296,6 +296,20 @@ class EngineConfig:
         return usable_cpus() >= INDEPENDENT_MATCHERS_MIN_CPUS
 
     @property
+    def device_type(self) -> str:
+        """ "cpu" or "cuda", "auto" resolved on this machine; torch is imported only to ask it about CUDA."""
+        if self.device == "cpu":
+            return "cpu"
+        return self.torch_device.type
+
+    @property
+    def dtype_name(self) -> str:
+        """The name of `torch_dtype` (e.g. "bfloat16"), without importing torch on a CPU engine."""
+        if self.dtype == "auto":
+            return "bfloat16" if self.device_type == "cuda" else "float32"
+        return DTYPES[self.dtype]
+
+    @property
     def torch_device(self) -> torch.device:
         import torch
 

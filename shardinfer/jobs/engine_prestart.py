@@ -48,6 +48,11 @@ class EnginePrestart:
         self._error: BaseException | None = None
         self._closed = False  # set by close(): what the build makes is then let go on its thread
         self._lock = threading.Lock()
+        # torch is imported here, on the caller's thread, before the build starts: its import is
+        # not safe from two threads at once (one of them can get the half-initialised module), and
+        # planning may import it too. Commands that build no engine never import it.
+        import torch  # noqa: F401
+
         # A daemon: a dropped build must not keep the process alive.
         self._thread = threading.Thread(target=self._build, name="engine-build", daemon=True)
         self._thread.start()

@@ -359,7 +359,7 @@ def resolved_numerics(config: JobConfig) -> tuple[str, str]:
             dtype=config.model.dtype,
             quantization=config.model.quantization or None,
         )
-        return engine_cfg.torch_device.type, str(engine_cfg.torch_dtype).removeprefix("torch.")
+        return engine_cfg.device_type, engine_cfg.dtype_name
     except ValueError as exc:
         raise ConfigError(f"[model] is invalid: {exc}") from None
 

@@ -187,6 +187,15 @@ def test_a_torch_device_is_taken_by_its_name() -> None:
         EngineConfig(model="m", device=torch.device("meta"))
 
 
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+@pytest.mark.parametrize("dtype", ["auto", *config_module.DTYPES])
+def test_device_type_and_dtype_name_are_the_torch_objects_names(device: str, dtype: str) -> None:
+    """The names a job's fingerprint records without torch equal those of the objects the engine builds."""
+    cfg = EngineConfig(model="m", device=device, dtype=dtype)
+    assert cfg.device_type == cfg.torch_device.type
+    assert cfg.dtype_name == str(cfg.torch_dtype).removeprefix("torch.")
+
+
 def test_the_job_spec_names_the_engine_key_of_a_wrong_kind() -> None:
     from shardinfer.errors import ConfigError
     from shardinfer.jobs.spec import parse_conf, resolve
