@@ -10,6 +10,7 @@ are broken on purpose (no messages, and a per-row max_tokens of -1) to show erro
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 from pathlib import Path
@@ -60,4 +61,6 @@ def main(out_dir: str = "demo-output/prompts", rows: int = 300, files: int = 3) 
 
 
 if __name__ == "__main__":
-    print(f"wrote {main(*sys.argv[1:2])}")
+    parser = argparse.ArgumentParser(description="Write the demo's prompt shards (Parquet).")
+    parser.add_argument("out_dir", nargs="?", default="demo-output/prompts", help="where the shards go")
+    print(f"wrote {main(parser.parse_args().out_dir)}")
