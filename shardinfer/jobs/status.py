@@ -17,7 +17,7 @@ from typing import Any
 
 from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing, UsageError
 from shardinfer.jobs.spec import ResolvedSpec
-from shardinfer.pipeline.job import OpenedJob, committed_totals
+from shardinfer.pipeline.job import OpenedJob, part_numerics_revision, split_totals
 from shardinfer.redaction import redact_config, redact_url
 
 
@@ -225,24 +225,35 @@ def _readable_totals(
     store: Any, committed: dict[int, dict[str, Any]], problems: list[str], revisions: Counter[str]
 ) -> tuple[dict[str, int], list[str]]:
     """Totals over the parts whose footers can be read, and in `revisions` those parts by numerics
-    revision; the parts that cannot be read become problems, not crashes."""
+    revision; the parts that cannot be read become problems, not crashes. The footers are read
+    several at once (writers.parts.map_parts)."""
+    from shardinfer.writers.parts import map_parts
+
+    damaged = {p.split(":", 1)[0] for p in problems}
+    readable = [(i, m) for i, m in committed.items() if f"split {i}" not in damaged]
+
+    def read(marker: dict[str, Any]) -> tuple[dict[str, int], str] | Exception:
+        try:
+            footer = store.read_part_metadata(marker["part"])
+            return split_totals(marker, footer), part_numerics_revision(footer)
+        except (OSError, ValueError) as exc:  # a truncated or replaced part: ArrowInvalid is a ValueError
+            return exc
+
     totals = {"records": 0, "rows_ok": 0, "rows_error": 0, "prompt_tokens": 0, "completion_tokens": 0}
     unreadable = []
-    for index, marker in committed.items():
-        if any(p.startswith(f"split {index}:") for p in problems):
-            continue
-        try:
-            part_totals = committed_totals(store, {index: marker}, revisions)
-        except (OSError, ValueError) as exc:  # a truncated or replaced part: ArrowInvalid is a ValueError
+    for (index, marker), outcome in zip(readable, map_parts(read, [m for _, m in readable]), strict=True):
+        if isinstance(outcome, Exception):
             # A submit trusts a part of the recorded size without opening it (see open_job):
             # deleting the part is what makes the rerun that repairs it see the damage.
             unreadable.append(
-                f"split {index}: {marker['part']} cannot be read ({type(exc).__name__}: {exc}); delete "
-                "that part file and rerun the job to recompute it"
+                f"split {index}: {marker['part']} cannot be read ({type(outcome).__name__}: {outcome}); "
+                "delete that part file and rerun the job to recompute it"
             )
             continue
+        counts, revision = outcome
         for key in totals:
-            totals[key] += part_totals[key]
+            totals[key] += counts[key]
+        revisions[revision] += 1
     return totals, unreadable
 
 

@@ -1048,26 +1048,39 @@ def committed_totals(
     `revisions`, when given, counts the parts by the numerics revision they were written under.
 
     Commit markers record rows, bytes and hash only, so the counts come from the parts' Parquet
-    key-value metadata: one footer read per split, no data pages.
+    key-value metadata: one footer read per split, no data pages, several splits' at once.
     """
-    totals = {
-        "records": 0,
-        "rows_ok": 0,
-        "rows_error": 0,
-        "rows_cut_by_max_tokens": 0,  # absent from parts written before it was counted: 0
-        "rows_empty_text": 0,  # likewise
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-    }
-    for marker in committed.values():
-        footer = store.read_part_metadata(marker["part"])
-        raw = footer.get(b"shardinfer.split_stats")
-        stats = dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
-        for key in totals:
-            totals[key] += int(stats.get(key, 0))
+    from shardinfer.writers.parts import map_parts
+
+    markers = list(committed.values())
+    footers = map_parts(store.read_part_metadata, [m["part"] for m in markers])
+    totals = dict.fromkeys(SPLIT_TOTALS, 0)
+    for marker, footer in zip(markers, footers, strict=True):
+        for key, value in split_totals(marker, footer).items():
+            totals[key] += value
         if revisions is not None:
             revisions[part_numerics_revision(footer)] += 1
     return totals
+
+
+# The counts a part's footer carries (assembly.split_stats); rows_cut_by_max_tokens and
+# rows_empty_text are absent from parts written before they were counted, and count 0 there.
+SPLIT_TOTALS = (
+    "records",
+    "rows_ok",
+    "rows_error",
+    "rows_cut_by_max_tokens",
+    "rows_empty_text",
+    "prompt_tokens",
+    "completion_tokens",
+)
+
+
+def split_totals(marker: dict[str, Any], footer: dict[bytes, bytes]) -> dict[str, int]:
+    """One committed part's counts, from its footer (its marker's row count where the footer has none)."""
+    raw = footer.get(b"shardinfer.split_stats")
+    stats = dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
+    return {key: int(stats.get(key, 0)) for key in SPLIT_TOTALS}
 
 
 def part_numerics_revision(footer: dict[bytes, bytes]) -> str:

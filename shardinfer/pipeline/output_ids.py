@@ -41,9 +41,16 @@ def part_row_ids(store: OutputStore, part: str) -> list[str]:
 
 
 def committed_row_ids(store: OutputStore, committed: dict[int, dict[str, Any]]) -> Iterator[str]:
-    """Every input row's id over the committed parts, in split order (repeats included)."""
-    for index in sorted(committed):
-        yield from part_row_ids(store, committed[index]["part"])
+    """Every input row's id over the committed parts, in split order (repeats included). Parts are
+    read a batch at a time, the batch's reads at once (writers.parts.map_parts): the ids of one
+    batch are held at a time, beside what the caller keeps."""
+    from shardinfer.writers.parts import PART_READ_CONCURRENCY, map_parts
+
+    parts = [committed[index]["part"] for index in sorted(committed)]
+    for start in range(0, len(parts), PART_READ_CONCURRENCY):
+        batch = parts[start : start + PART_READ_CONCURRENCY]
+        for ids in map_parts(lambda part: part_row_ids(store, part), batch):
+            yield from ids
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ from shardinfer.writers.parts import (
     encode_part,
     is_part_name,
     json_bytes,
+    map_parts,
     parse_json,
     part_name,
 )
@@ -385,15 +386,20 @@ class OutputStore:
     def damaged_parts(self, markers: dict[int, dict[str, Any]] | None = None) -> dict[int, str]:
         """Split -> why its committed part does not match its marker (see writers.verify)."""
         markers = self.committed() if markers is None else markers
-        damaged: dict[int, str] = {}
-        for index, marker in markers.items():
+
+        def check(marker: dict[str, Any]) -> str | None:
             path = self._path(marker["part"])
-            reason = self._retry(
-                f"verify {full_url(self.fs, path)}", lambda p=path, m=marker: part_damage(self.fs, p, m)
+            reason: str | None = self._retry(
+                f"verify {full_url(self.fs, path)}", lambda: part_damage(self.fs, path, marker)
             )
-            if reason is not None:
-                damaged[index] = f"{marker['part']}: {reason}"
-        return damaged
+            return reason
+
+        reasons = map_parts(check, list(markers.values()))
+        return {
+            index: f"{marker['part']}: {reason}"
+            for (index, marker), reason in zip(markers.items(), reasons, strict=True)
+            if reason is not None
+        }
 
     def listed_damage(
         self, markers: dict[int, dict[str, Any]], sizes: dict[str, int] | None = None
