@@ -323,9 +323,7 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         import torch
 
-        if self.dtype == "auto":
-            return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
-        dtype: torch.dtype = getattr(torch, DTYPES[self.dtype])
+        dtype: torch.dtype = getattr(torch, self.dtype_name)
         return dtype
 
     @classmethod

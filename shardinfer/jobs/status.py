@@ -17,7 +17,7 @@ from typing import Any
 
 from shardinfer.errors import EXIT_OK, CorruptOutputError, InputMissing, UsageError
 from shardinfer.jobs.spec import ResolvedSpec
-from shardinfer.pipeline.job import OpenedJob, part_numerics_revision, split_totals
+from shardinfer.pipeline.job import OpenedJob, part_totals
 from shardinfer.redaction import redact_config, redact_url
 
 
@@ -234,8 +234,7 @@ def _readable_totals(
 
     def read(marker: dict[str, Any]) -> tuple[dict[str, int], str] | Exception:
         try:
-            footer = store.read_part_metadata(marker["part"])
-            return split_totals(marker, footer), part_numerics_revision(footer)
+            return part_totals(store, marker)
         except (OSError, ValueError) as exc:  # a truncated or replaced part: ArrowInvalid is a ValueError
             return exc
 

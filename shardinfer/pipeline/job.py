@@ -1052,14 +1052,12 @@ def committed_totals(
     """
     from shardinfer.writers.parts import map_parts
 
-    markers = list(committed.values())
-    footers = map_parts(store.read_part_metadata, [m["part"] for m in markers])
     totals = dict.fromkeys(SPLIT_TOTALS, 0)
-    for marker, footer in zip(markers, footers, strict=True):
-        for key, value in split_totals(marker, footer).items():
+    for counts, revision in map_parts(lambda marker: part_totals(store, marker), list(committed.values())):
+        for key, value in counts.items():
             totals[key] += value
         if revisions is not None:
-            revisions[part_numerics_revision(footer)] += 1
+            revisions[revision] += 1
     return totals
 
 
@@ -1076,11 +1074,13 @@ SPLIT_TOTALS = (
 )
 
 
-def split_totals(marker: dict[str, Any], footer: dict[bytes, bytes]) -> dict[str, int]:
-    """One committed part's counts, from its footer (its marker's row count where the footer has none)."""
+def part_totals(store: OutputStore, marker: dict[str, Any]) -> tuple[dict[str, int], str]:
+    """One committed part's counts and the numerics revision it was written under, from its footer
+    (its marker's row count where the footer has none)."""
+    footer = store.read_part_metadata(marker["part"])
     raw = footer.get(b"shardinfer.split_stats")
     stats = dict(json.loads(raw)) if raw else {"records": marker.get("rows", 0)}
-    return {key: int(stats.get(key, 0)) for key in SPLIT_TOTALS}
+    return {key: int(stats.get(key, 0)) for key in SPLIT_TOTALS}, part_numerics_revision(footer)
 
 
 def part_numerics_revision(footer: dict[bytes, bytes]) -> str:
