@@ -153,12 +153,13 @@ def main() -> None:
     moto = _start_moto(port)
     endpoint = f"http://127.0.0.1:{port}"
     proxy = None
+    scratch = tempfile.TemporaryDirectory(prefix="finalize-bench-")
     try:
         _wait_for(endpoint)
         fast = s3_options(endpoint)
         s3fs.S3FileSystem(**fast).mkdir("finalize-bench")
         proxy = FaultProxy(endpoint, every=0, faults=("503",))
-        work = Path(tempfile.mkdtemp(prefix="finalize-bench-"))
+        work = Path(scratch.name)
         model = write_stub_model_dir(work / "model")
         src = str(work / "in.parquet")
         ids = [f"row-{i}" for i in range(args.splits)]
@@ -172,6 +173,7 @@ def main() -> None:
             proxy.stop()
         moto.kill()
         moto.wait()
+        scratch.cleanup()
     result = {"splits": args.splits, "latency_ms": args.latency_ms, "runs": rows}
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
